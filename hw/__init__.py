@@ -1,0 +1,1 @@
+"""npu-scale gateware (Amaranth 0.5). Never imports `sim`."""

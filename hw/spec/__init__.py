@@ -1,0 +1,18 @@
+"""What gateware, golden models and compiler share: configs, number formats, encodings.
+
+Plain Python, free of Amaranth (DESIGN.md §4).
+"""
+
+from .config import (
+    PRESETS_DIR,
+    ConfigError,
+    ModelConfig,
+    NpuConfig,
+    load_model,
+    load_npu,
+    model_preset,
+    npu_preset,
+)
+
+__all__ = ["PRESETS_DIR", "ConfigError", "ModelConfig", "NpuConfig", "load_model", "load_npu",
+           "model_preset", "npu_preset"]

@@ -1,0 +1,344 @@
+"""NPU hardware limits and transformer model shapes, loaded from TOML into frozen dataclasses.
+
+Plain Python, no Amaranth: the gateware, the golden models, the compiler and the planner all read
+the same objects (DESIGN.md §4, §6).
+
+Every rejected file raises :class:`ConfigError` with one line that names the file, the key, the
+offending value and the limit it breaks, e.g.::
+
+    d_model=96 is not n_heads * d_head = 4 * 16 = 64 (constraints/models/tiny.toml)
+
+The CLI turns it into exit status 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["ConfigError", "NpuConfig", "ModelConfig", "load_npu", "load_model", "PRESETS_DIR"]
+
+#: Directory of the shipped presets (``constraints/`` at the repository root).
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "constraints"
+
+
+class ConfigError(ValueError):
+    """A configuration file or value breaks a constraint.
+
+    ``str(error)`` is a single line: ``<key>=<value> <problem> (<file>)``.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None, key: str | None = None,
+                 value: Any = None):
+        self.path = None if path is None else str(path)
+        self.key = key
+        self.value = value
+        self.problem = message
+        if key is not None:
+            message = f"{key}={value!r} {message}"
+        if path is not None:
+            message = f"{message} ({path})"
+        super().__init__(message)
+
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class _Key:
+    type: type | tuple[type, ...]
+    default: Any = _REQUIRED
+    choices: tuple | None = None
+    minimum: int | None = None
+    doc: str = ""
+
+    @property
+    def required(self):
+        return self.default is _REQUIRED
+
+
+def _check_value(key: str, spec: _Key, value: Any, path):
+    # bool is a subclass of int: a `true` where a count is expected is a type error, not 1.
+    types = spec.type if isinstance(spec.type, tuple) else (spec.type,)
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    elif float in types and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        names = " or ".join(t.__name__ for t in types)
+        raise ConfigError(f"has type {type(value).__name__}, expected {names}",
+                          path=path, key=key, value=value)
+    if spec.choices is not None and value not in spec.choices:
+        raise ConfigError(f"is not one of {', '.join(map(repr, spec.choices))}",
+                          path=path, key=key, value=value)
+    if spec.minimum is not None and value < spec.minimum:
+        raise ConfigError(f"is below the minimum {spec.minimum}", path=path, key=key, value=value)
+
+
+def _read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, expected a TOML file", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot be read: {exc.strerror}", path=path) from None
+    try:
+        return tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError("is not UTF-8 text", path=path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"bad TOML: {exc}", path=path) from None
+
+
+def _parse(schema: dict[str, _Key], data: dict, path) -> dict:
+    unknown = sorted(set(data) - set(schema))
+    if unknown:
+        raise ConfigError(f"unknown key; known keys are {', '.join(schema)}",
+                          path=path, key=unknown[0], value=data[unknown[0]])
+    values = {}
+    for key, spec in schema.items():
+        if key not in data:
+            if spec.required:
+                raise ConfigError(f"missing required key {key!r} ({spec.doc})", path=path)
+            values[key] = spec.default
+            continue
+        _check_value(key, spec, data[key], path)
+        values[key] = data[key]
+    return values
+
+
+_NPU_SCHEMA = {
+    "name": _Key(str, "", doc="preset name"),
+    "description": _Key(str, "", doc="free text"),
+    "array_size": _Key(int, minimum=2, doc="N of the N x N int8 systolic matmul array"),
+    "sram_bytes": _Key(int, minimum=1, doc="scratchpad capacity in bytes"),
+    "sram_banks": _Key(int, 4, minimum=1, doc="scratchpad banks"),
+    "imem_words": _Key(int, 1024, minimum=16, doc="instruction memory depth in instructions"),
+    "vector_lanes": _Key(int, 0, minimum=0,
+                         doc="vector unit lanes (0 = array_size)"),
+    "max_seq_len": _Key(int, minimum=1, doc="longest sequence one pass can process"),
+    "attn_window": _Key(int, minimum=1, doc="tokens held in the K/V ring buffer"),
+    "softmax_len": _Key(int, minimum=2, doc="lanes of the softmax unit (score row length)"),
+    "d_head_max": _Key(int, minimum=1, doc="widest head the attention datapath takes"),
+    "d_model_max": _Key(int, minimum=1, doc="widest d_model the vector unit takes"),
+    "link_bytes_per_cycle": _Key(int, 4, minimum=1, doc="ring link width"),
+    "link_latency_cycles": _Key(int, 2, minimum=1, doc="ring link pipeline depth"),
+    "link_bidirectional": _Key(bool, False, doc="adds the reverse ring"),
+    "clock_mhz": _Key(float, 100.0, doc="clock used to turn cycles into seconds"),
+}
+
+
+@dataclass(frozen=True)
+class NpuConfig:
+    """Hardware limits of one NPU chip (``constraints/npu/*.toml``).
+
+    All sizes are in bytes, elements or cycles. Derived properties give the quantities the
+    gateware is sized by (scratchpad word and bank depth).
+    """
+
+    array_size: int
+    sram_bytes: int
+    max_seq_len: int
+    attn_window: int
+    softmax_len: int
+    d_head_max: int
+    d_model_max: int
+    sram_banks: int = 4
+    imem_words: int = 1024
+    vector_lanes: int = 0
+    link_bytes_per_cycle: int = 4
+    link_latency_cycles: int = 2
+    link_bidirectional: bool = False
+    clock_mhz: float = 100.0
+    name: str = ""
+    description: str = ""
+    path: str | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name != "path"}
+        for key, spec in _NPU_SCHEMA.items():
+            _check_value(key, spec, values[key], self.path)
+        if self.vector_lanes == 0:
+            object.__setattr__(self, "vector_lanes", self.array_size)
+        self._validate()
+
+    def _error(self, key, problem):
+        return ConfigError(problem, path=self.path, key=key, value=getattr(self, key))
+
+    def _validate(self):
+        if self.sram_bytes % (self.sram_banks * self.array_size):
+            raise self._error(
+                "sram_bytes", f"is not a multiple of sram_banks * array_size = "
+                f"{self.sram_banks} * {self.array_size} = {self.sram_banks * self.array_size} "
+                f"(one bank word is one array row of {self.array_size} bytes)")
+        if self.attn_window > self.max_seq_len:
+            raise self._error("attn_window", f"exceeds max_seq_len {self.max_seq_len}")
+        if self.softmax_len < self.attn_window:
+            raise self._error(
+                "softmax_len", f"is shorter than attn_window {self.attn_window}: a windowed "
+                "score row would not fit the softmax unit")
+        if self.d_head_max > self.d_model_max:
+            raise self._error("d_head_max", f"exceeds d_model_max {self.d_model_max}")
+        if self.clock_mhz <= 0:
+            raise self._error("clock_mhz", "must be positive")
+
+    @property
+    def word_bytes(self) -> int:
+        """Bytes in one scratchpad word: one row of the array."""
+        return self.array_size
+
+    @property
+    def sram_words(self) -> int:
+        return self.sram_bytes // self.word_bytes
+
+    @property
+    def bank_words(self) -> int:
+        """Depth of each scratchpad bank in words."""
+        return self.sram_words // self.sram_banks
+
+    @property
+    def sram_addr_bits(self) -> int:
+        return max(1, math.ceil(math.log2(self.sram_words)))
+
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        return self.array_size ** 2
+
+
+_MODEL_SCHEMA = {
+    "name": _Key(str, "", doc="preset name"),
+    "description": _Key(str, "", doc="free text"),
+    "source": _Key(str, "", doc="where the published shape comes from"),
+    "n_layers": _Key(int, minimum=1, doc="transformer blocks"),
+    "d_model": _Key(int, minimum=1, doc="hidden size"),
+    "n_heads": _Key(int, minimum=1, doc="attention heads"),
+    "d_head": _Key(int, 0, minimum=0, doc="head width (0 = d_model // n_heads)"),
+    "d_ff": _Key(int, minimum=1, doc="feed-forward inner size"),
+    "seq_len": _Key(int, minimum=1, doc="tokens per sequence"),
+    "window": _Key(int, 0, minimum=0, doc="local attention window (0 = full attention)"),
+    "causal": _Key(bool, True, doc="decoder (causal) or encoder (bidirectional) attention"),
+    "norm": _Key(str, "pre", choices=("pre", "post"), doc="LayerNorm placement"),
+    "norm_kind": _Key(str, "layernorm", choices=("layernorm", "rmsnorm"), doc="normalisation"),
+    "activation": _Key(str, "gelu", choices=("gelu", "relu", "silu"), doc="FFN activation"),
+    "ffn": _Key(str, "mlp", choices=("mlp", "gated"), doc="FFN kind"),
+    "bias": _Key(bool, True, doc="projections and FFN carry biases"),
+    "batch": _Key(int, 1, minimum=1, doc="sequences per run"),
+    "vocab_size": _Key(int, 0, minimum=0, doc="embedding rows (planner only)"),
+    "tie_embeddings": _Key(bool, False, doc="LM head shares the embedding matrix (planner only)"),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a transformer (``constraints/models/*.toml``)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_ff: int
+    seq_len: int
+    d_head: int = 0
+    window: int = 0
+    causal: bool = True
+    norm: str = "pre"
+    norm_kind: str = "layernorm"
+    activation: str = "gelu"
+    ffn: str = "mlp"
+    bias: bool = True
+    batch: int = 1
+    vocab_size: int = 0
+    tie_embeddings: bool = False
+    name: str = ""
+    description: str = ""
+    source: str = ""
+    path: str | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        for key, spec in _MODEL_SCHEMA.items():
+            _check_value(key, spec, getattr(self, key), self.path)
+        if self.d_head == 0:
+            if self.d_model % self.n_heads:
+                raise ConfigError(
+                    f"is not a multiple of n_heads {self.n_heads}; set d_head explicitly",
+                    path=self.path, key="d_model", value=self.d_model)
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.d_model != self.n_heads * self.d_head:
+            raise ConfigError(
+                f"is not n_heads * d_head = {self.n_heads} * {self.d_head} = "
+                f"{self.n_heads * self.d_head}", path=self.path, key="d_model",
+                value=self.d_model)
+        if self.window > self.seq_len:
+            raise ConfigError(f"exceeds seq_len {self.seq_len} (use 0 for full attention)",
+                              path=self.path, key="window", value=self.window)
+
+    @property
+    def attn_span(self) -> int:
+        """Keys one query can see: the window, or the whole sequence for full attention."""
+        return self.window if self.window else self.seq_len
+
+    @property
+    def weights_per_layer(self) -> int:
+        """int8 weight elements in one block (attention projections and FFN)."""
+        ffn_mats = 3 if self.ffn == "gated" else 2
+        return 4 * self.d_model * self.d_model + ffn_mats * self.d_model * self.d_ff
+
+    @property
+    def biases_per_layer(self) -> int:
+        """int32 bias elements in one block (0 without biases)."""
+        if not self.bias:
+            return 0
+        ffn_bias = self.d_ff * (2 if self.ffn == "gated" else 1)
+        return 4 * self.d_model + ffn_bias + self.d_model
+
+    @property
+    def macs_per_layer(self) -> int:
+        """Multiply-accumulates of one block for one sequence (projections, scores, FFN)."""
+        s, d = self.seq_len, self.d_model
+        ffn_mats = 3 if self.ffn == "gated" else 2
+        proj = 4 * s * d * d + ffn_mats * s * d * self.d_ff
+        span = self.attn_span
+        attn = 2 * s * span * d
+        return proj + attn
+
+
+def _load(cls, schema, path):
+    data = _read_toml(path)
+    values = _parse(schema, data, path)
+    if not values["name"]:
+        values["name"] = Path(path).stem
+    return cls(**values, path=str(path))
+
+
+def load_npu(path: str | Path) -> NpuConfig:
+    """Load and validate an NPU limits file; raise :class:`ConfigError` on any problem."""
+    return _load(NpuConfig, _NPU_SCHEMA, path)
+
+
+def load_model(path: str | Path) -> ModelConfig:
+    """Load and validate a model shape file; raise :class:`ConfigError` on any problem."""
+    return _load(ModelConfig, _MODEL_SCHEMA, path)
+
+
+def npu_preset(name: str) -> NpuConfig:
+    """Load ``constraints/npu/<name>.toml``."""
+    return load_npu(PRESETS_DIR / "npu" / f"{name}.toml")
+
+
+def model_preset(name: str) -> ModelConfig:
+    """Load ``constraints/models/<name>.toml``."""
+    return load_model(PRESETS_DIR / "models" / f"{name}.toml")

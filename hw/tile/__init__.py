@@ -1,0 +1,1 @@
+"""One NPU chip ("tile") and its compute units."""

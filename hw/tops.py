@@ -1,0 +1,45 @@
+"""Exportable top-level designs, by name (``npu export --top NAME``).
+
+Each entry builds a :class:`amaranth.lib.wiring.Component` from an :class:`~hw.spec.NpuConfig`
+(and a chip count where it matters). Later blocks register themselves here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .spec import NpuConfig
+
+__all__ = ["Top", "TOPS", "build_top"]
+
+
+@dataclass(frozen=True)
+class Top:
+    name: str
+    description: str
+    build: Callable[[NpuConfig, int], object] | None  # None: not built yet
+
+
+def _matmul(npu: NpuConfig, chips: int):
+    from .tile.matmul import MatmulUnit
+    return MatmulUnit(size=npu.array_size)
+
+
+TOPS: dict[str, Top] = {
+    "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
+    "softmax": Top("softmax", "fixed-length softmax unit", None),
+    "attention": Top("attention", "windowed attention buffer", None),
+    "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)", None),
+    "ring": Top("ring", "chips' collective engines on the ring", None),
+    "tile": Top("tile", "one NPU chip", None),
+    "system": Top("system", "N chips on the ring", None),
+}
+
+
+def build_top(name: str, npu: NpuConfig, chips: int = 1):
+    """Build top ``name``; raise KeyError for an unknown one, NotImplementedError if not built."""
+    top = TOPS[name]
+    if top.build is None:
+        raise NotImplementedError(f"--top {name} ({top.description}) is not built yet")
+    return top.build(npu, chips)

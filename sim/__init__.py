@@ -1,0 +1,1 @@
+"""npu-scale simulation: golden models, compiler, simulators, CLI."""

@@ -1,0 +1,165 @@
+"""``npu`` command line (also ``python -m sim``).
+
+Exit status (DESIGN.md §5): 0 bit-exact match, 1 golden mismatch, 2 bad input (one line on
+stderr, no traceback), 3 watchdog (a simulation exceeded ``--max-cycles``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hw.spec import ConfigError, load_model, load_npu
+
+__all__ = ["main", "EXIT_OK", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_WATCHDOG", "UsageError"]
+
+EXIT_OK = 0
+EXIT_MISMATCH = 1
+EXIT_BAD_INPUT = 2
+EXIT_WATCHDOG = 3
+
+
+class UsageError(Exception):
+    """Bad input detected by a command; becomes exit status 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, not argparse's usage block: scripts read the first line of stderr.
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive(text):
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _not_built(name, issue):
+    def run(args):
+        raise UsageError(f"npu {name}: not built yet (issue #{issue})")
+    return run
+
+
+def _cmd_export(args):
+    from amaranth.back import verilog
+
+    from hw.tops import TOPS, build_top
+
+    npu = load_npu(args.npu)
+    if args.top not in TOPS:
+        raise UsageError(f"npu export: unknown --top {args.top!r}; choose from "
+                         f"{', '.join(TOPS)}")
+    try:
+        design = build_top(args.top, npu, args.chips)
+    except NotImplementedError as exc:
+        raise UsageError(f"npu export: {exc}") from None
+    out_dir = Path(args.output)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"npu export: cannot create output directory {out_dir}: "
+                         f"{exc.strerror}") from None
+    name = f"npu_{args.top}"
+    text = verilog.convert(design, name=name)
+    path = out_dir / f"{name}.v"
+    path.write_text(text)
+    print(f"{path}: {args.top} for {npu.name} ({npu.array_size}x{npu.array_size} array), "
+          f"{text.count(chr(10))} lines")
+    return EXIT_OK
+
+
+def _cmd_bench(args):
+    from .bench import run_bench
+
+    return run_bench(json_path=args.json, quick=args.quick)
+
+
+def _build_parser():
+    parser = _Parser(prog="npu", description="npu-scale: multi-chip transformer NPU model")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("sim", help="compile a model for N chips and simulate it")
+    p.add_argument("--strategy", default="single",
+                   choices=["single", "head", "pipeline", "data", "hidden", "sequence"])
+    p.add_argument("--chips", type=_positive, default=1)
+    p.add_argument("--npu", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--backend", default="pysim", choices=["pysim", "verilator", "iss"])
+    p.add_argument("--seed", type=int, default=0)
+    for opt in ("--weights", "--input", "--calib", "--output", "--json", "--vcd", "--trace",
+                "--plot"):
+        p.add_argument(opt)
+    p.add_argument("--microbatches", type=_positive)
+    p.add_argument("--batch", type=_positive)
+    p.add_argument("--max-cycles", type=_positive)
+    p.set_defaults(run=_cmd_sim)
+
+    p = sub.add_parser("collective", help="run one collective on the simulated ring")
+    p.add_argument("--kind", required=True, choices=["all_reduce", "reduce_scatter", "all_gather"])
+    p.add_argument("--op", default="sum", choices=["sum", "max", "min", "avg"])
+    p.add_argument("--chips", type=_positive, required=True)
+    p.add_argument("--npu", required=True)
+    p.add_argument("--width", type=int, default=32, choices=[32, 64])
+    p.add_argument("--group")
+    p.add_argument("--seed", type=int, default=0)
+    for opt in ("--input", "--output", "--json"):
+        p.add_argument(opt)
+    p.set_defaults(run=_not_built("collective", 4))
+
+    p = sub.add_parser("plan", help="check capacity and compatibility per strategy")
+    p.add_argument("--npu", required=True)
+    p.add_argument("--model", required=True)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--chips", type=_positive)
+    group.add_argument("--min-chips", action="store_true")
+    p.add_argument("--strategy", default="all")
+    p.add_argument("--json")
+    p.set_defaults(run=_not_built("plan", "planner"))
+
+    p = sub.add_parser("export", help="write the Verilog of a top-level design")
+    p.add_argument("--top", required=True)
+    p.add_argument("--npu", required=True)
+    p.add_argument("--chips", type=_positive, default=1)
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.set_defaults(run=_cmd_export)
+
+    p = sub.add_parser("fpga", help="synthesise for an FPGA and report use and fmax")
+    p.add_argument("--npu", required=True)
+    p.add_argument("--device", default="ecp5-85k", choices=["ecp5-85k"])
+    p.add_argument("--json")
+    p.set_defaults(run=_not_built("fpga", "fpga"))
+
+    p = sub.add_parser("bench", help="run the benchmarks; write JSON and a table")
+    p.add_argument("--json")
+    p.add_argument("--quick", action="store_true", help="smaller workloads (smoke test)")
+    p.set_defaults(run=_cmd_bench)
+    return parser
+
+
+def _cmd_sim(args):
+    load_npu(args.npu)
+    load_model(args.model)
+    raise UsageError(f"npu sim: --strategy {args.strategy} is not built yet (issue #5)")
+
+
+def main(argv=None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.run(args)
+    except (UsageError, ConfigError) as exc:
+        print(f"error: {exc}" if isinstance(exc, ConfigError) else str(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

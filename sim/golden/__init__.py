@@ -1,0 +1,1 @@
+"""Bit-exact NumPy golden models of every hardware block; they import only `hw.spec`."""

@@ -1,0 +1,1 @@
+"""Cycle-level runners: Amaranth simulator helpers and Verilator through cocotb."""

