@@ -26,9 +26,14 @@ def _matmul(npu: NpuConfig, chips: int):
     return MatmulUnit(size=npu.array_size)
 
 
+def _softmax(npu: NpuConfig, chips: int):
+    from .tile.softmax import SoftmaxUnit
+    return SoftmaxUnit(length=npu.softmax_len)
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
-    "softmax": Top("softmax", "fixed-length softmax unit", None),
+    "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
     "attention": Top("attention", "windowed attention buffer", None),
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)", None),
     "ring": Top("ring", "chips' collective engines on the ring", None),
