@@ -13,7 +13,7 @@ logit ``s / 2**SCORE_FRAC_BITS``) with visibility mask ``m``:
    lane gets exactly ``2**EXP_BITS`` and ``e`` fits ``EXP_BITS + 1`` bits unsigned. ``D_MAX`` is
    large enough that ``e`` is already 0 there (``y >> 8 >= 16``).
 5. ``S = sum(e)``; ``S >= 2**EXP_BITS`` when any lane is visible, ``S == 0`` otherwise.
-6. ``z = S.bit_length() - 1``, ``R = 2**(z + RECIP_BITS) // S`` (``2**(RECIP_BITS-1) < R <=
+6. ``z = S.bit_length() - 1``, ``R = 2**(z + RECIP_BITS) // S`` (``2**(RECIP_BITS-1) <= R <=
    2**RECIP_BITS``): one reciprocal per row, normalised so that it keeps ``RECIP_BITS`` bits
    whatever ``L`` is. ``R = 0`` when ``S == 0``.
 7. ``sh = z + RECIP_BITS - PROB_BITS``, ``p = min((e * R + 2**(sh-1)) >> sh, 2**PROB_BITS - 1)``:
