@@ -11,7 +11,9 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
+from hw.tile.softmax import SoftmaxUnit
 from sim.golden.softmax import softmax
+from sim.rtl.cocotb_streams import reset
 from sim.rtl.verilator import tb_data, tb_report
 
 
@@ -20,27 +22,24 @@ class TB:
         self.dut = dut
         self.length = length
         self.cycle = 0
+        # The payload layouts pack and unpack the flattened ports, as in the Amaranth benches.
+        unit = SoftmaxUnit(length=length)
+        self.i_layout = unit.i.payload.shape()
+        self.o_layout = unit.o.payload.shape()
 
     def pack(self, scores, mask, last) -> int:
-        word = 0
-        for j, s in enumerate(scores):
-            word |= (int(s) & 0xFFFF) << (16 * j)
-        word |= int(last) << (16 * self.length)
-        for j, k in enumerate(mask):
-            word |= int(k) << (16 * self.length + 1 + j)
-        return word
+        return self.i_layout.const({"data": [int(x) for x in scores],
+                                    "mask": [int(x) for x in mask],
+                                    "last": int(last)}).as_bits()
 
     def unpack(self, word: int):
-        data = [(word >> (8 * j)) & 0xFF for j in range(self.length)]
-        return data, (word >> (8 * self.length)) & 1
+        view = self.o_layout.from_bits(word)
+        return [int(x) for x in view.data], int(view.last)
 
     async def reset(self):
-        self.dut.rst.value = 1
         self.dut.i__valid.value = 0
         self.dut.o__ready.value = 0
-        for _ in range(3):
-            await RisingEdge(self.dut.clk)
-        self.dut.rst.value = 0
+        await reset(self.dut, cycles=3)
 
     async def run(self, stim, max_cycles: int = 20_000) -> dict:
         """One loop drives both streams: gaps count cycles with valid/ready low before each row
@@ -88,7 +87,7 @@ class TB:
 async def softmax_rows(dut):
     stim = tb_data()
     length = stim["scores"].shape[1]
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    Clock(dut.clk, 10, unit="ns").start()
     tb = TB(dut, length)
     await tb.reset()
     result = await tb.run(stim)
