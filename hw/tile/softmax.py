@@ -1,7 +1,6 @@
 """Fixed-length masked softmax unit: int16 score rows in, unsigned 8-bit probability rows out."""
 
-from amaranth.hdl import Cat, Const, Mux, Signal, signed, unsigned
-from amaranth.hdl import Module
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out

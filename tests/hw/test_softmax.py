@@ -9,39 +9,17 @@ from hw.spec import npu_preset
 from hw.tile.softmax import SoftmaxUnit
 from hw.tops import build_top
 from sim.golden.softmax import softmax
-from sim.rtl.pysim import Clock, collect, run_sim, send_all, stream_get, stream_put
+from sim.rtl.softmax_driver import simulate_rows
 from tests.sim.test_golden_softmax import assert_rows_equal, edge_rows, random_rows
 
 
-def payload(scores, mask, last):
-    return {"data": [int(x) for x in scores], "mask": [int(x) for x in mask], "last": int(last)}
-
-
-def unpack(p):
-    return [int(x) for x in p.data], int(p.last)
-
-
-def run_rows(dut, scores, mask, lasts, *, rng=None, idle=0.0, stall=0.0, max_cycles=20_000):
-    """Stream rows through ``dut``; return (probabilities [N, L], lasts [N])."""
-    out = []
-
-    async def producer(ctx):
-        await send_all(ctx, dut.i, [payload(s, k, t) for s, k, t in zip(scores, mask, lasts)],
-                       rng=rng, idle=idle)
-
-    async def consumer(ctx):
-        out.extend(await collect(ctx, dut.o, len(scores), rng=rng, stall=stall, convert=unpack))
-
-    run_sim(dut, [producer, consumer], max_cycles=max_cycles)
-    return np.array([o[0] for o in out]), np.array([o[1] for o in out])
-
-
 def check(dut, scores, mask, rng, *, idle=0.3, stall=0.3):
-    lasts = rng.random(len(scores)) < 0.3
-    got, got_last = run_rows(dut, scores, mask, lasts, rng=rng, idle=idle, stall=stall)
-    assert_rows_equal(got, softmax(scores, mask).astype(np.int64))
-    bad = np.flatnonzero(got_last != lasts)
-    assert bad.size == 0, f"row {bad[0]}: last {got_last[bad[0]]}, expected {lasts[bad[0]]}"
+    """Random rows in, random idle on ``i`` and backpressure on ``o``; exact golden match."""
+    lasts = (rng.random(len(scores)) < 0.3).astype(np.int64)
+    res = simulate_rows(dut, scores, mask, lasts, rng=rng, idle=idle, stall=stall)
+    assert_rows_equal(res["rows"], softmax(scores, mask).astype(np.int64))
+    bad = np.flatnonzero(res["last"] != lasts)
+    assert bad.size == 0, f"row {bad[0]}: last {res['last'][bad[0]]}, expected {lasts[bad[0]]}"
 
 
 def test_random_rows(rng):
@@ -76,23 +54,10 @@ def test_cycles_per_row_and_latency(length, lanes):
     assert dut.slot_cycles == max(length // lanes, 13)
     assert dut.latency == 4 * dut.slot_cycles + 1
     n = 6
-    rng = np.random.default_rng(7)
-    scores, mask = random_rows(rng, n, length)
-    clock = Clock()
-    t_in, t_out, got = [], [], []
-
-    async def producer(ctx):
-        for s, k in zip(scores, mask):
-            await stream_put(ctx, dut.i, payload(s, k, 0))
-            t_in.append(clock.cycles)
-
-    async def consumer(ctx):
-        for _ in range(n):
-            got.append(unpack(await stream_get(ctx, dut.o))[0])
-            t_out.append(clock.cycles)
-
-    run_sim(dut, [producer, consumer], processes=[clock.process], max_cycles=2_000)
-    assert_rows_equal(np.array(got), softmax(scores, mask).astype(np.int64))
+    scores, mask = random_rows(np.random.default_rng(7), n, length)
+    res = simulate_rows(dut, scores, mask)
+    assert_rows_equal(res["rows"], softmax(scores, mask).astype(np.int64))
+    t_in, t_out = res["t_in"], res["t_out"]
     for r in range(n):
         assert t_out[r] - t_in[r] == dut.latency, (
             f"row {r}: accepted at cycle {t_in[r]}, out at {t_out[r]}, latency {dut.latency}")
@@ -103,15 +68,15 @@ def test_cycles_per_row_and_latency(length, lanes):
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(length=16.0), TypeError, r"length must be an integer, not 16\.0"),
-    (dict(length="16"), TypeError, r"length must be an integer, not '16'"),
-    (dict(length=True), TypeError, r"length must be an integer, not True"),
-    (dict(length=1), ValueError, r"length must be at least 2, not 1"),
-    (dict(length=-4), ValueError, r"length must be at least 2, not -4"),
-    (dict(length=16, lanes_per_cycle=2.0), TypeError, r"lanes_per_cycle must be an integer"),
-    (dict(length=16, lanes_per_cycle=0), ValueError,
+    ({"length": 16.0}, TypeError, r"length must be an integer, not 16\.0"),
+    ({"length": "16"}, TypeError, r"length must be an integer, not '16'"),
+    ({"length": True}, TypeError, r"length must be an integer, not True"),
+    ({"length": 1}, ValueError, r"length must be at least 2, not 1"),
+    ({"length": -4}, ValueError, r"length must be at least 2, not -4"),
+    ({"length": 16, "lanes_per_cycle": 2.0}, TypeError, r"lanes_per_cycle must be an integer"),
+    ({"length": 16, "lanes_per_cycle": 0}, ValueError,
      r"lanes_per_cycle must be a positive divisor of length 16, not 0"),
-    (dict(length=16, lanes_per_cycle=3), ValueError,
+    ({"length": 16, "lanes_per_cycle": 3}, ValueError,
      r"lanes_per_cycle must be a positive divisor of length 16, not 3"),
 ])
 def test_constructor_rejects(kwargs, exc, match):
@@ -140,32 +105,6 @@ def stimulus(length: int, seed: int):
     }
 
 
-def run_gapped(dut, stim) -> dict:
-    """pysim with the deterministic gaps of :func:`stimulus`; cycle numbers of each transfer."""
-    clock = Clock()
-    t_in, t_out, rows, lasts = [], [], [], []
-
-    async def producer(ctx):
-        for r in range(len(stim["scores"])):
-            if stim["idle"][r]:
-                await ctx.tick().repeat(int(stim["idle"][r]))
-            await stream_put(ctx, dut.i, payload(stim["scores"][r], stim["mask"][r],
-                                                 stim["last"][r]))
-            t_in.append(clock.cycles)
-
-    async def consumer(ctx):
-        for r in range(len(stim["scores"])):
-            if stim["stall"][r]:
-                await ctx.tick().repeat(int(stim["stall"][r]))
-            data, last = unpack(await stream_get(ctx, dut.o))
-            rows.append(data)
-            lasts.append(last)
-            t_out.append(clock.cycles)
-
-    run_sim(dut, [producer, consumer], processes=[clock.process], max_cycles=20_000)
-    return {"t_in": t_in, "t_out": t_out, "rows": rows, "last": lasts}
-
-
 @pytest.mark.verilator
 def test_verilator_matches_golden_and_pysim(verilator_ok):
     from sim.rtl.verilator import run_cocotb
@@ -180,7 +119,8 @@ def test_verilator_matches_golden_and_pysim(verilator_ok):
     want = softmax(stim["scores"], stim["mask"]).astype(np.int64)
     assert_rows_equal(np.array(result["rows"]), want)
     assert result["last"] == stim["last"].tolist()
-    ref = run_gapped(SoftmaxUnit(length=length), stim)
+    ref = simulate_rows(SoftmaxUnit(length=length), stim["scores"], stim["mask"], stim["last"],
+                        idle_gaps=stim["idle"], stall_gaps=stim["stall"])
     assert_rows_equal(np.array(ref["rows"]), want)
     # Compare transfer cycles relative to the first accepted row (reset lengths differ).
     v_out = [t - result["t_in"][0] for t in result["t_out"]]

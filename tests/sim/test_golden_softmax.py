@@ -55,7 +55,7 @@ def assert_rows_equal(got, want, what="row"):
 
 def test_exp_table():
     assert EXP_LUT[0] == 1 << EXP_BITS
-    assert all(a > b for a, b in zip(EXP_LUT, EXP_LUT[1:])), "EXP_LUT must fall strictly"
+    assert all(a > b for a, b in zip(EXP_LUT[:-1], EXP_LUT[1:], strict=True)), "EXP_LUT must fall"
     assert EXP_LUT[-1] > 1 << (EXP_BITS - 1)
 
 
@@ -132,10 +132,10 @@ def test_parts_are_consistent(rng):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(scores=np.zeros((2, 4), dtype=np.float64)), "integer array"),
-    (dict(scores=np.zeros((2, 1), dtype=np.int64)), "at least 2 lanes"),
-    (dict(scores=np.full((2, 4), 40000)), "outside int16"),
-    (dict(scores=np.zeros((2, 4), dtype=np.int64), mask=np.ones((2, 3))), "mask shape"),
+    ({"scores": np.zeros((2, 4), dtype=np.float64)}, "integer array"),
+    ({"scores": np.zeros((2, 1), dtype=np.int64)}, "at least 2 lanes"),
+    ({"scores": np.full((2, 4), 40000)}, "outside int16"),
+    ({"scores": np.zeros((2, 4), dtype=np.int64), "mask": np.ones((2, 3))}, "mask shape"),
 ])
 def test_rejects_bad_input(bad, match):
     with pytest.raises((TypeError, ValueError), match=match):
