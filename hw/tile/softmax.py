@@ -54,20 +54,22 @@ class SoftmaxUnit(wiring.Component):
     Micro-architecture and timing
     -----------------------------
     Four row stages in a lock-step pipeline, each holding one row in a register that rotates
-    ``P`` lanes per cycle (no wide multiplexers, no per-lane dividers):
+    ``P`` lanes per cycle (no wide multiplexers, no per-lane dividers; the only per-lane-copy
+    resources are ``P`` exp tables, ``P`` 12x15 and ``P`` 16x13 multipliers):
 
     1. running maximum over the visible lanes;
-    2. ``e = exp2`` table lookup and shift per lane, written back in place, and the sum ``S``;
-    3. ``R = 2**(z+12) // S`` by restoring long division, one quotient bit per cycle
-       (13 cycles); the row waits in its register;
+    2. ``e`` by exp table lookup and shift per lane, written back in place, and the sum ``S``;
+    3. ``R = 2**(z+12) // S`` by restoring long division of 13 quotient bits,
+       ``divide_bits = ceil(13 / (L/P))`` bits per cycle (1 bit for ``L/P >= 13``), while the
+       row waits in its register;
     4. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place;
 
     then an output register that holds the row on ``o`` until it is taken. All stages advance
-    together every ``slot_cycles = max(L / P, 13)`` cycles. ``i.ready`` is high in the last
-    cycle of a slot (or at once when the unit is empty and waiting). A row accepted in cycle
-    ``t`` is valid on ``o`` from cycle ``t + latency`` with ``latency = 4 * slot_cycles + 1``;
-    back-to-back rows without backpressure come out one every ``slot_cycles`` cycles. When the
-    output register is still full at the end of a slot, the whole pipeline waits for ``o``.
+    together every ``slot_cycles = L / P`` cycles (the *throughput*: back-to-back rows without
+    backpressure come out one every ``L / P`` cycles). ``i.ready`` is high in the last cycle of
+    a slot, or at once while the unit is empty. A row accepted in cycle ``t`` is valid on ``o``
+    from cycle ``t + latency``, ``latency = 4 * L / P + 1`` (the *latency*). When the output
+    register is still full at the end of a slot, the whole pipeline waits for ``o``.
     """
 
     def __init__(self, *, length, lanes_per_cycle=1):
@@ -102,19 +104,26 @@ class SoftmaxUnit(wiring.Component):
         return self._length // self._lanes
 
     @property
+    def divide_bits(self) -> int:
+        """Quotient bits the divider computes per cycle: ``ceil(13 / (L / P))``, so that the
+        reciprocal never takes longer than a row's beats."""
+        return -(-(RECIP_BITS + 1) // self.beats)
+
+    @property
     def divide_cycles(self) -> int:
-        """Cycles of the reciprocal's long division: ``RECIP_BITS + 1``."""
-        return RECIP_BITS + 1
+        """Cycles of the reciprocal's long division: ``ceil(13 / divide_bits) <= L / P``."""
+        return -(-(RECIP_BITS + 1) // self.divide_bits)
 
     @property
     def slot_cycles(self) -> int:
-        """Cycles per row at full throughput: ``max(L / P, RECIP_BITS + 1)``."""
-        return max(self.beats, self.divide_cycles)
+        """Cycles per row at full throughput: ``L / P`` (the divider always fits in it)."""
+        assert self.divide_cycles <= self.beats
+        return self.beats
 
     @property
     def latency(self) -> int:
         """Cycles from the cycle a row is accepted on ``i`` to the first cycle it is valid on
-        ``o``: ``4 * slot_cycles + 1``."""
+        ``o``: ``4 * L / P + 1``."""
         return STAGES * self.slot_cycles + 1
 
     def elaborate(self, platform):
@@ -129,7 +138,7 @@ class SoftmaxUnit(wiring.Component):
         boundary = Signal()
         run = Signal()
         step = Signal()     # the lane-serial stages process beat `cnt` in this cycle
-        dstep = Signal()    # the divider computes one quotient bit in this cycle
+        dstep = Signal()    # the divider computes divide_bits quotient bits this cycle
         v = [Signal(name=f"valid{k}") for k in range(STAGES)]
         last = [Signal(name=f"last{k}") for k in range(STAGES)]
 
@@ -158,7 +167,10 @@ class SoftmaxUnit(wiring.Component):
         cand = acc0
         for p in range(P):
             s = buf0[p].as_signed()
-            cand = Mux(msk0[p] & (s > cand), s, cand)
+            # A signal per link of the chain, or the expression tree doubles with every lane.
+            cand_p = Signal(signed(SCORE_BITS), name=f"max{p}")
+            m.d.comb += cand_p.eq(Mux(msk0[p] & (s > cand), s, cand))
+            cand = cand_p
         nxt_acc0 = Signal(signed(SCORE_BITS))
         m.d.comb += nxt_acc0.eq(Mux(step, cand, acc0))
         nxt_buf0 = rotate(buf0, buf0[:P], "s0", 16)
@@ -200,18 +212,32 @@ class SoftmaxUnit(wiring.Component):
             norm_val = Mux(nxt_sum1[EXP_BITS + kk], KMAX - kk, norm_val)
         m.d.comb += [k_in.eq(k_val), norm_in.eq(norm_val)]
 
-        # Stage 2: R = 2**(W-1+RECIP_BITS) // Sn = 2**(z+RECIP_BITS) // S, one bit per cycle.
+        # Stage 2: R = 2**(W-1+RECIP_BITS) // Sn = 2**(z+RECIP_BITS) // S, by long division.
         buf2 = lanes("e2", 16)
         sn = Signal(W)
         rem = Signal(W + 1)
         quo = Signal(RECIP_BITS + 1)
         k2 = Signal(range(KMAX + 1))
         zero2 = Signal()
-        ge = Signal()
         nxt_quo = Signal(RECIP_BITS + 1)
+        nxt_rem = Signal(W + 1)
+        # divide_bits restoring steps chained in one cycle; steps past the last quotient bit
+        # (when divide_bits does not divide RECIP_BITS + 1) leave quotient and remainder alone.
+        r, q = rem, quo
+        for b in range(self.divide_bits):
+            ge = Signal(name=f"ge{b}")
+            active = Signal(name=f"active{b}")
+            r_b, q_b = Signal(W + 1, name=f"rem{b}"), Signal(RECIP_BITS + 1, name=f"quo{b}")
+            m.d.comb += [
+                ge.eq(r >= sn),
+                active.eq(cnt * self.divide_bits + b < RECIP_BITS + 1),
+                r_b.eq(Mux(active, Mux(ge, r - sn, r) << 1, r)),
+                q_b.eq(Mux(active, Cat(ge, q[:-1]), q)),
+            ]
+            r, q = r_b, q_b
         m.d.comb += [
-            ge.eq(rem >= sn),
-            nxt_quo.eq(Mux(dstep, Cat(ge, quo[:-1]), quo)),
+            nxt_quo.eq(Mux(dstep, q, quo)),
+            nxt_rem.eq(Mux(dstep, r, rem)),
         ]
 
         # Stage 3: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8.
@@ -271,9 +297,8 @@ class SoftmaxUnit(wiring.Component):
                     acc0.eq(nxt_acc0),
                     sum1.eq(nxt_sum1),
                     quo.eq(nxt_quo),
+                    rem.eq(nxt_rem),
                 ]
-                with m.If(dstep):
-                    m.d.sync += rem.eq(Mux(ge, rem - sn, rem) << 1)
                 for j in range(L):
                     m.d.sync += [
                         buf0[j].eq(nxt_buf0[j]), msk0[j].eq(nxt_msk0[j]),
