@@ -70,6 +70,11 @@ class SoftmaxUnit(wiring.Component):
     a slot, or at once while the unit is empty. A row accepted in cycle ``t`` is valid on ``o``
     from cycle ``t + latency``, ``latency = 4 * L / P + 1`` (the *latency*). When the output
     register is still full at the end of a slot, the whole pipeline waits for ``o``.
+
+    Cost: about ``74 * L`` flip-flops of row registers (4.7k at ``L = 64``) and their 2:1
+    load/rotate multiplexers; ``2 * P`` multipliers (one ECP5 DSP each) and ``P`` 256 x 16
+    tables. The longest combinational path is stage 2's (subtract, multiply, table, shift,
+    add into ``S``, normalise ``S`` at the slot end); split that stage if fmax needs it.
     """
 
     def __init__(self, *, length, lanes_per_cycle=1):
@@ -162,7 +167,7 @@ class SoftmaxUnit(wiring.Component):
             return nxt
 
         # Stage 0: running maximum of the visible lanes.
-        buf0, msk0 = lanes("s0", 16), lanes("m0", 1)
+        buf0, msk0 = lanes("s0", SCORE_BITS), lanes("m0", 1)
         acc0 = Signal(signed(SCORE_BITS), init=score_min)
         cand = acc0
         for p in range(P):
@@ -173,16 +178,17 @@ class SoftmaxUnit(wiring.Component):
             cand = cand_p
         nxt_acc0 = Signal(signed(SCORE_BITS))
         m.d.comb += nxt_acc0.eq(Mux(step, cand, acc0))
-        nxt_buf0 = rotate(buf0, buf0[:P], "s0", 16)
+        nxt_buf0 = rotate(buf0, buf0[:P], "s0", SCORE_BITS)
         nxt_msk0 = rotate(msk0, msk0[:P], "m0", 1)
 
         # Stage 1: e = EXP_LUT[y % 256] >> (y // 256) with y = d * log2(e), and the sum.
-        buf1, msk1 = lanes("s1", 16), lanes("m1", 1)
+        # Scores come in and e values (EXP_BITS + 1 = 16 bits, unsigned) go out in the same lanes.
+        buf1, msk1 = lanes("s1", SCORE_BITS), lanes("m1", 1)
         top1 = Signal(signed(SCORE_BITS))
         sum1 = Signal(W)
         exps = []
         for p in range(P):
-            m.submodules[f"exp_lut{p}"] = lut = Memory(shape=16, depth=1 << EXP_FRAC_BITS,
+            m.submodules[f"exp_lut{p}"] = lut = Memory(shape=EXP_BITS + 1, depth=1 << EXP_FRAC_BITS,
                                                        init=EXP_LUT)
             rd = lut.read_port(domain="comb")
             dist = Signal(signed(SCORE_BITS + 2), name=f"dist{p}")
@@ -192,7 +198,7 @@ class SoftmaxUnit(wiring.Component):
             m.d.comb += [
                 dist.eq(top1 - buf1[p].as_signed()),
                 # Masked lanes may lie above the maximum (negative distance): their e is 0.
-                dcl.eq(Mux(dist > D_MAX, D_MAX, dist[:12])),
+                dcl.eq(Mux(dist > D_MAX, D_MAX, dist[:D_MAX.bit_length()])),
                 y.eq((dcl * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT),
                 rd.addr.eq(y[:EXP_FRAC_BITS]),
                 e.eq(Mux(msk1[p], rd.data >> y[EXP_FRAC_BITS:], 0)),
@@ -200,7 +206,7 @@ class SoftmaxUnit(wiring.Component):
             exps.append(e)
         nxt_sum1 = Signal(W)
         m.d.comb += nxt_sum1.eq(Mux(step, sum1 + sum(exps), sum1))
-        nxt_buf1 = rotate(buf1, exps, "s1", 16)
+        nxt_buf1 = rotate(buf1, exps, "s1", SCORE_BITS)
         nxt_msk1 = rotate(msk1, msk1[:P], "m1", 1)
 
         # Normalise the final sum for the divider: Sn = S << (KMAX - k), k = z - EXP_BITS.
@@ -213,7 +219,7 @@ class SoftmaxUnit(wiring.Component):
         m.d.comb += [k_in.eq(k_val), norm_in.eq(norm_val)]
 
         # Stage 2: R = 2**(W-1+RECIP_BITS) // Sn = 2**(z+RECIP_BITS) // S, by long division.
-        buf2 = lanes("e2", 16)
+        buf2 = lanes("e2", EXP_BITS + 1)
         sn = Signal(W)
         rem = Signal(W + 1)
         quo = Signal(RECIP_BITS + 1)
@@ -241,13 +247,14 @@ class SoftmaxUnit(wiring.Component):
         ]
 
         # Stage 3: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8.
-        buf3 = lanes("e3", 16)
+        # e values come in and probabilities go out (in the low PROB_BITS) in the same lanes.
+        buf3 = lanes("e3", EXP_BITS + 1)
         recip3 = Signal(RECIP_BITS + 1)
         k3 = Signal(range(KMAX + 1))
         probs = []
         for p in range(P):
-            prod = Signal(16 + RECIP_BITS + 1, name=f"prod{p}")
-            wide = Signal(16 + RECIP_BITS + 2, name=f"rounded{p}")
+            prod = Signal(EXP_BITS + RECIP_BITS + 2, name=f"prod{p}")
+            wide = Signal(EXP_BITS + RECIP_BITS + 3, name=f"rounded{p}")
             q9 = Signal(PROB_BITS + 4, name=f"q{p}")
             prob = Signal(PROB_BITS, name=f"prob{p}")
             half = Const(1 << (RECIP_BITS + EXP_BITS - PROB_BITS - 1),
@@ -259,7 +266,7 @@ class SoftmaxUnit(wiring.Component):
                 prob.eq(Mux(q9 > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, q9)),
             ]
             probs.append(prob)
-        nxt_buf3 = rotate(buf3, probs, "e3", 16)
+        nxt_buf3 = rotate(buf3, probs, "e3", EXP_BITS + 1)
 
         with m.If(run):
             with m.If(boundary):
