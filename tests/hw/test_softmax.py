@@ -70,10 +70,10 @@ def test_cli_export(tmp_path, capsys):
     assert "i__payload" in text and "o__payload" in text
 
 
-@pytest.mark.parametrize("length, lanes", [(8, 1), (12, 3)])
+@pytest.mark.parametrize("length, lanes", [(8, 1), (12, 3), (64, 4)])
 def test_other_sizes(rng, length, lanes):
-    """Parametric: a row shorter than the divider's 13 bits (L=8: 2 bits per cycle) and several
-    lanes per cycle (P=3: 4 beats, 4 bits per cycle)."""
+    """Parametric: a row shorter than the divider's 13 bits (L=8: 2 bits per cycle), several
+    lanes per cycle (P=3: 4 beats, 4 bits per cycle) and the fpga preset's length (L=64)."""
     dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes)
     es, em = edge_rows(length)
     rs, rm = random_rows(rng, 12, length)
