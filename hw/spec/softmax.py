@@ -24,8 +24,8 @@ Masked lanes have ``e = 0`` and therefore ``p = 0`` exactly; a fully masked row 
 
 from .formats import PROB_BITS, SCORE_BITS, SCORE_FRAC_BITS
 
-__all__ = ["EXP_BITS", "EXP_FRAC_BITS", "LOG2E_MULT", "LOG2E_SHIFT", "D_MAX", "RECIP_BITS",
-           "EXP_LUT", "sum_bits", "max_sum_exponent"]
+__all__ = ["EXP_BITS", "EXP_FRAC_BITS", "LOG2E_MULT", "LOG2E_SHIFT", "D_MAX", "Y_MASKED",
+           "RECIP_BITS", "EXP_LUT", "sum_bits", "max_sum_exponent"]
 
 #: ``e`` of the maximum lane is ``2**EXP_BITS`` (exp(0) = 1.0).
 EXP_BITS = 15
@@ -37,6 +37,9 @@ LOG2E_MULT = 23637
 #: Distances ``d`` are clamped to this (12 bits): ``y(D_MAX) >> 8 = 23 >= EXP_BITS + 1``, so
 #: ``e`` is 0 from well below it on, and the clamp changes no result.
 D_MAX = 4095
+#: What the gateware writes in place of ``y`` for a masked lane: its exp is 0 (``>> 31``), the
+#: same as masking ``e``, so the mask need not travel past the ``y`` stage.
+Y_MASKED = (1 << 13) - 1
 #: Bits of the normalised reciprocal (``R`` has ``RECIP_BITS + 1`` bits, one long-division step
 #: each).
 RECIP_BITS = 12
@@ -49,6 +52,7 @@ assert SCORE_BITS == 16 and SCORE_FRAC_BITS == 8, "LOG2E_MULT assumes Q8.8 score
 assert PROB_BITS == 8
 assert (((D_MAX * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT) >> EXP_FRAC_BITS
         > EXP_BITS)
+assert (D_MAX * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT < Y_MASKED
 
 
 def sum_bits(length: int) -> int:

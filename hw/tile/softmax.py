@@ -15,14 +15,15 @@ from ..spec.softmax import (
     LOG2E_MULT,
     LOG2E_SHIFT,
     RECIP_BITS,
+    Y_MASKED,
     max_sum_exponent,
     sum_bits,
 )
 
 __all__ = ["SoftmaxUnit"]
 
-#: Pipeline stages a row passes through (max, exp+sum, reciprocal, normalise).
-STAGES = 4
+#: Pipeline stages a row passes through (max, log2, exp+sum, reciprocal, normalise).
+STAGES = 5
 
 
 class SoftmaxUnit(wiring.Component):
@@ -53,28 +54,29 @@ class SoftmaxUnit(wiring.Component):
 
     Micro-architecture and timing
     -----------------------------
-    Four row stages in a lock-step pipeline, each holding one row in a register that rotates
+    Five row stages in a lock-step pipeline, each holding one row in a register that rotates
     ``P`` lanes per cycle (no wide multiplexers, no per-lane dividers; the only per-lane-copy
     resources are ``P`` exp tables, ``P`` 12x15 and ``P`` 16x13 multipliers):
 
     1. running maximum over the visible lanes;
-    2. ``e`` by exp table lookup and shift per lane, written back in place, and the sum ``S``;
-    3. ``R = 2**(z+12) // S`` by restoring long division of 13 quotient bits,
-       ``divide_bits = ceil(13 / (L/P))`` bits per cycle (1 bit for ``L/P >= 13``), while the
-       row waits in its register;
-    4. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place;
+    2. ``y = (M - s) * log2(e)`` per lane, written back in place;
+    3. ``e`` by exp table lookup and shift per lane, written back in place, and the sum ``S``;
+    4. ``R = 2**(z+12) // S``: restoring long division of ``quotient_bits = 13 + log2(L)``
+       bits, ``divide_bits = ceil(quotient_bits / (L/P))`` per cycle (1 for ``L/P >= 19`` at
+       ``L = 64``), then a shift by ``z``; the row waits in its register;
+    5. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place;
 
     then an output register that holds the row on ``o`` until it is taken. All stages advance
     together every ``slot_cycles = L / P`` cycles (the *throughput*: back-to-back rows without
     backpressure come out one every ``L / P`` cycles). ``i.ready`` is high in the last cycle of
     a slot, or at once while the unit is empty. A row accepted in cycle ``t`` is valid on ``o``
-    from cycle ``t + latency``, ``latency = 4 * L / P + 1`` (the *latency*). When the output
+    from cycle ``t + latency``, ``latency = 5 * L / P + 1`` (the *latency*). When the output
     register is still full at the end of a slot, the whole pipeline waits for ``o``.
 
-    Cost: about ``74 * L`` flip-flops of row registers (4.7k at ``L = 64``) and their 2:1
+    Cost: about ``90 * L`` flip-flops of row registers (5.8k at ``L = 64``) and their 2:1
     load/rotate multiplexers; ``2 * P`` multipliers (one ECP5 DSP each) and ``P`` 256 x 16
-    tables. The longest combinational path is stage 2's (subtract, multiply, table, shift,
-    add into ``S``, normalise ``S`` at the slot end); split that stage if fmax needs it.
+    tables. Each stage's combinational path is one multiply or one table-and-add (stage 3's
+    adder feeds only the sum register), so none of them chains the whole algorithm.
     """
 
     def __init__(self, *, length, lanes_per_cycle=1):
@@ -109,15 +111,21 @@ class SoftmaxUnit(wiring.Component):
         return self._length // self._lanes
 
     @property
+    def quotient_bits(self) -> int:
+        """Bits of the un-normalised quotient ``2**(EXP_BITS + KMAX + RECIP_BITS) // S``:
+        ``RECIP_BITS + 1 + floor(log2(L))``."""
+        return RECIP_BITS + 1 + max_sum_exponent(self._length)
+
+    @property
     def divide_bits(self) -> int:
-        """Quotient bits the divider computes per cycle: ``ceil(13 / (L / P))``, so that the
-        reciprocal never takes longer than a row's beats."""
-        return -(-(RECIP_BITS + 1) // self.beats)
+        """Quotient bits the divider computes per cycle, ``ceil(quotient_bits / (L / P))``, so
+        that the reciprocal never takes longer than a row's beats."""
+        return -(-self.quotient_bits // self.beats)
 
     @property
     def divide_cycles(self) -> int:
-        """Cycles of the reciprocal's long division: ``ceil(13 / divide_bits) <= L / P``."""
-        return -(-(RECIP_BITS + 1) // self.divide_bits)
+        """Cycles of the long division: ``ceil(quotient_bits / divide_bits) <= L / P``."""
+        return -(-self.quotient_bits // self.divide_bits)
 
     @property
     def slot_cycles(self) -> int:
@@ -128,18 +136,19 @@ class SoftmaxUnit(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from the cycle a row is accepted on ``i`` to the first cycle it is valid on
-        ``o``: ``4 * L / P + 1``."""
+        ``o``: ``5 * L / P + 1``."""
         return STAGES * self.slot_cycles + 1
 
     def elaborate(self, platform):
         m = Module()
-        L, P, T, TS = self._length, self._lanes, self.beats, self.slot_cycles
+        L, P, T = self._length, self._lanes, self.beats
         W = sum_bits(L)              # bits of the sum S
         KMAX = max_sum_exponent(L)   # S < 2**(EXP_BITS + KMAX + 1)
-        D = self.divide_cycles
+        QB = self.quotient_bits
         score_min = -(1 << (SCORE_BITS - 1))
+        y_bits = Y_MASKED.bit_length()
 
-        cnt = Signal(range(TS), init=TS - 1)
+        cnt = Signal(range(T), init=T - 1)
         boundary = Signal()
         run = Signal()
         step = Signal()     # the lane-serial stages process beat `cnt` in this cycle
@@ -148,12 +157,12 @@ class SoftmaxUnit(wiring.Component):
         last = [Signal(name=f"last{k}") for k in range(STAGES)]
 
         m.d.comb += [
-            boundary.eq(cnt == TS - 1),
+            boundary.eq(cnt == T - 1),
             # Only a full output register that nobody takes at a slot boundary stops the unit.
-            run.eq(~(boundary & v[3] & self.o.valid & ~self.o.ready)),
+            run.eq(~(boundary & v[-1] & self.o.valid & ~self.o.ready)),
             self.i.ready.eq(boundary & run),
-            step.eq(run & (cnt < T)),
-            dstep.eq(run & (cnt < D)),
+            step.eq(run),
+            dstep.eq(run & (cnt < self.divide_cycles)),
         ]
 
         def lanes(name, shape):
@@ -181,63 +190,65 @@ class SoftmaxUnit(wiring.Component):
         nxt_buf0 = rotate(buf0, buf0[:P], "s0", SCORE_BITS)
         nxt_msk0 = rotate(msk0, msk0[:P], "m0", 1)
 
-        # Stage 1: e = EXP_LUT[y % 256] >> (y // 256) with y = d * log2(e), and the sum.
-        # Scores come in and e values (EXP_BITS + 1 = 16 bits, unsigned) go out in the same lanes.
+        # Stage 1: y = d * log2(e) with 8 fraction bits, in place of the score; masked lanes
+        # get Y_MASKED, whose exp is 0, so that no mask travels further.
         buf1, msk1 = lanes("s1", SCORE_BITS), lanes("m1", 1)
         top1 = Signal(signed(SCORE_BITS))
-        sum1 = Signal(W)
-        exps = []
+        ys = []
         for p in range(P):
-            m.submodules[f"exp_lut{p}"] = lut = Memory(shape=EXP_BITS + 1, depth=1 << EXP_FRAC_BITS,
-                                                       init=EXP_LUT)
-            rd = lut.read_port(domain="comb")
             dist = Signal(signed(SCORE_BITS + 2), name=f"dist{p}")
             dcl = Signal(range(D_MAX + 1), name=f"dclamp{p}")
-            y = Signal(range(((D_MAX * LOG2E_MULT) >> LOG2E_SHIFT) + 2), name=f"y{p}")
-            e = Signal(EXP_BITS + 1, name=f"e{p}")
+            y = Signal(y_bits, name=f"y{p}")
             m.d.comb += [
                 dist.eq(top1 - buf1[p].as_signed()),
-                # Masked lanes may lie above the maximum (negative distance): their e is 0.
+                # Masked lanes may lie above the maximum (negative distance); they are replaced.
                 dcl.eq(Mux(dist > D_MAX, D_MAX, dist[:D_MAX.bit_length()])),
-                y.eq((dcl * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT),
-                rd.addr.eq(y[:EXP_FRAC_BITS]),
-                e.eq(Mux(msk1[p], rd.data >> y[EXP_FRAC_BITS:], 0)),
+                y.eq(Mux(msk1[p],
+                         (dcl * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT,
+                         Y_MASKED)),
             ]
-            exps.append(e)
-        nxt_sum1 = Signal(W)
-        m.d.comb += nxt_sum1.eq(Mux(step, sum1 + sum(exps), sum1))
-        nxt_buf1 = rotate(buf1, exps, "s1", SCORE_BITS)
+            ys.append(y)
+        nxt_buf1 = rotate(buf1, ys, "s1", SCORE_BITS)
         nxt_msk1 = rotate(msk1, msk1[:P], "m1", 1)
 
-        # Normalise the final sum for the divider: Sn = S << (KMAX - k), k = z - EXP_BITS.
-        k_in = Signal(range(KMAX + 1))
-        norm_in = Signal(range(KMAX + 1))
-        k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
-        for kk in range(KMAX + 1):   # the highest set bit wins
-            k_val = Mux(nxt_sum1[EXP_BITS + kk], kk, k_val)
-            norm_val = Mux(nxt_sum1[EXP_BITS + kk], KMAX - kk, norm_val)
-        m.d.comb += [k_in.eq(k_val), norm_in.eq(norm_val)]
+        # Stage 2: e = EXP_LUT[y % 256] >> (y // 256) in place of y, and the sum S.
+        buf2 = lanes("y2", EXP_BITS + 1)
+        sum2 = Signal(W)
+        exps = []
+        for p in range(P):
+            m.submodules[f"exp_lut{p}"] = lut = Memory(shape=EXP_BITS + 1,
+                                                       depth=1 << EXP_FRAC_BITS, init=EXP_LUT)
+            rd = lut.read_port(domain="comb")
+            e = Signal(EXP_BITS + 1, name=f"e{p}")
+            m.d.comb += [
+                rd.addr.eq(buf2[p][:EXP_FRAC_BITS]),
+                e.eq(rd.data >> buf2[p][EXP_FRAC_BITS:y_bits]),
+            ]
+            exps.append(e)
+        nxt_sum2 = Signal(W)
+        m.d.comb += nxt_sum2.eq(Mux(step, sum2 + sum(exps), sum2))
+        nxt_buf2 = rotate(buf2, exps, "y2", EXP_BITS + 1)
 
-        # Stage 2: R = 2**(W-1+RECIP_BITS) // Sn = 2**(z+RECIP_BITS) // S, by long division.
-        buf2 = lanes("e2", EXP_BITS + 1)
-        sn = Signal(W)
+        # Stage 3: Q = 2**(EXP_BITS + KMAX + RECIP_BITS) // S by restoring long division of QB
+        # quotient bits (no normalisation on the way in), then R = Q >> (KMAX - k), which is
+        # 2**(z + RECIP_BITS) // S exactly, with k = z - EXP_BITS from a priority encoder.
+        buf3 = lanes("e3", EXP_BITS + 1)
+        div3 = Signal(W)
         rem = Signal(W + 1)
-        quo = Signal(RECIP_BITS + 1)
-        k2 = Signal(range(KMAX + 1))
-        zero2 = Signal()
-        nxt_quo = Signal(RECIP_BITS + 1)
+        quo = Signal(QB)
+        nxt_quo = Signal(QB)
         nxt_rem = Signal(W + 1)
-        # divide_bits restoring steps chained in one cycle; steps past the last quotient bit
-        # (when divide_bits does not divide RECIP_BITS + 1) leave quotient and remainder alone.
+        # divide_bits steps chained in one cycle; steps past the last quotient bit (when
+        # divide_bits does not divide QB) leave quotient and remainder alone.
         r, q = rem, quo
         for b in range(self.divide_bits):
             ge = Signal(name=f"ge{b}")
             active = Signal(name=f"active{b}")
-            r_b, q_b = Signal(W + 1, name=f"rem{b}"), Signal(RECIP_BITS + 1, name=f"quo{b}")
+            r_b, q_b = Signal(W + 1, name=f"rem{b}"), Signal(QB, name=f"quo{b}")
             m.d.comb += [
-                ge.eq(r >= sn),
-                active.eq(cnt * self.divide_bits + b < RECIP_BITS + 1),
-                r_b.eq(Mux(active, Mux(ge, r - sn, r) << 1, r)),
+                ge.eq(r >= div3),
+                active.eq(cnt * self.divide_bits + b < QB),
+                r_b.eq(Mux(active, Mux(ge, r - div3, r) << 1, r)),
                 q_b.eq(Mux(active, Cat(ge, q[:-1]), q)),
             ]
             r, q = r_b, q_b
@@ -245,12 +256,23 @@ class SoftmaxUnit(wiring.Component):
             nxt_quo.eq(Mux(dstep, q, quo)),
             nxt_rem.eq(Mux(dstep, r, rem)),
         ]
-
-        # Stage 3: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8.
-        # e values come in and probabilities go out (in the low PROB_BITS) in the same lanes.
-        buf3 = lanes("e3", EXP_BITS + 1)
-        recip3 = Signal(RECIP_BITS + 1)
         k3 = Signal(range(KMAX + 1))
+        norm3 = Signal(range(KMAX + 1))
+        k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
+        for kk in range(KMAX + 1):   # the highest set bit wins
+            k_val = Mux(div3[EXP_BITS + kk], kk, k_val)
+            norm_val = Mux(div3[EXP_BITS + kk], KMAX - kk, norm_val)
+        recip = Signal(RECIP_BITS + 1)
+        m.d.comb += [
+            k3.eq(k_val), norm3.eq(norm_val),
+            # S == 0 only for a fully masked row: R = 0 makes every probability 0.
+            recip.eq(Mux(div3 == 0, 0, nxt_quo >> norm3)),
+        ]
+
+        # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place.
+        buf4 = lanes("e4", EXP_BITS + 1)
+        recip4 = Signal(RECIP_BITS + 1)
+        k4 = Signal(range(KMAX + 1))
         probs = []
         for p in range(P):
             prod = Signal(EXP_BITS + RECIP_BITS + 2, name=f"prod{p}")
@@ -260,41 +282,40 @@ class SoftmaxUnit(wiring.Component):
             half = Const(1 << (RECIP_BITS + EXP_BITS - PROB_BITS - 1),
                          RECIP_BITS + EXP_BITS + KMAX)
             m.d.comb += [
-                prod.eq(buf3[p] * recip3),
-                wide.eq(prod + (half << k3)),
-                q9.eq((wide >> (RECIP_BITS + EXP_BITS - PROB_BITS)) >> k3),
+                prod.eq(buf4[p] * recip4),
+                wide.eq(prod + (half << k4)),
+                q9.eq((wide >> (RECIP_BITS + EXP_BITS - PROB_BITS)) >> k4),
                 prob.eq(Mux(q9 > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, q9)),
             ]
             probs.append(prob)
-        nxt_buf3 = rotate(buf3, probs, "e3", EXP_BITS + 1)
+        nxt_buf4 = rotate(buf4, probs, "e4", EXP_BITS + 1)
 
         with m.If(run):
             with m.If(boundary):
                 # Every row moves one stage on; stage 0 takes the new row, if any.
                 m.d.sync += [
-                    v[0].eq(self.i.valid),
-                    last[0].eq(self.i.payload.last),
-                    acc0.eq(score_min),
-                    v[1].eq(v[0]), last[1].eq(last[0]), top1.eq(nxt_acc0), sum1.eq(0),
-                    v[2].eq(v[1]), last[2].eq(last[1]),
-                    sn.eq((nxt_sum1 << norm_in)[:W]), k2.eq(k_in), zero2.eq(nxt_sum1 == 0),
-                    rem.eq(1 << (W - 1)), quo.eq(0),
-                    v[3].eq(v[2]), last[3].eq(last[2]),
-                    recip3.eq(Mux(zero2, 0, nxt_quo)), k3.eq(k2),
+                    v[0].eq(self.i.valid), last[0].eq(self.i.payload.last), acc0.eq(score_min),
+                    top1.eq(nxt_acc0),
+                    sum2.eq(0),
+                    div3.eq(nxt_sum2), rem.eq(1 << EXP_BITS), quo.eq(0),
+                    recip4.eq(recip), k4.eq(k3),
                     # Stay at the boundary while the pipeline is empty, so that a new row is
                     # taken at once.
-                    cnt.eq(Mux(self.i.valid | v[0] | v[1] | v[2], 0, TS - 1)),
+                    cnt.eq(Mux(self.i.valid | Cat(v[:-1]).any(), 0, T - 1)),
                 ]
+                m.d.sync += [v[k + 1].eq(v[k]) for k in range(STAGES - 1)]
+                m.d.sync += [last[k + 1].eq(last[k]) for k in range(STAGES - 1)]
                 for j in range(L):
                     m.d.sync += [
                         buf0[j].eq(self.i.payload.data[j]), msk0[j].eq(self.i.payload.mask[j]),
                         buf1[j].eq(nxt_buf0[j]), msk1[j].eq(nxt_msk0[j]),
                         buf2[j].eq(nxt_buf1[j]),
-                        buf3[j].eq(buf2[j]),
+                        buf3[j].eq(nxt_buf2[j]),
+                        buf4[j].eq(buf3[j]),
                     ]
-                with m.If(v[3]):
-                    m.d.sync += [self.o.valid.eq(1), self.o.payload.last.eq(last[3])]
-                    m.d.sync += [self.o.payload.data[j].eq(nxt_buf3[j][:PROB_BITS])
+                with m.If(v[-1]):
+                    m.d.sync += [self.o.valid.eq(1), self.o.payload.last.eq(last[-1])]
+                    m.d.sync += [self.o.payload.data[j].eq(nxt_buf4[j][:PROB_BITS])
                                  for j in range(L)]
                 with m.Elif(self.o.ready):
                     m.d.sync += self.o.valid.eq(0)
@@ -302,7 +323,7 @@ class SoftmaxUnit(wiring.Component):
                 m.d.sync += [
                     cnt.eq(cnt + 1),
                     acc0.eq(nxt_acc0),
-                    sum1.eq(nxt_sum1),
+                    sum2.eq(nxt_sum2),
                     quo.eq(nxt_quo),
                     rem.eq(nxt_rem),
                 ]
@@ -310,7 +331,8 @@ class SoftmaxUnit(wiring.Component):
                     m.d.sync += [
                         buf0[j].eq(nxt_buf0[j]), msk0[j].eq(nxt_msk0[j]),
                         buf1[j].eq(nxt_buf1[j]), msk1[j].eq(nxt_msk1[j]),
-                        buf3[j].eq(nxt_buf3[j]),
+                        buf2[j].eq(nxt_buf2[j]),
+                        buf4[j].eq(nxt_buf4[j]),
                     ]
                 with m.If(self.o.ready):
                     m.d.sync += self.o.valid.eq(0)

@@ -41,7 +41,7 @@ def run(quick: bool):
             "value": m["period"], "unit": "cycles/row", "ref": ideal,
             "ratio": m["period"] / ideal,
             "note": f"ideal L/P = {dut.slot_cycles}; divider {dut.divide_bits} bit(s)/cycle; "
-                    f"latency {m['latency']} (formula 4*L/P+1 = {dut.latency}); "
+                    f"latency {m['latency']} (formula 5*L/P+1 = {dut.latency}); "
                     f"golden match {m['ok']}; "
                     f"pysim {m['sim']['cycles_per_s']:.0f} cycles/s",
         })

@@ -85,7 +85,7 @@ def test_cycles_per_row_and_latency(length, lanes):
     """Back-to-back rows without stalls: one row per ``slot_cycles``, ``latency`` in between."""
     dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes)
     assert dut.slot_cycles == length // lanes
-    assert dut.latency == 4 * length // lanes + 1
+    assert dut.latency == 5 * length // lanes + 1
     n = 6
     scores, mask = random_rows(np.random.default_rng(7), n, length)
     res = simulate_rows(dut, scores, mask)
