@@ -15,7 +15,8 @@ logit ``s / 2**SCORE_FRAC_BITS``) with visibility mask ``m``:
 5. ``S = sum(e)``; ``S >= 2**EXP_BITS`` when any lane is visible, ``S == 0`` otherwise.
 6. ``z = S.bit_length() - 1``, ``R = 2**(z + RECIP_BITS) // S`` (``2**(RECIP_BITS-1) <= R <=
    2**RECIP_BITS``): one reciprocal per row, normalised so that it keeps ``RECIP_BITS`` bits
-   whatever ``L`` is. ``R = 0`` when ``S == 0``.
+   whatever ``L`` is. When ``S == 0`` every ``e`` is 0 and so is every ``p``, whatever ``R``
+   (the golden model takes ``R = 0``).
 7. ``sh = z + RECIP_BITS - PROB_BITS``, ``p = min((e * R + 2**(sh-1)) >> sh, 2**PROB_BITS - 1)``:
    round half up to ``p / 256``; a lane whose probability rounds to 256/256 saturates to 255.
 

@@ -265,8 +265,8 @@ class SoftmaxUnit(wiring.Component):
         recip = Signal(RECIP_BITS + 1)
         m.d.comb += [
             k3.eq(k_val), norm3.eq(norm_val),
-            # S == 0 only for a fully masked row: R = 0 makes every probability 0.
-            recip.eq(Mux(div3 == 0, 0, nxt_quo >> norm3)),
+            # S == 0 only for a fully masked row, whose e are all 0: any R gives p = 0 there.
+            recip.eq(nxt_quo >> norm3),
         ]
 
         # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place.
