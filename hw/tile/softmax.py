@@ -62,8 +62,8 @@ class SoftmaxUnit(wiring.Component):
     2. ``y = (M - s) * log2(e)`` per lane, written back in place;
     3. ``e`` by exp table lookup and shift per lane, written back in place, and the sum ``S``;
     4. ``R = 2**(z+12) // S``: restoring long division of ``quotient_bits = 13 + log2(L)``
-       bits, ``divide_bits = ceil(quotient_bits / (L/P))`` per cycle (1 for ``L/P >= 19`` at
-       ``L = 64``), then a shift by ``z``; the row waits in its register;
+       bits, ``divide_bits = ceil(quotient_bits / (L/P))`` per cycle (2 for ``L = 16, P = 1``;
+       1 for ``L = 64, P = 1``), then a shift by ``z``; the row waits in its register;
     5. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place;
 
     then an output register that holds the row on ``o`` until it is taken. All stages advance
@@ -75,8 +75,9 @@ class SoftmaxUnit(wiring.Component):
 
     Cost: about ``90 * L`` flip-flops of row registers (5.8k at ``L = 64``) and their 2:1
     load/rotate multiplexers; ``2 * P`` multipliers (one ECP5 DSP each) and ``P`` 256 x 16
-    tables. Each stage's combinational path is one multiply or one table-and-add (stage 3's
-    adder feeds only the sum register), so none of them chains the whole algorithm.
+    tables. Each stage's combinational path is one multiply, or one table lookup and add (the
+    exp stage's sum feeds only a register), or ``divide_bits`` subtractions, so no path chains
+    the whole algorithm.
     """
 
     def __init__(self, *, length, lanes_per_cycle=1):
