@@ -86,6 +86,14 @@ def split_partials(q, keys, shards: int) -> list[np.ndarray]:
     return out
 
 
+def _check_int8(x, name, d_head):
+    x = np.asarray(x)
+    if x.shape != (d_head,):
+        raise ValueError(f"{name} must have shape ({d_head},), not {x.shape}")
+    if x.min() < -128 or x.max() > 127:
+        raise ValueError(f"{name} has values outside int8: {x.min()}..{x.max()}")
+
+
 class KVRing:
     """The ring of W K/V slots with their absolute positions (see the module docstring)."""
 
@@ -103,6 +111,8 @@ class KVRing:
         """Write one token; ``first`` restarts the ring (every other slot is dropped)."""
         if not 0 <= pos < 1 << POS_BITS:
             raise ValueError(f"position {pos} does not fit {POS_BITS} bits")
+        _check_int8(k, "k", self.d_head)
+        _check_int8(v, "v", self.d_head)
         if first:
             self.held[:] = False
             self.wptr = 0
@@ -115,6 +125,7 @@ class KVRing:
 
     def raw_scores(self, q) -> np.ndarray:
         """``wrap32(q . k_j)`` for every lane (0 on lanes >= W, which hold nothing)."""
+        _check_int8(q, "q", self.d_head)
         return wrap(self.keys @ np.asarray(q, dtype=np.int64), ACC_BITS)
 
     def pv(self, probs, mask) -> np.ndarray:
