@@ -11,7 +11,8 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
 
-__all__ = ["AttentionBuffer", "POS_BITS", "SCORE_LATENCY", "PARTIAL_LATENCY",
+__all__ = ["AttentionBuffer", "kv_layout", "q_layout", "raw_layout", "scores_layout",
+           "probs_layout", "out_layout", "POS_BITS", "SCORE_LATENCY", "PARTIAL_LATENCY",
            "REDUCED_LATENCY", "PV_LATENCY"]
 
 #: Width of an absolute token position on ``i_kv`` and ``i_q``.
@@ -26,6 +27,37 @@ PARTIAL_LATENCY = 4
 REDUCED_LATENCY = 2
 #: ``i_probs`` transfer to ``o_out`` transfer: ``W + PV_LATENCY``.
 PV_LATENCY = 3
+
+
+def kv_layout(d_head):
+    """``i_kv``: K in ``data[0:D]``, V in ``data[D:2D]``, absolute ``pos``, ``first``."""
+    return lanes_layout(signed(OPERAND_BITS), 2 * d_head, pos=unsigned(POS_BITS), first=1)
+
+
+def q_layout(d_head):
+    """``i_q``: Q lanes, absolute ``pos``, score scaling ``(mult, shift)``, mode bits."""
+    return lanes_layout(signed(OPERAND_BITS), d_head, pos=unsigned(POS_BITS),
+                        mult=unsigned(MULT_BITS), shift=unsigned(SHIFT_BITS), bidir=1, split=1)
+
+
+def raw_layout(length):
+    """``o_partial`` / ``i_reduced``: raw int32 scores, one per lane."""
+    return lanes_layout(signed(ACC_BITS), length)
+
+
+def scores_layout(length):
+    """``o_scores``: the softmax unit's input row (signed 16-bit scores and a visibility mask)."""
+    return lanes_layout(signed(SCORE_BITS), length, mask=data.ArrayLayout(1, length))
+
+
+def probs_layout(length):
+    """``i_probs``: the softmax unit's output row (unsigned 8-bit, p/256)."""
+    return lanes_layout(unsigned(PROB_BITS), length)
+
+
+def out_layout(d_head):
+    """``o_out``: raw int32 P.V sums, one per head dimension."""
+    return lanes_layout(signed(ACC_BITS), d_head)
 
 
 def _tree_sum(values):
@@ -133,19 +165,14 @@ class AttentionBuffer(wiring.Component):
         if window > 1 << POS_BITS:
             raise ValueError(f"window={window} exceeds the {POS_BITS}-bit position range")
         self._window, self._d_head, self._length = window, d_head, length
-        i8 = signed(OPERAND_BITS)
         super().__init__({
-            "i_kv": In(stream.Signature(lanes_layout(
-                i8, 2 * d_head, pos=unsigned(POS_BITS), first=1))),
-            "i_q": In(stream.Signature(lanes_layout(
-                i8, d_head, pos=unsigned(POS_BITS), mult=unsigned(MULT_BITS),
-                shift=unsigned(SHIFT_BITS), bidir=1, split=1))),
-            "o_partial": Out(stream.Signature(lanes_layout(signed(ACC_BITS), length))),
-            "i_reduced": In(stream.Signature(lanes_layout(signed(ACC_BITS), length))),
-            "o_scores": Out(stream.Signature(lanes_layout(
-                signed(SCORE_BITS), length, mask=data.ArrayLayout(1, length)))),
-            "i_probs": In(stream.Signature(lanes_layout(unsigned(PROB_BITS), length))),
-            "o_out": Out(stream.Signature(lanes_layout(signed(ACC_BITS), d_head))),
+            "i_kv": In(stream.Signature(kv_layout(d_head))),
+            "i_q": In(stream.Signature(q_layout(d_head))),
+            "o_partial": Out(stream.Signature(raw_layout(length))),
+            "i_reduced": In(stream.Signature(raw_layout(length))),
+            "o_scores": Out(stream.Signature(scores_layout(length))),
+            "i_probs": In(stream.Signature(probs_layout(length))),
+            "o_out": Out(stream.Signature(out_layout(d_head))),
         })
 
     @property
