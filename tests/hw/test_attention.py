@@ -122,6 +122,17 @@ def test_bidirectional_back_to_back(rng):
     assert [int(e["mask"].sum()) for e in exp] == [12] * 12 + [5]
 
 
+def test_queries_away_from_the_newest_key(rng):
+    """Causal queries behind and ahead of the keys held (the window's both edges), then a
+    restart with fewer than W tokens: the stale slots of the previous sequence stay masked."""
+    cmds = [token(rng, pos, first=pos == 100) for pos in range(100, 116)]
+    cmds += [query(rng, pos) for pos in (99, 100, 107, 115, 116, 120, 130, 131)]
+    cmds += [token(rng, pos, first=pos == 0) for pos in range(3)]
+    cmds += [query(rng, 2), query(rng, 2, bidirectional=True), query(rng, 1)]
+    _, exp = run_and_check(cmds, rng)
+    assert [int(e["mask"].sum()) for e in exp] == [0, 1, 8, 16, 15, 11, 1, 0, 3, 3, 2]
+
+
 def test_score_requant_saturates(rng):
     """Extreme Q.K with a large scale saturates to int16 both ways, never wraps."""
     k = np.array([127, -128] * (D // 2))
