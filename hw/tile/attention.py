@@ -144,13 +144,19 @@ class AttentionBuffer(wiring.Component):
     - ``i_probs`` -> ``o_out`` in ``W + PV_LATENCY`` (= W + 3).
 
     The sweeps use different memories, so the score sweep of the next query overlaps the P.V
-    sweep of the previous one: back-to-back queries (no K/V write between them) cost about
-    W + 6 cycles each when the softmax keeps up (ideal W: two D-wide MAC arrays, W*D MACs
-    each). A token written between two queries waits for the previous query's ``o_out``, so an
-    interleaved causal prefill costs ``2W + SCORE_LATENCY + PV_LATENCY + 3`` cycles per token
-    plus the softmax's turnaround (see ``tests/hw/test_attention.py`` for the exact count).
-    One score row may wait for its probabilities while the next query sweeps; the row after
-    that waits in the unit until those probabilities arrive.
+    sweep of the previous one. Per query, with a softmax that answers the cycle after the score
+    row (each cycle it takes longer adds one):
+
+    - back-to-back queries (no K/V write between them: bidirectional attention, or queries over
+      already loaded keys): ``W + SCORE_LATENCY + 1`` (= W + 6) cycles; ideal W (two D-wide MAC
+      arrays, W*D MACs each);
+    - interleaved causal prefill or decode (write token t, query t): the write of token t+1
+      overwrites a key that query t sees, so it waits for query t's ``o_out``:
+      ``2W + SCORE_LATENCY + PV_LATENCY + 3`` (= 2W + 11) cycles per token; ideal 2W.
+
+    A finished score row waits in the unit while the probabilities of the previous row are
+    outstanding (one row in the softmax at a time). ``last`` on ``i_reduced`` and ``i_probs``
+    is ignored. After reset the ring is empty (every lane masked).
     """
 
     def __init__(self, *, window, d_head, length):
