@@ -146,22 +146,24 @@ def test_score_requant_saturates(rng):
     assert exp[3]["scores"][0] == 32767 and exp[3]["scores"][1] == -32768
 
 
-def test_softmax_longer_than_window(rng):
-    """L > W (and W not a power of two): lanes W..L-1 are always masked and 0."""
-    window, d_head, length = 5, 4, 8
+@pytest.mark.parametrize("window, d_head, length", [(5, 4, 8), (1, 1, 1), (3, 2, 3)])
+def test_other_sizes(rng, window, d_head, length):
+    """L > W (lanes W..L-1 always masked and 0), W not a power of two, and a one-slot ring."""
     cmds = []
     for t in range(9):
         cmds += [token(rng, t, first=t == 0, d=d_head), query(rng, t, d=d_head)]
-    cmds += [query(rng, 8, d=d_head, bidirectional=True)]
+    cmds += [query(rng, 8, d=d_head, bidirectional=True),
+             query(rng, 8, d=d_head, split=True, last=True)]
     n = sum(isinstance(c, Query) for c in cmds)
     table = rng.integers(0, 256, size=(n, length))
     exp = run_sequence(cmds, window=window, d_head=d_head, length=length,
                        probs_fn=lambda i, s, m: table[i])
     dut = AttentionBuffer(window=window, d_head=d_head, length=length)
-    got, _ = run_attention(dut, cmds, probs_fn=lambda i, s, m: table[i], rng=rng, idle=IDLE,
-                           stall=STALL)
-    check(got, exp, keys=("scores", "mask", "out"))
+    got, _ = run_attention(dut, cmds, probs_fn=lambda i, s, m: table[i],
+                           reduced_fn=lambda i, raw: raw, rng=rng, idle=IDLE, stall=STALL)
+    check(got, exp)
     assert all(not e["mask"][window:].any() for e in exp)
+    assert [int(e["mask"].sum()) for e in exp[:9]] == [min(t + 1, window) for t in range(9)]
 
 
 # --- split-score mode: d_head split across 2 or 3 units, reduced by the testbench ------------
