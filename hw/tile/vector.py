@@ -25,7 +25,8 @@ from ..spec.vector import (
     rsqrt_seed_table,
 )
 
-__all__ = ["VectorUnit", "cmd_layout", "RSQRT_CYCLES", "op_cycles"]
+__all__ = ["VectorUnit", "cmd_layout", "vec_layout", "out_layout", "stats_layout",
+           "RSQRT_CYCLES", "op_cycles"]
 
 #: Cycles the LayerNorm spends between its statistics and its first normalised beat:
 #: D = n*S2 - S1^2, normalisation + table seed, then 3 multiplies per Newton step.
@@ -44,6 +45,21 @@ def cmd_layout() -> data.StructLayout:
         "out16": unsigned(1),
         "per_channel": unsigned(1),
     })
+
+
+def vec_layout(lanes: int) -> data.StructLayout:
+    """Payload of ``i_a`` and ``i_b``: ``lanes`` x signed(32) plus ``last``."""
+    return lanes_layout(signed(32), lanes)
+
+
+def out_layout(lanes: int) -> data.StructLayout:
+    """Payload of ``o_data``: ``data`` (``lanes`` x signed(32)), ``q`` (x signed(8)), ``last``."""
+    return lanes_layout(signed(32), lanes, q=data.ArrayLayout(signed(8), lanes))
+
+
+def stats_layout() -> data.StructLayout:
+    """Payload of ``i_stats`` and ``o_stats``: ``[sum x, sum x^2]`` as 2 x signed(64), ``last``."""
+    return lanes_layout(signed(64), 2)
 
 
 def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
@@ -153,16 +169,13 @@ class VectorUnit(wiring.Component):
                              f"not {d_model_max!r}")
         self._lanes = lanes
         self._d_model_max = d_model_max
-        vec = lanes_layout(signed(32), lanes)
-        pair = lanes_layout(signed(64), 2)
         super().__init__({
             "i_cmd": In(stream.Signature(cmd_layout())),
-            "i_a": In(stream.Signature(vec)),
-            "i_b": In(stream.Signature(vec)),
-            "i_stats": In(stream.Signature(pair)),
-            "o_data": Out(stream.Signature(
-                lanes_layout(signed(32), lanes, q=data.ArrayLayout(signed(8), lanes)))),
-            "o_stats": Out(stream.Signature(pair)),
+            "i_a": In(stream.Signature(vec_layout(lanes))),
+            "i_b": In(stream.Signature(vec_layout(lanes))),
+            "i_stats": In(stream.Signature(stats_layout())),
+            "o_data": Out(stream.Signature(out_layout(lanes))),
+            "o_stats": Out(stream.Signature(stats_layout())),
         })
 
     @property

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from amaranth.hdl import Fragment
 
+from hw.spec import npu_preset
 from hw.spec.vector import (
     LUT_ENTRIES,
     VectorCmd,
@@ -51,6 +52,48 @@ def _inputs(cmd: VectorCmd, a, b, stats, lanes):
     return a_beats, b_beats, s_beats
 
 
+def prepare(program, lanes):
+    """Golden outputs and input beats of ``program`` = [(cmd, a, b, stats)]."""
+    model = VectorUnitModel()
+    job = {"cmds": [c.fields() for c, *_ in program], "a": [], "b": [], "stats": [],
+           "expected": []}
+    for cmd, a, b, stats in program:
+        job["expected"].append(model.execute(cmd, a, b, stats))
+        a_beats, b_beats, s_beats = _inputs(cmd, a, b, stats, lanes)
+        job["a"] += a_beats
+        job["b"] += b_beats
+        job["stats"] += s_beats
+    job["n_data"] = sum(beats(cmd.length, lanes) for (cmd, *_), e in
+                        zip(program, job["expected"], strict=True) if "data" in e)
+    job["n_stats"] = sum(1 for e in job["expected"] if "stats" in e)
+    return job
+
+
+def check(program, expected, data_beats, stats_beats, lanes, label="pysim"):
+    """Compare received beats (data, q, last) and (s1, s2, last) with golden, lane by lane."""
+    data_beats, stats_beats = iter(data_beats), iter(stats_beats)
+    for k, ((cmd, *_), exp) in enumerate(zip(program, expected, strict=True)):
+        if "stats" in exp:
+            s1, s2, last = next(stats_beats)
+            assert (s1, s2) == tuple(exp["stats"]), (
+                f"{label} command {k} {cmd.op.name}: stats {(s1, s2)} != golden {exp['stats']}")
+            assert last == 1, f"{label} command {k}: o_stats last={last}"
+        if "data" not in exp:
+            continue
+        count = beats(cmd.length, lanes)
+        for i in range(count):
+            data, q, last = next(data_beats)
+            assert last == int(i == count - 1), (
+                f"{label} command {k} {cmd.op.name} beat {i}: last={last}")
+            for j in range(lanes):
+                e = i * lanes + j
+                want = (int(exp["data"][e]), int(exp["q"][e])) if e < cmd.length else (0, 0)
+                assert (data[j], q[j]) == want, (
+                    f"{label} command {k} {cmd.op.name} beat {i} lane {j} (element {e}): "
+                    f"(data, q)=({data[j]}, {q[j]}) != golden {want}")
+    assert next(data_beats, None) is None and next(stats_beats, None) is None
+
+
 def run_program(program, *, lanes=LANES, d_model_max=32, rng=None, idle=IDLE, stall=STALL,
                 max_cycles=20_000):
     """Run ``program`` = [(cmd, a, b, stats)] on the RTL; check every output against golden.
@@ -58,17 +101,7 @@ def run_program(program, *, lanes=LANES, d_model_max=32, rng=None, idle=IDLE, st
     Returns the golden outputs (one dict per command) and the simulation figures.
     """
     dut = VectorUnit(lanes=lanes, d_model_max=d_model_max)
-    model = VectorUnitModel()
-    expected, a_all, b_all, s_all = [], [], [], []
-    for cmd, a, b, stats in program:
-        expected.append(model.execute(cmd, a, b, stats))
-        a_beats, b_beats, s_beats = _inputs(cmd, a, b, stats, lanes)
-        a_all += a_beats
-        b_all += b_beats
-        s_all += s_beats
-    n_data = sum(beats(cmd.length, lanes) for (cmd, *_), e in zip(program, expected, strict=True)
-                 if "data" in e)
-    n_stats = sum(1 for e in expected if "stats" in e)
+    job = prepare(program, lanes)
     got = {}
     layout = cmd_layout()
 
@@ -77,45 +110,23 @@ def run_program(program, *, lanes=LANES, d_model_max=32, rng=None, idle=IDLE, st
             await send_all(ctx, stream, items, rng=rng, idle=idle)
         return bench
 
-    async def cmds(ctx):
-        await send_all(ctx, dut.i_cmd, [layout.const(c.fields()) for c, *_ in program],
-                       rng=rng, idle=idle)
-
     def to_tuple(p):
         return ([p.data[j] for j in range(lanes)], [p.q[j] for j in range(lanes)], p.last)
 
     async def sink_data(ctx):
-        got["data"] = await collect(ctx, dut.o_data, n_data, rng=rng, stall=stall,
+        got["data"] = await collect(ctx, dut.o_data, job["n_data"], rng=rng, stall=stall,
                                     convert=to_tuple)
 
     async def sink_stats(ctx):
-        got["stats"] = await collect(ctx, dut.o_stats, n_stats, rng=rng, stall=stall,
+        got["stats"] = await collect(ctx, dut.o_stats, job["n_stats"], rng=rng, stall=stall,
                                      convert=lambda p: (p.data[0], p.data[1], p.last))
 
-    figures = run_sim(dut, [cmds, src(dut.i_a, a_all), src(dut.i_b, b_all),
-                            src(dut.i_stats, s_all), sink_data, sink_stats],
+    figures = run_sim(dut, [src(dut.i_cmd, [layout.const(c) for c in job["cmds"]]),
+                            src(dut.i_a, job["a"]), src(dut.i_b, job["b"]),
+                            src(dut.i_stats, job["stats"]), sink_data, sink_stats],
                       max_cycles=max_cycles)
-    data_beats = iter(got["data"])
-    stats_beats = iter(got["stats"])
-    for k, ((cmd, *_), exp) in enumerate(zip(program, expected, strict=True)):
-        if "stats" in exp:
-            s1, s2, last = next(stats_beats)
-            assert (s1, s2) == tuple(exp["stats"]), (
-                f"command {k} {cmd.op.name}: stats {(s1, s2)} != golden {exp['stats']}")
-            assert last == 1, f"command {k}: o_stats last={last}"
-        if "data" not in exp:
-            continue
-        count = beats(cmd.length, lanes)
-        for i in range(count):
-            data, q, last = next(data_beats)
-            assert last == int(i == count - 1), f"command {k} {cmd.op.name} beat {i}: last={last}"
-            for j in range(lanes):
-                e = i * lanes + j
-                want = (int(exp["data"][e]), int(exp["q"][e])) if e < cmd.length else (0, 0)
-                assert (data[j], q[j]) == want, (
-                    f"command {k} {cmd.op.name} beat {i} lane {j} (element {e}): "
-                    f"(data, q)=({data[j]}, {q[j]}) != golden {want}")
-    return expected, figures
+    check(program, job["expected"], got["data"], got["stats"], lanes)
+    return job["expected"], figures
 
 
 def _ln_params(rng, length):
@@ -314,3 +325,65 @@ def test_cycles_match_formula(rng, op, length):
         f"{op.name} length {length}: measured {measured} cycles, formula "
         f"{op_cycles(op, length, LANES)}")
     assert lut_beats(LANES) == 64
+
+
+# ---- exported Verilog ------------------------------------------------------------------------
+
+def _rows(beat_list, width):
+    if not beat_list:
+        return np.zeros((0, width + 1), dtype=np.int64)
+    return np.array([list(b["data"]) + [b["last"]] for b in beat_list], dtype=np.int64)
+
+
+@pytest.mark.verilator
+def test_verilator_matches_golden(verilator_ok, tmp_path):
+    """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op, golden-exact;
+    a lone LayerNorm takes the documented number of cycles."""
+    from sim.cli import main
+    from sim.rtl.verilator import run_cocotb
+
+    npu = npu_preset("tiny")
+    lanes = npu.vector_lanes
+    assert main(["export", "--top", "vector", "--npu", str(npu.path), "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "npu_vector.v").read_text()
+    rng = np.random.default_rng(33)
+    print("seed=33")
+    x = rng.integers(-(1 << 15), 1 << 15, npu.d_model_max)
+    params = _ln_params(rng, npu.d_model_max)
+    knobs = {"gshift": 19, "mult": 50000, "shift": 24}
+    lone = [(VectorCmd(VectorOp.LN, npu.d_model_max, **knobs), x, params, None)]
+    half = npu.d_model_max // 2 + 3
+    total = tuple(sum(v) for v in zip(ln_stats(x[:half]), ln_stats(x[half:]), strict=True))
+    program = lone + [
+        (VectorCmd(VectorOp.ADD, 10), rng.integers(-(1 << 15), 1 << 15, 10),
+         rng.integers(-(1 << 15), 1 << 15, 10), None),
+        (VectorCmd(VectorOp.BIAS, 5), rng.integers(-(1 << 31), 1 << 31, 5),
+         rng.integers(-(1 << 31), 1 << 31, 5), None),
+        (VectorCmd(VectorOp.REQUANT, 7, mult=40000, shift=12), rng.integers(-(1 << 15), 1 << 15,
+                                                                              7), None, None),
+        (VectorCmd(VectorOp.REQUANT, 6, per_channel=True, out16=True),
+         rng.integers(-(1 << 31), 1 << 31, 6),
+         pack_requant(rng.integers(0, 1 << 16, 6), rng.integers(1, 48, 6)), None),
+        (VectorCmd(VectorOp.RELU, 3), rng.integers(-100, 100, 3), None, None),
+        (VectorCmd(VectorOp.LOAD_LUT, 0), gelu_table(0.04, 0.03), None, None),
+        (VectorCmd(VectorOp.LUT, 9), rng.integers(-128, 128, 9), None, None),
+        (VectorCmd(VectorOp.LN_STATS, half), x[:half], None, None),
+        (VectorCmd(VectorOp.LN_STATS, len(x) - half), x[half:], None, None),
+        (VectorCmd(VectorOp.LN_APPLY, half, n=len(x), **knobs), x[:half], params[:half], total),
+        (VectorCmd(VectorOp.LN_APPLY, len(x) - half, n=len(x), **knobs), x[half:],
+         params[half:], total),
+    ]
+    results = {}
+    for name, prog in (("lone", lone), ("program", program)):
+        job = prepare(prog, lanes)
+        data = {"lanes": lanes, "n_data": job["n_data"], "n_stats": job["n_stats"],
+                "cmds": np.array([[c[f] for f in ("op", "length", "n", "mult", "shift",
+                                                   "gshift", "out16", "per_channel")]
+                                  for c in job["cmds"]], dtype=np.int64),
+                "a": _rows(job["a"], lanes), "b": _rows(job["b"], lanes),
+                "stats": _rows(job["stats"], 2)}
+        out = run_cocotb(text, top="npu_vector", test_module="tb_vector", data=data)
+        check(prog, job["expected"], [tuple(b) for b in out["data"]],
+              [tuple(s) for s in out["stats"]], lanes, label=f"verilator {name}")
+        results[name] = out
+    assert results["lone"]["cycles"] == op_cycles(VectorOp.LN, npu.d_model_max, lanes)
