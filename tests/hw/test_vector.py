@@ -23,7 +23,7 @@ from hw.spec.vector import (
     pack_requant,
 )
 from hw.tile.vector import VectorUnit, cmd_layout, op_cycles
-from sim.golden.vector import VectorUnitModel, gelu_table, ln_stats
+from sim.golden.vector import VectorUnitModel, gelu_table, ln_stats, residual_add
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
 
 LANES = 4
@@ -249,13 +249,13 @@ def test_layernorm_random_and_edges(rng):
     assert np.array_equal(expected[2]["data"], beta), "constant vector: y16 must equal beta"
 
 
-def test_partial_statistics_three_uneven_shards(rng):
-    """LN_STATS on shards of 7, 2 and 9 elements, summed, then LN_APPLY == full LN."""
+@pytest.mark.parametrize("cuts", [[0, 7, 18], [0, 7, 9, 18], [0, 1, 6, 14, 18]])
+def test_partial_statistics_uneven_shards(rng, cuts):
+    """LN_STATS on 2, 3 and 4 uneven shards, summed, then LN_APPLY == full LN bit for bit."""
     x = rng.integers(-(1 << 15), 1 << 15, 18)
     params = _ln_params(rng, 18)
     knobs = {"gshift": 18, "mult": 40000, "shift": 24}
-    cuts = [0, 7, 9, 18]
-    shards = [slice(cuts[i], cuts[i + 1]) for i in range(3)]
+    shards = [slice(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
     stats = [ln_stats(x[s]) for s in shards]
     total = (sum(s for s, _ in stats), sum(s for _, s in stats))
     program = [(VectorCmd(VectorOp.LN, 18, **knobs), x, params, None)]
@@ -264,11 +264,29 @@ def test_partial_statistics_three_uneven_shards(rng):
     program += [(VectorCmd(VectorOp.LN_APPLY, s.stop - s.start, n=18, **knobs), x[s], params[s],
                  total) for s in shards]
     expected, _ = run_program(program, rng=rng)
-    for k in range(3):
-        assert tuple(expected[1 + k]["stats"]) == stats[k]
+    k = len(shards)
+    for i in range(k):
+        assert tuple(expected[1 + i]["stats"]) == stats[i]
     for key in ("data", "q"):
-        merged = np.concatenate([expected[4 + k][key] for k in range(3)])
+        merged = np.concatenate([expected[1 + k + i][key] for i in range(k)])
         assert np.array_equal(merged, expected[0][key]), key
+
+
+def test_layernorm_tiny_preset_full_scale(rng):
+    """Full-scale int16 at the tiny preset's d_model_max (64), its lanes, back to back with a
+    post-norm residual add: ADD then LN emitting the int16 residual and the int8 input."""
+    npu = npu_preset("tiny")
+    n = npu.d_model_max
+    x = rng.choice([-(1 << 15), (1 << 15) - 1], n)
+    r = rng.integers(-(1 << 15), 1 << 15, n)
+    program = [
+        (VectorCmd(VectorOp.LN, n, gshift=19, mult=1 << 15, shift=23), x, _ln_params(rng, n),
+         None),
+        (VectorCmd(VectorOp.ADD, n), x, r, None),
+        (VectorCmd(VectorOp.LN, n, gshift=17, mult=1 << 15, shift=24), residual_add(x, r),
+         _ln_params(rng, n), None),
+    ]
+    run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng)
 
 
 # ---- timing ----------------------------------------------------------------------------------
