@@ -4,7 +4,7 @@ Works on vectors streamed ``lanes`` elements per beat; the numeric definitions (
 those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
 """
 
-from amaranth.hdl import Const, Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -26,7 +26,10 @@ from ..spec.vector import (
 )
 
 __all__ = ["VectorUnit", "cmd_layout", "vec_layout", "out_layout", "stats_layout",
-           "RSQRT_CYCLES", "op_cycles"]
+           "RSQRT_CYCLES", "LATENCY", "op_cycles"]
+
+#: Pipeline stages from an input beat's transfer to its output beat's transfer.
+LATENCY = 4
 
 #: Cycles the LayerNorm spends between its statistics and its first normalised beat:
 #: D = n*S2 - S1^2, normalisation + table seed, then 3 multiplies per Newton step.
@@ -65,21 +68,23 @@ def stats_layout() -> data.StructLayout:
 def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
     """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT: last input).
 
-    With every input valid and every output ready. B = ceil(length / lanes) beats:
-    element-wise ops B + 1, LN 2B + RSQRT_CYCLES + 1, LN_STATS B + 1,
-    LN_APPLY B + RSQRT_CYCLES + 2, LOAD_LUT ceil(256 / lanes). One more cycle per command
-    is spent in IDLE accepting the next command, so back-to-back element-wise vectors take
-    B + 1 cycles each.
+    With every input valid and every output ready. B = ceil(length / lanes) beats and
+    L = :data:`LATENCY` (the pipeline depth): element-wise ops B + L, LN 2B + RSQRT_CYCLES + L,
+    LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT ceil(256 / lanes). The
+    pipeline is not drained between commands: the next command is accepted the cycle after
+    the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
     """
     op = VectorOp(op)
     b = -(-length // lanes)
     if op is VectorOp.LOAD_LUT:
         return -(-LUT_ENTRIES // lanes)
     if op is VectorOp.LN:
-        return 2 * b + RSQRT_CYCLES + 1
+        return 2 * b + RSQRT_CYCLES + LATENCY
     if op is VectorOp.LN_APPLY:
-        return b + RSQRT_CYCLES + 2
-    return b + 1
+        return b + RSQRT_CYCLES + LATENCY + 1
+    if op is VectorOp.LN_STATS:
+        return b + 1
+    return b + LATENCY
 
 
 def _clamp(m, value, bits, name):
@@ -229,68 +234,93 @@ class VectorUnit(wiring.Component):
         a, b, o = self.i_a.payload.data, self.i_b.payload.data, self.o_data
         op = cmd.op
 
-        # Output register: loaded by `o_load`, drained by the consumer.
-        o_free = Signal()
-        o_load = Signal()
-        m.d.comb += o_free.eq(~o.valid | o.ready)
-        with m.If(o_load):
-            m.d.sync += [o.valid.eq(1), o.payload.last.eq(last_beat)]
-        with m.Elif(o.ready):
-            m.d.sync += o.valid.eq(0)
+        # ---- the pipeline ------------------------------------------------------------------
+        # Four register stages, all advancing together whenever the output register is free
+        # (`adv`); each beat carries its own command fields and rsqrt result, so the next
+        # command may start while earlier beats are still in flight.
+        #   0 -> 1: operands in: add/bias/relu/LUT done; a * mult (requant); n*x - S1 (LN)
+        #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs)
+        #   2 -> 3: LN y16 = clamp(((z * gamma) >> gshift) + beta)
+        #   3 -> o: LN q8 = requant(y16, mult, shift, 8); padding lanes forced to 0
+        beat_l = data.StructLayout({
+            "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
+            "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes})
+        lane_l = data.ArrayLayout(data.StructLayout({
+            "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16)}), lanes)
+        stages = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
+                  for k in range(4)]   # stage 0 is combinational (the input beat)
+        valid = [Signal(name=f"p{k}_valid") for k in range(4)]
+        adv = Signal()
+        fire = Signal()                        # an input beat enters the pipeline
+        m.d.comb += [adv.eq(~o.valid | o.ready), valid[0].eq(fire)]
+        with m.If(adv):
+            m.d.sync += o.valid.eq(valid[3])
+            for k in range(1, 4):
+                m.d.sync += [valid[k].eq(valid[k - 1]), stages[k][0].eq(stages[k - 1][0]),
+                             stages[k][1].eq(stages[k - 1][1])]
 
-        def out_lanes(values, qs=None):
-            for j in range(lanes):
-                m.d.sync += o.payload.data[j].eq(Mux(lane_ok[j], values[j], 0))
-                m.d.sync += o.payload.q[j].eq(0 if qs is None else Mux(lane_ok[j], qs[j], 0))
-
-        # ---- element-wise datapath ---------------------------------------------------------
-        elem = []
-        for j in range(lanes):
-            mult = Signal(16, name=f"mult{j}")
-            shift = Signal(6, name=f"shift{j}")
-            with m.If(cmd.per_channel):
-                m.d.comb += [mult.eq(b[j][0:16]), shift.eq(b[j][16:22])]
-            with m.Else():
-                m.d.comb += [mult.eq(cmd.mult), shift.eq(cmd.shift)]
-            m.d.comb += [lut_r[j].addr.eq(a[j][0:8])]
-            add = _clamp(m, a[j] + b[j], 16, f"add{j}")
-            rq8 = _requant(m, a[j], mult, shift, 8, f"rq8_{j}")
-            rq16 = _requant(m, a[j], mult, shift, 16, f"rq16_{j}")
-            value = Signal(signed(32), name=f"elem{j}")
-            with m.Switch(op):
-                with m.Case(VectorOp.ADD):
-                    m.d.comb += value.eq(add)
-                with m.Case(VectorOp.BIAS):
-                    m.d.comb += value.eq(a[j] + b[j])
-                with m.Case(VectorOp.REQUANT):
-                    with m.If(cmd.out16):
-                        m.d.comb += value.eq(rq16)
-                    with m.Else():
-                        m.d.comb += value.eq(rq8)
-                with m.Case(VectorOp.RELU):
-                    m.d.comb += value.eq(0)
-                    with m.If(a[j] > 0):
-                        m.d.comb += value.eq(a[j])
-                with m.Case(VectorOp.LUT):
-                    m.d.comb += value.eq(lut_r[j].data)
-            elem.append(value)
-
-        # ---- LayerNorm datapath --------------------------------------------------------------
+        # Stage 0: the input beat.
+        sb, sl = stages[0]
+        m.d.comb += [sb.op.eq(op), sb.out16.eq(cmd.out16), sb.gshift.eq(cmd.gshift),
+                     sb.ln.eq((op == VectorOp.LN) | (op == VectorOp.LN_APPLY)),
+                     sb.mult.eq(cmd.mult), sb.shift.eq(cmd.shift), sb.y.eq(y_r), sb.zs.eq(zs),
+                     sb.last.eq(last_beat), sb.mask.eq(Cat(*lane_ok))]
         x_src = Signal(data.ArrayLayout(signed(16), lanes))
         with m.If(op == VectorOp.LN):
             m.d.comb += x_src.eq(buf_r.data)
         with m.Else():
             m.d.comb += [x_src[j].eq(a[j][0:16]) for j in range(lanes)]
-        ln_y16, ln_q8 = [], []
         for j in range(lanes):
-            gamma = b[j][0:16].as_signed()
-            beta = b[j][16:32].as_signed()
-            t = n * x_src[j] - s1
-            z = _clamp(m, _round_shift(t * y_r, zs), LN_Z_BITS, f"z{j}")
-            y = _round_shift(z * gamma, cmd.gshift) + beta
+            lane = sl[j]
+            mult = Signal(16, name=f"mult{j}")
+            with m.If(cmd.per_channel):
+                m.d.comb += [mult.eq(b[j][0:16]), lane.sh.eq(b[j][16:22])]
+            with m.Else():
+                m.d.comb += [mult.eq(cmd.mult), lane.sh.eq(cmd.shift)]
+            m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
+                         lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
+            add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            with m.Switch(op):
+                with m.Case(VectorOp.ADD):
+                    m.d.comb += lane.val.eq(add)
+                with m.Case(VectorOp.BIAS):
+                    m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
+                with m.Case(VectorOp.REQUANT):
+                    m.d.comb += lane.val.eq(a[j] * mult)
+                with m.Case(VectorOp.RELU):
+                    m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
+                with m.Case(VectorOp.LUT):
+                    m.d.comb += lane.val.eq(lut_r[j].data)
+                with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
+                    m.d.comb += lane.val.eq(n * x_src[j] - s1)
+
+        # Stage 1 -> 2.
+        pb, pl = stages[1]
+        for j in range(lanes):
+            rq8 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 8, f"rq8_{j}")
+            rq16 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 16, f"rq16_{j}")
+            z = _clamp(m, _round_shift(pl[j].val * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
+            with m.If(adv & (pb.op == VectorOp.REQUANT)):
+                m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
+            with m.If(adv & pb.ln):
+                m.d.sync += stages[2][1][j].val.eq(z)
+
+        # Stage 2 -> 3.
+        pb, pl = stages[2]
+        for j in range(lanes):
+            y = _round_shift(pl[j].val * pl[j].gamma, pb.gshift) + pl[j].beta
             y16 = _clamp(m, y, 16, f"y16_{j}")
-            ln_y16.append(y16)
-            ln_q8.append(_requant(m, y16, cmd.mult, cmd.shift, 8, f"q8_{j}"))
+            with m.If(adv & pb.ln):
+                m.d.sync += stages[3][1][j].val.eq(y16)
+
+        # Stage 3 -> output register.
+        pb, pl = stages[3]
+        q8s = [_requant(m, pl[j].val, pb.mult, pb.shift, 8, f"q8_{j}") for j in range(lanes)]
+        with m.If(adv):
+            m.d.sync += o.payload.last.eq(pb.last)
+            for j, q8 in enumerate(q8s):
+                m.d.sync += [o.payload.data[j].eq(Mux(pb.mask[j], pl[j].val, 0)),
+                             o.payload.q[j].eq(Mux(pb.mask[j] & pb.ln, q8, 0))]
 
         # Statistics of the incoming beat (lanes past `length` count as 0).
         xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
@@ -325,12 +355,11 @@ class VectorUnit(wiring.Component):
 
             with m.State("ELEM"):
                 m.d.comb += [
-                    self.i_a.ready.eq(o_free & (~need_b | self.i_b.valid)),
-                    self.i_b.ready.eq(need_b & o_free & self.i_a.valid),
+                    self.i_a.ready.eq(adv & (~need_b | self.i_b.valid)),
+                    self.i_b.ready.eq(need_b & adv & self.i_a.valid),
                 ]
                 with m.If(self.i_a.valid & self.i_a.ready):
-                    m.d.comb += o_load.eq(1)
-                    out_lanes(elem)
+                    m.d.comb += fire.eq(1)
                     m.d.sync += remaining.eq(remaining - lanes)
                     with m.If(last_beat):
                         m.next = "IDLE"
@@ -383,12 +412,11 @@ class VectorUnit(wiring.Component):
             with m.State("NORM"):
                 from_buf = op == VectorOp.LN
                 m.d.comb += [
-                    self.i_a.ready.eq(~from_buf & o_free & self.i_b.valid),
-                    self.i_b.ready.eq(o_free & (from_buf | self.i_a.valid)),
+                    self.i_a.ready.eq(~from_buf & adv & self.i_b.valid),
+                    self.i_b.ready.eq(adv & (from_buf | self.i_a.valid)),
                 ]
                 with m.If(self.i_b.valid & self.i_b.ready):
-                    m.d.comb += o_load.eq(1)
-                    out_lanes(ln_y16, ln_q8)
+                    m.d.comb += fire.eq(1)
                     m.d.sync += [remaining.eq(remaining - lanes), beat.eq(beat + 1)]
                     # The buffer's read port is synchronous: present the next address now.
                     with m.If(~last_beat):

@@ -291,12 +291,14 @@ def test_layernorm_tiny_preset_full_scale(rng):
 
 # ---- timing ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("op, length", [
-    (VectorOp.ADD, 13), (VectorOp.REQUANT, 8), (VectorOp.LUT, 3), (VectorOp.LN, 10),
-    (VectorOp.LN_STATS, 9), (VectorOp.LN_APPLY, 10), (VectorOp.LOAD_LUT, 0),
+@pytest.mark.parametrize("op, length, repeat", [
+    (VectorOp.ADD, 13, 1), (VectorOp.REQUANT, 8, 1), (VectorOp.LUT, 3, 1), (VectorOp.LN, 10, 1),
+    (VectorOp.LN_STATS, 9, 1), (VectorOp.LN_APPLY, 10, 1), (VectorOp.LOAD_LUT, 0, 1),
+    (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4),
 ])
-def test_cycles_match_formula(rng, op, length):
-    """Cycles from the i_cmd transfer to the last output transfer equal :func:`op_cycles`."""
+def test_cycles_match_formula(rng, op, length, repeat):
+    """Cycles from the first i_cmd transfer to the last output transfer equal
+    :func:`op_cycles` (plus B + 1 per further back-to-back command); ideal streams."""
     dut = VectorUnit(lanes=LANES, d_model_max=16)
     cmd = VectorCmd(op, length, n=length)
     size = LUT_ENTRIES if op is VectorOp.LOAD_LUT else length
@@ -311,10 +313,9 @@ def test_cycles_match_formula(rng, op, length):
             cycle[0] += 1
 
     async def drive(ctx):
-        ctx.set(dut.o_data.ready, 1)
-        ctx.set(dut.o_stats.ready, 1)
-        await stream_put(ctx, dut.i_cmd, cmd_layout().const(cmd.fields()))
-        stamps["cmd"] = cycle[0]
+        for _ in range(repeat):
+            await stream_put(ctx, dut.i_cmd, cmd_layout().const(cmd.fields()))
+            stamps.setdefault("cmd", cycle[0])
 
     async def watch(ctx):
         ctx.set(dut.o_data.ready, 1)
@@ -322,26 +323,26 @@ def test_cycles_match_formula(rng, op, length):
         wanted = 0 if op is VectorOp.LOAD_LUT else (1 if op is VectorOp.LN_STATS else
                                                     beats(length, LANES))
         stream = dut.o_stats if op is VectorOp.LN_STATS else dut.o_data
-        for _ in range(wanted):
+        for _ in range(wanted * repeat):
             await ctx.tick().until(stream.valid & stream.ready)
         stamps["out"] = cycle[0]
 
     async def a_src(ctx):
-        await send_all(ctx, dut.i_a, a_beats)
+        await send_all(ctx, dut.i_a, a_beats * repeat)
         stamps["a"] = cycle[0]
 
     async def b_src(ctx):
-        await send_all(ctx, dut.i_b, b_beats)
+        await send_all(ctx, dut.i_b, b_beats * repeat)
 
     async def s_src(ctx):
-        await send_all(ctx, dut.i_stats, s_beats)
+        await send_all(ctx, dut.i_stats, s_beats * repeat)
 
     run_sim(dut, [drive, a_src, b_src, s_src, watch], processes=[counter], max_cycles=2000)
     end = stamps["a"] if op is VectorOp.LOAD_LUT else stamps["out"]
     measured = end - stamps["cmd"]
-    assert measured == op_cycles(op, length, LANES), (
-        f"{op.name} length {length}: measured {measured} cycles, formula "
-        f"{op_cycles(op, length, LANES)}")
+    formula = op_cycles(op, length, LANES) + (repeat - 1) * (beats(length, LANES) + 1)
+    assert measured == formula, (
+        f"{op.name} length {length} x{repeat}: measured {measured} cycles, formula {formula}")
     assert lut_beats(LANES) == 64
 
 
