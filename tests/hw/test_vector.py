@@ -23,110 +23,22 @@ from hw.spec.vector import (
     pack_requant,
 )
 from hw.tile.vector import VectorUnit, cmd_layout, op_cycles
-from sim.golden.vector import VectorUnitModel, gelu_table, ln_stats, residual_add
-from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+from sim.golden.vector import gelu_table, ln_stats, residual_add
+from sim.rtl.pysim import run_sim, send_all, stream_put
+from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
 
 LANES = 4
 IDLE = 0.3
 STALL = 0.3
 
 
-def _beats(values, lanes):
-    """Split a 1-D vector into beat payloads (zero padding in the last beat)."""
-    values = [int(v) for v in values]
-    count = beats(len(values), lanes)
-    values += [0] * (count * lanes - len(values))
-    return [{"data": values[i * lanes:(i + 1) * lanes], "last": int(i == count - 1)}
-            for i in range(count)]
-
-
-def _inputs(cmd: VectorCmd, a, b, stats, lanes):
-    """The beats one command consumes on i_a, i_b and i_stats."""
-    op = cmd.op
-    a_beats = _beats(a, lanes) if a is not None else []
-    uses_b = op in (VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY) or (
-        op is VectorOp.REQUANT and cmd.per_channel)
-    b_beats = _beats(b, lanes) if uses_b else []
-    s_beats = [{"data": [int(stats[0]), int(stats[1])], "last": 1}] if (
-        op is VectorOp.LN_APPLY) else []
-    return a_beats, b_beats, s_beats
-
-
-def prepare(program, lanes):
-    """Golden outputs and input beats of ``program`` = [(cmd, a, b, stats)]."""
-    model = VectorUnitModel()
-    job = {"cmds": [c.fields() for c, *_ in program], "a": [], "b": [], "stats": [],
-           "expected": []}
-    for cmd, a, b, stats in program:
-        job["expected"].append(model.execute(cmd, a, b, stats))
-        a_beats, b_beats, s_beats = _inputs(cmd, a, b, stats, lanes)
-        job["a"] += a_beats
-        job["b"] += b_beats
-        job["stats"] += s_beats
-    job["n_data"] = sum(beats(cmd.length, lanes) for (cmd, *_), e in
-                        zip(program, job["expected"], strict=True) if "data" in e)
-    job["n_stats"] = sum(1 for e in job["expected"] if "stats" in e)
-    return job
-
-
-def check(program, expected, data_beats, stats_beats, lanes, label="pysim"):
-    """Compare received beats (data, q, last) and (s1, s2, last) with golden, lane by lane."""
-    data_beats, stats_beats = iter(data_beats), iter(stats_beats)
-    for k, ((cmd, *_), exp) in enumerate(zip(program, expected, strict=True)):
-        if "stats" in exp:
-            s1, s2, last = next(stats_beats)
-            assert (s1, s2) == tuple(exp["stats"]), (
-                f"{label} command {k} {cmd.op.name}: stats {(s1, s2)} != golden {exp['stats']}")
-            assert last == 1, f"{label} command {k}: o_stats last={last}"
-        if "data" not in exp:
-            continue
-        count = beats(cmd.length, lanes)
-        for i in range(count):
-            data, q, last = next(data_beats)
-            assert last == int(i == count - 1), (
-                f"{label} command {k} {cmd.op.name} beat {i}: last={last}")
-            for j in range(lanes):
-                e = i * lanes + j
-                want = (int(exp["data"][e]), int(exp["q"][e])) if e < cmd.length else (0, 0)
-                assert (data[j], q[j]) == want, (
-                    f"{label} command {k} {cmd.op.name} beat {i} lane {j} (element {e}): "
-                    f"(data, q)=({data[j]}, {q[j]}) != golden {want}")
-    assert next(data_beats, None) is None and next(stats_beats, None) is None
-
-
 def run_program(program, *, lanes=LANES, d_model_max=32, rng=None, idle=IDLE, stall=STALL,
                 max_cycles=20_000):
-    """Run ``program`` = [(cmd, a, b, stats)] on the RTL; check every output against golden.
-
-    Returns the golden outputs (one dict per command) and the simulation figures.
-    """
-    dut = VectorUnit(lanes=lanes, d_model_max=d_model_max)
-    job = prepare(program, lanes)
-    got = {}
-    layout = cmd_layout()
-
-    def src(stream, items):
-        async def bench(ctx):
-            await send_all(ctx, stream, items, rng=rng, idle=idle)
-        return bench
-
-    def to_tuple(p):
-        return ([p.data[j] for j in range(lanes)], [p.q[j] for j in range(lanes)], p.last)
-
-    async def sink_data(ctx):
-        got["data"] = await collect(ctx, dut.o_data, job["n_data"], rng=rng, stall=stall,
-                                    convert=to_tuple)
-
-    async def sink_stats(ctx):
-        got["stats"] = await collect(ctx, dut.o_stats, job["n_stats"], rng=rng, stall=stall,
-                                     convert=lambda p: (p.data[0], p.data[1], p.last))
-
-    figures = run_sim(dut, [src(dut.i_cmd, [layout.const(c) for c in job["cmds"]]),
-                            src(dut.i_a, job["a"]), src(dut.i_b, job["b"]),
-                            src(dut.i_stats, job["stats"]), sink_data, sink_stats],
-                      max_cycles=max_cycles)
-    check(program, job["expected"], got["data"], got["stats"], lanes)
-    return job["expected"], figures
+    """Run ``program`` = [(cmd, a, b, stats)] on the RTL with random idle and backpressure;
+    every output lane is checked against golden. Returns the golden outputs and figures."""
+    run = simulate_pysim(program, lanes=lanes, d_model_max=d_model_max, rng=rng, idle=idle,
+                         stall=stall, max_cycles=max_cycles)
+    return run["expected"], run
 
 
 def _ln_params(rng, length):
@@ -302,7 +214,7 @@ def test_cycles_match_formula(rng, op, length, repeat):
     dut = VectorUnit(lanes=LANES, d_model_max=16)
     cmd = VectorCmd(op, length, n=length)
     size = LUT_ENTRIES if op is VectorOp.LOAD_LUT else length
-    a_beats, b_beats, s_beats = _inputs(cmd, rng.integers(-100, 100, size),
+    a_beats, b_beats, s_beats = command_beats(cmd, rng.integers(-100, 100, size),
                                         pack_gamma_beta(rng.integers(1, 100, size), 0),
                                         (1, 1000), LANES)
     stamps = {}
@@ -402,7 +314,7 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
                 "a": _rows(job["a"], lanes), "b": _rows(job["b"], lanes),
                 "stats": _rows(job["stats"], 2)}
         out = run_cocotb(text, top="npu_vector", test_module="tb_vector", data=data)
-        check(prog, job["expected"], [tuple(b) for b in out["data"]],
+        check_outputs(prog, job["expected"], [tuple(b) for b in out["data"]],
               [tuple(s) for s in out["stats"]], lanes, label=f"verilator {name}")
         results[name] = out
     assert results["lone"]["cycles"] == op_cycles(VectorOp.LN, npu.d_model_max, lanes)
