@@ -318,3 +318,24 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
               [tuple(s) for s in out["stats"]], lanes, label=f"verilator {name}")
         results[name] = out
     assert results["lone"]["cycles"] == op_cycles(VectorOp.LN, npu.d_model_max, lanes)
+
+
+def test_layernorm_fpga_preset_full_scale_512(rng):
+    """Full-scale int16 LayerNorm at d_model 512 (the largest simulable d_model_max) on the
+    fpga preset's 8 lanes, plus partial statistics over 3 uneven shards of it."""
+    npu = npu_preset("fpga")
+    n = npu.d_model_max
+    x = rng.choice([-(1 << 15), (1 << 15) - 1], n)
+    params = _ln_params(rng, n)
+    knobs = {"gshift": 20, "mult": 1 << 15, "shift": 24}
+    cuts = [0, 100, 101, n]
+    shards = [slice(cuts[i], cuts[i + 1]) for i in range(3)]
+    stats = [ln_stats(x[s]) for s in shards]
+    total = (sum(s for s, _ in stats), sum(s for _, s in stats))
+    program = [(VectorCmd(VectorOp.LN, n, **knobs), x, params, None)]
+    program += [(VectorCmd(VectorOp.LN_APPLY, s.stop - s.start, n=n, **knobs), x[s], params[s],
+                 total) for s in shards]
+    expected, _ = run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng,
+                              idle=0.1, stall=0.1)
+    merged = np.concatenate([expected[1 + i]["data"] for i in range(3)])
+    assert np.array_equal(merged, expected[0]["data"])
