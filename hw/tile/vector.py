@@ -143,21 +143,29 @@ class VectorUnit(wiring.Component):
     LN_APPLY    int16 x               gamma, beta                   data = y16, q = q8
     ==========  ====================  ============================  ======================
 
-    LN_APPLY first takes one beat from ``i_stats`` and uses the command's ``n`` (the count over
-    all chips); LN uses its own statistics and ``n = length``. Both run the one-pass integer
-    formula of :mod:`sim.golden.vector` (n*S2 - S1^2, table-seeded rsqrt with two Newton steps),
-    so statistics summed over chips give the full LayerNorm bit for bit. ``q8`` is
-    ``requant(y16, mult, shift, 8)``: the int8 input of the next matmul, emitted with the int16
-    result in the same beat (post-norm needs both).
+    ADD takes the exact sum of its operands (int32 allowed) and saturates it to int16; the LN
+    ops and the LUT read the low 16 and 8 bits of ``i_a``. LN_APPLY first takes one beat from
+    ``i_stats`` and uses the command's ``n`` (the count over all chips); LN uses its own
+    statistics and ``n = length``. Both run the one-pass integer formula of
+    :mod:`sim.golden.vector`: D = n*S2 - S1^2, a 96-entry table seed of rsqrt refined by two
+    Newton steps in Q24 (relative error <= 2**-22), z = (n*x - S1) * rsqrt(D) with 16 fraction
+    bits, ``y16 = clamp(((z * gamma) >> gshift) + beta)`` with gamma and beta int16 per channel
+    (the real output in LSBs is ``z * gamma * 2**(16 - gshift) + beta``). Statistics summed over
+    chips therefore give the full LayerNorm bit for bit. ``q8 = requant(y16, mult, shift, 8)``
+    is the int8 input of the next matmul, emitted in the same beat as the int16 ``y16``:
+    post-norm (ADD, then LN) gets the new int16 residual and the int8 matmul input at once;
+    pre-norm keeps ADD's output as the residual and uses LN's ``q``.
 
     The activation LUT (256 x int8, indexed by the input's low byte) is programmable at run
     time by LOAD_LUT, as a compiler loads GELU for its scales; it resets to ReLU at unchanged
     scale. LN keeps its vector in an internal buffer (``ceil(d_model_max / lanes)`` words of
     ``lanes`` x int16), so the vector is streamed once; LN_STATS + LN_APPLY stream it twice.
 
-    Timing (:func:`op_cycles`): element-wise ops run at one beat per cycle with one cycle of
-    latency (registered output); LayerNorm adds :data:`RSQRT_CYCLES` cycles after its
-    statistics, and LN reads its buffer back in a second pass of B cycles.
+    Timing (:func:`op_cycles`): one beat per cycle through a :data:`LATENCY`-stage pipeline
+    (one multiplier per lane per stage) that stalls as a whole only when ``o_data`` is full;
+    one cycle per command to accept it; LayerNorm adds :data:`RSQRT_CYCLES` cycles after its
+    statistics (one multiply per cycle), and LN reads its buffer back in a second pass of B
+    cycles. Commands overlap: a beat carries its command's fields down the pipeline.
     Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
     ``shift`` outside 1..47.
     """
