@@ -307,7 +307,9 @@ class VectorUnit(wiring.Component):
         for j in range(lanes):
             rq8 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 8, f"rq8_{j}")
             rq16 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 16, f"rq16_{j}")
-            z = _clamp(m, _round_shift(pl[j].val * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
+            # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
+            t = pl[j].val[0:34].as_signed()
+            z = _clamp(m, _round_shift(t * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
             with m.If(adv & (pb.op == VectorOp.REQUANT)):
                 m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
             with m.If(adv & pb.ln):
@@ -316,14 +318,16 @@ class VectorUnit(wiring.Component):
         # Stage 2 -> 3.
         pb, pl = stages[2]
         for j in range(lanes):
-            y = _round_shift(pl[j].val * pl[j].gamma, pb.gshift) + pl[j].beta
+            z = pl[j].val[0:LN_Z_BITS].as_signed()
+            y = _round_shift(z * pl[j].gamma, pb.gshift) + pl[j].beta
             y16 = _clamp(m, y, 16, f"y16_{j}")
             with m.If(adv & pb.ln):
                 m.d.sync += stages[3][1][j].val.eq(y16)
 
         # Stage 3 -> output register.
         pb, pl = stages[3]
-        q8s = [_requant(m, pl[j].val, pb.mult, pb.shift, 8, f"q8_{j}") for j in range(lanes)]
+        q8s = [_requant(m, pl[j].val[0:16].as_signed(), pb.mult, pb.shift, 8, f"q8_{j}")
+               for j in range(lanes)]
         with m.If(adv):
             m.d.sync += o.payload.last.eq(pb.last)
             for j, q8 in enumerate(q8s):
