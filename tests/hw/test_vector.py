@@ -270,7 +270,8 @@ def _rows(beat_list, width):
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op, golden-exact;
-    a lone LayerNorm takes the documented number of cycles."""
+    a lone LayerNorm takes the documented number of cycles, the whole program as many cycles
+    as in Amaranth's simulator."""
     from sim.cli import main
     from sim.rtl.verilator import run_cocotb
 
@@ -319,6 +320,9 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
               [tuple(s) for s in out["stats"]], lanes, label=f"verilator {name}")
         results[name] = out
     assert results["lone"]["cycles"] == op_cycles(VectorOp.LN, npu.d_model_max, lanes)
+    pysim = simulate_pysim(program, lanes=lanes, d_model_max=npu.d_model_max)
+    assert results["program"]["cycles"] == pysim["cycles"], (
+        f"verilator {results['program']['cycles']} cycles, pysim {pysim['cycles']}")
 
 
 def test_layernorm_fpga_preset_full_scale_512(rng):
