@@ -31,11 +31,22 @@ def _softmax(npu: NpuConfig, chips: int):
     return SoftmaxUnit(length=npu.softmax_len)
 
 
+def _attention(npu: NpuConfig, chips: int):
+    from .tile.attention import AttentionBuffer
+    return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len)
+
+
+def _vector(npu: NpuConfig, chips: int):
+    from .tile.vector import VectorUnit
+    return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
     "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
-    "attention": Top("attention", "windowed attention buffer", None),
-    "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)", None),
+    "attention": Top("attention", "windowed attention buffer", _attention),
+    "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
+                  _vector),
     "ring": Top("ring", "chips' collective engines on the ring", None),
     "tile": Top("tile", "one NPU chip", None),
     "system": Top("system", "N chips on the ring", None),
