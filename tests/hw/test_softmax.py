@@ -72,8 +72,9 @@ def test_cli_export(tmp_path, capsys):
 
 @pytest.mark.parametrize("length, lanes", [(8, 1), (12, 3), (64, 4)])
 def test_other_sizes(rng, length, lanes):
-    """Parametric: a row shorter than the divider's 13 bits (L=8: 2 bits per cycle), several
-    lanes per cycle (P=3: 4 beats, 4 bits per cycle) and the fpga preset's length (L=64)."""
+    """Parametric: fewer beats than the divider's 16 quotient bits (L=8: 2 bits per cycle),
+    several lanes per cycle (L=12, P=3: 4 beats, 4 bits per cycle) and the fpga preset's length
+    (L=64, P=4)."""
     dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes)
     es, em = edge_rows(length)
     rs, rm = random_rows(rng, 12, length)
@@ -95,6 +96,7 @@ def test_cycles_per_row_and_latency(length, lanes):
         assert t_out[r] - t_in[r] == dut.latency, (
             f"row {r}: accepted at cycle {t_in[r]}, out at {t_out[r]}, latency {dut.latency}")
     for r in range(1, n):
+        assert t_in[r] - t_in[r - 1] == dut.slot_cycles, f"row {r} accepted at {t_in}"
         assert t_out[r] - t_out[r - 1] == dut.slot_cycles, (
             f"row {r}: {t_out[r] - t_out[r - 1]} cycles after row {r - 1}, "
             f"expected {dut.slot_cycles}")
