@@ -64,7 +64,9 @@ OP_UNIT = {Op.MATMUL: Unit.MATMUL, Op.ATTN: Unit.ATTN, Op.VEC: Unit.VEC, Op.COLL
 
 #: Address generators. Each walks ``addr = base + i0*s0 + i1*s1 + i2*s2 + i3*s3`` over
 #: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step.
-ADDR_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "WR0", "WR1", "WR2")
+#: Owners: matmul RD0 (A), RD1 (B), RD2 (params), WR0; attention and vector unit share RD3,
+#: RD4, RD5, WR1, WR2 (they never run at once); collectives, send and recv RD6, WR3.
+ADDR_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6", "WR0", "WR1", "WR2", "WR3")
 ADDR_LEVELS = 4
 _GEN_FIELDS = ("base",) + tuple(f"n{i}" for i in range(ADDR_LEVELS)) + \
     tuple(f"s{i}" for i in range(ADDR_LEVELS))
@@ -77,7 +79,7 @@ _UNIT_REGS = (
     "AT_QUERIES", "AT_KEYS", "AT_Q_POS", "AT_K_POS", "AT_WINDOW", "AT_FLAGS",
     "AT_SCORE_MULT", "AT_SCORE_SHIFT", "AT_OUT_MULT", "AT_OUT_SHIFT", "AT_D_HEAD",
     # vector unit
-    "VU_OP", "VU_ROWS", "VU_LEN", "VU_MULT", "VU_SHIFT", "VU_MULT2", "VU_SHIFT2", "VU_FLAGS",
+    "VU_OP", "VU_ROWS", "VU_LEN", "VU_N", "VU_MULT", "VU_SHIFT", "VU_GSHIFT", "VU_FLAGS",
     # collectives
     "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_FIRST", "CO_COUNT",
 )
