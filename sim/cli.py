@@ -167,8 +167,19 @@ def _build_parser():
 
 
 def _cmd_sim(args):
+    from .run import SimError, Watchdog, run_sim_command
+
     _load_configs(args)
-    raise UsageError(f"npu sim: --strategy {args.strategy} is not built yet (issue #5)")
+    try:
+        return run_sim_command(args)
+    except SimError as exc:
+        raise UsageError(str(exc) if str(exc).startswith("npu sim") else f"npu sim: {exc}") \
+            from None
+    except ConfigError as exc:
+        raise UsageError(f"npu sim: {exc}") from None
+    except Watchdog as exc:
+        print(f"npu sim: watchdog: {exc}", file=sys.stderr)
+        return EXIT_WATCHDOG
 
 
 def main(argv=None) -> int:
