@@ -41,6 +41,11 @@ def _vector(npu: NpuConfig, chips: int):
     return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
 
 
+def _tile(npu: NpuConfig, chips: int):
+    from .tile.chip import Chip
+    return Chip(npu=npu)
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
     "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
@@ -48,7 +53,7 @@ TOPS: dict[str, Top] = {
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
                   _vector),
     "ring": Top("ring", "chips' collective engines on the ring", None),
-    "tile": Top("tile", "one NPU chip", None),
+    "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile),
     "system": Top("system", "N chips on the ring", None),
 }
 
