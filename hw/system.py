@@ -1,0 +1,215 @@
+"""N chips on the ring: each chip's collective engine with a test DMA, linked in a ring.
+
+This is the unit the collective tests, the ``npu collective`` command and the benchmarks
+simulate. The chip issue later replaces the test DMA with the scratchpad's address generators.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .ring.collective import CollectiveEngine, command_layout
+from .ring.link import RingLink, word_layout
+from .spec import NpuConfig
+from .spec.collective import MAX_CHIPS, word_bytes
+
+__all__ = ["TestDma", "RingSystem"]
+
+
+class TestDma(wiring.Component):
+    """A chip's test DMA: two word buffers streamed in order (no address generation).
+
+    The host fills ``in_mem`` with the words the engine's local input stream must deliver, in
+    stream order (:func:`hw.spec.collective.pack_blocks` of :func:`~hw.spec.collective.local_blocks`),
+    and reads the output stream's words back from ``out_mem`` at addresses 0, 1, ...
+
+    Members
+    -------
+    o_local : Out(stream.Signature(word_layout))
+        ``in_mem[0]``, ``in_mem[1]``, ... from the cycle after ``start``; reads ahead freely.
+    i_local : In(stream.Signature(word_layout))
+        Written to ``out_mem[0]``, ``out_mem[1]``, ...; always ready unless ``stall``.
+    start : In(1)
+        Restart both streams at address 0.
+    stall : In(1)
+        Fault injection: no new read is issued (a gap in ``o_local.valid``) and ``i_local``
+        is not ready.
+    host_addr, host_wdata, host_we, host_rdata :
+        Host port: write ``in_mem`` and read ``out_mem`` (one cycle read latency).
+    """
+
+    def __init__(self, *, word_bytes: int, depth: int):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, not {depth!r}")
+        self.word_bytes = word_bytes
+        self.depth = depth
+        layout = word_layout(word_bytes)
+        self.in_mem = memory.Memory(shape=word_bytes * 8, depth=depth, init=[])
+        self.out_mem = memory.Memory(shape=word_bytes * 8, depth=depth, init=[])
+        super().__init__({
+            "o_local": Out(stream.Signature(layout)),
+            "i_local": In(stream.Signature(layout)),
+            "start": In(1),
+            "stall": In(1),
+            "host_addr": In(range(depth)),
+            "host_wdata": In(word_bytes * 8),
+            "host_we": In(1),
+            "host_rdata": Out(word_bytes * 8),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.in_mem = self.in_mem
+        m.submodules.out_mem = self.out_mem
+
+        host_w = self.in_mem.write_port()
+        m.d.comb += [host_w.addr.eq(self.host_addr), host_w.data.eq(self.host_wdata),
+                     host_w.en.eq(self.host_we)]
+        host_r = self.out_mem.read_port()
+        m.d.comb += [host_r.addr.eq(self.host_addr), self.host_rdata.eq(host_r.data)]
+
+        # Read stream: a read is issued whenever the output register is free or being emptied.
+        rd = self.in_mem.read_port()
+        raddr = Signal(range(self.depth))
+        valid = Signal()
+        fetch = Signal()
+        m.d.comb += [
+            fetch.eq((~valid | self.o_local.ready) & ~self.stall),
+            rd.addr.eq(raddr),
+            rd.en.eq(fetch),
+            self.o_local.valid.eq(valid),
+            self.o_local.payload.data.eq(rd.data),
+            self.o_local.payload.last.eq(0),
+        ]
+        with m.If(self.start):
+            m.d.sync += [raddr.eq(0), valid.eq(0)]
+        with m.Elif(fetch):
+            m.d.sync += [raddr.eq(raddr + 1), valid.eq(1)]
+        with m.Elif(self.o_local.ready):
+            m.d.sync += valid.eq(0)
+
+        wr = self.out_mem.write_port()
+        waddr = Signal(range(self.depth))
+        m.d.comb += [
+            self.i_local.ready.eq(~self.stall),
+            wr.addr.eq(waddr),
+            wr.data.eq(self.i_local.payload.data),
+            wr.en.eq(self.i_local.valid & self.i_local.ready),
+        ]
+        with m.If(self.start):
+            m.d.sync += waddr.eq(0)
+        with m.Elif(wr.en):
+            m.d.sync += waddr.eq(waddr + 1)
+        return m
+
+
+class RingSystem(wiring.Component):
+    """``chips`` collective engines on a unidirectional ring, each with a :class:`TestDma`.
+
+    Parameters (keyword-only)
+    -------------------------
+    npu : NpuConfig
+        Gives the link width (``link_bytes_per_cycle``, a power of two) and latency.
+    chips : int
+        Ring size, 1..8.
+    buffer_words : int
+        Depth of each chip's input and output buffers, in words of ``max(B, 8)`` bytes.
+
+    Members
+    -------
+    cmd : In(command_layout)
+        The collective; every chip receives it with ``rank`` replaced by its ring position.
+    start : In(1)
+        Pulse for one cycle to issue ``cmd`` to every engine (they must be idle) and restart
+        the DMAs.
+    busy : Out(1)
+        High from the cycle after ``start`` until every engine is idle again.
+    cycles : Out(32)
+        Cycles from the ``start`` cycle to the last busy cycle of the last collective.
+    stall : In(chips * latency)
+        Fault injection on the links: bit ``i * latency + k`` stalls register ``k`` of the link
+        leaving chip ``i``.
+    dma_stall : In(chips)
+        Fault injection on chip ``i``'s local streams.
+    host_chip, host_addr, host_wdata, host_we, host_rdata :
+        Host port of chip ``host_chip``'s DMA (write input buffer, read output buffer).
+    """
+
+    def __init__(self, *, npu: NpuConfig, chips: int, buffer_words: int = 256):
+        if not isinstance(npu, NpuConfig):
+            raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+        if not isinstance(chips, int) or isinstance(chips, bool) or not 1 <= chips <= MAX_CHIPS:
+            raise ValueError(f"chips must be an integer 1..{MAX_CHIPS}, not {chips!r}")
+        if not isinstance(buffer_words, int) or buffer_words < 1:
+            raise ValueError(f"buffer_words must be a positive integer, not {buffer_words!r}")
+        self.npu = npu
+        self.chips = chips
+        self.latency = npu.link_latency_cycles
+        self.link_bytes = npu.link_bytes_per_cycle
+        self.word_bytes = word_bytes(self.link_bytes)
+        self.buffer_words = buffer_words
+        self.engines = [CollectiveEngine(link_bytes=self.link_bytes) for _ in range(chips)]
+        self.dmas = [TestDma(word_bytes=self.word_bytes, depth=buffer_words)
+                     for _ in range(chips)]
+        self.links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
+                               word_bytes=self.word_bytes) for _ in range(chips)]
+        super().__init__({
+            "cmd": In(command_layout),
+            "start": In(1),
+            "busy": Out(1),
+            "cycles": Out(32),
+            "stall": In(chips * self.latency),
+            "dma_stall": In(chips),
+            "host_chip": In(range(chips)),
+            "host_addr": In(range(buffer_words)),
+            "host_wdata": In(self.word_bytes * 8),
+            "host_we": In(1),
+            "host_rdata": Out(self.word_bytes * 8),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        a = self.latency
+        for i, (engine, dma, link) in enumerate(zip(self.engines, self.dmas, self.links,
+                                                    strict=True)):
+            m.submodules[f"engine{i}"] = engine
+            m.submodules[f"dma{i}"] = dma
+            m.submodules[f"link{i}"] = link
+            wiring.connect(m, dma.o_local, engine.i_local)
+            wiring.connect(m, engine.o_local, dma.i_local)
+            wiring.connect(m, engine.o_tx, link.i)
+            m.d.comb += [
+                engine.i_cmd.payload.eq(self.cmd),
+                engine.i_cmd.payload.rank.eq(i),
+                engine.i_cmd.valid.eq(self.start),
+                dma.start.eq(self.start),
+                dma.stall.eq(self.dma_stall[i]),
+                link.stall.eq(self.stall[i * a:(i + 1) * a]),
+                dma.host_addr.eq(self.host_addr),
+                dma.host_wdata.eq(self.host_wdata),
+                dma.host_we.eq(self.host_we & (self.host_chip == i)),
+            ]
+        for i in range(self.chips):
+            wiring.connect(m, self.links[i].o, self.engines[(i + 1) % self.chips].i_rx)
+
+        chip_sel = Signal.like(self.host_chip)
+        m.d.sync += chip_sel.eq(self.host_chip)
+        with m.Switch(chip_sel):
+            for i, dma in enumerate(self.dmas):
+                with m.Case(i):
+                    m.d.comb += self.host_rdata.eq(dma.host_rdata)
+
+        any_busy = Signal()
+        m.d.comb += any_busy.eq(Cat(*(engine.busy for engine in self.engines)).any())
+        active = Signal()
+        m.d.comb += self.busy.eq(active)
+        with m.If(self.start):
+            m.d.sync += [active.eq(1), self.cycles.eq(1)]
+        with m.Elif(active):
+            with m.If(any_busy):
+                m.d.sync += self.cycles.eq(self.cycles + 1)
+            with m.Else():
+                m.d.sync += active.eq(0)
+        return m

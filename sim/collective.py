@@ -1,0 +1,238 @@
+"""Run one collective on the simulated ring (:class:`hw.system.RingSystem`) and check it.
+
+:func:`simulate_collective` is the pysim driver the tests, the benchmarks and ``npu collective``
+share: it packs each chip's buffer into its test DMA in the engine's stream order, issues the
+command, waits for the ring to go idle (watchdog: :class:`~sim.rtl.pysim.SimulationTimeout`)
+and unpacks every chip's output. :func:`cmd_collective` is the ``npu collective`` command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hw.spec.collective import (
+    CollectiveRequest,
+    Kind,
+    local_blocks,
+    output_blocks,
+    pack_blocks,
+    ring_bound_cycles,
+    step_words,
+    steps,
+    unpack_blocks,
+    word_bytes,
+)
+
+from .golden import collectives as golden
+
+__all__ = ["chip_inputs", "command_value", "simulate_collective", "cmd_collective"]
+
+
+def chip_inputs(req: CollectiveRequest, x: np.ndarray) -> list[np.ndarray]:
+    """Each chip's local input vector for ``req`` from the CLI's ``X`` ([chips, length]).
+
+    All-reduce and reduce-scatter: row ``i``. All-gather: ``length`` is the result length and a
+    member contributes ``X[i]``, which must be its block's length (``X`` has ``length / count``
+    columns, so the blocks are equal). Send/recv: the sender's row.
+    """
+    return [np.asarray(row) for row in x]
+
+
+def command_value(req: CollectiveRequest) -> dict:
+    """The ``command_layout`` value of ``req`` (``rank`` is set per chip by the system)."""
+    return {"kind": int(req.kind), "op": int(req.op), "wide": int(req.width == 64),
+            "length": req.length, "chips": req.chips, "rank": 0, "first": req.first,
+            "count": req.count}
+
+
+def buffer_words_needed(req: CollectiveRequest, wbytes: int) -> int:
+    need = 1
+    for chip in range(req.chips):
+        sched = steps(req, chip)
+        for flag in ("local", "out"):
+            need = max(need, sum(step_words(req, s, wbytes) for s in sched if getattr(s, flag)))
+    return need + 1
+
+
+def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: float = 0.0,
+                        seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None):
+    """Simulate ``req`` on a :class:`RingSystem` built for ``npu`` with pysim.
+
+    ``inputs[i]`` is chip ``i``'s local vector (see :func:`chip_inputs`). ``stall`` is the
+    probability, per cycle and per injection point (every link register, every DMA), of a stall.
+    Returns ``{"outputs": [chip result or empty array], "cycles", "sim": {...}}``.
+    """
+    from hw.system import RingSystem
+
+    from .rtl.pysim import run_sim
+
+    wbytes = word_bytes(npu.link_bytes_per_cycle)
+    depth = buffer_words_needed(req, wbytes)
+    system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth)
+    loads = [pack_blocks(inputs[i], req, local_blocks(req, i), wbytes)
+             if local_blocks(req, i) else [] for i in range(req.chips)]
+    out_words = [sum(step_words(req, s, wbytes) for s in steps(req, i) if s.out)
+                 for i in range(req.chips)]
+    result = {}
+
+    async def bench(ctx):
+        for i, words in enumerate(loads):
+            for addr, word in enumerate(words):
+                ctx.set(system.dmas[i].in_mem.data[addr], word)
+        ctx.set(system.cmd, command_value(req))
+        ctx.set(system.start, 1)
+        await ctx.tick()
+        ctx.set(system.start, 0)
+        await ctx.tick().until(~system.busy)
+        result["cycles"] = ctx.get(system.cycles)
+        result["words"] = [[ctx.get(system.dmas[i].out_mem.data[a])
+                            for a in range(out_words[i])] for i in range(req.chips)]
+
+    processes = []
+    if stall > 0:
+        rng = np.random.default_rng(seed)
+        nbits = req.chips * system.latency
+
+        async def staller(ctx):
+            async for _ in ctx.tick():
+                link_bits = rng.random(nbits) < stall
+                ctx.set(system.stall, int(sum(1 << k for k in np.flatnonzero(link_bits))))
+                dma_bits = rng.random(req.chips) < stall
+                ctx.set(system.dma_stall, int(sum(1 << k for k in np.flatnonzero(dma_bits))))
+
+        processes.append(staller)
+    stats = run_sim(system, [bench], processes=processes, max_cycles=max_cycles, vcd=vcd)
+    dtype = np.int32 if req.width == 32 else np.int64
+    outputs = []
+    for i in range(req.chips):
+        blocks = output_blocks(req, i)
+        if not blocks:
+            outputs.append(np.zeros(0, dtype=dtype))
+            continue
+        parts = unpack_blocks(result["words"][i], req, blocks, wbytes)
+        if req.kind == Kind.REDUCE_SCATTER or req.kind == Kind.SEND_RECV:
+            outputs.append(parts[blocks[0]])
+        else:
+            outputs.append(np.concatenate([parts[b] for b in sorted(parts)]))
+    return {"outputs": outputs, "cycles": result["cycles"], "sim": stats}
+
+
+def _usage(message):
+    from .cli import UsageError
+
+    return UsageError(f"npu collective: {message}")
+
+
+def _parse_group(text, chips):
+    if text is None:
+        return 0, chips
+    try:
+        first, count = (int(part, 0) for part in text.split(":"))
+    except ValueError:
+        raise _usage(f"--group {text!r} is not FIRST:COUNT") from None
+    return first, count
+
+
+def _load_input(path, chips, width, seed, length_default):
+    dtype = np.int32 if width == 32 else np.int64
+    if path is None:
+        rng = np.random.default_rng(seed)
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=(chips, length_default), dtype=dtype,
+                            endpoint=True)
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise _usage(f"cannot read --input {path}: {exc}") from None
+    if not isinstance(x, np.ndarray):
+        raise _usage(f"--input {path} must be a .npy array, not an archive")
+    if x.ndim != 2 or x.shape[0] != chips:
+        raise _usage(f"--input {path} has shape {x.shape}; expected [{chips}, length] "
+                     f"(one row per chip, all rows the same length)")
+    if x.shape[1] == 0:
+        raise _usage(f"--input {path} has zero length")
+    if x.dtype.kind not in "iu":
+        raise _usage(f"--input {path} has dtype {x.dtype}; expected an integer array")
+    info = np.iinfo(dtype)
+    if x.size and (x.min() < info.min or x.max() > info.max):
+        raise _usage(f"--input {path} has values outside int{width} "
+                     f"[{x.min()}, {x.max()}]; use --width 64")
+    return x.astype(dtype)
+
+
+def cmd_collective(args) -> int:
+    """``npu collective``: exit 0 when every chip matches the golden, 1 otherwise."""
+    from hw.spec import load_npu
+
+    from .cli import EXIT_MISMATCH, EXIT_OK, EXIT_WATCHDOG
+    from .rtl.pysim import SimulationTimeout
+
+    npu = load_npu(args.npu)
+    try:
+        word_bytes(npu.link_bytes_per_cycle)
+    except ValueError as exc:
+        raise _usage(f"{exc} ({args.npu})") from None
+    chips = args.chips
+    first, count = _parse_group(args.group, chips)
+    x = _load_input(args.input, chips, args.width, args.seed, 4 * chips + 3)
+    length = x.shape[1]
+    req_length = length * count if args.kind == "all_gather" else length
+    try:
+        req = CollectiveRequest(kind=args.kind, op=args.op, width=args.width, length=req_length,
+                                chips=chips, first=first, count=count)
+    except (TypeError, ValueError) as exc:
+        raise _usage(str(exc)) from None
+    inputs = chip_inputs(req, x)
+    max_cycles = getattr(args, "max_cycles", None) or 2_000_000
+    try:
+        run = simulate_collective(npu, req, inputs, max_cycles=max_cycles)
+    except SimulationTimeout as exc:
+        print(f"npu collective: {exc}")
+        return EXIT_WATCHDOG
+    expected = golden.collective(req, inputs)
+    mismatches = []
+    for chip, (got, want) in enumerate(zip(run["outputs"], expected, strict=True)):
+        if got.shape != want.shape:
+            mismatches.append(f"chip {chip}: {got.shape[0]} elements, expected {want.shape[0]}")
+        elif not np.array_equal(got, want):
+            bad = int(np.flatnonzero(got != want)[0])
+            mismatches.append(f"chip {chip} element {bad}: {got[bad]} != golden {want[bad]}")
+    elem_bytes = args.width // 8
+    message_bytes = req.length * elem_bytes
+    link = npu.link_bytes_per_cycle
+    bound = (ring_bound_cycles(req.kind, message_bytes, count, link, npu.link_latency_cycles)
+             if count > 1 else 0)
+    report = {
+        "kind": args.kind, "op": args.op, "chips": chips, "width": args.width,
+        "group": {"first": first, "count": count}, "length": length, "seed": args.seed,
+        "npu": npu.name, "cycles": run["cycles"], "bytes": message_bytes,
+        "link_bytes_per_cycle": link, "link_latency_cycles": npu.link_latency_cycles,
+        "bound_cycles": bound, "ratio": run["cycles"] / bound if bound else None,
+        "golden_match": not mismatches, "mismatches": mismatches[:10],
+        "sim": {"wall_s": run["sim"]["wall_s"], "cycles_per_s": run["sim"]["cycles_per_s"]},
+    }
+    if args.output:
+        _write_output(args.output, run["outputs"])
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    ratio = f"{report['ratio']:.3f}" if bound else "n/a"
+    print(f"{args.kind} {args.op} int{args.width} on {count} of {chips} chips, {length} "
+          f"elements ({message_bytes} B): {run['cycles']} cycles, bound {bound}, ratio {ratio}, "
+          f"golden {'match' if not mismatches else 'MISMATCH'}")
+    for line in mismatches[:10]:
+        print(f"  {line}")
+    return EXIT_OK if not mismatches else EXIT_MISMATCH
+
+
+def _write_output(path, outputs):
+    lengths = {o.shape[0] for o in outputs}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if len(lengths) == 1:
+        np.save(path, np.stack(outputs))
+    else:
+        np.savez(path, **{f"chip{i}": o for i, o in enumerate(outputs)})
