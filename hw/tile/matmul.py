@@ -1,0 +1,366 @@
+"""Systolic int8 matmul array, requantiser, and the two wired together.
+
+Number formats follow DESIGN.md §3 and ``hw.spec.formats``; the golden model is
+``sim.golden.matmul``.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+
+from ..layouts import lanes_layout
+from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
+
+__all__ = ["MatmulArray", "Requantizer", "MatmulUnit", "a_layout", "b_layout", "acc_layout",
+           "param_layout"]
+
+
+def _check_size(size):
+    if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+        raise ValueError(f"Array size must be an integer of at least 2, not {size!r}")
+
+
+def a_layout(size):
+    """A operand beat: column ``k`` of an A tile (``size`` rows), its mode, and ``last``."""
+    return lanes_layout(signed(8), size, unsigned=1)
+
+
+def b_layout(size):
+    """B operand beat: row ``k`` of a B tile (``size`` columns)."""
+    return data.StructLayout({"data": data.ArrayLayout(signed(8), size)})
+
+
+def acc_layout(size):
+    """One row of an output tile, int32 lanes; ``last`` marks the tile's final row."""
+    return lanes_layout(signed(ACC_BITS), size)
+
+
+def param_layout(size):
+    """Per-tile post-processing parameters: one bias, mult and shift per output column."""
+    return data.StructLayout({
+        "bias": data.ArrayLayout(signed(BIAS_BITS), size),
+        "mult": data.ArrayLayout(unsigned(MULT_BITS), size),
+        "shift": data.ArrayLayout(unsigned(SHIFT_BITS), size),
+        "mode": unsigned(2),  # an OutMode
+    })
+
+
+class MatmulArray(wiring.Component):
+    """Output-stationary ``size`` x ``size`` systolic array: int8 x int8 -> int32.
+
+    Computes ``C = A @ B`` for one output tile per *fold*: A is ``size`` x K, B is K x ``size``,
+    K >= 1 free per fold. Products are 9 x 8-bit signed (the A operand is sign- or zero-extended
+    by the beat's ``unsigned`` flag) and accumulate in int32, wrapping modulo 2**32.
+
+    Dataflow
+    --------
+    Beat ``k`` of a fold carries column k of A on ``i_a`` and row k of B on ``i_b``; the pair
+    is taken when both are valid (the streams are joined). Row ``i`` of A enters PE row ``i``
+    through ``i + 1`` skew registers and moves right; column ``j`` of B enters PE column ``j``
+    through ``j + 1`` skew registers and moves down, so that A[i, k] and B[k, j] meet in
+    PE(i, j). The beat's ``last`` flag travels with A: when PE(i, j) sees it, it moves its
+    finished sum into a hold register and restarts accumulation, so the next fold streams in
+    with no gap. When the last beat reaches the bottom PE of column j, the column's hold
+    registers are copied in parallel into a shift chain that moves the column out upwards, one
+    element per cycle (results are shifted out; there is no N²:1 read-out multiplexer). Columns
+    leave skewed by one cycle each and are deskewed into whole rows on ``o``: row 0 of the tile
+    first, ``last`` on row ``size - 1``.
+
+    Timing (no stalls; cycle 0 is the cycle the first beat of the fold is taken)
+    -------------------------------------------------------------------------------
+    - Row ``r`` of the tile is on ``o`` in cycle ``K + 2*size + 1 + r``: a lone fold takes
+      ``K + 3*size + 1`` cycles from its first input to its last output row.
+    - Folds overlap completely: fold f + 1 may start the cycle after fold f's last beat, so F
+      back-to-back folds of K beats take ``F*K + 3*size + 1`` cycles (one beat per cycle,
+      ``size``² MACs per cycle in steady state).
+    - A fold's last beat is taken no earlier than ``size`` cycles after the previous fold's
+      last beat (the hold registers and the shift chain must be free): folds with K < ``size``
+      are padded with idle cycles by ``ready``, so throughput is ``min(1, K/size)`` folds per
+      ``K`` cycles. Nothing is ever overwritten.
+    - Backpressure on ``o`` stalls the whole array (one clock enable), so no result is dropped;
+      an idle input cycle inserts a bubble that carries no data.
+
+    Members
+    -------
+    i_a : ``In(stream.Signature(a_layout(size)))``
+        ``data[i]`` = A[i, k] as a raw byte; ``unsigned`` = 1 reads it as 0..255 (softmax
+        probabilities), 0 as -128..127. ``last`` = 1 on the fold's final beat (k = K - 1).
+    i_b : ``In(stream.Signature(b_layout(size)))``
+        ``data[j]`` = B[k, j].
+    o : ``Out(stream.Signature(acc_layout(size)))``
+        Row ``r`` of the output tile, ``data[j]`` = C[r, j] (int32, wrapped).
+    """
+
+    def __init__(self, *, size):
+        _check_size(size)
+        self._size = size
+        super().__init__({
+            "i_a": In(stream.Signature(a_layout(size))),
+            "i_b": In(stream.Signature(b_layout(size))),
+            "o": Out(stream.Signature(acc_layout(size))),
+        })
+
+    @property
+    def size(self):
+        return self._size
+
+    @staticmethod
+    def latency(size, k):
+        """Cycles from a fold's first input beat to its last output row, inclusive."""
+        return k + 3 * size + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._size
+
+        # One clock enable for everything: the pipeline moves unless the output is blocked.
+        en = Signal()
+        m.d.comb += en.eq(~self.o.valid | self.o.ready)
+
+        # A fold's last beat must wait until the previous fold's hold registers are free.
+        since_last = Signal(range(n + 1), init=n)
+        last_ok = Signal()
+        m.d.comb += last_ok.eq((since_last == n) | ~self.i_a.payload.last)
+        take = Signal()
+        m.d.comb += [
+            take.eq(en & self.i_a.valid & self.i_b.valid & last_ok),
+            self.i_a.ready.eq(en & self.i_b.valid & last_ok),
+            self.i_b.ready.eq(en & self.i_a.valid & last_ok),
+        ]
+        with m.If(en):
+            with m.If(take & self.i_a.payload.last):
+                m.d.sync += since_last.eq(1)
+            with m.Elif(since_last != n):
+                m.d.sync += since_last.eq(since_last + 1)
+
+        # Edge of the array: extend A to 9-bit signed per the beat's mode.
+        a_edge = [Signal(signed(9), name=f"a_edge{i}") for i in range(n)]
+        for i in range(n):
+            byte = self.i_a.payload.data[i]
+            ext = Mux(self.i_a.payload.unsigned, 0, byte[7])
+            m.d.comb += a_edge[i].eq(Cat(byte, ext).as_signed())
+
+        def delay_line(value, stages, name):
+            """``stages`` registers behind ``value`` (advancing on ``en``); returns the tail."""
+            for s in range(stages):
+                reg = Signal.like(value, name=f"{name}_d{s}")
+                with m.If(en):
+                    m.d.sync += reg.eq(value)
+                value = reg
+            return value
+
+        # Skew lines: row i and column j enter through i + 1 and j + 1 registers.
+        a_in, v_in, l_in, b_in = {}, {}, {}, {}
+        for i in range(n):
+            a_in[i, 0] = delay_line(a_edge[i], i + 1, f"a_skew{i}")
+            v_in[i, 0] = delay_line(take, i + 1, f"v_skew{i}")
+            l_in[i, 0] = delay_line(take & self.i_a.payload.last, i + 1, f"l_skew{i}")
+        for j in range(n):
+            b_in[0, j] = delay_line(self.i_b.payload.data[j], j + 1, f"b_skew{j}")
+
+        res = {}
+        col_done = {}
+        for i in range(n):
+            for j in range(n):
+                a, v, last, b = a_in[i, j], v_in[i, j], l_in[i, j], b_in[i, j]
+                a_out = Signal(signed(9), name=f"pe{i}_{j}_a")
+                v_out = Signal(name=f"pe{i}_{j}_v")
+                l_out = Signal(name=f"pe{i}_{j}_l")
+                b_out = Signal(signed(8), name=f"pe{i}_{j}_b")
+                acc = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_acc")
+                hold = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_hold")
+                prod = Signal(signed(17), name=f"pe{i}_{j}_prod")
+                m.d.comb += prod.eq(a * b)
+                with m.If(en):
+                    if j + 1 < n:
+                        m.d.sync += [a_out.eq(a), v_out.eq(v), l_out.eq(last)]
+                    if i + 1 < n:
+                        m.d.sync += b_out.eq(b)
+                    with m.If(v):
+                        with m.If(last):
+                            m.d.sync += [hold.eq(acc + prod), acc.eq(0)]
+                        with m.Else():
+                            m.d.sync += acc.eq(acc + prod)
+                a_in[i, j + 1], v_in[i, j + 1], l_in[i, j + 1] = a_out, v_out, l_out
+                b_in[i + 1, j] = b_out
+                res[i, j] = hold
+                if i == n - 1:
+                    col_done[j] = v & last
+
+        # Per column: copy the hold registers into a shift chain once the bottom PE is done,
+        # then shift up one element per cycle.
+        col_out = []
+        for j in range(n):
+            load = Signal(name=f"col{j}_load")
+            with m.If(en):
+                m.d.sync += load.eq(col_done[j])
+            sh = [Signal(signed(ACC_BITS), name=f"col{j}_sh{i}") for i in range(n)]
+            sv = [Signal(name=f"col{j}_sv{i}") for i in range(n)]
+            sl = [Signal(name=f"col{j}_sl{i}") for i in range(n)]
+            with m.If(en):
+                with m.If(load):
+                    for i in range(n):
+                        m.d.sync += [sh[i].eq(res[i, j]), sv[i].eq(1), sl[i].eq(i == n - 1)]
+                with m.Else():
+                    for i in range(n):
+                        if i + 1 < n:
+                            m.d.sync += [sh[i].eq(sh[i + 1]), sv[i].eq(sv[i + 1]),
+                                         sl[i].eq(sl[i + 1])]
+                        else:
+                            m.d.sync += [sv[i].eq(0), sl[i].eq(0)]
+            # Deskew: column j leaves j cycles after column 0; delay it by n - 1 - j.
+            col_out.append((delay_line(sh[0], n - 1 - j, f"col{j}_deskew"),
+                            delay_line(sv[0], n - 1 - j, f"col{j}_vdeskew"),
+                            delay_line(sl[0], n - 1 - j, f"col{j}_ldeskew")))
+
+        with m.If(en):
+            m.d.sync += [
+                self.o.valid.eq(col_out[0][1]),
+                self.o.payload.last.eq(col_out[0][2]),
+            ]
+            for j in range(n):
+                m.d.sync += self.o.payload.data[j].eq(col_out[j][0])
+        return m
+
+
+class Requantizer(wiring.Component):
+    """Per-column bias add and requantisation of output tiles (DESIGN.md §3).
+
+    For every row of a tile and every column j::
+
+        y = wrap32(acc[j] + bias[j])
+        RAW:   out[j] = y
+        INT8:  out[j] = clamp((y * mult[j] + (1 << (shift[j] - 1))) >> shift[j], -128, 127)
+        INT16: same, clamped to -32768..32767
+
+    with ``>>`` arithmetic; the 49-bit product is exact and the result saturates, never wraps.
+    ``shift`` must be 1..47 in INT8/INT16 modes (the compiler guarantees it; 0 or > 47 gives
+    an unspecified value, never a hang). Bit-exact with ``sim.golden.matmul.matmul_unit``.
+
+    One ``i_param`` beat applies to one tile: it must be valid while the tile's rows pass and
+    is consumed with the tile's ``last`` row.
+
+    Timing: three pipeline stages (bias add, multiply-round, shift-saturate); one row per cycle;
+    a row taken in cycle t is on ``o`` in cycle t + 3. Backpressure on ``o`` stalls all stages.
+
+    Members
+    -------
+    i : ``In(stream.Signature(acc_layout(size)))``
+    i_param : ``In(stream.Signature(param_layout(size)))``
+    o : ``Out(stream.Signature(acc_layout(size)))``
+        Values within the range of the mode (int32 for RAW).
+    """
+
+    def __init__(self, *, size):
+        _check_size(size)
+        self._size = size
+        super().__init__({
+            "i": In(stream.Signature(acc_layout(size))),
+            "i_param": In(stream.Signature(param_layout(size))),
+            "o": Out(stream.Signature(acc_layout(size))),
+        })
+
+    LATENCY = 3
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._size
+        par = self.i_param.payload
+
+        en = Signal()
+        take = Signal()
+        m.d.comb += [
+            en.eq(~self.o.valid | self.o.ready),
+            take.eq(en & self.i.valid & self.i_param.valid),
+            self.i.ready.eq(en & self.i_param.valid),
+            self.i_param.ready.eq(en & self.i.valid & self.i.payload.last),
+        ]
+
+        # Stage 1: bias add (wrapping, as the int32 accumulator does).
+        v1, l1 = Signal(), Signal()
+        mode1 = Signal(2)
+        y1 = [Signal(signed(ACC_BITS), name=f"y1_{j}") for j in range(n)]
+        mult1 = [Signal(unsigned(MULT_BITS), name=f"mult1_{j}") for j in range(n)]
+        shift1 = [Signal(unsigned(SHIFT_BITS), name=f"shift1_{j}") for j in range(n)]
+        # Stage 2: exact product plus the rounding term (49 + 1 bits).
+        v2, l2 = Signal(), Signal()
+        mode2 = Signal(2)
+        raw2 = [Signal(signed(ACC_BITS), name=f"raw2_{j}") for j in range(n)]
+        p2 = [Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"p2_{j}") for j in range(n)]
+        shift2 = [Signal(unsigned(SHIFT_BITS), name=f"shift2_{j}") for j in range(n)]
+
+        with m.If(en):
+            m.d.sync += [v1.eq(take), l1.eq(self.i.payload.last), mode1.eq(par.mode),
+                         v2.eq(v1), l2.eq(l1), mode2.eq(mode1),
+                         self.o.valid.eq(v2), self.o.payload.last.eq(l2)]
+            for j in range(n):
+                acc = self.i.payload.data[j]
+                m.d.sync += [
+                    y1[j].eq((acc + par.bias[j])[:ACC_BITS].as_signed()),
+                    mult1[j].eq(par.mult[j]),
+                    shift1[j].eq(par.shift[j]),
+                ]
+                rounding = (Const(1, ACC_BITS + MULT_BITS) << (shift1[j] - 1)[:SHIFT_BITS])[
+                    :ACC_BITS + MULT_BITS]
+                m.d.sync += [
+                    raw2[j].eq(y1[j]),
+                    p2[j].eq(y1[j] * mult1[j] + rounding),
+                    shift2[j].eq(shift1[j]),
+                ]
+                q = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"q_{j}")
+                m.d.comb += q.eq(p2[j] >> shift2[j])
+                out = Signal(signed(ACC_BITS), name=f"out_{j}")
+                with m.Switch(mode2):
+                    with m.Case(OutMode.INT8):
+                        m.d.comb += out.eq(Mux(q > 127, 127, Mux(q < -128, -128, q)))
+                    with m.Case(OutMode.INT16):
+                        m.d.comb += out.eq(Mux(q > 32767, 32767, Mux(q < -32768, -32768, q)))
+                    with m.Default():
+                        m.d.comb += out.eq(raw2[j])
+                m.d.sync += self.o.payload.data[j].eq(out)
+        return m
+
+
+class MatmulUnit(wiring.Component):
+    """:class:`MatmulArray` followed by :class:`Requantizer`: the chip's matmul unit.
+
+    Timing: a lone fold of K beats has row ``r`` of its tile on ``o`` in cycle
+    ``K + 2*size + 4 + r`` after its first beat is taken (``K + 3*size + 4`` cycles first input to
+    last output); back-to-back folds as :class:`MatmulArray`.
+
+    Members
+    -------
+    i_a, i_b : as :class:`MatmulArray`
+    i_param : as :class:`Requantizer` (one beat per output tile)
+    o : requantised rows of each output tile
+    """
+
+    def __init__(self, *, size):
+        _check_size(size)
+        self._size = size
+        super().__init__({
+            "i_a": In(stream.Signature(a_layout(size))),
+            "i_b": In(stream.Signature(b_layout(size))),
+            "i_param": In(stream.Signature(param_layout(size))),
+            "o": Out(stream.Signature(acc_layout(size))),
+        })
+
+    @property
+    def size(self):
+        return self._size
+
+    @staticmethod
+    def latency(size, k):
+        """Cycles from a lone fold's first input beat to its last output row, inclusive."""
+        return MatmulArray.latency(size, k) + Requantizer.LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.array = array = MatmulArray(size=self._size)
+        m.submodules.requant = requant = Requantizer(size=self._size)
+        connect(m, flipped(self.i_a), array.i_a)
+        connect(m, flipped(self.i_b), array.i_b)
+        connect(m, array.o, requant.i)
+        connect(m, flipped(self.i_param), requant.i_param)
+        connect(m, requant.o, flipped(self.o))
+        return m
