@@ -16,7 +16,9 @@ import numpy as np
 from hw.spec.collective import (
     CollectiveRequest,
     Kind,
+    check_fits,
     local_blocks,
+    max_block_words,
     output_blocks,
     pack_blocks,
     ring_bound_cycles,
@@ -58,12 +60,13 @@ def buffer_words_needed(req: CollectiveRequest, wbytes: int) -> int:
 
 
 def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: float = 0.0,
-                        seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None):
+                        seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None,
+                        rx_words: int | None = None):
     """Simulate ``req`` on a :class:`RingSystem` built for ``npu`` with pysim.
 
     ``inputs[i]`` is chip ``i``'s local vector (see :func:`chip_inputs`). ``stall`` is the
     probability, per cycle and per injection point (every link register, every DMA), of a stall.
-    Returns ``{"outputs": [chip result or empty array], "cycles", "sim": {...}}``.
+    ``rx_words`` defaults to the largest block (at least 16 words). Returns ``{"outputs": [chip result or empty array], "cycles", "sim": {...}}``.
     """
     from hw.system import RingSystem
 
@@ -71,7 +74,9 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
 
     wbytes = word_bytes(npu.link_bytes_per_cycle)
     depth = buffer_words_needed(req, wbytes)
-    system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth)
+    rx_words = rx_words or max(16, max_block_words(req, wbytes))
+    check_fits(req, wbytes, rx_words)
+    system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth, rx_words=rx_words)
     loads = [pack_blocks(inputs[i], req, local_blocks(req, i), wbytes)
              if local_blocks(req, i) else [] for i in range(req.chips)]
     out_words = [sum(step_words(req, s, wbytes) for s in steps(req, i) if s.out)

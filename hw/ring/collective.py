@@ -45,7 +45,7 @@ the bottleneck unless ``B >= 8``. Latency: one register (rx or local to tx or ou
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, Op, word_bytes
@@ -73,16 +73,24 @@ class CollectiveEngine(wiring.Component):
     -------------------------
     link_bytes : int
         Link width in bytes per cycle, a power of two; sets the word size ``max(link_bytes, 8)``.
+    rx_words : int
+        Depth of the receive buffer in words. It must hold one whole block (every block of a
+        collective: see :func:`hw.spec.collective.check_fits`): all chips start by sending a
+        block while their upstream neighbour's first block arrives, so without that buffer the
+        ring would deadlock. Larger collectives are split into several by software.
 
     Commands are trusted: validate them with :class:`hw.spec.collective.CollectiveRequest`
     before issuing them (zero length, groups outside the ring and the like are rejected there).
     """
 
-    def __init__(self, *, link_bytes: int):
+    def __init__(self, *, link_bytes: int, rx_words: int = 256):
         if not isinstance(link_bytes, int) or isinstance(link_bytes, bool):
             raise TypeError(f"link_bytes must be an integer, not {link_bytes!r}")
+        if not isinstance(rx_words, int) or isinstance(rx_words, bool) or rx_words < 2:
+            raise ValueError(f"rx_words must be an integer >= 2, not {rx_words!r}")
         self.word_bytes = word_bytes(link_bytes)
         self.link_bytes = link_bytes
+        self.rx_words = rx_words
         word = word_layout(self.word_bytes)
         super().__init__({
             "i_cmd": In(stream.Signature(command_layout)),
@@ -98,6 +106,18 @@ class CollectiveEngine(wiring.Component):
         lanes = self.word_bytes // 4
         pairs = lanes // 2
         epw32_log2 = (self.word_bytes * 8 // 32).bit_length() - 1
+
+        # Receive buffer (see rx_words).
+        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFOBuffered(width=self.word_bytes * 8 + 1,
+                                                               depth=self.rx_words)
+        m.d.comb += [
+            rx_fifo.w_data.eq(Cat(self.i_rx.payload.data, self.i_rx.payload.last)),
+            rx_fifo.w_en.eq(self.i_rx.valid),
+            self.i_rx.ready.eq(rx_fifo.w_rdy),
+        ]
+        rx_valid = rx_fifo.r_rdy
+        rx_data = data.View(data.ArrayLayout(unsigned(32), lanes),
+                            rx_fifo.r_data[:self.word_bytes * 8])
 
         # Latched command.
         kind = Signal(3)
@@ -188,16 +208,16 @@ class CollectiveEngine(wiring.Component):
         can_accept = (~pend_tx | self.o_tx.ready) & (~pend_out | self.o_local.ready)
 
         stepping = running & (s < total)
-        inputs_ok = (~use_rx | self.i_rx.valid) & (~use_local | self.i_local.valid)
+        inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
         fire = Signal()
         m.d.comb += [
             fire.eq(stepping & (words != 0) & inputs_ok & can_accept),
-            self.i_rx.ready.eq(fire & use_rx),
+            rx_fifo.r_en.eq(fire & use_rx),
             self.i_local.ready.eq(fire & use_local),
         ]
 
         # Datapath: combine rx and local words lane by lane.
-        a = self.i_rx.payload.data
+        a = rx_data
         b = self.i_local.payload.data
         red_op = Mux(op == Op.AVG, Op.SUM, op)
         comb32 = []

@@ -61,7 +61,7 @@ import numpy as np
 
 __all__ = ["Kind", "Op", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveRequest", "Step",
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
-           "step_words", "local_blocks", "output_blocks", "pack_blocks", "unpack_blocks",
+           "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks", "pack_blocks", "unpack_blocks",
            "ring_bound_cycles", "predicted_cycles", "hop_latency"]
 
 
@@ -246,6 +246,21 @@ def step_words(req: CollectiveRequest, step: Step, wbytes: int) -> int:
     return -(-req.blocks()[step.block] // epw)
 
 
+def max_block_words(req: CollectiveRequest, wbytes: int) -> int:
+    """Largest step in words: the engine's receive buffer must hold it."""
+    return max(step_words(req, Step(b, False, False, False, False), wbytes)
+               for b in range(len(req.blocks())))
+
+
+def check_fits(req: CollectiveRequest, wbytes: int, rx_words: int) -> None:
+    """Raise ValueError when a block of ``req`` exceeds the engine's receive buffer."""
+    need = max_block_words(req, wbytes)
+    if need > rx_words:
+        raise ValueError(f"a block of {need} words ({need * wbytes} B) exceeds the collective "
+                         f"engine's receive buffer of rx_words={rx_words}; split the collective "
+                         f"or build the engine with rx_words >= {need}")
+
+
 def local_blocks(req: CollectiveRequest, chip: int) -> list[int]:
     """Blocks the local input stream must deliver, in order."""
     return [s.block for s in steps(req, chip) if s.local]
@@ -315,58 +330,65 @@ def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
 
 
 def hop_latency(link_bytes: int, latency: int) -> int:
-    """Cycles from a word entering an engine's datapath to it entering the next engine's.
+    """Cycles from a word entering a link to it being readable from the next engine's buffer.
 
-    The engine's output register (1), the link's serialiser register when a word is wider than
-    a flit (1), the ``a`` pipeline registers, and the deserialiser's wait for the word's
-    remaining flits (``D/B - 1``).
+    The link's serialiser register when a word is wider than a flit (1), the ``a`` pipeline
+    registers, the deserialiser's wait for the word's remaining flits (``D/B - 1``) and the
+    receive buffer's two-cycle read latency.
     """
     ratio = word_bytes(link_bytes) // link_bytes
-    return 1 + (ratio > 1) + latency + (ratio - 1)
+    return 2 * (ratio > 1) + latency + (ratio - 1) + 2
 
 
 def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> int:
-    """Cycle-cost model of the engine (see :mod:`hw.ring.collective` for the derivation).
+    """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingSystem).
 
-    Steps overlap (cut-through): a chip forwards a word as soon as it has combined it, so a step
-    costs its block's link time ``w * D/B`` unless the data it needs has not arrived yet. The
-    model walks every chip's schedule with that rule and returns the time the last chip drains.
-    It assumes no stalls, local streams that never wait and a ring of equal-length hops.
+    A word-level walk of every chip's schedule with the engine's rules: a chip combines at most
+    one word per cycle, only once its ring input is readable (``hop_latency`` after the
+    upstream chip's link took it) and its output register is free; the link takes one word
+    per ``c = D/B`` cycles. It iterates to a fixed point around the ring. In closed form, for
+    blocks of ``w`` words and ``S`` transmitting steps, the result is about
+    ``S * max(w*c, hop + 2) + w + hop``: the last block is drained from the receive buffer
+    at one word per cycle after the last transmitting step (see :mod:`hw.ring.collective`).
     """
     wbytes = word_bytes(link_bytes)
     c = wbytes // link_bytes
     hop = hop_latency(link_bytes, latency)
     chips = req.chips
     scheds = [steps(req, i) for i in range(chips)]
-    # arrival[i]: times at which the words chip i transmits are available at chip i+1's input.
     sent = [[] for _ in range(chips)]
     done = [0] * chips
-    pos = [0] * chips  # index of the next rx word each chip consumes
-    # Iterate to a fixed point: a chip's schedule depends on its upstream neighbour's sends.
     for _ in range(2 * chips + 2):
         new_sent = [[] for _ in range(chips)]
         for i in range(chips):
             up = sent[(i - 1) % chips]
-            t = 1  # the command is accepted on the first cycle
-            link_free = 0
-            pos[i] = 0
+            t = 1                 # first cycle an engine may fire (command accepted at 0)
+            local_ready = 2       # the test DMA's first word is valid two cycles after start
+            link_free = 0         # first cycle the link accepts the next word
+            out_free = 0          # first cycle the output register may be refilled
+            at = 0
             for step in scheds[i]:
-                for _ in range(step_words(req, step, wbytes)):
+                count = step_words(req, step, wbytes)
+                if count == 0:
+                    t += 1
+                for _ in range(count):
+                    t = max(t, out_free)
                     if step.rx:
-                        if pos[i] >= len(up):
-                            t = math.inf
-                        else:
-                            t = max(t, up[pos[i]])
-                        pos[i] += 1
+                        t = max(t, up[at] if at < len(up) else 10 ** 9)
+                        at += 1
+                    if step.local:
+                        t = max(t, local_ready)
+                    fire = t
                     if step.tx:
-                        t = max(t, link_free)
-                        link_free = t + c
-                        new_sent[i].append(t + hop)
-                    t += 1
-                if step_words(req, step, wbytes) == 0:
-                    t += 1
-            done[i] = t
+                        accept = max(fire + 1, link_free)
+                        link_free = accept + c
+                        new_sent[i].append(accept + hop)
+                        out_free = accept
+                    else:
+                        out_free = fire + 1
+                    t = fire + 1
+            done[i] = max(t, out_free) + 2
         if new_sent == sent:
             break
         sent = new_sent
-    return max(done) + 1
+    return max(done)
