@@ -115,8 +115,8 @@ class RingSystem(wiring.Component):
     chips : int
         Ring size, 1..8.
     buffer_words : int
-        Depth of each chip's input and output buffers, in words of ``max(B, 8)`` bytes.
-    rx_words : int
+        Depth of each chip's input and output buffers, in words of ``max(2B, 8)`` bytes.
+    fifo_words : int
         Each engine's receive buffer (:class:`~hw.ring.collective.CollectiveEngine`).
 
     Members
@@ -140,7 +140,7 @@ class RingSystem(wiring.Component):
     """
 
     def __init__(self, *, npu: NpuConfig, chips: int, buffer_words: int = 256,
-                 rx_words: int = 256):
+                 fifo_words: int = 256):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         if not isinstance(chips, int) or isinstance(chips, bool) or not 1 <= chips <= MAX_CHIPS:
@@ -153,8 +153,8 @@ class RingSystem(wiring.Component):
         self.link_bytes = npu.link_bytes_per_cycle
         self.word_bytes = word_bytes(self.link_bytes)
         self.buffer_words = buffer_words
-        self.rx_words = rx_words
-        self.engines = [CollectiveEngine(link_bytes=self.link_bytes, rx_words=rx_words)
+        self.fifo_words = fifo_words
+        self.engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words)
                         for _ in range(chips)]
         self.dmas = [TestDma(word_bytes=self.word_bytes, depth=buffer_words)
                      for _ in range(chips)]

@@ -61,12 +61,12 @@ def buffer_words_needed(req: CollectiveRequest, wbytes: int) -> int:
 
 def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: float = 0.0,
                         seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None,
-                        rx_words: int | None = None):
+                        fifo_words: int | None = None):
     """Simulate ``req`` on a :class:`RingSystem` built for ``npu`` with pysim.
 
     ``inputs[i]`` is chip ``i``'s local vector (see :func:`chip_inputs`). ``stall`` is the
     probability, per cycle and per injection point (every link register, every DMA), of a stall.
-    ``rx_words`` defaults to the largest block (at least 16 words). Returns ``{"outputs": [chip result or empty array], "cycles", "sim": {...}}``.
+    ``fifo_words`` defaults to the largest block (at least 16 words). Returns ``{"outputs": [chip result or empty array], "cycles", "sim": {...}}``.
     """
     from hw.system import RingSystem
 
@@ -74,9 +74,9 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
 
     wbytes = word_bytes(npu.link_bytes_per_cycle)
     depth = buffer_words_needed(req, wbytes)
-    rx_words = rx_words or max(16, max_block_words(req, wbytes))
-    check_fits(req, wbytes, rx_words)
-    system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth, rx_words=rx_words)
+    fifo_words = fifo_words or max(16, max_block_words(req, wbytes))
+    check_fits(req, wbytes, fifo_words)
+    system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth, fifo_words=fifo_words)
     loads = [pack_blocks(inputs[i], req, local_blocks(req, i), wbytes)
              if local_blocks(req, i) else [] for i in range(req.chips)]
     out_words = [sum(step_words(req, s, wbytes) for s in steps(req, i) if s.out)

@@ -6,7 +6,7 @@ the step schedule of :func:`hw.spec.collective.steps` (documented there, with th
 
 Protocol
 --------
-* **Words.** Every stream carries words of ``D = max(link_bytes_per_cycle, 8)`` bytes as
+* **Words.** Every stream carries words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes as
   ``D/4`` little-endian 32-bit lanes plus ``last`` (:func:`hw.ring.link.word_layout`). A 32-bit
   element is one lane, a 64-bit element two adjacent lanes (low first). Every block starts on a
   fresh word; its last word is padded (padding lanes carry don't-care values and set ``last``).
@@ -72,25 +72,26 @@ class CollectiveEngine(wiring.Component):
     Parameters (keyword-only)
     -------------------------
     link_bytes : int
-        Link width in bytes per cycle, a power of two; sets the word size ``max(link_bytes, 8)``.
-    rx_words : int
-        Depth of the receive buffer in words. It must hold one whole block (every block of a
-        collective: see :func:`hw.spec.collective.check_fits`): all chips start by sending a
-        block while their upstream neighbour's first block arrives, so without that buffer the
-        ring would deadlock. Larger collectives are split into several by software.
+        Link width in bytes per cycle, a power of two; sets the word size ``max(2 * link_bytes, 8)``.
+    fifo_words : int
+        Depth in words of the receive buffer and of the transmit buffer. Every block of a
+        collective must fit (:func:`hw.spec.collective.check_fits`): all chips start by sending
+        a block while their upstream neighbour's first block arrives, so without a block of
+        buffering the ring would deadlock. Larger collectives are split into several by
+        software.
 
     Commands are trusted: validate them with :class:`hw.spec.collective.CollectiveRequest`
     before issuing them (zero length, groups outside the ring and the like are rejected there).
     """
 
-    def __init__(self, *, link_bytes: int, rx_words: int = 256):
+    def __init__(self, *, link_bytes: int, fifo_words: int = 256):
         if not isinstance(link_bytes, int) or isinstance(link_bytes, bool):
             raise TypeError(f"link_bytes must be an integer, not {link_bytes!r}")
-        if not isinstance(rx_words, int) or isinstance(rx_words, bool) or rx_words < 2:
-            raise ValueError(f"rx_words must be an integer >= 2, not {rx_words!r}")
+        if not isinstance(fifo_words, int) or isinstance(fifo_words, bool) or fifo_words < 2:
+            raise ValueError(f"fifo_words must be an integer >= 2, not {fifo_words!r}")
         self.word_bytes = word_bytes(link_bytes)
         self.link_bytes = link_bytes
-        self.rx_words = rx_words
+        self.fifo_words = fifo_words
         word = word_layout(self.word_bytes)
         super().__init__({
             "i_cmd": In(stream.Signature(command_layout)),
@@ -107,9 +108,21 @@ class CollectiveEngine(wiring.Component):
         pairs = lanes // 2
         epw32_log2 = (self.word_bytes * 8 // 32).bit_length() - 1
 
-        # Receive buffer (see rx_words).
-        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFOBuffered(width=self.word_bytes * 8 + 1,
-                                                               depth=self.rx_words)
+        # Receive and transmit buffers (see fifo_words). The transmit buffer lets the datapath
+        # (one word per cycle) run ahead of the link (one word per D/B >= 2 cycles): the first
+        # step's block is queued at full speed, so later steps combine words as they arrive
+        # instead of draining a backlog at the end.
+        wbits = self.word_bytes * 8 + 1
+        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFOBuffered(width=wbits,
+                                                               depth=self.fifo_words)
+        m.submodules.tx_fifo = tx_fifo = fifo.SyncFIFOBuffered(width=wbits,
+                                                               depth=self.fifo_words)
+        m.d.comb += [
+            self.o_tx.valid.eq(tx_fifo.r_rdy),
+            self.o_tx.payload.data.eq(tx_fifo.r_data[:wbits - 1]),
+            self.o_tx.payload.last.eq(tx_fifo.r_data[wbits - 1]),
+            tx_fifo.r_en.eq(self.o_tx.ready),
+        ]
         m.d.comb += [
             rx_fifo.w_data.eq(Cat(self.i_rx.payload.data, self.i_rx.payload.last)),
             rx_fifo.w_en.eq(self.i_rx.valid),
@@ -198,14 +211,14 @@ class CollectiveEngine(wiring.Component):
         pend_tx = Signal()
         pend_out = Signal()
         m.d.comb += [
-            self.o_tx.valid.eq(pend_tx), self.o_tx.payload.eq(res),
+            tx_fifo.w_en.eq(pend_tx), tx_fifo.w_data.eq(Cat(res.data, res.last)),
             self.o_local.valid.eq(pend_out), self.o_local.payload.eq(res),
         ]
-        with m.If(self.o_tx.valid & self.o_tx.ready):
+        with m.If(tx_fifo.w_en & tx_fifo.w_rdy):
             m.d.sync += pend_tx.eq(0)
         with m.If(self.o_local.valid & self.o_local.ready):
             m.d.sync += pend_out.eq(0)
-        can_accept = (~pend_tx | self.o_tx.ready) & (~pend_out | self.o_local.ready)
+        can_accept = (~pend_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
 
         stepping = running & (s < total)
         inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
@@ -258,7 +271,7 @@ class CollectiveEngine(wiring.Component):
         with m.Elif(stepping & (words == 0)):
             m.d.sync += s.eq(s + 1)
 
-        with m.If(running & (s >= total) & ~pend_tx & ~pend_out):
+        with m.If(running & (s >= total) & ~pend_tx & ~pend_out & (tx_fifo.level == 0)):
             m.d.sync += running.eq(0)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             m.d.sync += [

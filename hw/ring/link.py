@@ -91,7 +91,7 @@ class RingLink(wiring.Component):
     latency : int
         Pipeline registers on the wire (``link_latency_cycles``), at least 1.
     word_bytes : int
-        Engine word size; default ``max(width_bytes, 8)``.
+        Engine word size; default ``max(2 * width_bytes, 8)``.
 
     Members
     -------
@@ -116,7 +116,7 @@ class RingLink(wiring.Component):
         if not isinstance(latency, int) or isinstance(latency, bool) or latency < 1:
             raise ValueError(f"latency must be a positive integer, not {latency!r}")
         if word_bytes is None:
-            word_bytes = max(width_bytes, 8)
+            word_bytes = max(2 * width_bytes, 8)
         if not isinstance(word_bytes, int) or word_bytes < width_bytes \
                 or word_bytes % width_bytes or word_bytes % 4:
             raise ValueError(f"word_bytes must be a multiple of 4 and of width_bytes="

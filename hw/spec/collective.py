@@ -103,13 +103,16 @@ def block_offsets(length: int, n: int) -> list[int]:
 
 
 def word_bytes(link_bytes: int) -> int:
-    """Bytes of one engine word: ``max(link_bytes, 8)`` so that a word holds a 64-bit element.
+    """Bytes of one engine word: ``max(2 * link_bytes, 8)``.
+
+    A word holds a 64-bit element, and the engine's datapath (one word per cycle) is at least
+    twice as fast as the link, so that it can catch up with the data it receives.
 
     ``link_bytes`` must be a power of two (a word is a whole number of link flits).
     """
     if not isinstance(link_bytes, int) or link_bytes < 1 or link_bytes & (link_bytes - 1):
         raise ValueError(f"link_bytes_per_cycle must be a power of two, not {link_bytes!r}")
-    return max(link_bytes, 8)
+    return max(2 * link_bytes, 8)
 
 
 def elements_per_word(wbytes: int, width: int) -> int:
@@ -252,13 +255,13 @@ def max_block_words(req: CollectiveRequest, wbytes: int) -> int:
                for b in range(len(req.blocks())))
 
 
-def check_fits(req: CollectiveRequest, wbytes: int, rx_words: int) -> None:
+def check_fits(req: CollectiveRequest, wbytes: int, fifo_words: int) -> None:
     """Raise ValueError when a block of ``req`` exceeds the engine's receive buffer."""
     need = max_block_words(req, wbytes)
-    if need > rx_words:
+    if need > fifo_words:
         raise ValueError(f"a block of {need} words ({need * wbytes} B) exceeds the collective "
-                         f"engine's receive buffer of rx_words={rx_words}; split the collective "
-                         f"or build the engine with rx_words >= {need}")
+                         f"engine's buffers of fifo_words={fifo_words}; split the collective "
+                         f"or build the engine with fifo_words >= {need}")
 
 
 def local_blocks(req: CollectiveRequest, chip: int) -> list[int]:
@@ -365,14 +368,14 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
             t = 1                 # first cycle an engine may fire (command accepted at 0)
             local_ready = 2       # the test DMA's first word is valid two cycles after start
             link_free = 0         # first cycle the link accepts the next word
-            out_free = 0          # first cycle the output register may be refilled
+            last_accept = 0
+            dropped = False
             at = 0
             for step in scheds[i]:
                 count = step_words(req, step, wbytes)
                 if count == 0:
                     t += 1
                 for _ in range(count):
-                    t = max(t, out_free)
                     if step.rx:
                         t = max(t, up[at] if at < len(up) else 10 ** 9)
                         at += 1
@@ -380,14 +383,14 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
                         t = max(t, local_ready)
                     fire = t
                     if step.tx:
-                        accept = max(fire + 1, link_free)
+                        # output register (1) then the transmit buffer's read latency (2)
+                        accept = max(fire + 3, link_free)
                         link_free = accept + c
                         new_sent[i].append(accept + hop)
-                        out_free = accept
-                    else:
-                        out_free = fire + 1
+                        last_accept = accept
                     t = fire + 1
-            done[i] = max(t, out_free) + 2
+                    dropped = not (step.tx or step.out)
+            done[i] = max(t + 2 - dropped, last_accept + 2)
         if new_sent == sent:
             break
         sent = new_sent
