@@ -15,15 +15,16 @@ from .ring.link import RingLink, word_layout
 from .spec import NpuConfig
 from .spec.collective import MAX_CHIPS, word_bytes
 
-__all__ = ["TestDma", "RingSystem"]
+__all__ = ["StreamDma", "RingSystem"]
 
 
-class TestDma(wiring.Component):
+class StreamDma(wiring.Component):
     """A chip's test DMA: two word buffers streamed in order (no address generation).
 
     The host fills ``in_mem`` with the words the engine's local input stream must deliver, in
-    stream order (:func:`hw.spec.collective.pack_blocks` of :func:`~hw.spec.collective.local_blocks`),
-    and reads the output stream's words back from ``out_mem`` at addresses 0, 1, ...
+    stream order (:func:`hw.spec.collective.pack_blocks` of
+    :func:`~hw.spec.collective.local_blocks`), and reads the output stream's words back from
+    ``out_mem`` at addresses 0, 1, ...
 
     Members
     -------
@@ -106,7 +107,7 @@ class TestDma(wiring.Component):
 
 
 class RingSystem(wiring.Component):
-    """``chips`` collective engines on a unidirectional ring, each with a :class:`TestDma`.
+    """``chips`` collective engines on a unidirectional ring, each with a :class:`StreamDma`.
 
     Parameters (keyword-only)
     -------------------------
@@ -156,7 +157,7 @@ class RingSystem(wiring.Component):
         self.fifo_words = fifo_words
         self.engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words)
                         for _ in range(chips)]
-        self.dmas = [TestDma(word_bytes=self.word_bytes, depth=buffer_words)
+        self.dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
                      for _ in range(chips)]
         self.links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
                                word_bytes=self.word_bytes) for _ in range(chips)]

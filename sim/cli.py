@@ -74,6 +74,12 @@ def _cmd_export(args):
     return EXIT_OK
 
 
+def _cmd_collective(args):
+    from .collective import cmd_collective
+
+    return cmd_collective(args)
+
+
 def _cmd_bench(args):
     from .bench import run_bench
 
@@ -111,7 +117,8 @@ def _build_parser():
     p.add_argument("--seed", type=int, default=0)
     for opt in ("--input", "--output", "--json"):
         p.add_argument(opt)
-    p.set_defaults(run=_not_built("collective", 4))
+    p.add_argument("--max-cycles", type=_positive)
+    p.set_defaults(run=_cmd_collective)
 
     p = sub.add_parser("plan", help="check capacity and compatibility per strategy")
     p.add_argument("--npu", required=True)

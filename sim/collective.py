@@ -66,7 +66,8 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
 
     ``inputs[i]`` is chip ``i``'s local vector (see :func:`chip_inputs`). ``stall`` is the
     probability, per cycle and per injection point (every link register, every DMA), of a stall.
-    ``fifo_words`` defaults to the largest block (at least 16 words). Returns ``{"outputs": [chip result or empty array], "cycles", "sim": {...}}``.
+    ``fifo_words`` defaults to the largest block (at least 16 words). Returns
+    ``{"outputs": [each chip's result, empty outside the group], "cycles", "sim": {...}}``.
     """
     from hw.system import RingSystem
 
@@ -220,7 +221,8 @@ def cmd_collective(args) -> int:
         "sim": {"wall_s": run["sim"]["wall_s"], "cycles_per_s": run["sim"]["cycles_per_s"]},
     }
     if args.output:
-        _write_output(args.output, run["outputs"])
+        written = _write_output(args.output, run["outputs"])
+        report["output"] = str(written)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -239,5 +241,8 @@ def _write_output(path, outputs):
     path.parent.mkdir(parents=True, exist_ok=True)
     if len(lengths) == 1:
         np.save(path, np.stack(outputs))
-    else:
-        np.savez(path, **{f"chip{i}": o for i, o in enumerate(outputs)})
+        return path
+    if path.suffix != ".npz":
+        path = path.with_suffix(".npz")
+    np.savez(path, **{f"chip{i}": o for i, o in enumerate(outputs)})
+    return path

@@ -72,7 +72,8 @@ class CollectiveEngine(wiring.Component):
     Parameters (keyword-only)
     -------------------------
     link_bytes : int
-        Link width in bytes per cycle, a power of two; sets the word size ``max(2 * link_bytes, 8)``.
+        Link width in bytes per cycle, a power of two; the word is ``max(2 * link_bytes, 8)``
+        bytes.
     fifo_words : int
         Depth in words of the receive buffer and of the transmit buffer. Every block of a
         collective must fit (:func:`hw.spec.collective.check_fits`): all chips start by sending

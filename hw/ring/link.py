@@ -103,10 +103,10 @@ class RingLink(wiring.Component):
         Fault injection: bit ``k`` refuses transfers into pipeline register ``k`` (tie to 0).
 
     Timing: with ``r = word_bytes / width_bytes`` flits per word, a word needs ``r`` cycles of
-    wire (throughput ``width_bytes`` per cycle). A word written at the clock edge ending cycle
-    ``t`` is valid at ``o`` from cycle ``t + latency + (r > 1) + (r - 1)``: ``latency``
-    registers, the serialiser's holding register and the deserialiser's wait for the rest of
-    the word's flits.
+    wire (throughput ``width_bytes`` per cycle). A word transferred into ``i`` in cycle ``t``
+    is valid at ``o`` from cycle ``t + latency`` when ``r == 1``, else from
+    ``t + latency + 2 + (r - 1)``: the serialiser's holding register, the deserialiser's
+    output register and its wait for the word's remaining flits.
     """
 
     def __init__(self, *, width_bytes: int, latency: int, word_bytes: int | None = None):

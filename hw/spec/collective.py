@@ -61,7 +61,8 @@ import numpy as np
 
 __all__ = ["Kind", "Op", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveRequest", "Step",
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
-           "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks", "pack_blocks", "unpack_blocks",
+           "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
+           "pack_blocks", "unpack_blocks",
            "ring_bound_cycles", "predicted_cycles", "hop_latency"]
 
 
@@ -390,7 +391,7 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
                         last_accept = accept
                     t = fire + 1
                     dropped = not (step.tx or step.out)
-            done[i] = max(t + 2 - dropped, last_accept + 2)
+            done[i] = max(t + 2 - dropped, last_accept + 2) if scheds[i] else 2
         if new_sent == sent:
             break
         sent = new_sent

@@ -1,0 +1,189 @@
+"""CollectiveEngine on the ring (RingSystem in pysim) vs the golden collectives.
+
+The default set covers every kind and op, N in {1, 2, 3, 4} plus N = 8, both widths, lengths 1,
+N-1, N+1 and an odd larger one, and sub-groups at the start, middle and wrap-around of the ring;
+the full N x width x length matrix is ``@pytest.mark.slow``. Random stalls on every link
+register and every DMA change only the cycle count; without stalls the cycle count equals
+:func:`hw.spec.collective.predicted_cycles` exactly.
+"""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from hw.ring.collective import CollectiveEngine
+from hw.spec import npu_preset
+from hw.spec.collective import CollectiveRequest, Kind, block_sizes, predicted_cycles
+from hw.system import RingSystem, StreamDma
+from sim.collective import simulate_collective
+from sim.golden import collectives as golden
+
+TINY = npu_preset("tiny")
+FPGA_LINK = dataclasses.replace(TINY, link_bytes_per_cycle=8, link_latency_cycles=4)
+
+
+def _inputs(rng, req):
+    dtype = np.int32 if req.width == 32 else np.int64
+    info = np.iinfo(dtype)
+    extremes = np.array([info.min, info.max, -1, 0, 1], dtype=dtype)
+    sizes = block_sizes(req.length, req.count)
+    out = []
+    for chip in range(req.chips):
+        p = req.position(chip)
+        if req.kind == Kind.ALL_GATHER:
+            size = sizes[p] if p is not None else 0
+        else:
+            size = req.length
+        x = rng.integers(info.min, info.max, size=size, dtype=dtype, endpoint=True)
+        pick = rng.random(size) < 0.3          # extremes: SUM wraps, MAX/MIN at the rails
+        x[pick] = rng.choice(extremes, size=int(pick.sum()))
+        out.append(x)
+    return out
+
+
+def _run_and_check(req, rng, *, npu=TINY, stall=0.0):
+    inputs = _inputs(rng, req)
+    run = simulate_collective(npu, req, inputs, stall=stall, seed=int(rng.integers(1 << 31)))
+    want = golden.collective(req, inputs)
+    what = (f"{req.kind.name} {req.op.name} int{req.width} N={req.chips} length={req.length} "
+            f"group {req.first}:{req.count}")
+    for chip, (got, exp) in enumerate(zip(run["outputs"], want, strict=True)):
+        assert got.shape == exp.shape, f"{what}: chip {chip} has {got.shape}, expected {exp.shape}"
+        bad = np.flatnonzero(got != exp)
+        assert bad.size == 0, (f"{what}: chip {chip} element {bad[:1]}: {got[bad[:1]]} != "
+                               f"golden {exp[bad[:1]]}")
+    return run
+
+
+# (kind, op, width, chips, length, first, count)
+REPRESENTATIVE = [
+    ("all_reduce", "sum", 32, 1, 1, 0, None),
+    ("all_reduce", "sum", 32, 2, 1, 0, None),
+    ("all_reduce", "max", 32, 2, 3, 0, None),
+    ("all_reduce", "avg", 32, 3, 2, 0, None),
+    ("all_reduce", "min", 32, 3, 4, 0, None),
+    ("all_reduce", "sum", 64, 4, 5, 0, None),
+    ("all_reduce", "avg", 64, 4, 37, 0, None),
+    ("all_reduce", "sum", 32, 8, 9, 0, None),
+    ("reduce_scatter", "sum", 32, 3, 7, 0, None),
+    ("reduce_scatter", "max", 64, 2, 3, 0, None),
+    ("reduce_scatter", "avg", 32, 4, 3, 0, None),
+    ("reduce_scatter", "min", 32, 4, 37, 0, None),
+    ("all_gather", "sum", 32, 4, 5, 0, None),
+    ("all_gather", "sum", 64, 3, 4, 0, None),
+    ("all_gather", "sum", 32, 2, 1, 0, None),
+    # sub-groups: start, middle, wrap-around (chips outside forward)
+    ("all_reduce", "sum", 32, 4, 5, 0, 2),
+    ("reduce_scatter", "max", 32, 5, 7, 1, 3),
+    ("all_reduce", "avg", 32, 5, 4, 3, 3),
+    ("all_gather", "sum", 32, 4, 3, 3, 3),
+    ("send_recv", "sum", 32, 4, 6, 3, 2),
+    ("send_recv", "sum", 64, 3, 5, 1, 2),
+]
+
+
+@pytest.mark.parametrize("kind, op, width, chips, length, first, count", REPRESENTATIVE)
+def test_collective_matches_golden(kind, op, width, chips, length, first, count, rng):
+    req = CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=chips,
+                            first=first, count=count)
+    run = _run_and_check(req, rng)
+    assert run["cycles"] == predicted_cycles(req, 4, 2), \
+        f"cycles {run['cycles']} != model {predicted_cycles(req, 4, 2)}"
+
+
+@pytest.mark.parametrize("kind, chips, length, first, count", [
+    ("all_reduce", 4, 13, 0, None),
+    ("reduce_scatter", 3, 8, 0, None),
+    ("all_gather", 4, 9, 0, None),
+    ("all_reduce", 5, 7, 3, 3),
+])
+def test_stalls_change_cycles_not_data(kind, chips, length, first, count, rng):
+    req = CollectiveRequest(kind=kind, op="sum", width=32, length=length, chips=chips,
+                            first=first, count=count)
+    clean = _run_and_check(req, rng)
+    stalled = [_run_and_check(req, rng, stall=p)["cycles"] for p in (0.2, 0.5)]
+    assert all(c > clean["cycles"] for c in stalled), \
+        f"stalls did not slow the ring: {stalled} vs {clean['cycles']}"
+
+
+def test_wide_link_word_16_bytes(rng):
+    """8-byte links (the fpga preset): 16-byte words, 4 lanes of 32 or 2 of 64 bits."""
+    for width, length in ((32, 11), (64, 6)):
+        req = CollectiveRequest(kind="all_reduce", op="max", width=width, length=length,
+                                chips=3)
+        run = _run_and_check(req, rng, npu=FPGA_LINK, stall=0.3)
+        assert run["cycles"] > 0
+
+
+@pytest.mark.parametrize("chips, first, count", [(4, 1, 3), (3, 0, 3), (5, 4, 2), (3, 1, 1)])
+def test_barrier_completes_in_model_cycles(chips, first, count):
+    req = CollectiveRequest(kind="barrier", op="sum", width=32, length=1, chips=chips,
+                            first=first, count=count)
+    run = simulate_collective(TINY, req, [np.zeros(1, np.int32)] * chips)
+    assert run["cycles"] == predicted_cycles(req, 4, 2)
+    assert all(o.size == 0 for o in run["outputs"])
+
+
+def test_cycle_model_exact_on_other_links(rng):
+    for npu, (kind, chips, length) in itertools.product(
+            (FPGA_LINK, dataclasses.replace(TINY, link_bytes_per_cycle=2,
+                                            link_latency_cycles=1)),
+            (("all_reduce", 4, 40), ("reduce_scatter", 3, 9))):
+        req = CollectiveRequest(kind=kind, op="sum", width=32, length=length, chips=chips)
+        run = _run_and_check(req, rng, npu=npu)
+        model = predicted_cycles(req, npu.link_bytes_per_cycle, npu.link_latency_cycles)
+        assert run["cycles"] == model, f"{npu.link_bytes_per_cycle} B links: {run['cycles']} " \
+                                       f"!= model {model}"
+
+
+def test_block_larger_than_buffers_rejected():
+    req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=200, chips=2)
+    with pytest.raises(ValueError, match=r"block of 50 words .* exceeds .* fifo_words=16"):
+        simulate_collective(TINY, req, [np.zeros(200, np.int32)] * 2, fifo_words=16)
+
+
+@pytest.mark.parametrize("build, error, match", [
+    (lambda: CollectiveEngine(link_bytes=3), ValueError,
+     r"link_bytes_per_cycle must be a power of two, not 3"),
+    (lambda: CollectiveEngine(link_bytes="4"), TypeError, r"link_bytes must be an integer"),
+    (lambda: CollectiveEngine(link_bytes=4, fifo_words=1), ValueError,
+     r"fifo_words must be an integer >= 2, not 1"),
+    (lambda: RingSystem(npu=TINY, chips=0), ValueError, r"chips must be an integer 1\.\.8, not 0"),
+    (lambda: RingSystem(npu=TINY, chips=9), ValueError, r"chips must be an integer 1\.\.8, not 9"),
+    (lambda: RingSystem(npu="tiny", chips=2), TypeError, r"npu must be an NpuConfig"),
+    (lambda: RingSystem(npu=TINY, chips=2, buffer_words=0), ValueError,
+     r"buffer_words must be a positive integer, not 0"),
+    (lambda: RingSystem(npu=dataclasses.replace(TINY, link_bytes_per_cycle=6), chips=2),
+     ValueError, r"link_bytes_per_cycle must be a power of two, not 6"),
+    (lambda: StreamDma(word_bytes=8, depth=0), ValueError, r"depth must be a positive integer"),
+])
+def test_bad_parameters_rejected(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def _matrix():
+    ops = itertools.cycle(["sum", "max", "min", "avg"])
+    for kind, chips, width in itertools.product(("all_reduce", "reduce_scatter", "all_gather"),
+                                                range(1, 9), (32, 64)):
+        for length in sorted({1, max(1, chips - 1), chips + 1, 4 * chips + 3}):
+            yield kind, next(ops), width, chips, length
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, op, width, chips, length", list(_matrix()))
+def test_collective_full_matrix(kind, op, width, chips, length, rng):
+    req = CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=chips)
+    run = _run_and_check(req, rng, stall=0.2)
+    assert run["cycles"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chips", range(2, 9))
+def test_subgroups_every_position_slow(chips, rng):
+    for first, count in itertools.product(range(chips), range(1, chips + 1)):
+        req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=count + 2,
+                                chips=chips, first=first, count=count)
+        _run_and_check(req, rng)
