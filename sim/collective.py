@@ -154,7 +154,7 @@ def _load_input(path, chips, width, seed, length_default):
     except (OSError, ValueError) as exc:
         raise _usage(f"cannot read --input {path}: {exc}") from None
     if not isinstance(x, np.ndarray):
-        raise _usage(f"--input {path} must be a .npy array, not an archive")
+        x = _stack_archive(x, path, chips)
     if x.ndim != 2 or x.shape[0] != chips:
         raise _usage(f"--input {path} has shape {x.shape}; expected [{chips}, length] "
                      f"(one row per chip, all rows the same length)")
@@ -167,6 +167,24 @@ def _load_input(path, chips, width, seed, length_default):
         raise _usage(f"--input {path} has values outside int{width} "
                      f"[{x.min()}, {x.max()}]; use --width 64")
     return x.astype(dtype)
+
+
+def _stack_archive(npz, path, chips):
+    """An ``.npz`` input with ``chip0..chip{N-1}``: every chip's buffer must be as long."""
+    with npz:
+        names = [f"chip{i}" for i in range(chips)]
+        missing = [n for n in names if n not in npz.files]
+        if missing or len(npz.files) != chips:
+            raise _usage(f"--input {path} must hold arrays {names[0]}..{names[-1]} "
+                         f"(has {', '.join(npz.files) or 'nothing'})")
+        rows = [npz[n] for n in names]
+    for name, row in zip(names, rows, strict=True):
+        if row.ndim != 1:
+            raise _usage(f"--input {path}: {name} has shape {row.shape}; expected a vector")
+        if row.shape != rows[0].shape:
+            raise _usage(f"--input {path}: length mismatch between chips: chip0 has "
+                         f"{rows[0].shape[0]} elements, {name} has {row.shape[0]}")
+    return np.stack(rows)
 
 
 def cmd_collective(args) -> int:
