@@ -26,10 +26,15 @@ def _matmul(npu: NpuConfig, chips: int):
     return MatmulUnit(size=npu.array_size)
 
 
+def _attention(npu: NpuConfig, chips: int):
+    from .tile.attention import AttentionBuffer
+    return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len)
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
     "softmax": Top("softmax", "fixed-length softmax unit", None),
-    "attention": Top("attention", "windowed attention buffer", None),
+    "attention": Top("attention", "windowed attention buffer", _attention),
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)", None),
     "ring": Top("ring", "chips' collective engines on the ring", None),
     "tile": Top("tile", "one NPU chip", None),

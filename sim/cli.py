@@ -40,9 +40,29 @@ def _positive(text):
     return value
 
 
+def _load(args, option):
+    """Load the constraint file named by ``--npu`` or ``--model``; a bad one is a usage error."""
+    loader = load_npu if option == "npu" else load_model
+    try:
+        return loader(getattr(args, option))
+    except ConfigError as exc:
+        # Same shape as argparse's own errors: which command, which option, then the problem
+        # with its file, key, value and limit.
+        raise UsageError(f"npu {args.command}: argument --{option}: {exc}") from None
+
+
+def _load_configs(args):
+    """Validate the constraint files a command names, so a bad file is reported as such."""
+    npu = _load(args, "npu") if getattr(args, "npu", None) else None
+    model = _load(args, "model") if getattr(args, "model", None) else None
+    return npu, model
+
+
 def _not_built(name, issue):
     def run(args):
-        raise UsageError(f"npu {name}: not built yet (issue #{issue})")
+        _load_configs(args)
+        raise UsageError(f"npu {name}: not built yet ({issue})")
+    run.not_built = True  # lets the tests find the commands still waiting for their issue
     return run
 
 
@@ -51,10 +71,10 @@ def _cmd_export(args):
 
     from hw.tops import TOPS, build_top
 
-    npu = load_npu(args.npu)
     if args.top not in TOPS:
         raise UsageError(f"npu export: unknown --top {args.top!r}; choose from "
                          f"{', '.join(TOPS)}")
+    npu = _load(args, "npu")
     try:
         design = build_top(args.top, npu, args.chips)
     except NotImplementedError as exc:
@@ -68,7 +88,10 @@ def _cmd_export(args):
     name = f"npu_{args.top}"
     text = verilog.convert(design, name=name)
     path = out_dir / f"{name}.v"
-    path.write_text(text)
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"npu export: cannot write {path}: {exc.strerror}") from None
     print(f"{path}: {args.top} for {npu.name} ({npu.array_size}x{npu.array_size} array), "
           f"{text.count(chr(10))} lines")
     return EXIT_OK
@@ -128,7 +151,7 @@ def _build_parser():
     group.add_argument("--min-chips", action="store_true")
     p.add_argument("--strategy", default="all")
     p.add_argument("--json")
-    p.set_defaults(run=_not_built("plan", "planner"))
+    p.set_defaults(run=_not_built("plan", "planner issue"))
 
     p = sub.add_parser("export", help="write the Verilog of a top-level design")
     p.add_argument("--top", required=True)
@@ -141,7 +164,7 @@ def _build_parser():
     p.add_argument("--npu", required=True)
     p.add_argument("--device", default="ecp5-85k", choices=["ecp5-85k"])
     p.add_argument("--json")
-    p.set_defaults(run=_not_built("fpga", "fpga"))
+    p.set_defaults(run=_not_built("fpga", "FPGA issue"))
 
     p = sub.add_parser("bench", help="run the benchmarks; write JSON and a table")
     p.add_argument("--json")
@@ -151,18 +174,24 @@ def _build_parser():
 
 
 def _cmd_sim(args):
-    load_npu(args.npu)
-    load_model(args.model)
+    _load_configs(args)
     raise UsageError(f"npu sim: --strategy {args.strategy} is not built yet (issue #5)")
 
 
 def main(argv=None) -> int:
+    """Run one ``npu`` command; return its exit status (never raises ``SystemExit``)."""
     parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:
+            # `--help` (argparse exits 0 after printing it); errors raise UsageError instead.
+            return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
         return args.run(args)
     except (UsageError, ConfigError) as exc:
-        print(f"error: {exc}" if isinstance(exc, ConfigError) else str(exc), file=sys.stderr)
+        message = f"error: {exc}" if isinstance(exc, ConfigError) else str(exc)
+        # The contract is one line: fold any newline a message may carry (e.g. from a path).
+        print(" ".join(message.splitlines()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130

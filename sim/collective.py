@@ -189,12 +189,10 @@ def _stack_archive(npz, path, chips):
 
 def cmd_collective(args) -> int:
     """``npu collective``: exit 0 when every chip matches the golden, 1 otherwise."""
-    from hw.spec import load_npu
-
-    from .cli import EXIT_MISMATCH, EXIT_OK, EXIT_WATCHDOG
+    from .cli import EXIT_MISMATCH, EXIT_OK, EXIT_WATCHDOG, _load
     from .rtl.pysim import SimulationTimeout
 
-    npu = load_npu(args.npu)
+    npu = _load(args, "npu")
     try:
         word_bytes(npu.link_bytes_per_cycle)
     except ValueError as exc:

@@ -25,10 +25,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["ConfigError", "NpuConfig", "ModelConfig", "load_npu", "load_model", "PRESETS_DIR"]
+__all__ = ["ConfigError", "NpuConfig", "ModelConfig", "load_npu", "load_model", "npu_preset",
+           "model_preset", "PRESETS_DIR", "IMEM_WORDS_MAX"]
 
 #: Directory of the shipped presets (``constraints/`` at the repository root).
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "constraints"
+
+#: Deepest instruction memory accepted: 1 Mi instructions. Programs are static and unrolled, but
+#: even the Groq-scale preset needs only 64 Ki; a larger value is a typo, not a design.
+IMEM_WORDS_MAX = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -59,6 +64,7 @@ class _Key:
     default: Any = _REQUIRED
     choices: tuple | None = None
     minimum: int | None = None
+    maximum: int | None = None
     doc: str = ""
 
     @property
@@ -84,6 +90,8 @@ def _check_value(key: str, spec: _Key, value: Any, path):
                           path=path, key=key, value=value)
     if spec.minimum is not None and value < spec.minimum:
         raise ConfigError(f"is below the minimum {spec.minimum}", path=path, key=key, value=value)
+    if spec.maximum is not None and value > spec.maximum:
+        raise ConfigError(f"is above the maximum {spec.maximum}", path=path, key=key, value=value)
 
 
 def _read_toml(path: str | Path) -> dict:
@@ -113,7 +121,9 @@ def _parse(schema: dict[str, _Key], data: dict, path) -> dict:
     for key, spec in schema.items():
         if key not in data:
             if spec.required:
-                raise ConfigError(f"missing required key {key!r} ({spec.doc})", path=path)
+                error = ConfigError(f"missing required key {key!r} ({spec.doc})", path=path)
+                error.key = key
+                raise error
             values[key] = spec.default
             continue
         _check_value(key, spec, data[key], path)
@@ -127,7 +137,8 @@ _NPU_SCHEMA = {
     "array_size": _Key(int, minimum=2, doc="N of the N x N int8 systolic matmul array"),
     "sram_bytes": _Key(int, minimum=1, doc="scratchpad capacity in bytes"),
     "sram_banks": _Key(int, 4, minimum=1, doc="scratchpad banks"),
-    "imem_words": _Key(int, 1024, minimum=16, doc="instruction memory depth in instructions"),
+    "imem_words": _Key(int, 1024, minimum=16, maximum=IMEM_WORDS_MAX,
+                       doc="instruction memory depth in instructions"),
     "vector_lanes": _Key(int, 0, minimum=0,
                          doc="vector unit lanes (0 = array_size)"),
     "max_seq_len": _Key(int, minimum=1, doc="longest sequence one pass can process"),
@@ -175,6 +186,8 @@ class NpuConfig:
             _check_value(key, spec, values[key], self.path)
         if self.vector_lanes == 0:
             object.__setattr__(self, "vector_lanes", self.array_size)
+        # TOML `clock_mhz = 100` is an int; store a float so equal configs compare and print alike.
+        object.__setattr__(self, "clock_mhz", float(self.clock_mhz))
         self._validate()
 
     def _error(self, key, problem):
@@ -194,8 +207,17 @@ class NpuConfig:
                 "score row would not fit the softmax unit")
         if self.d_head_max > self.d_model_max:
             raise self._error("d_head_max", f"exceeds d_model_max {self.d_model_max}")
-        if self.clock_mhz <= 0:
-            raise self._error("clock_mhz", "must be positive")
+        if self.array_size > self.d_model_max:
+            raise self._error(
+                "array_size", f"exceeds d_model_max {self.d_model_max}: no model this chip "
+                "accepts could fill one row of the array")
+        if self.vector_lanes > self.d_model_max:
+            raise self._error(
+                "vector_lanes", f"exceeds d_model_max {self.d_model_max}: no model this chip "
+                "accepts could fill the vector unit")
+        # `not x > 0` also catches nan (TOML accepts `nan` and `inf` for floats).
+        if not self.clock_mhz > 0 or not math.isfinite(self.clock_mhz):
+            raise self._error("clock_mhz", "must be positive and finite")
 
     @property
     def word_bytes(self) -> int:

@@ -17,6 +17,7 @@
 
 import enum
 import math
+import numbers
 
 __all__ = [
     "OPERAND_BITS", "ACC_BITS", "BIAS_BITS", "MULT_BITS", "SHIFT_BITS", "SHIFT_MIN", "SHIFT_MAX",
@@ -50,27 +51,41 @@ OUT_BITS = {OutMode.RAW: ACC_BITS, OutMode.INT8: 8, OutMode.INT16: 16}
 def quantize_multiplier(scale: float) -> tuple[int, int]:
     """Return ``(mult, shift)`` with ``mult / 2**shift`` the closest to ``scale``.
 
-    ``mult`` is the largest-precision unsigned 16-bit value (``2**15 <= mult < 2**16`` where the
-    range allows), ``SHIFT_MIN <= shift <= SHIFT_MAX``. Raises :class:`ValueError` for a scale
-    that is not finite, not positive, or outside what the pair can represent
-    (``2**-47 .. 65535 / 2``).
+    ``1 <= mult < 2**MULT_BITS`` and ``SHIFT_MIN <= shift <= SHIFT_MAX``; ``mult`` is normalised
+    to ``2**15 <= mult < 2**16`` where the shift range allows, so the relative error is at most
+    ``2**-16`` for ``2**-32 <= scale <= 65535 / 2``. Below ``2**-32`` the shift is capped at 47
+    and the error is at most ``2**-48`` absolute; that loss is invisible, because any int32
+    accumulator times such a scale requantises to 0 either way.
+
+    Raises :class:`TypeError` for a scale that is not a real number (``bool`` included) and
+    :class:`ValueError` for one that is not finite, not positive, or outside what the pair can
+    represent (above ``2**-48``, up to about ``65535 / 2``).
     """
-    if not math.isfinite(scale) or scale <= 0:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"requantisation scale must be a real number, not {scale!r}")
+    try:
+        value = float(scale)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or value <= 0:
         raise ValueError(f"requantisation scale {scale!r} must be finite and positive")
-    # Pick shift so that mult lands in [2**15, 2**16).
-    shift = MULT_BITS - 1 - math.floor(math.log2(scale))
-    shift = min(max(shift, SHIFT_MIN), SHIFT_MAX)
-    mult = round(scale * (1 << shift))
+    # frexp is exact (log2 may round up just below a power of two): value = m * 2**e with
+    # 0.5 <= m < 1, so value * 2**(MULT_BITS - e) lands in [2**15, 2**16).
+    _, exponent = math.frexp(value)
+    shift = min(max(MULT_BITS - exponent, SHIFT_MIN), SHIFT_MAX)
+    mult = round(value * (1 << shift))
     if mult >= 1 << MULT_BITS:
+        # Rounded up to 2**16: one bit less of shift (or the scale is too large for any pair).
         if shift == SHIFT_MIN:
             raise ValueError(f"requantisation scale {scale!r} exceeds the largest representable "
                              f"{((1 << MULT_BITS) - 1) / (1 << SHIFT_MIN)}")
         shift -= 1
-        mult = round(scale * (1 << shift))
+        mult = round(value * (1 << shift))
     if mult == 0:
-        raise ValueError(f"requantisation scale {scale!r} is below the smallest representable "
-                         f"2**-{SHIFT_MAX}")
+        raise ValueError(f"requantisation scale {scale!r} is too small: it rounds to mult 0 at "
+                         f"shift {SHIFT_MAX} (the scale must exceed 2**-{SHIFT_MAX + 1})")
     return int(mult), int(shift)
+
 
 #: Softmax input: scores are signed 16-bit fixed point with this many fraction bits (1.0 = 256).
 #: The attention buffer scales Q.K (including 1/sqrt(d_head)) into this format.

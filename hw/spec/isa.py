@@ -1,0 +1,160 @@
+"""The chip's instruction set: one encoding shared by gateware, assembler, disassembler and ISS.
+
+Plain Python (no Amaranth). See ``docs/isa.md`` for the programmer's view.
+
+Every instruction is one 64-bit word::
+
+    [5:0]   opcode
+    [63:6]  operand, opcode-specific
+
+``SET reg, value`` writes a 48-bit configuration register (``[15:6]`` register index,
+``[63:16]`` value, two's complement); launch instructions (``MATMUL``, ...) start a unit with the
+configuration registers as they are at launch, which the sequencer copies into the unit, so the
+program may rewrite them for the next launch at once. ``WAIT mask`` stalls until every unit in
+``mask`` is idle; a launch to a busy unit stalls until it is idle. There is no data-dependent
+control flow: a program is a straight line ending in ``HALT``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Op", "Unit", "ADDR_GENS", "ADDR_LEVELS", "REGS", "REG_INDEX", "INSN_BITS",
+           "VALUE_BITS", "Insn", "encode", "decode", "disassemble", "reg", "gen_regs",
+           "IsaError"]
+
+INSN_BITS = 64
+OPCODE_BITS = 6
+REG_BITS = 10
+VALUE_BITS = 48
+FLAGS_BITS = INSN_BITS - OPCODE_BITS
+
+
+class IsaError(ValueError):
+    """An instruction or operand that cannot be encoded."""
+
+
+class Op(enum.IntEnum):
+    NOP = 0
+    SET = 1      #: SET reg, value
+    WAIT = 2     #: WAIT unit-mask: until the units are idle
+    HALT = 3     #: end of program: waits for every unit, then raises ``done``
+    MATMUL = 8   #: matmul unit: A via RD0 (transposed in N x N blocks), B via RD1, params RD2
+    ATTN = 9     #: attention buffer + softmax unit
+    VEC = 10     #: vector unit
+    COLL = 11    #: collective engine: all-reduce, reduce-scatter, all-gather, barrier
+    SEND = 12    #: send words to the next chip on the ring
+    RECV = 13    #: receive words from the previous chip on the ring
+
+
+class Unit(enum.IntFlag):
+    """Bits of a ``WAIT`` mask, and the unit each launch occupies."""
+
+    MATMUL = 1
+    ATTN = 2
+    VEC = 4
+    COLL = 8
+    ALL = 15
+
+
+#: Which unit a launch opcode occupies.
+OP_UNIT = {Op.MATMUL: Unit.MATMUL, Op.ATTN: Unit.ATTN, Op.VEC: Unit.VEC, Op.COLL: Unit.COLL,
+           Op.SEND: Unit.COLL, Op.RECV: Unit.COLL}
+
+#: Address generators. Each walks ``addr = base + i0*s0 + i1*s1 + i2*s2 + i3*s3`` over
+#: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step.
+ADDR_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "WR0", "WR1", "WR2")
+ADDR_LEVELS = 4
+_GEN_FIELDS = ("base",) + tuple(f"n{i}" for i in range(ADDR_LEVELS)) + \
+    tuple(f"s{i}" for i in range(ADDR_LEVELS))
+
+#: Unit parameter registers (beyond the address generators), by name.
+_UNIT_REGS = (
+    # matmul
+    "MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED",
+    # attention
+    "AT_QUERIES", "AT_KEYS", "AT_Q_POS", "AT_K_POS", "AT_WINDOW", "AT_FLAGS",
+    "AT_SCORE_MULT", "AT_SCORE_SHIFT", "AT_OUT_MULT", "AT_OUT_SHIFT", "AT_D_HEAD",
+    # vector unit
+    "VU_OP", "VU_ROWS", "VU_LEN", "VU_MULT", "VU_SHIFT", "VU_MULT2", "VU_SHIFT2", "VU_FLAGS",
+    # collectives
+    "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_FIRST", "CO_COUNT",
+)
+
+REGS: tuple[str, ...] = tuple(f"{g}.{f}" for g in ADDR_GENS for f in _GEN_FIELDS) + _UNIT_REGS
+REG_INDEX = {name: i for i, name in enumerate(REGS)}
+assert len(REGS) <= 1 << REG_BITS
+
+
+def reg(name: str) -> int:
+    try:
+        return REG_INDEX[name]
+    except KeyError:
+        raise IsaError(f"unknown register {name!r}") from None
+
+
+def gen_regs(gen: str) -> dict[str, int]:
+    """Register indices of one address generator's fields."""
+    if gen not in ADDR_GENS:
+        raise IsaError(f"unknown address generator {gen!r}")
+    return {f: REG_INDEX[f"{gen}.{f}"] for f in _GEN_FIELDS}
+
+
+@dataclass(frozen=True)
+class Insn:
+    op: Op
+    reg: int = 0        #: SET: register index
+    value: int = 0      #: SET: value; WAIT: unit mask; launches: flags
+
+    def __str__(self):
+        return disassemble(encode(self))
+
+
+def encode(insn: Insn) -> int:
+    op = Op(insn.op)
+    if op is Op.SET:
+        if not 0 <= insn.reg < len(REGS):
+            raise IsaError(f"SET register index {insn.reg} outside 0..{len(REGS) - 1}")
+        lo, hi = -(1 << (VALUE_BITS - 1)), (1 << VALUE_BITS) - 1
+        if not lo <= insn.value <= hi:
+            raise IsaError(f"SET {REGS[insn.reg]} value {insn.value} does not fit "
+                           f"{VALUE_BITS} bits")
+        value = insn.value & ((1 << VALUE_BITS) - 1)
+        return op | (insn.reg << OPCODE_BITS) | (value << (OPCODE_BITS + REG_BITS))
+    if not 0 <= insn.value < 1 << FLAGS_BITS:
+        raise IsaError(f"{op.name} operand {insn.value} does not fit {FLAGS_BITS} bits")
+    return op | (insn.value << OPCODE_BITS)
+
+
+def decode(word: int) -> Insn:
+    if not 0 <= word < 1 << INSN_BITS:
+        raise IsaError(f"instruction word {word:#x} is not {INSN_BITS} bits")
+    try:
+        op = Op(word & ((1 << OPCODE_BITS) - 1))
+    except ValueError:
+        raise IsaError(f"unknown opcode {word & 0x3f} in {word:#018x}") from None
+    if op is Op.SET:
+        index = (word >> OPCODE_BITS) & ((1 << REG_BITS) - 1)
+        value = word >> (OPCODE_BITS + REG_BITS)
+        if value >> (VALUE_BITS - 1):
+            value -= 1 << VALUE_BITS
+        return Insn(op, index, value)
+    return Insn(op, 0, word >> OPCODE_BITS)
+
+
+def sign_extend(value: int, bits: int = VALUE_BITS) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def disassemble(word: int) -> str:
+    insn = decode(word)
+    if insn.op is Op.SET:
+        name = REGS[insn.reg] if insn.reg < len(REGS) else f"r{insn.reg}"
+        return f"SET    {name:<16} {insn.value}"
+    if insn.op is Op.WAIT:
+        return f"WAIT   {Unit(insn.value)!r}" if insn.value else "WAIT   0"
+    if insn.op in (Op.NOP, Op.HALT):
+        return insn.op.name
+    return f"{insn.op.name:<6} {insn.value:#x}"

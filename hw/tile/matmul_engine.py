@@ -1,0 +1,175 @@
+"""The matmul unit as the chip sees it: scratchpad words in, scratchpad words out.
+
+Memory formats (``size`` = N = array size = bytes per scratchpad word):
+
+- A operand: token-major int8 rows; the read port delivers, per fold, ``K/N`` blocks of N words
+  (N rows of the tile, one column block each), which the :class:`Transposer` turns into K
+  column beats. ``K`` must be a multiple of N (the compiler pads weights with zero rows).
+- B operand: one word per beat, ``B[k, n0:n0+N]``.
+- Parameters: 7 words per fold (per output tile): ``bias`` int32 x N (4 words), ``mult`` uint16
+  x N (2 words), ``shift`` uint8 x N (1 word), all little-endian, lane j at byte offset
+  ``j * element bytes``.
+- Output: each row of a tile is packed little-endian into 1 (INT8), 2 (INT16) or 4 (RAW, int32)
+  words, lane j at byte offset ``j * element bytes``.
+"""
+
+from amaranth.hdl import Cat, Module, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out, connect
+
+from ..spec.formats import OutMode
+from .matmul import MatmulUnit
+from .scratchpad import COUNT_BITS
+from .transpose import Transposer, word_layout
+
+__all__ = ["MatmulEngine", "cfg_layout", "PARAM_WORDS", "out_words"]
+
+#: Scratchpad words of one fold's parameters (bias 4, mult 2, shift 1).
+PARAM_WORDS = 7
+
+
+def out_words(mode) -> int:
+    """Words per output row for an :class:`~hw.spec.formats.OutMode`."""
+    return {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}[OutMode(mode)]
+
+
+def cfg_layout():
+    return data.StructLayout({
+        "k": unsigned(COUNT_BITS),          # beats per fold, a multiple of N
+        "folds": unsigned(COUNT_BITS),      # output tiles
+        "mode": unsigned(2),                # OutMode
+        "a_unsigned": 1,
+    })
+
+
+class MatmulEngine(wiring.Component):
+    """Launch-configured wrapper of :class:`~hw.tile.matmul.MatmulUnit` for the chip.
+
+    ``i_cfg`` starts one launch: ``folds`` output tiles of ``k`` beats each. ``busy`` is high
+    from the configuration beat until the last output word has been taken.
+
+    Members
+    -------
+    i_cfg : ``In(stream.Signature(cfg_layout()))``
+    i_a, i_b, i_p : ``In(stream.Signature(word_layout(size)))``: words from read ports
+    o : ``Out(stream.Signature(word_layout(size)))``: words to the write port, ``last`` on the
+        launch's final word
+    busy : ``Out(1)``
+    """
+
+    def __init__(self, *, size):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+            raise ValueError(f"Array size must be an integer of at least 2, not {size!r}")
+        self._size = size
+        super().__init__({
+            "i_cfg": In(stream.Signature(cfg_layout())),
+            "i_a": In(stream.Signature(word_layout(size))),
+            "i_b": In(stream.Signature(word_layout(size))),
+            "i_p": In(stream.Signature(word_layout(size))),
+            "o": Out(stream.Signature(word_layout(size))),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._size
+        m.submodules.unit = unit = MatmulUnit(size=n)
+        m.submodules.transpose = tr = Transposer(size=n)
+        cfg = Signal(cfg_layout())
+        active = Signal()
+        m.d.comb += self.busy.eq(active)
+
+        m.d.comb += self.i_cfg.ready.eq(~active)
+        with m.If(self.i_cfg.valid & self.i_cfg.ready):
+            m.d.sync += [cfg.eq(self.i_cfg.payload), active.eq(1)]
+
+        # A: words -> transposer -> beats, with the fold's `last` from a beat counter.
+        connect(m, wiring.flipped(self.i_a), tr.i)
+        beat = Signal(COUNT_BITS)
+        m.d.comb += [
+            unit.i_a.valid.eq(tr.o.valid & active),
+            tr.o.ready.eq(unit.i_a.ready & active),
+            unit.i_a.payload.data.eq(tr.o.payload.data),
+            unit.i_a.payload.unsigned.eq(cfg.a_unsigned),
+            unit.i_a.payload.last.eq(beat == cfg.k - 1),
+        ]
+        with m.If(unit.i_a.valid & unit.i_a.ready):
+            with m.If(beat == cfg.k - 1):
+                m.d.sync += beat.eq(0)
+            with m.Else():
+                m.d.sync += beat.eq(beat + 1)
+
+        # B: a word is a beat.
+        m.d.comb += [
+            unit.i_b.valid.eq(self.i_b.valid & active),
+            self.i_b.ready.eq(unit.i_b.ready & active),
+            unit.i_b.payload.data.eq(self.i_b.payload.data),
+        ]
+
+        # Parameters: gather PARAM_WORDS words into one beat.
+        pbuf = Signal(8 * n * PARAM_WORDS)
+        pcount = Signal(range(PARAM_WORDS + 1))
+        pfull = Signal()
+        m.d.comb += [
+            self.i_p.ready.eq(~pfull & active),
+            unit.i_param.valid.eq(pfull),
+            unit.i_param.payload.mode.eq(cfg.mode),
+        ]
+        word_bits = 8 * n
+        for j in range(n):
+            m.d.comb += [
+                unit.i_param.payload.bias[j].eq(pbuf[32 * j:32 * j + 32]),
+                unit.i_param.payload.mult[j].eq(pbuf[4 * word_bits + 16 * j:][:16]),
+                unit.i_param.payload.shift[j].eq(pbuf[6 * word_bits + 8 * j:][:6]),
+            ]
+        with m.If(self.i_p.valid & self.i_p.ready):
+            for w in range(PARAM_WORDS):
+                with m.If(pcount == w):
+                    m.d.sync += pbuf[w * word_bits:(w + 1) * word_bits].eq(
+                        self.i_p.payload.data.as_value())
+            with m.If(pcount == PARAM_WORDS - 1):
+                m.d.sync += [pcount.eq(0), pfull.eq(1)]
+            with m.Else():
+                m.d.sync += pcount.eq(pcount + 1)
+        with m.If(unit.i_param.valid & unit.i_param.ready):
+            m.d.sync += pfull.eq(0)
+
+        # Output: pack a row of int32 lanes into 1, 2 or 4 words, little-endian.
+        row = unit.o.payload.data
+        packed = {
+            OutMode.INT8: Cat(*[row[j][:8] for j in range(n)]),
+            OutMode.INT16: Cat(*[row[j][:16] for j in range(n)]),
+            OutMode.RAW: Cat(*[row[j] for j in range(n)]),
+        }
+        part = Signal(2)
+        nwords = Signal(3)
+        with m.Switch(cfg.mode):
+            for mode, bits in packed.items():
+                with m.Case(mode):
+                    m.d.comb += nwords.eq(out_words(mode))
+                    with m.Switch(part):
+                        for w in range(out_words(mode)):
+                            with m.Case(w):
+                                m.d.comb += self.o.payload.data.eq(
+                                    bits[w * word_bits:(w + 1) * word_bits])
+        row_done = part == nwords - 1
+        tile_row = Signal(range(n))
+        fold = Signal(COUNT_BITS)
+        final = (fold == cfg.folds - 1) & (tile_row == n - 1) & row_done
+        m.d.comb += [
+            self.o.valid.eq(unit.o.valid),
+            self.o.payload.last.eq(final),
+            unit.o.ready.eq(self.o.ready & row_done),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            with m.If(row_done):
+                m.d.sync += part.eq(0)
+                with m.If(tile_row == n - 1):
+                    m.d.sync += [tile_row.eq(0), fold.eq(fold + 1)]
+                with m.Else():
+                    m.d.sync += tile_row.eq(tile_row + 1)
+            with m.Else():
+                m.d.sync += part.eq(part + 1)
+            with m.If(final):
+                m.d.sync += [active.eq(0), fold.eq(0), tile_row.eq(0), part.eq(0)]
+        return m

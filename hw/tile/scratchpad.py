@@ -1,0 +1,261 @@
+"""Scratchpad SRAM and its address generators (DESIGN.md §2).
+
+The scratchpad is ``banks`` banks of :class:`amaranth.lib.memory.Memory`, each with one
+synchronous read port and one write port (simple dual-port block RAM). A word is one row of the
+matmul array (``word_bytes`` = N bytes). Banks hold contiguous address ranges (bank
+``addr >> log2(bank_words)``), so the compiler can keep concurrent streams in different banks.
+
+Units never see addresses: they are reached through *read ports* (an address stream in, a word
+stream out) and *write ports* (an address-and-word stream in), each fed by an :class:`AddrGen`
+that the sequencer programs with a descriptor.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..spec.isa import ADDR_LEVELS
+
+__all__ = ["desc_layout", "addr_layout", "AddrGen", "Scratchpad", "COUNT_BITS",
+           "ReadPortSignature", "WritePortSignature"]
+
+#: Width of each loop count of a descriptor (loops of up to 65535 iterations).
+COUNT_BITS = 16
+
+
+def _positive_int(name, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer of at least {minimum}, not {value!r}")
+
+
+def _any(signals):
+    return Cat(*signals).any() if signals else Const(0, 1)
+
+
+def desc_layout(addr_bits):
+    """A 4-level address descriptor: ``base``, counts ``n[l]`` and signed strides ``s[l]``.
+
+    A count of 0 is treated as 1.
+    """
+    return data.StructLayout({
+        "base": unsigned(addr_bits),
+        "n": data.ArrayLayout(unsigned(COUNT_BITS), ADDR_LEVELS),
+        "s": data.ArrayLayout(signed(addr_bits + 1), ADDR_LEVELS),
+    })
+
+
+def addr_layout(addr_bits):
+    return data.StructLayout({"addr": unsigned(addr_bits), "last": 1})
+
+
+class AddrGen(wiring.Component):
+    """Walk a 4-level loop nest of scratchpad addresses.
+
+    For a descriptor ``(base, n, s)`` it emits, innermost level first::
+
+        for i3 < n3: for i2 < n2: for i1 < n1: for i0 < n0:
+            addr = base + i0*s0 + i1*s1 + i2*s2 + i3*s3      (modulo 2**addr_bits)
+
+    with ``last`` on the final address. No multipliers: each level keeps the address at which
+    its current iteration started.
+
+    Timing: the first address is on ``o`` the cycle after the descriptor is taken; then one
+    address per cycle while ``o`` is ready. A new descriptor is taken once the previous one is
+    finished (``i.ready`` is high while idle).
+
+    Members
+    -------
+    i : ``In(stream.Signature(desc_layout(addr_bits)))``
+    o : ``Out(stream.Signature(addr_layout(addr_bits)))``
+    """
+
+    def __init__(self, *, addr_bits):
+        _positive_int("addr_bits", addr_bits)
+        self._addr_bits = addr_bits
+        super().__init__({
+            "i": In(stream.Signature(desc_layout(addr_bits))),
+            "o": Out(stream.Signature(addr_layout(addr_bits))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ab = self._addr_bits
+        levels = ADDR_LEVELS
+        desc = Signal(desc_layout(ab))
+        idx = [Signal(COUNT_BITS, name=f"i{lv}") for lv in range(levels)]
+        start = [Signal(ab, name=f"start{lv}") for lv in range(levels)]  # level lv's iteration
+        addr = Signal(ab)
+        at_end = [Signal(name=f"end{lv}") for lv in range(levels)]
+        for lv in range(levels):
+            n = desc.n[lv]
+            m.d.comb += at_end[lv].eq((n == 0) | (idx[lv] == n - 1))
+
+        m.d.comb += [
+            self.i.ready.eq(~self.o.valid),
+            self.o.payload.addr.eq(addr),
+            self.o.payload.last.eq(Cat(*at_end).all()),
+        ]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [desc.eq(self.i.payload), addr.eq(self.i.payload.base),
+                         self.o.valid.eq(1)]
+            m.d.sync += [x.eq(0) for x in idx]
+            m.d.sync += [x.eq(self.i.payload.base) for x in start]
+        with m.Elif(self.o.valid & self.o.ready):
+            with m.If(self.o.payload.last):
+                m.d.sync += self.o.valid.eq(0)
+            # Step the innermost level that is not at its end; reset the ones inside it.
+            for lv in range(levels):
+                inner_at_end = Cat(*at_end[:lv]).all() if lv else 1
+                with m.If(inner_at_end & ~at_end[lv]):
+                    m.d.sync += idx[lv].eq(idx[lv] + 1)
+                    for inner in range(lv):
+                        m.d.sync += idx[inner].eq(0)
+                    if lv == 0:
+                        m.d.sync += addr.eq(addr + desc.s[0])
+                    else:
+                        nxt = (start[lv] + desc.s[lv])[:ab]
+                        m.d.sync += addr.eq(nxt)
+                        for inner in range(1, lv + 1):
+                            m.d.sync += start[inner].eq(nxt)
+        return m
+
+
+class ReadPortSignature(wiring.Signature):
+    """A scratchpad read port, seen from the scratchpad: addresses in, words out, in order."""
+
+    def __init__(self, addr_bits, word_bits):
+        super().__init__({
+            "i_addr": In(stream.Signature(addr_layout(addr_bits))),
+            "o_data": Out(stream.Signature(data.StructLayout({"data": word_bits, "last": 1}))),
+        })
+
+
+class WritePortSignature(wiring.Signature):
+    """A scratchpad write port, seen from the scratchpad: address, word and ``last`` in."""
+
+    def __init__(self, addr_bits, word_bits):
+        super().__init__({
+            "i": In(stream.Signature(data.StructLayout(
+                {"addr": addr_bits, "data": word_bits, "last": 1}))),
+        })
+
+
+class Scratchpad(wiring.Component):
+    """``banks`` x ``bank_words`` words of ``word_bytes`` bytes, with read and write ports.
+
+    Ports are served by fixed priority per bank: in each cycle each bank serves the
+    lowest-numbered read port and, independently, the lowest-numbered write port that address
+    it; the others wait (``ready`` low). Different banks serve different ports in the same
+    cycle. The schedule stays data-independent because addresses are static.
+
+    A read port returns words in request order; a read taken in cycle t is in the port's output
+    FIFO in cycle t + 2 and on ``o_data`` then (FIFO of 4 words per port, so a port keeps one read
+    per cycle under no backpressure). ``last`` travels with the address. A read and a write of
+    the same word in the same cycle read the old word.
+
+    Members
+    -------
+    rd : ``In(ReadPortSignature(addr_bits, 8*word_bytes)).array(read_ports)``
+    wr : ``In(WritePortSignature(addr_bits, 8*word_bytes)).array(write_ports)``
+    """
+
+    FIFO_DEPTH = 4
+
+    def __init__(self, *, words, banks, word_bytes, read_ports, write_ports):
+        for name, value in (("words", words), ("banks", banks), ("word_bytes", word_bytes),
+                            ("read_ports", read_ports), ("write_ports", write_ports)):
+            _positive_int(name, value)
+        if words % banks:
+            raise ValueError(f"words={words} is not a multiple of banks={banks}")
+        bank_words = words // banks
+        if bank_words & (bank_words - 1):
+            raise ValueError(f"bank depth words/banks = {bank_words} must be a power of two")
+        self._words, self._banks, self._bank_words = words, banks, bank_words
+        self._word_bits = 8 * word_bytes
+        self._addr_bits = max(1, (words - 1).bit_length())
+        self._read_ports, self._write_ports = read_ports, write_ports
+        super().__init__({
+            "rd": In(ReadPortSignature(self._addr_bits, self._word_bits)).array(read_ports),
+            "wr": In(WritePortSignature(self._addr_bits, self._word_bits)).array(write_ports),
+        })
+
+    @property
+    def addr_bits(self):
+        return self._addr_bits
+
+    def elaborate(self, platform):
+        m = Module()
+        nb = self._banks
+        low_bits = (self._bank_words - 1).bit_length()
+        mems = []
+        for b in range(nb):
+            mem = Memory(shape=unsigned(self._word_bits), depth=self._bank_words, init=[])
+            m.submodules[f"bank{b}"] = mem
+            mems.append((mem, mem.read_port(), mem.write_port()))
+
+        def bank_of(addr):
+            return addr[low_bits:] if nb > 1 else 0
+
+        # Reads: per bank, the lowest-numbered requesting port wins.
+        for _mem, rp, _wp in mems:  # read ports are enabled by default
+            m.d.comb += rp.en.eq(0)
+        taken_by = [[Signal(name=f"rd{k}_bank{b}") for b in range(nb)]
+                    for k in range(self._read_ports)]
+        for k, port in enumerate(self.rd):
+            fifo = SyncFIFO(width=self._word_bits + 1, depth=self.FIFO_DEPTH)
+            m.submodules[f"rd{k}_fifo"] = fifo
+            inflight = Signal(name=f"rd{k}_inflight")
+            inflight_bank = Signal(range(max(nb, 2)), name=f"rd{k}_from")
+            inflight_last = Signal(name=f"rd{k}_last")
+            room = Signal(name=f"rd{k}_room")
+            m.d.comb += room.eq(fifo.level + inflight < self.FIFO_DEPTH)
+            request = port.i_addr.valid & room
+            bank = bank_of(port.i_addr.payload.addr)
+            granted = Signal(name=f"rd{k}_granted")
+            for b in range(nb):
+                higher = [taken_by[j][b] for j in range(k)]
+                want = request & (bank == b)
+                m.d.comb += taken_by[k][b].eq(want)
+                with m.If(want & ~_any(higher)):
+                    m.d.comb += granted.eq(1)
+                    rp = mems[b][1]
+                    m.d.comb += [rp.en.eq(1), rp.addr.eq(port.i_addr.payload.addr[:low_bits])]
+            m.d.comb += port.i_addr.ready.eq(granted)
+            m.d.sync += [inflight.eq(granted), inflight_last.eq(port.i_addr.payload.last)]
+            with m.If(granted):
+                m.d.sync += inflight_bank.eq(bank)
+            returned = Signal(self._word_bits, name=f"rd{k}_word")
+            with m.Switch(inflight_bank):
+                for b in range(nb):
+                    with m.Case(b):
+                        m.d.comb += returned.eq(mems[b][1].data)
+            m.d.comb += [
+                fifo.w_en.eq(inflight),
+                fifo.w_data.eq(Cat(returned, inflight_last)),
+                port.o_data.valid.eq(fifo.r_rdy),
+                port.o_data.payload.data.eq(fifo.r_data[:self._word_bits]),
+                port.o_data.payload.last.eq(fifo.r_data[self._word_bits]),
+                fifo.r_en.eq(port.o_data.ready),
+            ]
+
+        # Writes: same fixed priority, independent of reads (separate BRAM port).
+        wtaken = [[Signal(name=f"wr{k}_bank{b}") for b in range(nb)]
+                  for k in range(self._write_ports)]
+        for _mem, _rp, wp in mems:
+            m.d.comb += wp.en.eq(0)
+        for k, port in enumerate(self.wr):
+            bank = bank_of(port.i.payload.addr)
+            granted = Signal(name=f"wr{k}_granted")
+            for b in range(nb):
+                higher = [wtaken[j][b] for j in range(k)]
+                want = port.i.valid & (bank == b)
+                m.d.comb += wtaken[k][b].eq(want)
+                with m.If(want & ~_any(higher)):
+                    m.d.comb += granted.eq(1)
+                    wp = mems[b][2]
+                    m.d.comb += [wp.en.eq(1), wp.addr.eq(port.i.payload.addr[:low_bits]),
+                                 wp.data.eq(port.i.payload.data)]
+            m.d.comb += port.i.ready.eq(granted)
+        return m

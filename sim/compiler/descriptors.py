@@ -1,0 +1,74 @@
+"""Address-generator descriptors for each unit launch: the one place that knows the loops.
+
+A descriptor is ``{"base": int, "n": [n0, n1, n2, n3], "s": [s0, s1, s2, s3]}`` in scratchpad
+words; it walks ``base + sum(i_l * s_l)`` with level 0 innermost (``hw.tile.scratchpad.AddrGen``,
+``sim.golden.scratchpad.addr_sequence``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hw.spec.formats import OutMode
+
+__all__ = ["Desc", "MatmulLaunch", "matmul_launch"]
+
+PARAM_WORDS = 7
+_OUT_WORDS = {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}
+
+
+@dataclass(frozen=True)
+class Desc:
+    base: int
+    n: tuple
+    s: tuple
+
+    def as_dict(self):
+        return {"base": self.base, "n": list(self.n), "s": list(self.s)}
+
+    @property
+    def total(self):
+        out = 1
+        for x in self.n:
+            out *= max(1, x)
+        return out
+
+
+@dataclass(frozen=True)
+class MatmulLaunch:
+    rd0: Desc   # A rows, in N x N blocks for the transposer
+    rd1: Desc   # B
+    rd2: Desc   # per-fold parameters
+    wr0: Desc   # C rows
+    k: int
+    folds: int
+    mode: OutMode
+    a_unsigned: bool
+
+
+def matmul_launch(*, size, m, k, n, a_base, a_row_words, b_base, p_base, c_base, c_row_words,
+                  mode, a_unsigned=False) -> MatmulLaunch:
+    """``C[m, n] = A[m, k] @ B[k, n]`` with the operands where the arguments say.
+
+    ``m`` and ``k`` must be multiples of ``size`` (tensors are allocated padded); ``n`` is
+    rounded up to whole column blocks. A is int8 token-major with ``a_row_words`` words per row;
+    B is stored block-major: word ``b_base + nb*k + kk`` holds ``B[kk, nb*size:(nb+1)*size]``;
+    parameters are ``PARAM_WORDS`` words per column block at ``p_base``; C rows have
+    ``c_row_words`` words.
+    """
+    mode = OutMode(mode)
+    if m % size or k % size:
+        raise ValueError(f"m={m} and k={k} must be multiples of the array size {size}")
+    mb, kb, nb = m // size, k // size, -(-n // size)
+    ow = _OUT_WORDS[mode]
+    if c_row_words < nb * ow:
+        raise ValueError(f"c_row_words={c_row_words} cannot hold {nb} column blocks of {ow} "
+                         f"words ({mode.name})")
+    if a_row_words < kb:
+        raise ValueError(f"a_row_words={a_row_words} cannot hold k={k} int8 columns")
+    return MatmulLaunch(
+        rd0=Desc(a_base, (size, kb, nb, mb), (a_row_words, 1, 0, size * a_row_words)),
+        rd1=Desc(b_base, (k, nb, mb, 1), (1, k, 0, 0)),
+        rd2=Desc(p_base, (PARAM_WORDS, nb, mb, 1), (1, PARAM_WORDS, 0, 0)),
+        wr0=Desc(c_base, (ow, size, nb, mb), (1, c_row_words, ow, size * c_row_words)),
+        k=k, folds=mb * nb, mode=mode, a_unsigned=bool(a_unsigned))

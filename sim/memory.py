@@ -1,0 +1,87 @@
+"""Scratchpad data formats: how tensors become words (shared by compiler, ISS and tests).
+
+A word is ``word_bytes`` (= the array size N) bytes. A matrix of R rows x C elements of
+``elem_bytes`` bytes is stored row by row; each row is packed little-endian (element c at byte
+``c * elem_bytes`` of the row) and padded with zeros to a whole number of words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["row_words", "pack_rows", "unpack_rows", "pack_params", "pack_weight_blocks",
+           "PARAM_WORDS"]
+
+PARAM_WORDS = 7
+_DTYPES = {1: np.int8, 2: np.int16, 4: np.int32}
+
+
+def row_words(cols: int, elem_bytes: int, word_bytes: int) -> int:
+    return -(-cols * elem_bytes // word_bytes)
+
+
+def pack_rows(x, elem_bytes: int, word_bytes: int) -> np.ndarray:
+    """[R, C] integers -> [R * row_words, word_bytes] uint8 words (values must fit)."""
+    x = np.asarray(x, dtype=np.int64)
+    if x.ndim != 2:
+        raise ValueError(f"expected a matrix, got shape {x.shape}")
+    lo, hi = -(1 << (8 * elem_bytes - 1)), (1 << (8 * elem_bytes)) - 1
+    if x.size and (x.min() < lo or x.max() > hi):
+        raise ValueError(f"values outside {elem_bytes}-byte range: {x.min()}..{x.max()}")
+    rows, cols = x.shape
+    rw = row_words(cols, elem_bytes, word_bytes)
+    raw = (x & ((1 << (8 * elem_bytes)) - 1)).astype("<u8")
+    as_bytes = raw.view(np.uint8).reshape(rows, cols, 8)[:, :, :elem_bytes]
+    out = np.zeros((rows, rw * word_bytes), np.uint8)
+    out[:, :cols * elem_bytes] = as_bytes.reshape(rows, cols * elem_bytes)
+    return out.reshape(rows * rw, word_bytes)
+
+
+def unpack_rows(words, rows: int, cols: int, elem_bytes: int, *, signed: bool = True):
+    """Inverse of :func:`pack_rows`: words -> [rows, cols] int64."""
+    words = np.asarray(words, dtype=np.uint8)
+    word_bytes = words.shape[-1]
+    rw = row_words(cols, elem_bytes, word_bytes)
+    flat = words.reshape(rows, rw * word_bytes)[:, :cols * elem_bytes]
+    dtype = np.dtype(_DTYPES[elem_bytes]).newbyteorder("<")
+    if not signed:
+        dtype = np.dtype(f"<u{elem_bytes}")
+    return np.ascontiguousarray(flat).view(dtype).reshape(rows, cols).astype(np.int64)
+
+
+def pack_params(bias, mult, shift, word_bytes: int) -> np.ndarray:
+    """Per-column (bias, mult, shift) -> PARAM_WORDS words per block of ``word_bytes`` columns.
+
+    Block b holds columns ``b*N .. b*N+N-1``: 4 words of int32 bias, 2 of uint16 mult, 1 of
+    uint8 shift. Padding columns get bias 0, mult 0, shift 1.
+    """
+    n = word_bytes
+    cols = len(bias)
+    blocks = -(-cols // n)
+    out = []
+    def seg(v, b, fill):
+        s = np.full(n, fill, np.int64)
+        part = np.asarray(v[b * n:(b + 1) * n], np.int64)
+        s[:len(part)] = part
+        return s[None, :]
+
+    for b in range(blocks):
+        out.append(pack_rows(seg(bias, b, 0), 4, n))
+        out.append(pack_rows(seg(mult, b, 0), 2, n))
+        out.append(pack_rows(seg(shift, b, 1), 1, n))
+    return np.concatenate(out) if out else np.zeros((0, n), np.uint8)
+
+
+def pack_weight_blocks(b, word_bytes: int) -> np.ndarray:
+    """[K, C] int8 weights -> block-major words: word ``nb*K + k`` is ``b[k, nb*N:(nb+1)*N]``.
+
+    Columns past C are zero-padded to whole blocks of ``word_bytes``.
+    """
+    b = np.asarray(b, np.int64)
+    k, cols = b.shape
+    n = word_bytes
+    blocks = -(-cols // n)
+    padded = np.zeros((k, blocks * n), np.int64)
+    padded[:, :cols] = b
+    per_block = padded.reshape(k, blocks, n).transpose(1, 0, 2).reshape(blocks * k, n)
+    return pack_rows(per_block, 1, n)
