@@ -77,7 +77,7 @@ def _cmd_export(args):
     npu = _load(args, "npu")
     try:
         design = build_top(args.top, npu, args.chips)
-    except NotImplementedError as exc:
+    except (NotImplementedError, ValueError) as exc:
         raise UsageError(f"npu export: {exc}") from None
     out_dir = Path(args.output)
     try:
@@ -156,7 +156,7 @@ def _build_parser():
     p = sub.add_parser("export", help="write the Verilog of a top-level design")
     p.add_argument("--top", required=True)
     p.add_argument("--npu", required=True)
-    p.add_argument("--chips", type=_positive, default=1)
+    p.add_argument("--chips", type=_positive, help="chip count (default: the top's own)")
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.set_defaults(run=_cmd_export)
 
