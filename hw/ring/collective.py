@@ -14,20 +14,27 @@ Protocol
 * **Flits carry no header.** Every chip receives the same command (with its own ``rank``), so
   each derives from it how many words every step of every chip carries; sender and receiver
   agree by construction and ``last`` only marks block ends.
-* **Cut-through.** A word is combined and forwarded as soon as both its inputs are present:
-  steps overlap across chips, and no step waits for a whole block (no store-and-forward).
+* **Cut-through.** A word is combined and queued for the link as soon as its inputs are
+  present: steps overlap across chips and no step waits for a whole block to arrive.
+* **Buffers.** All chips send their first block at once, before consuming anything, so each
+  receive buffer must hold a block (``fifo_words``; :func:`hw.spec.collective.check_fits`).
+  The datapath runs at one word per cycle, at least twice the link (``D/B >= 2`` cycles per
+  word); a transmit buffer lets it queue the first block at full speed, so that later steps
+  combine words as they arrive and the final block is not drained after the last send.
 * **Sequencing.** Step ``s`` of a chip consumes, from the ring, the words its upstream
   neighbour transmitted in its own step ``s - 1`` (the schedules line up: the ring is one FIFO).
 
 Cost (cycles, no stalls)
 ------------------------
 With ``c = D/B`` cycles per word on the wire and ``h`` the hop latency
-(:func:`hw.spec.collective.hop_latency`: output register, serialiser, ``a`` link registers,
-deserialiser), each transmitting step of ``w`` words costs ``max(w*c, h+1)`` in steady state and
-the last hop adds ``h``; :func:`hw.spec.collective.predicted_cycles` evaluates this walk exactly
-for a request and is checked against simulation in ``tests/hw/test_collective.py``. For a
-message of ``M`` bytes split evenly, all-reduce costs about ``2(N-1) * M/(N*B) + h + small``,
-below the step-synchronous bound ``2(N-1)(ceil(M/(N*B)) + a)``, which pays the latency per step.
+(:func:`hw.spec.collective.hop_latency`: serialiser, ``a`` link registers, deserialiser, receive
+buffer) plus 3 cycles from a word's combination to the link (output register, transmit buffer),
+a transmitting step of ``w`` words costs ``max(w*c, ~h + 4)``: large blocks are link-bound and
+small ones latency-bound. :func:`hw.spec.collective.predicted_cycles` walks every chip's
+schedule word by word with these rules; it equals the simulated count exactly (checked in
+``tests/hw/test_collective.py``). For a message of ``M`` bytes, all-reduce costs about
+``2(N-1) * M/(N*B) + h + 10`` cycles: at 4 KiB and beyond, within 1% of the step-synchronous
+bound ``2(N-1)(ceil(M/(N*B)) + a)`` (which pays ``a`` per step where this design pays it once).
 
 Ports
 -----
@@ -38,8 +45,8 @@ i_rx, o_tx : the ring receive and transmit streams (connect through :class:`Ring
 busy : Out(1)
     High from the cycle after a command is accepted until its last output word has left.
 
-Throughput: one word per cycle through the datapath; the link (one word per ``D/B`` cycles) is
-the bottleneck unless ``B >= 8``. Latency: one register (rx or local to tx or out).
+Throughput: one word per cycle through the datapath; the link (one word per ``D/B >= 2``
+cycles) is the bottleneck. Latency: one register from rx or local to out, three to the link.
 """
 
 from __future__ import annotations
