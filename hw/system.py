@@ -127,10 +127,15 @@ class RingSystem(wiring.Component):
     start : In(1)
         Pulse for one cycle to issue ``cmd`` to every engine (they must be idle) and restart
         the DMAs.
+    start_chip : In(chips)
+        The same for single chips: bit ``i`` issues ``cmd`` to chip ``i`` only (chips joining a
+        collective at different times; words sent to a chip that has not started wait in its
+        receive buffer).
     busy : Out(1)
         High from the cycle after ``start`` until every engine is idle again.
     cycles : Out(32)
-        Cycles from the ``start`` cycle to the last busy cycle of the last collective.
+        Cycles from the first ``start`` (or ``start_chip``) cycle to the last cycle in which an
+        engine is busy.
     stall : In(chips * latency)
         Fault injection on the links: bit ``i * latency + k`` stalls register ``k`` of the link
         leaving chip ``i``.
@@ -164,6 +169,7 @@ class RingSystem(wiring.Component):
         super().__init__({
             "cmd": In(command_layout),
             "start": In(1),
+            "start_chip": In(chips),
             "busy": Out(1),
             "cycles": Out(32),
             "stall": In(chips * self.latency),
@@ -189,8 +195,8 @@ class RingSystem(wiring.Component):
             m.d.comb += [
                 engine.i_cmd.payload.eq(self.cmd),
                 engine.i_cmd.payload.rank.eq(i),
-                engine.i_cmd.valid.eq(self.start),
-                dma.start.eq(self.start),
+                engine.i_cmd.valid.eq(self.start | self.start_chip[i]),
+                dma.start.eq(self.start | self.start_chip[i]),
                 dma.stall.eq(self.dma_stall[i]),
                 link.stall.eq(self.stall[i * a:(i + 1) * a]),
                 dma.host_addr.eq(self.host_addr),
@@ -211,10 +217,11 @@ class RingSystem(wiring.Component):
         m.d.comb += any_busy.eq(Cat(*(engine.busy for engine in self.engines)).any())
         active = Signal()
         m.d.comb += self.busy.eq(active)
-        with m.If(self.start):
+        any_start = self.start | self.start_chip.any()
+        with m.If(any_start & ~active):
             m.d.sync += [active.eq(1), self.cycles.eq(1)]
         with m.Elif(active):
-            with m.If(any_busy):
+            with m.If(any_busy | any_start):
                 m.d.sync += self.cycles.eq(self.cycles + 1)
             with m.Else():
                 m.d.sync += active.eq(0)

@@ -226,3 +226,43 @@ def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
         f"verilator {out['cycles']} cycles, pysim {pysim['cycles']}"
     print(f"verilator: {out['cycles']} cycles in {out['wall_s']:.3f} s; pysim "
           f"{pysim['sim']['wall_s']:.2f} s")
+
+
+@pytest.mark.parametrize("chips, first, count, late", [(4, 0, 4, 2), (5, 3, 3, 0), (3, 0, 2, 1)])
+def test_barrier_waits_for_the_last_member(chips, first, count, late):
+    """Members start together except chip ``late``, 60 cycles later: no member may leave the
+    barrier before the late one has issued it; everyone leaves soon after."""
+    from hw.system import RingSystem
+    from sim.collective import command_value
+    from sim.rtl.pysim import run_sim
+
+    req = CollectiveRequest(kind="barrier", op="sum", width=32, length=1, chips=chips,
+                            first=first, count=count)
+    system = RingSystem(npu=TINY, chips=chips, buffer_words=4, fifo_words=4)
+    delay = 60
+    left = {}
+
+    async def bench(ctx):
+        ctx.set(system.cmd, command_value(req))
+        ctx.set(system.start_chip, ((1 << chips) - 1) & ~(1 << late))
+        await ctx.tick()
+        ctx.set(system.start_chip, 0)
+        for cycle in range(1, 400):
+            if cycle == delay:
+                ctx.set(system.start_chip, 1 << late)
+            elif cycle == delay + 1:
+                ctx.set(system.start_chip, 0)
+            for chip, engine in enumerate(system.engines):
+                if chip not in left and cycle > 1 and not ctx.get(engine.busy) and \
+                        (chip != late or cycle > delay + 1):
+                    left[chip] = cycle
+            if len(left) == chips:
+                return
+            await ctx.tick()
+        raise AssertionError(f"barrier not left by every chip: {left}")
+
+    run_sim(system, [bench], max_cycles=2_000)
+    for p, chip in enumerate(req.members):
+        assert delay < left[chip] < delay + 80, \
+            f"member {chip} (rank {p}) left the barrier at cycle {left[chip]}, late chip " \
+            f"{late} started at cycle {delay}"
