@@ -119,12 +119,12 @@ class CollectiveEngine(wiring.Component):
         # Receive and transmit buffers (see fifo_words). The transmit buffer lets the datapath
         # (one word per cycle) run ahead of the link (one word per D/B >= 2 cycles): the first
         # step's block is queued at full speed, so later steps combine words as they arrive
-        # instead of draining a backlog at the end.
+        # instead of draining a backlog at the end. First-word-fall-through FIFOs: a word
+        # written in cycle t is readable in cycle t + 1 whatever the occupancy, which keeps the
+        # hop latency short and the cycle count exactly predictable.
         wbits = self.word_bytes * 8 + 1
-        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFOBuffered(width=wbits,
-                                                               depth=self.fifo_words)
-        m.submodules.tx_fifo = tx_fifo = fifo.SyncFIFOBuffered(width=wbits,
-                                                               depth=self.fifo_words)
+        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
+        m.submodules.tx_fifo = tx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
         m.d.comb += [
             self.o_tx.valid.eq(tx_fifo.r_rdy),
             self.o_tx.payload.data.eq(tx_fifo.r_data[:wbits - 1]),
@@ -133,12 +133,21 @@ class CollectiveEngine(wiring.Component):
         ]
         m.d.comb += [
             rx_fifo.w_data.eq(Cat(self.i_rx.payload.data, self.i_rx.payload.last)),
-            rx_fifo.w_en.eq(self.i_rx.valid),
-            self.i_rx.ready.eq(rx_fifo.w_rdy),
         ]
-        rx_valid = rx_fifo.r_rdy
+        # When the receive buffer is empty the datapath may take a word straight from the link
+        # (cut-through); otherwise words are read in order from the buffer.
+        rx_direct = Signal()
+        rx_take = Signal()
+        m.d.comb += [
+            rx_direct.eq(rx_fifo.level == 0),
+            rx_fifo.w_en.eq(self.i_rx.valid & ~(rx_direct & rx_take)),
+            self.i_rx.ready.eq(rx_fifo.w_rdy | (rx_direct & rx_take)),
+            rx_fifo.r_en.eq(~rx_direct & rx_take),
+        ]
+        rx_valid = Mux(rx_direct, self.i_rx.valid, rx_fifo.r_rdy)
         rx_data = data.View(data.ArrayLayout(unsigned(32), lanes),
-                            rx_fifo.r_data[:self.word_bytes * 8])
+                            Mux(rx_direct, self.i_rx.payload.data.as_value(),
+                                rx_fifo.r_data[:self.word_bytes * 8]))
 
         # Latched command.
         kind = Signal(3)
@@ -214,26 +223,23 @@ class CollectiveEngine(wiring.Component):
         m.d.comb += epw_m1.eq((Const(1, LENGTH_BITS) << shift) - 1)
         m.d.comb += words.eq(Mux(is_bar, 1, (elems + epw_m1) >> shift))
 
-        # Output register: one word, pending for tx and/or out.
+        # Results go straight into the transmit buffer, and through an output register to the
+        # local output stream.
         res = Signal(word_layout(self.word_bytes))
-        pend_tx = Signal()
         pend_out = Signal()
         m.d.comb += [
-            tx_fifo.w_en.eq(pend_tx), tx_fifo.w_data.eq(Cat(res.data, res.last)),
             self.o_local.valid.eq(pend_out), self.o_local.payload.eq(res),
         ]
-        with m.If(tx_fifo.w_en & tx_fifo.w_rdy):
-            m.d.sync += pend_tx.eq(0)
         with m.If(self.o_local.valid & self.o_local.ready):
             m.d.sync += pend_out.eq(0)
-        can_accept = (~pend_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
+        can_accept = (~to_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
 
         stepping = running & (s < total)
         inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
         fire = Signal()
         m.d.comb += [
             fire.eq(stepping & (words != 0) & inputs_ok & can_accept),
-            rx_fifo.r_en.eq(fire & use_rx),
+            rx_take.eq(fire & use_rx),
             self.i_local.ready.eq(fire & use_local),
         ]
 
@@ -269,9 +275,10 @@ class CollectiveEngine(wiring.Component):
         m.d.comb += result.eq(Mux(final & (op == Op.AVG),
                                   Mux(wide, Cat(*div64), Cat(*div32)), src))
 
+        m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
+                     tx_fifo.w_data.eq(Cat(result, k == words - 1))]
         with m.If(fire):
-            m.d.sync += [res.data.eq(result), res.last.eq(k == words - 1),
-                         pend_tx.eq(to_tx), pend_out.eq(to_out)]
+            m.d.sync += [res.data.eq(result), res.last.eq(k == words - 1), pend_out.eq(to_out)]
             with m.If(k == words - 1):
                 m.d.sync += [k.eq(0), s.eq(s + 1)]
             with m.Else():
@@ -279,7 +286,7 @@ class CollectiveEngine(wiring.Component):
         with m.Elif(stepping & (words == 0)):
             m.d.sync += s.eq(s + 1)
 
-        with m.If(running & (s >= total) & ~pend_tx & ~pend_out & (tx_fifo.level == 0)):
+        with m.If(running & (s >= total) & ~pend_out & (tx_fifo.level == 0)):
             m.d.sync += running.eq(0)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
             m.d.sync += [

@@ -104,9 +104,8 @@ class RingLink(wiring.Component):
 
     Timing: with ``r = word_bytes / width_bytes`` flits per word, a word needs ``r`` cycles of
     wire (throughput ``width_bytes`` per cycle). A word transferred into ``i`` in cycle ``t``
-    is valid at ``o`` from cycle ``t + latency`` when ``r == 1``, else from
-    ``t + latency + 2 + (r - 1)``: the serialiser's holding register, the deserialiser's
-    output register and its wait for the word's remaining flits.
+    (its first flit enters the wire in the same cycle) is valid at ``o`` from cycle
+    ``t + latency + r - 1``: the ``latency`` registers plus the wait for its last flit.
     """
 
     def __init__(self, *, width_bytes: int, latency: int, word_bytes: int | None = None):
@@ -159,43 +158,56 @@ class RingLink(wiring.Component):
             ]
             return m
 
-        # Serialiser: hold one word, shift a flit out per cycle, low bytes first.
+        # Serialiser: a word's first flit goes straight onto the wire when the serialiser is
+        # empty; the rest wait in `sbuf` and leave one per cycle, low bytes first.
         sbuf = Signal(self.word_bytes * 8)
-        scount = Signal(range(ratio))
+        scount = Signal(range(ratio))     # index of the flit at sbuf[:fbits]
         sfull = Signal()
         slast = Signal()
-        sending_last = Signal()
-        m.d.comb += [
-            head.valid.eq(sfull),
-            head.payload.data.eq(sbuf[:fbits]),
-            head.payload.last.eq(slast & (scount == ratio - 1)),
-            sending_last.eq(head.valid & head.ready & (scount == ratio - 1)),
-            self.i.ready.eq(~sfull | sending_last),
-        ]
-        with m.If(head.valid & head.ready):
-            m.d.sync += [sbuf.eq(sbuf >> fbits), scount.eq(scount + 1)]
-            with m.If(scount == ratio - 1):
-                m.d.sync += [sfull.eq(0), scount.eq(0)]
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [sbuf.eq(self.i.payload.data), sfull.eq(1), scount.eq(0),
-                         slast.eq(self.i.payload.last)]
+        with m.If(sfull):
+            m.d.comb += [
+                head.valid.eq(1),
+                head.payload.data.eq(sbuf[:fbits]),
+                head.payload.last.eq(slast & (scount == ratio - 1)),
+                self.i.ready.eq(head.ready & (scount == ratio - 1)),
+            ]
+            with m.If(head.ready):
+                m.d.sync += [sbuf.eq(sbuf >> fbits), scount.eq(scount + 1)]
+                with m.If(scount == ratio - 1):
+                    m.d.sync += sfull.eq(0)
+                    with m.If(self.i.valid):    # next word: all its flits from sbuf
+                        m.d.sync += [sbuf.eq(self.i.payload.data), scount.eq(0),
+                                     sfull.eq(1), slast.eq(self.i.payload.last)]
+        with m.Else():
+            m.d.comb += [
+                head.valid.eq(self.i.valid),
+                head.payload.data.eq(self.i.payload.data.as_value()[:fbits]),
+                head.payload.last.eq(0),
+                self.i.ready.eq(head.ready),
+            ]
+            with m.If(self.i.valid & head.ready):
+                m.d.sync += [sbuf.eq(self.i.payload.data.as_value() >> fbits), scount.eq(1),
+                             sfull.eq(1), slast.eq(self.i.payload.last)]
 
-        # Deserialiser: shift flits in at the top; the word is complete after `ratio` flits.
-        dbuf = Signal(self.word_bytes * 8)
+        # Deserialiser: collect the first ratio - 1 flits; the word is offered while its last
+        # flit is on the wire's last register (no extra register, no retraction of valid).
+        dbuf = Signal((ratio - 1) * fbits)
         dcount = Signal(range(ratio))
-        dfull = Signal()
-        dlast = Signal()
+        at_last = Signal()
         m.d.comb += [
-            self.o.valid.eq(dfull),
-            self.o.payload.data.eq(dbuf),
-            self.o.payload.last.eq(dlast),
-            tail.ready.eq(~dfull | self.o.ready),
+            at_last.eq(dcount == ratio - 1),
+            self.o.valid.eq(tail.valid & at_last),
+            self.o.payload.data.eq(Cat(dbuf, tail.payload.data)),
+            self.o.payload.last.eq(tail.payload.last),
+            tail.ready.eq(~at_last | self.o.ready),
         ]
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += dfull.eq(0)
         with m.If(tail.valid & tail.ready):
-            m.d.sync += [dbuf.eq(Cat(dbuf[fbits:], tail.payload.data)),
-                         dcount.eq(dcount + 1)]
-            with m.If(dcount == ratio - 1):
-                m.d.sync += [dfull.eq(1), dcount.eq(0), dlast.eq(tail.payload.last)]
+            with m.If(at_last):
+                m.d.sync += dcount.eq(0)
+            with m.Else():
+                if ratio > 2:
+                    m.d.sync += dbuf.eq(Cat(dbuf[fbits:], tail.payload.data))
+                else:
+                    m.d.sync += dbuf.eq(tail.payload.data)
+                m.d.sync += dcount.eq(dcount + 1)
         return m

@@ -336,12 +336,12 @@ def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
 def hop_latency(link_bytes: int, latency: int) -> int:
     """Cycles from a word entering a link to it being readable from the next engine's buffer.
 
-    The link's serialiser register when a word is wider than a flit (1), the ``a`` pipeline
-    registers, the deserialiser's wait for the word's remaining flits (``D/B - 1``) and the
-    receive buffer's two-cycle read latency.
+    The ``a`` link registers and the wait for the word's remaining ``D/B - 1`` flits; a word
+    that finds the receive buffer empty and the engine ready is combined in that cycle, else
+    it is read from the buffer one cycle later at the earliest.
     """
     ratio = word_bytes(link_bytes) // link_bytes
-    return 2 * (ratio > 1) + latency + (ratio - 1) + 2
+    return latency + ratio - 1
 
 
 def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> int:
@@ -370,6 +370,7 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
             local_ready = 2       # the test DMA's first word is valid two cycles after start
             link_free = 0         # first cycle the link accepts the next word
             last_accept = 0
+            last_rx = -1
             dropped = False
             at = 0
             for step in scheds[i]:
@@ -377,15 +378,19 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
                 if count == 0:
                     t += 1
                 for _ in range(count):
-                    if step.rx:
-                        t = max(t, up[at] if at < len(up) else 10 ** 9)
-                        at += 1
                     if step.local:
                         t = max(t, local_ready)
+                    if step.rx:
+                        arrive = up[at] if at < len(up) else 10 ** 9
+                        at += 1
+                        # straight from the link if the buffer is empty and the engine waits
+                        direct = t <= arrive and last_rx < arrive
+                        t = arrive if direct else max(t, arrive + 1)
+                        last_rx = t
                     fire = t
                     if step.tx:
-                        # output register (1) then the transmit buffer's read latency (2)
-                        accept = max(fire + 3, link_free)
+                        # the transmit buffer's read latency
+                        accept = max(fire + 1, link_free)
                         link_free = accept + c
                         new_sent[i].append(accept + hop)
                         last_accept = accept
