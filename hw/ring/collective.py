@@ -26,15 +26,17 @@ Protocol
 
 Cost (cycles, no stalls)
 ------------------------
-With ``c = D/B`` cycles per word on the wire and ``h`` the hop latency
-(:func:`hw.spec.collective.hop_latency`: serialiser, ``a`` link registers, deserialiser, receive
-buffer) plus 3 cycles from a word's combination to the link (output register, transmit buffer),
-a transmitting step of ``w`` words costs ``max(w*c, ~h + 4)``: large blocks are link-bound and
-small ones latency-bound. :func:`hw.spec.collective.predicted_cycles` walks every chip's
-schedule word by word with these rules; it equals the simulated count exactly (checked in
-``tests/hw/test_collective.py``). For a message of ``M`` bytes, all-reduce costs about
-``2(N-1) * M/(N*B) + h + 10`` cycles: at 4 KiB and beyond, within 1% of the step-synchronous
-bound ``2(N-1)(ceil(M/(N*B)) + a)`` (which pays ``a`` per step where this design pays it once).
+A word combined in cycle ``t`` enters the link in cycle ``t + 1`` (through the transmit buffer)
+and, with ``c = D/B`` cycles per word on the wire, is at the next engine after
+``h = a + c - 1`` more cycles (:func:`hw.spec.collective.hop_latency`), where it is combined
+in that very cycle if that engine is waiting for it (receive buffer empty), else one cycle
+later at the earliest. A transmitting step of ``w`` words therefore costs about
+``max(w*c, a + c)``: large blocks are link-bound, small ones latency-bound.
+:func:`hw.spec.collective.predicted_cycles` walks every chip's schedule word by word with these
+rules; it equals the simulated count exactly (checked in ``tests/hw/test_collective.py``). For
+a message of ``M`` bytes, all-reduce costs about ``2(N-1) * M/(N*B) + a + c + 5`` cycles: at
+4 KiB and beyond, within 1% of the step-synchronous bound ``2(N-1)(ceil(M/(N*B)) + a)`` (which
+pays ``a`` per step where this design pays it once), and below it for small messages.
 
 Ports
 -----
@@ -46,7 +48,7 @@ busy : Out(1)
     High from the cycle after a command is accepted until its last output word has left.
 
 Throughput: one word per cycle through the datapath; the link (one word per ``D/B >= 2``
-cycles) is the bottleneck. Latency: one register from rx or local to out, three to the link.
+cycles) is the bottleneck. Latency: one cycle from rx or local to out or to the link.
 """
 
 from __future__ import annotations
