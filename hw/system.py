@@ -6,14 +6,14 @@ simulate. The chip issue later replaces the test DMA with the scratchpad's addre
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .ring.collective import CollectiveEngine, command_layout
 from .ring.link import RingLink, word_layout
 from .spec import NpuConfig
-from .spec.collective import MAX_CHIPS, word_bytes
+from .spec.collective import MAX_CHIPS, Kind, word_bytes
 
 __all__ = ["StreamDma", "RingSystem"]
 
@@ -107,18 +107,26 @@ class StreamDma(wiring.Component):
 
 
 class RingSystem(wiring.Component):
-    """``chips`` collective engines on a unidirectional ring, each with a :class:`StreamDma`.
+    """``chips`` collective engines on a ring, each with a :class:`StreamDma`.
+
+    With ``npu.link_bidirectional`` every chip has a second engine and DMA on a reverse ring
+    (chip ``i`` to chip ``i - 1``) and an all-reduce is split in two: the first
+    ``length - length // 2`` elements go around the forward ring, the rest around the reverse
+    ring, which halves the bandwidth term (:func:`hw.spec.collective.bidirectional_split`).
+    The reverse engines see the reverse ring as a forward one: chip ``i`` has rank
+    ``chips - 1 - i`` there. Other kinds use the forward ring only.
 
     Parameters (keyword-only)
     -------------------------
     npu : NpuConfig
-        Gives the link width (``link_bytes_per_cycle``, a power of two) and latency.
+        Gives the link width (``link_bytes_per_cycle``, a power of two), latency and
+        ``link_bidirectional``.
     chips : int
         Ring size, 1..8.
     buffer_words : int
-        Depth of each chip's input and output buffers, in words of ``max(2B, 8)`` bytes.
+        Depth of each DMA's input and output buffers, in words of ``max(2B, 8)`` bytes.
     fifo_words : int
-        Each engine's receive buffer (:class:`~hw.ring.collective.CollectiveEngine`).
+        Each engine's receive and transmit buffers (:class:`~hw.ring.collective.CollectiveEngine`).
 
     Members
     -------
@@ -136,13 +144,14 @@ class RingSystem(wiring.Component):
     cycles : Out(32)
         Cycles from the first ``start`` (or ``start_chip``) cycle to the last cycle in which an
         engine is busy.
-    stall : In(chips * latency)
-        Fault injection on the links: bit ``i * latency + k`` stalls register ``k`` of the link
-        leaving chip ``i``.
-    dma_stall : In(chips)
-        Fault injection on chip ``i``'s local streams.
-    host_chip, host_addr, host_wdata, host_we, host_rdata :
-        Host port of chip ``host_chip``'s DMA (write input buffer, read output buffer).
+    stall : In(rings * chips * latency)
+        Fault injection on the links: bit ``(r * chips + i) * latency + k`` stalls register
+        ``k`` of the link leaving chip ``i`` on ring ``r`` (0 forward, 1 reverse).
+    dma_stall : In(rings * chips)
+        Fault injection on the local streams of DMA ``r * chips + i``.
+    host_ring, host_chip, host_addr, host_wdata, host_we, host_rdata :
+        Host port of DMA ``host_chip`` of ring ``host_ring`` (write its input buffer, read its
+        output buffer one cycle later).
     """
 
     def __init__(self, *, npu: NpuConfig, chips: int, buffer_words: int = 256,
@@ -158,22 +167,32 @@ class RingSystem(wiring.Component):
         self.latency = npu.link_latency_cycles
         self.link_bytes = npu.link_bytes_per_cycle
         self.word_bytes = word_bytes(self.link_bytes)
+        self.bidirectional = bool(npu.link_bidirectional)
+        self.rings = 2 if self.bidirectional else 1
         self.buffer_words = buffer_words
         self.fifo_words = fifo_words
-        self.engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words)
-                        for _ in range(chips)]
-        self.dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
-                     for _ in range(chips)]
-        self.links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
-                               word_bytes=self.word_bytes) for _ in range(chips)]
+
+        def ring():
+            engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words)
+                       for _ in range(chips)]
+            dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
+                    for _ in range(chips)]
+            links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
+                              word_bytes=self.word_bytes) for _ in range(chips)]
+            return engines, dmas, links
+
+        self.engines, self.dmas, self.links = ring()
+        self.rev_engines, self.rev_dmas, self.rev_links = ring() if self.bidirectional \
+            else ([], [], [])
         super().__init__({
             "cmd": In(command_layout),
             "start": In(1),
             "start_chip": In(chips),
             "busy": Out(1),
             "cycles": Out(32),
-            "stall": In(chips * self.latency),
-            "dma_stall": In(chips),
+            "stall": In(self.rings * chips * self.latency),
+            "dma_stall": In(self.rings * chips),
+            "host_ring": In(1),
             "host_chip": In(range(chips)),
             "host_addr": In(range(buffer_words)),
             "host_wdata": In(self.word_bytes * 8),
@@ -183,38 +202,75 @@ class RingSystem(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        a = self.latency
-        for i, (engine, dma, link) in enumerate(zip(self.engines, self.dmas, self.links,
-                                                    strict=True)):
-            m.submodules[f"engine{i}"] = engine
-            m.submodules[f"dma{i}"] = dma
-            m.submodules[f"link{i}"] = link
-            wiring.connect(m, dma.o_local, engine.i_local)
-            wiring.connect(m, engine.o_local, dma.i_local)
-            wiring.connect(m, engine.o_tx, link.i)
-            m.d.comb += [
-                engine.i_cmd.payload.eq(self.cmd),
-                engine.i_cmd.payload.rank.eq(i),
-                engine.i_cmd.valid.eq(self.start | self.start_chip[i]),
-                dma.start.eq(self.start | self.start_chip[i]),
-                dma.stall.eq(self.dma_stall[i]),
-                link.stall.eq(self.stall[i * a:(i + 1) * a]),
-                dma.host_addr.eq(self.host_addr),
-                dma.host_wdata.eq(self.host_wdata),
-                dma.host_we.eq(self.host_we & (self.host_chip == i)),
-            ]
-        for i in range(self.chips):
-            wiring.connect(m, self.links[i].o, self.engines[(i + 1) % self.chips].i_rx)
+        a, n = self.latency, self.chips
+        cmd = self.cmd
 
-        chip_sel = Signal.like(self.host_chip)
-        m.d.sync += chip_sel.eq(self.host_chip)
-        with m.Switch(chip_sel):
-            for i, dma in enumerate(self.dmas):
-                with m.Case(i):
+        # Bidirectional all-reduce: split the vector between the two rings.
+        split = Signal()
+        half = Signal.like(cmd.length)
+        rev_first = Signal(range(MAX_CHIPS))
+        rev_diff = Signal(range(-2 * MAX_CHIPS, MAX_CHIPS))
+        m.d.comb += [
+            split.eq(self.bidirectional & (cmd.kind == Kind.ALL_REDUCE)),
+            half.eq(cmd.length >> 1),
+            rev_diff.eq(cmd.chips - cmd.first - cmd.count),
+            rev_first.eq(Mux(rev_diff < 0, rev_diff + cmd.chips, rev_diff)),
+        ]
+
+        rings = [(self.engines, self.dmas, self.links, 0)]
+        if self.bidirectional:
+            rings.append((self.rev_engines, self.rev_dmas, self.rev_links, 1))
+        busy = []
+        for engines, dmas, links, r in rings:
+            for i, (engine, dma, link) in enumerate(zip(engines, dmas, links, strict=True)):
+                name = f"{'rev_' if r else ''}{{}}{i}"
+                m.submodules[name.format("engine")] = engine
+                m.submodules[name.format("dma")] = dma
+                m.submodules[name.format("link")] = link
+                wiring.connect(m, dma.o_local, engine.i_local)
+                wiring.connect(m, engine.o_local, dma.i_local)
+                wiring.connect(m, engine.o_tx, link.i)
+                go = self.start | self.start_chip[i]
+                if r == 0:
+                    m.d.comb += [
+                        engine.i_cmd.payload.eq(cmd),
+                        engine.i_cmd.payload.rank.eq(i),
+                        engine.i_cmd.payload.length.eq(Mux(split, cmd.length - half,
+                                                           cmd.length)),
+                    ]
+                else:
+                    go = go & split & (half != 0)
+                    m.d.comb += [
+                        engine.i_cmd.payload.eq(cmd),
+                        engine.i_cmd.payload.rank.eq(n - 1 - i),
+                        engine.i_cmd.payload.first.eq(rev_first),
+                        engine.i_cmd.payload.length.eq(half),
+                    ]
+                lane = r * n + i
+                m.d.comb += [
+                    engine.i_cmd.valid.eq(go),
+                    dma.start.eq(go),
+                    dma.stall.eq(self.dma_stall[lane]),
+                    link.stall.eq(self.stall[lane * a:(lane + 1) * a]),
+                    dma.host_addr.eq(self.host_addr),
+                    dma.host_wdata.eq(self.host_wdata),
+                    dma.host_we.eq(self.host_we & (self.host_chip == i) & (self.host_ring == r)),
+                ]
+                busy.append(engine.busy)
+            # Forward ring: chip i -> i + 1. Reverse ring: chip i -> i - 1.
+            for i in range(n):
+                to = (i + 1) % n if r == 0 else (i - 1) % n
+                wiring.connect(m, links[i].o, engines[to].i_rx)
+
+        sel = Signal(range(self.rings * n))
+        m.d.sync += sel.eq(self.host_ring * n + self.host_chip)
+        with m.Switch(sel):
+            for lane, dma in enumerate(self.dmas + self.rev_dmas):
+                with m.Case(lane):
                     m.d.comb += self.host_rdata.eq(dma.host_rdata)
 
         any_busy = Signal()
-        m.d.comb += any_busy.eq(Cat(*(engine.busy for engine in self.engines)).any())
+        m.d.comb += any_busy.eq(Cat(*busy).any())
         active = Signal()
         m.d.comb += self.busy.eq(active)
         any_start = self.start | self.start_chip.any()

@@ -16,11 +16,13 @@ import numpy as np
 from hw.spec.collective import (
     CollectiveRequest,
     Kind,
+    bidirectional_split,
     check_fits,
     local_blocks,
     max_block_words,
     output_blocks,
     pack_blocks,
+    reverse_rank,
     ring_bound_cycles,
     step_words,
     steps,
@@ -59,6 +61,20 @@ def buffer_words_needed(req: CollectiveRequest, wbytes: int) -> int:
     return need + 1
 
 
+def _rings(req: CollectiveRequest, npu, inputs):
+    """``[(request, {chip: rank}, {chip: vector})]`` per ring the system uses for ``req``."""
+    if not npu.link_bidirectional:
+        return [(req, {c: c for c in range(req.chips)}, dict(enumerate(inputs)))]
+    forward, reverse = bidirectional_split(req)
+    if reverse is None:
+        return [(forward, {c: c for c in range(req.chips)}, dict(enumerate(inputs)))]
+    cut = forward.length
+    return [(forward, {c: c for c in range(req.chips)},
+             {c: np.asarray(x)[:cut] for c, x in enumerate(inputs)}),
+            (reverse, {c: reverse_rank(c, req.chips) for c in range(req.chips)},
+             {c: np.asarray(x)[cut:] for c, x in enumerate(inputs)})]
+
+
 def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: float = 0.0,
                         seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None,
                         fifo_words: int | None = None):
@@ -66,7 +82,8 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
 
     ``inputs[i]`` is chip ``i``'s local vector (see :func:`chip_inputs`). ``stall`` is the
     probability, per cycle and per injection point (every link register, every DMA), of a stall.
-    ``fifo_words`` defaults to the largest block (at least 16 words). Returns
+    ``fifo_words`` defaults to the largest block (at least 16 words). On a bidirectional ring
+    an all-reduce is split between the two rings (:func:`bidirectional_split`). Returns
     ``{"outputs": [each chip's result, empty outside the group], "cycles", "sim": {...}}``.
     """
     from hw.system import RingSystem
@@ -74,55 +91,68 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
     from .rtl.pysim import run_sim
 
     wbytes = word_bytes(npu.link_bytes_per_cycle)
-    depth = buffer_words_needed(req, wbytes)
-    fifo_words = fifo_words or max(16, max_block_words(req, wbytes))
-    check_fits(req, wbytes, fifo_words)
+    rings = _rings(req, npu, inputs)
+    depth = max(buffer_words_needed(r, wbytes) for r, _, _ in rings)
+    fifo_words = fifo_words or max(16, *(max_block_words(r, wbytes) for r, _, _ in rings))
+    for r, _, _ in rings:
+        check_fits(r, wbytes, fifo_words)
     system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth, fifo_words=fifo_words)
-    loads = [pack_blocks(inputs[i], req, local_blocks(req, i), wbytes)
-             if local_blocks(req, i) else [] for i in range(req.chips)]
-    out_words = [sum(step_words(req, s, wbytes) for s in steps(req, i) if s.out)
-                 for i in range(req.chips)]
+    dma_sets = [system.dmas, system.rev_dmas][:len(rings)]
+    plans = []   # per ring: loads, output word counts, output blocks per chip
+    for r, rank, vectors in rings:
+        loads, counts, blocks = [], [], []
+        for chip in range(req.chips):
+            v = rank[chip]
+            local = local_blocks(r, v)
+            loads.append(pack_blocks(vectors[chip], r, local, wbytes) if local else [])
+            counts.append(sum(step_words(r, s, wbytes) for s in steps(r, v) if s.out))
+            blocks.append(output_blocks(r, v))
+        plans.append((loads, counts, blocks))
     result = {}
 
     async def bench(ctx):
-        for i, words in enumerate(loads):
-            for addr, word in enumerate(words):
-                ctx.set(system.dmas[i].in_mem.data[addr], word)
+        for dmas, (loads, _, _) in zip(dma_sets, plans, strict=True):
+            for dma, words in zip(dmas, loads, strict=True):
+                for addr, word in enumerate(words):
+                    ctx.set(dma.in_mem.data[addr], word)
         ctx.set(system.cmd, command_value(req))
         ctx.set(system.start, 1)
         await ctx.tick()
         ctx.set(system.start, 0)
         await ctx.tick().until(~system.busy)
         result["cycles"] = ctx.get(system.cycles)
-        result["words"] = [[ctx.get(system.dmas[i].out_mem.data[a])
-                            for a in range(out_words[i])] for i in range(req.chips)]
+        result["words"] = [[[ctx.get(dma.out_mem.data[a]) for a in range(count)]
+                            for dma, count in zip(dmas, counts, strict=True)]
+                           for dmas, (_, counts, _) in zip(dma_sets, plans, strict=True)]
 
     processes = []
     if stall > 0:
         rng = np.random.default_rng(seed)
-        nbits = req.chips * system.latency
+        link_bits, dma_bits = len(system.stall), len(system.dma_stall)
 
         async def staller(ctx):
             async for _ in ctx.tick():
-                link_bits = rng.random(nbits) < stall
-                ctx.set(system.stall, int(sum(1 << k for k in np.flatnonzero(link_bits))))
-                dma_bits = rng.random(req.chips) < stall
-                ctx.set(system.dma_stall, int(sum(1 << k for k in np.flatnonzero(dma_bits))))
+                bits = np.flatnonzero(rng.random(link_bits) < stall)
+                ctx.set(system.stall, int(sum(1 << int(k) for k in bits)))
+                bits = np.flatnonzero(rng.random(dma_bits) < stall)
+                ctx.set(system.dma_stall, int(sum(1 << int(k) for k in bits)))
 
         processes.append(staller)
     stats = run_sim(system, [bench], processes=processes, max_cycles=max_cycles, vcd=vcd)
     dtype = np.int32 if req.width == 32 else np.int64
     outputs = []
-    for i in range(req.chips):
-        blocks = output_blocks(req, i)
-        if not blocks:
-            outputs.append(np.zeros(0, dtype=dtype))
-            continue
-        parts = unpack_blocks(result["words"][i], req, blocks, wbytes)
-        if req.kind == Kind.REDUCE_SCATTER or req.kind == Kind.SEND_RECV:
-            outputs.append(parts[blocks[0]])
-        else:
-            outputs.append(np.concatenate([parts[b] for b in sorted(parts)]))
+    for chip in range(req.chips):
+        pieces = []
+        for (r, _, _), (_, _, blocks), words in zip(rings, plans, result["words"],
+                                                        strict=True):
+            if not blocks[chip]:
+                continue
+            parts = unpack_blocks(words[chip], r, blocks[chip], wbytes)
+            if r.kind in (Kind.REDUCE_SCATTER, Kind.SEND_RECV):
+                pieces.append(parts[blocks[chip][0]])
+            else:
+                pieces.append(np.concatenate([parts[b] for b in sorted(parts)]))
+        outputs.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype))
     return {"outputs": outputs, "cycles": result["cycles"], "sim": stats}
 
 

@@ -63,7 +63,8 @@ __all__ = ["Kind", "Op", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveReques
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
            "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
            "pack_blocks", "unpack_blocks",
-           "ring_bound_cycles", "predicted_cycles", "hop_latency"]
+           "ring_bound_cycles", "predicted_cycles", "hop_latency", "bidirectional_split",
+           "reverse_rank", "system_cycles"]
 
 
 class Kind(enum.IntEnum):
@@ -322,6 +323,32 @@ def unpack_blocks(words: list[int], req: CollectiveRequest, blocks: list[int],
     return result
 
 
+def bidirectional_split(req: CollectiveRequest):
+    """How a bidirectional ring runs ``req``: ``(forward, reverse)`` requests.
+
+    An all-reduce sends its first ``length - length // 2`` elements around the forward ring and
+    the rest around the reverse ring (``reverse`` is None when that is empty). The reverse
+    request is in the reverse ring's ranks, where chip ``i`` is ``reverse_rank(i)``; its group
+    starts at the reverse rank of the group's last chip. Other kinds use the forward ring only.
+    """
+    if req.kind != Kind.ALL_REDUCE:
+        return req, None
+    half = req.length // 2
+    fields = {"kind": req.kind, "op": req.op, "width": req.width, "chips": req.chips,
+              "count": req.count}
+    forward = CollectiveRequest(length=req.length - half, first=req.first, **fields)
+    if half == 0:
+        return forward, None
+    reverse = CollectiveRequest(length=half, first=(req.chips - req.first - req.count)
+                                % req.chips, **fields)
+    return forward, reverse
+
+
+def reverse_rank(chip: int, chips: int) -> int:
+    """Rank of ``chip`` on the reverse ring (which runs chip i -> i - 1)."""
+    return chips - 1 - chip
+
+
 def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
                       latency: int) -> int:
     """Step-synchronous ring cost (DESIGN.md §7): ``steps * (ceil(M / (N*B)) + a)``.
@@ -401,3 +428,15 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
             break
         sent = new_sent
     return max(done)
+
+
+def system_cycles(req: CollectiveRequest, link_bytes: int, latency: int,
+                  bidirectional: bool = False) -> int:
+    """Cycles of ``req`` on a :class:`~hw.system.RingSystem` (both rings when bidirectional)."""
+    if not bidirectional:
+        return predicted_cycles(req, link_bytes, latency)
+    forward, reverse = bidirectional_split(req)
+    cycles = predicted_cycles(forward, link_bytes, latency)
+    if reverse is not None:
+        cycles = max(cycles, predicted_cycles(reverse, link_bytes, latency))
+    return cycles

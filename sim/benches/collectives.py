@@ -6,7 +6,9 @@ of B = 4 bytes per cycle, a = 2 cycles of latency):
 - all-reduce cycles / ``2(N-1) * (ceil(M/(N*B)) + a)``;
 - reduce-scatter and all-gather cycles / ``(N-1) * (ceil(M/(N*B)) + a)``;
 - small-message latency (a one-element all-reduce), and the fpga preset's links (B = 8,
-  a = 4) at 4 KiB.
+  a = 4) at 4 KiB;
+- a bidirectional ring (``link_bidirectional``: the all-reduce is split over both rings),
+  against the same unidirectional bound: the bandwidth term halves, so the ratio tends to 0.5.
 
 Points up to 16 KiB (4 KiB in quick mode: only a few small points) are simulated with Amaranth's
 simulator (RingSystem, no stalls). Larger ones use :func:`hw.spec.collective.predicted_cycles`,
@@ -21,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from hw.spec import npu_preset
-from hw.spec.collective import CollectiveRequest, predicted_cycles, ring_bound_cycles
+from hw.spec.collective import CollectiveRequest, ring_bound_cycles, system_cycles
 from sim.collective import simulate_collective
 
 SIZES = (64, 256, 1024, 4096, 16384, 65536)
@@ -50,10 +52,11 @@ def _point(npu, kind, chips, message_bytes, simulate, rng):
         cycles = run["cycles"]
         note = f"pysim, {run['sim']['cycles_per_s']:.0f} cycles/s"
     else:
-        cycles = predicted_cycles(req, b, a)
+        cycles = system_cycles(req, b, a, npu.link_bidirectional)
         note = "model (exact vs pysim in tests)"
     steps = "2(N-1)" if kind == "all_reduce" else "(N-1)"
-    return {"bench": f"{kind} N={chips} M={message_bytes}B B={b} a={a}", "value": cycles,
+    ring = ", bidirectional" if npu.link_bidirectional else ""
+    return {"bench": f"{kind} N={chips} M={message_bytes}B B={b} a={a}{ring}", "value": cycles,
             "unit": "cycles", "ref": bound, "ratio": cycles / bound,
             "note": f"ref {steps}*(ceil(M/(N*B))+a); {note}"}
 
@@ -67,6 +70,8 @@ def run(quick: bool) -> list[dict]:
             for chips, size in ((2, 64), (4, 1024)):
                 rows.append(_point(tiny, kind, chips, size, True, rng))
         rows.append(_point(tiny, "all_reduce", 8, 4096, False, rng))
+        rows.append(_point(dataclasses.replace(tiny, link_bidirectional=True), "all_reduce", 4,
+                           1024, True, rng))
     else:
         for kind in KINDS:
             for chips in (2, 4, 8):
@@ -75,6 +80,10 @@ def run(quick: bool) -> list[dict]:
         fpga_link = dataclasses.replace(tiny, link_bytes_per_cycle=8, link_latency_cycles=4)
         for chips in (2, 4, 8):
             rows.append(_point(fpga_link, "all_reduce", chips, 4096, chips <= 4, rng))
+        both = dataclasses.replace(tiny, link_bidirectional=True)
+        for chips in (2, 4, 8):
+            for size in (4096, 65536):
+                rows.append(_point(both, "all_reduce", chips, size, size <= 4096, rng))
     for chips in (2, 4, 8) if not quick else (4,):
         req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=1, chips=chips)
         run_ = simulate_collective(tiny, req, _inputs(req, rng))

@@ -24,8 +24,8 @@ async def ring_collective(dut):
              for i in range(chips)]
     out_counts = [int(x) for x in d["out_counts"]]
 
-    for name in ("start", "start_chip", "host_we", "stall", "dma_stall", "host_chip", "host_addr",
-                 "host_wdata", "cmd"):
+    for name in ("start", "start_chip", "host_we", "stall", "dma_stall", "host_ring", "host_chip",
+                 "host_addr", "host_wdata", "cmd"):
         getattr(dut, name).value = 0
     Clock(dut.clk, 10, unit="ns").start()
     dut.rst.value = 1

@@ -15,7 +15,13 @@ import pytest
 
 from hw.ring.collective import CollectiveEngine
 from hw.spec import npu_preset
-from hw.spec.collective import CollectiveRequest, Kind, block_sizes, predicted_cycles
+from hw.spec.collective import (
+    CollectiveRequest,
+    Kind,
+    block_sizes,
+    predicted_cycles,
+    system_cycles,
+)
 from hw.system import RingSystem, StreamDma
 from sim.collective import simulate_collective
 from sim.golden import collectives as golden
@@ -266,3 +272,32 @@ def test_barrier_waits_for_the_last_member(chips, first, count, late):
         assert delay < left[chip] < delay + 80, \
             f"member {chip} (rank {p}) left the barrier at cycle {left[chip]}, late chip " \
             f"{late} started at cycle {delay}"
+
+
+BIDIR = dataclasses.replace(TINY, link_bidirectional=True)
+
+
+@pytest.mark.parametrize("kind, op, chips, length, first, count, stall", [
+    ("all_reduce", "sum", 4, 13, 0, None, 0.0),
+    ("all_reduce", "avg", 3, 1, 0, None, 0.0),        # one element: the reverse ring idles
+    ("all_reduce", "max", 5, 9, 3, 3, 0.0),           # group wrapping around the ring
+    ("all_reduce", "min", 2, 6, 1, 2, 0.0),
+    ("all_reduce", "sum", 4, 21, 1, 2, 0.3),          # stalls on both rings
+    ("reduce_scatter", "sum", 3, 7, 0, None, 0.0),    # other kinds: forward ring only
+    ("all_gather", "sum", 4, 8, 2, 3, 0.0),
+])
+def test_bidirectional_ring(kind, op, chips, length, first, count, stall, rng):
+    """`link_bidirectional`: an all-reduce split over both rings; same results, model exact."""
+    req = CollectiveRequest(kind=kind, op=op, width=32, length=length, chips=chips,
+                            first=first, count=count)
+    run = _run_and_check(req, rng, npu=BIDIR, stall=stall)
+    if stall == 0:
+        model = system_cycles(req, 4, 2, bidirectional=True)
+        assert run["cycles"] == model, f"cycles {run['cycles']} != model {model}"
+
+
+def test_bidirectional_halves_the_bandwidth_term():
+    req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=1024, chips=4)
+    one = predicted_cycles(req, 4, 2)
+    two = system_cycles(req, 4, 2, bidirectional=True)
+    assert two <= 0.51 * one, f"bidirectional {two} cycles vs unidirectional {one}"
