@@ -26,6 +26,7 @@ from hw.spec.collective import (
     ring_bound_cycles,
     step_words,
     steps,
+    system_cycles,
     unpack_blocks,
     word_bytes,
 )
@@ -262,6 +263,9 @@ def cmd_collective(args) -> int:
         "group": {"first": first, "count": count}, "length": length, "seed": args.seed,
         "npu": npu.name, "cycles": run["cycles"], "bytes": message_bytes,
         "link_bytes_per_cycle": link, "link_latency_cycles": npu.link_latency_cycles,
+        "link_bidirectional": npu.link_bidirectional,
+        "model_cycles": system_cycles(req, link, npu.link_latency_cycles,
+                                      npu.link_bidirectional),
         "bound_cycles": bound, "ratio": run["cycles"] / bound if bound else None,
         "golden_match": not mismatches, "mismatches": mismatches[:10],
         "sim": {"wall_s": run["sim"]["wall_s"], "cycles_per_s": run["sim"]["cycles_per_s"]},

@@ -30,6 +30,7 @@ def test_all_reduce_random_input_writes_report_and_output(tmp_path, capsys):
     assert data["chips"] == 3 and data["cycles"] > 0 and data["bytes"] == 4 * data["length"]
     assert data["bound_cycles"] == 2 * 2 * (-(-data["bytes"] // 12) + 2)
     assert data["ratio"] == pytest.approx(data["cycles"] / data["bound_cycles"])
+    assert data["model_cycles"] == data["cycles"]
     y = np.load(out)
     assert y.shape == (3, data["length"]) and y.dtype == np.int32
     assert (y == y[0]).all(), "every chip holds the same all-reduce result"
