@@ -37,11 +37,17 @@ def _ring(npu: NpuConfig, chips: int):
     return RingSystem(npu=npu, chips=chips)
 
 
+def _vector(npu: NpuConfig, chips: int):
+    from .tile.vector import VectorUnit
+    return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
     "softmax": Top("softmax", "fixed-length softmax unit", None),
     "attention": Top("attention", "windowed attention buffer", _attention),
-    "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)", None),
+    "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
+                  _vector),
     "ring": Top("ring", "chips' collective engines on the ring, each with a stream DMA", _ring,
                 default_chips=4),
     "tile": Top("tile", "one NPU chip", None),

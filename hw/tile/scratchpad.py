@@ -157,8 +157,8 @@ class Scratchpad(wiring.Component):
 
     Members
     -------
-    rd : ``In(ReadPortSignature(addr_bits, 8*word_bytes)).array(read_ports)``
-    wr : ``In(WritePortSignature(addr_bits, 8*word_bytes)).array(write_ports)``
+    rd : ``Out(ReadPortSignature(addr_bits, 8*word_bytes)).array(read_ports)``
+    wr : ``Out(WritePortSignature(addr_bits, 8*word_bytes)).array(write_ports)``
     """
 
     FIFO_DEPTH = 4
@@ -177,8 +177,8 @@ class Scratchpad(wiring.Component):
         self._addr_bits = max(1, (words - 1).bit_length())
         self._read_ports, self._write_ports = read_ports, write_ports
         super().__init__({
-            "rd": In(ReadPortSignature(self._addr_bits, self._word_bits)).array(read_ports),
-            "wr": In(WritePortSignature(self._addr_bits, self._word_bits)).array(write_ports),
+            "rd": Out(ReadPortSignature(self._addr_bits, self._word_bits)).array(read_ports),
+            "wr": Out(WritePortSignature(self._addr_bits, self._word_bits)).array(write_ports),
         })
 
     @property

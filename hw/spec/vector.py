@@ -1,0 +1,131 @@
+"""Vector-unit encodings shared by the gateware, the golden model and the compiler.
+
+Plain Python (and NumPy), no Amaranth: the opcode values, the command fields and their widths,
+how per-lane parameters are packed into the 32-bit ``i_b`` lanes, and the fixed-point constants
+of the LayerNorm datapath (its rsqrt seed table included). The numeric definitions themselves
+are in :mod:`sim.golden.vector` (the reference) and :mod:`hw.tile.vector` (the gateware).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "VectorOp", "VectorCmd", "LENGTH_BITS", "N_BITS", "GSHIFT_BITS", "LUT_ENTRIES",
+    "LN_Z_FRAC_BITS", "LN_Z_BITS", "LN_D_MAX", "RSQRT_FRAC_BITS", "RSQRT_NEWTON_STEPS",
+    "RSQRT_SEED_SHIFT", "RSQRT_SEED_BASE", "rsqrt_seed_table", "pack_requant", "pack_gamma_beta",
+    "lut_beats", "beats",
+]
+
+
+class VectorOp(enum.IntEnum):
+    """Operation of one vector-unit command (4-bit field ``op``)."""
+
+    ADD = 0       #: residual add: clamp(a + b) to int16, never wraps
+    BIAS = 1      #: bias add: a + b wrapping modulo 2**32 (int32 accumulator + int32 bias)
+    REQUANT = 2   #: requant(a, mult, shift) to int8 or int16 (per tensor or per lane)
+    RELU = 3      #: max(a, 0), scale unchanged
+    LUT = 4       #: lut[a & 0xFF] (int8 out): GELU, ReLU with a scale change, ...
+    LOAD_LUT = 5  #: load the 256 int8 LUT entries from i_a (entry i = f(int8(i)))
+    LN = 6        #: full LayerNorm of one vector (statistics and normalisation)
+    LN_STATS = 7  #: partial statistics: emit local (sum x, sum x^2) on o_stats
+    LN_APPLY = 8  #: normalise with global (sum x, sum x^2) from i_stats and global count n
+
+
+#: Width of the command's ``length`` field (elements of this vector on this chip).
+LENGTH_BITS = 16
+#: Width of the command's ``n`` field (LayerNorm element count over all chips, LN_APPLY).
+N_BITS = 16
+#: Width of the command's ``gshift`` field (LayerNorm gamma shift, 0..63).
+GSHIFT_BITS = 6
+#: Entries of the programmable activation LUT (indexed by the input's low byte).
+LUT_ENTRIES = 256
+
+#: LayerNorm's normalised value z = (x - mean) / std is held with this many fraction bits ...
+LN_Z_FRAC_BITS = 16
+#: ... in this many bits, saturating (|z| <= sqrt(n - 1) < 256 for consistent statistics).
+LN_Z_BITS = 25
+#: D = n * sum(x^2) - sum(x)^2 is clamped to [0, LN_D_MAX] (never reached by consistent stats).
+LN_D_MAX = (1 << 62) - 1
+#: rsqrt result Y = 2**RSQRT_FRAC_BITS / sqrt(m') for the normalised mantissa m' in [1, 4).
+RSQRT_FRAC_BITS = 24
+#: Newton-Raphson steps after the table seed.
+RSQRT_NEWTON_STEPS = 2
+#: The seed table is indexed by m >> RSQRT_SEED_SHIFT (m in [2**30, 2**32)), minus RSQRT_SEED_BASE.
+RSQRT_SEED_SHIFT = 25
+RSQRT_SEED_BASE = 32
+
+
+@dataclass(frozen=True)
+class VectorCmd:
+    """One command of the vector unit (the ``i_cmd`` payload).
+
+    ``length`` is the number of elements of this vector on this chip (``1..d_model_max``;
+    ignored by LOAD_LUT, which always reads 256 entries). ``n`` is the LayerNorm element count of
+    the whole vector across chips, used by LN_APPLY only (LN uses ``length``). ``mult``/``shift``
+    requantise (REQUANT without ``per_channel``, and the int8 output of LN/LN_APPLY). ``out16``
+    selects int16 rather than int8 for REQUANT. ``gshift`` is the LayerNorm gamma shift.
+    """
+
+    op: VectorOp
+    length: int
+    n: int = 0
+    mult: int = 1
+    shift: int = 1
+    gshift: int = 16
+    out16: bool = False
+    per_channel: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "op", VectorOp(self.op))
+        for name, bits in (("length", LENGTH_BITS), ("n", N_BITS), ("mult", 16), ("shift", 6),
+                           ("gshift", GSHIFT_BITS)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or not 0 <= value < 1 << bits:
+                raise ValueError(f"VectorCmd {name}={value!r} must be an integer in "
+                                 f"[0, {(1 << bits) - 1}]")
+
+    def fields(self) -> dict:
+        """The command as a dict of integers (for ``ctx.set`` on the gateware's ``i_cmd``)."""
+        return {"op": int(self.op), "length": int(self.length), "n": int(self.n),
+                "mult": int(self.mult), "shift": int(self.shift), "gshift": int(self.gshift),
+                "out16": int(self.out16), "per_channel": int(self.per_channel)}
+
+
+def beats(length: int, lanes: int) -> int:
+    """Beats that carry a vector of ``length`` elements, ``lanes`` per beat."""
+    return -(-length // lanes)
+
+
+def lut_beats(lanes: int) -> int:
+    """Beats of a LOAD_LUT command."""
+    return beats(LUT_ENTRIES, lanes)
+
+
+def rsqrt_seed_table() -> list[int]:
+    """Seed of 2**24 / sqrt(m') at the midpoint of each of the 96 intervals of m' in [1, 4).
+
+    Entry k covers m >> 25 == k + 32, i.e. m' = m / 2**30 in [(k + 32) / 32, (k + 33) / 32);
+    relative error of the seed <= 2**-7, after two Newton steps ~2**-22 (fixed-point limited).
+    """
+    return [int(math.floor((1 << RSQRT_FRAC_BITS) / math.sqrt((i + 0.5) / 32) + 0.5))
+            for i in range(RSQRT_SEED_BASE, 128)]
+
+
+def pack_requant(mult, shift) -> np.ndarray:
+    """Per-lane requantisation parameters as i_b words: bits 0..15 mult, 16..21 shift."""
+    mult = np.asarray(mult, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    return (mult & 0xFFFF) | ((shift & 0x3F) << 16)
+
+
+def pack_gamma_beta(gamma, beta) -> np.ndarray:
+    """LayerNorm gamma and beta (both int16) as i_b words: bits 0..15 gamma, 16..31 beta."""
+    gamma = np.asarray(gamma, dtype=np.int64)
+    beta = np.asarray(beta, dtype=np.int64)
+    word = (gamma & 0xFFFF) | ((beta & 0xFFFF) << 16)
+    return np.where(word >= 1 << 31, word - (1 << 32), word)

@@ -1,0 +1,105 @@
+"""Static-schedule sequencer: fetches 64-bit instructions and launches units (``hw.spec.isa``)."""
+
+from amaranth.hdl import Module, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..spec.isa import INSN_BITS, OPCODE_BITS, REG_BITS, REGS, VALUE_BITS, Op, Unit
+
+__all__ = ["Sequencer", "LAUNCH_OPS"]
+
+#: Opcodes that launch a unit, in the order of the ``launch``/``can_launch`` bits.
+LAUNCH_OPS = (Op.MATMUL, Op.ATTN, Op.VEC, Op.COLL, Op.SEND, Op.RECV)
+
+
+class Sequencer(wiring.Component):
+    """Execute a straight-line program from instruction memory, one instruction per cycle.
+
+    - ``SET reg, value`` writes the configuration register file (``regs``).
+    - A launch opcode raises its ``launch`` bit; the chip takes it when the unit and its
+      address generators are idle (``can_launch``) and copies the registers into them in the
+      same cycle; the program continues with the next instruction at once.
+    - ``WAIT mask`` waits until no unit in ``mask`` is ``busy``; ``HALT`` waits until no unit
+      is busy, then raises ``done`` and stops. An unknown opcode halts with ``error`` set.
+
+    Timing: one instruction per cycle when nothing stalls (the instruction memory's read
+    address is the next pc, so its synchronous read delivers the instruction just in time).
+    ``cycles`` counts from the cycle after ``start`` to ``done``.
+
+    Members
+    -------
+    start : In(1)        pulse: run from pc 0 (ignored while running)
+    done, error : Out(1) set when the program halts (cleared by ``start``)
+    running : Out(1)
+    cycles : Out(32)
+    imem_addr : Out(range(imem_words)), imem_data : In(64)   synchronous read port
+    regs : Out(signed(48)).array(len(REGS))
+    launch : Out(len(LAUNCH_OPS)), can_launch : In(len(LAUNCH_OPS))
+    busy : In(4)         ``Unit`` bits
+    """
+
+    def __init__(self, *, imem_words):
+        if not isinstance(imem_words, int) or imem_words < 2:
+            raise ValueError(f"imem_words must be an integer of at least 2, not {imem_words!r}")
+        self._imem_words = imem_words
+        super().__init__({
+            "start": In(1),
+            "done": Out(1),
+            "error": Out(1),
+            "running": Out(1),
+            "cycles": Out(32),
+            "imem_addr": Out(range(imem_words)),
+            "imem_data": In(INSN_BITS),
+            "regs": Out(signed(VALUE_BITS)).array(len(REGS)),
+            "launch": Out(len(LAUNCH_OPS)),
+            "can_launch": In(len(LAUNCH_OPS)),
+            "busy": In(4),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        pc = Signal(range(self._imem_words))
+        insn = self.imem_data
+        op = insn[:OPCODE_BITS]
+        reg_index = insn[OPCODE_BITS:OPCODE_BITS + REG_BITS]
+        value = insn[OPCODE_BITS + REG_BITS:].as_signed()
+        flags = insn[OPCODE_BITS:]
+        advance = Signal()
+
+        m.d.comb += self.imem_addr.eq(pc)
+        with m.If(advance):
+            m.d.comb += self.imem_addr.eq(pc + 1)
+            m.d.sync += pc.eq(pc + 1)
+
+        with m.If(~self.running):
+            with m.If(self.start):
+                m.d.sync += [self.running.eq(1), self.done.eq(0), self.error.eq(0),
+                             self.cycles.eq(0), pc.eq(0)]
+                m.d.comb += self.imem_addr.eq(0)
+        with m.Else():
+            m.d.sync += self.cycles.eq(self.cycles + 1)
+            with m.Switch(op):
+                with m.Case(Op.NOP):
+                    m.d.comb += advance.eq(1)
+                with m.Case(Op.SET):
+                    m.d.comb += advance.eq(1)
+                    with m.Switch(reg_index):
+                        for i in range(len(REGS)):
+                            with m.Case(i):
+                                m.d.sync += self.regs[i].eq(value)
+                with m.Case(Op.WAIT):
+                    m.d.comb += advance.eq((self.busy & flags[:4]) == 0)
+                with m.Case(Op.HALT):
+                    with m.If(self.busy == 0):
+                        m.d.sync += [self.running.eq(0), self.done.eq(1)]
+                for bit, launch_op in enumerate(LAUNCH_OPS):
+                    with m.Case(launch_op):
+                        m.d.comb += [self.launch[bit].eq(1),
+                                     advance.eq(self.can_launch[bit])]
+                with m.Default():
+                    m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
+        return m
+
+
+# Keep the unit mask width in step with the ISA.
+assert int(Unit.ALL).bit_length() == 4

@@ -1,0 +1,479 @@
+"""Vector unit: residual add, bias add, requantisation, ReLU, activation LUT, LayerNorm.
+
+Works on vectors streamed ``lanes`` elements per beat; the numeric definitions (bit-exact) are
+those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
+"""
+
+from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..layouts import lanes_layout
+from ..spec.vector import (
+    GSHIFT_BITS,
+    LENGTH_BITS,
+    LN_D_MAX,
+    LN_Z_BITS,
+    LN_Z_FRAC_BITS,
+    LUT_ENTRIES,
+    N_BITS,
+    RSQRT_FRAC_BITS,
+    RSQRT_NEWTON_STEPS,
+    RSQRT_SEED_BASE,
+    RSQRT_SEED_SHIFT,
+    VectorOp,
+    rsqrt_seed_table,
+)
+
+__all__ = ["VectorUnit", "cmd_layout", "vec_layout", "out_layout", "stats_layout",
+           "RSQRT_CYCLES", "LATENCY", "op_cycles"]
+
+#: Pipeline stages from an input beat's transfer to its output beat's transfer.
+LATENCY = 4
+
+#: Cycles the LayerNorm spends between its statistics and its first normalised beat:
+#: D = n*S2 - S1^2, normalisation + table seed, then 3 multiplies per Newton step.
+RSQRT_CYCLES = 2 + 3 * RSQRT_NEWTON_STEPS
+
+
+def cmd_layout() -> data.StructLayout:
+    """Payload of ``i_cmd`` (fields as in :class:`hw.spec.vector.VectorCmd`)."""
+    return data.StructLayout({
+        "op": unsigned(4),
+        "length": unsigned(LENGTH_BITS),
+        "n": unsigned(N_BITS),
+        "mult": unsigned(16),
+        "shift": unsigned(6),
+        "gshift": unsigned(GSHIFT_BITS),
+        "out16": unsigned(1),
+        "per_channel": unsigned(1),
+    })
+
+
+def vec_layout(lanes: int) -> data.StructLayout:
+    """Payload of ``i_a`` and ``i_b``: ``lanes`` x signed(32) plus ``last``."""
+    return lanes_layout(signed(32), lanes)
+
+
+def out_layout(lanes: int) -> data.StructLayout:
+    """Payload of ``o_data``: ``data`` (``lanes`` x signed(32)), ``q`` (x signed(8)), ``last``."""
+    return lanes_layout(signed(32), lanes, q=data.ArrayLayout(signed(8), lanes))
+
+
+def stats_layout() -> data.StructLayout:
+    """Payload of ``i_stats`` and ``o_stats``: ``[sum x, sum x^2]`` as 2 x signed(64), ``last``."""
+    return lanes_layout(signed(64), 2)
+
+
+def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
+    """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT: last input).
+
+    With every input valid and every output ready. B = ceil(length / lanes) beats and
+    L = :data:`LATENCY` (the pipeline depth): element-wise ops B + L, LN 2B + RSQRT_CYCLES + L,
+    LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT ceil(256 / lanes). The
+    pipeline is not drained between commands: the next command is accepted the cycle after
+    the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
+    """
+    op = VectorOp(op)
+    b = -(-length // lanes)
+    if op is VectorOp.LOAD_LUT:
+        return -(-LUT_ENTRIES // lanes)
+    if op is VectorOp.LN:
+        return 2 * b + RSQRT_CYCLES + LATENCY
+    if op is VectorOp.LN_APPLY:
+        return b + RSQRT_CYCLES + LATENCY + 1
+    if op is VectorOp.LN_STATS:
+        return b + 1
+    return b + LATENCY
+
+
+def _clamp(m, value, bits, name):
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    out = Signal(signed(bits), name=name)
+    with m.If(value > hi):
+        m.d.comb += out.eq(hi)
+    with m.Elif(value < lo):
+        m.d.comb += out.eq(lo)
+    with m.Else():
+        m.d.comb += out.eq(value)
+    return out
+
+
+def _round_shift(value, amount):
+    """``(value + ((1 << amount) >> 1)) >> amount``, arithmetic: rounds half up."""
+    return (value + ((Const(1, 1) << amount) >> 1)) >> amount
+
+
+def _requant(m, value, mult, shift, bits, name):
+    """DESIGN.md §3: ``clamp((value * mult + (1 << (shift-1))) >> shift)`` to ``bits``."""
+    return _clamp(m, _round_shift(value * mult, shift), bits, name)
+
+
+class VectorUnit(wiring.Component):
+    """Element-wise ops and LayerNorm on vectors streamed ``lanes`` elements per beat.
+
+    One command on ``i_cmd`` processes one vector of ``length`` elements (``1..d_model_max``),
+    carried as B = ceil(length / lanes) beats on each vector stream; the unit counts the beats
+    from ``length`` and sets ``last`` on its final output beat (input ``last`` flags are not
+    needed). Lanes past ``length`` in the final beat are ignored on input and 0 on output.
+
+    Streams (:func:`hw.layouts.lanes_layout`; every data lane is a signed 32-bit container):
+
+    ``i_cmd``: :func:`cmd_layout` (``op``, ``length``, ``n``, ``mult``, ``shift``, ``gshift``,
+    ``out16``, ``per_channel``), see :class:`hw.spec.vector.VectorCmd`.
+    ``i_a``: ``lanes`` x signed(32): the operand vector.
+    ``i_b``: ``lanes`` x signed(32): second operand or per-lane parameters.
+    ``i_stats``: 2 x signed(64): global ``[sum x (int32 range), sum x^2]`` for LN_APPLY.
+    ``o_data``: ``lanes`` x signed(32) ``data`` plus ``q``: ``lanes`` x signed(8).
+    ``o_stats``: 2 x signed(64): local ``[sum x, sum x^2]`` from LN_STATS, ``last`` = 1.
+
+    ==========  ====================  ============================  ======================
+    op          i_a (B beats)         i_b (B beats)                 output
+    ==========  ====================  ============================  ======================
+    ADD         int16 residual        int16 residual                data = clamp16(a + b)
+    BIAS        int32 accumulator     int32 bias                    data = wrap32(a + b)
+    REQUANT     int8/int16/int32      only if per_channel: packed   data = requant(a) to
+                                      mult (bits 0-15), shift       int8, or int16 if
+                                      (16-21)                       out16
+    RELU        any                   --                            data = max(a, 0)
+    LUT         int8 (low byte used)  --                            data = lut[a & 0xFF]
+    LOAD_LUT    256 int8 entries      --                            -- (256/lanes beats)
+    LN          int16 x               gamma (0-15), beta (16-31)    data = y16, q = q8
+    LN_STATS    int16 x               --                            o_stats (1 beat)
+    LN_APPLY    int16 x               gamma, beta                   data = y16, q = q8
+    ==========  ====================  ============================  ======================
+
+    ADD takes the exact sum of its operands (int32 allowed) and saturates it to int16; the LN
+    ops and the LUT read the low 16 and 8 bits of ``i_a``. LN_APPLY first takes one beat from
+    ``i_stats`` and uses the command's ``n`` (the count over all chips); LN uses its own
+    statistics and ``n = length``. Both run the one-pass integer formula of
+    :mod:`sim.golden.vector`: D = n*S2 - S1^2, a 96-entry table seed of rsqrt refined by two
+    Newton steps in Q24 (relative error <= 2**-22), z = (n*x - S1) * rsqrt(D) with 16 fraction
+    bits, ``y16 = clamp(((z * gamma) >> gshift) + beta)`` with gamma and beta int16 per channel
+    (the real output in LSBs is ``z * gamma * 2**(16 - gshift) + beta``). Statistics summed over
+    chips therefore give the full LayerNorm bit for bit. ``q8 = requant(y16, mult, shift, 8)``
+    is the int8 input of the next matmul, emitted in the same beat as the int16 ``y16``:
+    post-norm (ADD, then LN) gets the new int16 residual and the int8 matmul input at once;
+    pre-norm keeps ADD's output as the residual and uses LN's ``q``.
+
+    The activation LUT (256 x int8, indexed by the input's low byte) is programmable at run
+    time by LOAD_LUT, as a compiler loads GELU for its scales; it resets to ReLU at unchanged
+    scale. LN keeps its vector in an internal buffer (``ceil(d_model_max / lanes)`` words of
+    ``lanes`` x int16), so the vector is streamed once; LN_STATS + LN_APPLY stream it twice.
+
+    Timing (:func:`op_cycles`): one beat per cycle through a :data:`LATENCY`-stage pipeline
+    (one multiplier per lane per stage) that stalls as a whole only when ``o_data`` is full;
+    one cycle per command to accept it; LayerNorm adds :data:`RSQRT_CYCLES` cycles after its
+    statistics (one multiply per cycle), and LN reads its buffer back in a second pass of B
+    cycles. Commands overlap: a beat carries its command's fields down the pipeline.
+    Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
+    ``shift`` outside 1..47.
+    """
+
+    def __init__(self, *, lanes: int, d_model_max: int):
+        if not isinstance(lanes, int) or isinstance(lanes, bool):
+            raise TypeError(f"lanes must be an integer, not {lanes!r}")
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, not {lanes!r}")
+        if not isinstance(d_model_max, int) or isinstance(d_model_max, bool):
+            raise TypeError(f"d_model_max must be an integer, not {d_model_max!r}")
+        if not 1 <= d_model_max < 1 << LENGTH_BITS:
+            raise ValueError(f"d_model_max must be in [1, {(1 << LENGTH_BITS) - 1}], "
+                             f"not {d_model_max!r}")
+        self._lanes = lanes
+        self._d_model_max = d_model_max
+        super().__init__({
+            "i_cmd": In(stream.Signature(cmd_layout())),
+            "i_a": In(stream.Signature(vec_layout(lanes))),
+            "i_b": In(stream.Signature(vec_layout(lanes))),
+            "i_stats": In(stream.Signature(stats_layout())),
+            "o_data": Out(stream.Signature(out_layout(lanes))),
+            "o_stats": Out(stream.Signature(stats_layout())),
+        })
+
+    @property
+    def lanes(self) -> int:
+        return self._lanes
+
+    @property
+    def d_model_max(self) -> int:
+        return self._d_model_max
+
+    @property
+    def buffer_depth(self) -> int:
+        return -(-self._d_model_max // self._lanes)
+
+    def elaborate(self, platform) -> Elaboratable:
+        m = Module()
+        lanes = self._lanes
+        depth = self.buffer_depth
+
+        cmd = Signal(cmd_layout())
+        remaining = Signal(LENGTH_BITS + 1)   # elements still to come in this pass
+        beat = Signal(range(max(depth, LUT_ENTRIES) + 1))
+        last_beat = Signal()
+        m.d.comb += last_beat.eq(remaining <= lanes)
+        lane_ok = [Signal(name=f"lane_ok{j}") for j in range(lanes)]
+        m.d.comb += [ok.eq(remaining > j) for j, ok in enumerate(lane_ok)]
+
+        # LayerNorm state: statistics, count, rsqrt result.
+        s1 = Signal(signed(32))
+        s2 = Signal(signed(64))
+        n = Signal(N_BITS)
+        d = Signal(62)
+        m_norm = Signal(32)
+        y_r = Signal(RSQRT_FRAC_BITS + 2)
+        y2 = Signal(RSQRT_FRAC_BITS + 2)
+        my2 = Signal(RSQRT_FRAC_BITS + 3)
+        zs = Signal(6)                          # z = (t * Y) >> zs, zs = 23 + h
+        step = Signal(range(RSQRT_CYCLES))
+
+        m.submodules.lut = lut = memory.Memory(
+            shape=signed(8), depth=LUT_ENTRIES,
+            init=[max(i if i < 128 else i - 256, 0) for i in range(LUT_ENTRIES)])
+        lut_w = [lut.write_port() for _ in range(lanes)]
+        lut_r = [lut.read_port(domain="comb") for _ in range(lanes)]
+
+        m.submodules.buf = buf = memory.Memory(
+            shape=data.ArrayLayout(signed(16), lanes), depth=depth, init=[])
+        buf_w = buf.write_port()
+        buf_r = buf.read_port()
+
+        a, b, o = self.i_a.payload.data, self.i_b.payload.data, self.o_data
+        op = cmd.op
+
+        # ---- the pipeline ------------------------------------------------------------------
+        # Four register stages, all advancing together whenever the output register is free
+        # (`adv`); each beat carries its own command fields and rsqrt result, so the next
+        # command may start while earlier beats are still in flight.
+        #   0 -> 1: operands in: add/bias/relu/LUT done; a * mult (requant); n*x - S1 (LN)
+        #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs)
+        #   2 -> 3: LN y16 = clamp(((z * gamma) >> gshift) + beta)
+        #   3 -> o: LN q8 = requant(y16, mult, shift, 8); padding lanes forced to 0
+        beat_l = data.StructLayout({
+            "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
+            "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes})
+        lane_l = data.ArrayLayout(data.StructLayout({
+            "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16)}), lanes)
+        stages = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
+                  for k in range(4)]   # stage 0 is combinational (the input beat)
+        valid = [Signal(name=f"p{k}_valid") for k in range(4)]
+        adv = Signal()
+        fire = Signal()                        # an input beat enters the pipeline
+        m.d.comb += [adv.eq(~o.valid | o.ready), valid[0].eq(fire)]
+        with m.If(adv):
+            m.d.sync += o.valid.eq(valid[3])
+            for k in range(1, 4):
+                m.d.sync += [valid[k].eq(valid[k - 1]), stages[k][0].eq(stages[k - 1][0]),
+                             stages[k][1].eq(stages[k - 1][1])]
+
+        # Stage 0: the input beat.
+        sb, sl = stages[0]
+        m.d.comb += [sb.op.eq(op), sb.out16.eq(cmd.out16), sb.gshift.eq(cmd.gshift),
+                     sb.ln.eq((op == VectorOp.LN) | (op == VectorOp.LN_APPLY)),
+                     sb.mult.eq(cmd.mult), sb.shift.eq(cmd.shift), sb.y.eq(y_r), sb.zs.eq(zs),
+                     sb.last.eq(last_beat), sb.mask.eq(Cat(*lane_ok))]
+        x_src = Signal(data.ArrayLayout(signed(16), lanes))
+        with m.If(op == VectorOp.LN):
+            m.d.comb += x_src.eq(buf_r.data)
+        with m.Else():
+            m.d.comb += [x_src[j].eq(a[j][0:16]) for j in range(lanes)]
+        for j in range(lanes):
+            lane = sl[j]
+            mult = Signal(16, name=f"mult{j}")
+            with m.If(cmd.per_channel):
+                m.d.comb += [mult.eq(b[j][0:16]), lane.sh.eq(b[j][16:22])]
+            with m.Else():
+                m.d.comb += [mult.eq(cmd.mult), lane.sh.eq(cmd.shift)]
+            m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
+                         lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
+            add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            with m.Switch(op):
+                with m.Case(VectorOp.ADD):
+                    m.d.comb += lane.val.eq(add)
+                with m.Case(VectorOp.BIAS):
+                    m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
+                with m.Case(VectorOp.REQUANT):
+                    m.d.comb += lane.val.eq(a[j] * mult)
+                with m.Case(VectorOp.RELU):
+                    m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
+                with m.Case(VectorOp.LUT):
+                    m.d.comb += lane.val.eq(lut_r[j].data)
+                with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
+                    m.d.comb += lane.val.eq(n * x_src[j] - s1)
+
+        # Stage 1 -> 2.
+        pb, pl = stages[1]
+        for j in range(lanes):
+            rq8 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 8, f"rq8_{j}")
+            rq16 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 16, f"rq16_{j}")
+            # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
+            t = pl[j].val[0:34].as_signed()
+            z = _clamp(m, _round_shift(t * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
+            with m.If(adv & (pb.op == VectorOp.REQUANT)):
+                m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
+            with m.If(adv & pb.ln):
+                m.d.sync += stages[2][1][j].val.eq(z)
+
+        # Stage 2 -> 3.
+        pb, pl = stages[2]
+        for j in range(lanes):
+            z = pl[j].val[0:LN_Z_BITS].as_signed()
+            y = _round_shift(z * pl[j].gamma, pb.gshift) + pl[j].beta
+            y16 = _clamp(m, y, 16, f"y16_{j}")
+            with m.If(adv & pb.ln):
+                m.d.sync += stages[3][1][j].val.eq(y16)
+
+        # Stage 3 -> output register.
+        pb, pl = stages[3]
+        q8s = [_requant(m, pl[j].val[0:16].as_signed(), pb.mult, pb.shift, 8, f"q8_{j}")
+               for j in range(lanes)]
+        with m.If(adv):
+            m.d.sync += o.payload.last.eq(pb.last)
+            for j, q8 in enumerate(q8s):
+                m.d.sync += [o.payload.data[j].eq(Mux(pb.mask[j], pl[j].val, 0)),
+                             o.payload.q[j].eq(Mux(pb.mask[j] & pb.ln, q8, 0))]
+
+        # Statistics of the incoming beat (lanes past `length` count as 0).
+        xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
+        m.d.comb += [xa[j].eq(Mux(lane_ok[j], a[j][0:16], 0)) for j in range(lanes)]
+        beat_s1 = sum(xa[1:], xa[0])
+        beat_s2 = sum((x * x for x in xa[1:]), xa[0] * xa[0])
+
+        need_b = Signal()
+        m.d.comb += need_b.eq((op == VectorOp.ADD) | (op == VectorOp.BIAS)
+                              | ((op == VectorOp.REQUANT) & cmd.per_channel))
+        m.d.comb += [buf_w.addr.eq(beat), buf_r.addr.eq(beat)]
+        m.d.comb += [buf_w.data[j].eq(xa[j]) for j in range(lanes)]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.i_cmd.ready.eq(1)
+                with m.If(self.i_cmd.valid):
+                    p = self.i_cmd.payload
+                    m.d.sync += [cmd.eq(p), beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
+                                 remaining.eq(p.length)]
+                    with m.Switch(p.op):
+                        with m.Case(VectorOp.LOAD_LUT):
+                            m.d.sync += remaining.eq(LUT_ENTRIES)
+                            m.next = "LOAD"
+                        with m.Case(VectorOp.LN, VectorOp.LN_STATS):
+                            m.next = "ACC"
+                        with m.Case(VectorOp.LN_APPLY):
+                            m.d.sync += n.eq(p.n)
+                            m.next = "GET_STATS"
+                        with m.Default():
+                            m.next = "ELEM"
+
+            with m.State("ELEM"):
+                m.d.comb += [
+                    self.i_a.ready.eq(adv & (~need_b | self.i_b.valid)),
+                    self.i_b.ready.eq(need_b & adv & self.i_a.valid),
+                ]
+                with m.If(self.i_a.valid & self.i_a.ready):
+                    m.d.comb += fire.eq(1)
+                    m.d.sync += remaining.eq(remaining - lanes)
+                    with m.If(last_beat):
+                        m.next = "IDLE"
+
+            with m.State("LOAD"):
+                m.d.comb += self.i_a.ready.eq(1)
+                for j in range(lanes):
+                    m.d.comb += [lut_w[j].addr.eq(beat + j), lut_w[j].data.eq(a[j][0:8]),
+                                 lut_w[j].en.eq(self.i_a.valid & lane_ok[j])]
+                with m.If(self.i_a.valid):
+                    m.d.sync += [beat.eq(beat + lanes), remaining.eq(remaining - lanes)]
+                    with m.If(last_beat):
+                        m.next = "IDLE"
+
+            with m.State("ACC"):
+                m.d.comb += self.i_a.ready.eq(1)
+                with m.If(self.i_a.valid):
+                    m.d.comb += buf_w.en.eq(op == VectorOp.LN)
+                    m.d.sync += [s1.eq(s1 + beat_s1), s2.eq(s2 + beat_s2),
+                                 beat.eq(beat + 1), remaining.eq(remaining - lanes)]
+                    with m.If(last_beat):
+                        with m.If(op == VectorOp.LN):
+                            m.d.sync += step.eq(0)
+                            m.next = "RSQRT"
+                        with m.Else():
+                            m.next = "STATS"
+
+            with m.State("STATS"):
+                m.d.comb += [self.o_stats.valid.eq(1),
+                             self.o_stats.payload.data[0].eq(s1),
+                             self.o_stats.payload.data[1].eq(s2),
+                             self.o_stats.payload.last.eq(1)]
+                with m.If(self.o_stats.ready):
+                    m.next = "IDLE"
+
+            with m.State("GET_STATS"):
+                m.d.comb += self.i_stats.ready.eq(1)
+                with m.If(self.i_stats.valid):
+                    m.d.sync += [s1.eq(self.i_stats.payload.data[0][0:32]),
+                                 s2.eq(self.i_stats.payload.data[1]),
+                                 step.eq(0)]
+                    m.next = "RSQRT"
+
+            with m.State("RSQRT"):
+                m.d.sync += [step.eq(step + 1), beat.eq(0), remaining.eq(cmd.length)]
+                self._rsqrt(m, step, n, s1, s2, d, m_norm, y_r, y2, my2, zs)
+                with m.If(step == RSQRT_CYCLES - 1):
+                    m.next = "NORM"
+
+            with m.State("NORM"):
+                from_buf = op == VectorOp.LN
+                m.d.comb += [
+                    self.i_a.ready.eq(~from_buf & adv & self.i_b.valid),
+                    self.i_b.ready.eq(adv & (from_buf | self.i_a.valid)),
+                ]
+                with m.If(self.i_b.valid & self.i_b.ready):
+                    m.d.comb += fire.eq(1)
+                    m.d.sync += [remaining.eq(remaining - lanes), beat.eq(beat + 1)]
+                    # The buffer's read port is synchronous: present the next address now.
+                    with m.If(~last_beat):
+                        m.d.comb += buf_r.addr.eq(beat + 1)
+                    with m.If(last_beat):
+                        m.next = "IDLE"
+        return m
+
+    @staticmethod
+    def _rsqrt(m, step, n, s1, s2, d, m_norm, y_r, y2, my2, zs):
+        """Fixed-latency rsqrt of D = n*S2 - S1^2, as :func:`sim.golden.vector.rsqrt_fixed`."""
+        q = RSQRT_FRAC_BITS
+        with m.Switch(step):
+            with m.Case(0):
+                full = Signal(signed(96))
+                m.d.comb += full.eq(n * s2 - s1 * s1)
+                with m.If(full < 0):
+                    m.d.sync += d.eq(0)
+                with m.Elif(full > LN_D_MAX):
+                    m.d.sync += d.eq(LN_D_MAX)
+                with m.Else():
+                    m.d.sync += d.eq(full)
+            with m.Case(1):
+                # Normalise D to m in [2**30, 2**32) by an even shift s = 2h (zs = 23 + h),
+                # one constant shift per bit length e of D; seed Y from m's top 7 bits.
+                norm = Signal(32)
+                m.d.comb += norm.eq(0)
+                m.d.sync += zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS)
+                with m.Switch(d):
+                    for e in range(62, 0, -1):
+                        s = e - 31 if (e - 31) % 2 == 0 else e - 32
+                        pattern = "0" * (62 - e) + "1" + "-" * (e - 1)
+                        with m.Case(pattern):
+                            m.d.comb += norm.eq(d >> s if s >= 0 else d << -s)
+                            m.d.sync += zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS + s // 2)
+                m.d.sync += [m_norm.eq(norm), y_r.eq(0)]
+                table = rsqrt_seed_table()
+                with m.Switch(norm[RSQRT_SEED_SHIFT:32]):
+                    for i, seed in enumerate(table):
+                        with m.Case(i + RSQRT_SEED_BASE):
+                            m.d.sync += y_r.eq(seed)
+            for k in range(RSQRT_NEWTON_STEPS):
+                with m.Case(2 + 3 * k):
+                    m.d.sync += y2.eq((y_r * y_r) >> q)
+                with m.Case(3 + 3 * k):
+                    m.d.sync += my2.eq((m_norm * y2) >> 30)
+                with m.Case(4 + 3 * k):
+                    m.d.sync += y_r.eq((y_r * (Const(3 << q) - my2)) >> (q + 1))

@@ -1,0 +1,173 @@
+"""Float64 reference of the transformer blocks the simulator runs (DESIGN.md §5 weights format).
+
+``x @ W`` convention; per block (``norm = "pre"``)::
+
+    h = LN1(x);  a = MHA(h) Wo + bo;  x = x + a
+    h = LN2(x);  f = act(h W1 + b1) W2 + b2;  x = x + f
+
+and for ``norm = "post"``: ``x = LN1(x + MHA(x) Wo + bo)``, ``x = LN2(x + FFN(x))``.
+Attention masks: causal with window W sees keys ``i - W < j <= i`` (W = 0: all ``j <= i``);
+bidirectional sees ``|i - j| < W`` (W = 0: every key). LayerNorm has epsilon 0 to match the
+integer unit (``sim.golden.vector``); a constant row normalises to ``beta``.
+
+``record`` (a dict) collects every intermediate tensor by name; the quantiser calibrates
+activation scales from it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hw.spec import ModelConfig
+
+__all__ = ["attention_mask", "layernorm", "gelu", "block_forward", "model_forward",
+           "random_weights", "weight_names", "check_weights"]
+
+
+def attention_mask(seq: int, window: int, causal: bool, pos_base: int = 0) -> np.ndarray:
+    """[seq, seq] bool: query i may see key j."""
+    i = np.arange(seq)[:, None] + pos_base
+    j = np.arange(seq)[None, :] + pos_base
+    if causal:
+        mask = j <= i
+        if window:
+            mask &= j > i - window
+    else:
+        mask = np.ones((seq, seq), bool) if not window else np.abs(i - j) < window
+    return mask
+
+
+def layernorm(x, gamma, beta):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, (x - mean) / np.sqrt(var), 0.0)
+    return z * gamma + beta
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def _act(cfg: ModelConfig, x):
+    if cfg.activation == "gelu":
+        return gelu(x)
+    if cfg.activation == "relu":
+        return np.maximum(x, 0.0)
+    raise ValueError(f"activation={cfg.activation!r} is not simulated")
+
+
+def weight_names(cfg: ModelConfig, layer: int) -> dict[str, tuple]:
+    """Names and shapes of one block's tensors in the weights file."""
+    d, f = cfg.d_model, cfg.d_ff
+    p = f"layers.{layer}."
+    names = {p + f"attn.{w}": (d, d) for w in ("wq", "wk", "wv", "wo")}
+    names.update({p + "ln1.weight": (d,), p + "ln1.bias": (d,), p + "ln2.weight": (d,),
+                  p + "ln2.bias": (d,), p + "ffn.w1": (d, f), p + "ffn.w2": (f, d)})
+    if cfg.bias:
+        names.update({p + f"attn.{b}": (d,) for b in ("bq", "bk", "bv", "bo")})
+        names.update({p + "ffn.b1": (f,), p + "ffn.b2": (d,)})
+    return names
+
+
+def random_weights(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """Float weights of a plausible scale (1/sqrt(fan-in) matrices, LN gamma near 1)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for layer in range(cfg.n_layers):
+        for name, shape in weight_names(cfg, layer).items():
+            if name.endswith(".weight"):
+                out[name] = 1.0 + 0.1 * rng.standard_normal(shape)
+            elif len(shape) == 2:
+                out[name] = rng.standard_normal(shape) / math.sqrt(shape[0])
+            else:
+                out[name] = 0.05 * rng.standard_normal(shape)
+    return out
+
+
+def check_weights(cfg: ModelConfig, weights: dict, source: str = "weights") -> dict:
+    """Validate names and shapes; return float64 arrays. Missing optional biases become 0."""
+    out = {}
+    for layer in range(cfg.n_layers):
+        for name, shape in weight_names(cfg, layer).items():
+            if name not in weights:
+                raise ValueError(f"{name} missing from {source}")
+            arr = np.asarray(weights[name], np.float64)
+            if arr.shape != shape:
+                raise ValueError(f"{name} has shape {list(arr.shape)}, expected {list(shape)} "
+                                 f"({source})")
+            if not np.isfinite(arr).all():
+                raise ValueError(f"{name} has non-finite values ({source})")
+            out[name] = arr
+    return out
+
+
+def _mha(cfg, w, p, h, record, pos_base):
+    s, d, dh = h.shape[0], cfg.d_model, cfg.d_head
+    q = h @ w[p + "attn.wq"] + w.get(p + "attn.bq", 0.0)
+    k = h @ w[p + "attn.wk"] + w.get(p + "attn.bk", 0.0)
+    v = h @ w[p + "attn.wv"] + w.get(p + "attn.bv", 0.0)
+    mask = attention_mask(s, cfg.window, cfg.causal, pos_base)
+    o = np.zeros((s, d))
+    scores_max = 0.0
+    for hd in range(cfg.n_heads):
+        sl = slice(hd * dh, (hd + 1) * dh)
+        sc = q[:, sl] @ k[:, sl].T / math.sqrt(dh)
+        scores_max = max(scores_max, float(np.abs(np.where(mask, sc, 0)).max(initial=0)))
+        sc = np.where(mask, sc, -np.inf)
+        sc = sc - sc.max(axis=1, keepdims=True)
+        e = np.exp(sc)
+        pr = e / e.sum(axis=1, keepdims=True)
+        o[:, sl] = pr @ v[:, sl]
+    a = o @ w[p + "attn.wo"] + w.get(p + "attn.bo", 0.0)
+    record.update({p + "q": q, p + "k": k, p + "v": v, p + "attn_o": o, p + "attn_out": a,
+                   p + "scores_absmax": scores_max})
+    return a
+
+
+def _ffn(cfg, w, p, h, record):
+    pre = h @ w[p + "ffn.w1"] + w.get(p + "ffn.b1", 0.0)
+    act = _act(cfg, pre)
+    f = act @ w[p + "ffn.w2"] + w.get(p + "ffn.b2", 0.0)
+    record.update({p + "ffn_pre": pre, p + "ffn_act": act, p + "ffn_out": f})
+    return f
+
+
+def block_forward(cfg: ModelConfig, w: dict, layer: int, x, record: dict | None = None,
+                  pos_base: int = 0):
+    """One block on [seq, d_model] float64 activations."""
+    record = {} if record is None else record
+    p = f"layers.{layer}."
+    record[p + "in"] = x
+    ln1 = (w[p + "ln1.weight"], w[p + "ln1.bias"])
+    ln2 = (w[p + "ln2.weight"], w[p + "ln2.bias"])
+    if cfg.norm == "pre":
+        h = layernorm(x, *ln1)
+        record[p + "ln1_out"] = h
+        x = x + _mha(cfg, w, p, h, record, pos_base)
+        record[p + "mid"] = x
+        h = layernorm(x, *ln2)
+        record[p + "ln2_out"] = h
+        x = x + _ffn(cfg, w, p, h, record)
+    else:
+        r = x + _mha(cfg, w, p, x, record, pos_base)
+        record[p + "mid_pre"] = r
+        x = layernorm(r, *ln1)
+        record[p + "mid"] = x
+        r = x + _ffn(cfg, w, p, x, record)
+        record[p + "out_pre"] = r
+        x = layernorm(r, *ln2)
+    record[p + "out"] = x
+    return x
+
+
+def model_forward(cfg: ModelConfig, w: dict, x, record: dict | None = None):
+    """All blocks; ``x`` is [seq, d_model] (or [batch, seq, d_model], batch rows independent)."""
+    x = np.asarray(x, np.float64)
+    if x.ndim == 3:
+        return np.stack([model_forward(cfg, w, xb, record) for xb in x])
+    for layer in range(cfg.n_layers):
+        x = block_forward(cfg, w, layer, x, record)
+    return x

@@ -1,0 +1,85 @@
+"""Integer golden model of whole transformer blocks, built from the block golden models.
+
+This is what the chip computes, bit for bit, for any strategy and chip count: int16 residual
+stream in, int16 residual stream out (``sim.compiler.quantize`` supplies the integer
+parameters). Attention sees keys by absolute position (``sim.golden.float_model.attention_mask``);
+softmax and P.V do not depend on the order of the keys, so the attention buffer's ring order
+gives the same integers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .float_model import attention_mask
+from .matmul import matmul_unit, requant, wrap
+from .softmax import softmax
+from .vector import layernorm, lut_apply, residual_add
+
+__all__ = ["linear", "layernorm_rows", "attention_int", "layer_int", "model_int"]
+
+
+def linear(x, ql):
+    return matmul_unit(x, ql.w, ql.bias, ql.mult, ql.shift, ql.mode)
+
+
+def layernorm_rows(x, ln):
+    """LayerNorm of every row: ``(y16, q8)``."""
+    out = [layernorm(row, ln.gamma, ln.beta, ln.gshift, ln.mult, ln.shift) for row in x]
+    return (np.array([o[0] for o in out], np.int64), np.array([o[1] for o in out], np.int64))
+
+
+def attention_int(cfg, layer, q, k, v, pos_base: int = 0):
+    """Multi-head attention on int8 Q, K, V [seq, d_model] -> int8 [seq, d_model]."""
+    seq, dh = q.shape[0], cfg.d_head
+    mask = attention_mask(seq, cfg.window, cfg.causal, pos_base)
+    out = np.zeros(q.shape, np.int64)
+    for h in range(cfg.n_heads):
+        sl = slice(h * dh, (h + 1) * dh)
+        raw = wrap(q[:, sl] @ k[:, sl].T)
+        scores = np.where(mask, requant(raw, layer.score_mult, layer.score_shift, 16), 0)
+        probs = softmax(scores, mask).astype(np.int64)
+        acc = wrap(np.where(mask, probs, 0) @ v[:, sl])
+        out[:, sl] = requant(acc, layer.out_mult, layer.out_shift, 8)
+    return out
+
+
+def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
+    """Block ``i`` on the int16 residual ``x`` [seq, d]; returns ``(x, x8)``.
+
+    ``x8`` is the int8 copy of the residual that a post-norm block reads (None for pre-norm).
+    """
+    cfg, L = qm.cfg, qm.layers[i]
+    record = {} if record is None else record
+    p = f"layers.{i}."
+    if cfg.norm == "pre":
+        _, h = layernorm_rows(x, L.ln1)
+        q, k, v = linear(h, L.q), linear(h, L.k), linear(h, L.v)
+        o = attention_int(cfg, L, q, k, v)
+        x = residual_add(x, linear(o, L.o))
+        _, h2 = layernorm_rows(x, L.ln2)
+        g = lut_apply(L.lut, linear(h2, L.ffn1))
+        x = residual_add(x, linear(g, L.ffn2))
+        x8 = None
+    else:
+        if x8 is None:
+            x8 = requant(x, qm.in_mult, qm.in_shift, 8)
+        q, k, v = linear(x8, L.q), linear(x8, L.k), linear(x8, L.v)
+        o = attention_int(cfg, L, q, k, v)
+        x, h = layernorm_rows(residual_add(x, linear(o, L.o)), L.ln1)
+        g = lut_apply(L.lut, linear(h, L.ffn1))
+        x, x8 = layernorm_rows(residual_add(x, linear(g, L.ffn2)), L.ln2)
+    record.update({p + "q": q, p + "k": k, p + "v": v, p + "attn_o": o, p + "out": x})
+    return x, x8
+
+
+def model_int(qm, x, record: dict | None = None):
+    """Every block on the int16 residual [seq, d] (or [batch, seq, d])."""
+    x = np.asarray(x, np.int64)
+    if x.ndim == 3:
+        return np.stack([model_int(qm, xb, record) for xb in x])
+    x8 = None
+    for i in range(qm.cfg.n_layers):
+        x, x8 = layer_int(qm, i, x, x8, record)
+    return x
+

@@ -1,0 +1,235 @@
+"""Golden model of the vector unit: residual/bias add, requantisation, ReLU, LUT, LayerNorm.
+
+Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, NumPy and
+:mod:`sim.golden.matmul`. Integer semantics (all shifts are arithmetic, i.e. floor):
+
+- ``residual_add(a, b) = clamp(a + b, int16)``: saturates, never wraps.
+- ``bias_add`` (int32 + int32 wrapping mod 2**32) and ``requant`` are those of the matmul unit.
+- ``relu(a) = max(a, 0)``; ``lut_apply(table, a) = table[a & 0xFF]`` where ``table[i]`` holds
+  f(int8(i)); :func:`gelu_table` and :func:`relu_table` build tables from input/output scales.
+- LayerNorm, one-pass and integer, from S1 = sum(x), S2 = sum(x^2) and the count n (all
+  elements, across chips in the distributed case), ``x`` int16::
+
+      D   = clamp(n * S2 - S1**2, 0, 2**62 - 1)              # = n^2 * variance
+      Y,h = rsqrt_fixed(D)                                   # 1/sqrt(D) ~ Y * 2**-(24+15+h)
+      t   = n * x - S1                                       # = n * (x - mean)
+      z   = clamp((t * Y + 2**(22+h)) >> (23 + h), 25 bits)  # (x - mean)/std, 16 fraction bits
+      y   = ((z * gamma + ((1 << gshift) >> 1)) >> gshift) + beta
+      y16 = clamp(y, int16);  q8 = requant(y16, mult, shift, 8)
+
+  ``rsqrt_fixed``: D > 0 is normalised to m = D * 2**-s in [2**30, 2**32) with s even
+  (h = s/2); a 96-entry table (:func:`hw.spec.vector.rsqrt_seed_table`) indexed by m >> 25 seeds
+  Y ~ 2**24 / sqrt(m / 2**30), then two Newton steps in Q24 with floor shifts::
+
+      y2 = (Y * Y) >> 24;  my2 = (m * y2) >> 30;  Y = (Y * (3 * 2**24 - my2)) >> 25
+
+  D == 0 (a constant vector) gives Y = 0, h = 0, so z = 0 and the output is beta.
+  The float epsilon of LayerNorm is taken as 0 (the integer form is scale-free).
+  Gamma and beta are int16 per channel: the real-valued output (in output LSBs) is
+  ``z_real * gamma * 2**(16 - gshift) + beta``.
+
+Since the normalisation depends only on (x, S1, S2, n), partial statistics summed over chips
+give the full LayerNorm bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hw.spec.vector import (
+    LN_D_MAX,
+    LN_Z_BITS,
+    LN_Z_FRAC_BITS,
+    LUT_ENTRIES,
+    RSQRT_FRAC_BITS,
+    RSQRT_NEWTON_STEPS,
+    RSQRT_SEED_BASE,
+    RSQRT_SEED_SHIFT,
+    VectorCmd,
+    VectorOp,
+    rsqrt_seed_table,
+)
+
+from .matmul import bias_add, requant, wrap
+
+__all__ = [
+    "residual_add", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
+    "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float",
+    "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
+]
+
+_SEED = rsqrt_seed_table()
+
+
+def _int(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64)
+
+
+def _round_half_up(v) -> np.ndarray:
+    return np.floor(np.asarray(v, dtype=np.float64) + 0.5).astype(np.int64)
+
+
+def residual_add(a, b) -> np.ndarray:
+    """``clamp(a + b, -32768, 32767)`` (int32 operands allowed; the sum is exact first)."""
+    return np.clip(_int(a) + _int(b), -(1 << 15), (1 << 15) - 1)
+
+
+def relu(a) -> np.ndarray:
+    return np.maximum(_int(a), 0)
+
+
+def lut_apply(table, a) -> np.ndarray:
+    """``table[a & 0xFF]``: the LUT is indexed by the input's low byte."""
+    table = _int(table)
+    if table.shape != (LUT_ENTRIES,):
+        raise ValueError(f"LUT must have {LUT_ENTRIES} entries, not shape {table.shape}")
+    return table[_int(a) & 0xFF]
+
+
+def _int8_inputs() -> np.ndarray:
+    return wrap(np.arange(LUT_ENTRIES), 8)
+
+
+def gelu_float(x) -> np.ndarray:
+    """Exact GELU, ``x * Phi(x)``, in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def _table(f, in_scale, out_scale) -> np.ndarray:
+    if not (in_scale > 0 and out_scale > 0):
+        raise ValueError(f"scales must be positive, not {in_scale!r}, {out_scale!r}")
+    return np.clip(_round_half_up(f(_int8_inputs() * float(in_scale)) / out_scale), -128, 127)
+
+
+def gelu_table(in_scale: float, out_scale: float) -> np.ndarray:
+    """LUT for GELU: int8 input with scale ``in_scale`` to int8 with ``out_scale``.
+
+    Entry i = clamp(round_half_up(gelu(int8(i) * in_scale) / out_scale)): exactly the float
+    GELU re-quantised, so the unit's GELU error is that of this rounding (<= 1/2 LSB).
+    """
+    return _table(gelu_float, in_scale, out_scale)
+
+
+def relu_table(in_scale: float, out_scale: float) -> np.ndarray:
+    """LUT for ReLU with a change of scale (same construction as :func:`gelu_table`)."""
+    return _table(lambda v: np.maximum(v, 0.0), in_scale, out_scale)
+
+
+def rsqrt_fixed(d: int) -> tuple[int, int]:
+    """``(Y, h)`` with ``1/sqrt(d) ~ Y * 2**-(39 + h)``; ``(0, 0)`` for ``d <= 0``."""
+    d = min(int(d), LN_D_MAX)
+    if d <= 0:
+        return 0, 0
+    e = d.bit_length()
+    s = e - 31 if (e - 31) % 2 == 0 else e - 32
+    m = d >> s if s >= 0 else d << -s
+    assert 1 << 30 <= m < 1 << 32
+    y = _SEED[(m >> RSQRT_SEED_SHIFT) - RSQRT_SEED_BASE]
+    q = RSQRT_FRAC_BITS
+    for _ in range(RSQRT_NEWTON_STEPS):
+        y2 = (y * y) >> q
+        my2 = (m * y2) >> 30
+        y = (y * ((3 << q) - my2)) >> (q + 1)
+    return y, s // 2
+
+
+def ln_stats(x) -> tuple[int, int]:
+    """Local statistics ``(sum x, sum x^2)`` of int16 ``x`` (int32 and int64 on the stream)."""
+    x = wrap(_int(x), 16)
+    return int(wrap(x.sum(), 32)), int((x * x).sum())
+
+
+def ln_normalise(x, s1: int, s2: int, n: int, gamma, beta, gshift: int, mult: int, shift: int):
+    """Normalise int16 ``x`` with statistics (s1, s2, n); return ``(y16, q8)``."""
+    x = wrap(_int(x), 16)
+    s1 = int(wrap(s1, 32))
+    d = max(0, min(n * int(s2) - s1 * s1, LN_D_MAX))
+    y_r, h = rsqrt_fixed(d)
+    t = n * x - s1
+    zs = RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS + h
+    z = (t * np.int64(y_r) + (np.int64(1) << (zs - 1))) >> zs
+    z = np.clip(z, -(1 << (LN_Z_BITS - 1)), (1 << (LN_Z_BITS - 1)) - 1)
+    gamma = wrap(_int(gamma), 16)
+    beta = wrap(_int(beta), 16)
+    y = ((z * gamma + ((np.int64(1) << gshift) >> 1)) >> gshift) + beta
+    y16 = np.clip(y, -(1 << 15), (1 << 15) - 1)
+    return y16, requant(y16, mult, shift, 8)
+
+
+def layernorm(x, gamma, beta, gshift: int, mult: int, shift: int):
+    """Full LayerNorm of one vector: the same formula with its own statistics."""
+    x = _int(x)
+    s1, s2 = ln_stats(x)
+    return ln_normalise(x, s1, s2, len(x), gamma, beta, gshift, mult, shift)
+
+
+def layernorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
+    """Float64 LayerNorm (eps = 0) in output LSBs: ``z * gamma * 2**(16-gshift) + beta``.
+
+    Gamma and beta are the integers the unit uses, so the difference to :func:`layernorm`
+    measures the datapath (rsqrt, rounding), not the quantisation of the parameters.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    std = x.std()
+    z = np.zeros_like(x) if std == 0 else (x - x.mean()) / std
+    return (z * np.asarray(gamma, dtype=np.float64) * 2.0 ** (LN_Z_FRAC_BITS - gshift)
+            + np.asarray(beta, dtype=np.float64))
+
+
+def unpack_requant(words) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`hw.spec.vector.pack_requant`: ``(mult, shift)``."""
+    words = _int(words)
+    return words & 0xFFFF, (words >> 16) & 0x3F
+
+
+def unpack_gamma_beta(words) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`hw.spec.vector.pack_gamma_beta`: ``(gamma, beta)``."""
+    words = _int(words)
+    return wrap(words & 0xFFFF, 16), wrap((words >> 16) & 0xFFFF, 16)
+
+
+class VectorUnitModel:
+    """The unit as a command interpreter (the LUT is its only state).
+
+    :meth:`execute` takes one :class:`~hw.spec.vector.VectorCmd` with its ``i_a`` elements,
+    ``i_b`` words and ``i_stats`` pair, and returns what the unit emits:
+    ``{"data": int64[length], "q": int64[length]}`` on ``o``, ``{"stats": (s1, s2)}`` on
+    ``o_stats``, or ``{}`` for LOAD_LUT. ``q`` is zero except for the LayerNorm ops.
+    """
+
+    def __init__(self):
+        self.lut = relu_table(1.0, 1.0)  # the reset contents: ReLU at unchanged scale
+
+    def execute(self, cmd: VectorCmd, a=None, b=None, stats=None) -> dict:
+        op = cmd.op
+        if op is VectorOp.LOAD_LUT:
+            self.lut = wrap(_int(a)[:LUT_ENTRIES], 8)
+            return {}
+        a = _int(a)[:cmd.length] if a is not None else None
+        b = _int(b)[:cmd.length] if b is not None else None
+        zeros = np.zeros(cmd.length, dtype=np.int64)
+        if op is VectorOp.LN_STATS:
+            return {"stats": ln_stats(a)}
+        if op in (VectorOp.LN, VectorOp.LN_APPLY):
+            gamma, beta = unpack_gamma_beta(b)
+            s1, s2 = ln_stats(a) if op is VectorOp.LN else stats
+            n = cmd.length if op is VectorOp.LN else cmd.n
+            y16, q8 = ln_normalise(a, s1, s2, n, gamma, beta, cmd.gshift, cmd.mult, cmd.shift)
+            return {"data": y16, "q": q8}
+        if op is VectorOp.ADD:
+            data = residual_add(a, b)
+        elif op is VectorOp.BIAS:
+            data = bias_add(a, b)
+        elif op is VectorOp.REQUANT:
+            mult, shift = unpack_requant(b) if cmd.per_channel else (cmd.mult, cmd.shift)
+            data = requant(wrap(a, 32), mult, shift, 16 if cmd.out16 else 8)
+        elif op is VectorOp.RELU:
+            data = relu(wrap(a, 32))
+        elif op is VectorOp.LUT:
+            data = lut_apply(self.lut, a)
+        else:  # pragma: no cover  (VectorOp is exhaustive)
+            raise ValueError(f"unknown op {op!r}")
+        return {"data": data, "q": zeros}
