@@ -375,12 +375,14 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
     """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingSystem).
 
     A word-level walk of every chip's schedule with the engine's rules: a chip combines at most
-    one word per cycle, only once its ring input is readable (``hop_latency`` after the
-    upstream chip's link took it) and its output register is free; the link takes one word
-    per ``c = D/B`` cycles. It iterates to a fixed point around the ring. In closed form, for
-    blocks of ``w`` words and ``S`` transmitting steps, the result is about
-    ``S * max(w*c, hop + 2) + w + hop``: the last block is drained from the receive buffer
-    at one word per cycle after the last transmitting step (see :mod:`hw.ring.collective`).
+    one word per cycle, once its local word is there (the test DMA's first word two cycles
+    after ``start``) and its ring word is: in the cycle the word leaves the link (``hop_latency``
+    after the upstream chip's link took it) if the chip's receive buffer is empty and it is
+    waiting, else one cycle later at the earliest. A combined word enters its link one cycle
+    later, at most one per ``c = D/B`` cycles. The walk iterates to a fixed point around the
+    ring and assumes no stalls and an always-ready output stream. In closed form, for blocks of
+    ``w`` words and ``S`` transmitting steps, the result is about ``S * max(w*c, hop + 1) +
+    hop + 4``.
     """
     wbytes = word_bytes(link_bytes)
     c = wbytes // link_bytes
