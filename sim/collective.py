@@ -120,7 +120,11 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
         ctx.set(system.start, 1)
         await ctx.tick()
         ctx.set(system.start, 0)
-        await ctx.tick().until(~system.busy)
+        # A plain loop rather than ctx.tick().until(): if the watchdog fires, an abandoned
+        # until() generator raises again when it is garbage-collected.
+        await ctx.tick()
+        while ctx.get(system.busy):
+            await ctx.tick()
         result["cycles"] = ctx.get(system.cycles)
         result["words"] = [[[ctx.get(dma.out_mem.data[a]) for a in range(count)]
                             for dma, count in zip(dmas, counts, strict=True)]

@@ -301,3 +301,30 @@ def test_bidirectional_halves_the_bandwidth_term():
     one = predicted_cycles(req, 4, 2)
     two = system_cycles(req, 4, 2, bidirectional=True)
     assert two <= 0.51 * one, f"bidirectional {two} cycles vs unidirectional {one}"
+
+
+def test_minimal_buffers_survive_stalls(rng):
+    """Buffers of exactly one block are enough, whatever the stalls."""
+    from hw.spec.collective import max_block_words
+
+    for kind, chips, length in (("all_reduce", 4, 120), ("all_gather", 3, 61)):
+        req = CollectiveRequest(kind=kind, op="sum", width=32, length=length, chips=chips)
+        inputs = _inputs(rng, req)
+        words = max_block_words(req, 8)
+        run = simulate_collective(TINY, req, inputs, fifo_words=words, stall=0.5,
+                                  seed=int(rng.integers(1 << 31)))
+        for chip, (got, exp) in enumerate(zip(run["outputs"], golden.collective(req, inputs),
+                                              strict=True)):
+            assert np.array_equal(got, exp), f"{kind} chip {chip} with fifo_words={words}"
+
+
+def test_buffers_smaller_than_a_block_deadlock(monkeypatch):
+    """Why check_fits exists: with less than a block of buffering every chip waits forever."""
+    import sim.collective
+    from sim.rtl.pysim import SimulationTimeout
+
+    monkeypatch.setattr(sim.collective, "check_fits", lambda *args: None)
+    req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=256, chips=2)
+    with pytest.raises(SimulationTimeout):
+        simulate_collective(TINY, req, [np.zeros(256, np.int32)] * 2, fifo_words=8,
+                            max_cycles=3_000)
