@@ -9,6 +9,7 @@ and unpacks every chip's output. :func:`cmd_collective` is the ``npu collective`
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -247,7 +248,7 @@ def cmd_collective(args) -> int:
     try:
         run = simulate_collective(npu, req, inputs, max_cycles=max_cycles)
     except SimulationTimeout as exc:
-        print(f"npu collective: {exc}")
+        print(f"npu collective: {exc}", file=sys.stderr)
         return EXIT_WATCHDOG
     expected = golden.collective(req, inputs)
     mismatches = []

@@ -133,3 +133,9 @@ def test_bad_link_width_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT
     assert "link_bytes_per_cycle must be a power of two, not 3" in err
+
+
+def test_watchdog_exits_3(capsys):
+    code, _, err = _run(capsys, "--kind", "all_reduce", "--chips", "4", "--max-cycles", "5")
+    assert code == 3
+    assert err.strip() == "npu collective: simulation did not finish within max_cycles=5"
