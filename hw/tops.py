@@ -19,6 +19,7 @@ class Top:
     name: str
     description: str
     build: Callable[[NpuConfig, int], object] | None  # None: not built yet
+    default_chips: int = 1  # chip count when ``--chips`` is not given
 
 
 def _matmul(npu: NpuConfig, chips: int):
@@ -34,6 +35,11 @@ def _softmax(npu: NpuConfig, chips: int):
 def _attention(npu: NpuConfig, chips: int):
     from .tile.attention import AttentionBuffer
     return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len)
+
+
+def _ring(npu: NpuConfig, chips: int):
+    from .system import RingSystem
+    return RingSystem(npu=npu, chips=chips)
 
 
 def _vector(npu: NpuConfig, chips: int):
@@ -52,15 +58,19 @@ TOPS: dict[str, Top] = {
     "attention": Top("attention", "windowed attention buffer", _attention),
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
                   _vector),
-    "ring": Top("ring", "chips' collective engines on the ring", None),
+    "ring": Top("ring", "chips' collective engines on the ring, each with a stream DMA", _ring,
+                default_chips=4),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile),
     "system": Top("system", "N chips on the ring", None),
 }
 
 
-def build_top(name: str, npu: NpuConfig, chips: int = 1):
-    """Build top ``name``; raise KeyError for an unknown one, NotImplementedError if not built."""
+def build_top(name: str, npu: NpuConfig, chips: int | None = None):
+    """Build top ``name``; raise KeyError for an unknown one, NotImplementedError if not built.
+
+    ``chips=None`` takes the top's ``default_chips``; a bad count raises ValueError.
+    """
     top = TOPS[name]
     if top.build is None:
         raise NotImplementedError(f"--top {name} ({top.description}) is not built yet")
-    return top.build(npu, chips)
+    return top.build(npu, top.default_chips if chips is None else chips)

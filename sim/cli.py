@@ -77,7 +77,7 @@ def _cmd_export(args):
     npu = _load(args, "npu")
     try:
         design = build_top(args.top, npu, args.chips)
-    except NotImplementedError as exc:
+    except (NotImplementedError, ValueError) as exc:
         raise UsageError(f"npu export: {exc}") from None
     out_dir = Path(args.output)
     try:
@@ -95,6 +95,12 @@ def _cmd_export(args):
     print(f"{path}: {args.top} for {npu.name} ({npu.array_size}x{npu.array_size} array), "
           f"{text.count(chr(10))} lines")
     return EXIT_OK
+
+
+def _cmd_collective(args):
+    from .collective import cmd_collective
+
+    return cmd_collective(args)
 
 
 def _cmd_bench(args):
@@ -134,7 +140,8 @@ def _build_parser():
     p.add_argument("--seed", type=int, default=0)
     for opt in ("--input", "--output", "--json"):
         p.add_argument(opt)
-    p.set_defaults(run=_not_built("collective", "issue #4"))
+    p.add_argument("--max-cycles", type=_positive)
+    p.set_defaults(run=_cmd_collective)
 
     p = sub.add_parser("plan", help="check capacity and compatibility per strategy")
     p.add_argument("--npu", required=True)
@@ -149,7 +156,7 @@ def _build_parser():
     p = sub.add_parser("export", help="write the Verilog of a top-level design")
     p.add_argument("--top", required=True)
     p.add_argument("--npu", required=True)
-    p.add_argument("--chips", type=_positive, default=1)
+    p.add_argument("--chips", type=_positive, help="chip count (default: the top's own)")
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.set_defaults(run=_cmd_export)
 

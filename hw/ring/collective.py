@@ -1,0 +1,300 @@
+"""Collective engine: one per chip, streams only (DESIGN.md §2 integration contract).
+
+The engine owns no addresses. It takes a command, consumes the local input stream and the ring
+receive stream, and produces the local output stream and the ring transmit stream, following
+the step schedule of :func:`hw.spec.collective.steps` (documented there, with the semantics).
+
+Protocol
+--------
+* **Words.** Every stream carries words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes as
+  ``D/4`` little-endian 32-bit lanes plus ``last`` (:func:`hw.ring.link.word_layout`). A 32-bit
+  element is one lane, a 64-bit element two adjacent lanes (low first). Every block starts on a
+  fresh word; its last word is padded (padding lanes carry don't-care values and set ``last``).
+  The link splits a word into ``D/B`` flits of ``B`` bytes on the wire.
+* **Flits carry no header.** Every chip receives the same command (with its own ``rank``), so
+  each derives from it how many words every step of every chip carries; sender and receiver
+  agree by construction and ``last`` only marks block ends.
+* **Cut-through.** A word is combined and queued for the link as soon as its inputs are
+  present: steps overlap across chips and no step waits for a whole block to arrive.
+* **Buffers.** All chips send their first block at once, before consuming anything, so each
+  receive buffer must hold a block (``fifo_words``; :func:`hw.spec.collective.check_fits`).
+  The datapath runs at one word per cycle, at least twice the link (``D/B >= 2`` cycles per
+  word); a transmit buffer lets it queue the first block at full speed, so that later steps
+  combine words as they arrive and the final block is not drained after the last send.
+* **Sequencing.** Step ``s`` of a chip consumes, from the ring, the words its upstream
+  neighbour transmitted in its own step ``s - 1`` (the schedules line up: the ring is one FIFO).
+
+Cost (cycles, no stalls)
+------------------------
+A word combined in cycle ``t`` enters the link in cycle ``t + 1`` (through the transmit buffer)
+and, with ``c = D/B`` cycles per word on the wire, is at the next engine after
+``h = a + c - 1`` more cycles (:func:`hw.spec.collective.hop_latency`), where it is combined
+in that very cycle if that engine is waiting for it (receive buffer empty), else one cycle
+later at the earliest. A transmitting step of ``w`` words therefore costs about
+``max(w*c, a + c)``: large blocks are link-bound, small ones latency-bound.
+:func:`hw.spec.collective.predicted_cycles` walks every chip's schedule word by word with these
+rules; it equals the simulated count exactly (checked in ``tests/hw/test_collective.py``). For
+a message of ``M`` bytes, all-reduce costs about ``2(N-1) * M/(N*B) + a + c + 5`` cycles: at
+4 KiB and beyond, within 1% of the step-synchronous bound ``2(N-1)(ceil(M/(N*B)) + a)`` (which
+pays ``a`` per step where this design pays it once), and below it for small messages.
+
+Ports
+-----
+i_cmd : In(stream.Signature(command_layout))
+    One command per collective; accepted only while idle (``busy`` low).
+i_local, o_local : local input/output streams of words.
+i_rx, o_tx : the ring receive and transmit streams (connect through :class:`RingLink`).
+busy : Out(1)
+    High from the cycle after a command is accepted until its last output word has left.
+
+Throughput: one word per cycle through the datapath; the link (one word per ``D/B >= 2``
+cycles) is the bottleneck. Latency: one cycle from rx or local to out or to the link.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, Op, word_bytes
+from .link import word_layout
+
+__all__ = ["command_layout", "CollectiveEngine"]
+
+#: Command of one collective (all chips get the same one, except ``rank``).
+command_layout = data.StructLayout({
+    "kind": unsigned(3),       # hw.spec.collective.Kind
+    "op": unsigned(2),         # hw.spec.collective.Op
+    "wide": unsigned(1),       # 0: 32-bit elements, 1: 64-bit elements
+    "length": unsigned(LENGTH_BITS),
+    "chips": unsigned(4),      # N, chips on the ring (1..8)
+    "rank": unsigned(3),       # this chip's ring position
+    "first": unsigned(3),      # group: first chip ...
+    "count": unsigned(4),      # ... and number of consecutive chips (1..N)
+})
+
+
+class CollectiveEngine(wiring.Component):
+    """Ring collective engine of one chip (see the module docstring for the contract).
+
+    Parameters (keyword-only)
+    -------------------------
+    link_bytes : int
+        Link width in bytes per cycle, a power of two; the word is ``max(2 * link_bytes, 8)``
+        bytes.
+    fifo_words : int
+        Depth in words of the receive buffer and of the transmit buffer. Every block of a
+        collective must fit (:func:`hw.spec.collective.check_fits`): all chips start by sending
+        a block while their upstream neighbour's first block arrives, so without a block of
+        buffering the ring would deadlock. Larger collectives are split into several by
+        software.
+
+    Commands are trusted: validate them with :class:`hw.spec.collective.CollectiveRequest`
+    before issuing them (zero length, groups outside the ring and the like are rejected there).
+    """
+
+    def __init__(self, *, link_bytes: int, fifo_words: int = 256):
+        if not isinstance(link_bytes, int) or isinstance(link_bytes, bool):
+            raise TypeError(f"link_bytes must be an integer, not {link_bytes!r}")
+        if not isinstance(fifo_words, int) or isinstance(fifo_words, bool) or fifo_words < 2:
+            raise ValueError(f"fifo_words must be an integer >= 2, not {fifo_words!r}")
+        self.word_bytes = word_bytes(link_bytes)
+        self.link_bytes = link_bytes
+        self.fifo_words = fifo_words
+        word = word_layout(self.word_bytes)
+        super().__init__({
+            "i_cmd": In(stream.Signature(command_layout)),
+            "i_local": In(stream.Signature(word)),
+            "o_local": Out(stream.Signature(word)),
+            "i_rx": In(stream.Signature(word)),
+            "o_tx": Out(stream.Signature(word)),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        lanes = self.word_bytes // 4
+        pairs = lanes // 2
+        epw32_log2 = (self.word_bytes * 8 // 32).bit_length() - 1
+
+        # Receive and transmit buffers (see fifo_words). The transmit buffer lets the datapath
+        # (one word per cycle) run ahead of the link (one word per D/B >= 2 cycles): the first
+        # step's block is queued at full speed, so later steps combine words as they arrive
+        # instead of draining a backlog at the end. First-word-fall-through FIFOs: a word
+        # written in cycle t is readable in cycle t + 1 whatever the occupancy, which keeps the
+        # hop latency short and the cycle count exactly predictable.
+        wbits = self.word_bytes * 8 + 1
+        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
+        m.submodules.tx_fifo = tx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
+        m.d.comb += [
+            self.o_tx.valid.eq(tx_fifo.r_rdy),
+            self.o_tx.payload.data.eq(tx_fifo.r_data[:wbits - 1]),
+            self.o_tx.payload.last.eq(tx_fifo.r_data[wbits - 1]),
+            tx_fifo.r_en.eq(self.o_tx.ready),
+        ]
+        m.d.comb += [
+            rx_fifo.w_data.eq(Cat(self.i_rx.payload.data, self.i_rx.payload.last)),
+        ]
+        # When the receive buffer is empty the datapath may take a word straight from the link
+        # (cut-through); otherwise words are read in order from the buffer.
+        rx_direct = Signal()
+        rx_take = Signal()
+        m.d.comb += [
+            rx_direct.eq(rx_fifo.level == 0),
+            rx_fifo.w_en.eq(self.i_rx.valid & ~(rx_direct & rx_take)),
+            self.i_rx.ready.eq(rx_fifo.w_rdy | (rx_direct & rx_take)),
+            rx_fifo.r_en.eq(~rx_direct & rx_take),
+        ]
+        rx_valid = Mux(rx_direct, self.i_rx.valid, rx_fifo.r_rdy)
+        rx_data = data.View(data.ArrayLayout(unsigned(32), lanes),
+                            Mux(rx_direct, self.i_rx.payload.data.as_value(),
+                                rx_fifo.r_data[:self.word_bytes * 8]))
+
+        # Latched command.
+        kind = Signal(3)
+        op = Signal(2)
+        wide = Signal()
+        length = Signal(LENGTH_BITS)
+        n = Signal(range(MAX_CHIPS + 1))
+        p = Signal(range(MAX_CHIPS))
+        member = Signal()
+        running = Signal()
+
+        cmd = self.i_cmd.payload
+        m.d.comb += self.i_cmd.ready.eq(~running)
+        diff = Signal(range(-MAX_CHIPS, MAX_CHIPS))
+        pos = Signal(range(MAX_CHIPS))
+        m.d.comb += [
+            diff.eq(cmd.rank - cmd.first),
+            pos.eq(Mux(diff < 0, diff + cmd.chips, diff)),
+        ]
+
+        # Step sequencer.
+        s = Signal(range(2 * MAX_CHIPS))
+        k = Signal(LENGTH_BITS)
+        total = Signal(range(2 * MAX_CHIPS))
+        p_eff = Signal(range(MAX_CHIPS))
+        m.d.comb += p_eff.eq(Mux(member, p, n - 1))
+
+        is_ag = kind == Kind.ALL_GATHER
+        is_ar = kind == Kind.ALL_REDUCE
+        is_sr = kind == Kind.SEND_RECV
+        is_bar = kind == Kind.BARRIER
+        with m.If(is_sr):
+            m.d.comb += total.eq(member)
+        with m.Elif(is_bar):
+            m.d.comb += total.eq(Mux(n == 1, 0, Mux(member, 2, 1)))
+        with m.Elif(is_ar):
+            m.d.comb += total.eq(Mux(member, 2 * n - 1, 2 * n - 2))
+        with m.Else():
+            m.d.comb += total.eq(Mux(member, n, n - 1))
+
+        block = Signal(range(MAX_CHIPS))
+        m.d.comb += block.eq((p_eff + 2 * n - s - ~is_ag) % n)
+
+        use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
+                                                   ("use_rx", "use_local", "to_tx", "to_out",
+                                                    "final"))
+        last_step = s == total - 1
+        with m.If(is_sr):
+            m.d.comb += [use_local.eq(p == 0), to_tx.eq(p == 0),
+                         use_rx.eq(p == 1), to_out.eq(p == 1)]
+        with m.Elif(is_bar):
+            m.d.comb += [use_rx.eq(~member | (s == 1) | (p != 0)),
+                         to_tx.eq(~member | (s == 0) | (p != n - 1))]
+        with m.Elif(~member):
+            m.d.comb += [use_rx.eq(1), to_tx.eq(1)]
+        with m.Elif(~is_ag & (s <= n - 1)):           # reduce phase
+            m.d.comb += [use_rx.eq(s > 0), use_local.eq(1), to_tx.eq(~last_step),
+                         to_out.eq(s == n - 1), final.eq(s == n - 1)]
+        with m.Else():                                 # gather phase
+            m.d.comb += [use_rx.eq(~(is_ag & (s == 0))), use_local.eq(is_ag & (s == 0)),
+                         to_tx.eq(~last_step), to_out.eq(1)]
+
+        # Words in this step: the block padded to whole words.
+        q = Signal(LENGTH_BITS)
+        r = Signal(range(MAX_CHIPS))
+        m.d.comb += [q.eq(length // n), r.eq(length % n)]
+        elems = Signal(LENGTH_BITS)
+        m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))
+        shift = Signal(range(epw32_log2 + 1))
+        m.d.comb += shift.eq(epw32_log2 - wide)
+        words = Signal(LENGTH_BITS)
+        epw_m1 = Signal(LENGTH_BITS)
+        m.d.comb += epw_m1.eq((Const(1, LENGTH_BITS) << shift) - 1)
+        m.d.comb += words.eq(Mux(is_bar, 1, (elems + epw_m1) >> shift))
+
+        # Results go straight into the transmit buffer, and through an output register to the
+        # local output stream.
+        res = Signal(word_layout(self.word_bytes))
+        pend_out = Signal()
+        m.d.comb += [
+            self.o_local.valid.eq(pend_out), self.o_local.payload.eq(res),
+        ]
+        with m.If(self.o_local.valid & self.o_local.ready):
+            m.d.sync += pend_out.eq(0)
+        can_accept = (~to_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
+
+        stepping = running & (s < total)
+        inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
+        fire = Signal()
+        m.d.comb += [
+            fire.eq(stepping & (words != 0) & inputs_ok & can_accept),
+            rx_take.eq(fire & use_rx),
+            self.i_local.ready.eq(fire & use_local),
+        ]
+
+        # Datapath: combine rx and local words lane by lane.
+        a = rx_data
+        b = self.i_local.payload.data
+        red_op = Mux(op == Op.AVG, Op.SUM, op)
+        comb32 = []
+        for lane in range(lanes):
+            x, y = a[lane].as_signed(), b[lane].as_signed()
+            comb32.append(Mux(red_op == Op.MAX, Mux(x > y, x, y),
+                              Mux(red_op == Op.MIN, Mux(x < y, x, y), x + y))[:32])
+        comb64 = []
+        for pair in range(pairs):
+            x = Cat(a[2 * pair], a[2 * pair + 1]).as_signed()
+            y = Cat(b[2 * pair], b[2 * pair + 1]).as_signed()
+            comb64.append(Mux(red_op == Op.MAX, Mux(x > y, x, y),
+                              Mux(red_op == Op.MIN, Mux(x < y, x, y), x + y))[:64])
+        both = Signal(self.word_bytes * 8)
+        m.d.comb += both.eq(Mux(wide, Cat(*comb64), Cat(*comb32)))
+        src = Signal(self.word_bytes * 8)
+        with m.If(use_rx & use_local):
+            m.d.comb += src.eq(both)
+        with m.Elif(use_rx):
+            m.d.comb += src.eq(a.as_value())
+        with m.Elif(use_local):
+            m.d.comb += src.eq(b.as_value())
+
+        # AVG: the final reduction is divided by the group size (floor of the wrapped sum).
+        div32 = [(src[32 * lane:32 * lane + 32].as_signed() // n)[:32] for lane in range(lanes)]
+        div64 = [(src[64 * pair:64 * pair + 64].as_signed() // n)[:64] for pair in range(pairs)]
+        result = Signal(self.word_bytes * 8)
+        m.d.comb += result.eq(Mux(final & (op == Op.AVG),
+                                  Mux(wide, Cat(*div64), Cat(*div32)), src))
+
+        m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
+                     tx_fifo.w_data.eq(Cat(result, k == words - 1))]
+        with m.If(fire):
+            m.d.sync += [res.data.eq(result), res.last.eq(k == words - 1), pend_out.eq(to_out)]
+            with m.If(k == words - 1):
+                m.d.sync += [k.eq(0), s.eq(s + 1)]
+            with m.Else():
+                m.d.sync += k.eq(k + 1)
+        with m.Elif(stepping & (words == 0)):
+            m.d.sync += s.eq(s + 1)
+
+        with m.If(running & (s >= total) & ~pend_out & (tx_fifo.level == 0)):
+            m.d.sync += running.eq(0)
+        with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            m.d.sync += [
+                running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
+                length.eq(cmd.length), n.eq(cmd.count), p.eq(pos), member.eq(pos < cmd.count),
+                s.eq(0), k.eq(0),
+            ]
+        m.d.comb += self.busy.eq(running)
+        return m

@@ -1,0 +1,444 @@
+"""Collective operations on the ring: encodings, requests, step schedules, word packing, costs.
+
+Plain Python (and NumPy), no Amaranth: the collective engine's gateware
+(:mod:`hw.ring.collective`), the golden model (:mod:`sim.golden.collectives`), the host-side test
+DMA packing and, later, the instruction-set simulator and the compiler all read this module.
+
+Semantics (MPI rank order, DESIGN.md §2)
+----------------------------------------
+A collective runs over a **group** of ``count`` consecutive chips starting at ``first`` on a ring
+of ``chips`` chips, wrapping around (first=6, count=4 on 8 chips is chips 6, 7, 0, 1). A member's
+**group rank** ``p`` is its distance from ``first`` along the ring. Chips outside the group
+forward ring traffic and produce no output.
+
+A vector of ``length`` elements is split into ``count`` blocks like ``numpy.array_split``: the
+first ``length % count`` blocks are one element longer. After a reduce-scatter group rank ``p``
+holds block ``p`` of the reduction; an all-gather's result is the blocks concatenated by group
+rank (chip ``first`` first). For an all-gather, ``length`` is the *result* length and a member
+contributes its block ``p``.
+
+Ops: ``SUM`` wraps modulo ``2**width`` (associative, so partial sums stay bit-exact); ``MAX`` and
+``MIN`` are signed; ``AVG`` is ``floor(wrap(sum) / count)``: the floor (towards minus infinity) of
+the *wrapped* two's-complement sum divided by the group size. It equals the floor of the exact
+mean whenever the exact sum fits in ``width`` bits; when it does not, it is the wrapped sum's
+mean (documented, not an error: the sum is the same one ``SUM`` returns).
+
+Step schedule (how the engine sequences a collective)
+-----------------------------------------------------
+Each chip executes a list of :class:`Step`: one block streamed as whole **words** (a word is
+:func:`word_bytes` bytes; a block starts on a fresh word and its last word is padded). A step takes
+its words from the ring (``rx``), the local input stream (``local``), both (combined by the op),
+or neither (a zero word, only for the barrier token), and sends them to the ring (``tx``), the
+local output stream (``out``), both, or nowhere. Member ``p`` of a group of ``n``:
+
+* reduce-scatter: ``n`` steps; step ``s`` carries block ``(p - 1 - s) mod n``; step 0 is
+  local -> tx, steps ``1..n-2`` are rx+local -> tx, step ``n-1`` is rx+local -> out (final).
+* all-reduce: ``2n - 1`` steps, block ``(p - 1 - s) mod n``: the reduce-scatter steps, except that
+  the final step goes to tx and out, then ``n - 1`` gather steps rx -> tx and out (the last one
+  rx -> out).
+* all-gather: ``n`` steps, block ``(p - s) mod n``: step 0 local -> tx and out, then rx -> tx and
+  out (the last one rx -> out).
+* ``n == 1``: one step local -> out.
+* send/recv (group of 2): rank 0 streams ``length`` elements local -> tx, rank 1 rx -> out.
+* barrier (``n >= 2``): rank 0 sends a token (zero word) and, when it comes back (everyone has
+  arrived), a release token; ranks ``1..n-2`` forward both; rank ``n-1`` forwards the first and
+  swallows the release.
+
+A chip outside the group replays group rank ``n - 1``'s steps that transmit, as rx -> tx: exactly
+the traffic that crosses it. The local input stream delivers the blocks of the steps that use
+``local``, in step order (see :func:`local_blocks`), and the output stream returns the blocks of
+the steps that go ``out`` (:func:`output_blocks`): the address generators (here the test DMA's
+host-side packing) place them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Kind", "Op", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveRequest", "Step",
+           "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
+           "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
+           "pack_blocks", "unpack_blocks",
+           "ring_bound_cycles", "predicted_cycles", "hop_latency", "bidirectional_split",
+           "reverse_rank", "system_cycles"]
+
+
+class Kind(enum.IntEnum):
+    """Collective kinds, as encoded in the engine's command ``kind`` field (3 bits)."""
+
+    ALL_REDUCE = 0
+    REDUCE_SCATTER = 1
+    ALL_GATHER = 2
+    SEND_RECV = 3
+    BARRIER = 4
+
+
+class Op(enum.IntEnum):
+    """Reduction ops, as encoded in the command ``op`` field (2 bits)."""
+
+    SUM = 0
+    MAX = 1
+    MIN = 2
+    AVG = 3
+
+
+WIDTHS = (32, 64)
+MAX_CHIPS = 8
+#: Bits of the command's ``length`` field: at most 2**24 - 1 elements per collective.
+LENGTH_BITS = 24
+
+
+def block_sizes(length: int, n: int) -> list[int]:
+    """Sizes of ``numpy.array_split(range(length), n)``: the first ``length % n`` are longer."""
+    q, r = divmod(length, n)
+    return [q + (j < r) for j in range(n)]
+
+
+def block_offsets(length: int, n: int) -> list[int]:
+    """Start element of each block of :func:`block_sizes`."""
+    q, r = divmod(length, n)
+    return [j * q + min(j, r) for j in range(n)]
+
+
+def word_bytes(link_bytes: int) -> int:
+    """Bytes of one engine word: ``max(2 * link_bytes, 8)``.
+
+    A word holds a 64-bit element, and the engine's datapath (one word per cycle) is at least
+    twice as fast as the link, so that it can catch up with the data it receives.
+
+    ``link_bytes`` must be a power of two (a word is a whole number of link flits).
+    """
+    if not isinstance(link_bytes, int) or link_bytes < 1 or link_bytes & (link_bytes - 1):
+        raise ValueError(f"link_bytes_per_cycle must be a power of two, not {link_bytes!r}")
+    return max(2 * link_bytes, 8)
+
+
+def elements_per_word(wbytes: int, width: int) -> int:
+    return wbytes * 8 // width
+
+
+@dataclass(frozen=True)
+class CollectiveRequest:
+    """One collective as every chip's command gives it; validated on construction.
+
+    ``length`` is the per-chip input length for all-reduce and reduce-scatter, the result length
+    for all-gather, the message length for send/recv, ignored (but >= 1) for the barrier.
+    ``count=None`` means the whole ring.
+    """
+
+    kind: Kind
+    op: Op
+    width: int
+    length: int
+    chips: int
+    first: int = 0
+    count: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", _enum(Kind, self.kind, "kind"))
+        object.__setattr__(self, "op", _enum(Op, self.op, "op"))
+        for name in ("width", "length", "chips", "first"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an integer, not {value!r}")
+        if self.count is None:
+            object.__setattr__(self, "count", self.chips)
+        if not isinstance(self.count, int) or isinstance(self.count, bool):
+            raise TypeError(f"count must be an integer, not {self.count!r}")
+        if self.width not in WIDTHS:
+            raise ValueError(f"width must be 32 or 64, not {self.width}")
+        if not 1 <= self.chips <= MAX_CHIPS:
+            raise ValueError(f"chips must be 1..{MAX_CHIPS}, not {self.chips}")
+        if not 1 <= self.length < 1 << LENGTH_BITS:
+            raise ValueError(f"length must be 1..{(1 << LENGTH_BITS) - 1} elements, "
+                             f"not {self.length}")
+        if not 0 <= self.first < self.chips:
+            raise ValueError(f"group first={self.first} is outside the ring of {self.chips} "
+                             f"chips (0..{self.chips - 1})")
+        if not 1 <= self.count <= self.chips:
+            raise ValueError(f"group count={self.count} must be 1..{self.chips} "
+                             f"(the ring has {self.chips} chips)")
+        if self.kind == Kind.SEND_RECV and self.count != 2:
+            raise ValueError(f"send/recv needs a group of 2 chips (sender, receiver), "
+                             f"not count={self.count}")
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """Chips of the group in group-rank order."""
+        return tuple((self.first + p) % self.chips for p in range(self.count))
+
+    def position(self, chip: int) -> int | None:
+        """Group rank of ``chip``, or None when it is outside the group."""
+        p = (chip - self.first) % self.chips
+        return p if p < self.count else None
+
+    def blocks(self) -> list[int]:
+        if self.kind == Kind.SEND_RECV:
+            return [self.length]
+        if self.kind == Kind.BARRIER:
+            return [0]
+        return block_sizes(self.length, self.count)
+
+
+def _enum(cls, value, name):
+    if isinstance(value, str):
+        try:
+            return cls[value.upper()]
+        except KeyError:
+            raise ValueError(f"{name} must be one of {', '.join(m.name.lower() for m in cls)}, "
+                             f"not {value!r}") from None
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {', '.join(m.name.lower() for m in cls)}, "
+                         f"not {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a chip's schedule: which block, where its words come from and go."""
+
+    block: int
+    rx: bool
+    local: bool
+    tx: bool
+    out: bool
+    final: bool = False  # the reduction is complete: AVG divides here
+
+
+def steps(req: CollectiveRequest, chip: int) -> list[Step]:
+    """The step schedule of ``chip`` (see the module docstring); the hardware mirrors it."""
+    n, p = req.count, req.position(chip)
+    if req.kind == Kind.SEND_RECV:
+        return {0: [Step(0, False, True, True, False)],
+                1: [Step(0, True, False, False, True)]}.get(p, [])
+    if req.kind == Kind.BARRIER:
+        if n == 1:
+            return []
+        if p is None:
+            return [Step(0, True, False, True, False)]
+        first = Step(0, p != 0, False, True, False)
+        release = Step(0, True, False, p != n - 1, False)
+        return [first, release]
+    if p is None:
+        relayed = steps(req, req.members[-1])[:-1]
+        return [Step(s.block, True, False, True, False) for s in relayed]
+    gather = req.kind == Kind.ALL_GATHER
+    total = {Kind.REDUCE_SCATTER: n, Kind.ALL_GATHER: n, Kind.ALL_REDUCE: 2 * n - 1}[req.kind]
+    out = []
+    for s in range(total):
+        block = (p - s - (not gather)) % n
+        last = s == total - 1
+        if not gather and s <= n - 1:          # reduce phase
+            step = Step(block, rx=s > 0, local=True, tx=not last, out=s == n - 1,
+                        final=s == n - 1)
+        else:                                  # gather phase
+            step = Step(block, rx=not (gather and s == 0), local=gather and s == 0,
+                        tx=not last, out=True)
+        out.append(step)
+    return out
+
+
+def step_words(req: CollectiveRequest, step: Step, wbytes: int) -> int:
+    """Words one step streams: its block padded to whole words (the barrier token is 1)."""
+    if req.kind == Kind.BARRIER:
+        return 1
+    epw = elements_per_word(wbytes, req.width)
+    return -(-req.blocks()[step.block] // epw)
+
+
+def max_block_words(req: CollectiveRequest, wbytes: int) -> int:
+    """Largest step in words: the engine's receive buffer must hold it."""
+    return max(step_words(req, Step(b, False, False, False, False), wbytes)
+               for b in range(len(req.blocks())))
+
+
+def check_fits(req: CollectiveRequest, wbytes: int, fifo_words: int) -> None:
+    """Raise ValueError when a block of ``req`` exceeds the engine's receive buffer."""
+    need = max_block_words(req, wbytes)
+    if need > fifo_words:
+        raise ValueError(f"a block of {need} words ({need * wbytes} B) exceeds the collective "
+                         f"engine's buffers of fifo_words={fifo_words}; split the collective "
+                         f"or build the engine with fifo_words >= {need}")
+
+
+def local_blocks(req: CollectiveRequest, chip: int) -> list[int]:
+    """Blocks the local input stream must deliver, in order."""
+    return [s.block for s in steps(req, chip) if s.local]
+
+
+def output_blocks(req: CollectiveRequest, chip: int) -> list[int]:
+    """Blocks the local output stream returns, in order."""
+    return [s.block for s in steps(req, chip) if s.out]
+
+
+def _lanes(values: np.ndarray, width: int) -> np.ndarray:
+    """Elements as little-endian 32-bit lanes (a 64-bit element is lanes low, high)."""
+    dtype = "<i4" if width == 32 else "<i8"
+    return np.ascontiguousarray(np.asarray(values).astype(dtype)).view("<u4")
+
+
+def pack_blocks(vector, req: CollectiveRequest, blocks: list[int], wbytes: int) -> list[int]:
+    """Words (as integers of ``8 * wbytes`` bits) streaming ``blocks`` of ``vector``.
+
+    For all-gather, ``vector`` is the member's own block; otherwise the whole per-chip vector.
+    """
+    vector = np.asarray(vector)
+    sizes = req.blocks()
+    offsets = [0] if req.kind == Kind.SEND_RECV else block_offsets(req.length, req.count)
+    epw = elements_per_word(wbytes, req.width)
+    lanes_per_word = wbytes // 4
+    words = []
+    for b in blocks:
+        if req.kind == Kind.ALL_GATHER:
+            chunk = vector
+        else:
+            chunk = vector[offsets[b]:offsets[b] + sizes[b]]
+        padded = np.zeros(-(-sizes[b] // epw) * epw, dtype=np.int64)
+        padded[:sizes[b]] = chunk
+        lanes = _lanes(padded, req.width).reshape(-1, lanes_per_word)
+        words += [int.from_bytes(row.tobytes(), "little") for row in lanes]
+    return words
+
+
+def unpack_blocks(words: list[int], req: CollectiveRequest, blocks: list[int],
+                  wbytes: int) -> dict[int, np.ndarray]:
+    """Inverse of :func:`pack_blocks`: ``{block: elements}`` from the streamed words."""
+    sizes = req.blocks()
+    epw = elements_per_word(wbytes, req.width)
+    dtype = np.int32 if req.width == 32 else np.int64
+    result, at = {}, 0
+    for b in blocks:
+        count = -(-sizes[b] // epw)
+        raw = b"".join(int(w).to_bytes(wbytes, "little") for w in words[at:at + count])
+        at += count
+        wire = "<i4" if req.width == 32 else "<i8"
+        result[b] = np.frombuffer(raw, dtype=wire)[:sizes[b]].astype(dtype)
+    if at != len(words):
+        raise ValueError(f"{len(words)} words streamed, {at} expected")
+    return result
+
+
+def bidirectional_split(req: CollectiveRequest):
+    """How a bidirectional ring runs ``req``: ``(forward, reverse)`` requests.
+
+    An all-reduce sends its first ``length - length // 2`` elements around the forward ring and
+    the rest around the reverse ring (``reverse`` is None when that is empty). The reverse
+    request is in the reverse ring's ranks, where chip ``i`` is ``reverse_rank(i)``; its group
+    starts at the reverse rank of the group's last chip. Other kinds use the forward ring only.
+    """
+    if req.kind != Kind.ALL_REDUCE:
+        return req, None
+    half = req.length // 2
+    fields = {"kind": req.kind, "op": req.op, "width": req.width, "chips": req.chips,
+              "count": req.count}
+    forward = CollectiveRequest(length=req.length - half, first=req.first, **fields)
+    if half == 0:
+        return forward, None
+    reverse = CollectiveRequest(length=half, first=(req.chips - req.first - req.count)
+                                % req.chips, **fields)
+    return forward, reverse
+
+
+def reverse_rank(chip: int, chips: int) -> int:
+    """Rank of ``chip`` on the reverse ring (which runs chip i -> i - 1)."""
+    return chips - 1 - chip
+
+
+def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
+                      latency: int) -> int:
+    """Step-synchronous ring cost (DESIGN.md §7): ``steps * (ceil(M / (N*B)) + a)``.
+
+    ``steps`` is ``2(N-1)`` for all-reduce and ``N-1`` for reduce-scatter and all-gather.
+    """
+    kind = Kind(kind)
+    hops = 2 * (n - 1) if kind == Kind.ALL_REDUCE else n - 1
+    return hops * (math.ceil(message_bytes / (n * link_bytes)) + latency)
+
+
+def hop_latency(link_bytes: int, latency: int) -> int:
+    """Cycles from a word entering a link to it being readable from the next engine's buffer.
+
+    The ``a`` link registers and the wait for the word's remaining ``D/B - 1`` flits; a word
+    that finds the receive buffer empty and the engine ready is combined in that cycle, else
+    it is read from the buffer one cycle later at the earliest.
+    """
+    ratio = word_bytes(link_bytes) // link_bytes
+    return latency + ratio - 1
+
+
+def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> int:
+    """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingSystem).
+
+    A word-level walk of every chip's schedule with the engine's rules: a chip combines at most
+    one word per cycle, once its local word is there (the test DMA's first word two cycles
+    after ``start``) and its ring word is: in the cycle the word leaves the link (``hop_latency``
+    after the upstream chip's link took it) if the chip's receive buffer is empty and it is
+    waiting, else one cycle later at the earliest. A combined word enters its link one cycle
+    later, at most one per ``c = D/B`` cycles. The walk iterates to a fixed point around the
+    ring and assumes no stalls and an always-ready output stream. In closed form, for blocks of
+    ``w`` words and ``S`` transmitting steps, the result is about ``S * max(w*c, hop + 1) +
+    hop + 4``.
+    """
+    wbytes = word_bytes(link_bytes)
+    c = wbytes // link_bytes
+    hop = hop_latency(link_bytes, latency)
+    chips = req.chips
+    scheds = [steps(req, i) for i in range(chips)]
+    sent = [[] for _ in range(chips)]
+    done = [0] * chips
+    for _ in range(2 * chips + 2):
+        new_sent = [[] for _ in range(chips)]
+        for i in range(chips):
+            up = sent[(i - 1) % chips]
+            t = 1                 # first cycle an engine may fire (command accepted at 0)
+            local_ready = 2       # the test DMA's first word is valid two cycles after start
+            link_free = 0         # first cycle the link accepts the next word
+            last_accept = 0
+            last_rx = -1
+            dropped = False
+            at = 0
+            for step in scheds[i]:
+                count = step_words(req, step, wbytes)
+                if count == 0:
+                    t += 1
+                for _ in range(count):
+                    if step.local:
+                        t = max(t, local_ready)
+                    if step.rx:
+                        arrive = up[at] if at < len(up) else 10 ** 9
+                        at += 1
+                        # straight from the link if the buffer is empty and the engine waits
+                        direct = t <= arrive and last_rx < arrive
+                        t = arrive if direct else max(t, arrive + 1)
+                        last_rx = t
+                    fire = t
+                    if step.tx:
+                        # the transmit buffer's read latency
+                        accept = max(fire + 1, link_free)
+                        link_free = accept + c
+                        new_sent[i].append(accept + hop)
+                        last_accept = accept
+                    t = fire + 1
+                    dropped = not (step.tx or step.out)
+            done[i] = max(t + 2 - dropped, last_accept + 2) if scheds[i] else 2
+        if new_sent == sent:
+            break
+        sent = new_sent
+    return max(done)
+
+
+def system_cycles(req: CollectiveRequest, link_bytes: int, latency: int,
+                  bidirectional: bool = False) -> int:
+    """Cycles of ``req`` on a :class:`~hw.system.RingSystem` (both rings when bidirectional)."""
+    if not bidirectional:
+        return predicted_cycles(req, link_bytes, latency)
+    forward, reverse = bidirectional_split(req)
+    cycles = predicted_cycles(forward, link_bytes, latency)
+    if reverse is not None:
+        cycles = max(cycles, predicted_cycles(reverse, link_bytes, latency))
+    return cycles
