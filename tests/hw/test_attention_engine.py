@@ -1,0 +1,322 @@
+"""AttentionEngine (words in, words out) against the ISS and the golden models, through the same
+address-generator descriptors the compiler emits (``sim.compiler.attention_launch``)."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hw.spec import ModelConfig, npu_preset
+from hw.tile.attention_engine import AttentionEngine, softmax_lanes
+from sim.compiler.attention_launch import attention_launch, emit, head_launches, plan_schedule
+from sim.golden.float_model import attention_mask
+from sim.golden.layer import attention_int
+from sim.golden.matmul import requant, wrap
+from sim.golden.scratchpad import addr_sequence
+from sim.golden.softmax import softmax
+from sim.iss import Assembler, Iss, IssError
+from sim.memory import pack_rows, row_words, unpack_rows
+from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+
+SCORE_MULT, SCORE_SHIFT = 45000, 19     # |q.k| up to ~2**17 -> a few units in Q8.8
+OUT_MULT, OUT_SHIFT = 40000, 15         # raw P.V (~2**15) -> int8
+
+
+def make_npu(*, size=4, window=8, length=8, dmax=8):
+    return dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
+                               attn_window=window, softmax_len=length, d_head_max=dmax,
+                               sram_bytes=size * 1024, sram_banks=4)
+
+
+def reference(q, k, v, visible):
+    """Attention of one head from a [queries, keys] visibility matrix, in the chip's integers."""
+    raw = wrap(q @ k.T)
+    scores = np.where(visible, requant(raw, SCORE_MULT, SCORE_SHIFT, 16), 0)
+    probs = softmax(scores, visible).astype(np.int64)
+    return requant(wrap(np.where(visible, probs, 0) @ v), OUT_MULT, OUT_SHIFT, 8)
+
+
+class Case:
+    """Q [queries, d_model], K/V [keys, d_model] int8 in memory, one head's launch."""
+
+    def __init__(self, rng, npu, *, queries, keys, d_model, col, d_head, **kw):
+        n = npu.array_size
+        self.npu, self.iss = npu, Iss(npu)
+        self.rw = rw = row_words(d_model, 1, n)
+        self.q = rng.integers(-128, 128, (queries, d_model))
+        self.k = rng.integers(-128, 128, (keys, d_model))
+        self.v = rng.integers(-128, 128, (keys, d_model))
+        q_base, k_base = 0, queries * rw
+        v_base = k_base + keys * rw
+        self.o_base = v_base + keys * rw
+        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
+            self.iss.write_words(base, pack_rows(x, 1, n))
+        # Garbage in the output tensor: only the head's columns may change.
+        self.garbage = rng.integers(-128, 128, (queries, d_model))
+        self.iss.write_words(self.o_base, pack_rows(self.garbage, 1, n))
+        self.launch = attention_launch(
+            size=n, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
+            v_base=v_base, o_base=self.o_base, q_row_words=rw, k_row_words=rw, v_row_words=rw,
+            o_row_words=rw, col=col, score_mult=SCORE_MULT, score_shift=SCORE_SHIFT,
+            out_mult=OUT_MULT, out_shift=OUT_SHIFT, **kw)
+        self.sl = slice(col, col + d_head)
+        self.queries, self.d_model = queries, d_model
+        self.before = self.iss.mem.copy()
+
+    def run_iss(self):
+        asm = Assembler()
+        emit(asm, self.launch)
+        asm.halt()
+        self.iss.run(asm.words())
+        out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
+                          self.queries, self.d_model, 1)
+        untouched = np.ones(self.d_model, bool)
+        untouched[self.sl] = False
+        assert (out[:, untouched] == self.garbage[:, untouched]).all(), \
+            "ISS wrote outside the head's columns"
+        return out[:, self.sl]
+
+    def check_against(self, got, want):
+        bad = np.argwhere(got != want)
+        assert not len(bad), (f"ISS query {bad[0][0]} lane {bad[0][1]}: {got[tuple(bad[0])]}, "
+                              f"golden {want[tuple(bad[0])]}")
+
+
+def engine_for(npu):
+    return AttentionEngine(window=npu.attn_window, d_head=npu.d_head_max,
+                           length=npu.softmax_len, size=npu.array_size)
+
+
+def cfg_payload(launch):
+    r = launch.regs
+    return {"queries": r["AT_QUERIES"], "keys": r["AT_KEYS"], "q_pos": r["AT_Q_POS"],
+            "k_pos": r["AT_K_POS"], "flags": r["AT_FLAGS"], "score_mult": r["AT_SCORE_MULT"],
+            "score_shift": r["AT_SCORE_SHIFT"], "out_mult": r["AT_OUT_MULT"],
+            "out_shift": r["AT_OUT_SHIFT"], "d_head": r["AT_D_HEAD"]}
+
+
+def run_engine(case, rng, *, idle=0.2, stall=0.2, max_cycles=30_000):
+    """Drive the engine with the words the descriptors select from the initial memory; return
+    the resulting memory and the cycles from the configuration beat to the last output word."""
+    npu, launch = case.npu, case.launch
+    dut = engine_for(npu)
+    ab = case.iss.addr_bits
+
+    def words(desc):
+        return case.before[addr_sequence(desc.base, desc.n, desc.s, ab)]
+
+    streams = {name: [{"data": [int(x) for x in w.view(np.int8)], "last": 0}
+                      for w in words(getattr(launch, gen))]
+               for name, gen in (("i_k", "rd3"), ("i_v", "rd4"), ("i_q", "rd5"))}
+    total = launch.wr1.total
+    out, times = [], {}
+    seeds = rng.integers(0, 2**32, size=4)
+
+    async def control(ctx):
+        await stream_put(ctx, dut.i_cfg, cfg_payload(launch))
+        times["cfg"] = clock[0]
+
+    async def drain(ctx):
+        r = np.random.default_rng(seeds[0])
+        out.extend(await collect(ctx, dut.o, total, rng=r, stall=stall,
+                                 convert=lambda p: ([int(x) & 0xFF for x in p.data],
+                                                    int(p.last))))
+        times["last"] = clock[0]
+        await ctx.tick()
+        assert not ctx.get(dut.busy), "engine still busy after its last word"
+
+    clock = [0]
+
+    async def count(ctx):
+        async for _ in ctx.tick():
+            clock[0] += 1
+
+    benches = [control, drain]
+    for i, name in enumerate(streams):
+        async def bench(ctx, name=name, i=i):
+            await send_all(ctx, getattr(dut, name), streams[name],
+                           rng=np.random.default_rng(seeds[1 + i]), idle=idle)
+        benches.append(bench)
+    run_sim(dut, benches, processes=[count], max_cycles=max_cycles)
+    assert [last for _, last in out] == [0] * (total - 1) + [1], "`last` not on the final word"
+    mem = case.before.copy()
+    mem[addr_sequence(launch.wr1.base, launch.wr1.n, launch.wr1.s, ab)] = \
+        np.array([w for w, _ in out], np.uint8)
+    return mem, times["last"] - times["cfg"]
+
+
+def check_rtl(case, rng, **kw):
+    mem, cycles = run_engine(case, rng, **kw)
+    diff = np.argwhere(mem != case.iss.mem)
+    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
+                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {case.iss.mem[tuple(diff[0])]}")
+    return cycles
+
+
+# --- RTL + ISS + golden ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed, pos", [(1, 0), (2, 300)])
+def test_causal_whole_sequence_preload(seed, pos):
+    """seq <= W, preload schedule, head 1 of 2; `pos` is the sequence's position base."""
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    npu = make_npu()
+    seq = 6
+    case = Case(rng, npu, queries=seq, keys=seq, d_model=16, col=8, d_head=8, q_pos=pos,
+                k_pos=pos)
+    got = case.run_iss()
+    want = reference(case.q[:, case.sl], case.k[:, case.sl], case.v[:, case.sl],
+                     attention_mask(seq, 0, True, pos))
+    case.check_against(got, want)
+    check_rtl(case, rng)
+
+
+def test_bidirectional_narrow_head():
+    """Bidirectional, a head of 4 lanes in an 8-lane buffer (zero-extended), L > W."""
+    print("seed=3")
+    rng = np.random.default_rng(3)
+    npu = make_npu(window=6, length=8)
+    seq = 6
+    case = Case(rng, npu, queries=seq, keys=seq, d_model=12, col=4, d_head=4,
+                bidirectional=True)
+    got = case.run_iss()
+    want = reference(case.q[:, case.sl], case.k[:, case.sl], case.v[:, case.sl],
+                     attention_mask(seq, 0, False))
+    case.check_against(got, want)
+    check_rtl(case, rng)
+
+
+def test_windowed_sequence_longer_than_ring():
+    """Causal window W over 13 tokens: interleaved schedule, the ring wraps around."""
+    print("seed=4")
+    rng = np.random.default_rng(4)
+    npu = make_npu(window=4, length=4)
+    seq = 13
+    case = Case(rng, npu, queries=seq, keys=seq, d_model=8, col=0, d_head=8, interleaved=True,
+                window=4, q_pos=7, k_pos=7)
+    got = case.run_iss()
+    want = reference(case.q, case.k, case.v, attention_mask(seq, 4, True, 7))
+    case.check_against(got, want)
+    check_rtl(case, rng)
+
+
+def test_chunk_with_halo_at_position_base():
+    """A sequence chunk at position 40 with the W-1 previous tokens as halo keys (what a
+    sequence-parallel chip runs): keys 35..44, queries 40..44, window W = 6 < L = 8."""
+    print("seed=5")
+    rng = np.random.default_rng(5)
+    npu = make_npu(window=6, length=8)
+    base, chunk, halo = 40, 5, 5
+    case = Case(rng, npu, queries=chunk, keys=halo + chunk, d_model=8, col=0, d_head=8,
+                interleaved=True, halo=halo, window=6, q_pos=base, k_pos=base - halo)
+    got = case.run_iss()
+    qpos = np.arange(chunk)[:, None] + base
+    kpos = np.arange(halo + chunk)[None, :] + base - halo
+    visible = (kpos <= qpos) & (kpos > qpos - 6)
+    case.check_against(got, reference(case.q, case.k, case.v, visible))
+    check_rtl(case, rng)
+
+
+# --- whole layers on the ISS -----------------------------------------------------------------
+
+@pytest.mark.parametrize("seed, seq, window, causal, d_head, pos_base", [
+    (10, 8, 0, True, 8, 0),        # the tiny model's shape: preload
+    (11, 8, 0, False, 4, 3),       # bidirectional, narrow heads
+    (12, 7, 7, False, 8, 0),       # a window that does not cut
+    (13, 21, 8, True, 8, 100),     # causal window = ring over 21 tokens: interleaved
+    (14, 8, 8, True, 16, 0),       # window = ring = seq, heads of d_head_max
+])
+def test_head_launches_equal_attention_int(seed, seq, window, causal, d_head, pos_base):
+    """For what one chip runs, the ISS over every head equals ``attention_int`` bit for bit."""
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    npu = make_npu(window=8, length=8, dmax=16)
+    n_heads = 3
+    d_model = n_heads * d_head
+    cfg = ModelConfig(n_layers=1, d_model=d_model, n_heads=n_heads, d_head=d_head, d_ff=8,
+                      seq_len=seq, window=window, causal=causal)
+    layer = SimpleNamespace(score_mult=int(rng.integers(20000, 60000)), score_shift=19,
+                            out_mult=int(rng.integers(20000, 60000)), out_shift=15)
+    q, k, v = (rng.integers(-128, 128, (seq, d_model)) for _ in range(3))
+    n = npu.array_size
+    rw = row_words(d_model, 1, n)
+    iss = Iss(npu)
+    bases = [i * seq * rw for i in range(4)]
+    for base, x in zip(bases, (q, k, v), strict=False):
+        iss.write_words(base, pack_rows(x, 1, n))
+    asm = Assembler()
+    for launch in head_launches(npu=npu, cfg=cfg, layer=layer, q_base=bases[0],
+                                k_base=bases[1], v_base=bases[2], o_base=bases[3],
+                                row_words=rw, pos_base=pos_base):
+        emit(asm, launch)
+    asm.halt()
+    iss.run(asm.words())
+    got = unpack_rows(iss.read_words(bases[3], seq * rw), seq, d_model, 1)
+    want = attention_int(cfg, layer, q, k, v, pos_base)
+    bad = np.argwhere(got != want)
+    assert not len(bad), f"token {bad[0][0]} column {bad[0][1]}: {got[tuple(bad[0])]} vs " \
+                         f"{want[tuple(bad[0])]}"
+
+
+def test_plan_schedule_refuses_what_one_chip_cannot_run():
+    assert not plan_schedule(seq=8, window=0, causal=True, ring=8).interleaved
+    assert plan_schedule(seq=20, window=8, causal=True, ring=8).interleaved
+    with pytest.raises(ValueError, match="causal attention over 20 tokens with window 0"):
+        plan_schedule(seq=20, window=0, causal=True, ring=8)
+    with pytest.raises(ValueError, match="window 4"):
+        plan_schedule(seq=8, window=4, causal=True, ring=8)
+    with pytest.raises(ValueError, match="bidirectional attention over 20 tokens"):
+        plan_schedule(seq=20, window=8, causal=False, ring=8)
+
+
+@pytest.mark.parametrize("reg, value, match", [
+    ("AT_QUERIES", 0, "AT_QUERIES=0"),
+    ("AT_KEYS", 0, "AT_KEYS=0"),
+    ("AT_D_HEAD", 6, "AT_D_HEAD=6"),
+    ("AT_D_HEAD", 16, "AT_D_HEAD=16"),
+    ("AT_FLAGS", 4, "AT_FLAGS=0x4"),
+    ("AT_FLAGS", 2 | (9 << 8), "halo 9"),
+    ("AT_FLAGS", 5 << 8, "needs the interleaved schedule"),
+    ("AT_WINDOW", 3, "AT_WINDOW=3"),
+    ("AT_Q_POS", 65534, "AT_Q_POS=65534"),
+    ("AT_OUT_SHIFT", 0, "AT_OUT_SHIFT=0"),
+    ("AT_SCORE_MULT", 1 << 16, "AT_SCORE_MULT=65536"),
+    ("AT_KEYS", 5, "RD3 walks 6 words, the launch needs 5 rows"),
+])
+def test_iss_rejects_inconsistent_registers(reg, value, match):
+    rng = np.random.default_rng(6)
+    case = Case(rng, make_npu(), queries=3, keys=3, d_model=8, col=0, d_head=8)
+    asm = Assembler()
+    emit(asm, dataclasses.replace(case.launch, regs={**case.launch.regs, reg: value}))
+    asm.halt()
+    with pytest.raises(IssError, match=match):
+        case.iss.run(asm.words())
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+def test_cycles():
+    pass
+
+
+# --- constructor -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"window": 8.0}, TypeError, "window must be an integer, not 8.0"),
+    ({"size": True}, TypeError, "size must be an integer, not True"),
+    ({"size": 1}, ValueError, "size must be at least 2, not 1"),
+    ({"window": 0}, ValueError, "window must be at least 1, not 0"),
+    ({"length": 6}, ValueError, r"length=6 must be at least max\(window=8, 2\)"),
+    ({"d_head": 6}, ValueError, "d_head=6 must be a positive multiple of size=4"),
+    ({"d_head": 0}, ValueError, "d_head=0 must be a positive multiple of size=4"),
+])
+def test_constructor_rejects(kw, exc, match):
+    args = {"window": 8, "d_head": 8, "length": 8, "size": 4, **kw}
+    with pytest.raises(exc, match=match):
+        AttentionEngine(**args)
+
+
+def test_softmax_lanes():
+    assert [softmax_lanes(x) for x in (2, 3, 5, 6, 8, 9, 16, 64)] == [2, 3, 1, 3, 4, 3, 4, 4]
+    assert engine_for(make_npu()).lanes_per_cycle == 4
