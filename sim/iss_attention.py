@@ -73,6 +73,9 @@ def exec_attention(iss):
     halo = (flags >> HALO_SHIFT) & ((1 << HALO_BITS) - 1)
     if interleaved and halo > keys:
         raise IssError(f"ATTN halo {halo} (AT_FLAGS) exceeds AT_KEYS={keys}")
+    if interleaved and keys > halo + queries:
+        raise IssError(f"ATTN interleaved with AT_KEYS={keys} > halo {halo} + AT_QUERIES="
+                       f"{queries}: the keys after the last query would never be written")
     if not interleaved and halo:
         raise IssError(f"ATTN halo {halo} (AT_FLAGS) needs the interleaved schedule (bit 1)")
     if r["WINDOW"] not in (0, ring):

@@ -176,9 +176,12 @@ class AttentionEngine(wiring.Component):
             off = Signal(range(D + 1), name=f"{name}_off")
             full = Signal(name=f"{name}_full")
             take = Signal(name=f"{name}_take")
-            m.d.comb += port.ready.eq(active & ~full)
+            # A row's first word may arrive in the cycle the previous row is taken, so a
+            # one-word row (h = N) streams at one row per cycle.
+            m.d.comb += port.ready.eq(active & (~full | take))
             with m.If(take):
-                # Cleared after use, so lanes beyond h stay zero for the next row.
+                # Cleared after use, so lanes beyond h stay zero for the next row (the word
+                # taken in the same cycle, below, overrides its own lanes).
                 m.d.sync += [row.eq(0), full.eq(0)]
             with m.If(port.valid & port.ready):
                 with m.Switch(off):

@@ -9,7 +9,14 @@ import pytest
 
 from hw.spec import ModelConfig, npu_preset
 from hw.tile.attention_engine import AttentionEngine, softmax_lanes
-from sim.compiler.attention_launch import attention_launch, emit, head_launches, plan_schedule
+from sim.compiler.attention_launch import (
+    attention_launch,
+    emit,
+    head_launches,
+    launch_cycles,
+    plan_schedule,
+)
+from sim.compiler.attention_launch import softmax_lanes as compiler_softmax_lanes
 from sim.golden.float_model import attention_mask
 from sim.golden.layer import attention_int
 from sim.golden.matmul import requant, wrap
@@ -283,12 +290,14 @@ def test_plan_schedule_refuses_what_one_chip_cannot_run():
     ("AT_OUT_SHIFT", 0, "AT_OUT_SHIFT=0"),
     ("AT_SCORE_MULT", 1 << 16, "AT_SCORE_MULT=65536"),
     ("AT_KEYS", 5, "RD3 walks 6 words, the launch needs 5 rows"),
+    ({"AT_FLAGS": 2, "AT_QUERIES": 2}, None, "AT_KEYS=3 > halo 0 \\+ AT_QUERIES=2"),
 ])
 def test_iss_rejects_inconsistent_registers(reg, value, match):
     rng = np.random.default_rng(6)
     case = Case(rng, make_npu(), queries=3, keys=3, d_model=8, col=0, d_head=8)
     asm = Assembler()
-    emit(asm, dataclasses.replace(case.launch, regs={**case.launch.regs, reg: value}))
+    change = reg if isinstance(reg, dict) else {reg: value}
+    emit(asm, dataclasses.replace(case.launch, regs={**case.launch.regs, **change}))
     asm.halt()
     with pytest.raises(IssError, match=match):
         case.iss.run(asm.words())
@@ -296,8 +305,38 @@ def test_iss_rejects_inconsistent_registers(reg, value, match):
 
 # --- timing ------------------------------------------------------------------------------------
 
-def test_cycles():
-    pass
+@pytest.mark.parametrize("npu_kw, queries, keys, d_head, kw, closed", [
+    ({}, 6, 6, 8, {}, 121),                                                  # buffer-bound
+    ({"window": 4, "length": 8}, 5, 3, 8, {"bidirectional": True}, 85),      # softmax-bound
+    ({"window": 4, "length": 10}, 6, 6, 4, {"interleaved": True}, 266),      # P = 2, wraps
+    ({"window": 6, "length": 8}, 5, 8, 8, {"interleaved": True, "halo": 3}, 175),
+    ({"window": 4, "length": 8}, 6, 4, 4, {"interleaved": True, "halo": 2}, None),  # keys run out
+    ({"size": 2, "window": 2, "length": 2, "dmax": 16}, 4, 4, 16, {}, None),  # w > W + 5
+])
+def test_cycles(npu_kw, queries, keys, d_head, kw, closed):
+    """With every word available and ``o`` always ready the engine takes exactly
+    ``launch_cycles`` (and the closed forms of docs/isa.md where they apply); with random idle
+    and backpressure never fewer."""
+    npu = make_npu(**npu_kw)
+    W, L, n = npu.attn_window, npu.softmax_len, npu.array_size
+    rng = np.random.default_rng(7)
+    case = Case(rng, npu, queries=queries, keys=keys, d_model=d_head, col=0, d_head=d_head,
+                **kw)
+    case.run_iss()
+    model = launch_cycles(case.launch.regs, window=W, length=L, size=n)
+    w, T = d_head // n, L // softmax_lanes(L)
+    if closed is not None:
+        if kw.get("interleaved"):
+            formula = w * (kw.get("halo", 0) + 2) + queries * (2 * W + 5 * T + 11)
+        else:
+            formula = (w * (keys + 1) + 2 * W + 5 * T + 11
+                       + (queries - 1) * max(W + 6, 5 * T + 2))
+        assert model == formula == closed, f"model {model}, closed form {formula}, {closed}"
+    cycles = check_rtl(case, rng, idle=0, stall=0)
+    assert cycles == model, f"RTL took {cycles} cycles, the model says {model}"
+    slow = check_rtl(case, rng, idle=0.3, stall=0.3)
+    assert slow >= model, f"RTL with idle/backpressure took {slow} < {model} cycles"
+    print(f"cycles={cycles} with idle/backpressure {slow}")
 
 
 # --- constructor -------------------------------------------------------------------------------
@@ -320,3 +359,4 @@ def test_constructor_rejects(kw, exc, match):
 def test_softmax_lanes():
     assert [softmax_lanes(x) for x in (2, 3, 5, 6, 8, 9, 16, 64)] == [2, 3, 1, 3, 4, 3, 4, 4]
     assert engine_for(make_npu()).lanes_per_cycle == 4
+    assert all(softmax_lanes(x) == compiler_softmax_lanes(x) for x in range(2, 70))
