@@ -1,9 +1,10 @@
 """``ATTN`` in the instruction-set simulator: one attention head per launch, at word level.
 
 Reproduces ``hw.tile.attention_engine.AttentionEngine`` exactly: the same command order (K/V
-writes and queries, see :func:`schedule`) run through the golden ring
-(``sim.golden.attention.run_sequence``) with the golden softmax, then the output requantiser
-(``sim.golden.matmul.requant`` to int8). See ``docs/isa.md`` (ATTN) for the registers.
+writes and queries, see :func:`schedule`) through the golden ring (``sim.golden.attention.KVRing``
+and ``score_row``, as ``run_sequence`` uses them) with the golden softmax, the engine's narrower
+window (:func:`window_mask`), then the output requantiser (``sim.golden.matmul.requant`` to
+int8). See ``docs/isa.md`` (ATTN) for the registers.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import numpy as np
 
 from hw.spec.formats import MULT_BITS, SHIFT_MAX, SHIFT_MIN
 
-from .golden.attention import KV, POS_BITS, Query, run_sequence
+from .golden.attention import POS_BITS, KVRing, score_row
 from .golden.matmul import requant
 from .golden.softmax import softmax
 from .iss import IssError
 from .memory import pack_rows
 
-__all__ = ["exec_attention", "schedule", "FLAG_BIDIR", "FLAG_INTERLEAVED", "HALO_SHIFT",
-           "HALO_BITS"]
+__all__ = ["exec_attention", "schedule", "window_mask", "FLAG_BIDIR", "FLAG_INTERLEAVED",
+           "HALO_SHIFT", "HALO_BITS"]
 
 # Same values as hw.tile.attention_engine (the ISS does not import gateware).
 FLAG_BIDIR = 1
@@ -45,6 +46,15 @@ def schedule(keys: int, queries: int, *, interleaved: bool, halo: int = 0) -> li
             written += 1
         out.append(("q", t))
     return out
+
+
+def window_mask(slot_pos, qpos: int, window: int, *, bidirectional: bool) -> np.ndarray:
+    """The engine's narrowing of the ring's mask: ``qpos - pos < window`` (causal; the ring
+    already ensures ``pos <= qpos``) or ``|qpos - pos| < window``; all true for window 0."""
+    diff = qpos - np.asarray(slot_pos, np.int64)
+    if window == 0:
+        return np.ones(diff.shape, bool)
+    return (diff < window) & (diff > -window if bidirectional else True)
 
 
 def _rows(words: np.ndarray, rows: int, h: int, n: int) -> np.ndarray:
@@ -78,9 +88,9 @@ def exec_attention(iss):
                        f"{queries}: the keys after the last query would never be written")
     if not interleaved and halo:
         raise IssError(f"ATTN halo {halo} (AT_FLAGS) needs the interleaved schedule (bit 1)")
-    if r["WINDOW"] not in (0, ring):
-        raise IssError(f"ATTN with AT_WINDOW={r['WINDOW']}: the ring's window is fixed at "
-                       f"attn_window={ring} (0 or {ring}; narrower windows are not supported)")
+    if not 0 <= r["WINDOW"] < 1 << POS_BITS:
+        raise IssError(f"ATTN with AT_WINDOW={r['WINDOW']} (0 = the ring's {ring}, else "
+                       f"1..{(1 << POS_BITS) - 1})")
     for name, count in (("Q_POS", queries), ("K_POS", keys)):
         if r[name] < 0 or r[name] + count > 1 << POS_BITS:
             raise IssError(f"ATTN positions AT_{name}={r[name]} .. +{count - 1} do not fit "
@@ -100,15 +110,18 @@ def exec_attention(iss):
                            f"of {words} words")
     k, v, q = (_rows(x, len(x) // words, h, n) for x in (k_words, v_words, q_words))
     bidir = bool(flags & FLAG_BIDIR)
-    commands = []
+    kv_ring = KVRing(window=ring, d_head=h, length=length)
+    acc = []
     for kind, i in schedule(keys, queries, interleaved=interleaved, halo=halo):
         if kind == "k":
-            commands.append(KV(k[i], v[i], r["K_POS"] + i, first=i == 0))
-        else:
-            commands.append(Query(q[i], r["Q_POS"] + i, r["SCORE_MULT"], r["SCORE_SHIFT"],
-                                  bidirectional=bidir))
-    results = run_sequence(commands, window=ring, d_head=h, length=length,
-                           probs_fn=lambda _n, scores, mask: softmax(scores, mask))
-    acc = np.array([res["out"] for res in results], np.int64)
+            kv_ring.write(k[i], v[i], r["K_POS"] + i, first=i == 0)
+            continue
+        qpos = r["Q_POS"] + i
+        mask = kv_ring.mask(qpos, bidirectional=bidir) & window_mask(
+            kv_ring.pos, qpos, r["WINDOW"], bidirectional=bidir)
+        scores = score_row(kv_ring.raw_scores(q[i]), mask, r["SCORE_MULT"], r["SCORE_SHIFT"])
+        # The buffer's P.V sees zero probabilities on the lanes the engine masked.
+        acc.append(kv_ring.pv(softmax(scores, mask), mask))
+    acc = np.array(acc, np.int64)
     out = requant(acc, r["OUT_MULT"], r["OUT_SHIFT"], 8)
     iss._scatter("WR1", pack_rows(out, 1, n))

@@ -41,12 +41,13 @@ def softmax_lanes(length: int) -> int:
 
 
 def cfg_layout(d_head):
-    """The launch configuration, one field per ``AT_*`` register (``AT_WINDOW`` is not used)."""
+    """The launch configuration, one field per ``AT_*`` register."""
     return data.StructLayout({
         "queries": unsigned(COUNT_BITS),        # AT_QUERIES
         "keys": unsigned(COUNT_BITS),           # AT_KEYS
         "q_pos": unsigned(POS_BITS),            # AT_Q_POS
         "k_pos": unsigned(POS_BITS),            # AT_K_POS
+        "window": unsigned(POS_BITS),           # AT_WINDOW (0: the ring's own W)
         "flags": unsigned(FLAGS_WIDTH),         # AT_FLAGS
         "score_mult": unsigned(MULT_BITS),      # AT_SCORE_MULT
         "score_shift": unsigned(SHIFT_BITS),    # AT_SCORE_SHIFT
@@ -84,10 +85,13 @@ class AttentionEngine(wiring.Component):
     - interleaved: ``halo`` keys, then, before query t, one more key while fewer than
       ``min(keys, halo + t + 1)`` have been written.
 
-    Each query's score row is ``requant(q.k, score_mult, score_shift, 16)`` on the visible lanes
-    (causal window W against absolute positions, or every held key with ``FLAG_BIDIR``), its
-    probabilities come from the softmax, and its output row is
-    ``requant(sum_j p_j v_j, out_mult, out_shift, 8)``.
+    Each query's score row is ``requant(q.k, score_mult, score_shift, 16)`` on the visible lanes,
+    its probabilities come from the softmax, and its output row is
+    ``requant(sum_j p_j v_j, out_mult, out_shift, 8)``. A held key at position ``k`` is visible
+    to a query at ``i`` when ``0 <= i - k < W`` (causal; the buffer's mask) or always
+    (``FLAG_BIDIR``), and, if ``window`` = w > 0, also ``i - k < w`` (causal) or
+    ``|i - k| < w`` (bidirectional): the engine narrows the buffer's mask on the score row's way
+    to the softmax, whose zero probabilities then drop those keys from P.V.
 
     Members
     -------
@@ -162,7 +166,6 @@ class AttentionEngine(wiring.Component):
         i8 = signed(OPERAND_BITS)
         m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L)
         m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L))
-        connect(m, buf.o_scores, sm.i)
         connect(m, sm.o, buf.i_probs)
         # Split-score mode (o_partial / i_reduced) is not used: its ports stay idle.
 
@@ -222,6 +225,34 @@ class AttentionEngine(wiring.Component):
             m.d.sync += written.eq(written + 1)
             m.d.comb += [k_take.eq(1), v_take.eq(1)]
 
+        # --- window narrower than the ring: mask lanes by position on the way to the softmax --
+        # A copy of the slots' positions, kept in the buffer's write order (the launch's first
+        # key goes to slot 0); the ring does not change while a query is in flight, so the
+        # copy matches the score row of the query being scored (`scored`, in issue order).
+        slot_pos = Signal(data.ArrayLayout(unsigned(POS_BITS), W))
+        wslot = Signal(range(W))
+        with m.If(buf.i_kv.valid & buf.i_kv.ready):
+            slot = Mux(kv.first, 0, wslot)
+            m.d.sync += [slot_pos[slot].eq(kv.pos), wslot.eq(Mux(slot == W - 1, 0, slot + 1))]
+        scored = Signal(COUNT_BITS)
+        s_pos = Signal(POS_BITS)
+        m.d.comb += s_pos.eq(cfg.q_pos + scored)
+        scores = buf.o_scores.payload
+        m.d.comb += [sm.i.valid.eq(buf.o_scores.valid), buf.o_scores.ready.eq(sm.i.ready),
+                     sm.i.payload.last.eq(scores.last)]
+        for j in range(L):
+            visible = Signal(name=f"visible{j}")
+            if j < W:
+                diff = Signal(signed(POS_BITS + 1), name=f"diff{j}")
+                m.d.comb += diff.eq(s_pos - slot_pos[j])
+                in_window = (cfg.window == 0) | ((diff < cfg.window) &
+                                                 (~cfg.flags[0] | (diff > -cfg.window)))
+                m.d.comb += visible.eq(scores.mask[j] & in_window)
+            m.d.comb += [sm.i.payload.mask[j].eq(visible),
+                         sm.i.payload.data[j].eq(Mux(visible, scores.data[j], 0))]
+        with m.If(buf.o_scores.valid & buf.o_scores.ready):
+            m.d.sync += scored.eq(scored + 1)
+
         q = buf.i_q.payload
         m.d.comb += [
             buf.i_q.valid.eq(active & ~want_key & (issued < cfg.queries) & q_full),
@@ -271,7 +302,7 @@ class AttentionEngine(wiring.Component):
         # --- launch start and end -----------------------------------------------------------
         with m.If(self.i_cfg.valid & self.i_cfg.ready):
             m.d.sync += [cfg.eq(self.i_cfg.payload), active.eq(1), written.eq(0),
-                         issued.eq(0), rows_out.eq(0)]
+                         issued.eq(0), scored.eq(0), rows_out.eq(0)]
         with m.If(self.o.valid & self.o.ready & final):
             m.d.sync += active.eq(0)
         return m

@@ -30,10 +30,11 @@ class AttentionLaunch:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How one chip runs a sequence: ``interleaved`` (else preload) and ``window`` for
-    ``AT_WINDOW`` (0 or the ring's)."""
+    """How one chip runs a whole sequence: ``interleaved`` (else preload), ``halo`` keys
+    before the interleaving, ``window`` for ``AT_WINDOW`` (0: no narrowing)."""
 
     interleaved: bool
+    halo: int
     window: int
 
 
@@ -83,18 +84,26 @@ def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule
     """The schedule that runs a whole sequence of ``seq`` tokens on one chip whose ring holds
     ``ring`` keys, for a model ``window`` (0 = full attention); ``ValueError`` if none does.
 
-    - every key fits the ring (``seq <= ring``) and the window does not cut (0 or >= seq):
-      preload, causal or bidirectional;
-    - causal with ``window == ring``: interleaved, any length (the ring drops what falls out).
+    - every key fits the ring (``seq <= ring``): preload, causal or bidirectional;
+    - causal, ``0 < window <= ring``: interleaved, one key before each query (the ring drops
+      the keys that leave the window);
+    - bidirectional, ``0 < window`` and ``2 window - 1 <= ring``: interleaved with ``window - 1``
+      keys ahead of the queries, so the ring holds both sides of each query's window.
+
+    ``AT_WINDOW`` is the model window whenever it cuts (``0 < window < seq``), else 0.
     """
-    if seq <= ring and (window == 0 or window >= seq):
-        return Schedule(interleaved=False, window=0)
-    if causal and window == ring:
-        return Schedule(interleaved=True, window=ring)
+    cut = window if 0 < window < seq else 0
+    if seq <= ring:
+        return Schedule(interleaved=False, halo=0, window=cut)
+    if causal and 0 < window <= ring:
+        return Schedule(interleaved=True, halo=0, window=cut)
+    if not causal and window > 0 and 2 * window - 1 <= ring:
+        return Schedule(interleaved=True, halo=window - 1, window=cut)
     kind = "causal" if causal else "bidirectional"
+    need = f"a window of at most {ring}" if causal else \
+        f"a window of at most {(ring + 1) // 2} (2 window - 1 <= {ring})"
     raise ValueError(f"{kind} attention over {seq} tokens with window {window} does not fit one "
-                     f"chip's K/V ring of {ring} keys (needs seq <= {ring} with a window of 0 "
-                     f"or >= seq, or a causal window of exactly {ring})")
+                     f"chip's K/V ring of {ring} keys (needs seq <= {ring} or {need})")
 
 
 def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,
@@ -113,7 +122,8 @@ def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,
             q_base=q_base, k_base=k_base, v_base=v_base, o_base=o_base, q_row_words=row_words,
             k_row_words=row_words, v_row_words=row_words, o_row_words=row_words,
             col=head * cfg.d_head, q_pos=pos_base, k_pos=pos_base,
-            bidirectional=not cfg.causal, interleaved=sched.interleaved, window=sched.window,
+            bidirectional=not cfg.causal, interleaved=sched.interleaved, halo=sched.halo,
+            window=sched.window,
             score_mult=layer.score_mult, score_shift=layer.score_shift,
             out_mult=layer.out_mult, out_shift=layer.out_shift))
     return out

@@ -26,8 +26,8 @@ from sim.iss import Assembler, Iss, IssError
 from sim.memory import pack_rows, row_words, unpack_rows
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
 
-SCORE_MULT, SCORE_SHIFT = 45000, 19     # |q.k| up to ~2**17 -> a few units in Q8.8
-OUT_MULT, OUT_SHIFT = 40000, 15         # raw P.V (~2**15) -> int8
+SCORE_MULT, SCORE_SHIFT = 45000, 20     # q.k (std ~2**14) -> logits of std ~2.5 in Q8.8
+OUT_MULT, OUT_SHIFT = 40000, 23         # raw P.V (p/256 x int8, up to 2**15) -> int8
 
 
 def make_npu(*, size=4, window=8, length=8, dmax=8):
@@ -98,7 +98,8 @@ def engine_for(npu):
 def cfg_payload(launch):
     r = launch.regs
     return {"queries": r["AT_QUERIES"], "keys": r["AT_KEYS"], "q_pos": r["AT_Q_POS"],
-            "k_pos": r["AT_K_POS"], "flags": r["AT_FLAGS"], "score_mult": r["AT_SCORE_MULT"],
+            "k_pos": r["AT_K_POS"], "window": r["AT_WINDOW"], "flags": r["AT_FLAGS"],
+            "score_mult": r["AT_SCORE_MULT"],
             "score_shift": r["AT_SCORE_SHIFT"], "out_mult": r["AT_OUT_MULT"],
             "out_shift": r["AT_OUT_SHIFT"], "d_head": r["AT_D_HEAD"]}
 
@@ -225,6 +226,26 @@ def test_chunk_with_halo_at_position_base():
     check_rtl(case, rng)
 
 
+@pytest.mark.parametrize("seed, seq, window, causal, npu_kw", [
+    (20, 11, 3, True, {"window": 6, "length": 8}),     # causal window 3 < W = 6, interleaved
+    (21, 12, 3, False, {"window": 5, "length": 8}),    # bidirectional window 3, halo 2
+    (22, 6, 2, False, {}),                             # bidirectional window 2, preload
+])
+def test_window_narrower_than_ring(seed, seq, window, causal, npu_kw):
+    """AT_WINDOW narrows the ring's mask: ISS = golden mask, RTL = ISS."""
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    npu = make_npu(**npu_kw)
+    sched = plan_schedule(seq=seq, window=window, causal=causal, ring=npu.attn_window)
+    case = Case(rng, npu, queries=seq, keys=seq, d_model=8, col=0, d_head=8, q_pos=30,
+                k_pos=30, bidirectional=not causal, interleaved=sched.interleaved,
+                halo=sched.halo, window=sched.window)
+    got = case.run_iss()
+    case.check_against(got, reference(case.q, case.k, case.v,
+                                      attention_mask(seq, window, causal, 30)))
+    check_rtl(case, rng)
+
+
 # --- whole layers on the ISS -----------------------------------------------------------------
 
 @pytest.mark.parametrize("seed, seq, window, causal, d_head, pos_base", [
@@ -233,6 +254,10 @@ def test_chunk_with_halo_at_position_base():
     (12, 7, 7, False, 8, 0),       # a window that does not cut
     (13, 21, 8, True, 8, 100),     # causal window = ring over 21 tokens: interleaved
     (14, 8, 8, True, 16, 0),       # window = ring = seq, heads of d_head_max
+    (15, 8, 3, True, 8, 0),        # a causal window narrower than the sequence: preload
+    (16, 19, 5, True, 4, 9),       # narrower than the ring, longer sequence: interleaved
+    (17, 8, 3, False, 8, 0),       # bidirectional window, preload
+    (18, 19, 4, False, 8, 50),     # bidirectional window 4 over 19 tokens: halo of 3
 ])
 def test_head_launches_equal_attention_int(seed, seq, window, causal, d_head, pos_base):
     """For what one chip runs, the ISS over every head equals ``attention_int`` bit for bit."""
@@ -243,8 +268,8 @@ def test_head_launches_equal_attention_int(seed, seq, window, causal, d_head, po
     d_model = n_heads * d_head
     cfg = ModelConfig(n_layers=1, d_model=d_model, n_heads=n_heads, d_head=d_head, d_ff=8,
                       seq_len=seq, window=window, causal=causal)
-    layer = SimpleNamespace(score_mult=int(rng.integers(20000, 60000)), score_shift=19,
-                            out_mult=int(rng.integers(20000, 60000)), out_shift=15)
+    layer = SimpleNamespace(score_mult=int(rng.integers(20000, 60000)), score_shift=20,
+                            out_mult=int(rng.integers(20000, 60000)), out_shift=23)
     q, k, v = (rng.integers(-128, 128, (seq, d_model)) for _ in range(3))
     n = npu.array_size
     rw = row_words(d_model, 1, n)
@@ -267,14 +292,20 @@ def test_head_launches_equal_attention_int(seed, seq, window, causal, d_head, po
 
 
 def test_plan_schedule_refuses_what_one_chip_cannot_run():
-    assert not plan_schedule(seq=8, window=0, causal=True, ring=8).interleaved
-    assert plan_schedule(seq=20, window=8, causal=True, ring=8).interleaved
+    s = plan_schedule(seq=8, window=0, causal=True, ring=8)
+    assert (s.interleaved, s.halo, s.window) == (False, 0, 0)
+    s = plan_schedule(seq=8, window=3, causal=False, ring=8)
+    assert (s.interleaved, s.halo, s.window) == (False, 0, 3)
+    s = plan_schedule(seq=20, window=8, causal=True, ring=8)
+    assert (s.interleaved, s.halo, s.window) == (True, 0, 8)
+    s = plan_schedule(seq=20, window=4, causal=False, ring=8)
+    assert (s.interleaved, s.halo, s.window) == (True, 3, 4)
     with pytest.raises(ValueError, match="causal attention over 20 tokens with window 0"):
         plan_schedule(seq=20, window=0, causal=True, ring=8)
-    with pytest.raises(ValueError, match="window 4"):
-        plan_schedule(seq=8, window=4, causal=True, ring=8)
-    with pytest.raises(ValueError, match="bidirectional attention over 20 tokens"):
-        plan_schedule(seq=20, window=8, causal=False, ring=8)
+    with pytest.raises(ValueError, match="window of at most 8"):
+        plan_schedule(seq=20, window=9, causal=True, ring=8)
+    with pytest.raises(ValueError, match=r"bidirectional .* window of at most 4 \(2 window"):
+        plan_schedule(seq=20, window=5, causal=False, ring=8)
 
 
 @pytest.mark.parametrize("reg, value, match", [
@@ -285,7 +316,7 @@ def test_plan_schedule_refuses_what_one_chip_cannot_run():
     ("AT_FLAGS", 4, "AT_FLAGS=0x4"),
     ("AT_FLAGS", 2 | (9 << 8), "halo 9"),
     ("AT_FLAGS", 5 << 8, "needs the interleaved schedule"),
-    ("AT_WINDOW", 3, "AT_WINDOW=3"),
+    ("AT_WINDOW", -1, "AT_WINDOW=-1"),
     ("AT_Q_POS", 65534, "AT_Q_POS=65534"),
     ("AT_OUT_SHIFT", 0, "AT_OUT_SHIFT=0"),
     ("AT_SCORE_MULT", 1 << 16, "AT_SCORE_MULT=65536"),
