@@ -99,19 +99,25 @@ class AttentionEngine(wiring.Component):
         Taken while idle; ``busy`` rises the next cycle.
     i_k, i_v, i_q : ``In(stream.Signature(word_layout(N)))``
         K, V and Q rows, ``h / N`` words each (read ports RD3, RD4, RD5); lanes beyond ``h`` of
-        the buffer are zero. ``last`` is ignored.
+        the buffer are zero. Exactly ``keys`` (``queries``) rows are taken per launch; ``last``
+        is ignored.
     o : ``Out(stream.Signature(word_layout(N)))``
         ``queries`` output rows of ``h / N`` int8 words (write port WR1); ``last`` on the
         launch's final word.
     busy : ``Out(1)``
         High from the cycle after ``i_cfg`` is taken until the final word of ``o`` is taken.
 
-    Timing
-    ------
+    Timing and cost
+    ---------------
     Rows are gathered from the read ports while the buffer works (one row of K, V and Q each
     waits in the engine), a finished output row waits in an output register while the next query
-    proceeds, and the requantiser emits one word per cycle (N multipliers, ``h/N`` cycles per
-    row). The launch's cycle count is given (formula and bound) in ``docs/isa.md`` (ATTN).
+    proceeds, and the requantiser emits one word per cycle (N 32 x 16-bit multipliers, a
+    variable shift and a clamp, combinational from the row register to ``o``; ``h/N`` cycles
+    per row). The window narrowing costs a copy of the W slot positions (16 bits each) and W
+    17-bit subtract-and-compare lanes, combinational between the buffer's score row and the
+    softmax input register. Cycles per launch: ``sim.compiler.attention_launch.launch_cycles``
+    (exact with every word available, a lower bound otherwise) and the closed forms in
+    ``docs/isa.md`` (ATTN).
     """
 
     def __init__(self, *, window, d_head, length, size):
@@ -174,14 +180,17 @@ class AttentionEngine(wiring.Component):
         m.d.comb += [self.busy.eq(active), self.i_cfg.ready.eq(~active)]
 
         # --- row gathering: h/N words -> one row of D lanes, zero beyond h -----------------
-        def gather(port, name):
+        def gather(port, name, rows):
             row = Signal(data.ArrayLayout(i8, D), name=f"{name}_row")
             off = Signal(range(D + 1), name=f"{name}_off")
             full = Signal(name=f"{name}_full")
             take = Signal(name=f"{name}_take")
+            count = Signal(COUNT_BITS, name=f"{name}_rows")    # rows complete this launch
+            gathers.append(count)
             # A row's first word may arrive in the cycle the previous row is taken, so a
-            # one-word row (h = N) streams at one row per cycle.
-            m.d.comb += port.ready.eq(active & (~full | take))
+            # one-word row (h = N) streams at one row per cycle. No word beyond the launch's
+            # rows is taken (they would belong to the next launch).
+            m.d.comb += port.ready.eq(active & (~full | take) & (count < rows))
             with m.If(take):
                 # Cleared after use, so lanes beyond h stay zero for the next row (the word
                 # taken in the same cycle, below, overrides its own lanes).
@@ -193,14 +202,15 @@ class AttentionEngine(wiring.Component):
                             m.d.sync += [row[w * N + i].eq(port.payload.data[i])
                                          for i in range(N)]
                 with m.If(off + N >= cfg.d_head):
-                    m.d.sync += [full.eq(1), off.eq(0)]
+                    m.d.sync += [full.eq(1), off.eq(0), count.eq(count + 1)]
                 with m.Else():
                     m.d.sync += off.eq(off + N)
             return row, full, take
 
-        k_row, k_full, k_take = gather(self.i_k, "k")
-        v_row, v_full, v_take = gather(self.i_v, "v")
-        q_row, q_full, q_take = gather(self.i_q, "q")
+        gathers = []
+        k_row, k_full, k_take = gather(self.i_k, "k", cfg.keys)
+        v_row, v_full, v_take = gather(self.i_v, "v", cfg.keys)
+        q_row, q_full, q_take = gather(self.i_q, "q", cfg.queries)
 
         # --- command issue: K/V writes and queries in schedule order ------------------------
         written = Signal(COUNT_BITS)        # keys written this launch
@@ -303,6 +313,7 @@ class AttentionEngine(wiring.Component):
         with m.If(self.i_cfg.valid & self.i_cfg.ready):
             m.d.sync += [cfg.eq(self.i_cfg.payload), active.eq(1), written.eq(0),
                          issued.eq(0), scored.eq(0), rows_out.eq(0)]
+            m.d.sync += [count.eq(0) for count in gathers]
         with m.If(self.o.valid & self.o.ready & final):
             m.d.sync += active.eq(0)
         return m

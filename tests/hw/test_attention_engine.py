@@ -71,18 +71,21 @@ class Case:
         self.queries, self.d_model = queries, d_model
         self.before = self.iss.mem.copy()
 
-    def run_iss(self):
+    def run_iss(self, launches=None):
         asm = Assembler()
-        emit(asm, self.launch)
+        for launch in launches or [self.launch]:
+            emit(asm, launch)
         asm.halt()
         self.iss.run(asm.words())
         out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
                           self.queries, self.d_model, 1)
-        untouched = np.ones(self.d_model, bool)
-        untouched[self.sl] = False
-        assert (out[:, untouched] == self.garbage[:, untouched]).all(), \
-            "ISS wrote outside the head's columns"
-        return out[:, self.sl]
+        if launches is None:
+            untouched = np.ones(self.d_model, bool)
+            untouched[self.sl] = False
+            assert (out[:, untouched] == self.garbage[:, untouched]).all(), \
+                "ISS wrote outside the head's columns"
+            return out[:, self.sl]
+        return out
 
     def check_against(self, got, want):
         bad = np.argwhere(got != want)
@@ -104,10 +107,12 @@ def cfg_payload(launch):
             "out_shift": r["AT_OUT_SHIFT"], "d_head": r["AT_D_HEAD"]}
 
 
-def run_engine(case, rng, *, idle=0.2, stall=0.2, max_cycles=30_000):
-    """Drive the engine with the words the descriptors select from the initial memory; return
-    the resulting memory and the cycles from the configuration beat to the last output word."""
-    npu, launch = case.npu, case.launch
+def run_engine(case, rng, *, idle=0.2, stall=0.2, max_cycles=30_000, launches=None):
+    """Drive the engine with the words the descriptors select from the initial memory (for
+    ``launches`` one after the other, default the case's one); return the resulting memory and
+    the cycles from the first configuration beat to the last output word."""
+    npu = case.npu
+    launches = launches or [case.launch]
     dut = engine_for(npu)
     ab = case.iss.addr_bits
 
@@ -115,15 +120,20 @@ def run_engine(case, rng, *, idle=0.2, stall=0.2, max_cycles=30_000):
         return case.before[addr_sequence(desc.base, desc.n, desc.s, ab)]
 
     streams = {name: [{"data": [int(x) for x in w.view(np.int8)], "last": 0}
-                      for w in words(getattr(launch, gen))]
+                      for launch in launches for w in words(getattr(launch, gen))]
                for name, gen in (("i_k", "rd3"), ("i_v", "rd4"), ("i_q", "rd5"))}
-    total = launch.wr1.total
+    counts = [launch.wr1.total for launch in launches]
+    total = sum(counts)
     out, times = [], {}
     seeds = rng.integers(0, 2**32, size=4)
 
     async def control(ctx):
-        await stream_put(ctx, dut.i_cfg, cfg_payload(launch))
-        times["cfg"] = clock[0]
+        for i, launch in enumerate(launches):
+            await stream_put(ctx, dut.i_cfg, cfg_payload(launch))
+            times.setdefault("cfg", clock[0])
+            if i + 1 < len(launches):
+                await ctx.tick()   # busy is visible from the cycle after the beat
+                assert ctx.get(dut.busy), "engine not busy after its configuration beat"
 
     async def drain(ctx):
         r = np.random.default_rng(seeds[0])
@@ -147,14 +157,20 @@ def run_engine(case, rng, *, idle=0.2, stall=0.2, max_cycles=30_000):
                            rng=np.random.default_rng(seeds[1 + i]), idle=idle)
         benches.append(bench)
     run_sim(dut, benches, processes=[count], max_cycles=max_cycles)
-    assert [last for _, last in out] == [0] * (total - 1) + [1], "`last` not on the final word"
+    lasts = [last for _, last in out]
+    want_lasts = [int(i == c - 1) for c in counts for i in range(c)]
+    assert lasts == want_lasts, f"`last` flags {lasts}, want each launch's final word"
     mem = case.before.copy()
-    mem[addr_sequence(launch.wr1.base, launch.wr1.n, launch.wr1.s, ab)] = \
-        np.array([w for w, _ in out], np.uint8)
+    start = 0
+    for launch, count in zip(launches, counts, strict=True):
+        mem[addr_sequence(launch.wr1.base, launch.wr1.n, launch.wr1.s, ab)] = \
+            np.array([w for w, _ in out[start:start + count]], np.uint8)
+        start += count
     return mem, times["last"] - times["cfg"]
 
 
 def check_rtl(case, rng, **kw):
+    """Run the engine; its memory must equal the ISS's bit for bit."""
     mem, cycles = run_engine(case, rng, **kw)
     diff = np.argwhere(mem != case.iss.mem)
     assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
@@ -244,6 +260,42 @@ def test_window_narrower_than_ring(seed, seq, window, causal, npu_kw):
     case.check_against(got, reference(case.q, case.k, case.v,
                                       attention_mask(seq, window, causal, 30)))
     check_rtl(case, rng)
+
+
+def test_launches_back_to_back():
+    """Three launches in a row (the ring restarts, no state leaks): a bidirectional preload
+    head, a causal windowed interleaved head over the other columns, then a narrow head."""
+    print("seed=8")
+    rng = np.random.default_rng(8)
+    npu = make_npu(window=4, length=4)
+    seq, n = 7, npu.array_size
+    case = Case(rng, npu, queries=seq, keys=seq, d_model=16, col=0, d_head=8)
+    rw = case.rw
+    common = {"size": n, "queries": seq, "keys": seq, "q_base": 0, "k_base": seq * rw,
+              "v_base": 2 * seq * rw, "o_base": case.o_base, "q_row_words": rw,
+              "k_row_words": rw, "v_row_words": rw, "o_row_words": rw,
+              "score_mult": SCORE_MULT, "score_shift": SCORE_SHIFT, "out_mult": OUT_MULT,
+              "out_shift": OUT_SHIFT}
+    launches = [
+        attention_launch(d_head=8, col=0, bidirectional=True, window=2, interleaved=True,
+                         halo=1, **common),
+        attention_launch(d_head=8, col=8, interleaved=True, window=3, q_pos=5, k_pos=5,
+                         **common),
+        attention_launch(d_head=4, col=4, bidirectional=True, window=2, interleaved=True,
+                         halo=1, q_pos=9, k_pos=9, **common),
+    ]
+    got = case.run_iss(launches)
+    # (head columns, mask, lanes of the head still in memory: launch 2 overwrites 4..7)
+    heads = [(slice(0, 8), attention_mask(seq, 2, False), slice(0, 4)),
+             (slice(8, 16), attention_mask(seq, 3, True), slice(0, 8)),
+             (slice(4, 8), attention_mask(seq, 2, False), slice(0, 4))]
+    for i, (cols, mask, kept) in enumerate(heads):
+        want = reference(case.q[:, cols], case.k[:, cols], case.v[:, cols], mask)[:, kept]
+        bad = np.argwhere(got[:, cols][:, kept] != want)
+        assert not len(bad), f"launch {i} query {bad[0][0]} lane {bad[0][1]} differs"
+    mem, _ = run_engine(case, rng, launches=launches)
+    diff = np.argwhere(mem != case.iss.mem)
+    assert not len(diff), f"RTL and ISS memories differ first at word {diff[0][0]}"
 
 
 # --- whole layers on the ISS -----------------------------------------------------------------
