@@ -20,11 +20,10 @@ from sim.compiler.attention_launch import softmax_lanes as compiler_softmax_lane
 from sim.golden.float_model import attention_mask
 from sim.golden.layer import attention_int
 from sim.golden.matmul import requant, wrap
-from sim.golden.scratchpad import addr_sequence
 from sim.golden.softmax import softmax
 from sim.iss import Assembler, Iss, IssError
 from sim.memory import pack_rows, row_words, unpack_rows
-from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+from sim.rtl.attention_engine_driver import run_attention_engine
 
 SCORE_MULT, SCORE_SHIFT = 45000, 20     # q.k (std ~2**14) -> logits of std ~2.5 in Q8.8
 OUT_MULT, OUT_SHIFT = 40000, 23         # raw P.V (p/256 x int8, up to 2**15) -> int8
@@ -98,75 +97,12 @@ def engine_for(npu):
                            length=npu.softmax_len, size=npu.array_size)
 
 
-def cfg_payload(launch):
-    r = launch.regs
-    return {"queries": r["AT_QUERIES"], "keys": r["AT_KEYS"], "q_pos": r["AT_Q_POS"],
-            "k_pos": r["AT_K_POS"], "window": r["AT_WINDOW"], "flags": r["AT_FLAGS"],
-            "score_mult": r["AT_SCORE_MULT"],
-            "score_shift": r["AT_SCORE_SHIFT"], "out_mult": r["AT_OUT_MULT"],
-            "out_shift": r["AT_OUT_SHIFT"], "d_head": r["AT_D_HEAD"]}
-
-
-def run_engine(case, rng, *, idle=0.2, stall=0.2, max_cycles=30_000, launches=None):
-    """Drive the engine with the words the descriptors select from the initial memory (for
-    ``launches`` one after the other, default the case's one); return the resulting memory and
-    the cycles from the first configuration beat to the last output word."""
-    npu = case.npu
-    launches = launches or [case.launch]
-    dut = engine_for(npu)
-    ab = case.iss.addr_bits
-
-    def words(desc):
-        return case.before[addr_sequence(desc.base, desc.n, desc.s, ab)]
-
-    streams = {name: [{"data": [int(x) for x in w.view(np.int8)], "last": 0}
-                      for launch in launches for w in words(getattr(launch, gen))]
-               for name, gen in (("i_k", "rd3"), ("i_v", "rd4"), ("i_q", "rd5"))}
-    counts = [launch.wr1.total for launch in launches]
-    total = sum(counts)
-    out, times = [], {}
-    seeds = rng.integers(0, 2**32, size=4)
-
-    async def control(ctx):
-        for i, launch in enumerate(launches):
-            await stream_put(ctx, dut.i_cfg, cfg_payload(launch))
-            times.setdefault("cfg", clock[0])
-            if i + 1 < len(launches):
-                await ctx.tick()   # busy is visible from the cycle after the beat
-                assert ctx.get(dut.busy), "engine not busy after its configuration beat"
-
-    async def drain(ctx):
-        r = np.random.default_rng(seeds[0])
-        out.extend(await collect(ctx, dut.o, total, rng=r, stall=stall,
-                                 convert=lambda p: ([int(x) & 0xFF for x in p.data],
-                                                    int(p.last))))
-        times["last"] = clock[0]
-        await ctx.tick()
-        assert not ctx.get(dut.busy), "engine still busy after its last word"
-
-    clock = [0]
-
-    async def count(ctx):
-        async for _ in ctx.tick():
-            clock[0] += 1
-
-    benches = [control, drain]
-    for i, name in enumerate(streams):
-        async def bench(ctx, name=name, i=i):
-            await send_all(ctx, getattr(dut, name), streams[name],
-                           rng=np.random.default_rng(seeds[1 + i]), idle=idle)
-        benches.append(bench)
-    run_sim(dut, benches, processes=[count], max_cycles=max_cycles)
-    lasts = [last for _, last in out]
-    want_lasts = [int(i == c - 1) for c in counts for i in range(c)]
-    assert lasts == want_lasts, f"`last` flags {lasts}, want each launch's final word"
-    mem = case.before.copy()
-    start = 0
-    for launch, count in zip(launches, counts, strict=True):
-        mem[addr_sequence(launch.wr1.base, launch.wr1.n, launch.wr1.s, ab)] = \
-            np.array([w for w, _ in out[start:start + count]], np.uint8)
-        start += count
-    return mem, times["last"] - times["cfg"]
+def run_engine(case, rng, *, idle=0.2, stall=0.2, launches=None):
+    """The engine's memory and cycles for the case's launch (or ``launches``)."""
+    mem, cycles, _ = run_attention_engine(
+        engine_for(case.npu), case.before, launches or [case.launch],
+        addr_bits=case.iss.addr_bits, rng=rng, idle=idle, stall=stall, max_cycles=30_000)
+    return mem, cycles
 
 
 def check_rtl(case, rng, **kw):
