@@ -93,6 +93,9 @@ class AttentionEngine(wiring.Component):
     ``|i - k| < w`` (bidirectional): the engine narrows the buffer's mask on the score row's way
     to the softmax, whose zero probabilities then drop those keys from P.V.
 
+    Split-score mode (partial Q.K rows all-reduced across chips, hidden-dimension parallelism)
+    is not supported yet: the buffer's ``o_partial`` and ``i_reduced`` stay idle.
+
     Members
     -------
     i_cfg : ``In(stream.Signature(cfg_layout(D)))``

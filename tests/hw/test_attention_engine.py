@@ -368,6 +368,7 @@ def test_cycles(npu_kw, queries, keys, d_head, kw, closed):
     ({"length": 6}, ValueError, r"length=6 must be at least max\(window=8, 2\)"),
     ({"d_head": 6}, ValueError, "d_head=6 must be a positive multiple of size=4"),
     ({"d_head": 0}, ValueError, "d_head=0 must be a positive multiple of size=4"),
+    ({"window": 65537, "length": 65537}, ValueError, "window=65537 exceeds the 16-bit"),
 ])
 def test_constructor_rejects(kw, exc, match):
     args = {"window": 8, "d_head": 8, "length": 8, "size": 4, **kw}
