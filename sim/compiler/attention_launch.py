@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from hw.spec.isa import Op
 
-from ..iss_attention import FLAG_BIDIR, FLAG_INTERLEAVED, HALO_BITS, HALO_SHIFT
+from ..iss_attention import FLAG_BIDIR, FLAG_INTERLEAVED, HALO_BITS, HALO_SHIFT, schedule
 from .descriptors import Desc
 
 __all__ = ["AttentionLaunch", "attention_launch", "plan_schedule", "head_launches", "emit",
@@ -164,7 +164,6 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     Closed forms (valid while ``w <= W + 5``): preload ``w (S + 1) + 2W + 5T + 11 + (Q - 1)
     max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys: ``w (H + 2) + Q (2W + 5T + 11)``.
     """
-    from ..iss_attention import schedule
     words = regs["AT_D_HEAD"] // size
     beats = length // softmax_lanes(length)
     flags = regs["AT_FLAGS"]
