@@ -127,6 +127,9 @@ class Iss:
             pass
         elif insn.op is Op.MATMUL:
             self._matmul()
+        elif insn.op is Op.ATTN:
+            from .iss_attention import exec_attention  # here: iss_attention imports IssError
+            exec_attention(self)
         else:
             raise IssError(f"{insn.op.name} is not implemented in the ISS yet")
         self.launches[insn.op] += 1

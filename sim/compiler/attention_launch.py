@@ -1,0 +1,188 @@
+"""Launch builder for ``ATTN`` (one attention head per launch): descriptors and registers.
+
+``attention_launch`` builds one launch from tensor addresses; ``plan_schedule`` says which
+schedule runs a whole sequence on one chip (or refuses); ``head_launches`` builds the launches of
+every head of a layer, whose results equal ``sim.golden.layer.attention_int``. See ``docs/isa.md``
+(ATTN) for the registers and streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hw.spec.isa import Op
+
+from ..iss_attention import FLAG_BIDIR, FLAG_INTERLEAVED, HALO_BITS, HALO_SHIFT, schedule
+from .descriptors import Desc
+
+__all__ = ["AttentionLaunch", "attention_launch", "plan_schedule", "head_launches", "emit",
+           "Schedule", "launch_cycles", "softmax_lanes"]
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    rd3: Desc   # K rows of the head
+    rd4: Desc   # V rows
+    rd5: Desc   # Q rows
+    wr1: Desc   # output rows
+    regs: dict[str, int] = field(default_factory=dict)   # AT_* register values
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one chip runs a whole sequence: ``interleaved`` (else preload), ``halo`` keys
+    before the interleaving, ``window`` for ``AT_WINDOW`` (0: no narrowing)."""
+
+    interleaved: bool
+    halo: int
+    window: int
+
+
+def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_base,
+                     q_row_words, k_row_words, v_row_words, o_row_words, col=0, q_pos=0,
+                     k_pos=0, bidirectional=False, interleaved=False, halo=0, window=0,
+                     score_mult, score_shift, out_mult, out_shift) -> AttentionLaunch:
+    """One head over ``queries`` query rows and ``keys`` key/value rows.
+
+    Tensors are int8 token-major (``sim.memory``); row r of Q is at ``q_base + r*q_row_words``
+    (likewise K, V, O); the head's slice is columns ``col .. col + d_head - 1`` (``col`` and
+    ``d_head`` multiples of ``size``). Key n has absolute position ``k_pos + n``, query t
+    ``q_pos + t``. ``halo`` keys are written before the interleaving starts.
+    """
+    if d_head < size or d_head % size or col % size:
+        raise ValueError(f"d_head={d_head} and col={col} must be multiples of the word size "
+                         f"{size} (d_head > 0)")
+    if queries < 1 or keys < 1:
+        raise ValueError(f"queries={queries} and keys={keys} must be at least 1")
+    if not 0 <= halo <= keys or (halo and not interleaved):
+        raise ValueError(f"halo={halo} must be in 0..keys={keys}, and only with interleaved")
+    if interleaved and keys > halo + queries:
+        raise ValueError(f"interleaved: keys={keys} exceeds halo={halo} + queries={queries}")
+    hw = d_head // size
+    cw = col // size
+    for name, rw in (("q", q_row_words), ("k", k_row_words), ("v", v_row_words),
+                     ("o", o_row_words)):
+        if rw < cw + hw:
+            raise ValueError(f"{name}_row_words={rw} cannot hold columns up to {col + d_head}")
+
+    def rows(base, rw, count):
+        return Desc(base + cw, (hw, count, 1, 1), (1, rw, 0, 0))
+
+    flags = (FLAG_BIDIR if bidirectional else 0) | (FLAG_INTERLEAVED if interleaved else 0) \
+        | (halo << HALO_SHIFT)
+    assert halo < 1 << HALO_BITS
+    regs = {"AT_QUERIES": queries, "AT_KEYS": keys, "AT_Q_POS": q_pos, "AT_K_POS": k_pos,
+            "AT_WINDOW": window, "AT_FLAGS": flags, "AT_SCORE_MULT": score_mult,
+            "AT_SCORE_SHIFT": score_shift, "AT_OUT_MULT": out_mult, "AT_OUT_SHIFT": out_shift,
+            "AT_D_HEAD": d_head}
+    return AttentionLaunch(rd3=rows(k_base, k_row_words, keys), rd4=rows(v_base, v_row_words, keys),
+                           rd5=rows(q_base, q_row_words, queries),
+                           wr1=rows(o_base, o_row_words, queries), regs=regs)
+
+
+def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule:
+    """The schedule that runs a whole sequence of ``seq`` tokens on one chip whose ring holds
+    ``ring`` keys, for a model ``window`` (0 = full attention); ``ValueError`` if none does.
+
+    - every key fits the ring (``seq <= ring``): preload, causal or bidirectional;
+    - causal, ``0 < window <= ring``: interleaved, one key before each query (the ring drops
+      the keys that leave the window);
+    - bidirectional, ``0 < window`` and ``2 window - 1 <= ring``: interleaved with ``window - 1``
+      keys ahead of the queries, so the ring holds both sides of each query's window.
+
+    ``AT_WINDOW`` is the model window whenever it cuts (``0 < window < seq``), else 0.
+    """
+    cut = window if 0 < window < seq else 0
+    if seq <= ring:
+        return Schedule(interleaved=False, halo=0, window=cut)
+    if causal and 0 < window <= ring:
+        return Schedule(interleaved=True, halo=0, window=cut)
+    if not causal and window > 0 and 2 * window - 1 <= ring:
+        return Schedule(interleaved=True, halo=window - 1, window=cut)
+    kind = "causal" if causal else "bidirectional"
+    need = f"a window of at most {ring}" if causal else \
+        f"a window of at most {(ring + 1) // 2} (2 window - 1 <= {ring})"
+    raise ValueError(f"{kind} attention over {seq} tokens with window {window} does not fit one "
+                     f"chip's K/V ring of {ring} keys (needs seq <= {ring} or {need})")
+
+
+def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,
+                  pos_base=0) -> list[AttentionLaunch]:
+    """One launch per head of a layer: Q, K, V and O are int8 [seq, d_model] tensors of
+    ``row_words`` words per row; ``cfg`` a ``ModelConfig``, ``layer`` carries ``score_mult``,
+    ``score_shift``, ``out_mult``, ``out_shift`` (``sim.compiler.quantize``)."""
+    sched = plan_schedule(seq=cfg.seq_len, window=cfg.window, causal=cfg.causal,
+                          ring=npu.attn_window)
+    if cfg.d_head > npu.d_head_max:
+        raise ValueError(f"d_head {cfg.d_head} exceeds d_head_max {npu.d_head_max}")
+    out = []
+    for head in range(cfg.n_heads):
+        out.append(attention_launch(
+            size=npu.array_size, d_head=cfg.d_head, queries=cfg.seq_len, keys=cfg.seq_len,
+            q_base=q_base, k_base=k_base, v_base=v_base, o_base=o_base, q_row_words=row_words,
+            k_row_words=row_words, v_row_words=row_words, o_row_words=row_words,
+            col=head * cfg.d_head, q_pos=pos_base, k_pos=pos_base,
+            bidirectional=not cfg.causal, interleaved=sched.interleaved, halo=sched.halo,
+            window=sched.window,
+            score_mult=layer.score_mult, score_shift=layer.score_shift,
+            out_mult=layer.out_mult, out_shift=layer.out_shift))
+    return out
+
+
+def emit(asm, launch: AttentionLaunch):
+    """Append the launch's SETs and ``ATTN`` to a :class:`sim.iss.Assembler`."""
+    for gen in ("rd3", "rd4", "rd5", "wr1"):
+        asm.set_desc(gen.upper(), getattr(launch, gen))
+    for name, value in launch.regs.items():
+        asm.set(name, value)
+    asm.launch(Op.ATTN)
+
+
+def softmax_lanes(length: int) -> int:
+    """Softmax lanes per cycle of the engine (``hw.tile.attention_engine.softmax_lanes``):
+    the largest divisor of ``length`` not above 4."""
+    return max(p for p in range(1, 5) if length % p == 0)
+
+
+def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
+    """Cycles of one launch in the engine, from its ``i_cfg`` transfer to its final ``o``
+    transfer, with every input word available at once and ``o`` always ready (exact).
+
+    The pipeline recurrence (``W`` window, ``T = L / P`` softmax beats, ``w = d_head / N``
+    words per row; ``kv``/``q``/``s``/``p``/``out`` are the transfer cycles of a key write, a
+    query, its score row, its probabilities and its raw output row):
+
+    - a K/V (Q) row is complete ``w`` cycles after the previous one was used (the first at
+      ``1 + w``);
+    - ``kv(n) = max(row ready, previous command + 1, out(last query) + 1)`` (the ring is
+      written only while no query is in flight);
+    - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
+    - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
+    - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
+      out(t-1) + w + 1)``; the launch ends at ``out(Q-1) + w``.
+
+    Closed forms (valid while ``w <= W + 5``): preload ``w (S + 1) + 2W + 5T + 11 + (Q - 1)
+    max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys: ``w (H + 2) + Q (2W + 5T + 11)``.
+    """
+    words = regs["AT_D_HEAD"] // size
+    beats = length // softmax_lanes(length)
+    flags = regs["AT_FLAGS"]
+    cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
+                    halo=(flags >> HALO_SHIFT) & ((1 << HALO_BITS) - 1))
+    k_ready = q_ready = 1 + words
+    prev = -1
+    s = p = out = None
+    last_out = None
+    for kind, _ in cmds:
+        if kind == "k":
+            t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
+            k_ready = t + words
+        else:
+            t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
+            q_ready = t + words
+            s = max(t + window + 5, p + 1 if p is not None else 0)
+            p = max(s + 5 * beats + 1, out + 1 if out is not None else 0)
+            out = max(p + window + 3, out + words + 1 if out is not None else 0)
+            last_out = out
+        prev = t
+    return out + words
