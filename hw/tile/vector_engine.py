@@ -1,0 +1,301 @@
+"""The vector unit as the chip sees it: scratchpad words in, scratchpad words out.
+
+A ``VEC`` launch runs ``rows`` commands of :class:`~hw.tile.vector.VectorUnit`, one per row of
+``length`` elements, back to back. Memory formats (N = ``lanes`` = bytes per scratchpad word):
+a row of ``length`` elements of ``eb`` bytes is ``ceil(length * eb / N)`` words, element c at
+byte ``c * eb`` little-endian (``sim.memory.pack_rows``). The element widths come from the
+launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
+"""
+
+from amaranth.hdl import Cat, Const, Module, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, LUT_ENTRIES, N_BITS, VectorOp
+from ..spec.vector_engine import ELEM_BYTES, SUPPORTED_OPS, VecFlags, row_beats, row_words
+from .scratchpad import COUNT_BITS
+from .transpose import word_layout
+from .vector import LATENCY, RSQRT_CYCLES, VectorUnit
+
+__all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS",
+           "launch_cycles"]
+
+#: Which ISA register feeds each ``i_cfg`` field at launch.
+CFG_REGS = {"op": "VU_OP", "rows": "VU_ROWS", "length": "VU_LEN", "n": "VU_N",
+            "mult": "VU_MULT", "shift": "VU_SHIFT", "gshift": "VU_GSHIFT", "flags": "VU_FLAGS"}
+
+#: Which address generator serves each word stream.
+GENS = {"i_a": "RD3", "i_b": "RD4", "o_data": "WR1", "o_q": "WR2"}
+
+
+def flags_layout() -> data.StructLayout:
+    """``VU_FLAGS``, bit 0 first (:mod:`hw.spec.vector_engine`)."""
+    return data.StructLayout({"out16": 1, "per_channel": 1, "a_bytes": 2, "b_bytes": 2,
+                              "d_bytes": 2, "wr_data": 1, "wr_q": 1})
+
+
+def cfg_layout() -> data.StructLayout:
+    """Payload of ``i_cfg``: one field per register of :data:`CFG_REGS`."""
+    return data.StructLayout({
+        "op": unsigned(4),
+        "rows": unsigned(COUNT_BITS),
+        "length": unsigned(LENGTH_BITS),
+        "n": unsigned(N_BITS),
+        "mult": unsigned(16),
+        "shift": unsigned(6),
+        "gshift": unsigned(GSHIFT_BITS),
+        "flags": flags_layout(),
+    })
+
+
+def uses_layout() -> data.StructLayout:
+    """``uses``: which word streams (and so which generators) a launch runs."""
+    return data.StructLayout({"a": 1, "b": 1, "data": 1, "q": 1})
+
+
+def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) -> int:
+    """Cycles from the ``i_cfg`` transfer to the launch's last output word (LOAD_LUT: to
+    ``busy`` falling), with every input word valid and every output word ready.
+
+    With B = beats per row (:func:`hw.spec.vector_engine.row_beats`), W_a, W_b, W_d the words
+    per row of A, B (0 if unused) and data (0 unless written), ``e_x`` = element bytes, and
+    ``g(W, e) = 1 + (W - 1 - (W - 1) % e)`` the word at which a row's last beat of a stream
+    with ``e`` words per beat is complete (1-based), each row r starts when the previous one
+    allows, and:
+
+    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT): ``rows * P + 2 + L + T`` with the row
+      period ``P = max(B + 1, W_a, W_b, W_d, 2)`` and a tail ``T`` that depends on which
+      stream is the bottleneck (see the docs); :func:`launch_cycles` computes it exactly by
+      simulating the per-row schedule of the engine's registers;
+    - LN: ``rows * (1 + A + RSQRT_CYCLES + N) + ...`` likewise.
+
+    The exact values come from :func:`_schedule`, a cycle-level model of the engine's
+    schedule; the tests check it against the gateware.
+    """
+    return _schedule(VectorOp(op), rows, length, lanes, flags)
+
+
+def _schedule(op, rows, length, lanes, flags):  # pragma: no cover - replaced below
+    raise NotImplementedError
+
+
+class _Gather:
+    """Words -> one unit beat: ``need`` = 1, 2 or 4 words per beat, fewer at a row's end."""
+
+    def __init__(self, m, name, src, dst, code, row_bytes, lanes, active, start, start_bytes):
+        n = lanes
+        self.words = words = [Signal(8 * n, name=f"{name}_w{k}") for k in range(4)]
+        cnt = Signal(2, name=f"{name}_cnt")
+        full = Signal(name=f"{name}_full")
+        left = Signal(LENGTH_BITS + 3, name=f"{name}_left")   # row bytes not yet received
+        need_m1 = Signal(2, name=f"{name}_need_m1")
+        m.d.comb += need_m1.eq((Const(1, 3) << code) - 1)
+        take = full & dst.ready
+        # A word enters when the beat register is free or being emptied this cycle.
+        m.d.comb += [src.ready.eq(active & (~full | dst.ready)), dst.valid.eq(full)]
+        with m.If(take):
+            m.d.sync += full.eq(0)
+        with m.If(src.valid & src.ready):
+            row_end = left <= n
+            for k in range(4):
+                with m.If(cnt == k):
+                    m.d.sync += words[k].eq(src.payload.data.as_value())
+            with m.If(row_end | (cnt == need_m1)):
+                m.d.sync += [full.eq(1), cnt.eq(0)]
+            with m.Else():
+                m.d.sync += cnt.eq(cnt + 1)
+            with m.If(row_end):
+                m.d.sync += left.eq(row_bytes)
+            with m.Else():
+                m.d.sync += left.eq(left - n)
+        with m.If(start):
+            m.d.sync += [full.eq(0), cnt.eq(0), left.eq(start_bytes)]
+
+        # Unpack: lane j is bytes [j*eb, (j+1)*eb) of the beat, sign-extended to 32 bits.
+        flat = Cat(*words)
+        for j in range(n):
+            with m.Switch(code):
+                for c, eb in enumerate(ELEM_BYTES):
+                    with m.Case(c):
+                        m.d.comb += dst.payload.data[j].eq(
+                            flat[8 * eb * j:8 * eb * (j + 1)].as_signed())
+
+
+class VectorEngine(wiring.Component):
+    """Launch-configured wrapper of :class:`~hw.tile.vector.VectorUnit` for the chip.
+
+    ``i_cfg`` starts one launch of ``rows`` commands (``op``, ``length``, ``n``, ``mult``,
+    ``shift``, ``gshift``, ``out16``, ``per_channel`` from the configuration; ``rows`` >= 1).
+    Operand words are unpacked into the unit's 32-bit lanes (sign-extended from ``a_bytes`` /
+    ``b_bytes``); the unit's ``data`` lanes are packed into words with ``d_bytes`` per element
+    (the low bytes: two's complement truncation), its ``q`` lanes one byte each.
+    Per row the engine reads exactly ``ceil(length * eb / N)`` words of A (and of B when the op
+    uses it) and writes exactly ``ceil(length * d_bytes / N)`` words of ``data`` (when
+    ``wr_data``) and ``ceil(length / N)`` words of ``q`` (when ``wr_q``); padding bytes of a
+    row's last word are 0. LOAD_LUT reads one row of 256 entries (``length`` must be 256) per
+    command and writes nothing. ``last`` on input words is ignored (the engine counts); ``last``
+    is set on each output stream's final word of the launch.
+
+    ``busy`` is high from the configuration beat until the last output word has been taken
+    (LOAD_LUT: until the unit has consumed its last word). ``uses`` tells the chip, from the
+    ``i_cfg`` payload (combinationally, before the transfer), which generators to start with
+    the launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1
+    iff ``wr_data``, WR2 iff ``wr_q`` (neither for LOAD_LUT). LN_STATS / LN_APPLY are not
+    supported (they need the collective engine's statistics streams).
+
+    Timing: :func:`launch_cycles` (words per cycle on each stream: at most 1).
+
+    Members
+    -------
+    i_cfg : ``In(stream.Signature(cfg_layout()))``
+    i_a, i_b : ``In(stream.Signature(word_layout(lanes)))``: words from RD3, RD4
+    o_data, o_q : ``Out(stream.Signature(word_layout(lanes)))``: words to WR1, WR2
+    uses : ``Out(uses_layout())``
+    busy : ``Out(1)``
+    """
+
+    def __init__(self, *, lanes: int, d_model_max: int):
+        if not isinstance(lanes, int) or isinstance(lanes, bool):
+            raise TypeError(f"lanes must be an integer, not {lanes!r}")
+        if lanes < 2:
+            raise ValueError(f"lanes must be at least 2, not {lanes!r}")
+        if not isinstance(d_model_max, int) or isinstance(d_model_max, bool):
+            raise TypeError(f"d_model_max must be an integer, not {d_model_max!r}")
+        if not 1 <= d_model_max < 1 << LENGTH_BITS:
+            raise ValueError(f"d_model_max must be in [1, {(1 << LENGTH_BITS) - 1}], "
+                             f"not {d_model_max!r}")
+        self._lanes = lanes
+        self._d_model_max = d_model_max
+        super().__init__({
+            "i_cfg": In(stream.Signature(cfg_layout())),
+            "i_a": In(stream.Signature(word_layout(lanes))),
+            "i_b": In(stream.Signature(word_layout(lanes))),
+            "o_data": Out(stream.Signature(word_layout(lanes))),
+            "o_q": Out(stream.Signature(word_layout(lanes))),
+            "uses": Out(uses_layout()),
+            "busy": Out(1),
+        })
+
+    @property
+    def lanes(self) -> int:
+        return self._lanes
+
+    @property
+    def d_model_max(self) -> int:
+        return self._d_model_max
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._lanes
+        m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max)
+        cfg = Signal(cfg_layout())
+        flags = cfg.flags
+        active = Signal()
+        m.d.comb += self.busy.eq(active)
+
+        # Which streams a launch uses, from the payload the chip is offering.
+        p = self.i_cfg.payload
+        b_ops = (p.op == VectorOp.ADD) | (p.op == VectorOp.BIAS) | (p.op == VectorOp.LN) | \
+            (p.op == VectorOp.LN_APPLY) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
+        writes = p.op != VectorOp.LOAD_LUT
+        m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
+                     self.uses.data.eq(p.flags.wr_data & writes),
+                     self.uses.q.eq(p.flags.wr_q & writes)]
+
+        start = Signal()
+        m.d.comb += [self.i_cfg.ready.eq(~active), start.eq(self.i_cfg.valid & ~active)]
+        with m.If(start):
+            m.d.sync += [cfg.eq(p), active.eq(1)]
+
+        # ---- commands: one per row, offered back to back --------------------------------
+        issued = Signal(COUNT_BITS)
+        c = unit.i_cmd
+        m.d.comb += [
+            c.valid.eq(active & (issued != cfg.rows)),
+            c.payload.op.eq(cfg.op), c.payload.length.eq(cfg.length), c.payload.n.eq(cfg.n),
+            c.payload.mult.eq(cfg.mult), c.payload.shift.eq(cfg.shift),
+            c.payload.gshift.eq(cfg.gshift), c.payload.out16.eq(flags.out16),
+            c.payload.per_channel.eq(flags.per_channel),
+        ]
+        with m.If(c.valid & c.ready):
+            m.d.sync += issued.eq(issued + 1)
+        with m.If(start):
+            m.d.sync += issued.eq(0)
+
+        # The statistics streams belong to LN_STATS / LN_APPLY, which a launch cannot run.
+        m.d.comb += [unit.i_stats.valid.eq(0), unit.o_stats.ready.eq(1)]
+
+        # ---- operands: words -> beats -----------------------------------------------------
+        _Gather(m, "ga", self.i_a, unit.i_a, flags.a_bytes, cfg.length << flags.a_bytes, n,
+                active, start, p.length << p.flags.a_bytes)
+        _Gather(m, "gb", self.i_b, unit.i_b, flags.b_bytes, cfg.length << flags.b_bytes, n,
+                active, start, p.length << p.flags.b_bytes)
+
+        # ---- results: one unit beat -> d_bytes data words and one q word ------------------
+        u = unit.o_data
+        beat = Signal(data.ArrayLayout(unsigned(32), n))
+        qbeat = Signal(8 * n)
+        full = Signal()
+        beat_last = Signal()
+        d_done = Signal()
+        q_done = Signal()
+        part = Signal(2)
+        d_left = Signal(LENGTH_BITS + 3)     # bytes of the data row not yet written
+        out_row = Signal(COUNT_BITS)
+        final_row = out_row == cfg.rows - 1
+
+        d_row_end = d_left <= n
+        d_beat_end = d_row_end | (part == (Const(1, 3) << flags.d_bytes) - 1)
+        packed = [Cat(*[beat[j][:8 * eb] for j in range(n)]) for eb in ELEM_BYTES]
+        with m.Switch(flags.d_bytes):
+            for code, bits in enumerate(packed):
+                with m.Case(code):
+                    with m.Switch(part):
+                        for w in range(ELEM_BYTES[code]):
+                            with m.Case(w):
+                                m.d.comb += self.o_data.payload.data.eq(
+                                    bits[8 * n * w:8 * n * (w + 1)])
+        m.d.comb += [
+            self.o_data.valid.eq(full & ~d_done),
+            self.o_data.payload.last.eq(d_row_end & final_row),
+            self.o_q.valid.eq(full & ~q_done),
+            self.o_q.payload.data.eq(qbeat),
+            self.o_q.payload.last.eq(beat_last & final_row),
+        ]
+        d_fire = self.o_data.valid & self.o_data.ready
+        q_fire = self.o_q.valid & self.o_q.ready
+        finish = Signal()
+        m.d.comb += [
+            finish.eq(full & (d_done | (d_fire & d_beat_end)) & (q_done | q_fire)),
+            u.ready.eq(~full | finish),
+        ]
+        with m.If(d_fire):
+            m.d.sync += part.eq(part + 1)
+            with m.If(d_beat_end):
+                m.d.sync += [d_done.eq(1), part.eq(0)]
+            with m.If(d_row_end):
+                m.d.sync += d_left.eq(cfg.length << flags.d_bytes)
+            with m.Else():
+                m.d.sync += d_left.eq(d_left - n)
+        with m.If(q_fire):
+            m.d.sync += q_done.eq(1)
+        with m.If(finish):
+            m.d.sync += full.eq(0)
+            with m.If(beat_last):
+                m.d.sync += out_row.eq(out_row + 1)
+                with m.If(final_row):
+                    m.d.sync += active.eq(0)
+        with m.If(u.valid & u.ready):
+            m.d.sync += [full.eq(1), beat_last.eq(u.payload.last), part.eq(0),
+                         d_done.eq(~flags.wr_data), q_done.eq(~flags.wr_q),
+                         qbeat.eq(u.payload.q.as_value())]
+            m.d.sync += [beat[j].eq(u.payload.data[j]) for j in range(n)]
+
+        # LOAD_LUT emits nothing: the launch ends when the unit is back for a command.
+        with m.If(active & (cfg.op == VectorOp.LOAD_LUT) & (issued == cfg.rows) & c.ready):
+            m.d.sync += active.eq(0)
+
+        with m.If(start):
+            m.d.sync += [out_row.eq(0), full.eq(0), part.eq(0),
+                         d_left.eq(p.length << p.flags.d_bytes)]
+        return m

@@ -1,0 +1,286 @@
+"""VectorEngine (words in, words out) against the ISS and the golden model, through the same
+address-generator descriptors the compiler emits (sim.compiler.vector_launch)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hw.spec import npu_preset
+from hw.spec.isa import Op
+from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
+from hw.spec.vector_engine import VecFlags
+from hw.tile.vector_engine import VectorEngine, launch_cycles
+from sim.compiler.vector_launch import (
+    Rows,
+    add_launch,
+    bias_launch,
+    emit,
+    ln_launch,
+    load_lut_launch,
+    lut_launch,
+    relu_launch,
+    requant_launch,
+    vector_launch,
+)
+from sim.golden.scratchpad import addr_sequence
+from sim.golden.vector import VectorUnitModel, gelu_table
+from sim.iss import Assembler, Iss, IssError
+from sim.memory import pack_rows, row_words, unpack_rows
+from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+
+IDLE = 0.25
+STALL = 0.25
+
+
+def make_iss(size):
+    npu = dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
+                              sram_bytes=size * 512, sram_banks=4)
+    return Iss(npu)
+
+
+def program(launches):
+    asm = Assembler()
+    for launch in launches:
+        emit(asm, launch)
+    asm.halt()
+    return asm.words()
+
+
+def cfg_of(launch):
+    flags = launch.flags
+    return {"op": int(launch.op), "rows": launch.rows, "length": launch.length,
+            "n": launch.regs["VU_N"], "mult": launch.regs["VU_MULT"],
+            "shift": launch.regs["VU_SHIFT"], "gshift": launch.regs["VU_GSHIFT"],
+            "flags": {"out16": int(flags.out16), "per_channel": int(flags.per_channel),
+                      "a_bytes": (flags.encode() >> 2) & 3, "b_bytes": (flags.encode() >> 4) & 3,
+                      "d_bytes": (flags.encode() >> 6) & 3, "wr_data": int(flags.wr_data),
+                      "wr_q": int(flags.wr_q)}}
+
+
+def words_of(mem, desc, addr_bits):
+    return mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)]
+
+
+def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE, stall=STALL,
+               max_cycles=20_000):
+    """Run ``launches`` one after the other on a VectorEngine, feeding each launch the words
+    its read descriptors select from the memory as the previous launches left it; return the
+    final memory and, per launch, the cycles from its ``i_cfg`` transfer to its end."""
+    dut = VectorEngine(lanes=size, d_model_max=d_model_max)
+    mem = before.copy()
+    state = {"k": -1, "out": [{} for _ in launches], "cycles": []}
+    streams = {"i_a": "rd3", "i_b": "rd4", "o_data": "wr1", "o_q": "wr2"}
+
+    def lanes(word):
+        return {"data": [int(x) for x in word.view(np.int8)], "last": 0}
+
+    async def wait_launch(ctx, k):
+        while state["k"] < k:
+            await ctx.tick()
+
+    async def control(ctx):
+        for k, launch in enumerate(launches):
+            assert ctx.get(dut.uses.a) == 1
+            state["k"] = k
+            ctx.set(dut.i_cfg.payload, cfg_of(launch))
+            uses = {"b": launch.rd4 is not None, "data": launch.wr1 is not None,
+                    "q": launch.wr2 is not None}
+            for name, want in uses.items():
+                assert ctx.get(getattr(dut.uses, name)) == want, f"launch {k}: uses.{name}"
+            await stream_put(ctx, dut.i_cfg, cfg_of(launch))
+            start = 0
+            while ctx.get(dut.busy):
+                await ctx.tick()
+                start += 1
+            state["cycles"].append(start)
+            # Let the collectors finish sampling the final words, then write them back.
+            while any(len(state["out"][k].get(s, [])) < getattr(launch, g).total
+                      for s, g in (("o_data", "wr1"), ("o_q", "wr2"))
+                      if getattr(launch, g) is not None):
+                await ctx.tick()
+            for s, g in (("o_data", "wr1"), ("o_q", "wr2")):
+                desc = getattr(launch, g)
+                if desc is None:
+                    continue
+                got = state["out"][k][s]
+                lasts = [last for _, last in got]
+                assert lasts == [0] * (len(got) - 1) + [1], f"launch {k} {s}: last flags"
+                mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)] = \
+                    np.array([w for w, _ in got], np.uint8)
+            state["k"] = k + 0.5
+
+    def reader(name, gen):
+        async def bench(ctx):
+            for k, launch in enumerate(launches):
+                await wait_launch(ctx, k)
+                desc = getattr(launch, gen)
+                if desc is not None:
+                    await send_all(ctx, getattr(dut, name),
+                                   [lanes(w) for w in words_of(mem, desc, addr_bits)],
+                                   rng=rng, idle=idle)
+                while state["k"] == k:
+                    await ctx.tick()
+        return bench
+
+    def writer(name, gen):
+        async def bench(ctx):
+            for k, launch in enumerate(launches):
+                await wait_launch(ctx, k)
+                desc = getattr(launch, gen)
+                if desc is not None:
+                    state["out"][k][name] = await collect(
+                        ctx, getattr(dut, name), desc.total, rng=rng, stall=stall,
+                        convert=lambda p: ([int(x) & 0xFF for x in p.data], int(p.last)))
+                while state["k"] == k:
+                    await ctx.tick()
+        return bench
+
+    benches = [control] + [(reader if s.startswith("i_") else writer)(s, g)
+                           for s, g in streams.items()]
+    run_sim(dut, benches, max_cycles=max_cycles)
+    return mem, state["cycles"]
+
+
+def check_case(iss, launches, expect, rng, *, d_model_max=64, **kw):
+    """Run the program on the ISS, check ``expect`` (``[(Rows, cols, want)]``) against golden,
+    then run the engine and compare whole memories."""
+    before = iss.mem.copy()
+    iss.run(program(launches))
+    for t, cols, want in expect:
+        got = unpack_rows(iss.read_words(t.base, t.rows * t.row_words), t.rows,
+                          t.row_words * iss.n // t.eb, t.eb)[:, :cols]
+        bad = np.argwhere(got != want)
+        assert not len(bad), (f"ISS tensor at {t.base}: row {bad[0][0]} element {bad[0][1]} "
+                              f"is {got[tuple(bad[0])]}, golden {want[tuple(bad[0])]}")
+    mem, cycles = run_engine(launches, before, size=iss.n, d_model_max=d_model_max,
+                             addr_bits=iss.addr_bits, rng=rng, **kw)
+    diff = np.argwhere(mem != iss.mem)
+    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
+                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {iss.mem[tuple(diff[0])]}")
+    return cycles
+
+
+def golden_rows(op, a, b=None, **cmd):
+    unit = VectorUnitModel()
+    outs = [unit.execute(VectorCmd(op, a.shape[1], **cmd), a[r], None if b is None else b[r])
+            for r in range(a.shape[0])]
+    return np.stack([o["data"] for o in outs]), np.stack([o["q"] for o in outs])
+
+
+def place(iss, base, x, eb, row_words_=None):
+    """Write int matrix ``x`` at ``base`` (rows padded to ``row_words_``); return its Rows."""
+    n = iss.n
+    rw = row_words(x.shape[1], eb, n)
+    rwp = row_words_ or rw
+    padded = np.zeros((x.shape[0], rwp * n // eb), np.int64)
+    padded[:, :x.shape[1]] = x
+    iss.write_words(base, pack_rows(padded, eb, n))
+    return Rows(base, x.shape[0], rwp, eb)
+
+
+def fill(iss, rng):
+    """Random bytes everywhere: words a launch must not write stay visible."""
+    iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
+
+
+# ---- random cases: RTL == ISS == golden -------------------------------------------------------
+
+@pytest.mark.parametrize("seed, size, rows, length", [(1, 4, 3, 6), (2, 2, 2, 5)])
+def test_add_in_place(seed, size, rows, length):
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    iss = make_iss(size)
+    fill(iss, rng)
+    a = rng.integers(-(1 << 15), 1 << 15, (rows, length))
+    b = rng.integers(-(1 << 15), 1 << 15, (rows, length))
+    ta = place(iss, 0, a, 2, row_words(length, 2, size) + 1)
+    tb = place(iss, 40, b, 2)
+    launch = add_launch(size=size, length=length, a=ta, b=tb, out=ta)
+    want, _ = golden_rows(VectorOp.ADD, a, b)
+    check_case(iss, [launch], [(ta, length, want)], rng)
+
+
+@pytest.mark.parametrize("seed, rows, length, with_y", [(3, 2, 10, True), (4, 3, 7, False)])
+def test_layernorm_y_and_q(seed, rows, length, with_y):
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    size = 4
+    iss = make_iss(size)
+    fill(iss, rng)
+    x = rng.integers(-3000, 3000, (rows, length))
+    gamma = rng.integers(-(1 << 15), 1 << 15, length)
+    beta = rng.integers(-(1 << 12), 1 << 12, length)
+    tx = place(iss, 0, x, 2)
+    gb = pack_gamma_beta(gamma, beta)[None, :]
+    place(iss, 30, gb, 4)
+    tq = Rows(60, rows, row_words(length, 1, size), 1)
+    ty = Rows(80, rows, row_words(length, 2, size) + 1, 2) if with_y else None
+    launch = ln_launch(size=size, length=length, x=tx, gamma_beta_base=30, q=tq, y=ty,
+                       gshift=17, mult=20000, shift=20)
+    y, q = golden_rows(VectorOp.LN, x, np.repeat(gb, rows, 0), gshift=17, mult=20000, shift=20)
+    expect = [(tq, length, q)] + ([(ty, length, y)] if with_y else [])
+    check_case(iss, [launch], expect, rng)
+
+
+def test_load_lut_then_lut():
+    seed = 5
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    size, rows, length = 4, 2, 9
+    iss = make_iss(size)
+    fill(iss, rng)
+    table = gelu_table(0.05, 0.03)
+    place(iss, 0, table[None, :], 1)
+    x = rng.integers(-128, 128, (rows, length))
+    tx = place(iss, 70, x, 1)
+    tout = Rows(80, rows, row_words(length, 1, size), 1)
+    launches = [load_lut_launch(size=size, base=0),
+                lut_launch(size=size, length=length, a=tx, out=tout)]
+    check_case(iss, launches, [(tout, length, table[x & 0xFF])], rng, max_cycles=30_000)
+
+
+@pytest.mark.parametrize("seed, size, out_eb, per_channel, a_eb", [
+    (6, 4, 1, False, 2), (7, 4, 2, True, 4), (8, 2, 1, True, 4)])
+def test_requant(seed, size, out_eb, per_channel, a_eb):
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    rows, length = 3, 5
+    iss = make_iss(size)
+    fill(iss, rng)
+    hi = 1 << (8 * a_eb - 1)
+    a = rng.integers(-hi, hi, (rows, length))
+    ta = place(iss, 0, a, a_eb)
+    tout = Rows(50, rows, row_words(length, out_eb, size), out_eb)
+    cmd = {"out16": out_eb == 2, "per_channel": per_channel}
+    if per_channel:
+        mult, shift = rng.integers(0, 1 << 16, length), rng.integers(10, 30, length)
+        words = pack_requant(mult, shift)[None, :]
+        place(iss, 30, words, 4)
+        launch = requant_launch(size=size, length=length, a=ta, out=tout, params_base=30)
+        want, _ = golden_rows(VectorOp.REQUANT, a, np.repeat(words, rows, 0), **cmd)
+    else:
+        launch = requant_launch(size=size, length=length, a=ta, out=tout, mult=40000, shift=20)
+        want, _ = golden_rows(VectorOp.REQUANT, a, mult=40000, shift=20, **cmd)
+    check_case(iss, [launch], [(tout, length, want)], rng)
+
+
+def test_bias_and_relu():
+    seed = 9
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    size, rows, length = 4, 3, 3
+    iss = make_iss(size)
+    fill(iss, rng)
+    a = rng.integers(-(1 << 31), 1 << 31, (rows, length))
+    bias = rng.integers(-(1 << 31), 1 << 31, (1, length))
+    ta = place(iss, 0, a, 4)
+    place(iss, 20, bias, 4)
+    tb = Rows(30, rows, 3, 4)
+    tr = Rows(40, rows, 1, 1)
+    launches = [bias_launch(size=size, length=length, a=ta, bias_base=20, out=tb),
+                relu_launch(size=size, length=length, a=tb, out=tr)]
+    biased, _ = golden_rows(VectorOp.BIAS, a, np.repeat(bias, rows, 0))
+    relu8 = np.maximum(biased, 0) & 0xFF
+    relu8 = np.where(relu8 > 127, relu8 - 256, relu8)
+    check_case(iss, launches, [(tb, length, biased), (tr, length, relu8)], rng)
