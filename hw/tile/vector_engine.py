@@ -9,13 +9,14 @@ launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
 
 from amaranth.hdl import Cat, Const, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, LUT_ENTRIES, N_BITS, VectorOp
-from ..spec.vector_engine import ELEM_BYTES, SUPPORTED_OPS, VecFlags, row_beats, row_words
+from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
+from ..spec.vector_engine import ELEM_BYTES, SUPPORTED_OPS, VecFlags, row_beats, row_words, uses_b
 from .scratchpad import COUNT_BITS
 from .transpose import word_layout
-from .vector import LATENCY, RSQRT_CYCLES, VectorUnit
+from .vector import RSQRT_CYCLES, VectorUnit
 
 __all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS",
            "launch_cycles"]
@@ -53,72 +54,119 @@ def uses_layout() -> data.StructLayout:
     return data.StructLayout({"a": 1, "b": 1, "data": 1, "q": 1})
 
 
+def _beat_words(words: int, per_beat: int, beats: int) -> list[int]:
+    """Words of each beat of a row: ``per_beat`` each, the rest in the last one."""
+    return [min(per_beat, words - k * per_beat) for k in range(beats)]
+
+
 def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) -> int:
-    """Cycles from the ``i_cfg`` transfer to the launch's last output word (LOAD_LUT: to
-    ``busy`` falling), with every input word valid and every output word ready.
+    """Cycles from the ``i_cfg`` transfer to the launch's last output word transfer (LOAD_LUT:
+    to the last cycle of ``busy``), with every input word valid and every output word ready.
 
-    With B = beats per row (:func:`hw.spec.vector_engine.row_beats`), W_a, W_b, W_d the words
-    per row of A, B (0 if unused) and data (0 unless written), ``e_x`` = element bytes, and
-    ``g(W, e) = 1 + (W - 1 - (W - 1) % e)`` the word at which a row's last beat of a stream
-    with ``e`` words per beat is complete (1-based), each row r starts when the previous one
-    allows, and:
+    Per row: B = ``ceil(length / lanes)`` beats; W_a, W_b, W_d words of A, B and data (W_b = 0
+    when the op does not read B, W_d = 0 unless ``wr_data``); each beat takes ``e_x`` =
+    element-bytes words of stream x (the last beat the rest); w0 = the larger of A's and B's
+    first-beat words; w_dl = the last beat's data words (1 if only ``q`` is written).
 
-    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT): ``rows * P + 2 + L + T`` with the row
-      period ``P = max(B + 1, W_a, W_b, W_d, 2)`` and a tail ``T`` that depends on which
-      stream is the bottleneck (see the docs); :func:`launch_cycles` computes it exactly by
-      simulating the per-row schedule of the engine's registers;
-    - LN: ``rows * (1 + A + RSQRT_CYCLES + N) + ...`` likewise.
+    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT)::
 
-    The exact values come from :func:`_schedule`, a cycle-level model of the engine's
-    schedule; the tests check it against the gateware.
+          max(rows * W_a + 6 + w_dl,  rows * W_b + 6 + w_dl,
+              rows * (B + 1) + 4 + w0 + w_dl,  rows * W_d + 6 + w0)
+
+      i.e. a row period of max(W_a, W_b, W_d, B + 1): the slowest stream (one word per cycle)
+      or the unit (one beat per cycle plus one cycle per command);
+    - LN: ``rows * (W_a - w_a0 + W_b - w_b0 + 3 + RSQRT_CYCLES) + 4 + w_a0 + t`` where w_x0
+      are the first beat's words and ``t = max_k(sum_{j>=k} o_j - sum_{j>k} b_j)`` over the
+      row's beats k, with b_j the words of B beat j and o_j = max(data words, q words) of
+      output beat j. A row is serial in the unit: one cycle for the command, the statistics
+      pass (A beats; the first one was fetched during the previous row), RSQRT_CYCLES, the
+      normalisation pass (B beats; the first one prefetched likewise); results drain while
+      the next row starts, ``t`` being the packer's backlog after the last beat (valid for
+      ``b_bytes >= d_bytes``, as :func:`sim.compiler.vector_launch.ln_launch` emits);
+    - LOAD_LUT: ``rows * (256 / lanes + 1) + 1`` (256 int8 entries: one word per beat).
     """
-    return _schedule(VectorOp(op), rows, length, lanes, flags)
+    op = VectorOp(op)
+    beats = row_beats(op, length, lanes)
+    if op is VectorOp.LOAD_LUT:
+        return rows * (beats + 1) + 1
+    if op not in SUPPORTED_OPS:
+        raise ValueError(f"{op.name} is not supported by VEC launches")
+    wa = row_words(length, flags.a_bytes, lanes)
+    wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
+    wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
+    a_beats = _beat_words(wa, flags.a_bytes, beats)
+    b_beats = _beat_words(wb, flags.b_bytes, beats) if wb else [0] * beats
+    d_beats = _beat_words(wd, flags.d_bytes, beats) if wd else [0] * beats
+    o_beats = [max(d, int(flags.wr_q)) for d in d_beats]
+    if op is VectorOp.LN:
+        tail = max(sum(o_beats[k:]) - sum(b_beats[k + 1:]) for k in range(beats))
+        period = wa - a_beats[0] + wb - b_beats[0] + 3 + RSQRT_CYCLES
+        return rows * period + 4 + a_beats[0] + tail
+    w0 = max(a_beats[0], b_beats[0])
+    wdl = o_beats[-1]
+    return max(rows * wa + 6 + wdl, rows * wb + 6 + wdl, rows * (beats + 1) + 4 + w0 + wdl,
+               rows * wd + 6 + w0)
 
 
-def _schedule(op, rows, length, lanes, flags):  # pragma: no cover - replaced below
-    raise NotImplementedError
+def _gather(m, name, src, code, row_bytes, lanes, active, start, start_bytes):
+    """Words -> beats of ``1 << code`` words (fewer at a row's end) in a register.
+
+    Returns ``(valid, ready, flat)``: the beat register's handshake (``ready`` is driven by the
+    caller) and its ``4 * 8 * lanes`` bits; a word enters while the register is free or being
+    emptied.
+    """
+    n = lanes
+    words = [Signal(8 * n, name=f"{name}_w{k}") for k in range(4)]
+    cnt = Signal(2, name=f"{name}_cnt")
+    full = Signal(name=f"{name}_full")
+    ready = Signal(name=f"{name}_ready")
+    left = Signal(LENGTH_BITS + 3, name=f"{name}_left")   # row bytes not yet received
+    need_m1 = Signal(2, name=f"{name}_need_m1")
+    m.d.comb += need_m1.eq((Const(1, 3) << code) - 1)
+    m.d.comb += src.ready.eq(active & (~full | ready))
+    with m.If(full & ready):
+        m.d.sync += full.eq(0)
+    with m.If(src.valid & src.ready):
+        row_end = left <= n
+        for k in range(4):
+            with m.If(cnt == k):
+                m.d.sync += words[k].eq(src.payload.data.as_value())
+        with m.If(row_end | (cnt == need_m1)):
+            m.d.sync += [full.eq(1), cnt.eq(0)]
+        with m.Else():
+            m.d.sync += cnt.eq(cnt + 1)
+        with m.If(row_end):
+            m.d.sync += left.eq(row_bytes)
+        with m.Else():
+            m.d.sync += left.eq(left - n)
+    with m.If(start):
+        m.d.sync += [full.eq(0), cnt.eq(0), left.eq(start_bytes)]
+    return full, ready, Cat(*words)
 
 
-class _Gather:
-    """Words -> one unit beat: ``need`` = 1, 2 or 4 words per beat, fewer at a row's end."""
+def _fifo(m, name, valid, ready, payload, depth):
+    """A SyncFIFO between a (valid, ready, payload) source and the returned read side."""
+    fifo = SyncFIFO(width=len(payload), depth=depth)
+    m.submodules[name] = fifo
+    m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload), ready.eq(fifo.w_rdy)]
+    return fifo.r_rdy, fifo.r_en, fifo.r_data
 
-    def __init__(self, m, name, src, dst, code, row_bytes, lanes, active, start, start_bytes):
-        n = lanes
-        self.words = words = [Signal(8 * n, name=f"{name}_w{k}") for k in range(4)]
-        cnt = Signal(2, name=f"{name}_cnt")
-        full = Signal(name=f"{name}_full")
-        left = Signal(LENGTH_BITS + 3, name=f"{name}_left")   # row bytes not yet received
-        need_m1 = Signal(2, name=f"{name}_need_m1")
-        m.d.comb += need_m1.eq((Const(1, 3) << code) - 1)
-        take = full & dst.ready
-        # A word enters when the beat register is free or being emptied this cycle.
-        m.d.comb += [src.ready.eq(active & (~full | dst.ready)), dst.valid.eq(full)]
-        with m.If(take):
-            m.d.sync += full.eq(0)
-        with m.If(src.valid & src.ready):
-            row_end = left <= n
-            for k in range(4):
-                with m.If(cnt == k):
-                    m.d.sync += words[k].eq(src.payload.data.as_value())
-            with m.If(row_end | (cnt == need_m1)):
-                m.d.sync += [full.eq(1), cnt.eq(0)]
-            with m.Else():
-                m.d.sync += cnt.eq(cnt + 1)
-            with m.If(row_end):
-                m.d.sync += left.eq(row_bytes)
-            with m.Else():
-                m.d.sync += left.eq(left - n)
-        with m.If(start):
-            m.d.sync += [full.eq(0), cnt.eq(0), left.eq(start_bytes)]
 
-        # Unpack: lane j is bytes [j*eb, (j+1)*eb) of the beat, sign-extended to 32 bits.
-        flat = Cat(*words)
-        for j in range(n):
-            with m.Switch(code):
-                for c, eb in enumerate(ELEM_BYTES):
-                    with m.Case(c):
-                        m.d.comb += dst.payload.data[j].eq(
-                            flat[8 * eb * j:8 * eb * (j + 1)].as_signed())
+def _unpack(m, flat, dst, code, lanes):
+    """Lane j is bytes [j*eb, (j+1)*eb) of the beat, sign-extended to 32 bits."""
+    for j in range(lanes):
+        with m.Switch(code):
+            for c, eb in enumerate(ELEM_BYTES):
+                with m.Case(c):
+                    m.d.comb += dst.payload.data[j].eq(
+                        flat[8 * eb * j:8 * eb * (j + 1)].as_signed())
+
+
+#: Result beats buffered between the unit and the packer: the unit's pipeline stalls as a
+#: whole when its output is full, so without this buffer a slow packer (4 words per beat for
+#: int32 data) would also stall the input side and the row period would exceed the slowest
+#: stream's words per row. With it, :func:`launch_cycles` holds exactly.
+OUT_FIFO_DEPTH = 4
 
 
 class VectorEngine(wiring.Component):
@@ -226,13 +274,19 @@ class VectorEngine(wiring.Component):
         m.d.comb += [unit.i_stats.valid.eq(0), unit.o_stats.ready.eq(1)]
 
         # ---- operands: words -> beats -----------------------------------------------------
-        _Gather(m, "ga", self.i_a, unit.i_a, flags.a_bytes, cfg.length << flags.a_bytes, n,
-                active, start, p.length << p.flags.a_bytes)
-        _Gather(m, "gb", self.i_b, unit.i_b, flags.b_bytes, cfg.length << flags.b_bytes, n,
-                active, start, p.length << p.flags.b_bytes)
+        for x, src, dst in (("a", self.i_a, unit.i_a), ("b", self.i_b, unit.i_b)):
+            code = getattr(flags, f"{x}_bytes")
+            valid, ready, flat = _gather(m, f"g{x}", src, code, cfg.length << code, n, active,
+                                         start, p.length << getattr(p.flags, f"{x}_bytes"))
+            m.d.comb += [dst.valid.eq(valid), ready.eq(dst.ready)]
+            _unpack(m, flat, dst, code, n)
 
         # ---- results: one unit beat -> d_bytes data words and one q word ------------------
-        u = unit.o_data
+        uo = unit.o_data
+        u_valid, u_ready, raw = _fifo(m, "fifo_o", uo.valid, uo.ready, uo.payload.as_value(),
+                                      OUT_FIFO_DEPTH)
+        u_payload = Signal(uo.payload.shape())
+        m.d.comb += u_payload.eq(raw)
         beat = Signal(data.ArrayLayout(unsigned(32), n))
         qbeat = Signal(8 * n)
         full = Signal()
@@ -267,7 +321,7 @@ class VectorEngine(wiring.Component):
         finish = Signal()
         m.d.comb += [
             finish.eq(full & (d_done | (d_fire & d_beat_end)) & (q_done | q_fire)),
-            u.ready.eq(~full | finish),
+            u_ready.eq(~full | finish),
         ]
         with m.If(d_fire):
             m.d.sync += part.eq(part + 1)
@@ -285,11 +339,11 @@ class VectorEngine(wiring.Component):
                 m.d.sync += out_row.eq(out_row + 1)
                 with m.If(final_row):
                     m.d.sync += active.eq(0)
-        with m.If(u.valid & u.ready):
-            m.d.sync += [full.eq(1), beat_last.eq(u.payload.last), part.eq(0),
+        with m.If(u_valid & u_ready):
+            m.d.sync += [full.eq(1), beat_last.eq(u_payload.last), part.eq(0),
                          d_done.eq(~flags.wr_data), q_done.eq(~flags.wr_q),
-                         qbeat.eq(u.payload.q.as_value())]
-            m.d.sync += [beat[j].eq(u.payload.data[j]) for j in range(n)]
+                         qbeat.eq(u_payload.q.as_value())]
+            m.d.sync += [beat[j].eq(u_payload.data[j]) for j in range(n)]
 
         # LOAD_LUT emits nothing: the launch ends when the unit is back for a command.
         with m.If(active & (cfg.op == VectorOp.LOAD_LUT) & (issued == cfg.rows) & c.ready):

@@ -284,3 +284,145 @@ def test_bias_and_relu():
     relu8 = np.maximum(biased, 0) & 0xFF
     relu8 = np.where(relu8 > 127, relu8 - 256, relu8)
     check_case(iss, launches, [(tb, length, biased), (tr, length, relu8)], rng)
+
+
+# ---- rejections --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"lanes": 4.0, "d_model_max": 64}, TypeError, r"lanes must be an integer, not 4\.0"),
+    ({"lanes": True, "d_model_max": 64}, TypeError, r"lanes must be an integer, not True"),
+    ({"lanes": 1, "d_model_max": 64}, ValueError, r"lanes must be at least 2, not 1"),
+    ({"lanes": 4, "d_model_max": "64"}, TypeError, r"d_model_max must be an integer, not '64'"),
+    ({"lanes": 4, "d_model_max": 0}, ValueError, r"d_model_max must be in \[1, 65535\], not 0"),
+    ({"lanes": 4, "d_model_max": 65536}, ValueError, r"d_model_max must be in .*not 65536"),
+])
+def test_init_rejects(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        VectorEngine(**kwargs)
+
+
+def test_init_positional_rejected():
+    with pytest.raises(TypeError):
+        VectorEngine(4, 64)
+
+
+def test_flags_layout_matches_spec():
+    """The gateware's flags struct and hw.spec.vector_engine.VecFlags put each field at the
+    same bits."""
+    from hw.tile.vector_engine import flags_layout
+    layout = flags_layout()
+    flags = VecFlags(out16=True, per_channel=False, a_bytes=4, b_bytes=2, d_bytes=1,
+                     wr_data=False, wr_q=True)
+    value = flags.encode()
+    fields = {"out16": 1, "per_channel": 0, "a_bytes": 2, "b_bytes": 1, "d_bytes": 0,
+              "wr_data": 0, "wr_q": 1}
+    for name, want in fields.items():
+        f = layout[name]
+        assert (value >> f.offset) & ((1 << f.width) - 1) == want, name
+    assert VecFlags.decode(value) == flags
+    assert layout.size == 10
+
+
+def _iss_with(regs, descs=None, size=4):
+    iss = make_iss(size)
+    asm = Assembler()
+    for gen, d in (descs or {}).items():
+        asm.set_desc(gen, d)
+    for name, value in regs.items():
+        asm.set(name, value)
+    asm.launch(Op.VEC)
+    asm.halt()
+    return iss, asm.words()
+
+
+def _good_add(size=4):
+    t = Rows(0, 2, 2, 2)
+    return add_launch(size=size, length=4, a=t, b=Rows(10, 2, 2, 2), out=Rows(20, 2, 2, 2))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"VU_OP": int(VectorOp.LN_STATS)}, r"LN_STATS is not supported yet"),
+    ({"VU_OP": int(VectorOp.LN_APPLY)}, r"LN_APPLY is not supported yet"),
+    ({"VU_OP": 12}, r"VU_OP=12: not a vector-unit op"),
+    ({"VU_FLAGS": 1 << 10}, r"sets bits outside 0\.\.9"),
+    ({"VU_FLAGS": 3 << 2}, r"a_bytes code 3 is invalid"),
+    ({"VU_ROWS": 0}, r"VU_ROWS=0: must be in 1\.\.65535"),
+    ({"VU_LEN": 0}, r"VU_LEN=0: must be in 1\.\.65535"),
+    ({"VU_LEN": 3}, r"operand A via RD3 walks 4 words, but 2 rows of 3 x 2-byte elements "
+                    r"are 4 words|RD4 walks"),
+    ({"VU_LEN": 5}, r"operand A via RD3 walks 4 words, but 2 rows of 5 x 2-byte elements "
+                    r"are 6 words"),
+    ({"VU_FLAGS": VecFlags(a_bytes=2, b_bytes=2, d_bytes=2, wr_data=False).encode()},
+     r"ADD writes nothing"),
+    ({"VU_FLAGS": VecFlags(a_bytes=2, b_bytes=2, d_bytes=2, wr_q=True).encode()},
+     r"ADD has no q output"),
+    ({"VU_MULT": 1 << 16}, r"mult=65536 must be an integer in \[0, 65535\]"),
+    ({"VU_GSHIFT": 64}, r"gshift=64 must be"),
+])
+def test_iss_rejects_inconsistent_registers(change, match):
+    launch = _good_add()
+    regs = dict(launch.regs, **change)
+    iss, prog = _iss_with(regs, launch.descs)
+    if change.get("VU_LEN") == 3:
+        # 3 int16 elements still take 2 words per row: the launch is consistent.
+        iss.run(prog)
+        return
+    with pytest.raises(IssError, match=match):
+        iss.run(prog)
+
+
+@pytest.mark.parametrize("op, regs, match", [
+    (VectorOp.LOAD_LUT, {"VU_LEN": 100}, r"LOAD_LUT with VU_LEN=100: must be 256"),
+    (VectorOp.LOAD_LUT, {"VU_FLAGS": VecFlags(a_bytes=1).encode()},
+     r"LOAD_LUT writes nothing: clear wr_data"),
+    (VectorOp.LN, {"VU_LEN": 65}, r"LN with VU_LEN=65: must be in 1\.\.64"),
+    (VectorOp.REQUANT, {"VU_SHIFT": 0}, r"REQUANT with VU_SHIFT=0: must be in 1\.\.47"),
+    (VectorOp.LN, {"VU_SHIFT": 48}, r"LN with VU_SHIFT=48: must be in 1\.\.47"),
+])
+def test_iss_rejects_op_limits(op, regs, match):
+    base = {"VU_OP": int(op), "VU_ROWS": 1, "VU_LEN": 256 if op is VectorOp.LOAD_LUT else 4,
+            "VU_N": 4, "VU_MULT": 1, "VU_SHIFT": 8, "VU_GSHIFT": 16,
+            "VU_FLAGS": VecFlags(a_bytes=1, wr_data=op is not VectorOp.LOAD_LUT).encode()}
+    iss, prog = _iss_with(dict(base, **regs))
+    with pytest.raises(IssError, match=match):
+        iss.run(prog)
+
+
+def test_iss_rejects_per_channel_shift_and_short_write():
+    iss = make_iss(4)
+    iss.write_words(10, pack_rows(pack_requant([1, 1, 1, 1], [8, 0, 8, 8])[None, :], 4, 4))
+    launch = requant_launch(size=4, length=4, a=Rows(0, 1, 1, 1), out=Rows(20, 1, 1, 1),
+                            params_base=10)
+    with pytest.raises(IssError, match=r"per-channel shift 0 at row 0 element 1 outside"):
+        iss.run(program([launch]))
+    good = requant_launch(size=4, length=4, a=Rows(0, 1, 1, 1), out=Rows(20, 1, 1, 1),
+                          mult=1, shift=1)
+    short = dataclasses.replace(good, wr1=dataclasses.replace(good.wr1, n=(1, 2, 1, 1)))
+    with pytest.raises(IssError, match=r"WR1 walks 2 addresses but the unit writes 1 words"):
+        make_iss(4).run(program([short]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"op": VectorOp.LN_STATS}, r"LN_STATS is not supported by VEC launches yet"),
+    ({"a": Rows(0, 2, 1, 2)}, r"a: row_words=1 cannot hold 4 elements of 2 bytes"),
+    ({"b": None}, r"ADD needs operand b"),
+    ({"b": Rows(10, 3, 2, 2)}, r"b.rows=3 must be 1 \(shared\) or a.rows=2"),
+    ({"q": Rows(30, 2, 1, 1)}, r"q is LN's int8 output: only for LN"),
+    ({"data": None}, r"ADD needs an output"),
+    ({"data": Rows(20, 1, 2, 2)}, r"data.rows=1 must equal a.rows=2"),
+    ({"length": 0}, r"length must be in 1\.\.65535, not 0"),
+])
+def test_builder_rejects(kwargs, match):
+    args = {"size": 4, "op": VectorOp.ADD, "length": 4, "a": Rows(0, 2, 2, 2),
+            "b": Rows(10, 2, 2, 2), "data": Rows(20, 2, 2, 2)}
+    with pytest.raises(ValueError, match=match):
+        vector_launch(**dict(args, **kwargs))
+
+
+def test_builder_rejects_bad_rows_and_lut_length():
+    with pytest.raises(ValueError, match=r"Rows eb must be 1, 2 or 4 bytes, not 3"):
+        Rows(0, 1, 1, 3)
+    with pytest.raises(ValueError, match=r"Rows base must be a non-negative integer"):
+        Rows(-1, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"LOAD_LUT length must be 256, not 16"):
+        vector_launch(size=4, op=VectorOp.LOAD_LUT, length=16, a=Rows(0, 1, 4, 1))
