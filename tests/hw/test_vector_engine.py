@@ -286,6 +286,34 @@ def test_bias_and_relu():
     check_case(iss, launches, [(tb, length, biased), (tr, length, relu8)], rng)
 
 
+
+def test_post_norm_residual_block():
+    """Post-norm: h = clamp16(h + x) in place, then one LN launch writes the new int16
+    residual over h and the int8 matmul input q: both outputs of one launch, in place."""
+    seed = 10
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    size, rows, length = 4, 3, 12
+    iss = make_iss(size)
+    fill(iss, rng)
+    h = rng.integers(-20000, 20000, (rows, length))
+    x = rng.integers(-20000, 20000, (rows, length))
+    gamma = rng.integers(1 << 12, 1 << 15, length)
+    beta = rng.integers(-(1 << 10), 1 << 10, length)
+    th = place(iss, 0, h, 2)
+    tx = place(iss, 20, x, 2)
+    gb = pack_gamma_beta(gamma, beta)[None, :]
+    place(iss, 40, gb, 4)
+    tq = Rows(60, rows, row_words(length, 1, size), 1)
+    launches = [add_launch(size=size, length=length, a=th, b=tx, out=th),
+                ln_launch(size=size, length=length, x=th, gamma_beta_base=40, q=tq, y=th,
+                          gshift=18, mult=30000, shift=22)]
+    added, _ = golden_rows(VectorOp.ADD, h, x)
+    y, q = golden_rows(VectorOp.LN, added, np.repeat(gb, rows, 0), gshift=18, mult=30000,
+                       shift=22)
+    check_case(iss, launches, [(th, length, y), (tq, length, q)], rng, max_cycles=30_000)
+
+
 # ---- rejections --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -426,3 +454,65 @@ def test_builder_rejects_bad_rows_and_lut_length():
         Rows(-1, 1, 1, 1)
     with pytest.raises(ValueError, match=r"LOAD_LUT length must be 256, not 16"):
         vector_launch(size=4, op=VectorOp.LOAD_LUT, length=16, a=Rows(0, 1, 4, 1))
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
+    """Random operands for ``op`` in a fresh memory; the launch writes data (``d_eb``) and/or
+    q. Bases are spread so that no tensor overlaps another."""
+    size = iss.n
+    fill(iss, rng)
+    hi = 1 << (8 * a_eb - 1)
+    ta = place(iss, 0, rng.integers(-hi, hi, (rows, length)), a_eb)
+    b = None
+    if op is VectorOp.ADD:
+        b = place(iss, 400, rng.integers(-(1 << 15), 1 << 15, (rows, length)), b_eb)
+    elif op in (VectorOp.BIAS, VectorOp.LN, VectorOp.REQUANT) and b_eb:
+        if op is VectorOp.REQUANT:
+            words = pack_requant(rng.integers(0, 1 << 16, length), rng.integers(1, 48, length))
+        else:
+            words = rng.integers(-(1 << 31), 1 << 31, length)
+        b = place(iss, 400, words[None, :], b_eb)
+    data = Rows(800, rows, row_words(length, d_eb, size), d_eb) if d_eb else None
+    tq = Rows(1200, rows, row_words(length, 1, size), 1) if q else None
+    return vector_launch(size=size, op=op, length=length, a=ta, b=b, data=data, q=tq,
+                         mult=int(rng.integers(0, 1 << 16)), shift=int(rng.integers(8, 30)),
+                         gshift=16, per_channel=op is VectorOp.REQUANT and b is not None)
+
+
+@pytest.mark.parametrize("seed, size, op, rows, length, a_eb, b_eb, d_eb, q", [
+    (20, 4, VectorOp.ADD, 5, 7, 2, 2, 2, False),
+    (21, 4, VectorOp.LN, 4, 16, 2, 4, 2, True),
+    (22, 4, VectorOp.LN, 2, 6, 2, 4, 0, True),
+    (23, 8, VectorOp.REQUANT, 3, 11, 4, 4, 1, False),
+    (24, 4, VectorOp.RELU, 4, 10, 1, 0, 4, False),
+    (25, 2, VectorOp.BIAS, 3, 3, 4, 4, 4, False),
+    (26, 4, VectorOp.LUT, 6, 12, 1, 0, 1, False),
+    (27, 8, VectorOp.LN, 2, 20, 2, 4, 2, True),
+    (28, 4, VectorOp.REQUANT, 5, 6, 2, 0, 2, False),
+])
+def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
+    """With every input valid and every output ready, a launch takes exactly
+    ``launch_cycles`` from its configuration to its last word (and is still bit-exact)."""
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    iss = make_iss(size)
+    launch = random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q)
+    (cycles,) = check_case(iss, [launch], [], rng, idle=0, stall=0)
+    want = launch_cycles(op, rows=rows, length=length, lanes=size, flags=launch.flags)
+    print(f"{op.name} rows={rows} length={length}: {cycles} cycles (formula {want})")
+    assert cycles == want
+
+
+@pytest.mark.parametrize("size, rows", [(4, 1), (4, 2)])
+def test_load_lut_cycles_match_formula(size, rows):
+    iss = make_iss(size)
+    fill(iss, np.random.default_rng(29))
+    launch = load_lut_launch(size=size, base=0)
+    launch = dataclasses.replace(
+        launch, rows=rows, rd3=dataclasses.replace(launch.rd3, n=(launch.rd3.n[0], rows, 1, 1)),
+        regs=dict(launch.regs, VU_ROWS=rows))
+    (cycles,) = check_case(iss, [launch], [], np.random.default_rng(29), idle=0, stall=0)
+    assert cycles == launch_cycles(VectorOp.LOAD_LUT, rows=rows, length=LUT_ENTRIES,
+                                   lanes=size, flags=launch.flags)
