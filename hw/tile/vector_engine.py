@@ -191,7 +191,11 @@ class VectorEngine(wiring.Component):
     iff ``wr_data``, WR2 iff ``wr_q`` (neither for LOAD_LUT). LN_STATS / LN_APPLY are not
     supported (they need the collective engine's statistics streams).
 
-    Timing: :func:`launch_cycles` (words per cycle on each stream: at most 1).
+    Timing (:func:`launch_cycles`): at most one word per cycle on each stream; a word becomes
+    a beat in a one-beat register per operand (the next row's first beat is fetched while the
+    unit finishes the previous row); results pass an :data:`OUT_FIFO_DEPTH`-beat FIFO to the
+    packer. From the configuration beat the first command is offered the next cycle; the
+    first result word leaves about 7 cycles after the first input word arrives.
 
     Members
     -------
