@@ -13,7 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp
-from hw.spec.vector_engine import SUPPORTED_OPS, VecFlags, row_words, uses_b
+from hw.spec.vector_engine import (
+    STATS_BYTES,
+    SUPPORTED_OPS,
+    VecFlags,
+    row_words,
+    stats_words,
+    uses_b,
+)
 
 from .golden.matmul import wrap
 from .golden.vector import VectorUnitModel, unpack_requant
@@ -55,9 +62,8 @@ def exec_vector(iss):
         op = VectorOp(r("VU_OP"))
     except ValueError:
         raise IssError(f"VEC with VU_OP={r('VU_OP')}: not a vector-unit op") from None
-    if op not in SUPPORTED_OPS:
-        raise IssError(f"VEC with VU_OP={op.name} is not supported yet (LN_STATS/LN_APPLY need "
-                       "the statistics streams of the collective engine)")
+    if op not in SUPPORTED_OPS:  # pragma: no cover  (every op is supported)
+        raise IssError(f"VEC with VU_OP={op.name} is not supported")
     try:
         flags = VecFlags.decode(r("VU_FLAGS"))
     except ValueError as exc:
@@ -75,11 +81,19 @@ def exec_vector(iss):
                        "(d_model_max, the unit's buffer)")
     elif not 1 <= length < 1 << 16:
         raise IssError(f"VEC with VU_LEN={length}: must be in 1..65535")
-    if op is not VectorOp.LOAD_LUT and not (flags.wr_data or flags.wr_q):
+    ln = op in (VectorOp.LN, VectorOp.LN_APPLY)
+    if op is VectorOp.LN_STATS:
+        if flags.wr_data or not flags.wr_q:
+            raise IssError("VEC LN_STATS writes its statistics through WR2: set wr_q and clear "
+                           "wr_data in VU_FLAGS")
+    elif op is not VectorOp.LOAD_LUT and not (flags.wr_data or flags.wr_q):
         raise IssError(f"VEC {op.name} writes nothing: set wr_data and/or wr_q in VU_FLAGS")
-    if op is not VectorOp.LN and flags.wr_q:
+    if flags.wr_q and not ln and op is not VectorOp.LN_STATS:
         raise IssError(f"VEC {op.name} has no q output: clear wr_q in VU_FLAGS")
-    needs_shift = op is VectorOp.LN or (op is VectorOp.REQUANT and not flags.per_channel)
+    if op is VectorOp.LN_APPLY and not 1 <= r("VU_N") < 1 << 16:
+        raise IssError(f"VEC LN_APPLY with VU_N={r('VU_N')}: must be in 1..65535 (the count "
+                       "over all chips)")
+    needs_shift = ln or (op is VectorOp.REQUANT and not flags.per_channel)
     if needs_shift and not 1 <= r("VU_SHIFT") <= 47:
         raise IssError(f"VEC {op.name} with VU_SHIFT={r('VU_SHIFT')}: must be in 1..47")
     try:
@@ -99,9 +113,27 @@ def exec_vector(iss):
                 bad = np.argwhere((shifts < 1) | (shifts > 47))[0]
                 raise IssError(f"VEC REQUANT per-channel shift {shifts[tuple(bad)]} at row "
                                f"{bad[0]} element {bad[1]} outside 1..47")
+    stats = [None] * rows
+    if op is VectorOp.LN_APPLY:
+        rec = stats_words(iss.n)
+        words = iss._gather("RD5")
+        if len(words) != rows * rec:
+            raise IssError(f"VEC LN_APPLY statistics via RD5 walk {len(words)} words, but "
+                           f"{rows} records are {rows * rec} words")
+        raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :STATS_BYTES])
+        pairs = raw.view("<i8").astype(np.int64)
+        stats = [(int(s1), int(s2)) for s1, s2 in pairs]
     unit = vector_unit(iss)
-    outs = [unit.execute(cmd, a[row], None if b is None else b[row]) for row in range(rows)]
+    outs = [unit.execute(cmd, a[row], None if b is None else b[row], stats[row])
+            for row in range(rows)]
     if op is VectorOp.LOAD_LUT:
+        return
+    if op is VectorOp.LN_STATS:
+        rec = stats_words(iss.n)
+        out = np.zeros((rows, rec * iss.n), np.uint8)
+        pairs = np.array([o["stats"] for o in outs], dtype="<i8")
+        out[:, :STATS_BYTES] = pairs.view(np.uint8).reshape(rows, STATS_BYTES)
+        iss._scatter("WR2", out.reshape(rows * rec, iss.n))
         return
     if flags.wr_data:
         d = wrap(np.stack([o["data"] for o in outs]), 8 * flags.d_bytes)

@@ -13,6 +13,11 @@ written (``docs/isa.md``, section VEC)::
     bit 9     wr_q         write LayerNorm's int8 ``q`` through WR2
 
 Bits 10 and up must be 0; a 2-bit width code of 3 is invalid.
+
+LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY reads them through RD5) are
+one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16 bytes, ``sum x`` the
+unit's int32 sign-extended), padded to ``ceil(16 / N)`` words, so that an int64 SUM
+all-reduce of the records gives the global statistics.
 """
 
 from __future__ import annotations
@@ -22,15 +27,17 @@ from dataclasses import dataclass
 from .vector import LUT_ENTRIES, VectorOp
 
 __all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "uses_b", "row_words",
-           "row_beats"]
+           "row_beats", "STATS_BYTES", "stats_words"]
+
+#: Bytes of one LayerNorm statistics record: int64 sum x, int64 sum x^2.
+STATS_BYTES = 16
 
 #: Bits of ``VU_FLAGS`` that carry meaning (the rest must be 0).
 FLAG_BITS = 10
 #: Element byte widths a 2-bit width code can name (code = index).
 ELEM_BYTES = (1, 2, 4)
-#: Ops a ``VEC`` launch supports (LN_STATS/LN_APPLY need the collective engine's stats streams).
-SUPPORTED_OPS = (VectorOp.ADD, VectorOp.BIAS, VectorOp.REQUANT, VectorOp.RELU, VectorOp.LUT,
-                 VectorOp.LOAD_LUT, VectorOp.LN)
+#: Ops a ``VEC`` launch supports.
+SUPPORTED_OPS = tuple(VectorOp)
 
 
 def _code(name: str, nbytes: int) -> int:
@@ -95,3 +102,8 @@ def row_beats(op: VectorOp, length: int, lanes: int) -> int:
     if VectorOp(op) is VectorOp.LOAD_LUT:
         length = LUT_ENTRIES
     return -(-length // lanes)
+
+
+def stats_words(word_bytes: int) -> int:
+    """Words of one statistics record."""
+    return -(-STATS_BYTES // word_bytes)

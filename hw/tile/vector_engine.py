@@ -13,7 +13,15 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
-from ..spec.vector_engine import ELEM_BYTES, SUPPORTED_OPS, VecFlags, row_beats, row_words, uses_b
+from ..spec.vector_engine import (
+    ELEM_BYTES,
+    SUPPORTED_OPS,
+    VecFlags,
+    row_beats,
+    row_words,
+    stats_words,
+    uses_b,
+)
 from .scratchpad import COUNT_BITS
 from .transpose import word_layout
 from .vector import RSQRT_CYCLES, VectorUnit
@@ -26,7 +34,7 @@ CFG_REGS = {"op": "VU_OP", "rows": "VU_ROWS", "length": "VU_LEN", "n": "VU_N",
             "mult": "VU_MULT", "shift": "VU_SHIFT", "gshift": "VU_GSHIFT", "flags": "VU_FLAGS"}
 
 #: Which address generator serves each word stream.
-GENS = {"i_a": "RD3", "i_b": "RD4", "o_data": "WR1", "o_q": "WR2"}
+GENS = {"i_a": "RD3", "i_b": "RD4", "i_stats": "RD5", "o_data": "WR1", "o_q": "WR2"}
 
 
 def flags_layout() -> data.StructLayout:
@@ -51,7 +59,7 @@ def cfg_layout() -> data.StructLayout:
 
 def uses_layout() -> data.StructLayout:
     """``uses``: which word streams (and so which generators) a launch runs."""
-    return data.StructLayout({"a": 1, "b": 1, "data": 1, "q": 1})
+    return data.StructLayout({"a": 1, "b": 1, "stats": 1, "data": 1, "q": 1})
 
 
 def _beat_words(words: int, per_beat: int, beats: int) -> list[int]:
@@ -222,6 +230,7 @@ class VectorEngine(wiring.Component):
             "i_cfg": In(stream.Signature(cfg_layout())),
             "i_a": In(stream.Signature(word_layout(lanes))),
             "i_b": In(stream.Signature(word_layout(lanes))),
+            "i_stats": In(stream.Signature(word_layout(lanes))),
             "o_data": Out(stream.Signature(word_layout(lanes))),
             "o_q": Out(stream.Signature(word_layout(lanes))),
             "uses": Out(uses_layout()),
@@ -251,6 +260,7 @@ class VectorEngine(wiring.Component):
             (p.op == VectorOp.LN_APPLY) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
         writes = p.op != VectorOp.LOAD_LUT
         m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
+                     self.uses.stats.eq(p.op == VectorOp.LN_APPLY),
                      self.uses.data.eq(p.flags.wr_data & writes),
                      self.uses.q.eq(p.flags.wr_q & writes)]
 
@@ -274,8 +284,58 @@ class VectorEngine(wiring.Component):
         with m.If(start):
             m.d.sync += issued.eq(0)
 
-        # The statistics streams belong to LN_STATS / LN_APPLY, which a launch cannot run.
-        m.d.comb += [unit.i_stats.valid.eq(0), unit.o_stats.ready.eq(1)]
+        # ---- statistics records: RD5 words -> i_stats (LN_APPLY) ---------------------------
+        rec = stats_words(n)
+        rec_bits = 8 * n * rec
+        s_words = [Signal(8 * n, name=f"gs_w{k}") for k in range(rec)]
+        s_cnt = Signal(range(rec))
+        s_full = Signal()
+        s_flat = Cat(*s_words)
+        m.d.comb += [
+            self.i_stats.ready.eq(active & ~s_full),
+            unit.i_stats.valid.eq(s_full),
+            unit.i_stats.payload.data[0].eq(s_flat[0:64].as_signed()),
+            unit.i_stats.payload.data[1].eq(s_flat[64:128].as_signed()),
+            unit.i_stats.payload.last.eq(1),
+        ]
+        with m.If(unit.i_stats.valid & unit.i_stats.ready):
+            m.d.sync += s_full.eq(0)
+        with m.If(self.i_stats.valid & self.i_stats.ready):
+            for k in range(rec):
+                with m.If(s_cnt == k):
+                    m.d.sync += s_words[k].eq(self.i_stats.payload.data.as_value())
+            with m.If(s_cnt == rec - 1):
+                m.d.sync += [s_cnt.eq(0), s_full.eq(1)]
+            with m.Else():
+                m.d.sync += s_cnt.eq(s_cnt + 1)
+        with m.If(start):
+            m.d.sync += [s_cnt.eq(0), s_full.eq(0)]
+
+        # ---- statistics records: o_stats -> WR2 words (LN_STATS) ---------------------------
+        is_stats = cfg.op == VectorOp.LN_STATS
+        so = Signal(rec_bits)
+        so_full = Signal()
+        so_part = Signal(range(rec))
+        so_row = Signal(COUNT_BITS)
+        so_last = (so_part == rec - 1) & (so_row == cfg.rows - 1)
+        so_word = Signal(8 * n)
+        with m.Switch(so_part):
+            for k in range(rec):
+                with m.Case(k):
+                    m.d.comb += so_word.eq(so[8 * n * k:8 * n * (k + 1)])
+        m.d.comb += unit.o_stats.ready.eq(~so_full)
+        with m.If(unit.o_stats.valid & unit.o_stats.ready):
+            m.d.sync += [so.eq(Cat(unit.o_stats.payload.data[0], unit.o_stats.payload.data[1])),
+                         so_full.eq(1), so_part.eq(0)]
+        so_fire = is_stats & so_full & self.o_q.ready
+        with m.If(so_fire):
+            m.d.sync += so_part.eq(so_part + 1)
+            with m.If(so_part == rec - 1):
+                m.d.sync += [so_full.eq(0), so_row.eq(so_row + 1)]
+                with m.If(so_row == cfg.rows - 1):
+                    m.d.sync += active.eq(0)
+        with m.If(start):
+            m.d.sync += [so_full.eq(0), so_row.eq(0)]
 
         # ---- operands: words -> beats -----------------------------------------------------
         for x, src, dst in (("a", self.i_a, unit.i_a), ("b", self.i_b, unit.i_b)):
@@ -316,12 +376,16 @@ class VectorEngine(wiring.Component):
         m.d.comb += [
             self.o_data.valid.eq(full & ~d_done),
             self.o_data.payload.last.eq(d_row_end & final_row),
-            self.o_q.valid.eq(full & ~q_done),
-            self.o_q.payload.data.eq(qbeat),
-            self.o_q.payload.last.eq(beat_last & final_row),
         ]
+        q_valid = full & ~q_done
+        with m.If(is_stats):
+            m.d.comb += [self.o_q.valid.eq(so_full), self.o_q.payload.data.eq(so_word),
+                         self.o_q.payload.last.eq(so_last)]
+        with m.Else():
+            m.d.comb += [self.o_q.valid.eq(q_valid), self.o_q.payload.data.eq(qbeat),
+                         self.o_q.payload.last.eq(beat_last & final_row)]
         d_fire = self.o_data.valid & self.o_data.ready
-        q_fire = self.o_q.valid & self.o_q.ready
+        q_fire = q_valid & self.o_q.ready & ~is_stats
         finish = Signal()
         m.d.comb += [
             finish.eq(full & (d_done | (d_fire & d_beat_end)) & (q_done | q_fire)),

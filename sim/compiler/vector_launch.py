@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 from hw.spec.isa import Op
 from hw.spec.vector import LUT_ENTRIES, VectorOp
-from hw.spec.vector_engine import SUPPORTED_OPS, VecFlags, row_words, uses_b
+from hw.spec.vector_engine import SUPPORTED_OPS, VecFlags, row_words, stats_words, uses_b
 
 from .descriptors import Desc
 
-__all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "add_launch", "lut_launch",
+__all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
+           "ln_apply_launch", "add_launch", "lut_launch",
            "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "emit"]
 
 _MAX_COUNT = (1 << 16) - 1
@@ -59,6 +60,7 @@ class VectorLaunch:
     flags: VecFlags
     rd3: Desc
     rd4: Desc | None
+    rd5: Desc | None
     wr1: Desc | None
     wr2: Desc | None
     regs: dict = field(hash=False)
@@ -66,7 +68,8 @@ class VectorLaunch:
     @property
     def descs(self) -> dict[str, Desc]:
         """``{generator: descriptor}`` of the generators the launch starts."""
-        named = {"RD3": self.rd3, "RD4": self.rd4, "WR1": self.wr1, "WR2": self.wr2}
+        named = {"RD3": self.rd3, "RD4": self.rd4, "RD5": self.rd5, "WR1": self.wr1,
+                 "WR2": self.wr2}
         return {gen: d for gen, d in named.items() if d is not None}
 
 
@@ -84,12 +87,16 @@ def _walk(t: Rows, rows: int, length: int, size: int, what: str) -> Desc:
 
 def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
                   data: Rows | None = None, q: Rows | None = None, mult: int = 1,
-                  shift: int = 1, gshift: int = 16, per_channel: bool = False) -> VectorLaunch:
+                  shift: int = 1, gshift: int = 16, per_channel: bool = False,
+                  stats_base: int | None = None, n: int | None = None) -> VectorLaunch:
     """``a.rows`` commands of ``op`` over rows of ``length`` elements.
 
     ``b`` (when the op reads B) has one row per row of ``a`` or a single row shared by all;
-    ``data`` (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8, LN only)
-    have ``a.rows`` rows. REQUANT's ``out16`` follows ``data.eb`` (2: int16, 1: int8).
+    ``data`` (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8, LN and
+    LN_APPLY only) have ``a.rows`` rows. REQUANT's ``out16`` follows ``data.eb`` (2: int16,
+    1: int8). ``stats_base``: the statistics records (``hw.spec.vector_engine``), one per row,
+    contiguous: LN_STATS writes them (WR2), LN_APPLY reads them (RD5) and takes ``n``, the
+    element count over all chips.
     """
     op = VectorOp(op)
     if op not in SUPPORTED_OPS:
@@ -111,9 +118,19 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
                          f"{'needs' if b is None else 'takes no'} operand b")
     if b is not None and b.rows not in (1, rows):
         raise ValueError(f"b.rows={b.rows} must be 1 (shared) or a.rows={rows}")
-    if q is not None and (op is not VectorOp.LN or q.eb != 1):
-        raise ValueError("q is LN's int8 output: only for LN, with eb=1")
-    if op is not VectorOp.LOAD_LUT and data is None and q is None:
+    ln = op in (VectorOp.LN, VectorOp.LN_APPLY)
+    if q is not None and (not ln or q.eb != 1):
+        raise ValueError("q is LN's int8 output: only for LN and LN_APPLY, with eb=1")
+    stats_ops = (VectorOp.LN_STATS, VectorOp.LN_APPLY)
+    if (stats_base is not None) != (op in stats_ops):
+        raise ValueError(f"stats_base is {'required' if stats_base is None else 'only'} for "
+                         f"LN_STATS and LN_APPLY")
+    if op is VectorOp.LN_APPLY and not (isinstance(n, int) and 1 <= n <= _MAX_COUNT):
+        raise ValueError(f"LN_APPLY needs n (the count over all chips) in 1..{_MAX_COUNT}, "
+                         f"not {n!r}")
+    if op is VectorOp.LN_STATS and (data is not None or q is not None):
+        raise ValueError("LN_STATS writes only its statistics (stats_base)")
+    if op not in (VectorOp.LOAD_LUT, VectorOp.LN_STATS) and data is None and q is None:
         raise ValueError(f"{op.name} needs an output (data and/or q)")
     for name, t in (("data", data), ("q", q)):
         if t is not None and t.rows != rows:
@@ -124,16 +141,22 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     flags = VecFlags(out16=out16, per_channel=bool(per_channel), a_bytes=a.eb,
                      b_bytes=b.eb if b is not None else 4,
                      d_bytes=data.eb if data is not None else 1,
-                     wr_data=data is not None, wr_q=q is not None)
-    regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length, "VU_N": length,
+                     wr_data=data is not None,
+                     wr_q=q is not None or op is VectorOp.LN_STATS)
+    rec = stats_words(size)
+    stats = None if stats_base is None else Desc(stats_base, (rec, rows, 1, 1), (1, rec, 0, 0))
+    regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length,
+            "VU_N": n if op is VectorOp.LN_APPLY else length,
             "VU_MULT": int(mult), "VU_SHIFT": int(shift), "VU_GSHIFT": int(gshift),
             "VU_FLAGS": flags.encode()}
     return VectorLaunch(
         op=op, rows=rows, length=length, flags=flags, regs=regs,
         rd3=_walk(a, rows, length, size, "a"),
         rd4=_walk(b, rows, length, size, "b") if b is not None else None,
+        rd5=stats if op is VectorOp.LN_APPLY else None,
         wr1=_walk(data, rows, length, size, "data") if data is not None else None,
-        wr2=_walk(q, rows, length, size, "q") if q is not None else None)
+        wr2=stats if op is VectorOp.LN_STATS else (
+            _walk(q, rows, length, size, "q") if q is not None else None))
 
 
 def ln_launch(*, size, length, x: Rows, gamma_beta_base: int, q: Rows | None = None,
@@ -146,6 +169,25 @@ def ln_launch(*, size, length, x: Rows, gamma_beta_base: int, q: Rows | None = N
     gb = Rows(gamma_beta_base, 1, row_words(length, 4, size), 4)
     return vector_launch(size=size, op=VectorOp.LN, length=length, a=x, b=gb, data=y, q=q,
                          mult=mult, shift=shift, gshift=gshift)
+
+
+def ln_stats_launch(*, size, length, x: Rows, stats_base: int) -> VectorLaunch:
+    """Partial LayerNorm statistics of int16 rows ``x`` (this chip's ``length`` elements of
+    each row): one record ``[sum x, sum x^2]`` (2 x int64) per row at ``stats_base``, ready for
+    an int64 SUM all-reduce over the chips."""
+    return vector_launch(size=size, op=VectorOp.LN_STATS, length=length, a=x,
+                         stats_base=stats_base)
+
+
+def ln_apply_launch(*, size, length, n: int, x: Rows, gamma_beta_base: int, stats_base: int,
+                    q: Rows | None = None, y: Rows | None = None, gshift: int, mult: int,
+                    shift: int) -> VectorLaunch:
+    """Normalise int16 rows ``x`` (``length`` local elements) with the global statistics
+    records at ``stats_base`` and the global count ``n``; outputs as :func:`ln_launch`."""
+    gb = Rows(gamma_beta_base, 1, row_words(length, 4, size), 4)
+    return vector_launch(size=size, op=VectorOp.LN_APPLY, length=length, a=x, b=gb, data=y,
+                         q=q, mult=mult, shift=shift, gshift=gshift, stats_base=stats_base,
+                         n=n)
 
 
 def add_launch(*, size, length, a: Rows, b: Rows, out: Rows) -> VectorLaunch:

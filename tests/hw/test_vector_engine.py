@@ -70,7 +70,7 @@ def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE
     dut = VectorEngine(lanes=size, d_model_max=d_model_max)
     mem = before.copy()
     state = {"k": -1, "out": [{} for _ in launches], "cycles": []}
-    streams = {"i_a": "rd3", "i_b": "rd4", "o_data": "wr1", "o_q": "wr2"}
+    streams = {"i_a": "rd3", "i_b": "rd4", "i_stats": "rd5", "o_data": "wr1", "o_q": "wr2"}
 
     def lanes(word):
         return {"data": [int(x) for x in word.view(np.int8)], "last": 0}
@@ -84,7 +84,8 @@ def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE
             assert ctx.get(dut.uses.a) == 1
             state["k"] = k
             ctx.set(dut.i_cfg.payload, cfg_of(launch))
-            uses = {"b": launch.rd4 is not None, "data": launch.wr1 is not None,
+            uses = {"b": launch.rd4 is not None, "stats": launch.rd5 is not None,
+                    "data": launch.wr1 is not None,
                     "q": launch.wr2 is not None}
             for name, want in uses.items():
                 assert ctx.get(getattr(dut.uses, name)) == want, f"launch {k}: uses.{name}"
@@ -314,6 +315,53 @@ def test_post_norm_residual_block():
     check_case(iss, launches, [(th, length, y), (tq, length, q)], rng, max_cycles=30_000)
 
 
+
+@pytest.mark.parametrize("seed, size, cut", [(11, 4, 5), (12, 2, 8)])
+def test_distributed_layernorm_equals_full(seed, size, cut):
+    """Hidden-dimension LayerNorm: each "chip" (a column slice of x) runs LN_STATS, the
+    records are summed as an int64 all-reduce would, then LN_APPLY with the global count gives
+    exactly the full LN's y and q, on the ISS and on the engine."""
+    from hw.spec.vector_engine import stats_words
+    from sim.compiler.vector_launch import ln_apply_launch, ln_stats_launch
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    rows, length = 3, 13
+    x = rng.integers(-(1 << 15), 1 << 15, (rows, length))
+    gamma = rng.integers(-(1 << 15), 1 << 15, length)
+    beta = rng.integers(-(1 << 12), 1 << 12, length)
+    gb = pack_gamma_beta(gamma, beta)[None, :]
+    parts = [(0, cut), (cut, length)]
+    rec = stats_words(size)
+    iss = make_iss(size)
+    fill(iss, rng)
+    xs, stats, launches = [], [], []
+    for k, (lo, hi) in enumerate(parts):
+        xs.append(place(iss, 200 * k, x[:, lo:hi], 2))
+        place(iss, 200 * k + 50, gb[:, lo:hi], 4)
+        stats.append(200 * k + 80)
+        launches.append(ln_stats_launch(size=size, length=hi - lo, x=xs[k],
+                                        stats_base=stats[k]))
+    check_case(iss, launches, [], rng)
+    # The all-reduce: int64 sums of the records, written back for both chips.
+    recs = [iss.read_words(base, rows * rec).reshape(rows, -1)[:, :16] for base in stats]
+    total = sum(np.ascontiguousarray(r).view("<i8") for r in recs)
+    words = np.zeros((rows, rec * size), np.uint8)
+    words[:, :16] = total.view(np.uint8)
+    for base in stats:
+        iss.write_words(base, words.reshape(-1, size))
+    launches, expect = [], []
+    y_full, q_full = golden_rows(VectorOp.LN, x, np.repeat(gb, rows, 0), gshift=16, mult=9000,
+                                 shift=18)
+    for k, (lo, hi) in enumerate(parts):
+        ty = Rows(200 * k + 110, rows, row_words(hi - lo, 2, size), 2)
+        tq = Rows(200 * k + 140, rows, row_words(hi - lo, 1, size), 1)
+        launches.append(ln_apply_launch(size=size, length=hi - lo, n=length, x=xs[k],
+                                        gamma_beta_base=200 * k + 50, stats_base=stats[k],
+                                        q=tq, y=ty, gshift=16, mult=9000, shift=18))
+        expect += [(ty, hi - lo, y_full[:, lo:hi]), (tq, hi - lo, q_full[:, lo:hi])]
+    check_case(iss, launches, expect, rng)
+
+
 # ---- rejections --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -369,8 +417,10 @@ def _good_add(size=4):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"VU_OP": int(VectorOp.LN_STATS)}, r"LN_STATS is not supported yet"),
-    ({"VU_OP": int(VectorOp.LN_APPLY)}, r"LN_APPLY is not supported yet"),
+    ({"VU_OP": int(VectorOp.LN_STATS)}, r"LN_STATS writes its statistics through WR2: set "
+                                        r"wr_q and clear wr_data"),
+    ({"VU_OP": int(VectorOp.LN_APPLY), "VU_N": 0}, r"LN_APPLY with VU_N=0: must be in "
+                                                   r"1\.\.65535"),
     ({"VU_OP": 12}, r"VU_OP=12: not a vector-unit op"),
     ({"VU_FLAGS": 1 << 10}, r"sets bits outside 0\.\.9"),
     ({"VU_FLAGS": 3 << 2}, r"a_bytes code 3 is invalid"),
@@ -431,7 +481,12 @@ def test_iss_rejects_per_channel_shift_and_short_write():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"op": VectorOp.LN_STATS}, r"LN_STATS is not supported by VEC launches yet"),
+    ({"op": VectorOp.LN_STATS, "b": None}, r"stats_base is required for LN_STATS"),
+    ({"stats_base": 50}, r"stats_base is only for LN_STATS and LN_APPLY"),
+    ({"op": VectorOp.LN_APPLY, "stats_base": 50, "q": Rows(30, 2, 1, 1)},
+     r"LN_APPLY needs n \(the count over all chips\) in 1\.\.65535, not None"),
+    ({"op": VectorOp.LN_STATS, "b": None, "stats_base": 50}, r"LN_STATS writes only its "
+                                                              r"statistics"),
     ({"a": Rows(0, 2, 1, 2)}, r"a: row_words=1 cannot hold 4 elements of 2 bytes"),
     ({"b": None}, r"ADD needs operand b"),
     ({"b": Rows(10, 3, 2, 2)}, r"b.rows=3 must be 1 \(shared\) or a.rows=2"),
