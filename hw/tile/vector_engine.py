@@ -15,7 +15,6 @@ from amaranth.lib.wiring import In, Out
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
 from ..spec.vector_engine import (
     ELEM_BYTES,
-    SUPPORTED_OPS,
     VecFlags,
     row_beats,
     row_words,
@@ -91,14 +90,19 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
       normalisation pass (B beats; the first one prefetched likewise); results drain while
       the next row starts, ``t`` being the packer's backlog after the last beat (valid for
       ``b_bytes >= d_bytes``, as :func:`sim.compiler.vector_launch.ln_launch` emits);
+    - LN_STATS (R = words of a statistics record): ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 +
+      R, rows * (R + 1) + 1 + W_a)``: a row is one cycle for the command, the statistics pass
+      and one cycle to emit the record, which is written as R words while the next row runs;
+    - LN_APPLY: ``rows * (sum_{k>=1} c_k + 3 + RSQRT_CYCLES) + R + 4 + t`` with
+      c_k = max(A words, B words) of beat k (A and B beats are taken together) and ``t`` as
+      for LN with c_j in place of b_j; the next row's record (R <= 8 words) is read during
+      the current row;
     - LOAD_LUT: ``rows * (256 / lanes + 1) + 1`` (256 int8 entries: one word per beat).
     """
     op = VectorOp(op)
     beats = row_beats(op, length, lanes)
     if op is VectorOp.LOAD_LUT:
         return rows * (beats + 1) + 1
-    if op not in SUPPORTED_OPS:
-        raise ValueError(f"{op.name} is not supported by VEC launches")
     wa = row_words(length, flags.a_bytes, lanes)
     wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
     wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
@@ -106,6 +110,15 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
     b_beats = _beat_words(wb, flags.b_bytes, beats) if wb else [0] * beats
     d_beats = _beat_words(wd, flags.d_bytes, beats) if wd else [0] * beats
     o_beats = [max(d, int(flags.wr_q)) for d in d_beats]
+    rec = stats_words(lanes)
+    if op is VectorOp.LN_STATS:
+        return max(rows * (wa - a_beats[0] + 3) + a_beats[0] - 1 + rec,
+                   rows * (rec + 1) + 1 + wa)
+    if op is VectorOp.LN_APPLY:
+        # The normalisation pass takes A and B beats together.
+        c_beats = [max(x, y) for x, y in zip(a_beats, b_beats, strict=True)]
+        tail = max(sum(o_beats[k:]) - sum(c_beats[k + 1:]) for k in range(beats))
+        return rows * (sum(c_beats[1:]) + 3 + RSQRT_CYCLES) + rec + 4 + tail
     if op is VectorOp.LN:
         tail = max(sum(o_beats[k:]) - sum(b_beats[k + 1:]) for k in range(beats))
         period = wa - a_beats[0] + wb - b_beats[0] + 3 + RSQRT_CYCLES
@@ -196,8 +209,13 @@ class VectorEngine(wiring.Component):
     (LOAD_LUT: until the unit has consumed its last word). ``uses`` tells the chip, from the
     ``i_cfg`` payload (combinationally, before the transfer), which generators to start with
     the launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1
-    iff ``wr_data``, WR2 iff ``wr_q`` (neither for LOAD_LUT). LN_STATS / LN_APPLY are not
-    supported (they need the collective engine's statistics streams).
+    iff ``wr_data`` (not for LN_STATS), WR2 iff ``wr_q`` (neither for LOAD_LUT), RD5 iff
+    LN_APPLY.
+
+    LayerNorm statistics travel through the scratchpad as records of
+    :data:`hw.spec.vector_engine.STATS_BYTES` bytes (int64 ``sum x``, int64 ``sum x^2``,
+    little-endian, ``stats_words(N)`` words): LN_STATS writes one per row on ``o_q`` (WR2;
+    ``wr_q`` must be set), LN_APPLY reads one per row on ``i_stats`` (RD5).
 
     Timing (:func:`launch_cycles`): at most one word per cycle on each stream; a word becomes
     a beat in a one-beat register per operand (the next row's first beat is fetched while the
@@ -208,7 +226,7 @@ class VectorEngine(wiring.Component):
     Members
     -------
     i_cfg : ``In(stream.Signature(cfg_layout()))``
-    i_a, i_b : ``In(stream.Signature(word_layout(lanes)))``: words from RD3, RD4
+    i_a, i_b, i_stats : ``In(stream.Signature(word_layout(lanes)))``: words from RD3, RD4, RD5
     o_data, o_q : ``Out(stream.Signature(word_layout(lanes)))``: words to WR1, WR2
     uses : ``Out(uses_layout())``
     busy : ``Out(1)``
@@ -261,7 +279,7 @@ class VectorEngine(wiring.Component):
         writes = p.op != VectorOp.LOAD_LUT
         m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
                      self.uses.stats.eq(p.op == VectorOp.LN_APPLY),
-                     self.uses.data.eq(p.flags.wr_data & writes),
+                     self.uses.data.eq(p.flags.wr_data & writes & (p.op != VectorOp.LN_STATS)),
                      self.uses.q.eq(p.flags.wr_q & writes)]
 
         start = Signal()

@@ -515,25 +515,28 @@ def test_builder_rejects_bad_rows_and_lut_length():
 
 def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     """Random operands for ``op`` in a fresh memory; the launch writes data (``d_eb``) and/or
-    q. Bases are spread so that no tensor overlaps another."""
+    q (or statistics records). Tensors at words 0, 100, 200, 300, 400: no overlaps."""
     size = iss.n
     fill(iss, rng)
     hi = 1 << (8 * a_eb - 1)
     ta = place(iss, 0, rng.integers(-hi, hi, (rows, length)), a_eb)
     b = None
     if op is VectorOp.ADD:
-        b = place(iss, 400, rng.integers(-(1 << 15), 1 << 15, (rows, length)), b_eb)
-    elif op in (VectorOp.BIAS, VectorOp.LN, VectorOp.REQUANT) and b_eb:
+        b = place(iss, 100, rng.integers(-(1 << 15), 1 << 15, (rows, length)), b_eb)
+    elif b_eb:
         if op is VectorOp.REQUANT:
             words = pack_requant(rng.integers(0, 1 << 16, length), rng.integers(1, 48, length))
         else:
             words = rng.integers(-(1 << 31), 1 << 31, length)
-        b = place(iss, 400, words[None, :], b_eb)
-    data = Rows(800, rows, row_words(length, d_eb, size), d_eb) if d_eb else None
-    tq = Rows(1200, rows, row_words(length, 1, size), 1) if q else None
+        b = place(iss, 100, words[None, :], b_eb)
+    data = Rows(200, rows, row_words(length, d_eb, size), d_eb) if d_eb else None
+    tq = Rows(300, rows, row_words(length, 1, size), 1) if q else None
+    stats_ops = (VectorOp.LN_STATS, VectorOp.LN_APPLY)
     return vector_launch(size=size, op=op, length=length, a=ta, b=b, data=data, q=tq,
                          mult=int(rng.integers(0, 1 << 16)), shift=int(rng.integers(8, 30)),
-                         gshift=16, per_channel=op is VectorOp.REQUANT and b is not None)
+                         gshift=16, per_channel=op is VectorOp.REQUANT and b is not None,
+                         stats_base=400 if op in stats_ops else None,
+                         n=3 * length if op is VectorOp.LN_APPLY else None)
 
 
 @pytest.mark.parametrize("seed, size, op, rows, length, a_eb, b_eb, d_eb, q", [
@@ -546,6 +549,10 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     (26, 4, VectorOp.LUT, 6, 12, 1, 0, 1, False),
     (27, 8, VectorOp.LN, 2, 20, 2, 4, 2, True),
     (28, 4, VectorOp.REQUANT, 5, 6, 2, 0, 2, False),
+    (30, 4, VectorOp.LN_STATS, 4, 11, 2, 0, 0, False),
+    (31, 8, VectorOp.LN_STATS, 3, 40, 2, 0, 0, False),
+    (32, 4, VectorOp.LN_APPLY, 3, 11, 2, 4, 2, True),
+    (33, 8, VectorOp.LN_APPLY, 2, 20, 2, 4, 0, True),
 ])
 def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
     """With every input valid and every output ready, a launch takes exactly
