@@ -17,6 +17,7 @@ from hw.spec.isa import ADDR_LEVELS, REG_INDEX, REGS, Insn, IsaError, Op, decode
 
 from .golden.matmul import bias_add, requant, wrap
 from .golden.scratchpad import addr_sequence
+from .iss_vector import exec_vector
 from .memory import PARAM_WORDS, pack_rows, unpack_rows
 
 __all__ = ["Assembler", "Iss", "IssError"]
@@ -130,6 +131,8 @@ class Iss:
         elif insn.op is Op.ATTN:
             from .iss_attention import exec_attention  # here: iss_attention imports IssError
             exec_attention(self)
+        elif insn.op is Op.VEC:
+            exec_vector(self)
         else:
             raise IssError(f"{insn.op.name} is not implemented in the ISS yet")
         self.launches[insn.op] += 1

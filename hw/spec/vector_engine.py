@@ -1,0 +1,109 @@
+"""``VEC`` launch encodings shared by the vector engine, the ISS and the launch builder.
+
+Plain Python, no Amaranth. A ``VEC`` launch runs ``VU_ROWS`` vector-unit commands (one per row
+of ``VU_LEN`` elements) over scratchpad words; ``VU_FLAGS`` says how the words are read and
+written (``docs/isa.md``, section VEC)::
+
+    bit 0     out16        REQUANT to int16 rather than int8
+    bit 1     per_channel  REQUANT takes per-lane (mult, shift) words from RD4
+    bits 3:2  a_bytes      log2 of operand A's element bytes (0: 1, 1: 2, 2: 4)
+    bits 5:4  b_bytes      log2 of operand B's element bytes
+    bits 7:6  d_bytes      log2 of the data output's element bytes
+    bit 8     wr_data      write ``data`` through WR1
+    bit 9     wr_q         write LayerNorm's int8 ``q`` through WR2
+
+Bits 10 and up must be 0; a 2-bit width code of 3 is invalid.
+
+LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY reads them through RD5) are
+one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16 bytes, ``sum x`` the
+unit's int32 sign-extended), padded to ``ceil(16 / N)`` words, so that an int64 SUM
+all-reduce of the records gives the global statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .vector import LUT_ENTRIES, VectorOp
+
+__all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "uses_b", "row_words",
+           "row_beats", "STATS_BYTES", "stats_words"]
+
+#: Bytes of one LayerNorm statistics record: int64 sum x, int64 sum x^2.
+STATS_BYTES = 16
+
+#: Bits of ``VU_FLAGS`` that carry meaning (the rest must be 0).
+FLAG_BITS = 10
+#: Element byte widths a 2-bit width code can name (code = index).
+ELEM_BYTES = (1, 2, 4)
+#: Ops a ``VEC`` launch supports.
+SUPPORTED_OPS = tuple(VectorOp)
+
+
+def _code(name: str, nbytes: int) -> int:
+    if nbytes not in ELEM_BYTES:
+        raise ValueError(f"{name} must be 1, 2 or 4 bytes, not {nbytes!r}")
+    return ELEM_BYTES.index(nbytes)
+
+
+@dataclass(frozen=True)
+class VecFlags:
+    """The fields of ``VU_FLAGS`` (element widths in bytes)."""
+
+    out16: bool = False
+    per_channel: bool = False
+    a_bytes: int = 2
+    b_bytes: int = 4
+    d_bytes: int = 2
+    wr_data: bool = True
+    wr_q: bool = False
+
+    def __post_init__(self):
+        for name in ("a_bytes", "b_bytes", "d_bytes"):
+            _code(name, getattr(self, name))
+
+    def encode(self) -> int:
+        return (int(bool(self.out16)) | int(bool(self.per_channel)) << 1
+                | _code("a_bytes", self.a_bytes) << 2 | _code("b_bytes", self.b_bytes) << 4
+                | _code("d_bytes", self.d_bytes) << 6 | int(bool(self.wr_data)) << 8
+                | int(bool(self.wr_q)) << 9)
+
+    @classmethod
+    def decode(cls, value: int) -> VecFlags:
+        """Inverse of :meth:`encode`; ``ValueError`` naming the bad field."""
+        value = int(value)
+        if value < 0 or value >> FLAG_BITS:
+            raise ValueError(f"VU_FLAGS={value:#x} sets bits outside 0..{FLAG_BITS - 1}")
+        widths = {}
+        for name, pos in (("a_bytes", 2), ("b_bytes", 4), ("d_bytes", 6)):
+            code = (value >> pos) & 3
+            if code == 3:
+                raise ValueError(f"VU_FLAGS={value:#x}: {name} code 3 is invalid "
+                                 "(0: 1, 1: 2, 2: 4 bytes)")
+            widths[name] = ELEM_BYTES[code]
+        return cls(out16=bool(value & 1), per_channel=bool(value >> 1 & 1),
+                   wr_data=bool(value >> 8 & 1), wr_q=bool(value >> 9 & 1), **widths)
+
+
+def uses_b(op: VectorOp, per_channel: bool) -> bool:
+    """Whether the op reads operand B (RD4): ADD, BIAS, LN, per-channel REQUANT."""
+    op = VectorOp(op)
+    return op in (VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY) or (
+        op is VectorOp.REQUANT and bool(per_channel))
+
+
+def row_words(length: int, elem_bytes: int, word_bytes: int) -> int:
+    """Words a row of ``length`` elements of ``elem_bytes`` occupies (``sim.memory.row_words``)."""
+    return -(-length * elem_bytes // word_bytes)
+
+
+def row_beats(op: VectorOp, length: int, lanes: int) -> int:
+    """Vector-unit beats per command (LOAD_LUT: always the 256 LUT entries)."""
+    if VectorOp(op) is VectorOp.LOAD_LUT:
+        length = LUT_ENTRIES
+    return -(-length // lanes)
+
+
+def stats_words(word_bytes: int) -> int:
+    """Words of one statistics record."""
+    return -(-STATS_BYTES // word_bytes)

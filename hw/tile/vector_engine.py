@@ -1,0 +1,441 @@
+"""The vector unit as the chip sees it: scratchpad words in, scratchpad words out.
+
+A ``VEC`` launch runs ``rows`` commands of :class:`~hw.tile.vector.VectorUnit`, one per row of
+``length`` elements, back to back. Memory formats (N = ``lanes`` = bytes per scratchpad word):
+a row of ``length`` elements of ``eb`` bytes is ``ceil(length * eb / N)`` words, element c at
+byte ``c * eb`` little-endian (``sim.memory.pack_rows``). The element widths come from the
+launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
+"""
+
+from amaranth.hdl import Cat, Const, Module, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
+from ..spec.vector_engine import (
+    ELEM_BYTES,
+    VecFlags,
+    row_beats,
+    row_words,
+    stats_words,
+    uses_b,
+)
+from .scratchpad import COUNT_BITS
+from .transpose import word_layout
+from .vector import RSQRT_CYCLES, VectorUnit
+
+__all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS",
+           "launch_cycles"]
+
+#: Which ISA register feeds each ``i_cfg`` field at launch.
+CFG_REGS = {"op": "VU_OP", "rows": "VU_ROWS", "length": "VU_LEN", "n": "VU_N",
+            "mult": "VU_MULT", "shift": "VU_SHIFT", "gshift": "VU_GSHIFT", "flags": "VU_FLAGS"}
+
+#: Which address generator serves each word stream.
+GENS = {"i_a": "RD3", "i_b": "RD4", "i_stats": "RD5", "o_data": "WR1", "o_q": "WR2"}
+
+
+def flags_layout() -> data.StructLayout:
+    """``VU_FLAGS``, bit 0 first (:mod:`hw.spec.vector_engine`)."""
+    return data.StructLayout({"out16": 1, "per_channel": 1, "a_bytes": 2, "b_bytes": 2,
+                              "d_bytes": 2, "wr_data": 1, "wr_q": 1})
+
+
+def cfg_layout() -> data.StructLayout:
+    """Payload of ``i_cfg``: one field per register of :data:`CFG_REGS`."""
+    return data.StructLayout({
+        "op": unsigned(4),
+        "rows": unsigned(COUNT_BITS),
+        "length": unsigned(LENGTH_BITS),
+        "n": unsigned(N_BITS),
+        "mult": unsigned(16),
+        "shift": unsigned(6),
+        "gshift": unsigned(GSHIFT_BITS),
+        "flags": flags_layout(),
+    })
+
+
+def uses_layout() -> data.StructLayout:
+    """``uses``: which word streams (and so which generators) a launch runs."""
+    return data.StructLayout({"a": 1, "b": 1, "stats": 1, "data": 1, "q": 1})
+
+
+def _beat_words(words: int, per_beat: int, beats: int) -> list[int]:
+    """Words of each beat of a row: ``per_beat`` each, the rest in the last one."""
+    return [min(per_beat, words - k * per_beat) for k in range(beats)]
+
+
+def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) -> int:
+    """Cycles from the ``i_cfg`` transfer to the launch's last output word transfer (LOAD_LUT:
+    to the last cycle of ``busy``), with every input word valid and every output word ready.
+
+    Per row: B = ``ceil(length / lanes)`` beats; W_a, W_b, W_d words of A, B and data (W_b = 0
+    when the op does not read B, W_d = 0 unless ``wr_data``); each beat takes ``e_x`` =
+    element-bytes words of stream x (the last beat the rest); w0 = the larger of A's and B's
+    first-beat words; w_dl = the last beat's data words (1 if only ``q`` is written).
+
+    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT)::
+
+          max(rows * W_a + 6 + w_dl,  rows * W_b + 6 + w_dl,
+              rows * (B + 1) + 4 + w0 + w_dl,  rows * W_d + 6 + w0)
+
+      i.e. a row period of max(W_a, W_b, W_d, B + 1): the slowest stream (one word per cycle)
+      or the unit (one beat per cycle plus one cycle per command);
+    - LN: ``rows * (W_a - w_a0 + W_b - w_b0 + 3 + RSQRT_CYCLES) + 4 + w_a0 + t`` where w_x0
+      are the first beat's words and ``t = max_k(sum_{j>=k} o_j - sum_{j>k} b_j)`` over the
+      row's beats k, with b_j the words of B beat j and o_j = max(data words, q words) of
+      output beat j. A row is serial in the unit: one cycle for the command, the statistics
+      pass (A beats; the first one was fetched during the previous row), RSQRT_CYCLES, the
+      normalisation pass (B beats; the first one prefetched likewise); results drain while
+      the next row starts, ``t`` being the packer's backlog after the last beat (valid for
+      ``b_bytes >= d_bytes``, as :func:`sim.compiler.vector_launch.ln_launch` emits);
+    - LN_STATS (R = words of a statistics record): ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 +
+      R, rows * (R + 1) + 1 + W_a)``: a row is one cycle for the command, the statistics pass
+      and one cycle to emit the record, which is written as R words while the next row runs;
+    - LN_APPLY: ``rows * (sum_{k>=1} c_k + 3 + RSQRT_CYCLES) + R + 4 + t`` with
+      c_k = max(A words, B words) of beat k (A and B beats are taken together) and ``t`` as
+      for LN with c_j in place of b_j; the next row's record (R <= 8 words) is read during
+      the current row;
+    - LOAD_LUT: ``rows * (256 / lanes + 1) + 1`` (256 int8 entries: one word per beat).
+    """
+    op = VectorOp(op)
+    beats = row_beats(op, length, lanes)
+    if op is VectorOp.LOAD_LUT:
+        return rows * (beats + 1) + 1
+    wa = row_words(length, flags.a_bytes, lanes)
+    wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
+    wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
+    a_beats = _beat_words(wa, flags.a_bytes, beats)
+    b_beats = _beat_words(wb, flags.b_bytes, beats) if wb else [0] * beats
+    d_beats = _beat_words(wd, flags.d_bytes, beats) if wd else [0] * beats
+    o_beats = [max(d, int(flags.wr_q)) for d in d_beats]
+    rec = stats_words(lanes)
+    if op is VectorOp.LN_STATS:
+        return max(rows * (wa - a_beats[0] + 3) + a_beats[0] - 1 + rec,
+                   rows * (rec + 1) + 1 + wa)
+    if op is VectorOp.LN_APPLY:
+        # The normalisation pass takes A and B beats together.
+        c_beats = [max(x, y) for x, y in zip(a_beats, b_beats, strict=True)]
+        tail = max(sum(o_beats[k:]) - sum(c_beats[k + 1:]) for k in range(beats))
+        return rows * (sum(c_beats[1:]) + 3 + RSQRT_CYCLES) + rec + 4 + tail
+    if op is VectorOp.LN:
+        tail = max(sum(o_beats[k:]) - sum(b_beats[k + 1:]) for k in range(beats))
+        period = wa - a_beats[0] + wb - b_beats[0] + 3 + RSQRT_CYCLES
+        return rows * period + 4 + a_beats[0] + tail
+    w0 = max(a_beats[0], b_beats[0])
+    wdl = o_beats[-1]
+    return max(rows * wa + 6 + wdl, rows * wb + 6 + wdl, rows * (beats + 1) + 4 + w0 + wdl,
+               rows * wd + 6 + w0)
+
+
+def _gather(m, name, src, code, row_bytes, lanes, active, start, start_bytes):
+    """Words -> beats of ``1 << code`` words (fewer at a row's end) in a register.
+
+    Returns ``(valid, ready, flat)``: the beat register's handshake (``ready`` is driven by the
+    caller) and its ``4 * 8 * lanes`` bits; a word enters while the register is free or being
+    emptied.
+    """
+    n = lanes
+    words = [Signal(8 * n, name=f"{name}_w{k}") for k in range(4)]
+    cnt = Signal(2, name=f"{name}_cnt")
+    full = Signal(name=f"{name}_full")
+    ready = Signal(name=f"{name}_ready")
+    left = Signal(LENGTH_BITS + 3, name=f"{name}_left")   # row bytes not yet received
+    need_m1 = Signal(2, name=f"{name}_need_m1")
+    m.d.comb += need_m1.eq((Const(1, 3) << code) - 1)
+    m.d.comb += src.ready.eq(active & (~full | ready))
+    with m.If(full & ready):
+        m.d.sync += full.eq(0)
+    with m.If(src.valid & src.ready):
+        row_end = left <= n
+        for k in range(4):
+            with m.If(cnt == k):
+                m.d.sync += words[k].eq(src.payload.data.as_value())
+        with m.If(row_end | (cnt == need_m1)):
+            m.d.sync += [full.eq(1), cnt.eq(0)]
+        with m.Else():
+            m.d.sync += cnt.eq(cnt + 1)
+        with m.If(row_end):
+            m.d.sync += left.eq(row_bytes)
+        with m.Else():
+            m.d.sync += left.eq(left - n)
+    with m.If(start):
+        m.d.sync += [full.eq(0), cnt.eq(0), left.eq(start_bytes)]
+    return full, ready, Cat(*words)
+
+
+def _fifo(m, name, valid, ready, payload, depth):
+    """A SyncFIFO between a (valid, ready, payload) source and the returned read side."""
+    fifo = SyncFIFO(width=len(payload), depth=depth)
+    m.submodules[name] = fifo
+    m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(payload), ready.eq(fifo.w_rdy)]
+    return fifo.r_rdy, fifo.r_en, fifo.r_data
+
+
+def _unpack(m, flat, dst, code, lanes):
+    """Lane j is bytes [j*eb, (j+1)*eb) of the beat, sign-extended to 32 bits."""
+    for j in range(lanes):
+        with m.Switch(code):
+            for c, eb in enumerate(ELEM_BYTES):
+                with m.Case(c):
+                    m.d.comb += dst.payload.data[j].eq(
+                        flat[8 * eb * j:8 * eb * (j + 1)].as_signed())
+
+
+#: Result beats buffered between the unit and the packer: the unit's pipeline stalls as a
+#: whole when its output is full, so without this buffer a slow packer (4 words per beat for
+#: int32 data) would also stall the input side and the row period would exceed the slowest
+#: stream's words per row. With it, :func:`launch_cycles` holds exactly.
+OUT_FIFO_DEPTH = 4
+
+
+class VectorEngine(wiring.Component):
+    """Launch-configured wrapper of :class:`~hw.tile.vector.VectorUnit` for the chip.
+
+    ``i_cfg`` starts one launch of ``rows`` commands (``op``, ``length``, ``n``, ``mult``,
+    ``shift``, ``gshift``, ``out16``, ``per_channel`` from the configuration; ``rows`` >= 1).
+    Operand words are unpacked into the unit's 32-bit lanes (sign-extended from ``a_bytes`` /
+    ``b_bytes``); the unit's ``data`` lanes are packed into words with ``d_bytes`` per element
+    (the low bytes: two's complement truncation), its ``q`` lanes one byte each.
+    Per row the engine reads exactly ``ceil(length * eb / N)`` words of A (and of B when the op
+    uses it) and writes exactly ``ceil(length * d_bytes / N)`` words of ``data`` (when
+    ``wr_data``) and ``ceil(length / N)`` words of ``q`` (when ``wr_q``); padding bytes of a
+    row's last word are 0. LOAD_LUT reads one row of 256 entries (``length`` must be 256) per
+    command and writes nothing. ``last`` on input words is ignored (the engine counts); ``last``
+    is set on each output stream's final word of the launch.
+
+    ``busy`` is high from the configuration beat until the last output word has been taken
+    (LOAD_LUT: until the unit has consumed its last word). ``uses`` tells the chip, from the
+    ``i_cfg`` payload (combinationally, before the transfer), which generators to start with
+    the launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1
+    iff ``wr_data`` (not for LN_STATS), WR2 iff ``wr_q`` (neither for LOAD_LUT), RD5 iff
+    LN_APPLY.
+
+    LayerNorm statistics travel through the scratchpad as records of
+    :data:`hw.spec.vector_engine.STATS_BYTES` bytes (int64 ``sum x``, int64 ``sum x^2``,
+    little-endian, ``stats_words(N)`` words): LN_STATS writes one per row on ``o_q`` (WR2;
+    ``wr_q`` must be set), LN_APPLY reads one per row on ``i_stats`` (RD5).
+
+    Timing (:func:`launch_cycles`): at most one word per cycle on each stream; a word becomes
+    a beat in a one-beat register per operand (the next row's first beat is fetched while the
+    unit finishes the previous row); results pass an :data:`OUT_FIFO_DEPTH`-beat FIFO to the
+    packer. From the configuration beat the first command is offered the next cycle; the
+    first result word leaves about 7 cycles after the first input word arrives.
+
+    Members
+    -------
+    i_cfg : ``In(stream.Signature(cfg_layout()))``
+    i_a, i_b, i_stats : ``In(stream.Signature(word_layout(lanes)))``: words from RD3, RD4, RD5
+    o_data, o_q : ``Out(stream.Signature(word_layout(lanes)))``: words to WR1, WR2
+    uses : ``Out(uses_layout())``
+    busy : ``Out(1)``
+    """
+
+    def __init__(self, *, lanes: int, d_model_max: int):
+        if not isinstance(lanes, int) or isinstance(lanes, bool):
+            raise TypeError(f"lanes must be an integer, not {lanes!r}")
+        if lanes < 2:
+            raise ValueError(f"lanes must be at least 2, not {lanes!r}")
+        if not isinstance(d_model_max, int) or isinstance(d_model_max, bool):
+            raise TypeError(f"d_model_max must be an integer, not {d_model_max!r}")
+        if not 1 <= d_model_max < 1 << LENGTH_BITS:
+            raise ValueError(f"d_model_max must be in [1, {(1 << LENGTH_BITS) - 1}], "
+                             f"not {d_model_max!r}")
+        self._lanes = lanes
+        self._d_model_max = d_model_max
+        super().__init__({
+            "i_cfg": In(stream.Signature(cfg_layout())),
+            "i_a": In(stream.Signature(word_layout(lanes))),
+            "i_b": In(stream.Signature(word_layout(lanes))),
+            "i_stats": In(stream.Signature(word_layout(lanes))),
+            "o_data": Out(stream.Signature(word_layout(lanes))),
+            "o_q": Out(stream.Signature(word_layout(lanes))),
+            "uses": Out(uses_layout()),
+            "busy": Out(1),
+        })
+
+    @property
+    def lanes(self) -> int:
+        return self._lanes
+
+    @property
+    def d_model_max(self) -> int:
+        return self._d_model_max
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._lanes
+        m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max)
+        cfg = Signal(cfg_layout())
+        flags = cfg.flags
+        active = Signal()
+        m.d.comb += self.busy.eq(active)
+
+        # Which streams a launch uses, from the payload the chip is offering.
+        p = self.i_cfg.payload
+        b_ops = (p.op == VectorOp.ADD) | (p.op == VectorOp.BIAS) | (p.op == VectorOp.LN) | \
+            (p.op == VectorOp.LN_APPLY) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
+        writes = p.op != VectorOp.LOAD_LUT
+        m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
+                     self.uses.stats.eq(p.op == VectorOp.LN_APPLY),
+                     self.uses.data.eq(p.flags.wr_data & writes & (p.op != VectorOp.LN_STATS)),
+                     self.uses.q.eq(p.flags.wr_q & writes)]
+
+        start = Signal()
+        m.d.comb += [self.i_cfg.ready.eq(~active), start.eq(self.i_cfg.valid & ~active)]
+        with m.If(start):
+            m.d.sync += [cfg.eq(p), active.eq(1)]
+
+        # ---- commands: one per row, offered back to back --------------------------------
+        issued = Signal(COUNT_BITS)
+        c = unit.i_cmd
+        m.d.comb += [
+            c.valid.eq(active & (issued != cfg.rows)),
+            c.payload.op.eq(cfg.op), c.payload.length.eq(cfg.length), c.payload.n.eq(cfg.n),
+            c.payload.mult.eq(cfg.mult), c.payload.shift.eq(cfg.shift),
+            c.payload.gshift.eq(cfg.gshift), c.payload.out16.eq(flags.out16),
+            c.payload.per_channel.eq(flags.per_channel),
+        ]
+        with m.If(c.valid & c.ready):
+            m.d.sync += issued.eq(issued + 1)
+        with m.If(start):
+            m.d.sync += issued.eq(0)
+
+        # ---- statistics records: RD5 words -> i_stats (LN_APPLY) ---------------------------
+        rec = stats_words(n)
+        rec_bits = 8 * n * rec
+        s_words = [Signal(8 * n, name=f"gs_w{k}") for k in range(rec)]
+        s_cnt = Signal(range(rec))
+        s_full = Signal()
+        s_flat = Cat(*s_words)
+        m.d.comb += [
+            self.i_stats.ready.eq(active & ~s_full),
+            unit.i_stats.valid.eq(s_full),
+            unit.i_stats.payload.data[0].eq(s_flat[0:64].as_signed()),
+            unit.i_stats.payload.data[1].eq(s_flat[64:128].as_signed()),
+            unit.i_stats.payload.last.eq(1),
+        ]
+        with m.If(unit.i_stats.valid & unit.i_stats.ready):
+            m.d.sync += s_full.eq(0)
+        with m.If(self.i_stats.valid & self.i_stats.ready):
+            for k in range(rec):
+                with m.If(s_cnt == k):
+                    m.d.sync += s_words[k].eq(self.i_stats.payload.data.as_value())
+            with m.If(s_cnt == rec - 1):
+                m.d.sync += [s_cnt.eq(0), s_full.eq(1)]
+            with m.Else():
+                m.d.sync += s_cnt.eq(s_cnt + 1)
+        with m.If(start):
+            m.d.sync += [s_cnt.eq(0), s_full.eq(0)]
+
+        # ---- statistics records: o_stats -> WR2 words (LN_STATS) ---------------------------
+        is_stats = cfg.op == VectorOp.LN_STATS
+        so = Signal(rec_bits)
+        so_full = Signal()
+        so_part = Signal(range(rec))
+        so_row = Signal(COUNT_BITS)
+        so_last = (so_part == rec - 1) & (so_row == cfg.rows - 1)
+        so_word = Signal(8 * n)
+        with m.Switch(so_part):
+            for k in range(rec):
+                with m.Case(k):
+                    m.d.comb += so_word.eq(so[8 * n * k:8 * n * (k + 1)])
+        m.d.comb += unit.o_stats.ready.eq(~so_full)
+        with m.If(unit.o_stats.valid & unit.o_stats.ready):
+            m.d.sync += [so.eq(Cat(unit.o_stats.payload.data[0], unit.o_stats.payload.data[1])),
+                         so_full.eq(1), so_part.eq(0)]
+        so_fire = is_stats & so_full & self.o_q.ready
+        with m.If(so_fire):
+            m.d.sync += so_part.eq(so_part + 1)
+            with m.If(so_part == rec - 1):
+                m.d.sync += [so_full.eq(0), so_row.eq(so_row + 1)]
+                with m.If(so_row == cfg.rows - 1):
+                    m.d.sync += active.eq(0)
+        with m.If(start):
+            m.d.sync += [so_full.eq(0), so_row.eq(0)]
+
+        # ---- operands: words -> beats -----------------------------------------------------
+        for x, src, dst in (("a", self.i_a, unit.i_a), ("b", self.i_b, unit.i_b)):
+            code = getattr(flags, f"{x}_bytes")
+            valid, ready, flat = _gather(m, f"g{x}", src, code, cfg.length << code, n, active,
+                                         start, p.length << getattr(p.flags, f"{x}_bytes"))
+            m.d.comb += [dst.valid.eq(valid), ready.eq(dst.ready)]
+            _unpack(m, flat, dst, code, n)
+
+        # ---- results: one unit beat -> d_bytes data words and one q word ------------------
+        uo = unit.o_data
+        u_valid, u_ready, raw = _fifo(m, "fifo_o", uo.valid, uo.ready, uo.payload.as_value(),
+                                      OUT_FIFO_DEPTH)
+        u_payload = Signal(uo.payload.shape())
+        m.d.comb += u_payload.eq(raw)
+        beat = Signal(data.ArrayLayout(unsigned(32), n))
+        qbeat = Signal(8 * n)
+        full = Signal()
+        beat_last = Signal()
+        d_done = Signal()
+        q_done = Signal()
+        part = Signal(2)
+        d_left = Signal(LENGTH_BITS + 3)     # bytes of the data row not yet written
+        out_row = Signal(COUNT_BITS)
+        final_row = out_row == cfg.rows - 1
+
+        d_row_end = d_left <= n
+        d_beat_end = d_row_end | (part == (Const(1, 3) << flags.d_bytes) - 1)
+        packed = [Cat(*[beat[j][:8 * eb] for j in range(n)]) for eb in ELEM_BYTES]
+        with m.Switch(flags.d_bytes):
+            for code, bits in enumerate(packed):
+                with m.Case(code):
+                    with m.Switch(part):
+                        for w in range(ELEM_BYTES[code]):
+                            with m.Case(w):
+                                m.d.comb += self.o_data.payload.data.eq(
+                                    bits[8 * n * w:8 * n * (w + 1)])
+        m.d.comb += [
+            self.o_data.valid.eq(full & ~d_done),
+            self.o_data.payload.last.eq(d_row_end & final_row),
+        ]
+        q_valid = full & ~q_done
+        with m.If(is_stats):
+            m.d.comb += [self.o_q.valid.eq(so_full), self.o_q.payload.data.eq(so_word),
+                         self.o_q.payload.last.eq(so_last)]
+        with m.Else():
+            m.d.comb += [self.o_q.valid.eq(q_valid), self.o_q.payload.data.eq(qbeat),
+                         self.o_q.payload.last.eq(beat_last & final_row)]
+        d_fire = self.o_data.valid & self.o_data.ready
+        q_fire = q_valid & self.o_q.ready & ~is_stats
+        finish = Signal()
+        m.d.comb += [
+            finish.eq(full & (d_done | (d_fire & d_beat_end)) & (q_done | q_fire)),
+            u_ready.eq(~full | finish),
+        ]
+        with m.If(d_fire):
+            m.d.sync += part.eq(part + 1)
+            with m.If(d_beat_end):
+                m.d.sync += [d_done.eq(1), part.eq(0)]
+            with m.If(d_row_end):
+                m.d.sync += d_left.eq(cfg.length << flags.d_bytes)
+            with m.Else():
+                m.d.sync += d_left.eq(d_left - n)
+        with m.If(q_fire):
+            m.d.sync += q_done.eq(1)
+        with m.If(finish):
+            m.d.sync += full.eq(0)
+            with m.If(beat_last):
+                m.d.sync += out_row.eq(out_row + 1)
+                with m.If(final_row):
+                    m.d.sync += active.eq(0)
+        with m.If(u_valid & u_ready):
+            m.d.sync += [full.eq(1), beat_last.eq(u_payload.last), part.eq(0),
+                         d_done.eq(~flags.wr_data), q_done.eq(~flags.wr_q),
+                         qbeat.eq(u_payload.q.as_value())]
+            m.d.sync += [beat[j].eq(u_payload.data[j]) for j in range(n)]
+
+        # LOAD_LUT emits nothing: the launch ends when the unit is back for a command.
+        with m.If(active & (cfg.op == VectorOp.LOAD_LUT) & (issued == cfg.rows) & c.ready):
+            m.d.sync += active.eq(0)
+
+        with m.If(start):
+            m.d.sync += [out_row.eq(0), full.eq(0), part.eq(0),
+                         d_left.eq(p.length << p.flags.d_bytes)]
+        return m

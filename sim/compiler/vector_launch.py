@@ -1,0 +1,234 @@
+"""``VEC`` launches: descriptors and registers for the vector engine (``docs/isa.md``, VEC).
+
+A launch runs one vector-unit command per row of ``length`` elements. Tensors are token-major
+:class:`Rows` (``sim.memory`` layout): row r at words ``base + r*row_words``, elements of
+``eb`` bytes packed little-endian. Per row the engine reads ``ceil(length*eb/N)`` words of each
+operand and writes exactly ``ceil(length*eb/N)`` words of each output, so the descriptors walk
+exactly those words and the rest of a row's allocation (``row_words`` may be larger) is left
+untouched. A B operand of one row (bias, gamma/beta, per-channel requant words) is re-read for
+every row (stride 0).
+
+:func:`vector_launch` is the general builder; :func:`ln_launch`, :func:`add_launch`,
+:func:`lut_launch`, :func:`load_lut_launch`, :func:`requant_launch`, :func:`bias_launch` and
+:func:`relu_launch` cover what a transformer block needs. :func:`emit` appends a launch to an
+:class:`~sim.iss.Assembler`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hw.spec.isa import Op
+from hw.spec.vector import LUT_ENTRIES, VectorOp
+from hw.spec.vector_engine import VecFlags, row_words, stats_words, uses_b
+
+from .descriptors import Desc
+
+__all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
+           "ln_apply_launch", "add_launch", "lut_launch",
+           "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "emit"]
+
+_MAX_COUNT = (1 << 16) - 1
+
+
+@dataclass(frozen=True)
+class Rows:
+    """``rows`` rows of ``row_words`` words at word ``base``, elements of ``eb`` bytes."""
+
+    base: int
+    rows: int
+    row_words: int
+    eb: int
+
+    def __post_init__(self):
+        for name in ("base", "rows", "row_words"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Rows {name} must be a non-negative integer, not {value!r}")
+        if self.eb not in (1, 2, 4):
+            raise ValueError(f"Rows eb must be 1, 2 or 4 bytes, not {self.eb!r}")
+
+
+@dataclass(frozen=True)
+class VectorLaunch:
+    """One ``VEC`` launch: the registers (``regs``, ISA names) and one descriptor per used
+    generator (``None`` for generators the launch does not start)."""
+
+    op: VectorOp
+    rows: int
+    length: int
+    flags: VecFlags
+    rd3: Desc
+    rd4: Desc | None
+    rd5: Desc | None
+    wr1: Desc | None
+    wr2: Desc | None
+    regs: dict = field(hash=False)
+
+    @property
+    def descs(self) -> dict[str, Desc]:
+        """``{generator: descriptor}`` of the generators the launch starts."""
+        named = {"RD3": self.rd3, "RD4": self.rd4, "RD5": self.rd5, "WR1": self.wr1,
+                 "WR2": self.wr2}
+        return {gen: d for gen, d in named.items() if d is not None}
+
+
+def _walk(t: Rows, rows: int, length: int, size: int, what: str) -> Desc:
+    rw = row_words(length, t.eb, size)
+    if t.row_words < rw:
+        raise ValueError(f"{what}: row_words={t.row_words} cannot hold {length} elements of "
+                         f"{t.eb} bytes ({rw} words of {size} bytes)")
+    if rw > _MAX_COUNT or rows > _MAX_COUNT:
+        raise ValueError(f"{what}: {rows} rows of {rw} words exceed a generator's 16-bit counts")
+    # A one-row tensor under a many-row launch is re-read for every row.
+    step = 0 if t.rows == 1 else t.row_words
+    return Desc(t.base, (rw, rows, 1, 1), (1, step, 0, 0))
+
+
+def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
+                  data: Rows | None = None, q: Rows | None = None, mult: int = 1,
+                  shift: int = 1, gshift: int = 16, per_channel: bool = False,
+                  stats_base: int | None = None, n: int | None = None) -> VectorLaunch:
+    """``a.rows`` commands of ``op`` over rows of ``length`` elements.
+
+    ``b`` (when the op reads B) has one row per row of ``a`` or a single row shared by all;
+    ``data`` (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8, LN and
+    LN_APPLY only) have ``a.rows`` rows. REQUANT's ``out16`` follows ``data.eb`` (2: int16,
+    1: int8). ``stats_base``: the statistics records (``hw.spec.vector_engine``), one per row,
+    contiguous: LN_STATS writes them (WR2), LN_APPLY reads them (RD5) and takes ``n``, the
+    element count over all chips.
+    """
+    op = VectorOp(op)
+    if not isinstance(size, int) or size < 2:
+        raise ValueError(f"size must be an integer of at least 2, not {size!r}")
+    rows = a.rows
+    if op is VectorOp.LOAD_LUT:
+        if length != LUT_ENTRIES:
+            raise ValueError(f"LOAD_LUT length must be {LUT_ENTRIES}, not {length!r}")
+        if data is not None or q is not None or b is not None:
+            raise ValueError("LOAD_LUT takes only a (the 256 table entries)")
+    elif not isinstance(length, int) or not 1 <= length <= _MAX_COUNT:
+        raise ValueError(f"length must be in 1..{_MAX_COUNT}, not {length!r}")
+    if not 1 <= rows <= _MAX_COUNT:
+        raise ValueError(f"a.rows must be in 1..{_MAX_COUNT}, not {rows}")
+    if uses_b(op, per_channel) != (b is not None):
+        raise ValueError(f"{op.name}{' per-channel' if per_channel else ''} "
+                         f"{'needs' if b is None else 'takes no'} operand b")
+    if b is not None and b.rows not in (1, rows):
+        raise ValueError(f"b.rows={b.rows} must be 1 (shared) or a.rows={rows}")
+    ln = op in (VectorOp.LN, VectorOp.LN_APPLY)
+    if q is not None and (not ln or q.eb != 1):
+        raise ValueError("q is LN's int8 output: only for LN and LN_APPLY, with eb=1")
+    stats_ops = (VectorOp.LN_STATS, VectorOp.LN_APPLY)
+    if (stats_base is not None) != (op in stats_ops):
+        raise ValueError(f"stats_base is {'required' if stats_base is None else 'only'} for "
+                         f"LN_STATS and LN_APPLY")
+    if op is VectorOp.LN_APPLY and not (isinstance(n, int) and 1 <= n <= _MAX_COUNT):
+        raise ValueError(f"LN_APPLY needs n (the count over all chips) in 1..{_MAX_COUNT}, "
+                         f"not {n!r}")
+    if op is VectorOp.LN_STATS and (data is not None or q is not None):
+        raise ValueError("LN_STATS writes only its statistics (stats_base)")
+    if op not in (VectorOp.LOAD_LUT, VectorOp.LN_STATS) and data is None and q is None:
+        raise ValueError(f"{op.name} needs an output (data and/or q)")
+    for name, t in (("data", data), ("q", q)):
+        if t is not None and t.rows != rows:
+            raise ValueError(f"{name}.rows={t.rows} must equal a.rows={rows}")
+    out16 = op is VectorOp.REQUANT and data is not None and data.eb == 2
+    if op is VectorOp.REQUANT and data is not None and data.eb == 4:
+        raise ValueError("REQUANT data must be int8 (eb=1) or int16 (eb=2)")
+    flags = VecFlags(out16=out16, per_channel=bool(per_channel), a_bytes=a.eb,
+                     b_bytes=b.eb if b is not None else 4,
+                     d_bytes=data.eb if data is not None else 1,
+                     wr_data=data is not None,
+                     wr_q=q is not None or op is VectorOp.LN_STATS)
+    rec = stats_words(size)
+    stats = None if stats_base is None else Desc(stats_base, (rec, rows, 1, 1), (1, rec, 0, 0))
+    regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length,
+            "VU_N": n if op is VectorOp.LN_APPLY else length,
+            "VU_MULT": int(mult), "VU_SHIFT": int(shift), "VU_GSHIFT": int(gshift),
+            "VU_FLAGS": flags.encode()}
+    return VectorLaunch(
+        op=op, rows=rows, length=length, flags=flags, regs=regs,
+        rd3=_walk(a, rows, length, size, "a"),
+        rd4=_walk(b, rows, length, size, "b") if b is not None else None,
+        rd5=stats if op is VectorOp.LN_APPLY else None,
+        wr1=_walk(data, rows, length, size, "data") if data is not None else None,
+        wr2=stats if op is VectorOp.LN_STATS else (
+            _walk(q, rows, length, size, "q") if q is not None else None))
+
+
+def ln_launch(*, size, length, x: Rows, gamma_beta_base: int, q: Rows | None = None,
+              y: Rows | None = None, gshift: int, mult: int, shift: int) -> VectorLaunch:
+    """LayerNorm of int16 rows ``x``: int8 ``q`` and/or int16 ``y`` rows out.
+
+    Gamma/beta are ``length`` words of ``hw.spec.vector.pack_gamma_beta`` (int32 elements) at
+    ``gamma_beta_base``, shared by all rows. Post-norm takes both outputs from one launch.
+    """
+    gb = Rows(gamma_beta_base, 1, row_words(length, 4, size), 4)
+    return vector_launch(size=size, op=VectorOp.LN, length=length, a=x, b=gb, data=y, q=q,
+                         mult=mult, shift=shift, gshift=gshift)
+
+
+def ln_stats_launch(*, size, length, x: Rows, stats_base: int) -> VectorLaunch:
+    """Partial LayerNorm statistics of int16 rows ``x`` (this chip's ``length`` elements of
+    each row): one record ``[sum x, sum x^2]`` (2 x int64) per row at ``stats_base``, ready for
+    an int64 SUM all-reduce over the chips."""
+    return vector_launch(size=size, op=VectorOp.LN_STATS, length=length, a=x,
+                         stats_base=stats_base)
+
+
+def ln_apply_launch(*, size, length, n: int, x: Rows, gamma_beta_base: int, stats_base: int,
+                    q: Rows | None = None, y: Rows | None = None, gshift: int, mult: int,
+                    shift: int) -> VectorLaunch:
+    """Normalise int16 rows ``x`` (``length`` local elements) with the global statistics
+    records at ``stats_base`` and the global count ``n``; outputs as :func:`ln_launch`."""
+    gb = Rows(gamma_beta_base, 1, row_words(length, 4, size), 4)
+    return vector_launch(size=size, op=VectorOp.LN_APPLY, length=length, a=x, b=gb, data=y,
+                         q=q, mult=mult, shift=shift, gshift=gshift, stats_base=stats_base,
+                         n=n)
+
+
+def add_launch(*, size, length, a: Rows, b: Rows, out: Rows) -> VectorLaunch:
+    """Residual add ``out = clamp16(a + b)`` (``out`` may be ``a``: in place)."""
+    return vector_launch(size=size, op=VectorOp.ADD, length=length, a=a, b=b, data=out)
+
+
+def lut_launch(*, size, length, a: Rows, out: Rows) -> VectorLaunch:
+    """``out = lut[a & 0xFF]`` (int8 rows in and out)."""
+    return vector_launch(size=size, op=VectorOp.LUT, length=length, a=a, data=out)
+
+
+def load_lut_launch(*, size, base: int) -> VectorLaunch:
+    """Load the 256 int8 LUT entries stored (one int8 row) at word ``base``."""
+    return vector_launch(size=size, op=VectorOp.LOAD_LUT, length=LUT_ENTRIES,
+                         a=Rows(base, 1, row_words(LUT_ENTRIES, 1, size), 1))
+
+
+def requant_launch(*, size, length, a: Rows, out: Rows, mult: int = 1, shift: int = 1,
+                   params_base: int | None = None) -> VectorLaunch:
+    """``out = requant(a)`` to int8 (``out.eb`` 1) or int16 (2); per tensor with ``mult`` and
+    ``shift``, or per channel with ``pack_requant`` words (int32 elements) at ``params_base``."""
+    b = None if params_base is None else Rows(params_base, 1, row_words(length, 4, size), 4)
+    return vector_launch(size=size, op=VectorOp.REQUANT, length=length, a=a, b=b, data=out,
+                         mult=mult, shift=shift, per_channel=params_base is not None)
+
+
+def bias_launch(*, size, length, a: Rows, bias_base: int, out: Rows) -> VectorLaunch:
+    """``out = a + bias`` wrapping modulo 2**32; ``length`` int32 biases at ``bias_base``."""
+    b = Rows(bias_base, 1, row_words(length, 4, size), 4)
+    return vector_launch(size=size, op=VectorOp.BIAS, length=length, a=a, b=b, data=out)
+
+
+def relu_launch(*, size, length, a: Rows, out: Rows) -> VectorLaunch:
+    """``out = max(a, 0)``."""
+    return vector_launch(size=size, op=VectorOp.RELU, length=length, a=a, data=out)
+
+
+def emit(asm, launch: VectorLaunch):
+    """Append the launch's SETs (descriptors of the used generators, every VU_ register) and
+    the ``VEC`` opcode to ``asm``."""
+    for gen, desc in launch.descs.items():
+        asm.set_desc(gen, desc)
+    for name, value in launch.regs.items():
+        asm.set(name, value)
+    asm.launch(Op.VEC)

@@ -1,0 +1,140 @@
+"""The ``VEC`` launch in the instruction-set simulator, at word level.
+
+Same semantics as :class:`hw.tile.vector_engine.VectorEngine`: ``VU_ROWS`` commands of the
+vector unit (:class:`sim.golden.vector.VectorUnitModel`), one per row of ``VU_LEN`` elements;
+operand A words from RD3, operand B words from RD4 (only for the ops that read B), statistics
+records from RD5 (LN_APPLY), ``data`` words to WR1 (if ``wr_data``), ``q`` words or statistics
+records (LN_STATS) to WR2 (if ``wr_q``); see ``docs/isa.md``, VEC.
+The activation LUT is chip state: it lives on the :class:`~sim.iss.Iss` as ``vector_unit``
+(created on first use, with the unit's reset contents).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp
+from hw.spec.vector_engine import (
+    STATS_BYTES,
+    VecFlags,
+    row_words,
+    stats_words,
+    uses_b,
+)
+
+from .golden.matmul import wrap
+from .golden.vector import VectorUnitModel, unpack_requant
+from .memory import pack_rows, unpack_rows
+
+__all__ = ["exec_vector", "vector_unit"]
+
+
+def vector_unit(iss) -> VectorUnitModel:
+    """The chip's vector unit model (its LUT persists across launches)."""
+    unit = getattr(iss, "vector_unit", None)
+    if unit is None:
+        unit = VectorUnitModel()
+        iss.vector_unit = unit
+    return unit
+
+
+def _error():
+    # Imported late: sim.iss imports this module for its dispatch.
+    from .iss import IssError
+    return IssError
+
+
+def _rows(iss, gen: str, rows: int, length: int, eb: int, what: str) -> np.ndarray:
+    IssError = _error()
+    words = iss._gather(gen)
+    want = rows * row_words(length, eb, iss.n)
+    if len(words) != want:
+        raise IssError(f"VEC {what} via {gen} walks {len(words)} words, but {rows} rows of "
+                       f"{length} x {eb}-byte elements are {want} words")
+    return unpack_rows(words, rows, length, eb)
+
+
+def exec_vector(iss):
+    """Execute one ``VEC`` launch on ``iss`` (registers as set by the program)."""
+    IssError = _error()
+    r = iss._reg
+    try:
+        op = VectorOp(r("VU_OP"))
+    except ValueError:
+        raise IssError(f"VEC with VU_OP={r('VU_OP')}: not a vector-unit op") from None
+    try:
+        flags = VecFlags.decode(r("VU_FLAGS"))
+    except ValueError as exc:
+        raise IssError(f"VEC: {exc}") from None
+    rows, length = r("VU_ROWS"), r("VU_LEN")
+    if not 1 <= rows < 1 << 16:
+        raise IssError(f"VEC with VU_ROWS={rows}: must be in 1..65535")
+    if op is VectorOp.LOAD_LUT:
+        if length != LUT_ENTRIES:
+            raise IssError(f"VEC LOAD_LUT with VU_LEN={length}: must be {LUT_ENTRIES}")
+        if flags.wr_data or flags.wr_q:
+            raise IssError("VEC LOAD_LUT writes nothing: clear wr_data and wr_q in VU_FLAGS")
+    elif op is VectorOp.LN and not 1 <= length <= iss.npu.d_model_max:
+        raise IssError(f"VEC LN with VU_LEN={length}: must be in 1..{iss.npu.d_model_max} "
+                       "(d_model_max, the unit's buffer)")
+    elif not 1 <= length < 1 << 16:
+        raise IssError(f"VEC with VU_LEN={length}: must be in 1..65535")
+    ln = op in (VectorOp.LN, VectorOp.LN_APPLY)
+    if op is VectorOp.LN_STATS:
+        if flags.wr_data or not flags.wr_q:
+            raise IssError("VEC LN_STATS writes its statistics through WR2: set wr_q and clear "
+                           "wr_data in VU_FLAGS")
+    elif op is not VectorOp.LOAD_LUT and not (flags.wr_data or flags.wr_q):
+        raise IssError(f"VEC {op.name} writes nothing: set wr_data and/or wr_q in VU_FLAGS")
+    if flags.wr_q and not ln and op is not VectorOp.LN_STATS:
+        raise IssError(f"VEC {op.name} has no q output: clear wr_q in VU_FLAGS")
+    if op is VectorOp.LN_APPLY and not 1 <= r("VU_N") < 1 << 16:
+        raise IssError(f"VEC LN_APPLY with VU_N={r('VU_N')}: must be in 1..65535 (the count "
+                       "over all chips)")
+    needs_shift = ln or (op is VectorOp.REQUANT and not flags.per_channel)
+    if needs_shift and not 1 <= r("VU_SHIFT") <= 47:
+        raise IssError(f"VEC {op.name} with VU_SHIFT={r('VU_SHIFT')}: must be in 1..47")
+    try:
+        cmd = VectorCmd(op, length, n=r("VU_N"), mult=r("VU_MULT"), shift=r("VU_SHIFT"),
+                        gshift=r("VU_GSHIFT"), out16=flags.out16,
+                        per_channel=flags.per_channel)
+    except ValueError as exc:
+        raise IssError(f"VEC: {exc}") from None
+
+    a = _rows(iss, "RD3", rows, length, flags.a_bytes, "operand A")
+    b = None
+    if uses_b(op, flags.per_channel):
+        b = _rows(iss, "RD4", rows, length, flags.b_bytes, "operand B")
+        if op is VectorOp.REQUANT:
+            shifts = unpack_requant(b)[1]
+            if shifts.min() < 1 or shifts.max() > 47:
+                bad = np.argwhere((shifts < 1) | (shifts > 47))[0]
+                raise IssError(f"VEC REQUANT per-channel shift {shifts[tuple(bad)]} at row "
+                               f"{bad[0]} element {bad[1]} outside 1..47")
+    stats = [None] * rows
+    if op is VectorOp.LN_APPLY:
+        rec = stats_words(iss.n)
+        words = iss._gather("RD5")
+        if len(words) != rows * rec:
+            raise IssError(f"VEC LN_APPLY statistics via RD5 walk {len(words)} words, but "
+                           f"{rows} records are {rows * rec} words")
+        raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :STATS_BYTES])
+        pairs = raw.view("<i8").astype(np.int64)
+        stats = [(int(s1), int(s2)) for s1, s2 in pairs]
+    unit = vector_unit(iss)
+    outs = [unit.execute(cmd, a[row], None if b is None else b[row], stats[row])
+            for row in range(rows)]
+    if op is VectorOp.LOAD_LUT:
+        return
+    if op is VectorOp.LN_STATS:
+        rec = stats_words(iss.n)
+        out = np.zeros((rows, rec * iss.n), np.uint8)
+        pairs = np.array([o["stats"] for o in outs], dtype="<i8")
+        out[:, :STATS_BYTES] = pairs.view(np.uint8).reshape(rows, STATS_BYTES)
+        iss._scatter("WR2", out.reshape(rows * rec, iss.n))
+        return
+    if flags.wr_data:
+        d = wrap(np.stack([o["data"] for o in outs]), 8 * flags.d_bytes)
+        iss._scatter("WR1", pack_rows(d, flags.d_bytes, iss.n))
+    if flags.wr_q:
+        iss._scatter("WR2", pack_rows(np.stack([o["q"] for o in outs]), 1, iss.n))
