@@ -30,11 +30,19 @@ class IssError(RuntimeError):
 class Assembler:
     """Builds a program: a list of :class:`~hw.spec.isa.Insn` with helpers for descriptors."""
 
-    def __init__(self):
+    def __init__(self, *, elide: bool = True):
         self.insns: list[Insn] = []
+        # Register values this program has already set: a SET of the same value again is
+        # dropped (registers are not assumed to start at any value).
+        self._known: dict[int, int] = {}
+        self._elide = elide
 
     def set(self, name: str, value: int):
-        self.insns.append(Insn(Op.SET, reg(name), int(value)))
+        index, value = reg(name), int(value)
+        if self._elide and self._known.get(index) == value:
+            return
+        self._known[index] = value
+        self.insns.append(Insn(Op.SET, index, value))
 
     def set_desc(self, gen: str, desc):
         d = desc if isinstance(desc, dict) else desc.as_dict()

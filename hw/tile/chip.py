@@ -1,25 +1,39 @@
 """One NPU chip: sequencer, scratchpad with address generators, units, host port (issue #5).
 
-Built so far: the matmul unit. The attention/softmax, vector and collective units plug into the
-same pattern (launch -> descriptors into their address generators -> streams).
+Every unit follows one pattern: a launch copies the configuration registers into the unit's
+``i_cfg`` and descriptors into the address generators it owns; the generators stream words
+between the scratchpad and the unit. The attention engine and the vector engine share RD3-RD5
+and WR1-WR2 (an ``owner`` register, set at launch, routes them); they never run at once.
+The collective engine's port (RD6/WR3) joins with the multi-chip strategies.
 """
 
-from amaranth.hdl import Cat, Module
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..spec import NpuConfig
 from ..spec.isa import ADDR_LEVELS, INSN_BITS, REG_INDEX, Op
+from .attention_engine import AttentionEngine
 from .matmul_engine import MatmulEngine
 from .scratchpad import AddrGen, Scratchpad, addr_layout
 from .sequencer import LAUNCH_OPS, Sequencer
+from .vector_engine import CFG_REGS as VEC_CFG_REGS
+from .vector_engine import VectorEngine
 
 __all__ = ["Chip"]
 
 #: Address generators each unit owns (scratchpad port numbers follow this order).
-READ_GENS = ("RD0", "RD1", "RD2")
-WRITE_GENS = ("WR0",)
+READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5")
+WRITE_GENS = ("WR0", "WR1", "WR2")
+#: Generators the attention and vector engines share, and those an attention launch uses.
+SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
+ATTN_GENS = ("RD3", "RD4", "RD5", "WR1")
+#: Which configuration register feeds each field of the attention engine's ``i_cfg``.
+ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
+                 "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
+                 "score_mult": "AT_SCORE_MULT", "score_shift": "AT_SCORE_SHIFT",
+                 "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD"}
 
 
 class Chip(wiring.Component):
@@ -37,6 +51,13 @@ class Chip(wiring.Component):
     def __init__(self, *, npu: NpuConfig):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+        if npu.vector_lanes != npu.array_size:
+            raise ValueError(f"vector_lanes={npu.vector_lanes} must equal array_size="
+                             f"{npu.array_size}: the chip moves one scratchpad word per lane "
+                             "group")
+        if npu.d_head_max % npu.array_size:
+            raise ValueError(f"d_head_max={npu.d_head_max} must be a multiple of array_size="
+                             f"{npu.array_size}: attention rows are whole words")
         self._npu = npu
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
                          "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
@@ -148,7 +169,65 @@ class Chip(wiring.Component):
         for g in mm_gens:
             m.d.comb += gens[g].i.valid.eq(go)
 
-        busy = Cat(mm_busy, 0, 0, 0)
+        # Attention (RD3 K, RD4 V, RD5 Q, WR1 out) and vector unit (RD3 A, RD4 B, RD5 stats,
+        # WR1 data, WR2 q) share generators; `owner_attn` (set at launch) routes their streams.
+        m.submodules.attention = at = AttentionEngine(
+            window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len, size=n)
+        m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max)
+        owner_attn = Signal()
+        shared_idle = idle(SHARED_GENS)
+        rd_index = {name: k for k, name in enumerate(READ_GENS)}
+        for gen, at_port, vu_port in (("RD3", at.i_k, vu.i_a), ("RD4", at.i_v, vu.i_b),
+                                      ("RD5", at.i_q, vu.i_stats)):
+            rd = spad.rd[rd_index[gen]].o_data
+            for port, mine in ((at_port, owner_attn), (vu_port, ~owner_attn)):
+                m.d.comb += [port.valid.eq(rd.valid & mine),
+                             port.payload.data.eq(rd.payload.data),
+                             port.payload.last.eq(rd.payload.last)]
+            m.d.comb += rd.ready.eq(Mux(owner_attn, at_port.ready, vu_port.ready))
+        wr_index = {name: k for k, name in enumerate(WRITE_GENS)}
+        for gen, at_port, vu_port in (("WR1", at.o, vu.o_data), ("WR2", None, vu.o_q)):
+            addr, wp = gens[gen].o, spad.wr[wr_index[gen]].i
+            if at_port is not None:
+                src_valid = Mux(owner_attn, at_port.valid, vu_port.valid)
+                src_data = Mux(owner_attn, at_port.payload.data.as_value(),
+                               vu_port.payload.data.as_value())
+                m.d.comb += at_port.ready.eq(owner_attn & wp.ready & addr.valid)
+            else:
+                src_valid = ~owner_attn & vu_port.valid
+                src_data = vu_port.payload.data.as_value()
+            m.d.comb += [
+                wp.valid.eq(addr.valid & src_valid),
+                wp.payload.addr.eq(addr.payload.addr),
+                wp.payload.data.eq(src_data),
+                addr.ready.eq(wp.ready & src_valid),
+                vu_port.ready.eq(~owner_attn & wp.ready & addr.valid),
+            ]
+
+        at_bit, vu_bit = LAUNCH_OPS.index(Op.ATTN), LAUNCH_OPS.index(Op.VEC)
+        free = ~at.busy & ~vu.busy & shared_idle
+        at_go = seq.launch[at_bit] & seq.can_launch[at_bit]
+        vu_go = seq.launch[vu_bit] & seq.can_launch[vu_bit]
+        m.d.comb += [seq.can_launch[at_bit].eq(free), seq.can_launch[vu_bit].eq(free),
+                     at.i_cfg.valid.eq(at_go), vu.i_cfg.valid.eq(vu_go)]
+        for field, name in ATTN_CFG_REGS.items():
+            m.d.comb += getattr(at.i_cfg.payload, field).eq(reg(name))
+        for field, name in VEC_CFG_REGS.items():
+            m.d.comb += getattr(vu.i_cfg.payload, field).eq(reg(name))
+        with m.If(at_go):
+            m.d.sync += owner_attn.eq(1)
+        with m.If(vu_go):
+            m.d.sync += owner_attn.eq(0)
+        # A launch starts only the generators its unit will use: an unused generator would
+        # still walk one address and never finish.
+        vu_uses = {"RD3": 1, "RD4": vu.uses.b, "RD5": vu.uses.stats, "WR1": vu.uses.data,
+                   "WR2": vu.uses.q}
+        for g in SHARED_GENS:
+            m.d.comb += gens[g].i.valid.eq((at_go & (g in ATTN_GENS)) | (vu_go & vu_uses[g]))
+        at_busy = at.busy | (owner_attn & ~shared_idle)
+        vu_busy = vu.busy | (~owner_attn & ~shared_idle)
+
+        busy = Cat(mm_busy, at_busy, vu_busy, 0)
         m.d.comb += seq.busy.eq(busy)
         for u in range(4):
             with m.If(seq.running & busy[u]):

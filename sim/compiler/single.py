@@ -61,16 +61,13 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig):
         refuse("d_model", cfg.d_model, f"exceeds d_model_max={npu.d_model_max}", npu.path)
     if cfg.seq_len > npu.max_seq_len:
         refuse("seq_len", cfg.seq_len, f"exceeds max_seq_len={npu.max_seq_len}", npu.path)
-    if cfg.window == 0 and cfg.seq_len > npu.attn_window:
-        refuse("seq_len", cfg.seq_len,
-               f"exceeds attn_window={npu.attn_window}: full attention needs every key in the "
-               "K/V buffer (set a window, or split the sequence across chips)", npu.path)
-    if cfg.window and cfg.window != npu.attn_window:
-        refuse("window", cfg.window, f"differs from the attention buffer's window "
-               f"attn_window={npu.attn_window}, which the hardware masks by", npu.path)
-    if cfg.window and not cfg.causal and cfg.window < cfg.seq_len:
-        refuse("window", cfg.window, "bidirectional windowed attention over a sequence longer "
-               "than the window is not supported on one chip", cfg.path)
+    from .attention_launch import plan_schedule
+    try:
+        plan_schedule(seq=cfg.seq_len, window=cfg.window, causal=cfg.causal,
+                      ring=npu.attn_window)
+    except ValueError as exc:
+        key, value = ("window", cfg.window) if cfg.window else ("seq_len", cfg.seq_len)
+        refuse(key, value, f"does not fit attn_window={npu.attn_window}: {exc}", npu.path)
     if npu.vector_lanes != npu.array_size:
         refuse("vector_lanes", npu.vector_lanes,
                f"must equal array_size={npu.array_size} for the chip's word-wide vector path",
@@ -129,9 +126,6 @@ def compile_single(npu: NpuConfig, qm: QModel, *, seq: int | None = None) -> Com
     """Memory image and program that run every block of ``qm`` on one chip."""
     cfg = qm.cfg
     check_single_chip(npu, cfg)
-    from .attention_launch import emit_attention_head
-    from .vector_launch import emit_vector
-
     n = npu.array_size
     seq = cfg.seq_len if seq is None else seq
     seq_pad = _cdiv(seq, n) * n
@@ -173,8 +167,7 @@ def compile_single(npu: NpuConfig, qm: QModel, *, seq: int | None = None) -> Com
 
     ctx = {"asm": asm, "al": al, "npu": npu, "cfg": cfg, "qm": qm, "seq": seq, "n": n,
            "x": x, "h": h, "qkv": qkv_t, "o": o_t, "a": a, "f": ff, "x8": x8,
-           "dh_pad": dh_pad, "emit_vector": emit_vector, "emit_attention_head":
-               emit_attention_head}
+           "dh_pad": dh_pad}
     for i in range(cfg.n_layers):
         _emit_block(ctx, i, placed[i])
     asm.halt()
@@ -189,7 +182,7 @@ def compile_single(npu: NpuConfig, qm: QModel, *, seq: int | None = None) -> Com
 def _emit_block(ctx, i, w):
     asm, cfg, qm, n = ctx["asm"], ctx["cfg"], ctx["qm"], ctx["n"]
     L = qm.layers[i]
-    vec, attn = ctx["emit_vector"], ctx["emit_attention_head"]
+    vec, attn = emit_vector, emit_attention_head
     x, h, qkv, o, a, f, x8 = (ctx[k] for k in ("x", "h", "qkv", "o", "a", "f", "x8"))
     d_pad = x.cols
     heads, dh_pad = cfg.n_heads, ctx["dh_pad"]
@@ -250,6 +243,68 @@ def _emit_block(ctx, i, w):
         asm.wait(Unit.VEC)
         vec(asm, al, ctx, "ln", layer=i, which=2, src=x, q_out=x8, y_out=x)
         asm.wait(Unit.VEC)
+
+
+def _rows(t: Tensor):
+    from .vector_launch import Rows
+    return Rows(t.base, t.rows, t.row_words, t.eb)
+
+
+def emit_vector(asm, al: Allocator, ctx: dict, kind: str, *, layer: int = 0, which: int = 1,
+                src: Tensor | None = None, other: Tensor | None = None,
+                out: Tensor | None = None, q_out: Tensor | None = None,
+                y_out: Tensor | None = None, mult: int = 1, shift: int = 1):
+    """One VEC launch over every row of ``src`` (``length`` = the model's real width)."""
+    from hw.spec.vector import pack_gamma_beta
+
+    from . import vector_launch as vl
+
+    n, cfg, qm = ctx["n"], ctx["cfg"], ctx["qm"]
+    if kind == "ln":
+        ln = qm.layers[layer].ln1 if which == 1 else qm.layers[layer].ln2
+        gb = pack_gamma_beta(ln.gamma, ln.beta)
+        t = al.alloc_words(f"layers.{layer}.ln{which}.gamma_beta", pack_rows(gb[None, :], 4, n),
+                           "weights")
+        launch = vl.ln_launch(size=n, length=cfg.d_model, x=_rows(src), gamma_beta_base=t.base,
+                              q=_rows(q_out) if q_out is not None else None,
+                              y=_rows(y_out) if y_out is not None else None,
+                              gshift=ln.gshift, mult=ln.mult, shift=ln.shift)
+    elif kind == "add":
+        launch = vl.add_launch(size=n, length=cfg.d_model, a=_rows(src), b=_rows(other),
+                               out=_rows(out))
+    elif kind == "load_lut":
+        table = qm.layers[layer].lut
+        t = al.alloc_words(f"layers.{layer}.lut", pack_rows(table[None, :], 1, n), "weights")
+        launch = vl.load_lut_launch(size=n, base=t.base)
+    elif kind == "lut":
+        launch = vl.lut_launch(size=n, length=cfg.d_ff, a=_rows(src), out=_rows(out))
+    elif kind == "requant":
+        launch = vl.requant_launch(size=n, length=cfg.d_model, a=_rows(src), out=_rows(out),
+                                   mult=mult, shift=shift)
+    else:
+        raise ValueError(f"unknown vector launch {kind!r}")
+    vl.emit(asm, launch)
+
+
+def emit_attention_head(asm, al: Allocator, ctx: dict, layer, head: int, qkv: Tensor,
+                        o: Tensor, pos_base: int = 0):
+    """One ATTN launch: head ``head`` of the fused Q|K|V tensor into its columns of ``o``."""
+    from . import attention_launch as al_
+
+    npu, cfg, n, dh_pad = ctx["npu"], ctx["cfg"], ctx["n"], ctx["dh_pad"]
+    seq = ctx["seq"]
+    part = cfg.n_heads * dh_pad // n          # words of one of Q, K, V in a qkv row
+    sched = al_.plan_schedule(seq=seq, window=cfg.window, causal=cfg.causal,
+                              ring=npu.attn_window)
+    launch = al_.attention_launch(
+        size=n, d_head=dh_pad, queries=seq, keys=seq,
+        q_base=qkv.base, k_base=qkv.base + part, v_base=qkv.base + 2 * part, o_base=o.base,
+        q_row_words=qkv.row_words, k_row_words=qkv.row_words, v_row_words=qkv.row_words,
+        o_row_words=o.row_words, col=head * dh_pad, q_pos=pos_base, k_pos=pos_base,
+        bidirectional=not cfg.causal, interleaved=sched.interleaved, halo=sched.halo,
+        window=sched.window, score_mult=layer.score_mult, score_shift=layer.score_shift,
+        out_mult=layer.out_mult, out_shift=layer.out_shift)
+    al_.emit(asm, launch)
 
 
 def input_image(comp: Compiled, x_int) -> tuple[int, np.ndarray]:

@@ -1,0 +1,128 @@
+"""`npu sim --strategy single`: ISS and RTL runs of whole models, reports and rejections."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hw.spec import PRESETS_DIR
+from sim.cli import main
+from sim.golden.float_model import random_weights
+
+TINY_NPU = str(PRESETS_DIR / "npu" / "tiny.toml")
+TINY_MODEL = str(PRESETS_DIR / "models" / "tiny.toml")
+
+
+def write_model(tmp_path, name="m.toml", **over):
+    keys = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32, "seq_len": 6,
+            "window": 0, "causal": True, "norm": "pre"}
+    keys.update(over)
+    lines = [f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}"
+             for k, v in keys.items()]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_iss_runs_the_tiny_model_bit_exact(capsys, tmp_path):
+    report = tmp_path / "r.json"
+    out_npy = tmp_path / "y.npy"
+    status, out, err = run(capsys, "sim", "--strategy", "single", "--npu", TINY_NPU,
+                           "--model", TINY_MODEL, "--backend", "iss", "--json", str(report),
+                           "--output", str(out_npy), "--seed", "3")
+    assert status == 0, err
+    r = json.loads(report.read_text())
+    assert r["golden_match"] is True
+    assert r["float_error"]["cosine"] >= 0.99
+    assert r["strategy"] == "single" and r["chips"] == 1 and r["backend"] == "iss"
+    y = np.load(out_npy)
+    assert y.dtype == np.float32 and y.shape == (8, 32)
+
+
+@pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
+def test_pysim_equals_golden_small_model(capsys, tmp_path, norm, causal):
+    model = write_model(tmp_path, norm=norm, causal=causal)
+    report = tmp_path / "r.json"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "pysim", "--json", str(report), "--seed", "1")
+    assert status == 0, out + err
+    r = json.loads(report.read_text())
+    assert r["golden_match"] and r["cycles"] > 0 and r["load_cycles"] > 0
+    busy = r["per_chip"][0]["busy"]
+    assert busy["matmul"] > 0 and busy["attention"] > 0 and busy["vector"] > 0
+
+
+def test_weights_and_input_files(capsys, tmp_path):
+    model = write_model(tmp_path, n_layers=2)
+    from hw.spec import load_model
+    cfg = load_model(model)
+    w = random_weights(cfg, 11)
+    np.savez(tmp_path / "w.npz", **{k: v.astype(np.float32) for k, v in w.items()})
+    x = np.random.default_rng(2).standard_normal((5, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--weights", str(tmp_path / "w.npz"), "--input",
+                           str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"))
+    assert status == 0, err
+    assert np.load(tmp_path / "y.npy").shape == (5, 16)
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"norm_kind": "rmsnorm"}, "norm_kind='rmsnorm' is not supported"),
+    ({"ffn": "gated"}, "ffn='gated' is not supported"),
+    ({"activation": "silu"}, "activation='silu' is not supported"),
+    ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "
+                                                  "d_head_max=16"),
+    ({"seq_len": 40}, "seq_len=40 exceeds attn_window=16"),
+    ({"window": 4, "seq_len": 8}, "window=4 differs from the attention buffer's window"),
+])
+def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
+    model = write_model(tmp_path, **over)
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model,
+                           "--backend", "iss")
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+
+
+def test_capacity_refusal_names_sram(capsys, tmp_path):
+    npu = tmp_path / "small.toml"
+    text = Path(TINY_NPU).read_text().replace("sram_bytes = 65536", "sram_bytes = 4096")
+    npu.write_text(text)
+    status, out, err = run(capsys, "sim", "--npu", str(npu), "--model", TINY_MODEL,
+                           "--backend", "iss")
+    assert status == 2
+    assert "sram_bytes=4096 is too small" in err and "weights" in err, err
+
+
+def test_bad_input_file(capsys, tmp_path):
+    model = write_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.zeros((6, 15), np.float32))
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--input",
+                           str(tmp_path / "x.npy"), "--backend", "iss")
+    assert status == 2 and "shape [6, 15]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_watchdog_exit_3(tmp_path):
+    model = write_model(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "sim", "sim", "--npu", TINY_NPU, "--model",
+                           model, "--backend", "pysim", "--max-cycles", "50"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 3, proc.stderr
+    assert "max_cycles=50" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_multi_chip_strategies_not_built_yet(capsys):
+    status, out, err = run(capsys, "sim", "--strategy", "pipeline", "--chips", "4", "--npu",
+                           TINY_NPU, "--model", TINY_MODEL)
+    assert status == 2 and "not built yet" in err
+
