@@ -15,7 +15,7 @@ import numpy as np
 from hw.spec import load_model, load_npu
 
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from .compiler.single import compile_single, input_image
+from .compiler.single import check_single_chip, compile_single, input_image
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
 from .iss import Iss
@@ -120,6 +120,8 @@ def run_sim_command(args) -> int:
     if args.strategy != "single" or args.chips != 1:
         raise SimError(f"npu sim: --strategy {args.strategy} --chips {args.chips} is not built "
                        "yet: only --strategy single --chips 1 runs today")
+    # Refuse what one chip cannot run before any work (the compiler checks again).
+    check_single_chip(npu, cfg)
     rng = np.random.default_rng(args.seed)
     weights = _weights(args, cfg)
     x = _inputs(args, cfg, rng)

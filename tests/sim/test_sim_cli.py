@@ -82,8 +82,10 @@ def test_weights_and_input_files(capsys, tmp_path):
     ({"activation": "silu"}, "activation='silu' is not supported"),
     ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "
                                                   "d_head_max=16"),
-    ({"seq_len": 40}, "seq_len=40 exceeds attn_window=16"),
-    ({"window": 4, "seq_len": 8}, "window=4 differs from the attention buffer's window"),
+    ({"seq_len": 40}, "seq_len=40 does not fit attn_window=16: causal attention over 40 "
+                      "tokens with window 0"),
+    ({"seq_len": 40, "window": 9, "causal": False}, "window=9 does not fit attn_window=16"),
+    ({"seq_len": 80}, "seq_len=80 exceeds max_seq_len=64"),
 ])
 def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
     model = write_model(tmp_path, **over)
@@ -92,6 +94,16 @@ def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
     assert status == 2
     assert len(err.strip().splitlines()) == 1, err
     assert needle in err, err
+
+
+def test_windowed_sequence_longer_than_the_buffer(capsys, tmp_path):
+    """A causal window narrower than the K/V ring over a sequence longer than the ring: the
+    interleaved attention schedule, bit-exact on the ISS."""
+    model = write_model(tmp_path, seq_len=24, window=5)
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--json", str(tmp_path / "r.json"))
+    assert status == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["golden_match"]
 
 
 def test_capacity_refusal_names_sram(capsys, tmp_path):
