@@ -88,7 +88,7 @@ def _run_one(args, npu, comp, x_int):
         iss.run(comp.program)
         wall = time.perf_counter() - start
         out = iss.read_words(x.base, x.words)
-        busy = dict.fromkeys(_UNITS, 0)
+        busy = dict.fromkeys((*_UNITS, "any"), 0)
         return out, {"cycles": None, "load_cycles": sum(len(w) for w in images.values()),
                      "busy": busy, "wall_s": wall, "cycles_per_s": None}
     if args.backend == "pysim":
@@ -108,7 +108,8 @@ def _run_one(args, npu, comp, x_int):
             raise Watchdog(f"chip did not halt within max_cycles={args.max_cycles}")
     if res["error"]:
         raise SimError("the chip halted on an unknown instruction (compiler bug)")
-    busy = dict(zip(_UNITS, res["busy_cycles"], strict=True))
+    busy = dict(zip(_UNITS, res["busy_cycles"][:4], strict=True))
+    busy["any"] = res["busy_cycles"][4]
     return res["regions"][0], {"cycles": res["cycles"], "load_cycles": res["load_cycles"],
                                "busy": busy, "wall_s": res["wall_s"],
                                "cycles_per_s": res["cycles_per_s"]}
@@ -146,14 +147,16 @@ def run_sim_command(args) -> int:
     cosine = float((deq * ref).sum() / (np.linalg.norm(deq) * np.linalg.norm(ref) or 1.0))
     cycles = None if stats[0]["cycles"] is None else int(sum(s["cycles"] for s in stats))
     wall = sum(s["wall_s"] for s in stats)
-    busy = {u: int(sum(s["busy"][u] for s in stats)) for u in _UNITS}
+    busy = {u: int(sum(s["busy"][u] for s in stats)) for u in (*_UNITS, "any")}
+    overlap = sum(busy[u] for u in _UNITS) - busy["any"]
+    busy["idle"] = (cycles - busy.pop("any")) if cycles else 0
     report = {
         "strategy": args.strategy, "chips": args.chips, "backend": args.backend,
         "seed": args.seed, "npu": npu.name, "model": cfg.name,
         "cycles": cycles, "load_cycles": int(sum(s["load_cycles"] for s in stats)),
         "golden_match": match,
         "float_error": {"max_abs": float(np.abs(deq - ref).max()), "cosine": cosine},
-        "per_chip": [{"chip": 0, "busy": busy,
+        "per_chip": [{"chip": 0, "busy": busy, "overlap_cycles": int(overlap),
                       "sram_bytes_used": int(comp.alloc.next_word * npu.word_bytes),
                       "sram_bytes": {k: int(v) for k, v in comp.alloc.used.items()},
                       "instructions": len(comp.program)}],
@@ -182,9 +185,10 @@ def _summary(r, comp):
           f"{r['per_chip'][0]['sram_bytes_used']:,} of {comp.npu.sram_bytes:,} bytes")
     print(f"  cycles {cyc} (+{r['load_cycles']:,} host load)")
     if r["cycles"]:
-        busy = ", ".join(f"{u} {v / r['cycles']:.0%}" for u, v in r["per_chip"][0]["busy"].items()
-                         if v)
-        print(f"  busy: {busy}")
+        chip = r["per_chip"][0]
+        busy = ", ".join(f"{u} {v / r['cycles']:.0%}" for u, v in chip["busy"].items() if v)
+        print(f"  busy: {busy}; units overlapped {chip['overlap_cycles'] / r['cycles']:.0%} "
+              "of the cycles")
     print(f"  golden match: {'yes (bit-exact)' if r['golden_match'] else 'NO'}; vs float64: "
           f"cosine {r['float_error']['cosine']:.5f}, max abs {r['float_error']['max_abs']:.4g}")
     if not r["golden_match"]:

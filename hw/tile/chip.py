@@ -45,7 +45,8 @@ class Chip(wiring.Component):
     - ``host_wr`` writes one scratchpad word; ``host_rd_addr`` / ``host_rd_data`` read one back;
     - ``start`` runs the program from pc 0; ``done`` rises at ``HALT`` (``error`` on an unknown
       opcode); ``cycles`` counts from start to done; ``busy_cycles[u]`` counts the cycles unit
-      ``u`` (``hw.spec.isa.Unit`` bit order: matmul, attention, vector, collective) was busy.
+      ``u`` (``hw.spec.isa.Unit`` bit order: matmul, attention, vector, collective) was busy,
+      ``busy_cycles[4]`` the cycles any unit was.
     """
 
     def __init__(self, *, npu: NpuConfig):
@@ -70,7 +71,7 @@ class Chip(wiring.Component):
             "done": Out(1),
             "error": Out(1),
             "cycles": Out(32),
-            "busy_cycles": Out(32).array(4),
+            "busy_cycles": Out(32).array(5),
             "host_imem": In(stream.Signature(data.StructLayout(
                 {"addr": range(npu.imem_words), "data": INSN_BITS}))),
             "host_wr": In(stream.Signature(data.StructLayout(
@@ -229,8 +230,10 @@ class Chip(wiring.Component):
 
         busy = Cat(mm_busy, at_busy, vu_busy, 0)
         m.d.comb += seq.busy.eq(busy)
-        for u in range(4):
-            with m.If(seq.running & busy[u]):
+        # Counter 4 counts the cycles in which any unit is busy: the sum of the per-unit counts
+        # minus it is how much the units overlapped.
+        for u, flag in enumerate([busy[0], busy[1], busy[2], busy[3], busy.any()]):
+            with m.If(seq.running & flag):
                 m.d.sync += self.busy_cycles[u].eq(self.busy_cycles[u] + 1)
         with m.If(self.start & ~seq.running):
             m.d.sync += [c.eq(0) for c in self.busy_cycles]

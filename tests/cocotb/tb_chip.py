@@ -57,7 +57,7 @@ async def run_program(dut):
     await ReadOnly()
     result = {"timeout": timeout, "cycles": int(dut.cycles.value), "load_cycles": load,
               "error": bool(int(dut.error.value)),
-              "busy_cycles": [int(getattr(dut, f"busy_cycles__{u}").value) for u in range(4)],
+              "busy_cycles": [int(getattr(dut, f"busy_cycles__{u}").value) for u in range(5)],
               "wall_s": wall, "cycles_per_s": ran / wall if wall > 0 else 0.0, "regions": []}
     if not timeout:
         await RisingEdge(dut.clk)
