@@ -117,7 +117,7 @@ def _place_linear(al: Allocator, name: str, ql: QLinear, k_pad: int, col_map=Non
     mult = np.zeros(cols_pad, np.int64)
     shift = np.ones(cols_pad, np.int64)
     bias[col_map], mult[col_map], shift[col_map] = ql.bias, ql.mult, ql.shift
-    wt = al.alloc_words(name + ".w", pack_weight_blocks(w, n), "weights")
+    wt = al.alloc_words(name + ".w", pack_weight_blocks(w, n), "weights", low=True)
     pt = al.alloc_words(name + ".p", pack_params(bias, mult, shift, n), "weights")
     return wt, pt, cols_pad
 
