@@ -5,11 +5,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hw.spec import npu_preset
+from hw.spec import ModelConfig, npu_preset
 from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
 from hw.tile.chip import Chip
 from sim.compiler.descriptors import matmul_launch
+from sim.compiler.quantize import quantize_input, quantize_model
+from sim.compiler.single import compile_single, input_image
+from sim.golden.float_model import random_weights
+from sim.golden.layer import model_int
 from sim.golden.matmul import matmul_unit
 from sim.iss import Assembler, Iss
 from sim.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
@@ -105,30 +109,51 @@ def test_rejects_bad_config():
         Chip(npu="tiny")
 
 
+def compiled_block(norm="pre", causal=True, n_layers=1):
+    """A small model compiled for the tiny chip, with its input image and the golden output."""
+    cfg = ModelConfig(n_layers=n_layers, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=6,
+                      norm=norm, causal=causal, name="small")
+    npu = npu_preset("tiny")
+    x = np.random.default_rng(4).standard_normal((cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 4), x)
+    x_int = quantize_input(qm, x)
+    comp = compile_single(npu, qm)
+    base, words = input_image(comp, x_int)
+    images = dict(comp.alloc.images)
+    images[base] = words
+    return npu, comp, images, model_int(qm, x_int)
+
+
+def test_iss_and_rtl_agree_on_a_two_layer_program():
+    """Every word the program leaves in the residual tensor: RTL == ISS == golden."""
+    npu, comp, images, want = compiled_block(n_layers=2)
+    iss = Iss(npu)
+    for base, words in images.items():
+        iss.write_words(base, words)
+    iss.run(comp.program)
+    x = comp.x
+    rtl = run_chip_pysim(npu, comp.program, images, [(x.base, x.words)], max_cycles=100_000)
+    assert not rtl["error"]
+    bad = np.argwhere(rtl["regions"][0] != iss.read_words(x.base, x.words))
+    assert not len(bad), f"RTL and ISS differ first at word {x.base + bad[0][0]}"
+    got = unpack_rows(rtl["regions"][0], comp.seq_pad, x.cols, 2)[:6, :16]
+    assert (got == want).all()
+
+
 @pytest.mark.verilator
 def test_verilator_chip_equals_pysim(verilator_ok):
-    """The exported chip runs the chained-matmul program from its own sequencer under
-    Verilator: same memory and same cycle count as Amaranth's simulator."""
+    """The exported chip runs a whole compiled block (LN, matmuls, attention, GELU, residual)
+    under Verilator: same memory, same cycle count and same busy counters as pysim."""
     from sim.rtl.chip_verilator import run_chip_verilator
 
-    rng = np.random.default_rng(9)
-    print("seed=9")
-    npu = small_npu()
-    n = npu.array_size
-    a, b = rng.integers(-128, 128, (8, 8)), rng.integers(-128, 128, (8, 8))
-    params = (rng.integers(-99, 99, 8), rng.integers(1, 2**16, 8), rng.integers(12, 16, 8))
-    images = {0: pack_rows(a, 1, n), 16: pack_weight_blocks(b, n), 64: pack_params(*params, n)}
-    launch = matmul_launch(size=n, m=8, k=8, n=8, a_base=0, a_row_words=2, b_base=16,
-                           p_base=64, c_base=200, c_row_words=2, mode=OutMode.INT8)
-    asm = Assembler()
-    emit_matmul(asm, launch)
-    asm.halt()
-    reads = [(200, 16)]
-    ref = run_chip_pysim(npu, asm.words(), images, reads, max_cycles=2000)
-    vl = run_chip_verilator(npu, asm.words(), images, reads, max_cycles=2000)
+    npu, comp, images, want = compiled_block(norm="post", causal=False)
+    x = comp.x
+    reads = [(x.base, x.words)]
+    ref = run_chip_pysim(npu, comp.program, images, reads, max_cycles=100_000)
+    vl = run_chip_verilator(npu, comp.program, images, reads, max_cycles=100_000)
     assert not vl["timeout"] and not vl["error"]
     assert (vl["regions"][0] == ref["regions"][0]).all()
-    want = matmul_unit(a, b, *params, OutMode.INT8)
-    assert (unpack_rows(vl["regions"][0], 8, 8, 1) == want).all()
+    got = unpack_rows(vl["regions"][0], comp.seq_pad, x.cols, 2)[:6, :16]
+    assert (got == want).all()
     assert vl["cycles"] == ref["cycles"], (vl["cycles"], ref["cycles"])
     assert vl["busy_cycles"] == ref["busy_cycles"]
