@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hw.spec.formats import OutMode
 
-__all__ = ["Desc", "MatmulLaunch", "matmul_launch"]
+__all__ = ["Desc", "MatmulLaunch", "matmul_launch", "emit_matmul"]
 
 PARAM_WORDS = 7
 _OUT_WORDS = {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}
@@ -72,3 +72,16 @@ def matmul_launch(*, size, m, k, n, a_base, a_row_words, b_base, p_base, c_base,
         rd2=Desc(p_base, (PARAM_WORDS, nb, mb, 1), (1, PARAM_WORDS, 0, 0)),
         wr0=Desc(c_base, (ow, size, nb, mb), (1, c_row_words, ow, size * c_row_words)),
         k=k, folds=mb * nb, mode=mode, a_unsigned=bool(a_unsigned))
+
+
+def emit_matmul(asm, launch: MatmulLaunch):
+    """Append a launch's descriptors, its ``MM_*`` registers and ``MATMUL`` to ``asm``."""
+    from hw.spec.isa import Op
+
+    for gen in ("rd0", "rd1", "rd2", "wr0"):
+        asm.set_desc(gen.upper(), getattr(launch, gen))
+    asm.set("MM_K", launch.k)
+    asm.set("MM_FOLDS", launch.folds)
+    asm.set("MM_MODE", int(launch.mode))
+    asm.set("MM_A_UNSIGNED", int(launch.a_unsigned))
+    asm.launch(Op.MATMUL)

@@ -29,15 +29,16 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.formats import OutMode
-from hw.spec.isa import Op, Unit
+from hw.spec.isa import Unit
 
 from ..iss import Assembler
 from ..memory import pack_params, pack_rows, pack_weight_blocks
 from .alloc import Allocator, Tensor
-from .descriptors import matmul_launch
+from .descriptors import emit_matmul, matmul_launch
 from .quantize import QLinear, QModel
 
-__all__ = ["Compiled", "check_single_chip", "compile_single", "emit_matmul"]
+__all__ = ["Compiled", "check_single_chip", "compile_single", "emit_tensor_matmul",
+           "input_image"]
 
 
 def _cdiv(a, b):
@@ -86,19 +87,12 @@ class Compiled:
     seq_pad: int
 
 
-def emit_matmul(asm: Assembler, n: int, a: Tensor, w: Tensor, p: Tensor, c: Tensor, k: int,
-                cols: int, mode: OutMode, *, a_col_word: int = 0, c_col_word: int = 0):
-    """``c[:, cols] = requant(a @ w)``: one MATMUL launch over all rows of ``a``."""
-    launch = matmul_launch(size=n, m=a.rows, k=k, n=cols, a_base=a.base + a_col_word,
-                           a_row_words=a.row_words, b_base=w.base, p_base=p.base,
-                           c_base=c.base + c_col_word, c_row_words=c.row_words, mode=mode)
-    for gen in ("rd0", "rd1", "rd2", "wr0"):
-        asm.set_desc(gen.upper(), getattr(launch, gen))
-    asm.set("MM_K", launch.k)
-    asm.set("MM_FOLDS", launch.folds)
-    asm.set("MM_MODE", int(launch.mode))
-    asm.set("MM_A_UNSIGNED", int(launch.a_unsigned))
-    asm.launch(Op.MATMUL)
+def emit_tensor_matmul(asm: Assembler, n: int, a: Tensor, w: Tensor, p: Tensor, c: Tensor,
+                       k: int, cols: int, mode: OutMode):
+    """``c[:, :cols] = requant(a @ w)``: one MATMUL launch over all rows of ``a``."""
+    emit_matmul(asm, matmul_launch(size=n, m=a.rows, k=k, n=cols, a_base=a.base,
+                                   a_row_words=a.row_words, b_base=w.base, p_base=p.base,
+                                   c_base=c.base, c_row_words=c.row_words, mode=mode))
 
 
 def _place_linear(al: Allocator, name: str, ql: QLinear, k_pad: int, col_map=None,
@@ -190,59 +184,52 @@ def _emit_block(ctx, i, w):
 
     def matmul(src, weights, dst, k, mode):
         wt, pt, cols = weights
-        emit_matmul(asm, n, src, wt, pt, dst, k, cols, mode)
+        emit_tensor_matmul(asm, n, src, wt, pt, dst, k, cols, mode)
 
     def attention():
         for hd in range(heads):
             attn(asm, al, ctx, L, hd, qkv, o)
 
-    if cfg.norm == "pre":
-        vec(asm, al, ctx, "ln", layer=i, which=1, src=x, q_out=h)
+    def residual_add(delta):
+        vec(asm, al, ctx, "add", src=x, other=delta, out=x)
         asm.wait(Unit.VEC)
-        matmul(h, w["qkv"], qkv, d_pad, OutMode.INT8)
+
+    def attention_block(h_in):
+        matmul(h_in, w["qkv"], qkv, d_pad, OutMode.INT8)
         asm.wait(Unit.MATMUL)
         attention()
         asm.wait(Unit.ATTN)
         matmul(o, w["o"], a, heads * dh_pad, OutMode.INT16)
         asm.wait(Unit.MATMUL)
-        vec(asm, al, ctx, "add", src=x, other=a, out=x)
-        asm.wait(Unit.VEC)
-        vec(asm, al, ctx, "ln", layer=i, which=2, src=x, q_out=h)
-        asm.wait(Unit.VEC)
-        matmul(h, w["ffn1"], f, d_pad, OutMode.INT8)
-        vec(asm, al, ctx, "load_lut", layer=i)
+        residual_add(a)
+
+    def ffn_block(h_in):
+        matmul(h_in, w["ffn1"], f, d_pad, OutMode.INT8)
+        vec(asm, al, ctx, "load_lut", layer=i)      # overlaps the FFN1 matmul
         asm.wait(Unit.MATMUL | Unit.VEC)
         vec(asm, al, ctx, "lut", src=f, out=f)
         asm.wait(Unit.VEC)
         matmul(f, w["ffn2"], a, f.cols, OutMode.INT16)
         asm.wait(Unit.MATMUL)
-        vec(asm, al, ctx, "add", src=x, other=a, out=x)
+        residual_add(a)
+
+    def layernorm(which, q_out, y_out=None):
+        vec(asm, al, ctx, "ln", layer=i, which=which, src=x, q_out=q_out, y_out=y_out)
         asm.wait(Unit.VEC)
+
+    if cfg.norm == "pre":
+        layernorm(1, h)
+        attention_block(h)
+        layernorm(2, h)
+        ffn_block(h)
     else:
         if i == 0:
             vec(asm, al, ctx, "requant", src=x, out=x8, mult=qm.in_mult, shift=qm.in_shift)
             asm.wait(Unit.VEC)
-        matmul(x8, w["qkv"], qkv, d_pad, OutMode.INT8)
-        asm.wait(Unit.MATMUL)
-        attention()
-        asm.wait(Unit.ATTN)
-        matmul(o, w["o"], a, heads * dh_pad, OutMode.INT16)
-        asm.wait(Unit.MATMUL)
-        vec(asm, al, ctx, "add", src=x, other=a, out=x)
-        asm.wait(Unit.VEC)
-        vec(asm, al, ctx, "ln", layer=i, which=1, src=x, q_out=h, y_out=x)
-        asm.wait(Unit.VEC)
-        matmul(h, w["ffn1"], f, d_pad, OutMode.INT8)
-        vec(asm, al, ctx, "load_lut", layer=i)
-        asm.wait(Unit.MATMUL | Unit.VEC)
-        vec(asm, al, ctx, "lut", src=f, out=f)
-        asm.wait(Unit.VEC)
-        matmul(f, w["ffn2"], a, f.cols, OutMode.INT16)
-        asm.wait(Unit.MATMUL)
-        vec(asm, al, ctx, "add", src=x, other=a, out=x)
-        asm.wait(Unit.VEC)
-        vec(asm, al, ctx, "ln", layer=i, which=2, src=x, q_out=x8, y_out=x)
-        asm.wait(Unit.VEC)
+        attention_block(x8)
+        layernorm(1, h, x)
+        ffn_block(h)
+        layernorm(2, x8, x)
 
 
 def _rows(t: Tensor):

@@ -9,7 +9,7 @@ from hw.spec import ModelConfig, npu_preset
 from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
 from hw.tile.chip import Chip
-from sim.compiler.descriptors import matmul_launch
+from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.compiler.single import compile_single, input_image
 from sim.golden.float_model import random_weights
@@ -23,16 +23,6 @@ from sim.rtl.pysim import SimulationTimeout
 
 def small_npu():
     return dataclasses.replace(npu_preset("tiny"), sram_bytes=4096, imem_words=256)
-
-
-def emit_matmul(asm, launch):
-    for gen in ("rd0", "rd1", "rd2", "wr0"):
-        asm.set_desc(gen.upper(), getattr(launch, gen))
-    asm.set("MM_K", launch.k)
-    asm.set("MM_FOLDS", launch.folds)
-    asm.set("MM_MODE", int(launch.mode))
-    asm.set("MM_A_UNSIGNED", int(launch.a_unsigned))
-    asm.launch(Op.MATMUL)
 
 
 def test_two_chained_matmuls_match_iss_and_golden():

@@ -8,9 +8,8 @@ import pytest
 
 from hw.spec import npu_preset
 from hw.spec.formats import OutMode
-from hw.spec.isa import Op
 from hw.tile.matmul_engine import MatmulEngine
-from sim.compiler.descriptors import matmul_launch
+from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.golden.matmul import matmul_unit
 from sim.golden.scratchpad import addr_sequence
 from sim.iss import Assembler, Iss
@@ -46,13 +45,7 @@ def setup(rng, size, m, k, n, mode, a_unsigned=False):
 
 def program(launch):
     asm = Assembler()
-    for gen in ("rd0", "rd1", "rd2", "wr0"):
-        asm.set_desc(gen.upper(), getattr(launch, gen))
-    asm.set("MM_K", launch.k)
-    asm.set("MM_FOLDS", launch.folds)
-    asm.set("MM_MODE", int(launch.mode))
-    asm.set("MM_A_UNSIGNED", int(launch.a_unsigned))
-    asm.launch(Op.MATMUL)
+    emit_matmul(asm, launch)
     asm.halt()
     return asm.words()
 
