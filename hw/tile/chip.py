@@ -92,7 +92,8 @@ class Chip(wiring.Component):
         ab = self._addr_bits
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
-        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words)
+        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
+                                           launch_ops=(Op.MATMUL, Op.ATTN, Op.VEC))
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
         imem_rd = imem.read_port()
         imem_wr = imem.write_port()

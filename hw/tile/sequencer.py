@@ -20,7 +20,8 @@ class Sequencer(wiring.Component):
       address generators are idle (``can_launch``) and copies the registers into them in the
       same cycle; the program continues with the next instruction at once.
     - ``WAIT mask`` waits until no unit in ``mask`` is ``busy``; ``HALT`` waits until no unit
-      is busy, then raises ``done`` and stops. An unknown opcode halts with ``error`` set.
+      is busy, then raises ``done`` and stops. An unknown opcode, or the launch of a unit the
+      chip does not have (``launch_ops``), halts with ``error`` set.
 
     Timing: one instruction per cycle when nothing stalls (the instruction memory's read
     address is the next pc, so its synchronous read delivers the instruction just in time).
@@ -38,10 +39,15 @@ class Sequencer(wiring.Component):
     busy : In(4)         ``Unit`` bits
     """
 
-    def __init__(self, *, imem_words):
+    def __init__(self, *, imem_words, launch_ops=LAUNCH_OPS):
         if not isinstance(imem_words, int) or imem_words < 2:
             raise ValueError(f"imem_words must be an integer of at least 2, not {imem_words!r}")
+        unknown = [op for op in launch_ops if op not in LAUNCH_OPS]
+        if unknown:
+            raise ValueError(f"launch_ops {unknown!r} are not launch opcodes")
         self._imem_words = imem_words
+        # Launch opcodes of units the chip has; the others halt with `error` like unknown ones.
+        self._launch_ops = tuple(launch_ops)
         super().__init__({
             "start": In(1),
             "done": Out(1),
@@ -93,6 +99,8 @@ class Sequencer(wiring.Component):
                     with m.If(self.busy == 0):
                         m.d.sync += [self.running.eq(0), self.done.eq(1)]
                 for bit, launch_op in enumerate(LAUNCH_OPS):
+                    if launch_op not in self._launch_ops:
+                        continue
                     with m.Case(launch_op):
                         m.d.comb += [self.launch[bit].eq(1),
                                      advance.eq(self.can_launch[bit])]
