@@ -170,11 +170,11 @@ def _run_tool(tool, args, *, cwd, log):
 
 def _last_error(log):
     """The first ``ERROR`` line of a tool log, or its last line: what to show the user."""
-    lines = Path(log).read_text(errors="replace").splitlines()
-    for line in lines:
-        if "ERROR" in line:
-            return line.strip()
-    return lines[-1].strip() if lines else "no output"
+    lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith("ERROR")] or \
+        [line for line in lines if "ERROR" in line]
+    return errors[0] if errors else lines[-1] if lines else "no output"
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -261,6 +261,10 @@ def format_table(result: dict) -> str:
         if path:
             lines.append(f"critical path {path['delay_ns']:.2f} ns, {path['logic_levels']} logic "
                          f"levels: {path['from']} -> {path['to']}")
+    cells = result.get("synth_cells") or {}
+    if "LUT4" in cells:
+        lines.append(f"LUT4 counts logic slots: {cells['LUT4']:,} LUT4 and "
+                     f"{cells.get('CCU2C', 0):,} CCU2C carry cells (2 slots each) after synthesis")
     shell = result["shell"]
     lines.append(f"includes the serial shell: {shell['ffs']:,} FF, ~{shell['luts']:,} LUT4 "
                  f"({shell['in_bits']} input and {shell['out_bits']} output port bits)")
@@ -290,10 +294,12 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     wall["export"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    _run_tool("yosys", ["-q", "-l", "yosys.log", "-p",
-                        f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json"],
-              cwd=build_dir, log=build_dir / "yosys.out")  # errors only: -q
+    _run_tool("yosys", ["-p",
+                        f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
+                        f"tee -q -o stat.json stat -json"],
+              cwd=build_dir, log=build_dir / "yosys.log")
     wall["synth"] = time.monotonic() - t0
+    synth_cells = _synth_cells(build_dir / "stat.json")
 
     t0 = time.monotonic()
     report_path = build_dir / "report.json"
@@ -320,12 +326,22 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     return {
         "top": top, "npu": npu.name, "array": f"{npu.array_size}x{npu.array_size} array",
         "device": device.name, "part": device.part, "fits": fits, **result,
+        "synth_cells": synth_cells,
         "shell": {"in_bits": shell.in_bits, "out_bits": shell.out_bits, "ffs": shell.shell_ffs,
                   "luts": shell.out_bits},
         "tools": _tool_versions(),
         "wall_s": {k: round(v, 1) for k, v in wall.items()},
         "build_dir": str(build_dir),
     }
+
+
+def _synth_cells(path):
+    """Cell counts after synthesis from Yosys' ``stat -json`` (LUT4 and CCU2C apart)."""
+    try:
+        cells = json.loads(path.read_text())["design"]["num_cells_by_type"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {k: v for k, v in sorted(cells.items()) if not k.startswith("$")}
 
 
 def _tool_versions():

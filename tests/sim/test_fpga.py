@@ -174,7 +174,7 @@ def test_tool_failure_is_one_line(capsys, fake_tools):
                            "--build", str(build))
     assert status == fpga.EXIT_TOOL_FAILED and out == ""
     assert_one_line(err, "npu fpga: yosys failed (exit 1): ERROR: fake failure",
-                    str(build / "yosys.out"))
+                    str(build / "yosys.log"))
 
 
 def test_tool_failure_without_build_dir(capsys, fake_tools, monkeypatch):
