@@ -310,7 +310,7 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
         _run_tool(f"nextpnr-{device.arch}",
                   [*device.nextpnr_args, "--json", f"{name}.json", "--freq", f"{npu.clock_mhz:g}",
                    "--timing-allow-fail", "--report", "report.json", "--seed", str(seed),
-                   # The default router1 did not converge on the 8x8 matmul unit in 25 min
+                   # The default router1 did not converge on the 8x8 matmul unit in 15 min
                    # (1,500 congested wires left); router2 routes it in a few minutes.
                    "--router", "router2"],
                   cwd=build_dir, log=pnr_log)
