@@ -2,8 +2,8 @@
 
 The fast tests never run Yosys or nextpnr: a tool failure and a design too big for the device
 are played by small fake tool modules; the parser reads ``fpga_report_ecp5.json``, the report of
-a real run (tiny 4x4 matmul unit in the serial shell, nextpnr-0.11.1, seed 1) with the cell names
-shortened and the unused resource types left out. The real end-to-end run is marked slow.
+a real run (tiny 4x4 matmul unit in the serial shell, nextpnr-0.11.1 router1, seed 1) with the cell
+names shortened and the unused resource types left out. The real end-to-end run is marked slow.
 """
 
 import json
