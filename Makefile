@@ -58,8 +58,14 @@ $(FPGASTAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,fpga]'
 	@touch $@
 
+# Synthesis, place and route of one top (FPGA_TOP=tile for the whole chip) on the ECP5-85k; the
+# first run JIT-compiles the tools (~1 min), the 8x8 matmul unit then takes ~10 min on 2 cores.
+# Writes $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
+FPGA_TOP ?= matmul
+FPGA_NPU ?= constraints/npu/fpga.toml
 fpga: $(FPGASTAMP)
-	$(NPU) fpga --npu constraints/npu/fpga.toml --device ecp5-85k --json $(BUILD)/fpga.json
+	$(NPU) fpga --npu $(FPGA_NPU) --device ecp5-85k --top $(FPGA_TOP) \
+		--build $(BUILD)/fpga-$(FPGA_TOP) --json $(BUILD)/fpga-$(FPGA_TOP).json
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .ruff_cache

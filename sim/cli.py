@@ -97,6 +97,12 @@ def _cmd_export(args):
     return EXIT_OK
 
 
+def _cmd_fpga(args):
+    from .fpga import cmd_fpga
+
+    return cmd_fpga(args, _load(args, "npu"), UsageError)
+
+
 def _cmd_collective(args):
     from .collective import cmd_collective
 
@@ -163,8 +169,11 @@ def _build_parser():
     p = sub.add_parser("fpga", help="synthesise for an FPGA and report use and fmax")
     p.add_argument("--npu", required=True)
     p.add_argument("--device", default="ecp5-85k", choices=["ecp5-85k"])
+    p.add_argument("--top", default="matmul", help="top from `npu export` (default: matmul)")
     p.add_argument("--json")
-    p.set_defaults(run=_not_built("fpga", "FPGA issue"))
+    p.add_argument("--build", help="keep the Verilog, netlists, logs and report in this directory")
+    p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    p.set_defaults(run=_cmd_fpga)
 
     p = sub.add_parser("bench", help="run the benchmarks; write JSON and a table")
     p.add_argument("--json")

