@@ -189,7 +189,6 @@ def test_export_output_is_a_file(capsys, tmp_path, monkeypatch):
 # Commands still waiting for their issue (remove an entry when its command is built).
 GOOD_ARGS = {
     "plan": ["--npu", TINY_NPU, "--model", TINY_MODEL, "--chips", "2"],
-    "fpga": ["--npu", TINY_NPU],
 }
 
 
