@@ -82,7 +82,8 @@ def build(npu, chips, reqs, rng, *, matmul=False):
     for asm in asms:
         asm.halt()
         programs.append(asm.words())
-    want = [collective(req, inputs[r]) for r, req in enumerate(reqs)]
+    want = [[np.zeros(0)] * chips if req.kind == Kind.BARRIER else collective(req, inputs[r])
+            for r, req in enumerate(reqs)]
     return programs, images, reads, launches, want
 
 
@@ -210,3 +211,13 @@ def test_rejections():
         coll_launch(rs, 1, in_base=0, out_base=8, size=4, link_bytes=4)
     with pytest.raises(ValueError, match="chip must be 0..1, not 2"):
         coll_launch(rs, 2, in_base=0, out_base=8, size=4, link_bytes=4)
+
+
+def test_four_chips_reduce_scatter_gather_send_recv_barrier():
+    """4 chips: reduce-scatter AVG int64, all-gather over the group {1, 2, 3}, a send from
+    chip 3 to chip 0 (the ring wraps; chips 1 and 2 forward), a barrier."""
+    reqs = [CollectiveRequest("reduce_scatter", "avg", 64, 7, 4),
+            CollectiveRequest("all_gather", "sum", 32, 7, 4, first=1, count=3),
+            CollectiveRequest("send_recv", "sum", 32, 5, 4, first=3, count=2),
+            CollectiveRequest("barrier", "sum", 32, 1, 4)]
+    run_case(4, reqs, seed=13)
