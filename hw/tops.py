@@ -52,6 +52,11 @@ def _tile(npu: NpuConfig, chips: int):
     return Chip(npu=npu)
 
 
+def _system(npu: NpuConfig, chips: int):
+    from .chip_system import ChipSystem
+    return ChipSystem(npu=npu, chips=chips)
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
     "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
@@ -61,7 +66,7 @@ TOPS: dict[str, Top] = {
     "ring": Top("ring", "chips' collective engines on the ring, each with a stream DMA", _ring,
                 default_chips=4),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile),
-    "system": Top("system", "N chips on the ring", None),
+    "system": Top("system", "N chips on the ring", _system, default_chips=2),
 }
 
 

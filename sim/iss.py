@@ -141,6 +141,9 @@ class Iss:
             exec_attention(self)
         elif insn.op is Op.VEC:
             exec_vector(self)
+        elif insn.op is Op.COLL:
+            from .iss_collective import exec_collective  # it imports IssError from here
+            exec_collective(self)
         else:
             raise IssError(f"{insn.op.name} is not implemented in the ISS yet")
         self.launches[insn.op] += 1

@@ -21,8 +21,8 @@ import enum
 from dataclasses import dataclass
 
 __all__ = ["Op", "Unit", "ADDR_GENS", "ADDR_LEVELS", "REGS", "REG_INDEX", "INSN_BITS",
-           "VALUE_BITS", "Insn", "encode", "decode", "disassemble", "reg", "gen_regs",
-           "IsaError"]
+           "VALUE_BITS", "COLL_FIFO_WORDS", "Insn", "encode", "decode", "disassemble", "reg",
+           "gen_regs", "IsaError"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -43,9 +43,9 @@ class Op(enum.IntEnum):
     MATMUL = 8   #: matmul unit: A via RD0 (transposed in N x N blocks), B via RD1, params RD2
     ATTN = 9     #: attention buffer + softmax unit
     VEC = 10     #: vector unit
-    COLL = 11    #: collective engine: all-reduce, reduce-scatter, all-gather, barrier
-    SEND = 12    #: send words to the next chip on the ring
-    RECV = 13    #: receive words from the previous chip on the ring
+    COLL = 11    #: collective engine: all-reduce, reduce-scatter, all-gather, send/recv, barrier
+    SEND = 12    #: reserved (send/recv is COLL with CO_KIND = SEND_RECV); halts with error
+    RECV = 13    #: reserved, as SEND
 
 
 class Unit(enum.IntFlag):
@@ -82,7 +82,13 @@ _UNIT_REGS = (
     "VU_OP", "VU_ROWS", "VU_LEN", "VU_N", "VU_MULT", "VU_SHIFT", "VU_GSHIFT", "VU_FLAGS",
     # collectives
     "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_FIRST", "CO_COUNT",
+    # collectives: the ring's size and this chip's position on it (docs/isa.md, COLL)
+    "CO_CHIPS", "CO_RANK",
 )
+
+#: Depth in engine words of the collective engine's receive and transmit buffers in the chip:
+#: every block of a COLL must fit (``hw.spec.collective.check_fits``).
+COLL_FIFO_WORDS = 64
 
 REGS: tuple[str, ...] = tuple(f"{g}.{f}" for g in ADDR_GENS for f in _GEN_FIELDS) + _UNIT_REGS
 REG_INDEX = {name: i for i, name in enumerate(REGS)}

@@ -4,7 +4,9 @@ Every unit follows one pattern: a launch copies the configuration registers into
 ``i_cfg`` and descriptors into the address generators it owns; the generators stream words
 between the scratchpad and the unit. The attention engine and the vector engine share RD3-RD5
 and WR1-WR2 (an ``owner`` register, set at launch, routes them); they never run at once.
-The collective engine's port (RD6/WR3) joins with the multi-chip strategies.
+The collective engine reads its local input through RD6 and writes its output through WR3,
+via a word gearbox (its words are ``D = max(2B, 8)`` bytes, ``D/N`` scratchpad words each), and
+owns the chip's ring port (``ring_tx``, ``ring_rx``).
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
@@ -12,8 +14,12 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ..ring.collective import CollectiveEngine
+from ..ring.link import word_layout
 from ..spec import NpuConfig
-from ..spec.isa import ADDR_LEVELS, INSN_BITS, REG_INDEX, Op
+from ..spec.collective import Kind
+from ..spec.collective import word_bytes as coll_word_bytes
+from ..spec.isa import ADDR_LEVELS, COLL_FIFO_WORDS, INSN_BITS, REG_INDEX, Op
 from .attention_engine import AttentionEngine
 from .matmul_engine import MatmulEngine
 from .scratchpad import AddrGen, Scratchpad, addr_layout
@@ -24,8 +30,8 @@ from .vector_engine import VectorEngine
 __all__ = ["Chip"]
 
 #: Address generators each unit owns (scratchpad port numbers follow this order).
-READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5")
-WRITE_GENS = ("WR0", "WR1", "WR2")
+READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6")
+WRITE_GENS = ("WR0", "WR1", "WR2", "WR3")
 #: Generators the attention and vector engines share, and those an attention launch uses.
 SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
 ATTN_GENS = ("RD3", "RD4", "RD5", "WR1")
@@ -47,6 +53,12 @@ class Chip(wiring.Component):
       opcode); ``cycles`` counts from start to done; ``busy_cycles[u]`` counts the cycles unit
       ``u`` (``hw.spec.isa.Unit`` bit order: matmul, attention, vector, collective) was busy,
       ``busy_cycles[4]`` the cycles any unit was.
+
+    Ring port (the collective engine's, :class:`~hw.ring.collective.CollectiveEngine`):
+    ``ring_tx`` (Out) and ``ring_rx`` (In) carry words of ``D = max(2 * link_bytes_per_cycle,
+    8)`` bytes (:func:`hw.ring.link.word_layout`); join chip i's ``ring_tx`` to chip
+    (i + 1) mod N's ``ring_rx`` through a :class:`~hw.ring.link.RingLink`
+    (:class:`hw.chip_system.ChipSystem`). ``D`` must be a multiple of the scratchpad word.
     """
 
     def __init__(self, *, npu: NpuConfig):
@@ -59,6 +71,12 @@ class Chip(wiring.Component):
         if npu.d_head_max % npu.array_size:
             raise ValueError(f"d_head_max={npu.d_head_max} must be a multiple of array_size="
                              f"{npu.array_size}: attention rows are whole words")
+        self._coll_bytes = coll_word_bytes(npu.link_bytes_per_cycle)
+        if self._coll_bytes % npu.word_bytes:
+            raise ValueError(f"the collective engine's word of {self._coll_bytes} bytes "
+                             f"(max(2 * link_bytes_per_cycle={npu.link_bytes_per_cycle}, 8)) "
+                             f"must be a multiple of the scratchpad word of {npu.word_bytes} "
+                             "bytes (array_size)")
         self._npu = npu
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
                          "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
@@ -79,6 +97,8 @@ class Chip(wiring.Component):
             "host_rd_addr": In(stream.Signature(addr_layout(addr_bits))),
             "host_rd_data": Out(stream.Signature(data.StructLayout(
                 {"data": word_bits, "last": 1}))),
+            "ring_tx": Out(stream.Signature(word_layout(self._coll_bytes))),
+            "ring_rx": In(stream.Signature(word_layout(self._coll_bytes))),
         })
 
     @property
@@ -93,7 +113,7 @@ class Chip(wiring.Component):
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
         m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
-                                           launch_ops=(Op.MATMUL, Op.ATTN, Op.VEC))
+                                           launch_ops=(Op.MATMUL, Op.ATTN, Op.VEC, Op.COLL))
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
         imem_rd = imem.read_port()
         imem_wr = imem.write_port()
@@ -229,7 +249,9 @@ class Chip(wiring.Component):
         at_busy = at.busy | (owner_attn & ~shared_idle)
         vu_busy = vu.busy | (~owner_attn & ~shared_idle)
 
-        busy = Cat(mm_busy, at_busy, vu_busy, 0)
+        co_busy = self._collective(m, seq, spad, gens, reg, idle)
+
+        busy = Cat(mm_busy, at_busy, vu_busy, co_busy)
         m.d.comb += seq.busy.eq(busy)
         # Counter 4 counts the cycles in which any unit is busy: the sum of the per-unit counts
         # minus it is how much the units overlapped.
@@ -239,3 +261,103 @@ class Chip(wiring.Component):
         with m.If(self.start & ~seq.running):
             m.d.sync += [c.eq(0) for c in self.busy_cycles]
         return m
+
+    def _collective(self, m, seq, spad, gens, reg, idle):
+        """Collective engine: RD6 -> gearbox -> ``i_local``, ``o_local`` -> gearbox -> WR3.
+
+        Returns its busy flag: the engine is busy, RD6/WR3 hold an address, or the read gearbox
+        holds a partial word.
+        """
+        n = self._npu.word_bytes
+        ratio = self._coll_bytes // n
+        wbits = 8 * n
+        m.submodules.collective = co = CollectiveEngine(
+            link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS)
+        connect(m, co.o_tx, flipped(self.ring_tx))
+        connect(m, flipped(self.ring_rx), co.i_rx)
+
+        # Read gearbox: `ratio` scratchpad words (the first one = the low bytes) make one engine
+        # word. It accepts a scratchpad word while the engine takes the full one (no bubble).
+        rd = spad.rd[READ_GENS.index("RD6")].o_data
+        slots = [Signal(wbits, name=f"co_slot{k}") for k in range(ratio)]
+        fill = Signal(range(ratio + 1))
+        full = fill == ratio
+        take = Signal()
+        give = Signal()
+        m.d.comb += [
+            co.i_local.valid.eq(full),
+            co.i_local.payload.data.eq(Cat(*slots)),
+            co.i_local.payload.last.eq(0),
+            rd.ready.eq(~full | co.i_local.ready),
+            take.eq(rd.valid & rd.ready),
+            give.eq(co.i_local.valid & co.i_local.ready),
+        ]
+        at = Signal(range(ratio + 1))
+        m.d.comb += at.eq(Mux(give, 0, fill))
+        with m.If(take):
+            with m.Switch(at):
+                for k in range(ratio):
+                    with m.Case(k):
+                        m.d.sync += slots[k].eq(rd.payload.data)
+        m.d.sync += fill.eq(at + take)
+
+        # Write gearbox: each engine word leaves as `ratio` scratchpad words, low bytes first
+        # (the engine holds its output word stable while it is valid).
+        addr, wp = gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i
+        part = Signal(range(ratio))
+        out = co.o_local
+        m.d.comb += [
+            wp.valid.eq(addr.valid & out.valid),
+            wp.payload.addr.eq(addr.payload.addr),
+            addr.ready.eq(wp.ready & out.valid),
+            out.ready.eq(wp.ready & addr.valid & (part == ratio - 1)),
+        ]
+        with m.Switch(part):
+            for k in range(ratio):
+                with m.Case(k):
+                    m.d.comb += wp.payload.data.eq(
+                        out.payload.data.as_value()[k * wbits:(k + 1) * wbits])
+        if ratio > 1:
+            with m.If(wp.valid & wp.ready):
+                m.d.sync += part.eq(Mux(part == ratio - 1, 0, part + 1))
+
+        # Launch: the CO_* registers become the engine's command. A chip's schedule uses the
+        # local input (RD6) when it is a group member of a reduction or an all-gather, or the
+        # sender of a send/recv; it produces output (WR3) as such a member, or the receiver.
+        # Only those generators start: a started generator that is never drained would hang.
+        bit = LAUNCH_OPS.index(Op.COLL)
+        co_busy = Signal()
+        m.d.comb += co_busy.eq(co.busy | ~idle(("RD6", "WR3")) | (fill != 0))
+        go = seq.launch[bit] & seq.can_launch[bit]
+        cmd = co.i_cmd.payload
+        kind = Signal(3)
+        rank, first = Signal(4), Signal(4)
+        chips, count = Signal(5), Signal(5)
+        diff = Signal(range(-16, 16))
+        pos = Signal(range(16))
+        m.d.comb += [
+            kind.eq(reg("CO_KIND")),
+            rank.eq(reg("CO_RANK")), first.eq(reg("CO_FIRST")),
+            chips.eq(reg("CO_CHIPS")), count.eq(reg("CO_COUNT")),
+            seq.can_launch[bit].eq(~co_busy),
+            co.i_cmd.valid.eq(go),
+            cmd.kind.eq(kind),
+            cmd.op.eq(reg("CO_OP")),
+            cmd.wide.eq(reg("CO_WIDTH") == 64),
+            cmd.length.eq(reg("CO_LEN")),
+            cmd.chips.eq(chips),
+            cmd.rank.eq(rank),
+            cmd.first.eq(first),
+            cmd.count.eq(count),
+            diff.eq(rank - first),
+            pos.eq(Mux(diff < 0, diff + chips, diff)),
+        ]
+        member = pos < count
+        data_kind = (kind == Kind.ALL_REDUCE) | (kind == Kind.REDUCE_SCATTER) | \
+            (kind == Kind.ALL_GATHER)
+        send_recv = kind == Kind.SEND_RECV
+        m.d.comb += [
+            gens["RD6"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 0)))),
+            gens["WR3"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 1)))),
+        ]
+        return co_busy

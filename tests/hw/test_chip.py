@@ -70,10 +70,10 @@ def test_two_chained_matmuls_match_iss_and_golden():
     print(f"cycles={rtl['cycles']} load={rtl['load_cycles']} busy={rtl['busy_cycles']}")
 
 
-@pytest.mark.parametrize("word", [0x3F, encode(Insn(Op.COLL)), encode(Insn(Op.SEND))])
+@pytest.mark.parametrize("word", [0x3F, encode(Insn(Op.RECV)), encode(Insn(Op.SEND))])
 def test_unknown_opcode_halts_with_error(word):
-    """An unknown opcode, or a launch of a unit this chip lacks (the collective port is not
-    wired yet), halts with `error` instead of stalling forever."""
+    """An unknown opcode, or a launch of a unit this chip lacks (SEND and RECV are reserved:
+    send/recv is a COLL), halts with `error` instead of stalling forever."""
     npu = small_npu()
     program = [encode(Insn(Op.NOP)), word, encode(Insn(Op.HALT))]
     rtl = run_chip_pysim(npu, program, {}, [], max_cycles=100)

@@ -1,0 +1,137 @@
+"""COLL launches: descriptors, registers and memory layout of one chip's part of a collective.
+
+Plain Python. Memory format (docs/isa.md, COLL): the input buffer holds the chip's local blocks
+in the engine's stream order (:func:`hw.spec.collective.local_blocks`), each block padded to
+whole engine words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes, contiguous from
+``in_base``; the output buffer likewise holds the output blocks
+(:func:`~hw.spec.collective.output_blocks`) from ``out_base``. An engine word is ``D / N``
+consecutive scratchpad words, the first one holding the low bytes. RD6 walks the input buffer
+and WR3 the output buffer, word by word; a chip whose schedule has no local input (no output)
+starts no RD6 (WR3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.spec.collective import (
+    CollectiveRequest,
+    Kind,
+    check_fits,
+    elements_per_word,
+    local_blocks,
+    output_blocks,
+    pack_blocks,
+    unpack_blocks,
+    word_bytes,
+)
+from hw.spec.isa import COLL_FIFO_WORDS, Op
+
+from .descriptors import Desc
+
+__all__ = ["CollLaunch", "coll_launch", "emit", "engine_to_words", "words_to_engine"]
+
+#: Largest count of one address-generator level.
+_MAX_COUNT = (1 << 16) - 1
+
+
+@dataclass(frozen=True)
+class CollLaunch:
+    """One chip's COLL: ``rd6``/``wr3`` are None when the chip's schedule does not use them."""
+
+    req: CollectiveRequest
+    chip: int
+    size: int            #: scratchpad word bytes N
+    wbytes: int          #: engine word bytes D
+    rd6: Desc | None
+    wr3: Desc | None
+    in_words: int        #: scratchpad words of the input buffer
+    out_words: int       #: scratchpad words of the output buffer
+    regs: dict
+
+    def pack_input(self, vector) -> np.ndarray:
+        """[in_words, N] uint8 input buffer for this chip's local ``vector`` (for all-gather its
+        own block; for send/recv the message; otherwise the whole per-chip vector)."""
+        blocks = local_blocks(self.req, self.chip)
+        return engine_to_words(pack_blocks(vector, self.req, blocks, self.wbytes),
+                               self.wbytes, self.size)
+
+    def unpack_output(self, words) -> np.ndarray:
+        """This chip's result from its output buffer: the output blocks in block order
+        (all-reduce, all-gather: the whole vector; reduce-scatter: its block; send/recv: the
+        message)."""
+        blocks = output_blocks(self.req, self.chip)
+        got = unpack_blocks(words_to_engine(words, self.wbytes), self.req, blocks, self.wbytes)
+        dtype = np.int32 if self.req.width == 32 else np.int64
+        if not got:
+            return np.zeros(0, dtype)
+        return np.concatenate([got[b] for b in sorted(got)]).astype(dtype)
+
+
+def engine_to_words(values, wbytes: int, size: int) -> np.ndarray:
+    """Engine words (integers of ``8 * wbytes`` bits) as [count * wbytes / size, size] uint8."""
+    raw = b"".join(int(v).to_bytes(wbytes, "little") for v in values)
+    return np.frombuffer(raw, np.uint8).reshape(-1, size).copy()
+
+
+def words_to_engine(words, wbytes: int) -> list[int]:
+    """[count, size] uint8 scratchpad words as engine words (``wbytes / size`` per word)."""
+    raw = np.ascontiguousarray(np.asarray(words, np.uint8)).tobytes()
+    if len(raw) % wbytes:
+        raise ValueError(f"{len(raw)} bytes are not whole engine words of {wbytes} bytes")
+    return [int.from_bytes(raw[i:i + wbytes], "little") for i in range(0, len(raw), wbytes)]
+
+
+def _blocks_words(req, blocks, wbytes):
+    if req.kind == Kind.BARRIER:
+        return 0
+    epw = elements_per_word(wbytes, req.width)
+    sizes = req.blocks()
+    return sum(-(-sizes[b] // epw) for b in blocks)
+
+
+def _desc(base, words, name):
+    if not 0 < words <= _MAX_COUNT:
+        raise ValueError(f"{name} buffer of {words} scratchpad words must be 1..{_MAX_COUNT}")
+    return Desc(base, (words, 1, 1, 1), (1, 0, 0, 0))
+
+
+def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: int, size: int,
+                link_bytes: int, fifo_words: int = COLL_FIFO_WORDS) -> CollLaunch:
+    """Chip ``chip``'s COLL for ``req``; buffers at ``in_base``/``out_base`` (scratchpad words).
+
+    ``size`` is the scratchpad word (``array_size``), ``link_bytes`` the link width. Raises
+    ValueError when a block exceeds the engine's buffers or the chip's input or output would be
+    empty (a block of 0 elements: use ``length >= count``).
+    """
+    if not isinstance(req, CollectiveRequest):
+        raise TypeError(f"req must be a CollectiveRequest, not {req!r}")
+    if not isinstance(chip, int) or not 0 <= chip < req.chips:
+        raise ValueError(f"chip must be 0..{req.chips - 1}, not {chip!r}")
+    wbytes = word_bytes(link_bytes)
+    if wbytes % size:
+        raise ValueError(f"engine word of {wbytes} bytes is not a multiple of size={size}")
+    check_fits(req, wbytes, fifo_words)
+    ratio = wbytes // size
+    local, out = local_blocks(req, chip), output_blocks(req, chip)
+    in_words = ratio * _blocks_words(req, local, wbytes)
+    out_words = ratio * _blocks_words(req, out, wbytes)
+    rd6 = _desc(in_base, in_words, "input") if local else None
+    wr3 = _desc(out_base, out_words, "output") if out else None
+    regs = {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
+            "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
+            "CO_FIRST": req.first, "CO_COUNT": req.count}
+    return CollLaunch(req, chip, size, wbytes, rd6, wr3, in_words, out_words, regs)
+
+
+def emit(asm, launch: CollLaunch):
+    """Append the launch's SETs and ``COLL`` to a :class:`sim.iss.Assembler`."""
+    if launch.rd6 is not None:
+        asm.set_desc("RD6", launch.rd6)
+    if launch.wr3 is not None:
+        asm.set_desc("WR3", launch.wr3)
+    for name, value in launch.regs.items():
+        asm.set(name, value)
+    asm.launch(Op.COLL)
