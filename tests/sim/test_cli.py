@@ -146,15 +146,6 @@ def test_export_unknown_top(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_export_not_built_system(capsys, tmp_path):
-    if hw.tops.TOPS["system"].build is not None:
-        pytest.skip("the system top is built now; test_export_not_built covers the rule")
-    status, out, err = run(capsys, "export", "--top", "system", "--npu", TINY_NPU,
-                           "-o", str(tmp_path / "out"))
-    assert_one_line_error(status, out, err, "npu export: --top system (", "is not built yet")
-    assert not (tmp_path / "out").exists()
-
-
 class _Wire(wiring.Component):
     a: In(1)
     y: Out(1)
