@@ -121,6 +121,13 @@ def run_sim_command(args) -> int:
     if args.strategy != "single" or args.chips != 1:
         raise SimError(f"npu sim: --strategy {args.strategy} --chips {args.chips} is not built "
                        "yet: only --strategy single --chips 1 runs today")
+    for option in ("trace", "plot"):
+        if getattr(args, option, None):
+            raise SimError(f"npu sim: --{option} is not built yet")
+    if getattr(args, "microbatches", None):
+        raise SimError("npu sim: --microbatches applies to --strategy pipeline")
+    if args.vcd and args.backend != "pysim":
+        raise SimError(f"npu sim: --vcd needs --backend pysim, not {args.backend}")
     # Refuse what one chip cannot run before any work (the compiler checks again).
     check_single_chip(npu, cfg)
     rng = np.random.default_rng(args.seed)

@@ -134,6 +134,17 @@ def test_watchdog_exit_3(tmp_path):
     assert "max_cycles=50" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("extra, needle", [
+    (["--trace", "t.json"], "--trace is not built yet"),
+    (["--plot", "p.png"], "--plot is not built yet"),
+    (["--microbatches", "4"], "--microbatches applies to --strategy pipeline"),
+    (["--vcd", "w.vcd", "--backend", "iss"], "--vcd needs --backend pysim, not iss"),
+])
+def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, *extra)
+    assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_multi_chip_strategies_not_built_yet(capsys):
     status, out, err = run(capsys, "sim", "--strategy", "pipeline", "--chips", "4", "--npu",
                            TINY_NPU, "--model", TINY_MODEL)
