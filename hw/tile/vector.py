@@ -109,6 +109,19 @@ def _requant(m, value, mult, shift, bits, name):
     return _clamp(m, _round_shift(value * mult, shift), bits, name)
 
 
+def check_sizes(lanes, d_model_max, *, min_lanes: int):
+    """Validate the vector unit's (and its chip wrapper's) size parameters."""
+    if not isinstance(lanes, int) or isinstance(lanes, bool):
+        raise TypeError(f"lanes must be an integer, not {lanes!r}")
+    if lanes < min_lanes:
+        raise ValueError(f"lanes must be at least {min_lanes}, not {lanes!r}")
+    if not isinstance(d_model_max, int) or isinstance(d_model_max, bool):
+        raise TypeError(f"d_model_max must be an integer, not {d_model_max!r}")
+    if not 1 <= d_model_max < 1 << LENGTH_BITS:
+        raise ValueError(f"d_model_max must be in [1, {(1 << LENGTH_BITS) - 1}], "
+                         f"not {d_model_max!r}")
+
+
 class VectorUnit(wiring.Component):
     """Element-wise ops and LayerNorm on vectors streamed ``lanes`` elements per beat.
 
@@ -171,15 +184,7 @@ class VectorUnit(wiring.Component):
     """
 
     def __init__(self, *, lanes: int, d_model_max: int):
-        if not isinstance(lanes, int) or isinstance(lanes, bool):
-            raise TypeError(f"lanes must be an integer, not {lanes!r}")
-        if lanes < 1:
-            raise ValueError(f"lanes must be at least 1, not {lanes!r}")
-        if not isinstance(d_model_max, int) or isinstance(d_model_max, bool):
-            raise TypeError(f"d_model_max must be an integer, not {d_model_max!r}")
-        if not 1 <= d_model_max < 1 << LENGTH_BITS:
-            raise ValueError(f"d_model_max must be in [1, {(1 << LENGTH_BITS) - 1}], "
-                             f"not {d_model_max!r}")
+        check_sizes(lanes, d_model_max, min_lanes=1)
         self._lanes = lanes
         self._d_model_max = d_model_max
         super().__init__({

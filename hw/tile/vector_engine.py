@@ -23,7 +23,7 @@ from ..spec.vector_engine import (
 )
 from .scratchpad import COUNT_BITS
 from .transpose import word_layout
-from .vector import RSQRT_CYCLES, VectorUnit
+from .vector import RSQRT_CYCLES, VectorUnit, check_sizes
 
 __all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS",
            "launch_cycles"]
@@ -233,15 +233,7 @@ class VectorEngine(wiring.Component):
     """
 
     def __init__(self, *, lanes: int, d_model_max: int):
-        if not isinstance(lanes, int) or isinstance(lanes, bool):
-            raise TypeError(f"lanes must be an integer, not {lanes!r}")
-        if lanes < 2:
-            raise ValueError(f"lanes must be at least 2, not {lanes!r}")
-        if not isinstance(d_model_max, int) or isinstance(d_model_max, bool):
-            raise TypeError(f"d_model_max must be an integer, not {d_model_max!r}")
-        if not 1 <= d_model_max < 1 << LENGTH_BITS:
-            raise ValueError(f"d_model_max must be in [1, {(1 << LENGTH_BITS) - 1}], "
-                             f"not {d_model_max!r}")
+        check_sizes(lanes, d_model_max, min_lanes=2)
         self._lanes = lanes
         self._d_model_max = d_model_max
         super().__init__({

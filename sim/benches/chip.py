@@ -17,21 +17,13 @@ from hw.spec import ModelConfig, npu_preset
 from ..run import run_sim_command
 
 
-def _model_file(tmp, cfg: ModelConfig) -> str:
-    keys = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-            if f.name not in ("path", "description", "source")}
-    lines = [f"{k} = {json.dumps(v)}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}"
+def _toml_file(tmp, config) -> str:
+    """Write a config dataclass back as the TOML file it could have been loaded from."""
+    keys = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.name != "path" and getattr(config, f.name) != ""}
+    lines = [f"{k} = {str(v).lower()}" if isinstance(v, bool) else f"{k} = {json.dumps(v)}"
              for k, v in keys.items()]
-    path = Path(tmp) / f"{cfg.name}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def _npu_file(tmp, npu) -> str:
-    keys = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu) if f.name != "path"}
-    lines = [f"{k} = {json.dumps(v)}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}"
-             for k, v in keys.items()]
-    path = Path(tmp) / f"{npu.name}.toml"
+    path = Path(tmp) / f"{config.name}-{type(config).__name__}.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
@@ -40,7 +32,7 @@ def _run(npu, cfg, backend):
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
         args = argparse.Namespace(
-            npu=_npu_file(tmp, npu), model=_model_file(tmp, cfg), strategy="single", chips=1,
+            npu=_toml_file(tmp, npu), model=_toml_file(tmp, cfg), strategy="single", chips=1,
             backend=backend, seed=0, weights=None, input=None, calib=None, output=None,
             json=str(report), vcd=None, trace=None, plot=None, microbatches=None, batch=None,
             max_cycles=None)

@@ -10,7 +10,8 @@ from hw.tile.chip import Chip
 
 from .pysim import SimulationTimeout, run_sim
 
-__all__ = ["run_chip_pysim", "words_to_ints", "ints_to_words"]
+__all__ = ["run_chip_pysim", "words_to_ints", "ints_to_words", "host_load", "host_read",
+           "wait_done"]
 
 
 def words_to_ints(words: np.ndarray) -> list[int]:
@@ -22,6 +23,56 @@ def words_to_ints(words: np.ndarray) -> list[int]:
 def ints_to_words(values, word_bytes: int) -> np.ndarray:
     return np.array([list(int(v).to_bytes(word_bytes, "little")) for v in values],
                     np.uint8).reshape(-1, word_bytes)
+
+
+async def host_load(ctx, imem, wr, program: list[int], images: dict[int, np.ndarray]) -> int:
+    """Write ``program`` through a chip's ``host_imem`` and ``images`` through ``host_wr``;
+    returns the cycles it took (one word per cycle)."""
+    load = 0
+    ctx.set(imem.valid, 1)
+    for i, word in enumerate(program):
+        ctx.set(imem.payload, {"addr": i, "data": word})
+        await ctx.tick()
+        load += 1
+    ctx.set(imem.valid, 0)
+    ctx.set(wr.valid, 1)
+    for base, words in images.items():
+        for i, value in enumerate(words_to_ints(words)):
+            ctx.set(wr.payload, {"addr": base + i, "data": value})
+            await ctx.tick().until(wr.ready)
+            load += 1
+    ctx.set(wr.valid, 0)
+    return load
+
+
+async def host_read(ctx, rd_addr, rd_data, base: int, count: int, word_bytes: int):
+    """Read ``count`` words from ``base`` through a chip's host read port."""
+    ctx.set(rd_data.ready, 1)
+    values = []
+    for i in range(count):
+        ctx.set(rd_addr.payload, {"addr": base + i, "last": 0})
+        ctx.set(rd_addr.valid, 1)
+        await ctx.tick().until(rd_addr.ready)
+        ctx.set(rd_addr.valid, 0)
+        (value,) = await ctx.tick().sample(rd_data.payload.data).until(rd_data.valid)
+        values.append(int(value))
+    ctx.set(rd_data.ready, 0)
+    return ints_to_words(values, word_bytes)
+
+
+async def wait_done(ctx, start, done, max_cycles: int, what: str):
+    """Pulse ``start``, then wait for ``done``; raise :class:`SimulationTimeout` after
+    ``max_cycles``. (A plain loop rather than ``until()``: an ``until()`` still pending when the
+    watchdog fires would raise again when garbage-collected.)"""
+    ctx.set(start, 1)
+    await ctx.tick()
+    ctx.set(start, 0)
+    ran = 0
+    while not ctx.get(done):
+        await ctx.tick()
+        ran += 1
+        if ran > max_cycles:
+            raise SimulationTimeout(f"{what} within max_cycles={max_cycles}")
 
 
 def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndarray],
@@ -41,45 +92,14 @@ def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndar
     load_words = sum(len(w) for w in images.values()) + len(program)
 
     async def host(ctx):
-        load = 0
-        ctx.set(dut.host_imem.valid, 1)
-        for i, word in enumerate(program):
-            ctx.set(dut.host_imem.payload, {"addr": i, "data": word})
-            await ctx.tick()
-            load += 1
-        ctx.set(dut.host_imem.valid, 0)
-        ctx.set(dut.host_wr.valid, 1)
-        for base, words in images.items():
-            for i, value in enumerate(words_to_ints(words)):
-                ctx.set(dut.host_wr.payload, {"addr": base + i, "data": value})
-                await ctx.tick().until(dut.host_wr.ready)
-                load += 1
-        ctx.set(dut.host_wr.valid, 0)
-        out["load_cycles"] = load
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
-        ran = 0
-        while not ctx.get(dut.done):
-            await ctx.tick()
-            ran += 1
-            if ran > max_cycles:
-                raise SimulationTimeout(f"chip did not halt within max_cycles={max_cycles}")
+        out["load_cycles"] = await host_load(ctx, dut.host_imem, dut.host_wr, program, images)
+        await wait_done(ctx, dut.start, dut.done, max_cycles, "chip did not halt")
         out["cycles"] = ctx.get(dut.cycles)
         out["busy_cycles"] = [ctx.get(c) for c in dut.busy_cycles]
         out["error"] = bool(ctx.get(dut.error))
-        ctx.set(dut.host_rd_data.ready, 1)
         for base, count in reads:
-            values = []
-            for i in range(count):
-                ctx.set(dut.host_rd_addr.payload, {"addr": base + i, "last": 0})
-                ctx.set(dut.host_rd_addr.valid, 1)
-                await ctx.tick().until(dut.host_rd_addr.ready)
-                ctx.set(dut.host_rd_addr.valid, 0)
-                (value,) = await ctx.tick().sample(dut.host_rd_data.payload.data).until(
-                    dut.host_rd_data.valid)
-                values.append(int(value))
-            out["regions"].append(ints_to_words(values, npu.word_bytes))
+            out["regions"].append(await host_read(ctx, dut.host_rd_addr, dut.host_rd_data,
+                                                  base, count, npu.word_bytes))
 
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * sum(
         c for _, c in reads) + 100, vcd=vcd)

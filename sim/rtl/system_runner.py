@@ -9,8 +9,8 @@ import numpy as np
 from hw.chip_system import ChipSystem
 from hw.spec import NpuConfig
 
-from .chip_runner import ints_to_words, words_to_ints
-from .pysim import SimulationTimeout, run_sim
+from .chip_runner import host_load, host_read, wait_done
+from .pysim import run_sim
 
 __all__ = ["run_system_pysim"]
 
@@ -38,47 +38,17 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
 
     async def host(ctx):
         for i in range(chips):
-            port = dut.host_imem[i]
-            ctx.set(port.valid, 1)
-            for a, word in enumerate(programs[i]):
-                ctx.set(port.payload, {"addr": a, "data": word})
-                await ctx.tick()
-            ctx.set(port.valid, 0)
-            port = dut.host_wr[i]
-            ctx.set(port.valid, 1)
-            for base, words in images[i].items():
-                for k, value in enumerate(words_to_ints(words)):
-                    ctx.set(port.payload, {"addr": base + k, "data": value})
-                    await ctx.tick().until(port.ready)
-            ctx.set(port.valid, 0)
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
-        ran = 0
-        while not ctx.get(dut.done):
-            await ctx.tick()
-            ran += 1
-            if ran > max_cycles:
-                raise SimulationTimeout(f"the chips did not all halt within "
-                                        f"max_cycles={max_cycles}")
+            await host_load(ctx, dut.host_imem[i], dut.host_wr[i], programs[i], images[i])
+        await wait_done(ctx, dut.start, dut.done, max_cycles, "the chips did not all halt")
         out["cycles"] = ctx.get(dut.cycles)
         out["chip_cycles"] = [ctx.get(c) for c in dut.chip_cycles]
         out["busy_cycles"] = [[ctx.get(c) for c in chip.busy_cycles] for chip in dut.chip]
         out["errors"] = [bool(ctx.get(chip.error)) for chip in dut.chip]
         for i in range(chips):
-            addr, rdata = dut.host_rd_addr[i], dut.host_rd_data[i]
-            ctx.set(rdata.ready, 1)
             for base, count in reads[i]:
-                values = []
-                for k in range(count):
-                    ctx.set(addr.payload, {"addr": base + k, "last": 0})
-                    ctx.set(addr.valid, 1)
-                    await ctx.tick().until(addr.ready)
-                    ctx.set(addr.valid, 0)
-                    (value,) = await ctx.tick().sample(rdata.payload.data).until(rdata.valid)
-                    values.append(int(value))
-                out["regions"][i].append(ints_to_words(values, npu.word_bytes))
-            ctx.set(rdata.ready, 0)
+                out["regions"][i].append(await host_read(
+                    ctx, dut.host_rd_addr[i], dut.host_rd_data[i], base, count,
+                    npu.word_bytes))
 
     n_reads = sum(c for r in reads for _, c in r)
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * n_reads + 100,
