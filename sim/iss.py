@@ -17,14 +17,13 @@ from hw.spec.isa import ADDR_LEVELS, REG_INDEX, REGS, Insn, IsaError, Op, decode
 
 from .golden.matmul import bias_add, requant, wrap
 from .golden.scratchpad import addr_sequence
+from .iss_attention import exec_attention
+from .iss_collective import exec_collective
+from .iss_errors import IssError
 from .iss_vector import exec_vector
 from .memory import PARAM_WORDS, pack_rows, unpack_rows
 
 __all__ = ["Assembler", "Iss", "IssError"]
-
-
-class IssError(RuntimeError):
-    """A program did something the hardware cannot (bad register value, runaway program)."""
 
 
 class Assembler:
@@ -137,12 +136,10 @@ class Iss:
         elif insn.op is Op.MATMUL:
             self._matmul()
         elif insn.op is Op.ATTN:
-            from .iss_attention import exec_attention  # here: iss_attention imports IssError
             exec_attention(self)
         elif insn.op is Op.VEC:
             exec_vector(self)
         elif insn.op is Op.COLL:
-            from .iss_collective import exec_collective  # it imports IssError from here
             exec_collective(self)
         else:
             raise IssError(f"{insn.op.name} is not implemented in the ISS yet")

@@ -16,7 +16,7 @@ from hw.spec.formats import MULT_BITS, SHIFT_MAX, SHIFT_MIN
 from .golden.attention import POS_BITS, KVRing, score_row
 from .golden.matmul import requant
 from .golden.softmax import softmax
-from .iss import IssError
+from .iss_errors import IssError
 from .memory import pack_rows
 
 __all__ = ["exec_attention", "schedule", "window_mask", "FLAG_BIDIR", "FLAG_INTERLEAVED",

@@ -23,7 +23,7 @@ from hw.spec.collective import (
 from sim.golden.collectives import collective
 
 from .compiler.collective_launch import engine_to_words, words_to_engine
-from .iss import IssError
+from .iss_errors import IssError
 
 __all__ = ["coll_request", "exec_collective", "exec_collectives"]
 

@@ -24,6 +24,7 @@ from hw.spec.vector_engine import (
 
 from .golden.matmul import wrap
 from .golden.vector import VectorUnitModel, unpack_requant
+from .iss_errors import IssError
 from .memory import pack_rows, unpack_rows
 
 __all__ = ["exec_vector", "vector_unit"]
@@ -38,14 +39,7 @@ def vector_unit(iss) -> VectorUnitModel:
     return unit
 
 
-def _error():
-    # Imported late: sim.iss imports this module for its dispatch.
-    from .iss import IssError
-    return IssError
-
-
 def _rows(iss, gen: str, rows: int, length: int, eb: int, what: str) -> np.ndarray:
-    IssError = _error()
     words = iss._gather(gen)
     want = rows * row_words(length, eb, iss.n)
     if len(words) != want:
@@ -56,7 +50,6 @@ def _rows(iss, gen: str, rows: int, length: int, eb: int, what: str) -> np.ndarr
 
 def exec_vector(iss):
     """Execute one ``VEC`` launch on ``iss`` (registers as set by the program)."""
-    IssError = _error()
     r = iss._reg
     try:
         op = VectorOp(r("VU_OP"))
