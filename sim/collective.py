@@ -24,13 +24,12 @@ from hw.spec.collective import (
     output_blocks,
     pack_blocks,
     reverse_rank,
-    ring_bound_cycles,
     step_words,
     steps,
-    system_cycles,
     unpack_blocks,
     word_bytes,
 )
+from hw.spec.timing.collective import ring_bound_cycles, system_cycles
 
 from .golden import collectives as golden
 

@@ -14,6 +14,7 @@ import numpy as np
 from hw.spec import NpuConfig
 from hw.spec.formats import OutMode
 from hw.spec.isa import ADDR_LEVELS, REG_INDEX, REGS, Insn, IsaError, Op, decode, encode, reg
+from hw.spec.memory import PARAM_WORDS, pack_rows, unpack_rows
 
 from .golden.matmul import bias_add, requant, wrap
 from .golden.scratchpad import addr_sequence
@@ -21,7 +22,6 @@ from .iss_attention import exec_attention
 from .iss_collective import exec_collective
 from .iss_errors import IssError
 from .iss_vector import exec_vector
-from .memory import PARAM_WORDS, pack_rows, unpack_rows
 
 __all__ = ["Assembler", "Iss", "IssError"]
 

@@ -11,41 +11,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.spec.attention import (
+    FLAG_BIDIR,
+    FLAG_INTERLEAVED,
+    HALO_BITS,
+    HALO_SHIFT,
+    KNOWN_FLAGS,
+    POS_BITS,
+    flags_halo,
+    schedule,
+)
 from hw.spec.formats import MULT_BITS, SHIFT_MAX, SHIFT_MIN
+from hw.spec.memory import pack_rows
 
-from .golden.attention import POS_BITS, KVRing, score_row
+from .golden.attention import KVRing, score_row
 from .golden.matmul import requant
 from .golden.softmax import softmax
 from .iss_errors import IssError
-from .memory import pack_rows
 
-__all__ = ["exec_attention", "schedule", "window_mask", "FLAG_BIDIR", "FLAG_INTERLEAVED",
-           "HALO_SHIFT", "HALO_BITS"]
-
-# Same values as hw.tile.attention_engine (the ISS does not import gateware).
-FLAG_BIDIR = 1
-FLAG_INTERLEAVED = 2
-HALO_SHIFT = 8
-HALO_BITS = 16
-_KNOWN_FLAGS = FLAG_BIDIR | FLAG_INTERLEAVED | (((1 << HALO_BITS) - 1) << HALO_SHIFT)
-
-
-def schedule(keys: int, queries: int, *, interleaved: bool, halo: int = 0) -> list:
-    """The engine's command order: ``("k", n)`` writes key n, ``("q", t)`` issues query t.
-
-    Preload: every key, then every query. Interleaved: ``halo`` keys, then before query t one
-    more key while fewer than ``min(keys, halo + t + 1)`` are written.
-    """
-    out, written = [], 0
-    if not interleaved:
-        halo = keys
-    for t in range(queries):
-        target = keys if not interleaved else min(keys, halo + t + 1)
-        while written < target:
-            out.append(("k", written))
-            written += 1
-        out.append(("q", t))
-    return out
+__all__ = ["exec_attention", "window_mask"]
 
 
 def window_mask(slot_pos, qpos: int, window: int, *, bidirectional: bool) -> np.ndarray:
@@ -75,12 +59,12 @@ def exec_attention(iss):
     if h < n or h % n or h > dmax:
         raise IssError(f"ATTN with AT_D_HEAD={h}: must be a positive multiple of the word size "
                        f"{n} and at most d_head_max={dmax}")
-    if flags < 0 or flags & ~_KNOWN_FLAGS:
+    if flags < 0 or flags & ~KNOWN_FLAGS:
         raise IssError(f"ATTN with AT_FLAGS={flags:#x}: only bits 0 (bidirectional), 1 "
                        f"(interleaved) and {HALO_SHIFT}..{HALO_SHIFT + HALO_BITS - 1} (halo) "
                        "are defined")
     interleaved = bool(flags & FLAG_INTERLEAVED)
-    halo = (flags >> HALO_SHIFT) & ((1 << HALO_BITS) - 1)
+    halo = flags_halo(flags)
     if interleaved and halo > keys:
         raise IssError(f"ATTN halo {halo} (AT_FLAGS) exceeds AT_KEYS={keys}")
     if interleaved and keys > halo + queries:

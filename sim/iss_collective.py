@@ -15,14 +15,15 @@ from hw.spec.collective import (
     Kind,
     block_offsets,
     elements_per_word,
+    engine_to_words,
     local_blocks,
     output_blocks,
     unpack_blocks,
     word_bytes,
+    words_to_engine,
 )
 from sim.golden.collectives import collective
 
-from .compiler.collective_launch import engine_to_words, words_to_engine
 from .iss_errors import IssError
 
 __all__ = ["coll_request", "exec_collective", "exec_collectives"]

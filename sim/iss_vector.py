@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.spec.memory import pack_rows, unpack_rows
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp
 from hw.spec.vector_engine import (
     STATS_BYTES,
@@ -25,7 +26,6 @@ from hw.spec.vector_engine import (
 from .golden.matmul import wrap
 from .golden.vector import VectorUnitModel, unpack_requant
 from .iss_errors import IssError
-from .memory import pack_rows, unpack_rows
 
 __all__ = ["exec_vector", "vector_unit"]
 

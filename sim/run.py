@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from hw.spec import load_model, load_npu
+from hw.spec.memory import unpack_rows
 
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from .compiler.single import check_single_chip, compile_single, input_image
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
 from .iss import Iss
-from .memory import unpack_rows
 
 __all__ = ["SimError", "Watchdog", "run_sim_command", "DEFAULT_MAX_CYCLES"]
 

@@ -57,7 +57,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, Op, word_bytes
+from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 from .link import word_layout
 
 __all__ = ["command_layout", "CollectiveEngine"]
@@ -65,7 +65,7 @@ __all__ = ["command_layout", "CollectiveEngine"]
 #: Command of one collective (all chips get the same one, except ``rank``).
 command_layout = data.StructLayout({
     "kind": unsigned(3),       # hw.spec.collective.Kind
-    "op": unsigned(2),         # hw.spec.collective.Op
+    "op": unsigned(2),         # hw.spec.collective.ReduceOp
     "wide": unsigned(1),       # 0: 32-bit elements, 1: 64-bit elements
     "length": unsigned(LENGTH_BITS),
     "chips": unsigned(4),      # N, chips on the ring (1..8)
@@ -248,18 +248,18 @@ class CollectiveEngine(wiring.Component):
         # Datapath: combine rx and local words lane by lane.
         a = rx_data
         b = self.i_local.payload.data
-        red_op = Mux(op == Op.AVG, Op.SUM, op)
+        red_op = Mux(op == ReduceOp.AVG, ReduceOp.SUM, op)
         comb32 = []
         for lane in range(lanes):
             x, y = a[lane].as_signed(), b[lane].as_signed()
-            comb32.append(Mux(red_op == Op.MAX, Mux(x > y, x, y),
-                              Mux(red_op == Op.MIN, Mux(x < y, x, y), x + y))[:32])
+            comb32.append(Mux(red_op == ReduceOp.MAX, Mux(x > y, x, y),
+                              Mux(red_op == ReduceOp.MIN, Mux(x < y, x, y), x + y))[:32])
         comb64 = []
         for pair in range(pairs):
             x = Cat(a[2 * pair], a[2 * pair + 1]).as_signed()
             y = Cat(b[2 * pair], b[2 * pair + 1]).as_signed()
-            comb64.append(Mux(red_op == Op.MAX, Mux(x > y, x, y),
-                              Mux(red_op == Op.MIN, Mux(x < y, x, y), x + y))[:64])
+            comb64.append(Mux(red_op == ReduceOp.MAX, Mux(x > y, x, y),
+                              Mux(red_op == ReduceOp.MIN, Mux(x < y, x, y), x + y))[:64])
         both = Signal(self.word_bytes * 8)
         m.d.comb += both.eq(Mux(wide, Cat(*comb64), Cat(*comb32)))
         src = Signal(self.word_bytes * 8)
@@ -274,7 +274,7 @@ class CollectiveEngine(wiring.Component):
         div32 = [(src[32 * lane:32 * lane + 32].as_signed() // n)[:32] for lane in range(lanes)]
         div64 = [(src[64 * pair:64 * pair + 64].as_signed() // n)[:64] for pair in range(pairs)]
         result = Signal(self.word_bytes * 8)
-        m.d.comb += result.eq(Mux(final & (op == Op.AVG),
+        m.d.comb += result.eq(Mux(final & (op == ReduceOp.AVG),
                                   Mux(wide, Cat(*div64), Cat(*div32)), src))
 
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),

@@ -54,17 +54,15 @@ host-side packing) place them.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Kind", "Op", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveRequest", "Step",
+__all__ = ["Kind", "ReduceOp", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveRequest", "Step",
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
            "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
-           "pack_blocks", "unpack_blocks",
-           "ring_bound_cycles", "predicted_cycles", "hop_latency", "bidirectional_split",
-           "reverse_rank", "system_cycles"]
+           "pack_blocks", "unpack_blocks", "bidirectional_split", "reverse_rank",
+           "engine_to_words", "words_to_engine", "check_chips"]
 
 
 class Kind(enum.IntEnum):
@@ -77,8 +75,8 @@ class Kind(enum.IntEnum):
     BARRIER = 4
 
 
-class Op(enum.IntEnum):
-    """Reduction ops, as encoded in the command ``op`` field (2 bits)."""
+class ReduceOp(enum.IntEnum):
+    """Reduction ops, as encoded in the command ``op`` field (2 bits) and ``CO_OP``."""
 
     SUM = 0
     MAX = 1
@@ -87,6 +85,7 @@ class Op(enum.IntEnum):
 
 
 WIDTHS = (32, 64)
+#: Chips on one ring: ranks and group fields are 3 bits, chip counts 4 bits.
 MAX_CHIPS = 8
 #: Bits of the command's ``length`` field: at most 2**24 - 1 elements per collective.
 LENGTH_BITS = 24
@@ -131,7 +130,7 @@ class CollectiveRequest:
     """
 
     kind: Kind
-    op: Op
+    op: ReduceOp
     width: int
     length: int
     chips: int
@@ -140,7 +139,7 @@ class CollectiveRequest:
 
     def __post_init__(self):
         object.__setattr__(self, "kind", _enum(Kind, self.kind, "kind"))
-        object.__setattr__(self, "op", _enum(Op, self.op, "op"))
+        object.__setattr__(self, "op", _enum(ReduceOp, self.op, "op"))
         for name in ("width", "length", "chips", "first"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -349,96 +348,28 @@ def reverse_rank(chip: int, chips: int) -> int:
     return chips - 1 - chip
 
 
-def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
-                      latency: int) -> int:
-    """Step-synchronous ring cost (DESIGN.md §7): ``steps * (ceil(M / (N*B)) + a)``.
-
-    ``steps`` is ``2(N-1)`` for all-reduce and ``N-1`` for reduce-scatter and all-gather.
-    """
-    kind = Kind(kind)
-    hops = 2 * (n - 1) if kind == Kind.ALL_REDUCE else n - 1
-    return hops * (math.ceil(message_bytes / (n * link_bytes)) + latency)
-
-
-def hop_latency(link_bytes: int, latency: int) -> int:
-    """Cycles from a word entering a link to it being readable from the next engine's buffer.
-
-    The ``a`` link registers and the wait for the word's remaining ``D/B - 1`` flits; a word
-    that finds the receive buffer empty and the engine ready is combined in that cycle, else
-    it is read from the buffer one cycle later at the earliest.
-    """
-    ratio = word_bytes(link_bytes) // link_bytes
-    return latency + ratio - 1
+def check_chips(chips) -> int:
+    """``chips`` if it is a chip count the ring supports (1..:data:`MAX_CHIPS`): the one check
+    every N-chip component and simulator makes. ``TypeError`` / ``ValueError`` otherwise."""
+    if not isinstance(chips, int) or isinstance(chips, bool):
+        raise TypeError(f"chips must be an integer, not {chips!r}")
+    if not 1 <= chips <= MAX_CHIPS:
+        raise ValueError(f"chips must be 1..{MAX_CHIPS}, not {chips}")
+    return chips
 
 
-def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> int:
-    """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingSystem).
-
-    A word-level walk of every chip's schedule with the engine's rules: a chip combines at most
-    one word per cycle, once its local word is there (the test DMA's first word two cycles
-    after ``start``) and its ring word is: in the cycle the word leaves the link (``hop_latency``
-    after the upstream chip's link took it) if the chip's receive buffer is empty and it is
-    waiting, else one cycle later at the earliest. A combined word enters its link one cycle
-    later, at most one per ``c = D/B`` cycles. The walk iterates to a fixed point around the
-    ring and assumes no stalls and an always-ready output stream. In closed form, for blocks of
-    ``w`` words and ``S`` transmitting steps, the result is about ``S * max(w*c, hop + 1) +
-    hop + 4``.
-    """
-    wbytes = word_bytes(link_bytes)
-    c = wbytes // link_bytes
-    hop = hop_latency(link_bytes, latency)
-    chips = req.chips
-    scheds = [steps(req, i) for i in range(chips)]
-    sent = [[] for _ in range(chips)]
-    done = [0] * chips
-    for _ in range(2 * chips + 2):
-        new_sent = [[] for _ in range(chips)]
-        for i in range(chips):
-            up = sent[(i - 1) % chips]
-            t = 1                 # first cycle an engine may fire (command accepted at 0)
-            local_ready = 2       # the test DMA's first word is valid two cycles after start
-            link_free = 0         # first cycle the link accepts the next word
-            last_accept = 0
-            last_rx = -1
-            dropped = False
-            at = 0
-            for step in scheds[i]:
-                count = step_words(req, step, wbytes)
-                if count == 0:
-                    t += 1
-                for _ in range(count):
-                    if step.local:
-                        t = max(t, local_ready)
-                    if step.rx:
-                        arrive = up[at] if at < len(up) else 10 ** 9
-                        at += 1
-                        # straight from the link if the buffer is empty and the engine waits
-                        direct = t <= arrive and last_rx < arrive
-                        t = arrive if direct else max(t, arrive + 1)
-                        last_rx = t
-                    fire = t
-                    if step.tx:
-                        # the transmit buffer's read latency
-                        accept = max(fire + 1, link_free)
-                        link_free = accept + c
-                        new_sent[i].append(accept + hop)
-                        last_accept = accept
-                    t = fire + 1
-                    dropped = not (step.tx or step.out)
-            done[i] = max(t + 2 - dropped, last_accept + 2) if scheds[i] else 2
-        if new_sent == sent:
-            break
-        sent = new_sent
-    return max(done)
+def engine_to_words(values, wbytes: int, size: int) -> np.ndarray:
+    """Engine words (integers of ``8 * wbytes`` bits) as [count * wbytes / size, size] uint8
+    scratchpad words: an engine word is ``wbytes / size`` consecutive scratchpad words, the
+    first holding the low bytes."""
+    raw = b"".join(int(v).to_bytes(wbytes, "little") for v in values)
+    return np.frombuffer(raw, np.uint8).reshape(-1, size).copy()
 
 
-def system_cycles(req: CollectiveRequest, link_bytes: int, latency: int,
-                  bidirectional: bool = False) -> int:
-    """Cycles of ``req`` on a :class:`~hw.system.RingSystem` (both rings when bidirectional)."""
-    if not bidirectional:
-        return predicted_cycles(req, link_bytes, latency)
-    forward, reverse = bidirectional_split(req)
-    cycles = predicted_cycles(forward, link_bytes, latency)
-    if reverse is not None:
-        cycles = max(cycles, predicted_cycles(reverse, link_bytes, latency))
-    return cycles
+def words_to_engine(words, wbytes: int) -> list[int]:
+    """[count, size] uint8 scratchpad words as engine words (inverse of
+    :func:`engine_to_words`)."""
+    raw = np.ascontiguousarray(np.asarray(words, np.uint8)).tobytes()
+    if len(raw) % wbytes:
+        raise ValueError(f"{len(raw)} bytes are not whole engine words of {wbytes} bytes")
+    return [int.from_bytes(raw[i:i + wbytes], "little") for i in range(0, len(raw), wbytes)]

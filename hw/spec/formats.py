@@ -21,8 +21,8 @@ import numbers
 
 __all__ = [
     "OPERAND_BITS", "ACC_BITS", "BIAS_BITS", "MULT_BITS", "SHIFT_BITS", "SHIFT_MIN", "SHIFT_MAX",
-    "RESIDUAL_BITS", "PROB_BITS", "OutMode", "OUT_BITS", "quantize_multiplier", "SCORE_BITS",
-    "SCORE_FRAC_BITS",
+    "RESIDUAL_BITS", "PROB_BITS", "OutMode", "OUT_BITS", "OUT_BYTES", "out_words",
+    "quantize_multiplier", "SCORE_BITS", "SCORE_FRAC_BITS",
 ]
 
 OPERAND_BITS = 8
@@ -46,6 +46,14 @@ class OutMode(enum.IntEnum):
 
 #: Output bit width of each mode.
 OUT_BITS = {OutMode.RAW: ACC_BITS, OutMode.INT8: 8, OutMode.INT16: 16}
+#: Output bytes per element of each mode.
+OUT_BYTES = {mode: bits // 8 for mode, bits in OUT_BITS.items()}
+
+
+def out_words(mode) -> int:
+    """Scratchpad words per output row of an N-column tile (a word is N bytes): the element
+    bytes of ``mode``."""
+    return OUT_BYTES[OutMode(mode)]
 
 
 def quantize_multiplier(scale: float) -> tuple[int, int]:

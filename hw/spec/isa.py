@@ -20,9 +20,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Op", "Unit", "ADDR_GENS", "ADDR_LEVELS", "REGS", "REG_INDEX", "INSN_BITS",
-           "VALUE_BITS", "COLL_FIFO_WORDS", "Insn", "encode", "decode", "disassemble", "reg",
-           "gen_regs", "IsaError"]
+__all__ = ["Op", "Unit", "ADDR_GENS", "READ_GENS", "WRITE_GENS", "ADDR_LEVELS", "COUNT_BITS",
+           "REGS", "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "Insn", "encode",
+           "decode", "disassemble", "reg", "gen_regs", "IsaError"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -66,8 +66,12 @@ OP_UNIT = {Op.MATMUL: Unit.MATMUL, Op.ATTN: Unit.ATTN, Op.VEC: Unit.VEC, Op.COLL
 #: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step.
 #: Owners: matmul RD0 (A), RD1 (B), RD2 (params), WR0; attention and vector unit share RD3,
 #: RD4, RD5, WR1, WR2 (they never run at once); collectives, send and recv RD6, WR3.
-ADDR_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6", "WR0", "WR1", "WR2", "WR3")
+READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6")
+WRITE_GENS = ("WR0", "WR1", "WR2", "WR3")
+ADDR_GENS = READ_GENS + WRITE_GENS
 ADDR_LEVELS = 4
+#: Bits of an address-generator count (``n0..n3``) and of the units' row and beat counters.
+COUNT_BITS = 16
 _GEN_FIELDS = ("base",) + tuple(f"n{i}" for i in range(ADDR_LEVELS)) + \
     tuple(f"s{i}" for i in range(ADDR_LEVELS))
 

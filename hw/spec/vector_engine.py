@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .memory import row_words
 from .vector import LUT_ENTRIES, VectorOp
 
 __all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "uses_b", "row_words",
@@ -90,11 +91,6 @@ def uses_b(op: VectorOp, per_channel: bool) -> bool:
     op = VectorOp(op)
     return op in (VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY) or (
         op is VectorOp.REQUANT and bool(per_channel))
-
-
-def row_words(length: int, elem_bytes: int, word_bytes: int) -> int:
-    """Words a row of ``length`` elements of ``elem_bytes`` occupies (``sim.memory.row_words``)."""
-    return -(-length * elem_bytes // word_bytes)
 
 
 def row_beats(op: VectorOp, length: int, lanes: int) -> int:

@@ -9,14 +9,12 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..layouts import lanes_layout
+from ..spec.attention import POS_BITS
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
 
 __all__ = ["AttentionBuffer", "kv_layout", "q_layout", "raw_layout", "scores_layout",
-           "probs_layout", "out_layout", "POS_BITS", "SCORE_LATENCY", "PARTIAL_LATENCY",
+           "probs_layout", "out_layout", "SCORE_LATENCY", "PARTIAL_LATENCY",
            "REDUCED_LATENCY", "PV_LATENCY"]
-
-#: Width of an absolute token position on ``i_kv`` and ``i_q``.
-POS_BITS = 16
 
 # Fixed pipeline overheads (cycles) on top of the W-cycle sweeps; see the class docstring.
 #: ``i_q`` transfer to ``o_scores`` transfer, normal mode: ``W + SCORE_LATENCY``.

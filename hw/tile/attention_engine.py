@@ -14,30 +14,14 @@ from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
+from ..spec.attention import FLAGS_WIDTH, HALO_BITS, HALO_SHIFT, POS_BITS, softmax_lanes
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, SHIFT_BITS
-from .attention import POS_BITS, AttentionBuffer
-from .scratchpad import COUNT_BITS
+from ..spec.isa import COUNT_BITS
+from .attention import AttentionBuffer
 from .softmax import SoftmaxUnit
 from .transpose import word_layout
 
-__all__ = ["AttentionEngine", "cfg_layout", "FLAG_BIDIR", "FLAG_INTERLEAVED", "HALO_SHIFT",
-           "HALO_BITS", "FLAGS_WIDTH", "softmax_lanes"]
-
-#: ``AT_FLAGS`` bit 0: bidirectional mask (every held key is visible).
-FLAG_BIDIR = 1
-#: ``AT_FLAGS`` bit 1: interleaved schedule (one key write before each query) instead of
-#: "preload every key, then every query".
-FLAG_INTERLEAVED = 2
-#: ``AT_FLAGS[HALO_SHIFT + HALO_BITS - 1 : HALO_SHIFT]``: keys written before the interleaving
-#: starts (interleaved schedule only).
-HALO_SHIFT = 8
-HALO_BITS = COUNT_BITS
-FLAGS_WIDTH = HALO_SHIFT + HALO_BITS
-
-
-def softmax_lanes(length: int) -> int:
-    """Softmax lanes per cycle the engine uses: the largest divisor of ``length`` not above 4."""
-    return max(p for p in range(1, 5) if length % p == 0)
+__all__ = ["AttentionEngine", "cfg_layout"]
 
 
 def cfg_layout(d_head):
@@ -118,7 +102,7 @@ class AttentionEngine(wiring.Component):
     variable shift and a clamp, combinational from the row register to ``o``; ``h/N`` cycles
     per row). The window narrowing costs a copy of the W slot positions (16 bits each) and W
     17-bit subtract-and-compare lanes, combinational between the buffer's score row and the
-    softmax input register. Cycles per launch: ``sim.compiler.attention_launch.launch_cycles``
+    softmax input register. Cycles per launch: ``hw.spec.timing.attention.launch_cycles``
     (exact with every word available, a lower bound otherwise) and the closed forms in
     ``docs/isa.md`` (ATTN).
     """

@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
+from ..spec.timing.matmul import REQUANT_LATENCY, array_latency, unit_latency
 
 __all__ = ["MatmulArray", "Requantizer", "MatmulUnit", "a_layout", "b_layout", "acc_layout",
            "param_layout"]
@@ -106,8 +107,9 @@ class MatmulArray(wiring.Component):
 
     @staticmethod
     def latency(size, k):
-        """Cycles from a fold's first input beat to its last output row, inclusive."""
-        return k + 3 * size + 1
+        """Cycles from a fold's first input beat to its last output row, inclusive
+        (:func:`hw.spec.timing.matmul.array_latency`)."""
+        return array_latency(size, k)
 
     def elaborate(self, platform):
         m = Module()
@@ -260,7 +262,7 @@ class Requantizer(wiring.Component):
             "o": Out(stream.Signature(acc_layout(size))),
         })
 
-    LATENCY = 3
+    LATENCY = REQUANT_LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -351,8 +353,9 @@ class MatmulUnit(wiring.Component):
 
     @staticmethod
     def latency(size, k):
-        """Cycles from a lone fold's first input beat to its last output row, inclusive."""
-        return MatmulArray.latency(size, k) + Requantizer.LATENCY
+        """Cycles from a lone fold's first input beat to its last output row, inclusive
+        (:func:`hw.spec.timing.matmul.unit_latency`)."""
+        return unit_latency(size, k)
 
     def elaborate(self, platform):
         m = Module()

@@ -17,20 +17,13 @@ from amaranth.hdl import Cat, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
-from ..spec.formats import OutMode
+from ..spec.formats import OutMode, out_words
+from ..spec.isa import COUNT_BITS
+from ..spec.memory import PARAM_WORDS
 from .matmul import MatmulUnit
-from .scratchpad import COUNT_BITS
 from .transpose import Transposer, word_layout
 
-__all__ = ["MatmulEngine", "cfg_layout", "PARAM_WORDS", "out_words"]
-
-#: Scratchpad words of one fold's parameters (bias 4, mult 2, shift 1).
-PARAM_WORDS = 7
-
-
-def out_words(mode) -> int:
-    """Words per output row for an :class:`~hw.spec.formats.OutMode`."""
-    return {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}[OutMode(mode)]
+__all__ = ["MatmulEngine", "cfg_layout"]
 
 
 def cfg_layout():

@@ -16,13 +16,12 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..spec.isa import ADDR_LEVELS
+from ..spec.isa import ADDR_LEVELS, COUNT_BITS
 
-__all__ = ["desc_layout", "addr_layout", "AddrGen", "Scratchpad", "COUNT_BITS",
+__all__ = ["desc_layout", "addr_layout", "AddrGen", "Scratchpad",
            "ReadPortSignature", "WritePortSignature"]
 
 #: Width of each loop count of a descriptor (loops of up to 65535 iterations).
-COUNT_BITS = 16
 
 
 def _positive_int(name, value, minimum=1):

@@ -9,6 +9,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..layouts import lanes_layout
+from ..spec.timing.vector import RSQRT_CYCLES
 from ..spec.vector import (
     GSHIFT_BITS,
     LENGTH_BITS,
@@ -25,16 +26,7 @@ from ..spec.vector import (
     rsqrt_seed_table,
 )
 
-__all__ = ["VectorUnit", "cmd_layout", "vec_layout", "out_layout", "stats_layout",
-           "RSQRT_CYCLES", "LATENCY", "op_cycles"]
-
-#: Pipeline stages from an input beat's transfer to its output beat's transfer.
-LATENCY = 4
-
-#: Cycles the LayerNorm spends between its statistics and its first normalised beat:
-#: D = n*S2 - S1^2, normalisation + table seed, then 3 multiplies per Newton step.
-RSQRT_CYCLES = 2 + 3 * RSQRT_NEWTON_STEPS
-
+__all__ = ["VectorUnit", "cmd_layout", "vec_layout", "out_layout", "stats_layout"]
 
 def cmd_layout() -> data.StructLayout:
     """Payload of ``i_cmd`` (fields as in :class:`hw.spec.vector.VectorCmd`)."""
@@ -63,28 +55,6 @@ def out_layout(lanes: int) -> data.StructLayout:
 def stats_layout() -> data.StructLayout:
     """Payload of ``i_stats`` and ``o_stats``: ``[sum x, sum x^2]`` as 2 x signed(64), ``last``."""
     return lanes_layout(signed(64), 2)
-
-
-def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
-    """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT: last input).
-
-    With every input valid and every output ready. B = ceil(length / lanes) beats and
-    L = :data:`LATENCY` (the pipeline depth): element-wise ops B + L, LN 2B + RSQRT_CYCLES + L,
-    LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT ceil(256 / lanes). The
-    pipeline is not drained between commands: the next command is accepted the cycle after
-    the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
-    """
-    op = VectorOp(op)
-    b = -(-length // lanes)
-    if op is VectorOp.LOAD_LUT:
-        return -(-LUT_ENTRIES // lanes)
-    if op is VectorOp.LN:
-        return 2 * b + RSQRT_CYCLES + LATENCY
-    if op is VectorOp.LN_APPLY:
-        return b + RSQRT_CYCLES + LATENCY + 1
-    if op is VectorOp.LN_STATS:
-        return b + 1
-    return b + LATENCY
 
 
 def _clamp(m, value, bits, name):
@@ -174,11 +144,11 @@ class VectorUnit(wiring.Component):
     scale. LN keeps its vector in an internal buffer (``ceil(d_model_max / lanes)`` words of
     ``lanes`` x int16), so the vector is streamed once; LN_STATS + LN_APPLY stream it twice.
 
-    Timing (:func:`op_cycles`): one beat per cycle through a :data:`LATENCY`-stage pipeline
-    (one multiplier per lane per stage) that stalls as a whole only when ``o_data`` is full;
-    one cycle per command to accept it; LayerNorm adds :data:`RSQRT_CYCLES` cycles after its
-    statistics (one multiply per cycle), and LN reads its buffer back in a second pass of B
-    cycles. Commands overlap: a beat carries its command's fields down the pipeline.
+    Timing (:func:`hw.spec.timing.vector.op_cycles`): one beat per cycle through a
+    ``LATENCY``-stage pipeline (one multiplier per lane per stage) that stalls as a whole only
+    when ``o_data`` is full; one cycle per command to accept it; LayerNorm adds :data:`RSQRT_CYCLES`
+    cycles after its statistics (one multiply per cycle), and LN reads its buffer back in a second
+    pass of B cycles. Commands overlap: a beat carries its command's fields down the pipeline.
     Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
     ``shift`` outside 1..47.
     """

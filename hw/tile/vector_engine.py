@@ -3,7 +3,7 @@
 A ``VEC`` launch runs ``rows`` commands of :class:`~hw.tile.vector.VectorUnit`, one per row of
 ``length`` elements, back to back. Memory formats (N = ``lanes`` = bytes per scratchpad word):
 a row of ``length`` elements of ``eb`` bytes is ``ceil(length * eb / N)`` words, element c at
-byte ``c * eb`` little-endian (``sim.memory.pack_rows``). The element widths come from the
+byte ``c * eb`` little-endian (``hw.spec.memory.pack_rows``). The element widths come from the
 launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
 """
 
@@ -12,21 +12,16 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from ..spec.isa import COUNT_BITS
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
 from ..spec.vector_engine import (
     ELEM_BYTES,
-    VecFlags,
-    row_beats,
-    row_words,
     stats_words,
-    uses_b,
 )
-from .scratchpad import COUNT_BITS
 from .transpose import word_layout
-from .vector import RSQRT_CYCLES, VectorUnit, check_sizes
+from .vector import VectorUnit, check_sizes
 
-__all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS",
-           "launch_cycles"]
+__all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS"]
 
 #: Which ISA register feeds each ``i_cfg`` field at launch.
 CFG_REGS = {"op": "VU_OP", "rows": "VU_ROWS", "length": "VU_LEN", "n": "VU_N",
@@ -59,74 +54,6 @@ def cfg_layout() -> data.StructLayout:
 def uses_layout() -> data.StructLayout:
     """``uses``: which word streams (and so which generators) a launch runs."""
     return data.StructLayout({"a": 1, "b": 1, "stats": 1, "data": 1, "q": 1})
-
-
-def _beat_words(words: int, per_beat: int, beats: int) -> list[int]:
-    """Words of each beat of a row: ``per_beat`` each, the rest in the last one."""
-    return [min(per_beat, words - k * per_beat) for k in range(beats)]
-
-
-def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) -> int:
-    """Cycles from the ``i_cfg`` transfer to the launch's last output word transfer (LOAD_LUT:
-    to the last cycle of ``busy``), with every input word valid and every output word ready.
-
-    Per row: B = ``ceil(length / lanes)`` beats; W_a, W_b, W_d words of A, B and data (W_b = 0
-    when the op does not read B, W_d = 0 unless ``wr_data``); each beat takes ``e_x`` =
-    element-bytes words of stream x (the last beat the rest); w0 = the larger of A's and B's
-    first-beat words; w_dl = the last beat's data words (1 if only ``q`` is written).
-
-    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT)::
-
-          max(rows * W_a + 6 + w_dl,  rows * W_b + 6 + w_dl,
-              rows * (B + 1) + 4 + w0 + w_dl,  rows * W_d + 6 + w0)
-
-      i.e. a row period of max(W_a, W_b, W_d, B + 1): the slowest stream (one word per cycle)
-      or the unit (one beat per cycle plus one cycle per command);
-    - LN: ``rows * (W_a - w_a0 + W_b - w_b0 + 3 + RSQRT_CYCLES) + 4 + w_a0 + t`` where w_x0
-      are the first beat's words and ``t = max_k(sum_{j>=k} o_j - sum_{j>k} b_j)`` over the
-      row's beats k, with b_j the words of B beat j and o_j = max(data words, q words) of
-      output beat j. A row is serial in the unit: one cycle for the command, the statistics
-      pass (A beats; the first one was fetched during the previous row), RSQRT_CYCLES, the
-      normalisation pass (B beats; the first one prefetched likewise); results drain while
-      the next row starts, ``t`` being the packer's backlog after the last beat (valid for
-      ``b_bytes >= d_bytes``, as :func:`sim.compiler.vector_launch.ln_launch` emits);
-    - LN_STATS (R = words of a statistics record): ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 +
-      R, rows * (R + 1) + 1 + W_a)``: a row is one cycle for the command, the statistics pass
-      and one cycle to emit the record, which is written as R words while the next row runs;
-    - LN_APPLY: ``rows * (sum_{k>=1} c_k + 3 + RSQRT_CYCLES) + R + 4 + t`` with
-      c_k = max(A words, B words) of beat k (A and B beats are taken together) and ``t`` as
-      for LN with c_j in place of b_j; the next row's record (R <= 8 words) is read during
-      the current row;
-    - LOAD_LUT: ``rows * (256 / lanes + 1) + 1`` (256 int8 entries: one word per beat).
-    """
-    op = VectorOp(op)
-    beats = row_beats(op, length, lanes)
-    if op is VectorOp.LOAD_LUT:
-        return rows * (beats + 1) + 1
-    wa = row_words(length, flags.a_bytes, lanes)
-    wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
-    wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
-    a_beats = _beat_words(wa, flags.a_bytes, beats)
-    b_beats = _beat_words(wb, flags.b_bytes, beats) if wb else [0] * beats
-    d_beats = _beat_words(wd, flags.d_bytes, beats) if wd else [0] * beats
-    o_beats = [max(d, int(flags.wr_q)) for d in d_beats]
-    rec = stats_words(lanes)
-    if op is VectorOp.LN_STATS:
-        return max(rows * (wa - a_beats[0] + 3) + a_beats[0] - 1 + rec,
-                   rows * (rec + 1) + 1 + wa)
-    if op is VectorOp.LN_APPLY:
-        # The normalisation pass takes A and B beats together.
-        c_beats = [max(x, y) for x, y in zip(a_beats, b_beats, strict=True)]
-        tail = max(sum(o_beats[k:]) - sum(c_beats[k + 1:]) for k in range(beats))
-        return rows * (sum(c_beats[1:]) + 3 + RSQRT_CYCLES) + rec + 4 + tail
-    if op is VectorOp.LN:
-        tail = max(sum(o_beats[k:]) - sum(b_beats[k + 1:]) for k in range(beats))
-        period = wa - a_beats[0] + wb - b_beats[0] + 3 + RSQRT_CYCLES
-        return rows * period + 4 + a_beats[0] + tail
-    w0 = max(a_beats[0], b_beats[0])
-    wdl = o_beats[-1]
-    return max(rows * wa + 6 + wdl, rows * wb + 6 + wdl, rows * (beats + 1) + 4 + w0 + wdl,
-               rows * wd + 6 + w0)
 
 
 def _gather(m, name, src, code, row_bytes, lanes, active, start, start_bytes):
@@ -186,7 +113,7 @@ def _unpack(m, flat, dst, code, lanes):
 #: Result beats buffered between the unit and the packer: the unit's pipeline stalls as a
 #: whole when its output is full, so without this buffer a slow packer (4 words per beat for
 #: int32 data) would also stall the input side and the row period would exceed the slowest
-#: stream's words per row. With it, :func:`launch_cycles` holds exactly.
+#: stream's words per row. With it, :func:`hw.spec.timing.vector.launch_cycles` holds exactly.
 OUT_FIFO_DEPTH = 4
 
 
@@ -217,11 +144,11 @@ class VectorEngine(wiring.Component):
     little-endian, ``stats_words(N)`` words): LN_STATS writes one per row on ``o_q`` (WR2;
     ``wr_q`` must be set), LN_APPLY reads one per row on ``i_stats`` (RD5).
 
-    Timing (:func:`launch_cycles`): at most one word per cycle on each stream; a word becomes
-    a beat in a one-beat register per operand (the next row's first beat is fetched while the
-    unit finishes the previous row); results pass an :data:`OUT_FIFO_DEPTH`-beat FIFO to the
-    packer. From the configuration beat the first command is offered the next cycle; the
-    first result word leaves about 7 cycles after the first input word arrives.
+    Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
+    a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
+    while the unit finishes the previous row); results pass an :data:`OUT_FIFO_DEPTH`-beat FIFO to
+    the packer. From the configuration beat the first command is offered the next cycle; the first
+    result word leaves about 7 cycles after the first input word arrives.
 
     Members
     -------

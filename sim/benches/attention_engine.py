@@ -16,10 +16,11 @@ import dataclasses
 import numpy as np
 
 from hw.spec import npu_preset
+from hw.spec.memory import pack_rows, row_words
+from hw.spec.timing.attention import launch_cycles
 from hw.tile.attention_engine import AttentionEngine
-from sim.compiler.attention_launch import attention_launch, emit, launch_cycles
+from sim.compiler.attention_launch import attention_launch, emit
 from sim.iss import Assembler, Iss
-from sim.memory import pack_rows, row_words
 from sim.rtl.attention_engine_driver import run_attention_engine
 
 

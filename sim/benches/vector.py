@@ -9,8 +9,8 @@ back to back (one cycle per command to accept it).
 import numpy as np
 
 from hw.spec import npu_preset
+from hw.spec.timing.vector import op_cycles
 from hw.spec.vector import VectorCmd, VectorOp, beats, pack_gamma_beta
-from hw.tile.vector import op_cycles
 from sim.golden.vector import ln_stats
 from sim.rtl.vector_driver import simulate_pysim
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ConfigError, NpuConfig
-
-from ..memory import row_words
+from hw.spec.memory import row_words
 
 __all__ = ["Tensor", "Allocator", "CATEGORIES"]
 

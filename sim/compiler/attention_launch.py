@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hw.spec.attention import flags_value
 from hw.spec.isa import Op
 
-from ..iss_attention import FLAG_BIDIR, FLAG_INTERLEAVED, HALO_BITS, HALO_SHIFT, schedule
 from .descriptors import Desc
 
 __all__ = ["AttentionLaunch", "attention_launch", "plan_schedule", "head_launches", "emit",
-           "Schedule", "launch_cycles", "softmax_lanes"]
+           "Schedule"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_b
                      score_mult, score_shift, out_mult, out_shift) -> AttentionLaunch:
     """One head over ``queries`` query rows and ``keys`` key/value rows.
 
-    Tensors are int8 token-major (``sim.memory``); row r of Q is at ``q_base + r*q_row_words``
+    Tensors are int8 token-major (``hw.spec.memory``); row r of Q is at ``q_base + r*q_row_words``
     (likewise K, V, O); the head's slice is columns ``col .. col + d_head - 1`` (``col`` and
     ``d_head`` multiples of ``size``). Key n has absolute position ``k_pos + n``, query t
     ``q_pos + t``. ``halo`` keys are written before the interleaving starts.
@@ -68,9 +68,7 @@ def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_b
     def rows(base, rw, count):
         return Desc(base + cw, (hw, count, 1, 1), (1, rw, 0, 0))
 
-    flags = (FLAG_BIDIR if bidirectional else 0) | (FLAG_INTERLEAVED if interleaved else 0) \
-        | (halo << HALO_SHIFT)
-    assert halo < 1 << HALO_BITS
+    flags = flags_value(bidirectional=bidirectional, interleaved=interleaved, halo=halo)
     regs = {"AT_QUERIES": queries, "AT_KEYS": keys, "AT_Q_POS": q_pos, "AT_K_POS": k_pos,
             "AT_WINDOW": window, "AT_FLAGS": flags, "AT_SCORE_MULT": score_mult,
             "AT_SCORE_SHIFT": score_shift, "AT_OUT_MULT": out_mult, "AT_OUT_SHIFT": out_shift,
@@ -136,53 +134,3 @@ def emit(asm, launch: AttentionLaunch):
     for name, value in launch.regs.items():
         asm.set(name, value)
     asm.launch(Op.ATTN)
-
-
-def softmax_lanes(length: int) -> int:
-    """Softmax lanes per cycle of the engine (``hw.tile.attention_engine.softmax_lanes``):
-    the largest divisor of ``length`` not above 4."""
-    return max(p for p in range(1, 5) if length % p == 0)
-
-
-def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
-    """Cycles of one launch in the engine, from its ``i_cfg`` transfer to its final ``o``
-    transfer, with every input word available at once and ``o`` always ready (exact).
-
-    The pipeline recurrence (``W`` window, ``T = L / P`` softmax beats, ``w = d_head / N``
-    words per row; ``kv``/``q``/``s``/``p``/``out`` are the transfer cycles of a key write, a
-    query, its score row, its probabilities and its raw output row):
-
-    - a K/V (Q) row is complete ``w`` cycles after the previous one was used (the first at
-      ``1 + w``);
-    - ``kv(n) = max(row ready, previous command + 1, out(last query) + 1)`` (the ring is
-      written only while no query is in flight);
-    - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
-    - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
-    - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
-      out(t-1) + w + 1)``; the launch ends at ``out(Q-1) + w``.
-
-    Closed forms (valid while ``w <= W + 5``): preload ``w (S + 1) + 2W + 5T + 11 + (Q - 1)
-    max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys: ``w (H + 2) + Q (2W + 5T + 11)``.
-    """
-    words = regs["AT_D_HEAD"] // size
-    beats = length // softmax_lanes(length)
-    flags = regs["AT_FLAGS"]
-    cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
-                    halo=(flags >> HALO_SHIFT) & ((1 << HALO_BITS) - 1))
-    k_ready = q_ready = 1 + words
-    prev = -1
-    s = p = out = None
-    last_out = None
-    for kind, _ in cmds:
-        if kind == "k":
-            t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
-            k_ready = t + words
-        else:
-            t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
-            q_ready = t + words
-            s = max(t + window + 5, p + 1 if p is not None else 0)
-            p = max(s + 5 * beats + 1, out + 1 if out is not None else 0)
-            out = max(p + window + 3, out + words + 1 if out is not None else 0)
-            last_out = out
-        prev = t
-    return out + words

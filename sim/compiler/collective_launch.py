@@ -21,17 +21,19 @@ from hw.spec.collective import (
     Kind,
     check_fits,
     elements_per_word,
+    engine_to_words,
     local_blocks,
     output_blocks,
     pack_blocks,
     unpack_blocks,
     word_bytes,
+    words_to_engine,
 )
 from hw.spec.isa import COLL_FIFO_WORDS, Op
 
 from .descriptors import Desc
 
-__all__ = ["CollLaunch", "coll_launch", "emit", "engine_to_words", "words_to_engine"]
+__all__ = ["CollLaunch", "coll_launch", "emit"]
 
 #: Largest count of one address-generator level.
 _MAX_COUNT = (1 << 16) - 1
@@ -68,20 +70,6 @@ class CollLaunch:
         if not got:
             return np.zeros(0, dtype)
         return np.concatenate([got[b] for b in sorted(got)]).astype(dtype)
-
-
-def engine_to_words(values, wbytes: int, size: int) -> np.ndarray:
-    """Engine words (integers of ``8 * wbytes`` bits) as [count * wbytes / size, size] uint8."""
-    raw = b"".join(int(v).to_bytes(wbytes, "little") for v in values)
-    return np.frombuffer(raw, np.uint8).reshape(-1, size).copy()
-
-
-def words_to_engine(words, wbytes: int) -> list[int]:
-    """[count, size] uint8 scratchpad words as engine words (``wbytes / size`` per word)."""
-    raw = np.ascontiguousarray(np.asarray(words, np.uint8)).tobytes()
-    if len(raw) % wbytes:
-        raise ValueError(f"{len(raw)} bytes are not whole engine words of {wbytes} bytes")
-    return [int.from_bytes(raw[i:i + wbytes], "little") for i in range(0, len(raw), wbytes)]
 
 
 def _blocks_words(req, blocks, wbytes):

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hw.spec.formats import OutMode
+from hw.spec.formats import OutMode, out_words
+from hw.spec.memory import PARAM_WORDS
 
 __all__ = ["Desc", "MatmulLaunch", "matmul_launch", "emit_matmul"]
 
-PARAM_WORDS = 7
-_OUT_WORDS = {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def matmul_launch(*, size, m, k, n, a_base, a_row_words, b_base, p_base, c_base,
     if m % size or k % size:
         raise ValueError(f"m={m} and k={k} must be multiples of the array size {size}")
     mb, kb, nb = m // size, k // size, -(-n // size)
-    ow = _OUT_WORDS[mode]
+    ow = out_words(mode)
     if c_row_words < nb * ow:
         raise ValueError(f"c_row_words={c_row_words} cannot hold {nb} column blocks of {ow} "
                          f"words ({mode.name})")

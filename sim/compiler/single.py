@@ -30,9 +30,9 @@ import numpy as np
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
+from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
 
 from ..iss import Assembler
-from ..memory import pack_params, pack_rows, pack_weight_blocks
 from .alloc import Allocator, Tensor
 from .descriptors import emit_matmul, matmul_launch
 from .quantize import QLinear, QModel

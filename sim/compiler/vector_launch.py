@@ -1,7 +1,7 @@
 """``VEC`` launches: descriptors and registers for the vector engine (``docs/isa.md``, VEC).
 
 A launch runs one vector-unit command per row of ``length`` elements. Tensors are token-major
-:class:`Rows` (``sim.memory`` layout): row r at words ``base + r*row_words``, elements of
+:class:`Rows` (``hw.spec.memory`` layout): row r at words ``base + r*row_words``, elements of
 ``eb`` bytes packed little-endian. Per row the engine reads ``ceil(length*eb/N)`` words of each
 operand and writes exactly ``ceil(length*eb/N)`` words of each output, so the descriptors walk
 exactly those words and the rest of a row's allocation (``row_words`` may be larger) is left

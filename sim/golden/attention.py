@@ -34,15 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hw.spec.attention import POS_BITS
 from hw.spec.formats import ACC_BITS, PROB_BITS, SCORE_BITS
 
 from .matmul import requant, wrap
 
-__all__ = ["POS_BITS", "KVRing", "KV", "Query", "visible_mask", "score_row", "prob_weighted_sum",
+__all__ = ["KVRing", "KV", "Query", "visible_mask", "score_row", "prob_weighted_sum",
            "split_partials", "shard_sizes", "run_sequence", "windowed_attention_reference"]
-
-#: Width of an absolute token position on the ``i_kv`` and ``i_q`` streams.
-POS_BITS = 16
 
 
 def visible_mask(slot_pos, held, qpos: int, window: int, *, bidirectional: bool):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hw.spec.collective import CollectiveRequest, Kind, Op
+from hw.spec.collective import CollectiveRequest, Kind, ReduceOp
 
 from .matmul import wrap
 
@@ -25,19 +25,19 @@ def reduce(rows, op, width: int) -> np.ndarray:
 
     SUM wraps modulo ``2**width``; MAX and MIN are signed; AVG is ``floor(wrap(sum) / n)``.
     """
-    op = Op[op.upper()] if isinstance(op, str) else Op(op)
+    op = ReduceOp[op.upper()] if isinstance(op, str) else ReduceOp(op)
     rows = np.asarray(rows)
     n = rows.shape[0]
-    if op == Op.MAX:
+    if op == ReduceOp.MAX:
         return rows.max(axis=0).astype(_dtype(width))
-    if op == Op.MIN:
+    if op == ReduceOp.MIN:
         return rows.min(axis=0).astype(_dtype(width))
     if width == 32:
         total = wrap(rows.astype(np.int64).sum(axis=0), 32)
     else:
         # uint64 arithmetic wraps modulo 2**64 without warnings; reinterpret as signed.
         total = rows.astype(np.int64).view(np.uint64).sum(axis=0, dtype=np.uint64).view(np.int64)
-    if op == Op.AVG:
+    if op == ReduceOp.AVG:
         total = np.floor_divide(total, n)
     return np.asarray(total).astype(_dtype(width))
 

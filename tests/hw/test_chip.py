@@ -8,6 +8,7 @@ import pytest
 from hw.spec import ModelConfig, npu_preset
 from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
+from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
 from hw.tile.chip import Chip
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
@@ -16,7 +17,6 @@ from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.golden.matmul import matmul_unit
 from sim.iss import Assembler, Iss
-from sim.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.pysim import SimulationTimeout
 

@@ -19,9 +19,8 @@ from hw.spec.collective import (
     CollectiveRequest,
     Kind,
     block_sizes,
-    predicted_cycles,
-    system_cycles,
 )
+from hw.spec.timing.collective import predicted_cycles, system_cycles
 from hw.system import RingSystem, StreamDma
 from sim.collective import simulate_collective
 from sim.golden import collectives as golden

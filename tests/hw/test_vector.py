@@ -14,6 +14,7 @@ import pytest
 from amaranth.hdl import Fragment
 
 from hw.spec import npu_preset
+from hw.spec.timing.vector import op_cycles
 from hw.spec.vector import (
     LUT_ENTRIES,
     VectorCmd,
@@ -23,7 +24,7 @@ from hw.spec.vector import (
     pack_gamma_beta,
     pack_requant,
 )
-from hw.tile.vector import VectorUnit, cmd_layout, op_cycles
+from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import gelu_table, ln_stats, residual_add
 from sim.rtl.pysim import run_sim, send_all, stream_put
 from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim

@@ -8,9 +8,11 @@ import pytest
 
 from hw.spec import npu_preset
 from hw.spec.isa import Op
+from hw.spec.memory import pack_rows, row_words, unpack_rows
+from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
 from hw.spec.vector_engine import VecFlags
-from hw.tile.vector_engine import VectorEngine, launch_cycles
+from hw.tile.vector_engine import VectorEngine
 from sim.compiler.vector_launch import (
     Rows,
     add_launch,
@@ -26,7 +28,6 @@ from sim.compiler.vector_launch import (
 from sim.golden.scratchpad import addr_sequence
 from sim.golden.vector import VectorUnitModel, gelu_table
 from sim.iss import Assembler, Iss, IssError
-from sim.memory import pack_rows, row_words, unpack_rows
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
 
 IDLE = 0.25

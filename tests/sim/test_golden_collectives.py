@@ -12,18 +12,17 @@ import pytest
 from hw.spec.collective import (
     CollectiveRequest,
     Kind,
-    Op,
+    ReduceOp,
     block_sizes,
     check_fits,
     local_blocks,
     output_blocks,
     pack_blocks,
-    predicted_cycles,
-    ring_bound_cycles,
     steps,
     unpack_blocks,
     word_bytes,
 )
+from hw.spec.timing.collective import predicted_cycles, ring_bound_cycles
 from sim.golden import collectives as golden
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -124,11 +123,11 @@ def _execute_schedule(req, inputs, wbytes=8):
                     rx_at[c] += step.rx
                     local_at[c] += step.local
                     if a is not None and b is not None:
-                        op = "sum" if req.op == Op.AVG else req.op.name.lower()
+                        op = "sum" if req.op == ReduceOp.AVG else req.op.name.lower()
                         v = golden.reduce(np.stack([a, b]), op, req.width)
                     else:
                         v = a if a is not None else b if b is not None else np.zeros(lanes, dtype)
-                    if step.final and req.op == Op.AVG:
+                    if step.final and req.op == ReduceOp.AVG:
                         v = np.floor_divide(v.astype(np.int64), req.count).astype(dtype)
                     word = int.from_bytes(np.asarray(v, dtype=np.dtype(dtype).newbyteorder("<"))
                                           .tobytes(), "little")

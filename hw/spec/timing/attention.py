@@ -1,0 +1,56 @@
+"""Cycles of one ``ATTN`` launch in the attention engine (``hw/tile/attention_engine.py``).
+
+Plain Python. The engine's schedule is :func:`hw.spec.attention.schedule`; its pipeline
+constants are the attention buffer's sweeps (``W`` cycles each) and the softmax unit's
+``5T + 1`` latency (``T = L / P`` beats per row).
+"""
+
+from __future__ import annotations
+
+from ..attention import FLAG_INTERLEAVED, flags_halo, schedule, softmax_lanes
+
+__all__ = ["launch_cycles"]
+
+
+def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
+    """Cycles of one launch in the engine, from its ``i_cfg`` transfer to its final ``o``
+    transfer, with every input word available at once and ``o`` always ready (exact).
+
+    The pipeline recurrence (``W`` window, ``T = L / P`` softmax beats, ``w = d_head / N``
+    words per row; ``kv``/``q``/``s``/``p``/``out`` are the transfer cycles of a key write, a
+    query, its score row, its probabilities and its raw output row):
+
+    - a K/V (Q) row is complete ``w`` cycles after the previous one was used (the first at
+      ``1 + w``);
+    - ``kv(n) = max(row ready, previous command + 1, out(last query) + 1)`` (the ring is
+      written only while no query is in flight);
+    - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
+    - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
+    - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
+      out(t-1) + w + 1)``; the launch ends at ``out(Q-1) + w``.
+
+    Closed forms (valid while ``w <= W + 5``): preload ``w (S + 1) + 2W + 5T + 11 + (Q - 1)
+    max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys: ``w (H + 2) + Q (2W + 5T + 11)``.
+    """
+    words = regs["AT_D_HEAD"] // size
+    beats = length // softmax_lanes(length)
+    flags = regs["AT_FLAGS"]
+    cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
+                    halo=flags_halo(flags))
+    k_ready = q_ready = 1 + words
+    prev = -1
+    s = p = out = None
+    last_out = None
+    for kind, _ in cmds:
+        if kind == "k":
+            t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
+            k_ready = t + words
+        else:
+            t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
+            q_ready = t + words
+            s = max(t + window + 5, p + 1 if p is not None else 0)
+            p = max(s + 5 * beats + 1, out + 1 if out is not None else 0)
+            out = max(p + window + 3, out + words + 1 if out is not None else 0)
+            last_out = out
+        prev = t
+    return out + words

@@ -1,0 +1,111 @@
+"""Cycles of the vector unit (``hw/tile/vector.py``) and of one ``VEC`` launch in the vector
+engine (``hw/tile/vector_engine.py``), with every input word valid and every output word ready.
+
+Plain Python: the gateware, the tests and the ISS's timing model read the same formulas.
+"""
+
+from __future__ import annotations
+
+from ..vector import LUT_ENTRIES, RSQRT_NEWTON_STEPS, VectorOp
+from ..vector_engine import VecFlags, row_beats, row_words, stats_words, uses_b
+
+__all__ = ["LATENCY", "RSQRT_CYCLES", "op_cycles", "launch_cycles"]
+
+#: Pipeline stages from an input beat's transfer to its output beat's transfer.
+LATENCY = 4
+
+#: Cycles the LayerNorm spends between its statistics and its first normalised beat:
+#: D = n*S2 - S1^2, normalisation + table seed, then 3 multiplies per Newton step.
+RSQRT_CYCLES = 2 + 3 * RSQRT_NEWTON_STEPS
+
+
+def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
+    """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT: last input).
+
+    With every input valid and every output ready. B = ceil(length / lanes) beats and
+    L = :data:`LATENCY` (the pipeline depth): element-wise ops B + L, LN 2B + RSQRT_CYCLES + L,
+    LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT ceil(256 / lanes). The
+    pipeline is not drained between commands: the next command is accepted the cycle after
+    the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
+    """
+    op = VectorOp(op)
+    b = -(-length // lanes)
+    if op is VectorOp.LOAD_LUT:
+        return -(-LUT_ENTRIES // lanes)
+    if op is VectorOp.LN:
+        return 2 * b + RSQRT_CYCLES + LATENCY
+    if op is VectorOp.LN_APPLY:
+        return b + RSQRT_CYCLES + LATENCY + 1
+    if op is VectorOp.LN_STATS:
+        return b + 1
+    return b + LATENCY
+
+
+def _beat_words(words: int, per_beat: int, beats: int) -> list[int]:
+    """Words of each beat of a row: ``per_beat`` each, the rest in the last one."""
+    return [min(per_beat, words - k * per_beat) for k in range(beats)]
+
+
+def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) -> int:
+    """Cycles from the ``i_cfg`` transfer to the launch's last output word transfer (LOAD_LUT:
+    to the last cycle of ``busy``), with every input word valid and every output word ready.
+
+    Per row: B = ``ceil(length / lanes)`` beats; W_a, W_b, W_d words of A, B and data (W_b = 0
+    when the op does not read B, W_d = 0 unless ``wr_data``); each beat takes ``e_x`` =
+    element-bytes words of stream x (the last beat the rest); w0 = the larger of A's and B's
+    first-beat words; w_dl = the last beat's data words (1 if only ``q`` is written).
+
+    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT)::
+
+          max(rows * W_a + 6 + w_dl,  rows * W_b + 6 + w_dl,
+              rows * (B + 1) + 4 + w0 + w_dl,  rows * W_d + 6 + w0)
+
+      i.e. a row period of max(W_a, W_b, W_d, B + 1): the slowest stream (one word per cycle)
+      or the unit (one beat per cycle plus one cycle per command);
+    - LN: ``rows * (W_a - w_a0 + W_b - w_b0 + 3 + RSQRT_CYCLES) + 4 + w_a0 + t`` where w_x0
+      are the first beat's words and ``t = max_k(sum_{j>=k} o_j - sum_{j>k} b_j)`` over the
+      row's beats k, with b_j the words of B beat j and o_j = max(data words, q words) of
+      output beat j. A row is serial in the unit: one cycle for the command, the statistics
+      pass (A beats; the first one was fetched during the previous row), RSQRT_CYCLES, the
+      normalisation pass (B beats; the first one prefetched likewise); results drain while
+      the next row starts, ``t`` being the packer's backlog after the last beat (valid for
+      ``b_bytes >= d_bytes``, as :func:`sim.compiler.vector_launch.ln_launch` emits);
+    - LN_STATS (R = words of a statistics record): ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 +
+      R, rows * (R + 1) + 1 + W_a)``: a row is one cycle for the command, the statistics pass
+      and one cycle to emit the record, which is written as R words while the next row runs;
+    - LN_APPLY: ``rows * (sum_{k>=1} c_k + 3 + RSQRT_CYCLES) + R + 4 + t`` with
+      c_k = max(A words, B words) of beat k (A and B beats are taken together) and ``t`` as
+      for LN with c_j in place of b_j; the next row's record (R <= 8 words) is read during
+      the current row;
+    - LOAD_LUT: ``rows * (256 / lanes + 1) + 1`` (256 int8 entries: one word per beat).
+    """
+    op = VectorOp(op)
+    beats = row_beats(op, length, lanes)
+    if op is VectorOp.LOAD_LUT:
+        return rows * (beats + 1) + 1
+    wa = row_words(length, flags.a_bytes, lanes)
+    wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
+    wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
+    a_beats = _beat_words(wa, flags.a_bytes, beats)
+    b_beats = _beat_words(wb, flags.b_bytes, beats) if wb else [0] * beats
+    d_beats = _beat_words(wd, flags.d_bytes, beats) if wd else [0] * beats
+    o_beats = [max(d, int(flags.wr_q)) for d in d_beats]
+    rec = stats_words(lanes)
+    if op is VectorOp.LN_STATS:
+        return max(rows * (wa - a_beats[0] + 3) + a_beats[0] - 1 + rec,
+                   rows * (rec + 1) + 1 + wa)
+    if op is VectorOp.LN_APPLY:
+        # The normalisation pass takes A and B beats together.
+        c_beats = [max(x, y) for x, y in zip(a_beats, b_beats, strict=True)]
+        tail = max(sum(o_beats[k:]) - sum(c_beats[k + 1:]) for k in range(beats))
+        return rows * (sum(c_beats[1:]) + 3 + RSQRT_CYCLES) + rec + 4 + tail
+    if op is VectorOp.LN:
+        tail = max(sum(o_beats[k:]) - sum(b_beats[k + 1:]) for k in range(beats))
+        period = wa - a_beats[0] + wb - b_beats[0] + 3 + RSQRT_CYCLES
+        return rows * period + 4 + a_beats[0] + tail
+    w0 = max(a_beats[0], b_beats[0])
+    wdl = o_beats[-1]
+    return max(rows * wa + 6 + wdl, rows * wb + 6 + wdl, rows * (beats + 1) + 4 + w0 + wdl,
+               rows * wd + 6 + w0)
+
+
