@@ -1,284 +1,87 @@
-"""N chips on the ring: each chip's collective engine with a test DMA, linked in a ring.
+"""N whole chips on the ring: each chip's ring port to the next chip through a RingLink.
 
-This is the unit the collective tests, the ``npu collective`` command and the benchmarks
-simulate. The chip issue later replaces the test DMA with the scratchpad's address generators.
+Every node is a :class:`~hw.tile.chip.Chip` running its own program from its own sequencer;
+collectives are COLL launches. (The collective engines alone, with test DMAs in place of chips,
+are :class:`hw.ring.testbed.RingTestbed`.)
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import memory, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
 
-from .ring.collective import CollectiveEngine, command_layout
-from .ring.link import RingLink, word_layout
+from .ring.link import RingLink
 from .spec import NpuConfig
-from .spec.collective import MAX_CHIPS, Kind, word_bytes
+from .spec.collective import check_chips
+from .tile.chip import Chip
+from .tile.ports import HostSignature
 
-__all__ = ["StreamDma", "RingSystem"]
-
-
-class StreamDma(wiring.Component):
-    """A chip's test DMA: two word buffers streamed in order (no address generation).
-
-    The host fills ``in_mem`` with the words the engine's local input stream must deliver, in
-    stream order (:func:`hw.spec.collective.pack_blocks` of
-    :func:`~hw.spec.collective.local_blocks`), and reads the output stream's words back from
-    ``out_mem`` at addresses 0, 1, ...
-
-    Members
-    -------
-    o_local : Out(stream.Signature(word_layout))
-        ``in_mem[0]``, ``in_mem[1]``, ... from the cycle after ``start``; reads ahead freely.
-    i_local : In(stream.Signature(word_layout))
-        Written to ``out_mem[0]``, ``out_mem[1]``, ...; always ready unless ``stall``.
-    start : In(1)
-        Restart both streams at address 0.
-    stall : In(1)
-        Fault injection: no new read is issued (a gap in ``o_local.valid``) and ``i_local``
-        is not ready.
-    host_addr, host_wdata, host_we, host_rdata :
-        Host port: write ``in_mem`` and read ``out_mem`` (one cycle read latency).
-    """
-
-    def __init__(self, *, word_bytes: int, depth: int):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive integer, not {depth!r}")
-        self.word_bytes = word_bytes
-        self.depth = depth
-        layout = word_layout(word_bytes)
-        self.in_mem = memory.Memory(shape=word_bytes * 8, depth=depth, init=[])
-        self.out_mem = memory.Memory(shape=word_bytes * 8, depth=depth, init=[])
-        super().__init__({
-            "o_local": Out(stream.Signature(layout)),
-            "i_local": In(stream.Signature(layout)),
-            "start": In(1),
-            "stall": In(1),
-            "host_addr": In(range(depth)),
-            "host_wdata": In(word_bytes * 8),
-            "host_we": In(1),
-            "host_rdata": Out(word_bytes * 8),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.in_mem = self.in_mem
-        m.submodules.out_mem = self.out_mem
-
-        host_w = self.in_mem.write_port()
-        m.d.comb += [host_w.addr.eq(self.host_addr), host_w.data.eq(self.host_wdata),
-                     host_w.en.eq(self.host_we)]
-        host_r = self.out_mem.read_port()
-        m.d.comb += [host_r.addr.eq(self.host_addr), self.host_rdata.eq(host_r.data)]
-
-        # Read stream: a read is issued whenever the output register is free or being emptied.
-        rd = self.in_mem.read_port()
-        raddr = Signal(range(self.depth))
-        valid = Signal()
-        fetch = Signal()
-        m.d.comb += [
-            fetch.eq((~valid | self.o_local.ready) & ~self.stall),
-            rd.addr.eq(raddr),
-            rd.en.eq(fetch),
-            self.o_local.valid.eq(valid),
-            self.o_local.payload.data.eq(rd.data),
-            self.o_local.payload.last.eq(0),
-        ]
-        with m.If(self.start):
-            m.d.sync += [raddr.eq(0), valid.eq(0)]
-        with m.Elif(fetch):
-            m.d.sync += [raddr.eq(raddr + 1), valid.eq(1)]
-        with m.Elif(self.o_local.ready):
-            m.d.sync += valid.eq(0)
-
-        wr = self.out_mem.write_port()
-        waddr = Signal(range(self.depth))
-        m.d.comb += [
-            self.i_local.ready.eq(~self.stall),
-            wr.addr.eq(waddr),
-            wr.data.eq(self.i_local.payload.data),
-            wr.en.eq(self.i_local.valid & self.i_local.ready),
-        ]
-        with m.If(self.start):
-            m.d.sync += waddr.eq(0)
-        with m.Elif(wr.en):
-            m.d.sync += waddr.eq(waddr + 1)
-        return m
+__all__ = ["ChipSystem"]
 
 
-class RingSystem(wiring.Component):
-    """``chips`` collective engines on a ring, each with a :class:`StreamDma`.
+class ChipSystem(wiring.Component):
+    """``chips`` :class:`Chip`\\ s on a ring: chip i's ``ring.tx`` -> link -> chip (i+1)'s
+    ``ring.rx`` (``link_bytes_per_cycle`` wide, ``link_latency_cycles`` registers).
 
-    With ``npu.link_bidirectional`` every chip has a second engine and DMA on a reverse ring
-    (chip ``i`` to chip ``i - 1``) and an all-reduce is split in two: the first
-    ``length - length // 2`` elements go around the forward ring, the rest around the reverse
-    ring, which halves the bandwidth term (:func:`hw.spec.collective.bidirectional_split`).
-    The reverse engines see the reverse ring as a forward one: chip ``i`` has rank
-    ``chips - 1 - i`` there. Other kinds use the forward ring only.
-
-    Parameters (keyword-only)
-    -------------------------
-    npu : NpuConfig
-        Gives the link width (``link_bytes_per_cycle``, a power of two), latency and
-        ``link_bidirectional``.
-    chips : int
-        Ring size, 1..8.
-    buffer_words : int
-        Depth of each DMA's input and output buffers, in words of ``max(2B, 8)`` bytes.
-    fifo_words : int
-        Each engine's receive and transmit buffers (:class:`~hw.ring.collective.CollectiveEngine`).
+    Parameters (keyword-only): ``npu`` (every chip's configuration), ``chips`` (1..8).
 
     Members
     -------
-    cmd : In(command_layout)
-        The collective; every chip receives it with ``rank`` replaced by its ring position.
+    host : In(HostSignature(npu)).array(chips)
+        Chip ``i``'s host port (:class:`~hw.tile.ports.HostSignature`), element ``i``.
     start : In(1)
-        Pulse for one cycle to issue ``cmd`` to every engine (they must be idle) and restart
-        the DMAs.
-    start_chip : In(chips)
-        The same for single chips: bit ``i`` issues ``cmd`` to chip ``i`` only (chips joining a
-        collective at different times; words sent to a chip that has not started wait in its
-        receive buffer).
-    busy : Out(1)
-        High from the cycle after ``start`` until every engine is idle again.
+        Starts every chip's program (from pc 0) in the same cycle.
+    done : Out(1)
+        Every chip has halted. ``error``: some chip halted on an error.
     cycles : Out(32)
-        Cycles from the first ``start`` (or ``start_chip``) cycle to the last cycle in which an
-        engine is busy.
-    stall : In(rings * chips * latency)
-        Fault injection on the links: bit ``(r * chips + i) * latency + k`` stalls register
-        ``k`` of the link leaving chip ``i`` on ring ``r`` (0 forward, 1 reverse).
-    dma_stall : In(rings * chips)
-        Fault injection on the local streams of DMA ``r * chips + i``.
-    host_ring, host_chip, host_addr, host_wdata, host_we, host_rdata :
-        Host port of DMA ``host_chip`` of ring ``host_ring`` (write its input buffer, read its
-        output buffer one cycle later).
+        Cycles from the cycle after ``start`` to the cycle the last chip raised ``done``.
+    chip_cycles : Out(32).array(chips)
+        Each chip's own ``cycles``.
     """
 
-    def __init__(self, *, npu: NpuConfig, chips: int, buffer_words: int = 256,
-                 fifo_words: int = 256):
+    def __init__(self, *, npu: NpuConfig, chips: int):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
-        if not isinstance(chips, int) or isinstance(chips, bool) or not 1 <= chips <= MAX_CHIPS:
-            raise ValueError(f"chips must be an integer 1..{MAX_CHIPS}, not {chips!r}")
-        if not isinstance(buffer_words, int) or buffer_words < 1:
-            raise ValueError(f"buffer_words must be a positive integer, not {buffer_words!r}")
+        check_chips(chips)
         self.npu = npu
         self.chips = chips
-        self.latency = npu.link_latency_cycles
-        self.link_bytes = npu.link_bytes_per_cycle
-        self.word_bytes = word_bytes(self.link_bytes)
-        self.bidirectional = bool(npu.link_bidirectional)
-        self.rings = 2 if self.bidirectional else 1
-        self.buffer_words = buffer_words
-        self.fifo_words = fifo_words
-
-        def ring():
-            engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words)
-                       for _ in range(chips)]
-            dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
-                    for _ in range(chips)]
-            links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
-                              word_bytes=self.word_bytes) for _ in range(chips)]
-            return engines, dmas, links
-
-        self.engines, self.dmas, self.links = ring()
-        self.rev_engines, self.rev_dmas, self.rev_links = ring() if self.bidirectional \
-            else ([], [], [])
+        self.chip = [Chip(npu=npu) for _ in range(chips)]
         super().__init__({
-            "cmd": In(command_layout),
             "start": In(1),
-            "start_chip": In(chips),
-            "busy": Out(1),
+            "done": Out(1),
+            "error": Out(1),
             "cycles": Out(32),
-            "stall": In(self.rings * chips * self.latency),
-            "dma_stall": In(self.rings * chips),
-            "host_ring": In(1),
-            "host_chip": In(range(chips)),
-            "host_addr": In(range(buffer_words)),
-            "host_wdata": In(self.word_bytes * 8),
-            "host_we": In(1),
-            "host_rdata": Out(self.word_bytes * 8),
+            "chip_cycles": Out(32).array(chips),
+            "host": In(HostSignature(npu)).array(chips),
         })
 
     def elaborate(self, platform):
         m = Module()
-        a, n = self.latency, self.chips
-        cmd = self.cmd
+        npu = self.npu
+        links = []
+        for i, chip in enumerate(self.chip):
+            m.submodules[f"chip{i}"] = chip
+            link = RingLink(width_bytes=npu.link_bytes_per_cycle,
+                            latency=npu.link_latency_cycles, word_bytes=chip.ring_word_bytes)
+            m.submodules[f"link{i}"] = link
+            links.append(link)
+            connect(m, flipped(self.host[i]), chip.host)
+            m.d.comb += [chip.start.eq(self.start), self.chip_cycles[i].eq(chip.cycles),
+                         link.stall.eq(0)]
+        for i, chip in enumerate(self.chip):
+            connect(m, chip.ring.tx, links[i].i)
+            connect(m, links[i].o, self.chip[(i + 1) % self.chips].ring.rx)
 
-        # Bidirectional all-reduce: split the vector between the two rings.
-        split = Signal()
-        half = Signal.like(cmd.length)
-        rev_first = Signal(range(MAX_CHIPS))
-        rev_diff = Signal(range(-2 * MAX_CHIPS, MAX_CHIPS))
-        m.d.comb += [
-            split.eq(self.bidirectional & (cmd.kind == Kind.ALL_REDUCE)),
-            half.eq(cmd.length >> 1),
-            rev_diff.eq(cmd.chips - cmd.first - cmd.count),
-            rev_first.eq(Mux(rev_diff < 0, rev_diff + cmd.chips, rev_diff)),
-        ]
-
-        rings = [(self.engines, self.dmas, self.links, 0)]
-        if self.bidirectional:
-            rings.append((self.rev_engines, self.rev_dmas, self.rev_links, 1))
-        busy = []
-        for engines, dmas, links, r in rings:
-            for i, (engine, dma, link) in enumerate(zip(engines, dmas, links, strict=True)):
-                name = f"{'rev_' if r else ''}{{}}{i}"
-                m.submodules[name.format("engine")] = engine
-                m.submodules[name.format("dma")] = dma
-                m.submodules[name.format("link")] = link
-                wiring.connect(m, dma.o_local, engine.i_local)
-                wiring.connect(m, engine.o_local, dma.i_local)
-                wiring.connect(m, engine.o_tx, link.i)
-                go = self.start | self.start_chip[i]
-                if r == 0:
-                    m.d.comb += [
-                        engine.i_cmd.payload.eq(cmd),
-                        engine.i_cmd.payload.rank.eq(i),
-                        engine.i_cmd.payload.length.eq(Mux(split, cmd.length - half,
-                                                           cmd.length)),
-                    ]
-                else:
-                    go = go & split & (half != 0)
-                    m.d.comb += [
-                        engine.i_cmd.payload.eq(cmd),
-                        engine.i_cmd.payload.rank.eq(n - 1 - i),
-                        engine.i_cmd.payload.first.eq(rev_first),
-                        engine.i_cmd.payload.length.eq(half),
-                    ]
-                lane = r * n + i
-                m.d.comb += [
-                    engine.i_cmd.valid.eq(go),
-                    dma.start.eq(go),
-                    dma.stall.eq(self.dma_stall[lane]),
-                    link.stall.eq(self.stall[lane * a:(lane + 1) * a]),
-                    dma.host_addr.eq(self.host_addr),
-                    dma.host_wdata.eq(self.host_wdata),
-                    dma.host_we.eq(self.host_we & (self.host_chip == i) & (self.host_ring == r)),
-                ]
-                busy.append(engine.busy)
-            # Forward ring: chip i -> i + 1. Reverse ring: chip i -> i - 1.
-            for i in range(n):
-                to = (i + 1) % n if r == 0 else (i - 1) % n
-                wiring.connect(m, links[i].o, engines[to].i_rx)
-
-        sel = Signal(range(self.rings * n))
-        m.d.sync += sel.eq(self.host_ring * n + self.host_chip)
-        with m.Switch(sel):
-            for lane, dma in enumerate(self.dmas + self.rev_dmas):
-                with m.Case(lane):
-                    m.d.comb += self.host_rdata.eq(dma.host_rdata)
-
-        any_busy = Signal()
-        m.d.comb += any_busy.eq(Cat(*busy).any())
-        active = Signal()
-        m.d.comb += self.busy.eq(active)
-        any_start = self.start | self.start_chip.any()
-        with m.If(any_start & ~active):
-            m.d.sync += [active.eq(1), self.cycles.eq(1)]
-        with m.Elif(active):
-            with m.If(any_busy | any_start):
-                m.d.sync += self.cycles.eq(self.cycles + 1)
+        all_done = Cat(*[c.done for c in self.chip]).all()
+        running = Signal()
+        m.d.comb += [self.done.eq(all_done),
+                     self.error.eq(Cat(*[c.error for c in self.chip]).any())]
+        with m.If(self.start):
+            m.d.sync += [running.eq(1), self.cycles.eq(0)]
+        with m.Elif(running):
+            with m.If(all_done):
+                m.d.sync += running.eq(0)
             with m.Else():
-                m.d.sync += active.eq(0)
+                m.d.sync += self.cycles.eq(self.cycles + 1)
         return m

@@ -38,8 +38,8 @@ def _attention(npu: NpuConfig, chips: int):
 
 
 def _ring(npu: NpuConfig, chips: int):
-    from .system import RingSystem
-    return RingSystem(npu=npu, chips=chips)
+    from .ring.testbed import RingTestbed
+    return RingTestbed(npu=npu, chips=chips)
 
 
 def _vector(npu: NpuConfig, chips: int):
@@ -53,7 +53,7 @@ def _tile(npu: NpuConfig, chips: int):
 
 
 def _system(npu: NpuConfig, chips: int):
-    from .chip_system import ChipSystem
+    from .system import ChipSystem
     return ChipSystem(npu=npu, chips=chips)
 
 

@@ -1,4 +1,4 @@
-"""Run one collective on the simulated ring (:class:`hw.system.RingSystem`) and check it.
+"""Run one collective on the simulated ring (:class:`hw.ring.testbed.RingTestbed`) and check it.
 
 :func:`simulate_collective` is the pysim driver the tests, the benchmarks and ``npu collective``
 share: it packs each chip's buffer into its test DMA in the engine's stream order, issues the
@@ -79,7 +79,7 @@ def _rings(req: CollectiveRequest, npu, inputs):
 def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: float = 0.0,
                         seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None,
                         fifo_words: int | None = None):
-    """Simulate ``req`` on a :class:`RingSystem` built for ``npu`` with pysim.
+    """Simulate ``req`` on a :class:`RingTestbed` built for ``npu`` with pysim.
 
     ``inputs[i]`` is chip ``i``'s local vector (see :func:`chip_inputs`). ``stall`` is the
     probability, per cycle and per injection point (every link register, every DMA), of a stall.
@@ -87,7 +87,7 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
     an all-reduce is split between the two rings (:func:`bidirectional_split`). Returns
     ``{"outputs": [each chip's result, empty outside the group], "cycles", "sim": {...}}``.
     """
-    from hw.system import RingSystem
+    from hw.ring.testbed import RingTestbed
 
     from .rtl.pysim import run_sim
 
@@ -97,7 +97,7 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
     fifo_words = fifo_words or max(16, *(max_block_words(r, wbytes) for r, _, _ in rings))
     for r, _, _ in rings:
         check_fits(r, wbytes, fifo_words)
-    system = RingSystem(npu=npu, chips=req.chips, buffer_words=depth, fifo_words=fifo_words)
+    system = RingTestbed(npu=npu, chips=req.chips, buffer_words=depth, fifo_words=fifo_words)
     dma_sets = [system.dmas, system.rev_dmas][:len(rings)]
     plans = []   # per ring: loads, output word counts, output blocks per chip
     for r, rank, vectors in rings:

@@ -71,7 +71,7 @@ class Iss:
         self.n = npu.array_size
         self.mem = np.zeros((npu.sram_words, self.n), np.uint8)
         self.regs = np.zeros(len(REGS), np.int64)
-        self.addr_bits = max(1, (npu.sram_words - 1).bit_length())
+        self.addr_bits = npu.sram_addr_bits
         self.launches = dict.fromkeys(Op, 0)
 
     # --- memory helpers -------------------------------------------------------------------

@@ -11,7 +11,7 @@ programs must have the same number of ``COLL``\\ s, with agreeing CO_* registers
 from __future__ import annotations
 
 from hw.spec import NpuConfig
-from hw.spec.collective import MAX_CHIPS
+from hw.spec.collective import check_chips
 from hw.spec.isa import IsaError, Op, decode
 
 from .iss import Iss, IssError
@@ -26,8 +26,7 @@ class IssSystem:
     def __init__(self, npu: NpuConfig, chips: int):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
-        if not isinstance(chips, int) or isinstance(chips, bool) or not 1 <= chips <= MAX_CHIPS:
-            raise ValueError(f"chips must be an integer 1..{MAX_CHIPS}, not {chips!r}")
+        check_chips(chips)
         self.npu = npu
         self.chips = chips
         self.chip = [Iss(npu) for _ in range(chips)]

@@ -7,7 +7,7 @@ the step schedule of :func:`hw.spec.collective.steps` (documented there, with th
 Protocol
 --------
 * **Words.** Every stream carries words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes as
-  ``D/4`` little-endian 32-bit lanes plus ``last`` (:func:`hw.ring.link.word_layout`). A 32-bit
+  ``D/4`` little-endian 32-bit lanes plus ``last`` (:func:`hw.layouts.ring_word_layout`). A 32-bit
   element is one lane, a 64-bit element two adjacent lanes (low first). Every block starts on a
   fresh word; its last word is padded (padding lanes carry don't-care values and set ``last``).
   The link splits a word into ``D/B`` flits of ``B`` bytes on the wire.
@@ -57,8 +57,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..layouts import ring_word_layout
 from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
-from .link import word_layout
 
 __all__ = ["command_layout", "CollectiveEngine"]
 
@@ -102,7 +102,7 @@ class CollectiveEngine(wiring.Component):
         self.word_bytes = word_bytes(link_bytes)
         self.link_bytes = link_bytes
         self.fifo_words = fifo_words
-        word = word_layout(self.word_bytes)
+        word = ring_word_layout(self.word_bytes)
         super().__init__({
             "i_cmd": In(stream.Signature(command_layout)),
             "i_local": In(stream.Signature(word)),
@@ -227,7 +227,7 @@ class CollectiveEngine(wiring.Component):
 
         # Results go straight into the transmit buffer, and through an output register to the
         # local output stream.
-        res = Signal(word_layout(self.word_bytes))
+        res = Signal(ring_word_layout(self.word_bytes))
         pend_out = Signal()
         m.d.comb += [
             self.o_local.valid.eq(pend_out), self.o_local.payload.eq(res),

@@ -1,11 +1,11 @@
 """Ring link: chip i's transmitter to chip (i+1) mod N's receiver.
 
-The engines exchange **words** of ``word_bytes`` bytes (:func:`word_layout`); the wire between
-chips is ``width_bytes`` wide. A link serialises each word into ``word_bytes / width_bytes``
-**flits**, carries them through ``latency`` pipeline registers and reassembles the word at the
-far end. Each register is a skid buffer (two entries, registered ``ready``): the link runs at one
-flit per cycle under backpressure, never loses or duplicates a flit, and has no combinational
-path from the receiver's ``ready`` to the transmitter's ``ready`` across the pipeline.
+The engines exchange **words** of ``word_bytes`` bytes (:func:`hw.layouts.ring_word_layout`); the
+wire between chips is ``width_bytes`` wide. A link serialises each word into ``word_bytes /
+width_bytes`` **flits**, carries them through ``latency`` pipeline registers and reassembles the
+word at the far end. Each register is a skid buffer (two entries, registered ``ready``): the link
+runs at one flit per cycle under backpressure, never loses or duplicates a flit, and has no
+combinational path from the receiver's ``ready`` to the transmitter's ``ready`` across the pipeline.
 """
 
 from __future__ import annotations
@@ -14,19 +14,9 @@ from amaranth.hdl import Cat, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..layouts import lanes_layout
+from ..layouts import lanes_layout, ring_word_layout
 
-__all__ = ["word_layout", "flit_layout", "SkidStage", "RingLink"]
-
-
-def word_layout(word_bytes: int) -> data.StructLayout:
-    """A ring word: ``word_bytes / 4`` little-endian 32-bit lanes plus ``last`` (end of block).
-
-    A 64-bit element occupies two adjacent lanes, low half first.
-    """
-    if not isinstance(word_bytes, int) or word_bytes < 4 or word_bytes % 4:
-        raise ValueError(f"word_bytes must be a positive multiple of 4, not {word_bytes!r}")
-    return lanes_layout(unsigned(32), word_bytes // 4)
+__all__ = ["flit_layout", "SkidStage", "RingLink"]
 
 
 def flit_layout(width_bytes: int) -> data.StructLayout:
@@ -95,9 +85,9 @@ class RingLink(wiring.Component):
 
     Members
     -------
-    i : In(stream.Signature(word_layout(word_bytes)))
+    i : In(stream.Signature(ring_word_layout(word_bytes)))
         Words from the transmitting engine.
-    o : Out(stream.Signature(word_layout(word_bytes)))
+    o : Out(stream.Signature(ring_word_layout(word_bytes)))
         The same words, in order, at the receiving engine.
     stall : In(latency)
         Fault injection: bit ``k`` refuses transfers into pipeline register ``k`` (tie to 0).
@@ -124,8 +114,8 @@ class RingLink(wiring.Component):
         self.latency = latency
         self.word_bytes = word_bytes
         super().__init__({
-            "i": In(stream.Signature(word_layout(word_bytes))),
-            "o": Out(stream.Signature(word_layout(word_bytes))),
+            "i": In(stream.Signature(ring_word_layout(word_bytes))),
+            "o": Out(stream.Signature(ring_word_layout(word_bytes))),
             "stall": In(latency),
         })
 

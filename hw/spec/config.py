@@ -235,7 +235,13 @@ class NpuConfig:
 
     @property
     def sram_addr_bits(self) -> int:
-        return max(1, math.ceil(math.log2(self.sram_words)))
+        """Bits of a scratchpad word address (what the address generators wrap modulo)."""
+        return max(1, (self.sram_words - 1).bit_length())
+
+    @property
+    def imem_addr_bits(self) -> int:
+        """Bits of an instruction-memory address."""
+        return max(1, (self.imem_words - 1).bit_length())
 
     @property
     def peak_macs_per_cycle(self) -> int:

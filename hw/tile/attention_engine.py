@@ -14,12 +14,12 @@ from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
+from ..layouts import spad_word_layout
 from ..spec.attention import FLAGS_WIDTH, HALO_BITS, HALO_SHIFT, POS_BITS, softmax_lanes
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, SHIFT_BITS
 from ..spec.isa import COUNT_BITS
 from .attention import AttentionBuffer
 from .softmax import SoftmaxUnit
-from .transpose import word_layout
 
 __all__ = ["AttentionEngine", "cfg_layout"]
 
@@ -84,11 +84,11 @@ class AttentionEngine(wiring.Component):
     -------
     i_cfg : ``In(stream.Signature(cfg_layout(D)))``
         Taken while idle; ``busy`` rises the next cycle.
-    i_k, i_v, i_q : ``In(stream.Signature(word_layout(N)))``
+    i_k, i_v, i_q : ``In(stream.Signature(spad_word_layout(N)))``
         K, V and Q rows, ``h / N`` words each (read ports RD3, RD4, RD5); lanes beyond ``h`` of
         the buffer are zero. Exactly ``keys`` (``queries``) rows are taken per launch; ``last``
         is ignored.
-    o : ``Out(stream.Signature(word_layout(N)))``
+    o : ``Out(stream.Signature(spad_word_layout(N)))``
         ``queries`` output rows of ``h / N`` int8 words (write port WR1); ``last`` on the
         launch's final word.
     busy : ``Out(1)``
@@ -126,10 +126,10 @@ class AttentionEngine(wiring.Component):
         self._window, self._d_head, self._length, self._size = window, d_head, length, size
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout(d_head))),
-            "i_k": In(stream.Signature(word_layout(size))),
-            "i_v": In(stream.Signature(word_layout(size))),
-            "i_q": In(stream.Signature(word_layout(size))),
-            "o": Out(stream.Signature(word_layout(size))),
+            "i_k": In(stream.Signature(spad_word_layout(size))),
+            "i_v": In(stream.Signature(spad_word_layout(size))),
+            "i_q": In(stream.Signature(spad_word_layout(size))),
+            "o": Out(stream.Signature(spad_word_layout(size))),
             "busy": Out(1),
         })
 

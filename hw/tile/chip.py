@@ -1,4 +1,4 @@
-"""One NPU chip: sequencer, scratchpad with address generators, units, host port (issue #5).
+"""One NPU chip: sequencer, scratchpad with address generators, units, host port, ring port.
 
 Every unit follows one pattern: a launch copies the configuration registers into the unit's
 ``i_cfg`` and descriptors into the address generators it owns; the generators stream words
@@ -10,28 +10,36 @@ owns the chip's ring port (``ring_tx``, ``ring_rx``).
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..ring.collective import CollectiveEngine
-from ..ring.link import word_layout
 from ..spec import NpuConfig
 from ..spec.collective import Kind
 from ..spec.collective import word_bytes as coll_word_bytes
-from ..spec.isa import ADDR_LEVELS, COLL_FIFO_WORDS, INSN_BITS, REG_INDEX, Op
+from ..spec.isa import (
+    ADDR_LEVELS,
+    COLL_FIFO_WORDS,
+    INSN_BITS,
+    READ_GENS,
+    REG_INDEX,
+    WRITE_GENS,
+    Op,
+)
 from .attention_engine import AttentionEngine
+from .gearbox import WordPacker, WordUnpacker
 from .matmul_engine import MatmulEngine
-from .scratchpad import AddrGen, Scratchpad, addr_layout
+from .ports import HostSignature, RingPortSignature
+from .scratchpad import AddrGen, Scratchpad
 from .sequencer import LAUNCH_OPS, Sequencer
 from .vector_engine import CFG_REGS as VEC_CFG_REGS
 from .vector_engine import VectorEngine
 
 __all__ = ["Chip"]
 
-#: Address generators each unit owns (scratchpad port numbers follow this order).
-READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6")
-WRITE_GENS = ("WR0", "WR1", "WR2", "WR3")
+# Scratchpad port numbers follow hw.spec.isa.READ_GENS and WRITE_GENS; the host has the last
+# (lowest-priority) read and write ports.
 #: Generators the attention and vector engines share, and those an attention launch uses.
 SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
 ATTN_GENS = ("RD3", "RD4", "RD5", "WR1")
@@ -47,18 +55,19 @@ class Chip(wiring.Component):
 
     Host side (used while the chip is stopped; loading time is reported separately):
 
-    - ``host_imem`` writes one 64-bit instruction (always ready);
-    - ``host_wr`` writes one scratchpad word; ``host_rd_addr`` / ``host_rd_data`` read one back;
+    - ``host`` (:class:`~hw.tile.ports.HostSignature`): ``imem`` writes one 64-bit instruction
+      (always ready), ``wr`` one scratchpad word; ``rd_addr`` / ``rd_data`` read one back;
     - ``start`` runs the program from pc 0; ``done`` rises at ``HALT`` (``error`` on an unknown
       opcode); ``cycles`` counts from start to done; ``busy_cycles[u]`` counts the cycles unit
       ``u`` (``hw.spec.isa.Unit`` bit order: matmul, attention, vector, collective) was busy,
       ``busy_cycles[4]`` the cycles any unit was.
 
-    Ring port (the collective engine's, :class:`~hw.ring.collective.CollectiveEngine`):
-    ``ring_tx`` (Out) and ``ring_rx`` (In) carry words of ``D = max(2 * link_bytes_per_cycle,
-    8)`` bytes (:func:`hw.ring.link.word_layout`); join chip i's ``ring_tx`` to chip
-    (i + 1) mod N's ``ring_rx`` through a :class:`~hw.ring.link.RingLink`
-    (:class:`hw.chip_system.ChipSystem`). ``D`` must be a multiple of the scratchpad word.
+    Ring port ``ring`` (:class:`~hw.tile.ports.RingPortSignature`, the collective engine's,
+    :class:`~hw.ring.collective.CollectiveEngine`): ``ring.tx`` and ``ring.rx`` carry words of
+    ``D = max(2 * link_bytes_per_cycle, 8)`` bytes (:func:`hw.layouts.ring_word_layout`); join
+    chip i's ``ring.tx`` to chip (i + 1) mod N's ``ring.rx`` through a
+    :class:`~hw.ring.link.RingLink`
+    (:class:`hw.system.ChipSystem`). ``D`` must be a multiple of the scratchpad word.
     """
 
     def __init__(self, *, npu: NpuConfig):
@@ -81,35 +90,31 @@ class Chip(wiring.Component):
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
                          "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
                          "write_ports": len(WRITE_GENS) + 1}
-        addr_bits = max(1, (npu.sram_words - 1).bit_length())
-        self._addr_bits = addr_bits
-        word_bits = 8 * npu.word_bytes
         super().__init__({
             "start": In(1),
             "done": Out(1),
             "error": Out(1),
             "cycles": Out(32),
             "busy_cycles": Out(32).array(5),
-            "host_imem": In(stream.Signature(data.StructLayout(
-                {"addr": range(npu.imem_words), "data": INSN_BITS}))),
-            "host_wr": In(stream.Signature(data.StructLayout(
-                {"addr": addr_bits, "data": word_bits}))),
-            "host_rd_addr": In(stream.Signature(addr_layout(addr_bits))),
-            "host_rd_data": Out(stream.Signature(data.StructLayout(
-                {"data": word_bits, "last": 1}))),
-            "ring_tx": Out(stream.Signature(word_layout(self._coll_bytes))),
-            "ring_rx": In(stream.Signature(word_layout(self._coll_bytes))),
+            "host": In(HostSignature(npu)),
+            "ring": Out(RingPortSignature(self._coll_bytes)),
         })
 
     @property
     def npu(self):
         return self._npu
 
+    @property
+    def ring_word_bytes(self) -> int:
+        """Bytes of the words on the ring port (the collective engine's ``D``)."""
+        return self._coll_bytes
+
     def elaborate(self, platform):
         m = Module()
         npu = self._npu
         n = npu.array_size
-        ab = self._addr_bits
+        ab = npu.sram_addr_bits
+        host = self.host
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
         m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
@@ -120,10 +125,10 @@ class Chip(wiring.Component):
         m.d.comb += [
             imem_rd.addr.eq(seq.imem_addr),
             seq.imem_data.eq(imem_rd.data),
-            imem_wr.en.eq(self.host_imem.valid),
-            imem_wr.addr.eq(self.host_imem.payload.addr),
-            imem_wr.data.eq(self.host_imem.payload.data),
-            self.host_imem.ready.eq(1),
+            imem_wr.en.eq(host.imem.valid),
+            imem_wr.addr.eq(host.imem.payload.addr),
+            imem_wr.data.eq(host.imem.payload.data),
+            host.imem.ready.eq(1),
             seq.start.eq(self.start),
             self.done.eq(seq.done),
             self.error.eq(seq.error),
@@ -132,14 +137,14 @@ class Chip(wiring.Component):
 
         # Host access through the last (lowest-priority) scratchpad ports.
         host_rp = spad.rd[len(READ_GENS)]
-        connect(m, flipped(self.host_rd_addr), host_rp.i_addr)
-        connect(m, host_rp.o_data, flipped(self.host_rd_data))
+        connect(m, flipped(host.rd_addr), host_rp.i_addr)
+        connect(m, host_rp.o_data, flipped(host.rd_data))
         host_wp = spad.wr[len(WRITE_GENS)]
         m.d.comb += [
-            host_wp.i.valid.eq(self.host_wr.valid),
-            host_wp.i.payload.addr.eq(self.host_wr.payload.addr),
-            host_wp.i.payload.data.eq(self.host_wr.payload.data),
-            self.host_wr.ready.eq(host_wp.i.ready),
+            host_wp.i.valid.eq(host.wr.valid),
+            host_wp.i.payload.addr.eq(host.wr.payload.addr),
+            host_wp.i.payload.data.eq(host.wr.payload.data),
+            host.wr.ready.eq(host_wp.i.ready),
         ]
 
         def reg(name):
@@ -273,53 +278,39 @@ class Chip(wiring.Component):
         wbits = 8 * n
         m.submodules.collective = co = CollectiveEngine(
             link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS)
-        connect(m, co.o_tx, flipped(self.ring_tx))
-        connect(m, flipped(self.ring_rx), co.i_rx)
+        connect(m, co.o_tx, flipped(self.ring.tx))
+        connect(m, flipped(self.ring.rx), co.i_rx)
 
-        # Read gearbox: `ratio` scratchpad words (the first one = the low bytes) make one engine
-        # word. It accepts a scratchpad word while the engine takes the full one (no bubble).
+        # RD6 -> packer -> i_local: `ratio` scratchpad words make one engine word.
+        m.submodules.co_pack = pack = WordPacker(narrow_bits=wbits, ratio=ratio)
         rd = spad.rd[READ_GENS.index("RD6")].o_data
-        slots = [Signal(wbits, name=f"co_slot{k}") for k in range(ratio)]
-        fill = Signal(range(ratio + 1))
-        full = fill == ratio
-        take = Signal()
-        give = Signal()
         m.d.comb += [
-            co.i_local.valid.eq(full),
-            co.i_local.payload.data.eq(Cat(*slots)),
+            pack.i.valid.eq(rd.valid),
+            pack.i.payload.data.eq(rd.payload.data),
+            pack.i.payload.last.eq(rd.payload.last),
+            rd.ready.eq(pack.i.ready),
+            co.i_local.valid.eq(pack.o.valid),
+            co.i_local.payload.data.eq(pack.o.payload.data),
             co.i_local.payload.last.eq(0),
-            rd.ready.eq(~full | co.i_local.ready),
-            take.eq(rd.valid & rd.ready),
-            give.eq(co.i_local.valid & co.i_local.ready),
+            pack.o.ready.eq(co.i_local.ready),
         ]
-        at = Signal(range(ratio + 1))
-        m.d.comb += at.eq(Mux(give, 0, fill))
-        with m.If(take):
-            with m.Switch(at):
-                for k in range(ratio):
-                    with m.Case(k):
-                        m.d.sync += slots[k].eq(rd.payload.data)
-        m.d.sync += fill.eq(at + take)
-
-        # Write gearbox: each engine word leaves as `ratio` scratchpad words, low bytes first
-        # (the engine holds its output word stable while it is valid).
-        addr, wp = gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i
-        part = Signal(range(ratio))
+        # o_local -> unpacker -> WR3: each engine word leaves as `ratio` scratchpad words.
+        m.submodules.co_unpack = unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
         out = co.o_local
         m.d.comb += [
-            wp.valid.eq(addr.valid & out.valid),
-            wp.payload.addr.eq(addr.payload.addr),
-            addr.ready.eq(wp.ready & out.valid),
-            out.ready.eq(wp.ready & addr.valid & (part == ratio - 1)),
+            unpack.i.valid.eq(out.valid),
+            unpack.i.payload.data.eq(out.payload.data),
+            unpack.i.payload.last.eq(out.payload.last),
+            out.ready.eq(unpack.i.ready),
         ]
-        with m.Switch(part):
-            for k in range(ratio):
-                with m.Case(k):
-                    m.d.comb += wp.payload.data.eq(
-                        out.payload.data.as_value()[k * wbits:(k + 1) * wbits])
-        if ratio > 1:
-            with m.If(wp.valid & wp.ready):
-                m.d.sync += part.eq(Mux(part == ratio - 1, 0, part + 1))
+        addr, wp = gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i
+        m.d.comb += [
+            wp.valid.eq(addr.valid & unpack.o.valid),
+            wp.payload.addr.eq(addr.payload.addr),
+            wp.payload.data.eq(unpack.o.payload.data),
+            addr.ready.eq(wp.ready & unpack.o.valid),
+            unpack.o.ready.eq(wp.ready & addr.valid),
+        ]
 
         # Launch: the CO_* registers become the engine's command. A chip's schedule uses the
         # local input (RD6) when it is a group member of a reduction or an all-gather, or the
@@ -327,7 +318,7 @@ class Chip(wiring.Component):
         # Only those generators start: a started generator that is never drained would hang.
         bit = LAUNCH_OPS.index(Op.COLL)
         co_busy = Signal()
-        m.d.comb += co_busy.eq(co.busy | ~idle(("RD6", "WR3")) | (fill != 0))
+        m.d.comb += co_busy.eq(co.busy | ~idle(("RD6", "WR3")) | pack.busy)
         go = seq.launch[bit] & seq.can_launch[bit]
         cmd = co.i_cmd.payload
         kind = Signal(3)

@@ -17,11 +17,12 @@ from amaranth.hdl import Cat, Module, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
+from ..layouts import spad_word_layout
 from ..spec.formats import OutMode, out_words
 from ..spec.isa import COUNT_BITS
 from ..spec.memory import PARAM_WORDS
 from .matmul import MatmulUnit
-from .transpose import Transposer, word_layout
+from .transpose import Transposer
 
 __all__ = ["MatmulEngine", "cfg_layout"]
 
@@ -44,8 +45,8 @@ class MatmulEngine(wiring.Component):
     Members
     -------
     i_cfg : ``In(stream.Signature(cfg_layout()))``
-    i_a, i_b, i_p : ``In(stream.Signature(word_layout(size)))``: words from read ports
-    o : ``Out(stream.Signature(word_layout(size)))``: words to the write port, ``last`` on the
+    i_a, i_b, i_p : ``In(stream.Signature(spad_word_layout(size)))``: words from read ports
+    o : ``Out(stream.Signature(spad_word_layout(size)))``: words to the write port, ``last`` on the
         launch's final word
     busy : ``Out(1)``
     """
@@ -56,10 +57,10 @@ class MatmulEngine(wiring.Component):
         self._size = size
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout())),
-            "i_a": In(stream.Signature(word_layout(size))),
-            "i_b": In(stream.Signature(word_layout(size))),
-            "i_p": In(stream.Signature(word_layout(size))),
-            "o": Out(stream.Signature(word_layout(size))),
+            "i_a": In(stream.Signature(spad_word_layout(size))),
+            "i_b": In(stream.Signature(spad_word_layout(size))),
+            "i_p": In(stream.Signature(spad_word_layout(size))),
+            "o": Out(stream.Signature(spad_word_layout(size))),
             "busy": Out(1),
         })
 

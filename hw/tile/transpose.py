@@ -4,14 +4,9 @@ from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..layouts import lanes_layout
+from ..layouts import spad_word_layout
 
-__all__ = ["Transposer", "word_layout"]
-
-
-def word_layout(size):
-    """A scratchpad word seen as ``size`` int8 lanes, plus ``last``."""
-    return lanes_layout(signed(8), size)
+__all__ = ["Transposer"]
 
 
 class Transposer(wiring.Component):
@@ -30,8 +25,8 @@ class Transposer(wiring.Component):
 
     Members
     -------
-    i : ``In(stream.Signature(word_layout(size)))``
-    o : ``Out(stream.Signature(word_layout(size)))``
+    i : ``In(stream.Signature(spad_word_layout(size)))``
+    o : ``Out(stream.Signature(spad_word_layout(size)))``
     """
 
     def __init__(self, *, size):
@@ -39,8 +34,8 @@ class Transposer(wiring.Component):
             raise ValueError(f"Transposer size must be an integer of at least 2, not {size!r}")
         self._size = size
         super().__init__({
-            "i": In(stream.Signature(word_layout(size))),
-            "o": Out(stream.Signature(word_layout(size))),
+            "i": In(stream.Signature(spad_word_layout(size))),
+            "o": Out(stream.Signature(spad_word_layout(size))),
         })
 
     def elaborate(self, platform):

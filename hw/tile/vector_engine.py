@@ -12,13 +12,13 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from ..layouts import spad_word_layout
 from ..spec.isa import COUNT_BITS
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
 from ..spec.vector_engine import (
     ELEM_BYTES,
     stats_words,
 )
-from .transpose import word_layout
 from .vector import VectorUnit, check_sizes
 
 __all__ = ["VectorEngine", "cfg_layout", "flags_layout", "uses_layout", "CFG_REGS", "GENS"]
@@ -153,8 +153,8 @@ class VectorEngine(wiring.Component):
     Members
     -------
     i_cfg : ``In(stream.Signature(cfg_layout()))``
-    i_a, i_b, i_stats : ``In(stream.Signature(word_layout(lanes)))``: words from RD3, RD4, RD5
-    o_data, o_q : ``Out(stream.Signature(word_layout(lanes)))``: words to WR1, WR2
+    i_a, i_b, i_stats : ``In(stream.Signature(spad_word_layout(lanes)))``: words from RD3, RD4, RD5
+    o_data, o_q : ``Out(stream.Signature(spad_word_layout(lanes)))``: words to WR1, WR2
     uses : ``Out(uses_layout())``
     busy : ``Out(1)``
     """
@@ -165,11 +165,11 @@ class VectorEngine(wiring.Component):
         self._d_model_max = d_model_max
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout())),
-            "i_a": In(stream.Signature(word_layout(lanes))),
-            "i_b": In(stream.Signature(word_layout(lanes))),
-            "i_stats": In(stream.Signature(word_layout(lanes))),
-            "o_data": Out(stream.Signature(word_layout(lanes))),
-            "o_q": Out(stream.Signature(word_layout(lanes))),
+            "i_a": In(stream.Signature(spad_word_layout(lanes))),
+            "i_b": In(stream.Signature(spad_word_layout(lanes))),
+            "i_stats": In(stream.Signature(spad_word_layout(lanes))),
+            "o_data": Out(stream.Signature(spad_word_layout(lanes))),
+            "o_q": Out(stream.Signature(spad_word_layout(lanes))),
             "uses": Out(uses_layout()),
             "busy": Out(1),
         })

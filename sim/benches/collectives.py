@@ -11,7 +11,7 @@ of B = 4 bytes per cycle, a = 2 cycles of latency):
   against the same unidirectional bound: the bandwidth term halves, so the ratio tends to 0.5.
 
 Points up to 16 KiB (4 KiB in quick mode: only a few small points) are simulated with Amaranth's
-simulator (RingSystem, no stalls). Larger ones use :func:`hw.spec.collective.predicted_cycles`,
+simulator (RingTestbed, no stalls). Larger ones use :func:`hw.spec.collective.predicted_cycles`,
 the engine's cycle model, which ``tests/hw/test_collective.py`` checks equals the simulated
 count exactly; those rows say "model" in their note.
 """

@@ -25,9 +25,10 @@ def ints_to_words(values, word_bytes: int) -> np.ndarray:
                     np.uint8).reshape(-1, word_bytes)
 
 
-async def host_load(ctx, imem, wr, program: list[int], images: dict[int, np.ndarray]) -> int:
-    """Write ``program`` through a chip's ``host_imem`` and ``images`` through ``host_wr``;
-    returns the cycles it took (one word per cycle)."""
+async def host_load(ctx, host, program: list[int], images: dict[int, np.ndarray]) -> int:
+    """Write ``program`` through a chip's ``host.imem`` and ``images`` through ``host.wr``
+    (:class:`hw.tile.ports.HostSignature`); returns the cycles it took (one word per cycle)."""
+    imem, wr = host.imem, host.wr
     load = 0
     ctx.set(imem.valid, 1)
     for i, word in enumerate(program):
@@ -45,8 +46,9 @@ async def host_load(ctx, imem, wr, program: list[int], images: dict[int, np.ndar
     return load
 
 
-async def host_read(ctx, rd_addr, rd_data, base: int, count: int, word_bytes: int):
+async def host_read(ctx, host, base: int, count: int, word_bytes: int):
     """Read ``count`` words from ``base`` through a chip's host read port."""
+    rd_addr, rd_data = host.rd_addr, host.rd_data
     ctx.set(rd_data.ready, 1)
     values = []
     for i in range(count):
@@ -92,14 +94,14 @@ def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndar
     load_words = sum(len(w) for w in images.values()) + len(program)
 
     async def host(ctx):
-        out["load_cycles"] = await host_load(ctx, dut.host_imem, dut.host_wr, program, images)
+        out["load_cycles"] = await host_load(ctx, dut.host, program, images)
         await wait_done(ctx, dut.start, dut.done, max_cycles, "chip did not halt")
         out["cycles"] = ctx.get(dut.cycles)
         out["busy_cycles"] = [ctx.get(c) for c in dut.busy_cycles]
         out["error"] = bool(ctx.get(dut.error))
         for base, count in reads:
-            out["regions"].append(await host_read(ctx, dut.host_rd_addr, dut.host_rd_data,
-                                                  base, count, npu.word_bytes))
+            out["regions"].append(await host_read(ctx, dut.host, base, count,
+                                                  npu.word_bytes))
 
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * sum(
         c for _, c in reads) + 100, vcd=vcd)

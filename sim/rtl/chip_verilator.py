@@ -27,8 +27,8 @@ def run_chip_verilator(npu: NpuConfig, program: list[int], images: dict[int, np.
                         else np.zeros((0, npu.word_bytes), np.uint8)),
         "reads": np.array(reads, np.int64).reshape(-1, 2),
         "word_bytes": npu.word_bytes,
-        "imem_addr_bits": max(1, (npu.imem_words - 1).bit_length()),
-        "addr_bits": max(1, (npu.sram_words - 1).bit_length()),
+        "imem_addr_bits": npu.imem_addr_bits,
+        "addr_bits": npu.sram_addr_bits,
         "max_cycles": max_cycles,
     }
     out = run_cocotb(text, top="npu_chip", test_module="tb_chip", data=data,

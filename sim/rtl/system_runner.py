@@ -1,4 +1,4 @@
-"""Run one program per chip on :class:`hw.chip_system.ChipSystem` in Amaranth's simulator: load
+"""Run one program per chip on :class:`hw.system.ChipSystem` in Amaranth's simulator: load
 every chip through its host port, start them together, wait for all to be done (or the
 watchdog), read results back."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hw.chip_system import ChipSystem
 from hw.spec import NpuConfig
+from hw.system import ChipSystem
 
 from .chip_runner import host_load, host_read, wait_done
 from .pysim import run_sim
@@ -38,7 +38,7 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
 
     async def host(ctx):
         for i in range(chips):
-            await host_load(ctx, dut.host_imem[i], dut.host_wr[i], programs[i], images[i])
+            await host_load(ctx, dut.host[i], programs[i], images[i])
         await wait_done(ctx, dut.start, dut.done, max_cycles, "the chips did not all halt")
         out["cycles"] = ctx.get(dut.cycles)
         out["chip_cycles"] = [ctx.get(c) for c in dut.chip_cycles]
@@ -47,8 +47,7 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
         for i in range(chips):
             for base, count in reads[i]:
                 out["regions"][i].append(await host_read(
-                    ctx, dut.host_rd_addr[i], dut.host_rd_data[i], base, count,
-                    npu.word_bytes))
+                    ctx, dut.host[i], base, count, npu.word_bytes))
 
     n_reads = sum(c for r in reads for _, c in r)
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * n_reads + 100,

@@ -26,21 +26,21 @@ async def run_program(dut):
     Clock(dut.clk, 10, unit="ns").start()
     await reset(dut)
     load = 0
-    dut.host_imem__valid.value = 1
+    dut.host__imem__valid.value = 1
     for i, word in enumerate(d["program"].tolist()):
-        dut.host_imem__payload.value = i | (int(word) << imem_bits)
+        dut.host__imem__payload.value = i | (int(word) << imem_bits)
         await RisingEdge(dut.clk)
         load += 1
-    dut.host_imem__valid.value = 0
-    dut.host_wr__valid.value = 1
+    dut.host__imem__valid.value = 0
+    dut.host__wr__valid.value = 1
     bases = d["image_bases"].tolist()
     chunks = np.split(d["image_words"], np.cumsum(d["image_sizes"])[:-1]) if bases else []
     for base, words in zip(bases, chunks, strict=True):
         for i, row in enumerate(words):
-            dut.host_wr__payload.value = (base + i) | (_words_to_int(row) << addr_bits)
+            dut.host__wr__payload.value = (base + i) | (_words_to_int(row) << addr_bits)
             await RisingEdge(dut.clk)
             load += 1
-    dut.host_wr__valid.value = 0
+    dut.host__wr__valid.value = 0
     dut.start.value = 1
     await RisingEdge(dut.clk)
     dut.start.value = 0
@@ -61,24 +61,24 @@ async def run_program(dut):
               "wall_s": wall, "cycles_per_s": ran / wall if wall > 0 else 0.0, "regions": []}
     if not timeout:
         await RisingEdge(dut.clk)
-        dut.host_rd_data__ready.value = 1
+        dut.host__rd_data__ready.value = 1
         for base, count in d["reads"].tolist():
             words = []
             for i in range(count):
                 await RisingEdge(dut.clk)
-                dut.host_rd_addr__payload.value = base + i
-                dut.host_rd_addr__valid.value = 1
+                dut.host__rd_addr__payload.value = base + i
+                dut.host__rd_addr__valid.value = 1
                 while True:
                     await ReadOnly()
-                    if int(dut.host_rd_addr__ready.value):
+                    if int(dut.host__rd_addr__ready.value):
                         break
                     await RisingEdge(dut.clk)
                 await RisingEdge(dut.clk)
-                dut.host_rd_addr__valid.value = 0
+                dut.host__rd_addr__valid.value = 0
                 while True:
                     await ReadOnly()
-                    if int(dut.host_rd_data__valid.value):
-                        value = dut.host_rd_data__payload.value.to_unsigned() & ((1 << 8 * n) - 1)
+                    if int(dut.host__rd_data__valid.value):
+                        value = dut.host__rd_data__payload.value.to_unsigned() & ((1 << 8 * n) - 1)
                         break
                     await RisingEdge(dut.clk)
                 words.append(list(value.to_bytes(n, "little")))

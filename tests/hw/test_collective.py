@@ -1,4 +1,4 @@
-"""CollectiveEngine on the ring (RingSystem in pysim) vs the golden collectives.
+"""CollectiveEngine on the ring (RingTestbed in pysim) vs the golden collectives.
 
 The default set covers every kind and op, N in {1, 2, 3, 4} plus N = 8, both widths, lengths 1,
 N-1, N+1 and an odd larger one, and sub-groups at the start, middle and wrap-around of the ring;
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hw.ring.collective import CollectiveEngine
+from hw.ring.testbed import RingTestbed, StreamDma
 from hw.spec import npu_preset
 from hw.spec.collective import (
     CollectiveRequest,
@@ -21,7 +22,6 @@ from hw.spec.collective import (
     block_sizes,
 )
 from hw.spec.timing.collective import predicted_cycles, system_cycles
-from hw.system import RingSystem, StreamDma
 from sim.collective import simulate_collective
 from sim.golden import collectives as golden
 
@@ -155,12 +155,12 @@ def test_block_larger_than_buffers_rejected():
     (lambda: CollectiveEngine(link_bytes="4"), TypeError, r"link_bytes must be an integer"),
     (lambda: CollectiveEngine(link_bytes=4, fifo_words=1), ValueError,
      r"fifo_words must be an integer >= 2, not 1"),
-    (lambda: RingSystem(npu=TINY, chips=0), ValueError, r"chips must be an integer 1\.\.8, not 0"),
-    (lambda: RingSystem(npu=TINY, chips=9), ValueError, r"chips must be an integer 1\.\.8, not 9"),
-    (lambda: RingSystem(npu="tiny", chips=2), TypeError, r"npu must be an NpuConfig"),
-    (lambda: RingSystem(npu=TINY, chips=2, buffer_words=0), ValueError,
+    (lambda: RingTestbed(npu=TINY, chips=0), ValueError, r"chips must be 1\.\.8, not 0"),
+    (lambda: RingTestbed(npu=TINY, chips=9), ValueError, r"chips must be 1\.\.8, not 9"),
+    (lambda: RingTestbed(npu="tiny", chips=2), TypeError, r"npu must be an NpuConfig"),
+    (lambda: RingTestbed(npu=TINY, chips=2, buffer_words=0), ValueError,
      r"buffer_words must be a positive integer, not 0"),
-    (lambda: RingSystem(npu=dataclasses.replace(TINY, link_bytes_per_cycle=6), chips=2),
+    (lambda: RingTestbed(npu=dataclasses.replace(TINY, link_bytes_per_cycle=6), chips=2),
      ValueError, r"link_bytes_per_cycle must be a power of two, not 6"),
     (lambda: StreamDma(word_bytes=8, depth=0), ValueError, r"depth must be a positive integer"),
 ])
@@ -237,13 +237,13 @@ def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
 def test_barrier_waits_for_the_last_member(chips, first, count, late):
     """Members start together except chip ``late``, 60 cycles later: no member may leave the
     barrier before the late one has issued it; everyone leaves soon after."""
-    from hw.system import RingSystem
+    from hw.ring.testbed import RingTestbed
     from sim.collective import command_value
     from sim.rtl.pysim import run_sim
 
     req = CollectiveRequest(kind="barrier", op="sum", width=32, length=1, chips=chips,
                             first=first, count=count)
-    system = RingSystem(npu=TINY, chips=chips, buffer_words=4, fifo_words=4)
+    system = RingTestbed(npu=TINY, chips=chips, buffer_words=4, fifo_words=4)
     delay = 60
     left = {}
 

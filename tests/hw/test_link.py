@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from hw.ring.link import RingLink, SkidStage, word_layout
+from hw.layouts import ring_word_layout
+from hw.ring.link import RingLink, SkidStage
 from sim.rtl.pysim import collect, run_sim, send_all
 
 
@@ -71,7 +72,7 @@ def test_link_latency_and_throughput(width_bytes, latency, word_bytes, rng):
 
 
 def test_skid_stage_holds_payload_under_backpressure(rng):
-    dut = SkidStage(word_layout(8))
+    dut = SkidStage(ring_word_layout(8))
     words = _words(rng, 40, 8)
     got = []
 
@@ -103,4 +104,4 @@ def test_link_rejects_bad_parameters(params, error, match):
 
 def test_word_layout_rejects_bad_size():
     with pytest.raises(ValueError, match=r"word_bytes must be a positive multiple of 4, not 6"):
-        word_layout(6)
+        ring_word_layout(6)

@@ -43,7 +43,7 @@ def hop_latency(link_bytes: int, latency: int) -> int:
 
 
 def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> int:
-    """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingSystem).
+    """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingTestbed).
 
     A word-level walk of every chip's schedule with the engine's rules: a chip combines at most
     one word per cycle, once its local word is there (the test DMA's first word two cycles
@@ -105,7 +105,8 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
 
 def system_cycles(req: CollectiveRequest, link_bytes: int, latency: int,
                   bidirectional: bool = False) -> int:
-    """Cycles of ``req`` on a :class:`~hw.system.RingSystem` (both rings when bidirectional)."""
+    """Cycles of ``req`` on a :class:`~hw.ring.testbed.RingTestbed` (both rings when
+    bidirectional)."""
     if not bidirectional:
         return predicted_cycles(req, link_bytes, latency)
     forward, reverse = bidirectional_split(req)

@@ -1,0 +1,59 @@
+"""The chip's external ports, defined once for :class:`~hw.tile.chip.Chip` and
+:class:`~hw.system.ChipSystem`.
+
+``HostSignature`` is seen from the host (the signature's outputs are the host's): a chip has
+``In(HostSignature(npu))``. ``RingPortSignature`` is seen from the chip: ``tx`` leaves it for the
+next chip's ``rx``.
+"""
+
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..layouts import ring_word_layout
+from ..spec import NpuConfig
+from ..spec.isa import INSN_BITS
+from .gearbox import words_layout
+from .scratchpad import addr_layout
+
+__all__ = ["HostSignature", "RingPortSignature"]
+
+
+class HostSignature(wiring.Signature):
+    """Load, run and read back one chip (used while the chip is stopped).
+
+    Members (host's view)
+    ---------------------
+    imem : Out(stream) ``{addr, data}``
+        Write one 64-bit instruction; the chip is always ready.
+    wr : Out(stream) ``{addr, data}``
+        Write one scratchpad word (``8 * word_bytes`` bits).
+    rd_addr : Out(stream) ``{addr, last}``
+        Read one scratchpad word ...
+    rd_data : In(stream) ``{data, last}``
+        ... which comes back here (the scratchpad's synchronous read latency later).
+    """
+
+    def __init__(self, npu: NpuConfig):
+        if not isinstance(npu, NpuConfig):
+            raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+        addr_bits, word_bits = npu.sram_addr_bits, 8 * npu.word_bytes
+        super().__init__({
+            "imem": Out(stream.Signature(data.StructLayout(
+                {"addr": range(npu.imem_words), "data": INSN_BITS}))),
+            "wr": Out(stream.Signature(data.StructLayout({"addr": addr_bits, "data": word_bits}))),
+            "rd_addr": Out(stream.Signature(addr_layout(addr_bits))),
+            "rd_data": In(stream.Signature(words_layout(word_bits))),
+        })
+
+
+class RingPortSignature(wiring.Signature):
+    """A chip's ring port: ``tx`` to chip (i + 1) mod N's ``rx``, through a
+    :class:`~hw.ring.link.RingLink`. Words are :func:`hw.layouts.ring_word_layout` of
+    ``word_bytes`` bytes."""
+
+    def __init__(self, word_bytes: int):
+        layout = ring_word_layout(word_bytes)
+        super().__init__({
+            "tx": Out(stream.Signature(layout)),
+            "rx": In(stream.Signature(layout)),
+        })
