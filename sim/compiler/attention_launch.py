@@ -128,7 +128,7 @@ def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,
 
 
 def emit(asm, launch: AttentionLaunch):
-    """Append the launch's SETs and ``ATTN`` to a :class:`sim.iss.Assembler`."""
+    """Append the launch's SETs and ``ATTN`` to a :class:`sim.compiler.assembler.Assembler`."""
     for gen in ("rd3", "rd4", "rd5", "wr1"):
         asm.set_desc(gen.upper(), getattr(launch, gen))
     for name, value in launch.regs.items():

@@ -115,7 +115,7 @@ def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: in
 
 
 def emit(asm, launch: CollLaunch):
-    """Append the launch's SETs and ``COLL`` to a :class:`sim.iss.Assembler`."""
+    """Append the launch's SETs and ``COLL`` to a :class:`sim.compiler.assembler.Assembler`."""
     if launch.rd6 is not None:
         asm.set_desc("RD6", launch.rd6)
     if launch.wr3 is not None:

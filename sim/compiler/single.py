@@ -32,8 +32,8 @@ from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
 
-from ..iss import Assembler
 from .alloc import Allocator, Tensor
+from .assembler import Assembler
 from .descriptors import emit_matmul, matmul_launch
 from .quantize import QLinear, QModel
 

@@ -11,7 +11,7 @@ every row (stride 0).
 :func:`vector_launch` is the general builder; :func:`ln_launch`, :func:`add_launch`,
 :func:`lut_launch`, :func:`load_lut_launch`, :func:`requant_launch`, :func:`bias_launch` and
 :func:`relu_launch` cover what a transformer block needs. :func:`emit` appends a launch to an
-:class:`~sim.iss.Assembler`.
+:class:`~sim.compiler.assembler.Assembler`.
 """
 
 from __future__ import annotations

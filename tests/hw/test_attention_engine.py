@@ -12,12 +12,13 @@ from hw.spec.attention import softmax_lanes
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.attention import launch_cycles
 from hw.tile.attention_engine import AttentionEngine
+from sim.compiler.assembler import Assembler
 from sim.compiler.attention_launch import attention_launch, emit, head_launches, plan_schedule
 from sim.golden.float_model import attention_mask
 from sim.golden.layer import attention_int
 from sim.golden.matmul import requant, wrap
 from sim.golden.softmax import softmax
-from sim.iss import Assembler, Iss, IssError
+from sim.iss import Iss, IssError
 from sim.rtl.attention_engine_driver import run_attention_engine
 
 SCORE_MULT, SCORE_SHIFT = 45000, 20     # q.k (std ~2**14) -> logits of std ~2.5 in Q8.8

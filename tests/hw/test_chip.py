@@ -10,13 +10,14 @@ from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
 from hw.tile.chip import Chip
+from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.compiler.single import compile_single, input_image
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.golden.matmul import matmul_unit
-from sim.iss import Assembler, Iss
+from sim.iss import Iss
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.pysim import SimulationTimeout
 

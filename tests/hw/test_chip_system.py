@@ -12,12 +12,12 @@ from hw.spec.isa import Unit
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
 from hw.system import ChipSystem
 from hw.tile.chip import Chip
+from sim.compiler.assembler import Assembler
 from sim.compiler.collective_launch import coll_launch, emit
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.golden.collectives import collective
 from sim.golden.matmul import matmul_unit
-from sim.iss import Assembler, Iss, IssError
-from sim.iss_system import IssSystem
+from sim.iss import Iss, IssError, IssSystem
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.pysim import SimulationTimeout
 from sim.rtl.system_runner import run_system_pysim

@@ -10,10 +10,11 @@ from hw.spec import npu_preset
 from hw.spec.formats import OutMode
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, row_words, unpack_rows
 from hw.tile.matmul_engine import MatmulEngine
+from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.golden.matmul import matmul_unit
 from sim.golden.scratchpad import addr_sequence
-from sim.iss import Assembler, Iss
+from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
 
 

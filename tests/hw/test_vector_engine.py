@@ -13,6 +13,7 @@ from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
 from hw.spec.vector_engine import VecFlags
 from hw.tile.vector_engine import VectorEngine
+from sim.compiler.assembler import Assembler
 from sim.compiler.vector_launch import (
     Rows,
     add_launch,
@@ -27,7 +28,7 @@ from sim.compiler.vector_launch import (
 )
 from sim.golden.scratchpad import addr_sequence
 from sim.golden.vector import VectorUnitModel, gelu_table
-from sim.iss import Assembler, Iss, IssError
+from sim.iss import Iss, IssError
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
 
 IDLE = 0.25

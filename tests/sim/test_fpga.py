@@ -15,6 +15,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 import hw.tops
+from hw.fpga.shell import SerialShell
 from hw.spec import PRESETS_DIR
 from sim import cli, fpga
 
@@ -209,12 +210,12 @@ def test_too_big_reports_the_overflow(capsys, fake_tools, tmp_path):
 
 def test_shell_rejects_a_non_component():
     with pytest.raises(TypeError, match=r"design must be a wiring.Component, not 42"):
-        fpga.SerialShell(42)
+        SerialShell(42)
 
 
 def test_shell_counts_port_bits():
     unit = hw.tops.build_top("matmul", hw.spec.npu_preset("tiny"))
-    shell = fpga.SerialShell(unit)
+    shell = SerialShell(unit)
     # i_a: 4 bytes + unsigned + last + valid; i_b: 4 bytes + valid; i_param: 4 x (32 + 16 + 6)
     # + mode + valid; o.ready: inputs. Outputs: three readies, o: 4 x 32 + last + valid.
     assert shell.in_bits == (32 + 3) + (32 + 1) + (4 * (32 + 16 + 6) + 2 + 1) + 1

@@ -24,10 +24,10 @@ from hw.spec.attention import (
 from hw.spec.formats import MULT_BITS, SHIFT_MAX, SHIFT_MIN
 from hw.spec.memory import pack_rows
 
-from .golden.attention import KVRing, score_row
-from .golden.matmul import requant
-from .golden.softmax import softmax
-from .iss_errors import IssError
+from ..golden.attention import KVRing, score_row
+from ..golden.matmul import requant
+from ..golden.softmax import softmax
+from .errors import IssError
 
 __all__ = ["exec_attention", "window_mask"]
 

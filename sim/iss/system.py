@@ -2,7 +2,7 @@
 
 Each chip runs its program until it reaches a ``COLL`` (or ``HALT``); when every chip of the
 ring waits at a ``COLL``, the collective executes for all of them at word level
-(:func:`sim.iss_collective.exec_collectives`: each chip's RD6 words unpacked, the golden
+(:func:`sim.iss.collective.exec_collectives`: each chip's RD6 words unpacked, the golden
 collective, the results packed and scattered through WR3), and they continue. Every chip of the
 ring takes part in every collective (chips outside the group forward its traffic), so the
 programs must have the same number of ``COLL``\\ s, with agreeing CO_* registers.
@@ -14,8 +14,9 @@ from hw.spec import NpuConfig
 from hw.spec.collective import check_chips
 from hw.spec.isa import IsaError, Op, decode
 
-from .iss import Iss, IssError
-from .iss_collective import exec_collectives
+from .chip import Iss
+from .collective import exec_collectives
+from .errors import IssError
 
 __all__ = ["IssSystem"]
 

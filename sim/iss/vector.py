@@ -23,9 +23,9 @@ from hw.spec.vector_engine import (
     uses_b,
 )
 
-from .golden.matmul import wrap
-from .golden.vector import VectorUnitModel, unpack_requant
-from .iss_errors import IssError
+from ..golden.matmul import wrap
+from ..golden.vector import VectorUnitModel, unpack_requant
+from .errors import IssError
 
 __all__ = ["exec_vector", "vector_unit"]
 

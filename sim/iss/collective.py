@@ -1,6 +1,6 @@
 """The ISS's COLL: one chip's registers as a request, its input words, its output words.
 
-A collective needs every chip of the ring, so :class:`sim.iss_system.IssSystem` executes it for
+A collective needs every chip of the ring, so :class:`sim.iss.IssSystem` executes it for
 all chips at once (:func:`exec_collectives`); a lone :class:`sim.iss.Iss` executes a COLL with
 ``CO_CHIPS = 1`` (the one-chip collective: the input, reduced over a group of one) and refuses
 any other. Word formats: :mod:`sim.compiler.collective_launch`.
@@ -22,9 +22,9 @@ from hw.spec.collective import (
     word_bytes,
     words_to_engine,
 )
-from sim.golden.collectives import collective
 
-from .iss_errors import IssError
+from ..golden.collectives import collective
+from .errors import IssError
 
 __all__ = ["coll_request", "exec_collective", "exec_collectives"]
 
@@ -105,5 +105,5 @@ def exec_collective(iss) -> None:
     req, _ = coll_request(iss)
     if req.chips != 1:
         raise IssError(f"COLL with CO_CHIPS={req.chips} needs the other chips: run the "
-                       "program in sim.iss_system.IssSystem")
+                       "program in sim.iss.IssSystem")
     exec_collectives([iss])

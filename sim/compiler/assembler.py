@@ -1,0 +1,48 @@
+"""The assembler: programs as lists of instructions, with descriptor helpers.
+
+The instruction encoding is :mod:`hw.spec.isa`; :func:`hw.spec.isa.disassemble` reads programs
+back.
+"""
+
+from __future__ import annotations
+
+from hw.spec.isa import ADDR_LEVELS, Insn, Op, encode, reg
+
+__all__ = ["Assembler"]
+
+
+class Assembler:
+    """Builds a program: a list of :class:`~hw.spec.isa.Insn` with helpers for descriptors."""
+
+    def __init__(self, *, elide: bool = True):
+        self.insns: list[Insn] = []
+        # Register values this program has already set: a SET of the same value again is
+        # dropped (registers are not assumed to start at any value).
+        self._known: dict[int, int] = {}
+        self._elide = elide
+
+    def set(self, name: str, value: int):
+        index, value = reg(name), int(value)
+        if self._elide and self._known.get(index) == value:
+            return
+        self._known[index] = value
+        self.insns.append(Insn(Op.SET, index, value))
+
+    def set_desc(self, gen: str, desc):
+        d = desc if isinstance(desc, dict) else desc.as_dict()
+        self.set(f"{gen}.base", d["base"])
+        for lv in range(ADDR_LEVELS):
+            self.set(f"{gen}.n{lv}", d["n"][lv])
+            self.set(f"{gen}.s{lv}", d["s"][lv])
+
+    def launch(self, op: Op, flags: int = 0):
+        self.insns.append(Insn(Op(op), 0, flags))
+
+    def wait(self, mask: int):
+        self.insns.append(Insn(Op.WAIT, 0, int(mask)))
+
+    def halt(self):
+        self.insns.append(Insn(Op.HALT))
+
+    def words(self) -> list[int]:
+        return [encode(i) for i in self.insns]
