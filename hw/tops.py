@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .ring.testbed import RingTestbed
 from .spec import NpuConfig
+from .system import ChipSystem
+from .tile.attention import AttentionBuffer
+from .tile.chip import Chip
+from .tile.matmul import MatmulUnit
+from .tile.softmax import SoftmaxUnit
+from .tile.vector import VectorUnit
 
 __all__ = ["Top", "TOPS", "build_top"]
 
@@ -23,37 +30,30 @@ class Top:
 
 
 def _matmul(npu: NpuConfig, chips: int):
-    from .tile.matmul import MatmulUnit
     return MatmulUnit(size=npu.array_size)
 
 
 def _softmax(npu: NpuConfig, chips: int):
-    from .tile.softmax import SoftmaxUnit
     return SoftmaxUnit(length=npu.softmax_len)
 
 
 def _attention(npu: NpuConfig, chips: int):
-    from .tile.attention import AttentionBuffer
     return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len)
 
 
 def _ring(npu: NpuConfig, chips: int):
-    from .ring.testbed import RingTestbed
     return RingTestbed(npu=npu, chips=chips)
 
 
 def _vector(npu: NpuConfig, chips: int):
-    from .tile.vector import VectorUnit
     return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
 
 
 def _tile(npu: NpuConfig, chips: int):
-    from .tile.chip import Chip
     return Chip(npu=npu)
 
 
 def _system(npu: NpuConfig, chips: int):
-    from .system import ChipSystem
     return ChipSystem(npu=npu, chips=chips)
 
 

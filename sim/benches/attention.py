@@ -18,7 +18,7 @@ import numpy as np
 
 from hw.tile.attention import AttentionBuffer
 from sim.golden.attention import KV, Query, run_sequence
-from sim.rtl.attention import run_attention
+from sim.rtl.attention_driver import run_attention
 
 
 def _measure(window, d_head, rng):

@@ -1,4 +1,4 @@
-"""Whole blocks on one chip: cycles vs the array-bound ideal, unit shares, overlap (issue #5).
+"""Whole blocks on one chip: cycles vs the array-bound ideal, unit shares, overlap.
 
 The ideal is ``total MACs / N²`` (every multiply-accumulate of the projections, the FFN and the
 attention scores/values, at the full array rate). The d_model = 128 case runs on the exported
@@ -6,38 +6,16 @@ chip under Verilator (the chip runs from its own sequencer, so this is fast once
 mode runs one tiny block on Amaranth's simulator.
 """
 
-import argparse
 import dataclasses
-import json
-import tempfile
-from pathlib import Path
 
 from hw.spec import ModelConfig, npu_preset
 
-from ..run import run_sim_command
-
-
-def _toml_file(tmp, config) -> str:
-    """Write a config dataclass back as the TOML file it could have been loaded from."""
-    keys = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-            if f.name != "path" and getattr(config, f.name) != ""}
-    lines = [f"{k} = {str(v).lower()}" if isinstance(v, bool) else f"{k} = {json.dumps(v)}"
-             for k, v in keys.items()]
-    path = Path(tmp) / f"{config.name}-{type(config).__name__}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+from ..simulate import simulate
 
 
 def _run(npu, cfg, backend):
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "r.json"
-        args = argparse.Namespace(
-            npu=_toml_file(tmp, npu), model=_toml_file(tmp, cfg), strategy="single", chips=1,
-            backend=backend, seed=0, weights=None, input=None, calib=None, output=None,
-            json=str(report), vcd=None, trace=None, plot=None, microbatches=None, batch=None,
-            max_cycles=None)
-        status = run_sim_command(args)
-        return status, json.loads(report.read_text())
+    report = simulate(npu, cfg, backend=backend)
+    return (0 if report.golden_match else 1), report.to_json()
 
 
 def _rows(label, npu, cfg, status, r):

@@ -25,7 +25,7 @@ import numpy as np
 from hw.spec import npu_preset
 from hw.spec.collective import CollectiveRequest
 from hw.spec.timing.collective import ring_bound_cycles, system_cycles
-from sim.collective import simulate_collective
+from sim.rtl.ring_runner import simulate_collective
 
 SIZES = (64, 256, 1024, 4096, 16384, 65536)
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hw.spec.formats import OutMode, out_words
+from hw.spec.isa import Op
 from hw.spec.memory import PARAM_WORDS
 
 __all__ = ["Desc", "MatmulLaunch", "matmul_launch", "emit_matmul"]
@@ -75,7 +76,6 @@ def matmul_launch(*, size, m, k, n, a_base, a_row_words, b_base, p_base, c_base,
 
 def emit_matmul(asm, launch: MatmulLaunch):
     """Append a launch's descriptors, its ``MM_*`` registers and ``MATMUL`` to ``asm``."""
-    from hw.spec.isa import Op
 
     for gen in ("rd0", "rd1", "rd2", "wr0"):
         asm.set_desc(gen.upper(), getattr(launch, gen))

@@ -31,11 +31,16 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
+from hw.spec.vector import pack_gamma_beta
 
+from . import attention_launch as al_
+from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
+from .attention_launch import plan_schedule
 from .descriptors import emit_matmul, matmul_launch
 from .quantize import QLinear, QModel
+from .vector_launch import Rows
 
 __all__ = ["Compiled", "check_single_chip", "compile_single", "emit_tensor_matmul",
            "input_image"]
@@ -62,7 +67,6 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig):
         refuse("d_model", cfg.d_model, f"exceeds d_model_max={npu.d_model_max}", npu.path)
     if cfg.seq_len > npu.max_seq_len:
         refuse("seq_len", cfg.seq_len, f"exceeds max_seq_len={npu.max_seq_len}", npu.path)
-    from .attention_launch import plan_schedule
     try:
         plan_schedule(seq=cfg.seq_len, window=cfg.window, causal=cfg.causal,
                       ring=npu.attn_window)
@@ -233,7 +237,6 @@ def _emit_block(ctx, i, w):
 
 
 def _rows(t: Tensor):
-    from .vector_launch import Rows
     return Rows(t.base, t.rows, t.row_words, t.eb)
 
 
@@ -242,9 +245,6 @@ def emit_vector(asm, al: Allocator, ctx: dict, kind: str, *, layer: int = 0, whi
                 out: Tensor | None = None, q_out: Tensor | None = None,
                 y_out: Tensor | None = None, mult: int = 1, shift: int = 1):
     """One VEC launch over every row of ``src`` (``length`` = the model's real width)."""
-    from hw.spec.vector import pack_gamma_beta
-
-    from . import vector_launch as vl
 
     n, cfg, qm = ctx["n"], ctx["cfg"], ctx["qm"]
     if kind == "ln":
@@ -276,7 +276,6 @@ def emit_vector(asm, al: Allocator, ctx: dict, kind: str, *, layer: int = 0, whi
 def emit_attention_head(asm, al: Allocator, ctx: dict, layer, head: int, qkv: Tensor,
                         o: Tensor, pos_base: int = 0):
     """One ATTN launch: head ``head`` of the fused Q|K|V tensor into its columns of ``o``."""
-    from . import attention_launch as al_
 
     npu, cfg, n, dh_pad = ctx["npu"], ctx["cfg"], ctx["n"], ctx["dh_pad"]
     seq = ctx["seq"]

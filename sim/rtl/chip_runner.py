@@ -1,17 +1,20 @@
-"""Run a program on the chip RTL in Amaranth's simulator: load through the host port, start,
-wait for ``done`` (or the watchdog), read results back."""
+"""Run a program on one chip's RTL: load through the host port, start, wait for ``done`` (or
+the watchdog), read results back; in Amaranth's simulator (:func:`run_chip_pysim`) or as
+exported Verilog under cocotb + Verilator (:func:`run_chip_verilator`)."""
 
 from __future__ import annotations
 
 import numpy as np
+from amaranth.back import verilog
 
 from hw.spec import NpuConfig
 from hw.tile.chip import Chip
 
 from .pysim import SimulationTimeout, run_sim
+from .verilator import run_cocotb
 
-__all__ = ["run_chip_pysim", "words_to_ints", "ints_to_words", "host_load", "host_read",
-           "wait_done"]
+__all__ = ["run_chip_pysim", "run_chip_verilator", "words_to_ints", "ints_to_words", "host_load",
+           "host_read", "wait_done"]
 
 
 def words_to_ints(words: np.ndarray) -> list[int]:
@@ -106,4 +109,28 @@ def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndar
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * sum(
         c for _, c in reads) + 100, vcd=vcd)
     out.update(wall_s=stats["wall_s"], cycles_per_s=stats["cycles_per_s"])
+    return out
+
+
+def run_chip_verilator(npu: NpuConfig, program: list[int], images: dict[int, np.ndarray],
+                       reads: list[tuple[int, int]], *, max_cycles: int = 1_000_000) -> dict:
+    """Same contract as :func:`sim.rtl.chip_runner.run_chip_pysim`, plus ``timeout``."""
+    chip = Chip(npu=npu)
+    text = verilog.convert(chip, name="npu_chip")
+    bases = sorted(images)
+    data = {
+        "program": np.array(program, np.uint64),
+        "image_bases": np.array(bases, np.int64),
+        "image_sizes": np.array([len(images[b]) for b in bases], np.int64),
+        "image_words": (np.concatenate([images[b] for b in bases]) if bases
+                        else np.zeros((0, npu.word_bytes), np.uint8)),
+        "reads": np.array(reads, np.int64).reshape(-1, 2),
+        "word_bytes": npu.word_bytes,
+        "imem_addr_bits": npu.imem_addr_bits,
+        "addr_bits": npu.sram_addr_bits,
+        "max_cycles": max_cycles,
+    }
+    out = run_cocotb(text, top="npu_chip", test_module="tb_chip", data=data,
+                     timeout=3600.0)
+    out["regions"] = [np.array(r, np.uint8).reshape(-1, npu.word_bytes) for r in out["regions"]]
     return out

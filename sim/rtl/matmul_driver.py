@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from hw.spec.formats import OutMode
+from hw.tile.matmul import MatmulUnit
+
+from .pysim import run_sim, send_all, stream_get
 
 __all__ = ["MatmulJob", "simulate_pysim"]
 
@@ -124,9 +127,6 @@ def simulate_pysim(job: MatmulJob, *, rng: np.random.Generator | None = None, id
     cycles of the first input transfer and the last output transfer), ``cycles``
     (``last_out - first_in + 1``) and the simulator's speed.
     """
-    from hw.tile.matmul import MatmulUnit
-
-    from .pysim import run_sim, send_all, stream_get
 
     dut = MatmulUnit(size=job.size)
     rows, lasts, marks = [], [], {}

@@ -10,7 +10,9 @@ and the golden outputs; the same beat lists feed Amaranth's simulator and the co
 from __future__ import annotations
 
 from hw.spec.vector import VectorCmd, VectorOp, beats
+from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import VectorUnitModel
+from sim.rtl.pysim import collect, run_sim, send_all
 
 __all__ = ["vector_beats", "command_beats", "prepare", "check_outputs", "simulate_pysim"]
 
@@ -89,8 +91,6 @@ def simulate_pysim(program, *, lanes: int, d_model_max: int, rng=None, idle: flo
     Returns ``{"expected", "data", "stats", "cycles", "sim"}``: ``cycles`` counts from the
     first ``i_cmd`` transfer to the last output transfer.
     """
-    from hw.tile.vector import VectorUnit, cmd_layout
-    from sim.rtl.pysim import collect, run_sim, send_all
 
     dut = VectorUnit(lanes=lanes, d_model_max=d_model_max)
     job = prepare(program, lanes)

@@ -22,7 +22,7 @@ from sim.golden.attention import (
     split_partials,
 )
 from sim.golden.matmul import wrap
-from sim.rtl.attention import kv_payload, q_payload, run_attention
+from sim.rtl.attention_driver import kv_payload, q_payload, run_attention
 from sim.rtl.pysim import run_sim, stream_get, stream_put
 
 W, D, L = 16, 8, 16  # the tiny preset's window and softmax length; a small d_head

@@ -138,7 +138,7 @@ def test_iss_and_rtl_agree_on_a_two_layer_program():
 def test_verilator_chip_equals_pysim(verilator_ok):
     """The exported chip runs a whole compiled block (LN, matmuls, attention, GELU, residual)
     under Verilator: same memory, same cycle count and same busy counters as pysim."""
-    from sim.rtl.chip_verilator import run_chip_verilator
+    from sim.rtl.chip_runner import run_chip_verilator
 
     npu, comp, images, want = compiled_block(norm="post", causal=False)
     x = comp.x

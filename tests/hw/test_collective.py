@@ -22,8 +22,8 @@ from hw.spec.collective import (
     block_sizes,
 )
 from hw.spec.timing.collective import predicted_cycles, system_cycles
-from sim.collective import simulate_collective
 from sim.golden import collectives as golden
+from sim.rtl.ring_runner import simulate_collective
 
 TINY = npu_preset("tiny")
 FPGA_LINK = dataclasses.replace(TINY, link_bytes_per_cycle=8, link_latency_cycles=4)
@@ -201,7 +201,7 @@ def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
     from hw.ring.collective import command_layout
     from hw.spec.collective import local_blocks, output_blocks, pack_blocks, unpack_blocks
     from sim.cli import main
-    from sim.collective import command_value
+    from sim.rtl.ring_runner import command_value
     from sim.rtl.verilator import run_cocotb
 
     assert main(["export", "--top", "ring", "--npu", str(TINY.path), "-o", str(tmp_path)]) == 0
@@ -238,8 +238,8 @@ def test_barrier_waits_for_the_last_member(chips, first, count, late):
     """Members start together except chip ``late``, 60 cycles later: no member may leave the
     barrier before the late one has issued it; everyone leaves soon after."""
     from hw.ring.testbed import RingTestbed
-    from sim.collective import command_value
     from sim.rtl.pysim import run_sim
+    from sim.rtl.ring_runner import command_value
 
     req = CollectiveRequest(kind="barrier", op="sum", width=32, length=1, chips=chips,
                             first=first, count=count)
@@ -319,10 +319,10 @@ def test_minimal_buffers_survive_stalls(rng):
 
 def test_buffers_smaller_than_a_block_deadlock(monkeypatch):
     """Why check_fits exists: with less than a block of buffering every chip waits forever."""
-    import sim.collective
+    import sim.rtl.ring_runner
     from sim.rtl.pysim import SimulationTimeout
 
-    monkeypatch.setattr(sim.collective, "check_fits", lambda *args: None)
+    monkeypatch.setattr(sim.rtl.ring_runner, "check_fits", lambda *args: None)
     req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=256, chips=2)
     with pytest.raises(SimulationTimeout):
         simulate_collective(TINY, req, [np.zeros(256, np.int32)] * 2, fifo_words=8,

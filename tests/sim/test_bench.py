@@ -1,18 +1,9 @@
-"""The benchmark harness: table formatting and the chip bench's config files."""
+"""The benchmark harness: table formatting, module selection."""
 
-import dataclasses
+import pytest
 
-from hw.spec import ModelConfig, load_model, load_npu, npu_preset
-from sim.bench import format_table
-from sim.benches.chip import _toml_file
-
-
-def test_chip_bench_writes_configs_that_load_back(tmp_path):
-    npu = dataclasses.replace(npu_preset("fpga"), sram_bytes=512 * 1024, name="fpga-512k")
-    cfg = ModelConfig(n_layers=1, d_model=128, n_heads=2, d_head=64, d_ff=512, seq_len=32,
-                      causal=False, name="d128")
-    assert load_npu(_toml_file(tmp_path, npu)) == npu
-    assert load_model(_toml_file(tmp_path, cfg)) == cfg
+from sim.bench import format_table, run_benchmarks
+from sim.errors import BadInput
 
 
 def test_table_has_every_row_and_ratio():
@@ -22,3 +13,8 @@ def test_table_has_every_row_and_ratio():
     assert lines[0].split() == ["bench", "value", "unit", "ref", "ratio", "note"]
     assert lines[2].split() == ["a", "1.235", "x", "2", "0.6173"]
     assert lines[3].split() == ["b", "7", "n"]
+
+
+def test_unknown_benchmark_is_refused():
+    with pytest.raises(BadInput, match=r"unknown benchmark 'nosuch'; choose from .*matmul"):
+        run_benchmarks(only=["nosuch"])

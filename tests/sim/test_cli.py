@@ -12,7 +12,9 @@ from amaranth.lib.wiring import In, Out
 
 import hw.tops
 from hw.spec import PRESETS_DIR
-from sim import cli
+from sim import errors
+from sim.cli import main
+from sim.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_NPU = str(PRESETS_DIR / "npu" / "tiny.toml")
@@ -22,13 +24,13 @@ COMMANDS = ["sim", "collective", "plan", "export", "fpga", "bench"]
 
 def run(capsys, *argv):
     """Run ``npu argv`` in-process; return (status, stdout, stderr)."""
-    status = cli.main(list(argv))
+    status = main(list(argv))
     out, err = capsys.readouterr()
     return status, out, err
 
 
 def assert_one_line_error(status, out, err, *fragments):
-    assert status == cli.EXIT_BAD_INPUT, f"exit status {status}, stderr {err!r}"
+    assert status == errors.EXIT_BAD_INPUT, f"exit status {status}, stderr {err!r}"
     assert out == "", f"stdout should be empty, got {out!r}"
     assert err.endswith("\n") and err.count("\n") == 1, f"stderr is not one line: {err!r}"
     assert "Traceback" not in err
@@ -55,7 +57,7 @@ def bad_files(tmp_path):
 
 def test_help_lists_every_command(capsys):
     status, out, err = run(capsys, "--help")
-    assert status == cli.EXIT_OK and err == ""
+    assert status == errors.EXIT_OK and err == ""
     assert out.startswith("usage: npu ")
     for command in COMMANDS:
         assert f"\n    {command} " in out or f"\n    {command}\n" in out, \
@@ -65,7 +67,7 @@ def test_help_lists_every_command(capsys):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_command_help(capsys, command):
     status, out, err = run(capsys, command, "-h")
-    assert status == cli.EXIT_OK and err == ""
+    assert status == errors.EXIT_OK and err == ""
     assert out.startswith(f"usage: npu {command} ")
 
 
@@ -185,7 +187,7 @@ GOOD_ARGS = {
 
 @pytest.mark.parametrize("command", sorted(GOOD_ARGS))
 def test_not_built_commands_say_so(capsys, command):
-    args = cli._build_parser().parse_args([command, *GOOD_ARGS[command]])
+    args = build_parser().parse_args([command, *GOOD_ARGS[command]])
     assert getattr(args.run, "not_built", False), f"npu {command} is built: drop it here"
     assert_one_line_error(*run(capsys, command, *GOOD_ARGS[command]),
                           f"npu {command}: not built yet (")

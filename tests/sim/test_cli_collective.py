@@ -8,7 +8,8 @@ import pytest
 
 from hw.spec import PRESETS_DIR
 from sim import golden
-from sim.cli import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK, main
+from sim.cli import main
+from sim.errors import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK
 from sim.golden import collectives as golden_collectives
 
 TINY = str(PRESETS_DIR / "npu" / "tiny.toml")
@@ -102,7 +103,7 @@ def _bad(tmp_path, name, array):
     (lambda t: ["--chips", "2", "--input", _bad(t, "f.npy", np.zeros((2, 3), np.float32))],
      r"has dtype float32; expected an integer array"),
     (lambda t: ["--chips", "2", "--input", _bad(t, "big.npy", np.full((2, 3), 2**40))],
-     r"values outside int32 .* use --width 64"),
+     r"values outside int32 .* --width 64"),
     (lambda t: ["--chips", "2", "--input", _bad(t, "m.npz", {
         "chip0": np.zeros(3, np.int32), "chip1": np.zeros(4, np.int32)})],
      r"length mismatch between chips: chip0 has 3 elements, chip1 has 4"),

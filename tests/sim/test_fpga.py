@@ -17,7 +17,8 @@ from amaranth.lib.wiring import In, Out
 import hw.tops
 from hw.fpga.shell import SerialShell
 from hw.spec import PRESETS_DIR
-from sim import cli, fpga
+from sim import errors, fpga
+from sim.cli import main
 
 TINY_NPU = str(PRESETS_DIR / "npu" / "tiny.toml")
 FIXTURE = Path(__file__).with_name("fpga_report_ecp5.json")
@@ -25,7 +26,7 @@ ECP5 = fpga.DEVICES["ecp5-85k"]
 
 
 def run(capsys, *argv):
-    status = cli.main(list(argv))
+    status = main(list(argv))
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -38,7 +39,7 @@ def assert_one_line(err, *fragments):
 
 
 def assert_bad_input(status, out, err, *fragments):
-    assert status == cli.EXIT_BAD_INPUT, f"exit status {status}, stderr {err!r}"
+    assert status == errors.EXIT_BAD_INPUT, f"exit status {status}, stderr {err!r}"
     assert out == "", f"stdout should be empty, got {out!r}"
     assert_one_line(err, *fragments)
 
@@ -176,7 +177,7 @@ def test_tool_failure_is_one_line(capsys, fake_tools):
     build = fake_tools(FAKE_FAIL, FAKE_OK)
     status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "wire",
                            "--build", str(build))
-    assert status == fpga.EXIT_TOOL_FAILED and out == ""
+    assert status == errors.EXIT_TOOL_FAILED and out == ""
     assert_one_line(err, "npu fpga: yosys failed (exit 1): ERROR: fake failure",
                     str(build / "yosys.log"))
 
@@ -185,7 +186,7 @@ def test_tool_failure_without_build_dir(capsys, fake_tools, monkeypatch):
     # Without --build the tools run in a temporary directory: put the fakes on their path.
     monkeypatch.setenv("PYTHONPATH", str(fake_tools(FAKE_OK, FAKE_FAIL)))
     status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "wire")
-    assert status == fpga.EXIT_TOOL_FAILED and out == ""
+    assert status == errors.EXIT_TOOL_FAILED and out == ""
     assert_one_line(err, "npu fpga: nextpnr-ecp5 failed (exit 1): ERROR: fake failure",
                     "rerun with --build DIR")
 
@@ -195,7 +196,7 @@ def test_too_big_reports_the_overflow(capsys, fake_tools, tmp_path):
     out_json = tmp_path / "out" / "fpga.json"
     status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "wire",
                            "--build", str(build), "--json", str(out_json))
-    assert status == fpga.EXIT_NO_FIT
+    assert status == errors.EXIT_MISMATCH
     assert_one_line(err, "npu fpga: wire does not fit ecp5-85k: DP16KD over")
     assert ["DP16KD", "260", "208", "125.0%", "OVER"] in [line.split() for line in
                                                           out.splitlines()], out
@@ -231,7 +232,7 @@ def test_end_to_end_tiny_matmul(capsys, tmp_path):
     out_json = tmp_path / "fpga.json"
     status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "matmul",
                            "--json", str(out_json))
-    assert status == cli.EXIT_OK, err
+    assert status == errors.EXIT_OK, err
     result = json.loads(out_json.read_text())
     res = result["resources"]
     assert result["fits"] is True

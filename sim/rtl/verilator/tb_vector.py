@@ -8,8 +8,8 @@ import cocotb
 from cocotb.clock import Clock
 
 from hw.tile.vector import cmd_layout, out_layout, stats_layout, vec_layout
-from sim.rtl.cocotb_streams import reset, run_streams
 from sim.rtl.verilator import tb_data, tb_report
+from sim.rtl.verilator.streams import reset, run_streams
 
 FIELDS = ("op", "length", "n", "mult", "shift", "gshift", "out16", "per_channel")
 

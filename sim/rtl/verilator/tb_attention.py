@@ -1,6 +1,6 @@
 """cocotb testbench for the exported attention buffer (``npu export --top attention``).
 
-One per-cycle loop plays the same three roles as ``sim.rtl.attention.run_attention`` with no
+One per-cycle loop plays the same three roles as ``sim.rtl.attention_driver.run_attention`` with no
 idle or backpressure, so that transfers land on the same clock edges as in Amaranth's simulator:
 a sequencer offers the commands in order (``i_kv`` / ``i_q``); a responder takes the query's
 ``o_partial`` (split mode), offers its reduced row, takes ``o_scores`` and offers its

@@ -13,8 +13,8 @@ from cocotb.triggers import ReadOnly, RisingEdge
 
 from hw.tile.softmax import SoftmaxUnit
 from sim.golden.softmax import softmax
-from sim.rtl.cocotb_streams import reset
 from sim.rtl.verilator import tb_data, tb_report
+from sim.rtl.verilator.streams import reset
 
 
 class TB:

@@ -8,9 +8,9 @@ from cocotb.clock import Clock
 from hw.spec.formats import OutMode
 from hw.tile.matmul import a_layout, acc_layout, b_layout, param_layout
 from sim.golden.matmul import matmul_unit
-from sim.rtl.cocotb_streams import reset, run_streams
 from sim.rtl.matmul_driver import MatmulJob
 from sim.rtl.verilator import tb_data, tb_report
+from sim.rtl.verilator.streams import reset, run_streams
 
 
 @cocotb.test()

@@ -9,8 +9,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, with_timeout
 from cocotb.utils import get_sim_time
 
-from sim.rtl.cocotb_streams import reset
 from sim.rtl.verilator import tb_data, tb_report
+from sim.rtl.verilator.streams import reset
 
 
 def _words_to_int(row):

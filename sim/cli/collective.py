@@ -1,0 +1,98 @@
+"""``npu collective``: one collective on the simulated ring (:func:`sim.api.run_collective`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..collective import DEFAULT_MAX_CYCLES, run_collective
+from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
+from .common import load_config, positive, write_json
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub):
+    p = sub.add_parser("collective", help="run one collective on the simulated ring")
+    p.add_argument("--kind", required=True, choices=["all_reduce", "reduce_scatter", "all_gather"])
+    p.add_argument("--op", default="sum", choices=["sum", "max", "min", "avg"])
+    p.add_argument("--chips", type=positive, required=True)
+    p.add_argument("--npu", required=True)
+    p.add_argument("--width", type=int, default=32, choices=[32, 64])
+    p.add_argument("--group", help="FIRST:COUNT, a group of consecutive chips (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    for opt in ("--input", "--output", "--json"):
+        p.add_argument(opt)
+    p.add_argument("--max-cycles", type=positive)
+    p.set_defaults(run=run)
+
+
+def _group(text, chips):
+    if text is None:
+        return 0, chips
+    try:
+        first, count = (int(part, 0) for part in text.split(":"))
+    except ValueError:
+        raise BadInput(f"--group {text!r} is not FIRST:COUNT") from None
+    return first, count
+
+
+def _read_input(path, chips):
+    """[chips, length] from an ``.npy``, or an ``.npz`` with ``chip0..chip{N-1}`` of one
+    length."""
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"cannot read --input {path}: {exc}") from None
+    if isinstance(x, np.ndarray):
+        return x
+    with x as npz:
+        names = [f"chip{i}" for i in range(chips)]
+        missing = [n for n in names if n not in npz.files]
+        if missing or len(npz.files) != chips:
+            raise BadInput(f"--input {path} must hold arrays {names[0]}..{names[-1]} "
+                           f"(has {', '.join(npz.files) or 'nothing'})")
+        rows = [npz[n] for n in names]
+    for name, row in zip(names, rows, strict=True):
+        if row.ndim != 1:
+            raise BadInput(f"--input {path}: {name} has shape {row.shape}; expected a vector")
+        if row.shape != rows[0].shape:
+            raise BadInput(f"--input {path}: length mismatch between chips: chip0 has "
+                           f"{rows[0].shape[0]} elements, {name} has {row.shape[0]}")
+    return np.stack(rows)
+
+
+def _write_output(path, outputs):
+    """[chips, length] as ``.npy``, or an ``.npz`` of ``chip0..`` when the lengths differ."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if len({o.shape[0] for o in outputs}) == 1:
+        np.save(path, np.stack(outputs))
+        return path
+    if path.suffix != ".npz":
+        path = path.with_suffix(".npz")
+    np.savez(path, **{f"chip{i}": o for i, o in enumerate(outputs)})
+    return path
+
+
+def run(args) -> int:
+    npu = load_config(args, "npu")
+    first, count = _group(args.group, args.chips)
+    x = _read_input(args.input, args.chips) if args.input else None
+    try:
+        report = run_collective(npu, kind=args.kind, op=args.op, chips=args.chips,
+                                width=args.width, first=first, count=count, x=x, seed=args.seed,
+                                max_cycles=args.max_cycles or DEFAULT_MAX_CYCLES)
+    except BadInput as exc:
+        text = str(exc)
+        if args.input and text.startswith("input "):
+            text = f"--input {args.input} {text[len('input '):]}"
+        raise BadInput(text) from None
+    data = report.to_json()
+    if args.output:
+        data["output"] = str(_write_output(args.output, report.outputs))
+    if args.json:
+        write_json(args.json, data)
+    print(report.summary())
+    return EXIT_OK if report.golden_match else EXIT_MISMATCH

@@ -1,0 +1,72 @@
+"""What every ``npu`` command shares: the one-line argument parser, option types, file I/O."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hw.spec import ConfigError, load_model, load_npu
+
+from ..errors import BadInput
+
+__all__ = ["Parser", "positive", "probability", "load_config", "load_array", "write_json"]
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, not argparse's usage block: scripts read the first line of stderr.
+        raise BadInput(f"{self.prog}: {message}")
+
+
+def positive(text):
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def probability(text):
+    """A probability per cycle in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is outside [0, 1)")
+    return value
+
+
+def load_config(args, option: str):
+    """The constraint file named by ``--npu`` or ``--model``; a bad one is bad input that names
+    the command, the option, then the file, key, value and limit."""
+    loader = load_npu if option == "npu" else load_model
+    try:
+        return loader(getattr(args, option))
+    except ConfigError as exc:
+        raise BadInput(f"npu {args.command}: argument --{option}: {exc}") from None
+
+
+def load_array(path: str, option: str):
+    """An ``.npy`` array or an ``.npz`` archive (still open: the caller reads it)."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise BadInput(f"{option} {path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{option} {path}: not a NumPy file ({exc})") from None
+
+
+def write_json(path: str | Path, data) -> Path:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror}") from None
+    return path

@@ -1,0 +1,40 @@
+"""``npu fpga``: synthesise, place and route for an FPGA (:func:`sim.api.synthesize`)."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import EXIT_MISMATCH, EXIT_OK
+from ..fpga import DEVICES, format_table, synthesize
+from .common import load_config, write_json
+
+__all__ = ["add_parser", "run"]
+
+#: Exit status when the design does not fit the device.
+EXIT_NO_FIT = EXIT_MISMATCH
+
+
+def add_parser(sub):
+    p = sub.add_parser("fpga", help="synthesise for an FPGA and report use and fmax")
+    p.add_argument("--npu", required=True)
+    p.add_argument("--device", default="ecp5-85k", choices=list(DEVICES))
+    p.add_argument("--top", default="matmul", help="top from `npu export` (default: matmul)")
+    p.add_argument("--json")
+    p.add_argument("--build", help="keep the Verilog, netlists, logs and report in this directory")
+    p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    npu = load_config(args, "npu")
+    result = synthesize(npu, top=args.top, device=args.device, build_dir=args.build,
+                        seed=args.seed)
+    print(format_table(result))
+    if args.json:
+        write_json(args.json, result)
+    if not result["fits"]:
+        over = [n for n, r in result["resources"].items() if r["used"] > r["available"]]
+        print(f"npu fpga: {args.top} does not fit {args.device}: {', '.join(over)} over",
+              file=sys.stderr)
+        return EXIT_NO_FIT
+    return EXIT_OK
