@@ -1,4 +1,5 @@
-"""Stream payload layouts shared across units (DESIGN.md §2, integration contract).
+"""Stream payload layouts shared across units (the integration contract of
+``docs/architecture.md``).
 
 Every unit's streams carry a ``data.Struct`` of a vector of lanes plus ``last`` (and, where a unit
 needs it, a few more fields): :func:`lanes_layout` builds them so they look alike everywhere.

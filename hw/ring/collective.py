@@ -1,4 +1,4 @@
-"""Collective engine: one per chip, streams only (DESIGN.md §2 integration contract).
+"""Collective engine: one per chip, streams only (the chip's stream contract).
 
 The engine owns no addresses. It takes a command, consumes the local input stream and the ring
 receive stream, and produces the local output stream and the ring transmit stream, following

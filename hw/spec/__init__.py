@@ -1,6 +1,6 @@
 """What gateware, golden models and compiler share: configs, number formats, encodings.
 
-Plain Python, free of Amaranth (DESIGN.md §4).
+Plain Python, free of Amaranth (``docs/architecture.md``, layers).
 """
 
 from .config import (

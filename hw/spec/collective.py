@@ -4,8 +4,8 @@ Plain Python (and NumPy), no Amaranth: the collective engine's gateware
 (:mod:`hw.ring.collective`), the golden model (:mod:`sim.golden.collectives`), the host-side test
 DMA packing and, later, the instruction-set simulator and the compiler all read this module.
 
-Semantics (MPI rank order, DESIGN.md §2)
-----------------------------------------
+Semantics (MPI rank order)
+--------------------------
 A collective runs over a **group** of ``count`` consecutive chips starting at ``first`` on a ring
 of ``chips`` chips, wrapping around (first=6, count=4 on 8 chips is chips 6, 7, 0, 1). A member's
 **group rank** ``p`` is its distance from ``first`` along the ring. Chips outside the group

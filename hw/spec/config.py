@@ -1,7 +1,7 @@
 """NPU hardware limits and transformer model shapes, loaded from TOML into frozen dataclasses.
 
 Plain Python, no Amaranth: the gateware, the golden models, the compiler and the planner all read
-the same objects (DESIGN.md §4, §6).
+the same objects (``docs/formats.md`` lists every key).
 
 Every rejected file raises :class:`ConfigError` with one line that names the file, the key, the
 offending value and the limit it breaks, e.g.::

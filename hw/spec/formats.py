@@ -1,4 +1,4 @@
-"""Number formats shared by gateware, golden models and compiler (DESIGN.md §3).
+"""Number formats shared by gateware, golden models and compiler (``docs/formats.md``).
 
 - Matmul operands are int8; the A operand may instead be unsigned 8-bit (softmax probabilities).
 - Accumulators are int32 and wrap modulo 2**32 (two's complement), so partial sums computed on

@@ -1,6 +1,6 @@
 """Systolic int8 matmul array, requantiser, and the two wired together.
 
-Number formats follow DESIGN.md §3 and ``hw.spec.formats``; the golden model is
+Number formats follow ``hw.spec.formats``; the golden model is
 ``sim.golden.matmul``.
 """
 
@@ -226,7 +226,7 @@ class MatmulArray(wiring.Component):
 
 
 class Requantizer(wiring.Component):
-    """Per-column bias add and requantisation of output tiles (DESIGN.md §3).
+    """Per-column bias add and requantisation of output tiles (``hw.spec.formats``).
 
     For every row of a tile and every column j::
 

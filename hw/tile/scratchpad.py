@@ -1,4 +1,4 @@
-"""Scratchpad SRAM and its address generators (DESIGN.md §2).
+"""Scratchpad SRAM and its address generators.
 
 The scratchpad is ``banks`` banks of :class:`amaranth.lib.memory.Memory`, each with one
 synchronous read port and one write port (simple dual-port block RAM). A word is one row of the

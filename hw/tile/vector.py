@@ -75,7 +75,7 @@ def _round_shift(value, amount):
 
 
 def _requant(m, value, mult, shift, bits, name):
-    """DESIGN.md §3: ``clamp((value * mult + (1 << (shift-1))) >> shift)`` to ``bits``."""
+    """``hw.spec.formats``: ``clamp((value * mult + (1 << (shift-1))) >> shift)`` to ``bits``."""
     return _clamp(m, _round_shift(value * mult, shift), bits, name)
 
 

@@ -1,4 +1,4 @@
-"""Ring collectives: cycles vs the step-synchronous ring cost (DESIGN.md §7).
+"""Ring collectives: cycles vs the step-synchronous ring cost (``docs/formats.md``, benchmarks).
 
 For N = 2, 4, 8 chips and messages of M = 64 B .. 64 KiB (int32 elements, tiny preset: links
 of B = 4 bytes per cycle, a = 2 cycles of latency):

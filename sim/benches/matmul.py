@@ -1,7 +1,7 @@
 """Matmul array: utilisation and cycles vs SCALE-Sim's model; pysim vs Verilator speed.
 
 SCALE-Sim v3's output-stationary model takes ``F*L - 1`` cycles for F folds with
-``L = R + C + T - 2`` (R = C = array size, T = K); DESIGN.md §2 measured 4991 cycles for
+``L = R + C + T - 2`` (R = C = array size, T = K); SCALE-Sim v3's model gives 4991 cycles for
 64x64x64 on 8x8. Our array overlaps folds, so the ratio cycles / SCALE-Sim should be < 1.
 """
 

@@ -1,1 +1,1 @@
-"""Compiler: model graphs to chip programs and memory images (issue #5)."""
+"""Compiler: model graphs to chip programs and memory images."""

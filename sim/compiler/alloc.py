@@ -1,6 +1,6 @@
 """Scratchpad allocation with per-category accounting, and the capacity check.
 
-Categories (DESIGN.md §6, the planner's vocabulary): ``weights`` (int8 matrices, matmul
+Categories (the planner's vocabulary, ``docs/formats.md``): ``weights`` (int8 matrices, matmul
 parameters, LayerNorm parameters, activation tables), ``kv_cache`` (K and V of the sequence),
 ``activations`` (residual stream and intermediate tensors).
 """

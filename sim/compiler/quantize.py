@@ -1,4 +1,6 @@
-"""Post-training quantisation of a float model into the chip's integer formats (DESIGN.md §3).
+"""Post-training quantisation of a float model into the chip's integer formats.
+
+The formats are those of ``docs/formats.md``:
 
 - Weights: symmetric int8 per output channel, ``s_w[c] = max|W[:, c]| / 127``.
 - Activations: one scale per tensor, calibrated **once** from the float64 reference run on the

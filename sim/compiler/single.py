@@ -1,4 +1,4 @@
-"""Compile whole transformer blocks for one chip: memory image + program (issue #5).
+"""Compile whole transformer blocks for one chip: memory image + program.
 
 Shapes are padded to the array: the sequence to whole blocks of N tokens, d_model and d_ff to
 whole words, and every head's Q/K/V columns to a multiple of N (zero weights, so the padding

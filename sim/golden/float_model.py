@@ -1,4 +1,4 @@
-"""Float64 reference of the transformer blocks the simulator runs (DESIGN.md §5 weights format).
+"""Float64 reference of the transformer blocks the simulator runs (weights: ``docs/formats.md``).
 
 ``x @ W`` convention; per block (``norm = "pre"``)::
 

@@ -1,6 +1,6 @@
 """Golden model of the matmul unit: int8 matmul, int32 bias, per-column requantisation.
 
-Bit-exact with ``hw.tile.matmul`` (DESIGN.md §3, ``hw.spec.formats``):
+Bit-exact with ``hw.tile.matmul`` (``hw.spec.formats``, ``docs/formats.md``):
 
 - ``A`` is int8, or unsigned 8-bit when ``a_unsigned``; ``B`` is int8.
 - Products are summed in int32 and **wrap modulo 2**32** (two's complement); so does the bias

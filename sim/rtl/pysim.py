@@ -1,6 +1,6 @@
 """Helpers for Amaranth's built-in simulator: stream drivers, a watchdog, a cycle clock.
 
-Every streaming testbench in the project uses these (STYLE.md §7): producers call
+Every streaming testbench in the project uses these: producers call
 :func:`stream_put` / :func:`send_all`, consumers :func:`stream_get` / :func:`collect`, with random
 idle and backpressure from a seeded :class:`numpy.random.Generator`.
 """

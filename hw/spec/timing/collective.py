@@ -22,7 +22,7 @@ __all__ = ["ring_bound_cycles", "hop_latency", "predicted_cycles", "system_cycle
 
 def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
                       latency: int) -> int:
-    """Step-synchronous ring cost (DESIGN.md §7): ``steps * (ceil(M / (N*B)) + a)``.
+    """Step-synchronous ring cost: ``steps * (ceil(M / (N*B)) + a)``.
 
     ``steps`` is ``2(N-1)`` for all-reduce and ``N-1`` for reduce-scatter and all-gather.
     """
