@@ -24,9 +24,13 @@ def spad_word_layout(size: int) -> data.StructLayout:
     return lanes_layout(signed(8), size)
 
 
-def ring_word_layout(word_bytes: int) -> data.StructLayout:
+def ring_word_layout(word_bytes: int, *, tag_bits: int = 0) -> data.StructLayout:
     """A collective-engine (ring) word: ``word_bytes / 4`` little-endian 32-bit lanes plus
-    ``last`` (end of block). A 64-bit element occupies two adjacent lanes, low half first."""
+    ``last`` (end of block). A 64-bit element occupies two adjacent lanes, low half first.
+
+    With ``tag_bits`` the word also carries a routing ``tag`` (on the links between chips:
+    :data:`hw.spec.ring.TAG_BITS`, see ``hw/ring/router.py``)."""
     if not isinstance(word_bytes, int) or word_bytes < 4 or word_bytes % 4:
         raise ValueError(f"word_bytes must be a positive multiple of 4, not {word_bytes!r}")
-    return lanes_layout(unsigned(32), word_bytes // 4)
+    extra = {"tag": unsigned(tag_bits)} if tag_bits else {}
+    return lanes_layout(unsigned(32), word_bytes // 4, **extra)

@@ -14,6 +14,8 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from .ring.link import RingLink
 from .spec import NpuConfig
 from .spec.collective import check_chips
+from .spec.isa import UNIT_BITS
+from .spec.ring import TAG_BITS
 from .tile.chip import Chip
 from .tile.ports import HostSignature
 
@@ -38,6 +40,11 @@ class ChipSystem(wiring.Component):
         Cycles from the cycle after ``start`` to the cycle the last chip raised ``done``.
     chip_cycles : Out(32).array(chips)
         Each chip's own ``cycles``.
+    chip_busy : Out(UNIT_BITS).array(chips), chip_pc : Out(16).array(chips)
+        Each chip's busy units and pc (what a watchdog reports).
+    link_stall : In(chips * link_latency_cycles)
+        Fault injection: bit ``i * latency + k`` refuses transfers into register ``k`` of the
+        link from chip i (tie to 0).
     """
 
     def __init__(self, *, npu: NpuConfig, chips: int):
@@ -53,6 +60,9 @@ class ChipSystem(wiring.Component):
             "error": Out(1),
             "cycles": Out(32),
             "chip_cycles": Out(32).array(chips),
+            "chip_busy": Out(UNIT_BITS).array(chips),
+            "chip_pc": Out(16).array(chips),
+            "link_stall": In(chips * npu.link_latency_cycles),
             "host": In(HostSignature(npu)).array(chips),
         })
 
@@ -62,13 +72,16 @@ class ChipSystem(wiring.Component):
         links = []
         for i, chip in enumerate(self.chip):
             m.submodules[f"chip{i}"] = chip
-            link = RingLink(width_bytes=npu.link_bytes_per_cycle,
-                            latency=npu.link_latency_cycles, word_bytes=chip.ring_word_bytes)
+            lat = npu.link_latency_cycles
+            link = RingLink(width_bytes=npu.link_bytes_per_cycle, latency=lat,
+                            word_bytes=chip.ring_word_bytes, tag_bits=TAG_BITS)
             m.submodules[f"link{i}"] = link
             links.append(link)
             connect(m, flipped(self.host[i]), chip.host)
-            m.d.comb += [chip.start.eq(self.start), self.chip_cycles[i].eq(chip.cycles),
-                         link.stall.eq(0)]
+            m.d.comb += [chip.start.eq(self.start), chip.chip_id.eq(i),
+                         self.chip_cycles[i].eq(chip.cycles), self.chip_busy[i].eq(chip.busy),
+                         self.chip_pc[i].eq(chip.pc),
+                         link.stall.eq(self.link_stall[i * lat:(i + 1) * lat])]
         for i, chip in enumerate(self.chip):
             connect(m, chip.ring.tx, links[i].i)
             connect(m, links[i].o, self.chip[(i + 1) % self.chips].ring.rx)

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ModelConfig, NpuConfig
+from hw.spec.isa import UNIT_NAMES
 
 __all__ = ["UNITS", "ChipStats", "SimReport"]
 
-#: The units whose busy cycles a chip counts (``busy_cycles[0..3]``, ``hw.spec.isa.Unit``).
-UNITS = ("matmul", "attention", "vector", "collective")
+#: The units whose busy cycles a chip counts (``hw.spec.isa.UNIT_NAMES``).
+UNITS = UNIT_NAMES
 
 
 @dataclass

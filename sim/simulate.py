@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.memory import unpack_rows
 
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
@@ -63,7 +64,7 @@ def _run_chip(backend, npu, comp, x_int, max_cycles, vcd):
         wall = time.perf_counter() - start
         out = iss.read_words(x.base, x.words)
         return out, {"cycles": None, "load_cycles": sum(len(w) for w in images.values()),
-                     "busy": [0] * 5, "wall_s": wall}
+                     "busy": [0] * len(BUSY_COUNTERS), "wall_s": wall}
     if backend == "pysim":
         try:
             res = run_chip_pysim(npu, comp.program, images, [(x.base, x.words)],
@@ -149,10 +150,11 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     cosine = float((deq * ref).sum() / (np.linalg.norm(deq) * np.linalg.norm(ref) or 1.0))
     timed = stats[0]["cycles"] is not None
     cycles = int(sum(s["cycles"] for s in stats)) if timed else None
-    counts = [int(sum(s["busy"][u] for s in stats)) for u in range(len(UNITS) + 1)]
-    busy = dict(zip(UNITS, counts[:len(UNITS)], strict=True))
-    busy["idle"] = cycles - counts[len(UNITS)] if timed else 0
-    chip = ChipStats(chip=0, busy=busy, overlap_cycles=sum(counts[:len(UNITS)]) - counts[-1],
+    counts = dict(zip(BUSY_COUNTERS, (int(sum(s["busy"][k] for s in stats))
+                                      for k in range(len(BUSY_COUNTERS))), strict=True))
+    busy = {u: counts[u] for u in UNITS}
+    busy["idle"] = cycles - counts["any"] if timed else 0
+    chip = ChipStats(chip=0, busy=busy, overlap_cycles=sum(busy[u] for u in UNITS) - counts["any"],
                      sram_bytes_used=int(comp.alloc.next_word * npu.word_bytes),
                      sram_bytes={k: int(v) for k, v in comp.alloc.used.items()},
                      instructions=len(comp.program))

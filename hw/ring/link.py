@@ -10,7 +10,7 @@ combinational path from the receiver's ``ready`` to the transmitter's ``ready`` 
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -19,9 +19,11 @@ from ..layouts import lanes_layout, ring_word_layout
 __all__ = ["flit_layout", "SkidStage", "RingLink"]
 
 
-def flit_layout(width_bytes: int) -> data.StructLayout:
-    """A flit on the wire: ``width_bytes`` bytes plus ``last`` (sideband, like AXI ``TLAST``)."""
-    return lanes_layout(unsigned(8), width_bytes)
+def flit_layout(width_bytes: int, tag_bits: int = 0) -> data.StructLayout:
+    """A flit on the wire: ``width_bytes`` bytes plus ``last`` (sideband, like AXI ``TLAST``)
+    and, with ``tag_bits``, the word's routing tag (every flit of a word carries it)."""
+    extra = {"tag": unsigned(tag_bits)} if tag_bits else {}
+    return lanes_layout(unsigned(8), width_bytes, **extra)
 
 
 class SkidStage(wiring.Component):
@@ -82,6 +84,9 @@ class RingLink(wiring.Component):
         Pipeline registers on the wire (``link_latency_cycles``), at least 1.
     word_bytes : int
         Engine word size; default ``max(2 * width_bytes, 8)``.
+    tag_bits : int
+        Bits of a routing tag carried beside each word (:func:`hw.layouts.ring_word_layout`;
+        0: none). The chips' ring ports use :data:`hw.spec.ring.TAG_BITS`.
 
     Members
     -------
@@ -98,7 +103,8 @@ class RingLink(wiring.Component):
     ``t + latency + r - 1``: the ``latency`` registers plus the wait for its last flit.
     """
 
-    def __init__(self, *, width_bytes: int, latency: int, word_bytes: int | None = None):
+    def __init__(self, *, width_bytes: int, latency: int, word_bytes: int | None = None,
+                 tag_bits: int = 0):
         if not isinstance(width_bytes, int) or isinstance(width_bytes, bool) or width_bytes < 1 \
                 or width_bytes & (width_bytes - 1):
             raise ValueError(f"width_bytes must be a power of two, not {width_bytes!r}")
@@ -110,18 +116,23 @@ class RingLink(wiring.Component):
                 or word_bytes % width_bytes or word_bytes % 4:
             raise ValueError(f"word_bytes must be a multiple of 4 and of width_bytes="
                              f"{width_bytes}, not {word_bytes!r}")
+        if not isinstance(tag_bits, int) or isinstance(tag_bits, bool) or tag_bits < 0:
+            raise ValueError(f"tag_bits must be a non-negative integer, not {tag_bits!r}")
         self.width_bytes = width_bytes
         self.latency = latency
         self.word_bytes = word_bytes
+        self.tag_bits = tag_bits
+        word = ring_word_layout(word_bytes, tag_bits=tag_bits)
         super().__init__({
-            "i": In(stream.Signature(ring_word_layout(word_bytes))),
-            "o": Out(stream.Signature(ring_word_layout(word_bytes))),
+            "i": In(stream.Signature(word)),
+            "o": Out(stream.Signature(word)),
             "stall": In(latency),
         })
 
     def elaborate(self, platform):
         m = Module()
-        flit = flit_layout(self.width_bytes)
+        flit = flit_layout(self.width_bytes, self.tag_bits)
+        tagged = self.tag_bits > 0
         ratio = self.word_bytes // self.width_bytes
         fbits = self.width_bytes * 8
 
@@ -146,6 +157,9 @@ class RingLink(wiring.Component):
                 self.o.valid.eq(tail.valid),
                 tail.ready.eq(self.o.ready),
             ]
+            if tagged:
+                m.d.comb += [head.payload.tag.eq(self.i.payload.tag),
+                             self.o.payload.tag.eq(tail.payload.tag)]
             return m
 
         # Serialiser: a word's first flit goes straight onto the wire when the serialiser is
@@ -154,6 +168,7 @@ class RingLink(wiring.Component):
         scount = Signal(range(ratio))     # index of the flit at sbuf[:fbits]
         sfull = Signal()
         slast = Signal()
+        stag = Signal(max(self.tag_bits, 1))
         with m.If(sfull):
             m.d.comb += [
                 head.valid.eq(1),
@@ -168,6 +183,8 @@ class RingLink(wiring.Component):
                     with m.If(self.i.valid):    # next word: all its flits from sbuf
                         m.d.sync += [sbuf.eq(self.i.payload.data), scount.eq(0),
                                      sfull.eq(1), slast.eq(self.i.payload.last)]
+                        if tagged:
+                            m.d.sync += stag.eq(self.i.payload.tag)
         with m.Else():
             m.d.comb += [
                 head.valid.eq(self.i.valid),
@@ -178,6 +195,10 @@ class RingLink(wiring.Component):
             with m.If(self.i.valid & head.ready):
                 m.d.sync += [sbuf.eq(self.i.payload.data.as_value() >> fbits), scount.eq(1),
                              sfull.eq(1), slast.eq(self.i.payload.last)]
+                if tagged:
+                    m.d.sync += stag.eq(self.i.payload.tag)
+        if tagged:
+            m.d.comb += head.payload.tag.eq(Mux(sfull, stag, self.i.payload.tag))
 
         # Deserialiser: collect the first ratio - 1 flits; the word is offered while its last
         # flit is on the wire's last register (no extra register, no retraction of valid).
@@ -191,6 +212,8 @@ class RingLink(wiring.Component):
             self.o.payload.last.eq(tail.payload.last),
             tail.ready.eq(~at_last | self.o.ready),
         ]
+        if tagged:
+            m.d.comb += self.o.payload.tag.eq(tail.payload.tag)
         with m.If(tail.valid & tail.ready):
             with m.If(at_last):
                 m.d.sync += dcount.eq(0)

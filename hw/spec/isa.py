@@ -13,6 +13,9 @@ configuration registers as they are at launch, which the sequencer copies into t
 program may rewrite them for the next launch at once. ``WAIT mask`` stalls until every unit in
 ``mask`` is idle; a launch to a busy unit stalls until it is idle. There is no data-dependent
 control flow: a program is a straight line ending in ``HALT``.
+
+Six units: matmul, attention, vector, collective (``COLL``: all chips of a group), send and
+receive (``SEND`` / ``RECV``: point-to-point, only the two chips take part).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Op", "Unit", "ADDR_GENS", "READ_GENS", "WRITE_GENS", "ADDR_LEVELS", "COUNT_BITS",
-           "REGS", "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "Insn", "encode",
-           "decode", "disassemble", "reg", "gen_regs", "IsaError"]
+__all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", "ADDR_GENS",
+           "READ_GENS", "WRITE_GENS", "WRAP_GENS", "ADDR_LEVELS", "COUNT_BITS", "REGS",
+           "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
+           "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -44,8 +48,8 @@ class Op(enum.IntEnum):
     ATTN = 9     #: attention buffer + softmax unit
     VEC = 10     #: vector unit
     COLL = 11    #: collective engine: all-reduce, reduce-scatter, all-gather, send/recv, barrier
-    SEND = 12    #: reserved (send/recv is COLL with CO_KIND = SEND_RECV); halts with error
-    RECV = 13    #: reserved, as SEND
+    SEND = 12    #: send unit: the words RD7 walks, to chip SR_DEST (point-to-point)
+    RECV = 13    #: receive unit: one message from chip SR_SRC, written through WR4
 
 
 class Unit(enum.IntFlag):
@@ -55,25 +59,45 @@ class Unit(enum.IntFlag):
     ATTN = 2
     VEC = 4
     COLL = 8
-    ALL = 15
+    SEND = 16
+    RECV = 32
+    ALL = 63
 
+
+#: Bits of a unit mask (``WAIT``, the chip's ``busy``).
+UNIT_BITS = 6
+#: Units in bit order, by the names the reports use.
+UNIT_NAMES = ("matmul", "attention", "vector", "collective", "send", "recv")
+#: The chip's busy counters (``busy_cycles``): one per unit, then ``any`` (cycles in which some
+#: unit is busy) and ``compute`` (cycles in which matmul, attention or vector is busy).
+BUSY_COUNTERS = UNIT_NAMES + ("any", "compute")
 
 #: Which unit a launch opcode occupies.
 OP_UNIT = {Op.MATMUL: Unit.MATMUL, Op.ATTN: Unit.ATTN, Op.VEC: Unit.VEC, Op.COLL: Unit.COLL,
-           Op.SEND: Unit.COLL, Op.RECV: Unit.COLL}
+           Op.SEND: Unit.SEND, Op.RECV: Unit.RECV}
 
-#: Address generators. Each walks ``addr = base + i0*s0 + i1*s1 + i2*s2 + i3*s3`` over
-#: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step.
+#: Address generators. Each walks ``addr = base + wrap(i0*s0 + i1*s1 + i2*s2 + i3*s3)`` over
+#: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step (``wrap`` is
+#: the identity unless the generator has a ``wrap`` register M > 0: then offsets in
+#: ``[-M, 2M)`` are taken modulo M, a circular buffer of M words at ``base``).
 #: Owners: matmul RD0 (A), RD1 (B), RD2 (params), WR0; attention and vector unit share RD3,
-#: RD4, RD5, WR1, WR2 (they never run at once); collectives, send and recv RD6, WR3.
-READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6")
-WRITE_GENS = ("WR0", "WR1", "WR2", "WR3")
+#: RD4, RD5, WR1, WR2 (they never run at once); collectives RD6, WR3; send RD7; receive WR4.
+READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6", "RD7")
+WRITE_GENS = ("WR0", "WR1", "WR2", "WR3", "WR4")
 ADDR_GENS = READ_GENS + WRITE_GENS
+#: Generators with a ``wrap`` register: a collective's blocks stream in a rotated order.
+WRAP_GENS = ("RD6", "WR3")
 ADDR_LEVELS = 4
 #: Bits of an address-generator count (``n0..n3``) and of the units' row and beat counters.
 COUNT_BITS = 16
 _GEN_FIELDS = ("base",) + tuple(f"n{i}" for i in range(ADDR_LEVELS)) + \
     tuple(f"s{i}" for i in range(ADDR_LEVELS))
+
+
+def gen_fields(gen: str) -> tuple[str, ...]:
+    """The register fields of one address generator (``wrap`` for :data:`WRAP_GENS`)."""
+    return _GEN_FIELDS + (("wrap",) if gen in WRAP_GENS else ())
+
 
 #: Unit parameter registers (beyond the address generators), by name.
 _UNIT_REGS = (
@@ -88,13 +112,17 @@ _UNIT_REGS = (
     "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_FIRST", "CO_COUNT",
     # collectives: the ring's size and this chip's position on it (docs/isa.md, COLL)
     "CO_CHIPS", "CO_RANK",
+    # point-to-point: the chip a SEND goes to, the chip a RECV takes its message from
+    "SR_DEST", "SR_SRC",
 )
 
 #: Depth in engine words of the collective engine's receive and transmit buffers in the chip:
 #: every block of a COLL must fit (``hw.spec.collective.check_fits``).
 COLL_FIFO_WORDS = 64
+#: Depth in ring words of the receive unit's buffer between the ring port and WR4.
+RECV_FIFO_WORDS = 4
 
-REGS: tuple[str, ...] = tuple(f"{g}.{f}" for g in ADDR_GENS for f in _GEN_FIELDS) + _UNIT_REGS
+REGS: tuple[str, ...] = tuple(f"{g}.{f}" for g in ADDR_GENS for f in gen_fields(g)) + _UNIT_REGS
 REG_INDEX = {name: i for i, name in enumerate(REGS)}
 assert len(REGS) <= 1 << REG_BITS
 
@@ -110,7 +138,7 @@ def gen_regs(gen: str) -> dict[str, int]:
     """Register indices of one address generator's fields."""
     if gen not in ADDR_GENS:
         raise IsaError(f"unknown address generator {gen!r}")
-    return {f: REG_INDEX[f"{gen}.{f}"] for f in _GEN_FIELDS}
+    return {f: REG_INDEX[f"{gen}.{f}"] for f in gen_fields(gen)}
 
 
 @dataclass(frozen=True)

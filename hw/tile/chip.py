@@ -10,29 +10,38 @@ owns the chip's ring port (``ring_tx``, ``ring_rx``).
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..ring.collective import CollectiveEngine
+from ..ring.router import Router, tag_layout
 from ..spec import NpuConfig
 from ..spec.collective import Kind
 from ..spec.collective import word_bytes as coll_word_bytes
 from ..spec.isa import (
     ADDR_LEVELS,
+    BUSY_COUNTERS,
     COLL_FIFO_WORDS,
     INSN_BITS,
     READ_GENS,
+    RECV_FIFO_WORDS,
     REG_INDEX,
+    UNIT_BITS,
+    WRAP_GENS,
     WRITE_GENS,
     Op,
+    Unit,
 )
+from ..spec.ring import CHAN_COLL, CHAN_P2P, CHIP_BITS
 from .attention_engine import AttentionEngine
 from .gearbox import WordPacker, WordUnpacker
 from .matmul_engine import MatmulEngine
-from .ports import HostSignature, RingPortSignature
+from .ports import HostSignature, RingPortSignature, trace_depth
 from .scratchpad import AddrGen, Scratchpad
 from .sequencer import LAUNCH_OPS, Sequencer
+from .trace import TraceBuffer
 from .vector_engine import CFG_REGS as VEC_CFG_REGS
 from .vector_engine import VectorEngine
 
@@ -58,16 +67,21 @@ class Chip(wiring.Component):
     - ``host`` (:class:`~hw.tile.ports.HostSignature`): ``imem`` writes one 64-bit instruction
       (always ready), ``wr`` one scratchpad word; ``rd_addr`` / ``rd_data`` read one back;
     - ``start`` runs the program from pc 0; ``done`` rises at ``HALT`` (``error`` on an unknown
-      opcode); ``cycles`` counts from start to done; ``busy_cycles[u]`` counts the cycles unit
-      ``u`` (``hw.spec.isa.Unit`` bit order: matmul, attention, vector, collective) was busy,
-      ``busy_cycles[4]`` the cycles any unit was.
+      opcode); ``cycles`` counts from start to done; ``busy_cycles[k]`` counts the cycles in
+      which counter ``hw.spec.isa.BUSY_COUNTERS[k]`` was busy: each unit (matmul, attention,
+      vector, collective, send, recv), then ``any`` unit, then ``compute`` (matmul, attention
+      or vector); the trace buffer (:mod:`hw.tile.trace`, read through ``host``) holds every
+      change of the busy vector;
+    - ``busy`` (the units busy now, ``hw.spec.isa.Unit`` bits) and ``pc``: what a watchdog
+      reports about a chip that never halts.
 
-    Ring port ``ring`` (:class:`~hw.tile.ports.RingPortSignature`, the collective engine's,
-    :class:`~hw.ring.collective.CollectiveEngine`): ``ring.tx`` and ``ring.rx`` carry words of
-    ``D = max(2 * link_bytes_per_cycle, 8)`` bytes (:func:`hw.layouts.ring_word_layout`); join
-    chip i's ``ring.tx`` to chip (i + 1) mod N's ``ring.rx`` through a
-    :class:`~hw.ring.link.RingLink`
-    (:class:`hw.system.ChipSystem`). ``D`` must be a multiple of the scratchpad word.
+    Ring port ``ring`` (:class:`~hw.tile.ports.RingPortSignature`): ``ring.tx`` and ``ring.rx``
+    carry tagged words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes; join chip i's
+    ``ring.tx`` to chip (i + 1) mod N's ``ring.rx`` through a :class:`~hw.ring.link.RingLink`
+    (:class:`hw.system.ChipSystem`), and tie ``chip_id`` to i. A router
+    (:class:`~hw.ring.router.Router`) delivers the words for this chip to the collective engine,
+    the receive unit or the send unit's clear-to-send flags, and forwards the rest (see
+    ``hw.spec.ring``). ``D`` must be a multiple of the scratchpad word.
     """
 
     def __init__(self, *, npu: NpuConfig):
@@ -95,7 +109,10 @@ class Chip(wiring.Component):
             "done": Out(1),
             "error": Out(1),
             "cycles": Out(32),
-            "busy_cycles": Out(32).array(5),
+            "busy_cycles": Out(32).array(len(BUSY_COUNTERS)),
+            "busy": Out(UNIT_BITS),
+            "pc": Out(range(npu.imem_words)),
+            "chip_id": In(CHIP_BITS),
             "host": In(HostSignature(npu)),
             "ring": Out(RingPortSignature(self._coll_bytes)),
         })
@@ -117,8 +134,7 @@ class Chip(wiring.Component):
         host = self.host
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
-        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
-                                           launch_ops=(Op.MATMUL, Op.ATTN, Op.VEC, Op.COLL))
+        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words)
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
         imem_rd = imem.read_port()
         imem_wr = imem.write_port()
@@ -133,6 +149,7 @@ class Chip(wiring.Component):
             self.done.eq(seq.done),
             self.error.eq(seq.error),
             self.cycles.eq(seq.cycles),
+            self.pc.eq(seq.pc),
         ]
 
         # Host access through the last (lowest-priority) scratchpad ports.
@@ -152,10 +169,12 @@ class Chip(wiring.Component):
 
         gens = {}
         for name in READ_GENS + WRITE_GENS:
-            gen = AddrGen(addr_bits=ab)
+            gen = AddrGen(addr_bits=ab, wrap=name in WRAP_GENS)
             m.submodules[f"gen_{name.lower()}"] = gen
             gens[name] = gen
             m.d.comb += gen.i.payload.base.eq(reg(f"{name}.base"))
+            if name in WRAP_GENS:
+                m.d.comb += gen.i.payload.wrap.eq(reg(f"{name}.wrap"))
             for lv in range(ADDR_LEVELS):
                 m.d.comb += [gen.i.payload.n[lv].eq(reg(f"{name}.n{lv}")),
                              gen.i.payload.s[lv].eq(reg(f"{name}.s{lv}"))]
@@ -254,21 +273,40 @@ class Chip(wiring.Component):
         at_busy = at.busy | (owner_attn & ~shared_idle)
         vu_busy = vu.busy | (~owner_attn & ~shared_idle)
 
-        co_busy = self._collective(m, seq, spad, gens, reg, idle)
+        m.submodules.router = router = Router(word_bytes=self._coll_bytes)
+        connect(m, router.o_link, flipped(self.ring.tx))
+        connect(m, flipped(self.ring.rx), router.i_link)
+        m.d.comb += router.chip_id.eq(self.chip_id)
+        co_busy = self._collective(m, seq, spad, gens, reg, idle, router)
+        send_busy = self._send(m, seq, spad, gens, reg, idle, router)
+        recv_busy = self._recv(m, seq, spad, gens, reg, idle, router)
 
-        busy = Cat(mm_busy, at_busy, vu_busy, co_busy)
-        m.d.comb += seq.busy.eq(busy)
-        # Counter 4 counts the cycles in which any unit is busy: the sum of the per-unit counts
-        # minus it is how much the units overlapped.
-        for u, flag in enumerate([busy[0], busy[1], busy[2], busy[3], busy.any()]):
+        busy = Cat(mm_busy, at_busy, vu_busy, co_busy, send_busy, recv_busy)
+        m.d.comb += [seq.busy.eq(busy), self.busy.eq(busy)]
+        # `any` counts the cycles in which some unit is busy: the sum of the per-unit counts
+        # minus it is how much the units overlapped. `compute`: matmul, attention or vector.
+        compute = (busy & (Unit.MATMUL | Unit.ATTN | Unit.VEC)).any()
+        flags = [busy[u] for u in range(UNIT_BITS)] + [busy.any(), compute]
+        assert len(flags) == len(BUSY_COUNTERS)
+        for u, flag in enumerate(flags):
             with m.If(seq.running & flag):
                 m.d.sync += self.busy_cycles[u].eq(self.busy_cycles[u] + 1)
-        with m.If(self.start & ~seq.running):
+        launch = self.start & ~seq.running
+        with m.If(launch):
             m.d.sync += [c.eq(0) for c in self.busy_cycles]
+
+        m.submodules.trace = trace = TraceBuffer(depth=trace_depth(npu))
+        m.d.comb += [
+            trace.running.eq(seq.running), trace.start.eq(launch), trace.cycle.eq(seq.cycles),
+            trace.busy.eq(busy), trace.rd_addr.eq(host.trace_addr),
+            host.trace_data.eq(trace.rd_data), host.trace_count.eq(trace.count),
+            host.trace_overflow.eq(trace.overflow),
+        ]
         return m
 
-    def _collective(self, m, seq, spad, gens, reg, idle):
-        """Collective engine: RD6 -> gearbox -> ``i_local``, ``o_local`` -> gearbox -> WR3.
+    def _collective(self, m, seq, spad, gens, reg, idle, router):
+        """Collective engine: RD6 -> gearbox -> ``i_local``, ``o_local`` -> gearbox -> WR3;
+        ``o_tx`` and ``i_rx`` through the router (words tagged for the next group member).
 
         Returns its busy flag: the engine is busy, RD6/WR3 hold an address, or the read gearbox
         holds a partial word.
@@ -278,8 +316,16 @@ class Chip(wiring.Component):
         wbits = 8 * n
         m.submodules.collective = co = CollectiveEngine(
             link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS)
-        connect(m, co.o_tx, flipped(self.ring.tx))
-        connect(m, flipped(self.ring.rx), co.i_rx)
+        co_dest = Signal(CHIP_BITS)
+        tx_tag = data.View(tag_layout(), router.i_coll.payload.tag)
+        m.d.comb += [
+            router.i_coll.valid.eq(co.o_tx.valid),
+            router.i_coll.payload.data.eq(co.o_tx.payload.data),
+            router.i_coll.payload.last.eq(co.o_tx.payload.last),
+            tx_tag.dest.eq(co_dest), tx_tag.src.eq(self.chip_id), tx_tag.chan.eq(CHAN_COLL),
+            co.o_tx.ready.eq(router.i_coll.ready),
+        ]
+        connect(m, router.o_coll, co.i_rx)
 
         # RD6 -> packer -> i_local: `ratio` scratchpad words make one engine word.
         m.submodules.co_pack = pack = WordPacker(narrow_bits=wbits, ratio=ratio)
@@ -312,9 +358,10 @@ class Chip(wiring.Component):
             unpack.o.ready.eq(wp.ready & addr.valid),
         ]
 
-        # Launch: the CO_* registers become the engine's command. A chip's schedule uses the
-        # local input (RD6) when it is a group member of a reduction or an all-gather, or the
-        # sender of a send/recv; it produces output (WR3) as such a member, or the receiver.
+        # Launch: the CO_* registers become the engine's command. A chip outside the group
+        # takes no part (its router forwards the group's words): its COLL is a no-op. A
+        # member's schedule uses the local input (RD6) in a reduction or an all-gather, or as
+        # the sender of a send/recv; it produces output (WR3) as such a member, or the receiver.
         # Only those generators start: a started generator that is never drained would hang.
         bit = LAUNCH_OPS.index(Op.COLL)
         co_busy = Signal()
@@ -331,7 +378,6 @@ class Chip(wiring.Component):
             rank.eq(reg("CO_RANK")), first.eq(reg("CO_FIRST")),
             chips.eq(reg("CO_CHIPS")), count.eq(reg("CO_COUNT")),
             seq.can_launch[bit].eq(~co_busy),
-            co.i_cmd.valid.eq(go),
             cmd.kind.eq(kind),
             cmd.op.eq(reg("CO_OP")),
             cmd.wide.eq(reg("CO_WIDTH") == 64),
@@ -344,6 +390,16 @@ class Chip(wiring.Component):
             pos.eq(Mux(diff < 0, diff + chips, diff)),
         ]
         member = pos < count
+        # The next member's chip: (first + (pos + 1) mod count) mod chips.
+        nxt = Signal(range(16))
+        dest = Signal(range(32))
+        m.d.comb += [
+            co.i_cmd.valid.eq(go & member),
+            nxt.eq(Mux(pos + 1 == count, 0, pos + 1)),
+            dest.eq(first + nxt),
+        ]
+        with m.If(go):
+            m.d.sync += co_dest.eq(Mux(dest >= chips, dest - chips, dest))
         data_kind = (kind == Kind.ALL_REDUCE) | (kind == Kind.REDUCE_SCATTER) | \
             (kind == Kind.ALL_GATHER)
         send_recv = kind == Kind.SEND_RECV
@@ -352,3 +408,82 @@ class Chip(wiring.Component):
             gens["WR3"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 1)))),
         ]
         return co_busy
+
+    def _send(self, m, seq, spad, gens, reg, idle, router):
+        """The send unit: RD7 -> packer -> the router, to chip ``SR_DEST``, once a clear-to-send
+        from that chip has arrived. Returns its busy flag."""
+        ratio = self._coll_bytes // self._npu.word_bytes
+        m.submodules.send_pack = pack = WordPacker(narrow_bits=8 * self._npu.word_bytes,
+                                                   ratio=ratio)
+        rd = spad.rd[READ_GENS.index("RD7")].o_data
+        connect(m, rd, pack.i)
+        active, clear = Signal(), Signal()
+        dest = Signal(CHIP_BITS)
+        cts = Signal(1 << CHIP_BITS)      # clear-to-send tokens held, by source chip
+        tag = data.View(tag_layout(), router.i_p2p.payload.tag)
+        m.d.comb += [
+            router.i_p2p.valid.eq(pack.o.valid & clear),
+            router.i_p2p.payload.data.eq(pack.o.payload.data),
+            router.i_p2p.payload.last.eq(pack.o.payload.last),
+            tag.dest.eq(dest), tag.src.eq(self.chip_id), tag.chan.eq(CHAN_P2P),
+            pack.o.ready.eq(router.i_p2p.ready & clear),
+        ]
+        take = active & ~clear & cts.bit_select(dest, 1)
+        consumed = Signal(1 << CHIP_BITS)
+        with m.If(take):
+            m.d.comb += consumed.eq(1 << dest)
+            m.d.sync += clear.eq(1)
+        m.d.sync += cts.eq((cts | router.cts_set) & ~consumed)
+        with m.If(router.i_p2p.valid & router.i_p2p.ready & pack.o.payload.last):
+            m.d.sync += [active.eq(0), clear.eq(0)]
+        bit = LAUNCH_OPS.index(Op.SEND)
+        busy = Signal()
+        m.d.comb += busy.eq(active | ~idle(("RD7",)) | pack.busy)
+        go = seq.launch[bit] & seq.can_launch[bit]
+        m.d.comb += [seq.can_launch[bit].eq(~busy), gens["RD7"].i.valid.eq(go)]
+        with m.If(go):
+            m.d.sync += [active.eq(1), clear.eq(0), dest.eq(reg("SR_DEST"))]
+        return busy
+
+    def _recv(self, m, seq, spad, gens, reg, idle, router):
+        """The receive unit: a clear-to-send to chip ``SR_SRC``, then that chip's message words
+        from the router -> FIFO -> unpacker -> WR4, until ``last``. Returns its busy flag."""
+        ratio = self._coll_bytes // self._npu.word_bytes
+        wbits = 8 * self._npu.word_bytes
+        m.submodules.recv_fifo = fifo = SyncFIFO(width=8 * self._coll_bytes + 1,
+                                                 depth=RECV_FIFO_WORDS)
+        m.submodules.recv_unpack = unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
+        open_, cts_due = Signal(), Signal()
+        src = Signal(CHIP_BITS)
+        inw = router.o_p2p
+        m.d.comb += [
+            router.p2p_open.eq(open_), router.p2p_src.eq(src),
+            router.i_cts.valid.eq(cts_due), router.i_cts.payload.dest.eq(src),
+            fifo.w_data.eq(Cat(inw.payload.data, inw.payload.last)),
+            fifo.w_en.eq(inw.valid),
+            inw.ready.eq(fifo.w_rdy),
+            unpack.i.valid.eq(fifo.r_rdy),
+            unpack.i.payload.data.eq(fifo.r_data[:8 * self._coll_bytes]),
+            unpack.i.payload.last.eq(fifo.r_data[-1]),
+            fifo.r_en.eq(unpack.i.ready),
+        ]
+        with m.If(router.i_cts.valid & router.i_cts.ready):
+            m.d.sync += cts_due.eq(0)
+        with m.If(inw.valid & inw.ready & inw.payload.last):
+            m.d.sync += open_.eq(0)
+        addr, wp = gens["WR4"].o, spad.wr[WRITE_GENS.index("WR4")].i
+        m.d.comb += [
+            wp.valid.eq(addr.valid & unpack.o.valid),
+            wp.payload.addr.eq(addr.payload.addr),
+            wp.payload.data.eq(unpack.o.payload.data),
+            addr.ready.eq(wp.ready & unpack.o.valid),
+            unpack.o.ready.eq(wp.ready & addr.valid),
+        ]
+        busy = Signal()
+        m.d.comb += busy.eq(open_ | cts_due | fifo.r_rdy | ~idle(("WR4",)))
+        bit = LAUNCH_OPS.index(Op.RECV)
+        go = seq.launch[bit] & seq.can_launch[bit]
+        m.d.comb += [seq.can_launch[bit].eq(~busy), gens["WR4"].i.valid.eq(go)]
+        with m.If(go):
+            m.d.sync += [open_.eq(1), cts_due.eq(1), src.eq(reg("SR_SRC"))]
+        return busy

@@ -12,10 +12,17 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import ring_word_layout
 from ..spec import NpuConfig
 from ..spec.isa import INSN_BITS
+from ..spec.ring import TAG_BITS
 from .gearbox import words_layout
 from .scratchpad import addr_layout
+from .trace import entry_layout
 
-__all__ = ["HostSignature", "RingPortSignature"]
+__all__ = ["HostSignature", "RingPortSignature", "trace_depth"]
+
+
+def trace_depth(npu: NpuConfig) -> int:
+    """Entries of a chip's trace buffer: two per instruction, enough for any program."""
+    return 2 * npu.imem_words
 
 
 class HostSignature(wiring.Signature):
@@ -31,28 +38,36 @@ class HostSignature(wiring.Signature):
         Read one scratchpad word ...
     rd_data : In(stream) ``{data, last}``
         ... which comes back here (the scratchpad's synchronous read latency later).
+    trace_addr : Out(range(trace_depth)), trace_data : In(entry)
+        Read the trace buffer (:mod:`hw.tile.trace`), one cycle latency.
+    trace_count : In(range(trace_depth + 1)), trace_overflow : In(1)
     """
 
     def __init__(self, npu: NpuConfig):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         addr_bits, word_bits = npu.sram_addr_bits, 8 * npu.word_bytes
+        depth = trace_depth(npu)
         super().__init__({
             "imem": Out(stream.Signature(data.StructLayout(
                 {"addr": range(npu.imem_words), "data": INSN_BITS}))),
             "wr": Out(stream.Signature(data.StructLayout({"addr": addr_bits, "data": word_bits}))),
             "rd_addr": Out(stream.Signature(addr_layout(addr_bits))),
             "rd_data": In(stream.Signature(words_layout(word_bits))),
+            "trace_addr": Out(range(depth)),
+            "trace_data": In(entry_layout()),
+            "trace_count": In(range(depth + 1)),
+            "trace_overflow": In(1),
         })
 
 
 class RingPortSignature(wiring.Signature):
     """A chip's ring port: ``tx`` to chip (i + 1) mod N's ``rx``, through a
     :class:`~hw.ring.link.RingLink`. Words are :func:`hw.layouts.ring_word_layout` of
-    ``word_bytes`` bytes."""
+    ``word_bytes`` bytes with a routing tag (:data:`hw.spec.ring.TAG_BITS`)."""
 
     def __init__(self, word_bytes: int):
-        layout = ring_word_layout(word_bytes)
+        layout = ring_word_layout(word_bytes, tag_bits=TAG_BITS)
         super().__init__({
             "tx": Out(stream.Signature(layout)),
             "rx": In(stream.Signature(layout)),

@@ -10,7 +10,7 @@ stream out) and *write ports* (an address-and-word stream in), each fed by an :c
 that the sequencer programs with a descriptor.
 """
 
-from amaranth.hdl import Cat, Const, Module, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -33,16 +33,20 @@ def _any(signals):
     return Cat(*signals).any() if signals else Const(0, 1)
 
 
-def desc_layout(addr_bits):
-    """A 4-level address descriptor: ``base``, counts ``n[l]`` and signed strides ``s[l]``.
+def desc_layout(addr_bits, *, wrap=False):
+    """A 4-level address descriptor: ``base``, counts ``n[l]`` and signed strides ``s[l]``
+    (and, for a generator with ``wrap``, the circular buffer's length ``wrap``, 0 = none).
 
     A count of 0 is treated as 1.
     """
-    return data.StructLayout({
+    fields = {
         "base": unsigned(addr_bits),
         "n": data.ArrayLayout(unsigned(COUNT_BITS), ADDR_LEVELS),
         "s": data.ArrayLayout(signed(addr_bits + 1), ADDR_LEVELS),
-    })
+    }
+    if wrap:
+        fields["wrap"] = unsigned(addr_bits + 1)
+    return data.StructLayout(fields)
 
 
 def addr_layout(addr_bits):
@@ -57,8 +61,13 @@ class AddrGen(wiring.Component):
         for i3 < n3: for i2 < n2: for i1 < n1: for i0 < n0:
             addr = base + i0*s0 + i1*s1 + i2*s2 + i3*s3      (modulo 2**addr_bits)
 
-    with ``last`` on the final address. No multipliers: each level keeps the address at which
+    with ``last`` on the final address. No multipliers: each level keeps the offset at which
     its current iteration started.
+
+    With ``wrap`` (a generator that has a ``wrap`` register, ``hw.spec.isa.WRAP_GENS``) and a
+    descriptor ``wrap`` M > 0, each offset ``off = i0*s0 + ... + i3*s3`` is folded into
+    ``[0, M)`` before it is added to ``base``: ``off + M`` if ``off < 0``, ``off - M`` if
+    ``off >= M`` (offsets must lie in ``[-M, 2M)``): a circular buffer of M words at ``base``.
 
     Timing: the first address is on ``o`` the cycle after the descriptor is taken; then one
     address per cycle while ``o`` is ready. A new descriptor is taken once the previous one is
@@ -70,11 +79,12 @@ class AddrGen(wiring.Component):
     o : ``Out(stream.Signature(addr_layout(addr_bits)))``
     """
 
-    def __init__(self, *, addr_bits):
+    def __init__(self, *, addr_bits, wrap=False):
         _positive_int("addr_bits", addr_bits)
         self._addr_bits = addr_bits
+        self._wrap = bool(wrap)
         super().__init__({
-            "i": In(stream.Signature(desc_layout(addr_bits))),
+            "i": In(stream.Signature(desc_layout(addr_bits, wrap=self._wrap))),
             "o": Out(stream.Signature(addr_layout(addr_bits))),
         })
 
@@ -82,9 +92,8 @@ class AddrGen(wiring.Component):
         m = Module()
         ab = self._addr_bits
         levels = ADDR_LEVELS
-        desc = Signal(desc_layout(ab))
+        desc = Signal(desc_layout(ab, wrap=self._wrap))
         idx = [Signal(COUNT_BITS, name=f"i{lv}") for lv in range(levels)]
-        start = [Signal(ab, name=f"start{lv}") for lv in range(levels)]  # level lv's iteration
         addr = Signal(ab)
         at_end = [Signal(name=f"end{lv}") for lv in range(levels)]
         for lv in range(levels):
@@ -96,11 +105,35 @@ class AddrGen(wiring.Component):
             self.o.payload.addr.eq(addr),
             self.o.payload.last.eq(Cat(*at_end).all()),
         ]
+        if self._wrap:
+            # Offsets from base, exact while they stay in [-2**(ab+1), 2**(ab+1)).
+            width = ab + 2
+            start = [Signal(signed(width), name=f"start{lv}") for lv in range(levels)]
+            off = Signal(signed(width))
+
+            def place(o):
+                wrap = desc.wrap
+                folded = Mux(wrap == 0, o, Mux(o < 0, o + wrap, Mux(o >= wrap, o - wrap, o)))
+                return (desc.base + folded)[:ab]
+
+            def step(m, nxt):
+                m.d.sync += [off.eq(nxt), addr.eq(place(nxt))]
+            start_value, first = 0, 0
+        else:
+            # The address itself (modulo 2**ab) is the running sum.
+            start = [Signal(ab, name=f"start{lv}") for lv in range(levels)]
+            off = addr
+
+            def step(m, nxt):
+                m.d.sync += addr.eq(nxt[:ab])
+            start_value = first = self.i.payload.base
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [desc.eq(self.i.payload), addr.eq(self.i.payload.base),
                          self.o.valid.eq(1)]
+            if self._wrap:
+                m.d.sync += off.eq(first)
             m.d.sync += [x.eq(0) for x in idx]
-            m.d.sync += [x.eq(self.i.payload.base) for x in start]
+            m.d.sync += [x.eq(start_value) for x in start]
         with m.Elif(self.o.valid & self.o.ready):
             with m.If(self.o.payload.last):
                 m.d.sync += self.o.valid.eq(0)
@@ -112,10 +145,11 @@ class AddrGen(wiring.Component):
                     for inner in range(lv):
                         m.d.sync += idx[inner].eq(0)
                     if lv == 0:
-                        m.d.sync += addr.eq(addr + desc.s[0])
+                        step(m, off + desc.s[0])
                     else:
-                        nxt = (start[lv] + desc.s[lv])[:ab]
-                        m.d.sync += addr.eq(nxt)
+                        nxt = Signal.like(start[lv], name=f"next{lv}")
+                        m.d.comb += nxt.eq(start[lv] + desc.s[lv])
+                        step(m, nxt)
                         for inner in range(1, lv + 1):
                             m.d.sync += start[inner].eq(nxt)
         return m

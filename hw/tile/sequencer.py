@@ -4,7 +4,7 @@ from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..spec.isa import INSN_BITS, OPCODE_BITS, REG_BITS, REGS, VALUE_BITS, Op, Unit
+from ..spec.isa import INSN_BITS, OPCODE_BITS, REG_BITS, REGS, UNIT_BITS, VALUE_BITS, Op, Unit
 
 __all__ = ["Sequencer", "LAUNCH_OPS"]
 
@@ -36,7 +36,8 @@ class Sequencer(wiring.Component):
     imem_addr : Out(range(imem_words)), imem_data : In(64)   synchronous read port
     regs : Out(signed(48)).array(len(REGS))
     launch : Out(len(LAUNCH_OPS)), can_launch : In(len(LAUNCH_OPS))
-    busy : In(4)         ``Unit`` bits
+    busy : In(UNIT_BITS) ``Unit`` bits
+    pc : Out(range(imem_words))   the instruction being executed (for a watchdog's report)
     """
 
     def __init__(self, *, imem_words, launch_ops=LAUNCH_OPS):
@@ -59,7 +60,8 @@ class Sequencer(wiring.Component):
             "regs": Out(signed(VALUE_BITS)).array(len(REGS)),
             "launch": Out(len(LAUNCH_OPS)),
             "can_launch": In(len(LAUNCH_OPS)),
-            "busy": In(4),
+            "busy": In(UNIT_BITS),
+            "pc": Out(range(imem_words)),
         })
 
     def elaborate(self, platform):
@@ -72,7 +74,7 @@ class Sequencer(wiring.Component):
         flags = insn[OPCODE_BITS:]
         advance = Signal()
 
-        m.d.comb += self.imem_addr.eq(pc)
+        m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc)]
         with m.If(advance):
             m.d.comb += self.imem_addr.eq(pc + 1)
             m.d.sync += pc.eq(pc + 1)
@@ -94,7 +96,7 @@ class Sequencer(wiring.Component):
                             with m.Case(i):
                                 m.d.sync += self.regs[i].eq(value)
                 with m.Case(Op.WAIT):
-                    m.d.comb += advance.eq((self.busy & flags[:4]) == 0)
+                    m.d.comb += advance.eq((self.busy & flags[:UNIT_BITS]) == 0)
                 with m.Case(Op.HALT):
                     with m.If(self.busy == 0):
                         m.d.sync += [self.running.eq(0), self.done.eq(1)]
@@ -110,4 +112,4 @@ class Sequencer(wiring.Component):
 
 
 # Keep the unit mask width in step with the ISA.
-assert int(Unit.ALL).bit_length() == 4
+assert int(Unit.ALL).bit_length() == UNIT_BITS

@@ -1,12 +1,15 @@
-"""The ISS's COLL: one chip's registers as a request, its input words, its output words.
+"""The ISS's COLL: a chip's registers as a request, its input words, its output words.
 
-A collective needs every chip of the ring, so :class:`sim.iss.IssSystem` executes it for
-all chips at once (:func:`exec_collectives`); a lone :class:`sim.iss.Iss` executes a COLL with
-``CO_CHIPS = 1`` (the one-chip collective: the input, reduced over a group of one) and refuses
-any other. Word formats: :mod:`sim.compiler.collective_launch`.
+A chip **posts** its COLL (:func:`post_coll`: the request from its CO_* registers, the words
+RD6 walks, the addresses WR3 walks); when every member of the group has posted the same
+request, :func:`execute_coll` runs the golden collective and writes each member's output.
+A COLL on a chip outside its group is a no-op (its router forwards the group's words). Word
+formats: ``hw.spec.collective`` (``docs/isa.md``, COLL).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,7 +29,7 @@ from hw.spec.collective import (
 from ..golden.collectives import collective
 from .errors import IssError
 
-__all__ = ["coll_request", "exec_collective", "exec_collectives"]
+__all__ = ["coll_request", "PendingColl", "post_coll", "execute_coll"]
 
 
 def coll_request(iss) -> tuple[CollectiveRequest, int]:
@@ -44,24 +47,57 @@ def coll_request(iss) -> tuple[CollectiveRequest, int]:
     return req, r["CO_RANK"]
 
 
-def _input(iss, req, rank, wbytes):
-    blocks = local_blocks(req, rank)
-    if not blocks:
+@dataclass
+class PendingColl:
+    """One member's posted COLL: its request, its input (None if it has none) and the
+    addresses its output goes to."""
+
+    req: CollectiveRequest
+    chip: int
+    pc: int
+    vector: np.ndarray | None
+    out_addrs: np.ndarray | None
+
+    def describe(self) -> str:
+        r = self.req
+        members = f"{r.members[0]}..{r.members[-1]}" if r.count > 1 else f"{r.members[0]}"
+        return f"COLL {r.kind.name} {r.op.name} int{r.width} x{r.length} (group {members})"
+
+
+def post_coll(iss, chips: int) -> PendingColl | None:
+    """Chip ``iss.chip``'s COLL with its current registers (None: outside its group)."""
+    req, rank = coll_request(iss)
+    if req.chips != chips:
+        if chips == 1:
+            raise IssError(f"COLL with CO_CHIPS={req.chips} needs the other chips: run the "
+                           "program in sim.iss.IssSystem")
+        raise IssError(f"COLL with CO_CHIPS={req.chips} on a ring of {chips} chips")
+    if rank != iss.chip:
+        raise IssError(f"chip {iss.chip}'s COLL has CO_RANK={rank}: it must be its ring "
+                       f"position {iss.chip}")
+    if req.position(rank) is None:
         return None
-    words = words_to_engine(iss._gather("RD6"), wbytes)
-    try:
-        got = unpack_blocks(words, req, blocks, wbytes)
-    except ValueError as exc:
-        raise IssError(f"COLL on chip {rank}: RD6 {exc}") from None
-    return np.concatenate([got[b] for b in sorted(got)])
+    wbytes = word_bytes(iss.npu.link_bytes_per_cycle)
+    vector = None
+    blocks = local_blocks(req, rank)
+    if blocks:
+        words = words_to_engine(iss._gather("RD6"), wbytes)
+        try:
+            got = unpack_blocks(words, req, blocks, wbytes)
+        except ValueError as exc:
+            raise IssError(f"COLL on chip {rank}: RD6 {exc}") from None
+        vector = np.concatenate([got[b] for b in sorted(got)])
+    out_addrs = None
+    if output_blocks(req, rank):
+        out_addrs = iss.desc("WR3")
+        iss._access.writes.append(out_addrs)
+    return PendingColl(req, rank, iss.pc, vector, out_addrs)
 
 
-def _output(iss, req, rank, result, wbytes):
+def _output_words(req, rank, result, wbytes, size):
     blocks = output_blocks(req, rank)
-    if not blocks:
-        return
     sizes = req.blocks()
-    if req.kind == Kind.REDUCE_SCATTER or req.kind == Kind.SEND_RECV:
+    if req.kind in (Kind.REDUCE_SCATTER, Kind.SEND_RECV):
         parts = {blocks[0]: result}
     else:
         offsets = block_offsets(req.length, req.count)
@@ -75,35 +111,22 @@ def _output(iss, req, rank, result, wbytes):
         raw = padded.astype(wire).tobytes()
         values += [int.from_bytes(raw[i:i + wbytes], "little")
                    for i in range(0, len(raw), wbytes)]
-    iss._scatter("WR3", engine_to_words(values, wbytes, iss.n))
+    return engine_to_words(values, wbytes, size)
 
 
-def exec_collectives(isses) -> None:
-    """Execute one COLL on every chip of a ring (``isses[i]`` is chip ``i``, all at a COLL)."""
-    reqs = [coll_request(iss) for iss in isses]
-    req, _ = reqs[0]
-    if req.chips != len(isses):
-        raise IssError(f"COLL with CO_CHIPS={req.chips} on a ring of {len(isses)} chips")
-    for chip, (other, rank) in enumerate(reqs):
-        if rank != chip:
-            raise IssError(f"chip {chip}'s COLL has CO_RANK={rank}: it must be its ring "
-                           f"position {chip}")
-        if other != req:
-            raise IssError(f"chips disagree on the collective: chip 0 runs {req}, chip {chip} "
-                           f"{other}")
-    wbytes = word_bytes(isses[0].npu.link_bytes_per_cycle)
-    inputs = [_input(iss, req, chip, wbytes) for chip, iss in enumerate(isses)]
+def execute_coll(members: list[PendingColl], isses) -> None:
+    """Run one collective whose every member has posted it (``members`` in group order)."""
+    req = members[0].req
     if req.kind == Kind.BARRIER:
         return
+    inputs = [None] * req.chips
+    for m in members:
+        inputs[m.chip] = m.vector
     results = collective(req, inputs)
-    for chip, iss in enumerate(isses):
-        _output(iss, req, chip, results[chip], wbytes)
-
-
-def exec_collective(iss) -> None:
-    """A lone chip's COLL: only a ring of one (``CO_CHIPS = 1``)."""
-    req, _ = coll_request(iss)
-    if req.chips != 1:
-        raise IssError(f"COLL with CO_CHIPS={req.chips} needs the other chips: run the "
-                       "program in sim.iss.IssSystem")
-    exec_collectives([iss])
+    wbytes = word_bytes(isses[0].npu.link_bytes_per_cycle)
+    for m in members:
+        if m.out_addrs is None:
+            continue
+        iss = isses[m.chip]
+        iss._scatter("WR3", _output_words(req, m.chip, results[m.chip], wbytes, iss.n),
+                     m.out_addrs)

@@ -8,13 +8,15 @@ import numpy as np
 from amaranth.back import verilog
 
 from hw.spec import NpuConfig
+from hw.spec.isa import UNIT_NAMES
 from hw.tile.chip import Chip
+from hw.tile.ports import trace_depth
 
 from .pysim import SimulationTimeout, run_sim
 from .verilator import run_cocotb
 
 __all__ = ["run_chip_pysim", "run_chip_verilator", "words_to_ints", "ints_to_words", "host_load",
-           "host_read", "wait_done"]
+           "host_read", "wait_done", "read_trace", "busy_units"]
 
 
 def words_to_ints(words: np.ndarray) -> list[int]:
@@ -65,10 +67,11 @@ async def host_read(ctx, host, base: int, count: int, word_bytes: int):
     return ints_to_words(values, word_bytes)
 
 
-async def wait_done(ctx, start, done, max_cycles: int, what: str):
+async def wait_done(ctx, start, done, max_cycles: int, what: str, describe=None):
     """Pulse ``start``, then wait for ``done``; raise :class:`SimulationTimeout` after
-    ``max_cycles``. (A plain loop rather than ``until()``: an ``until()`` still pending when the
-    watchdog fires would raise again when garbage-collected.)"""
+    ``max_cycles``, with ``describe(ctx)`` (what each chip was doing) in the message. (A plain
+    loop rather than ``until()``: an ``until()`` still pending when the watchdog fires would
+    raise again when garbage-collected.)"""
     ctx.set(start, 1)
     await ctx.tick()
     ctx.set(start, 0)
@@ -77,7 +80,27 @@ async def wait_done(ctx, start, done, max_cycles: int, what: str):
         await ctx.tick()
         ran += 1
         if ran > max_cycles:
-            raise SimulationTimeout(f"{what} within max_cycles={max_cycles}")
+            state = f": {describe(ctx)}" if describe else ""
+            raise SimulationTimeout(f"{what} within max_cycles={max_cycles}{state}")
+
+
+def busy_units(bits: int) -> str:
+    """The units of a busy vector, by name (``hw.spec.isa.Unit`` bits)."""
+    names = [name for u, name in enumerate(UNIT_NAMES) if bits >> u & 1]
+    return ", ".join(names) if names else "nothing"
+
+
+async def read_trace(ctx, host) -> dict:
+    """The trace buffer's entries (``hw.tile.trace``): ``{"entries": [(cycle, busy)],
+    "overflow"}``."""
+    count = ctx.get(host.trace_count)
+    entries = []
+    for k in range(count):
+        ctx.set(host.trace_addr, k)
+        await ctx.tick()
+        value = ctx.get(host.trace_data)
+        entries.append((int(value.cycle), int(value.busy)))
+    return {"entries": entries, "overflow": bool(ctx.get(host.trace_overflow))}
 
 
 def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndarray],
@@ -85,9 +108,10 @@ def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndar
                    vcd: str | None = None) -> dict:
     """Load ``images`` ({base word: [count, N] uint8}) and ``program``; run; read ``reads``.
 
-    Returns ``{"regions": [words...], "cycles", "load_cycles", "busy_cycles", "error",
-    "wall_s", "cycles_per_s"}``. Raises :class:`SimulationTimeout` when the program does not
-    reach ``done`` within ``max_cycles`` cycles after ``start``.
+    Returns ``{"regions": [words...], "cycles", "load_cycles", "busy_cycles" (per
+    ``hw.spec.isa.BUSY_COUNTERS``), "trace", "error", "wall_s", "cycles_per_s"}``. Raises
+    :class:`SimulationTimeout` when the program does not reach ``done`` within ``max_cycles``
+    cycles after ``start``.
     """
     if len(program) > npu.imem_words:
         raise ValueError(f"program of {len(program)} instructions exceeds imem_words "
@@ -98,16 +122,19 @@ def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndar
 
     async def host(ctx):
         out["load_cycles"] = await host_load(ctx, dut.host, program, images)
-        await wait_done(ctx, dut.start, dut.done, max_cycles, "chip did not halt")
+        await wait_done(ctx, dut.start, dut.done, max_cycles, "chip did not halt",
+                        lambda ctx: f"pc {ctx.get(dut.pc)}, busy: "
+                                    f"{busy_units(ctx.get(dut.busy))}")
         out["cycles"] = ctx.get(dut.cycles)
         out["busy_cycles"] = [ctx.get(c) for c in dut.busy_cycles]
         out["error"] = bool(ctx.get(dut.error))
+        out["trace"] = await read_trace(ctx, dut.host)
         for base, count in reads:
             out["regions"].append(await host_read(ctx, dut.host, base, count,
                                                   npu.word_bytes))
 
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * sum(
-        c for _, c in reads) + 100, vcd=vcd)
+        c for _, c in reads) + 2 * trace_depth(npu) + 100, vcd=vcd)
     out.update(wall_s=stats["wall_s"], cycles_per_s=stats["cycles_per_s"])
     return out
 

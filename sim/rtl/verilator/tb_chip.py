@@ -9,6 +9,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, with_timeout
 from cocotb.utils import get_sim_time
 
+from hw.spec.isa import BUSY_COUNTERS, UNIT_BITS
 from sim.rtl.verilator import tb_data, tb_report
 from sim.rtl.verilator.streams import reset
 
@@ -57,9 +58,20 @@ async def run_program(dut):
     await ReadOnly()
     result = {"timeout": timeout, "cycles": int(dut.cycles.value), "load_cycles": load,
               "error": bool(int(dut.error.value)),
-              "busy_cycles": [int(getattr(dut, f"busy_cycles__{u}").value) for u in range(5)],
+              "busy_cycles": [int(getattr(dut, f"busy_cycles__{u}").value)
+                              for u in range(len(BUSY_COUNTERS))],
               "wall_s": wall, "cycles_per_s": ran / wall if wall > 0 else 0.0, "regions": []}
     if not timeout:
+        entries = []
+        for k in range(int(dut.host__trace_count.value)):
+            await RisingEdge(dut.clk)
+            dut.host__trace_addr.value = k
+            await RisingEdge(dut.clk)
+            await ReadOnly()
+            value = dut.host__trace_data.value.to_unsigned()
+            entries.append([value & 0xFFFF_FFFF, value >> 32 & ((1 << UNIT_BITS) - 1)])
+        result["trace"] = {"entries": entries,
+                           "overflow": bool(int(dut.host__trace_overflow.value))}
         await RisingEdge(dut.clk)
         dut.host__rd_data__ready.value = 1
         for base, count in d["reads"].tolist():
