@@ -76,10 +76,11 @@ BUSY_COUNTERS = UNIT_NAMES + ("any", "compute")
 OP_UNIT = {Op.MATMUL: Unit.MATMUL, Op.ATTN: Unit.ATTN, Op.VEC: Unit.VEC, Op.COLL: Unit.COLL,
            Op.SEND: Unit.SEND, Op.RECV: Unit.RECV}
 
-#: Address generators. Each walks ``addr = base + wrap(i0*s0 + i1*s1 + i2*s2 + i3*s3)`` over
-#: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step (``wrap`` is
-#: the identity unless the generator has a ``wrap`` register M > 0: then offsets in
-#: ``[-M, 2M)`` are taken modulo M, a circular buffer of M words at ``base``).
+#: Address generators. Each walks ``addr = base + i0*s0 + i1*s1 + i2*s2 + i3*s3`` over
+#: ``i0 < n0`` innermost to ``i3 < n3`` outermost, one scratchpad word per step. A generator of
+#: :data:`WRAP_GENS` also has ``wrap`` (M) and ``off`` registers: with M > 0 it walks the
+#: circular buffer of M words at ``base``, ``addr = base + fold(off + i0*s0 + ... + i3*s3)``
+#: where ``fold`` takes offsets in ``[-M, 2M)`` modulo M.
 #: Owners: matmul RD0 (A), RD1 (B), RD2 (params), WR0; attention and vector unit share RD3,
 #: RD4, RD5, WR1, WR2 (they never run at once); collectives RD6, WR3; send RD7; receive WR4.
 READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6", "RD7")
@@ -96,7 +97,7 @@ _GEN_FIELDS = ("base",) + tuple(f"n{i}" for i in range(ADDR_LEVELS)) + \
 
 def gen_fields(gen: str) -> tuple[str, ...]:
     """The register fields of one address generator (``wrap`` for :data:`WRAP_GENS`)."""
-    return _GEN_FIELDS + (("wrap",) if gen in WRAP_GENS else ())
+    return _GEN_FIELDS + (("wrap", "off") if gen in WRAP_GENS else ())
 
 
 #: Unit parameter registers (beyond the address generators), by name.

@@ -174,7 +174,8 @@ class Chip(wiring.Component):
             gens[name] = gen
             m.d.comb += gen.i.payload.base.eq(reg(f"{name}.base"))
             if name in WRAP_GENS:
-                m.d.comb += gen.i.payload.wrap.eq(reg(f"{name}.wrap"))
+                m.d.comb += [gen.i.payload.wrap.eq(reg(f"{name}.wrap")),
+                             gen.i.payload.off.eq(reg(f"{name}.off"))]
             for lv in range(ADDR_LEVELS):
                 m.d.comb += [gen.i.payload.n[lv].eq(reg(f"{name}.n{lv}")),
                              gen.i.payload.s[lv].eq(reg(f"{name}.s{lv}"))]

@@ -46,6 +46,7 @@ def desc_layout(addr_bits, *, wrap=False):
     }
     if wrap:
         fields["wrap"] = unsigned(addr_bits + 1)
+        fields["off"] = unsigned(addr_bits + 1)
     return data.StructLayout(fields)
 
 
@@ -65,9 +66,10 @@ class AddrGen(wiring.Component):
     its current iteration started.
 
     With ``wrap`` (a generator that has a ``wrap`` register, ``hw.spec.isa.WRAP_GENS``) and a
-    descriptor ``wrap`` M > 0, each offset ``off = i0*s0 + ... + i3*s3`` is folded into
-    ``[0, M)`` before it is added to ``base``: ``off + M`` if ``off < 0``, ``off - M`` if
-    ``off >= M`` (offsets must lie in ``[-M, 2M)``): a circular buffer of M words at ``base``.
+    descriptor ``wrap`` M > 0, each offset ``o = off + i0*s0 + ... + i3*s3`` is folded into
+    ``[0, M)`` before it is added to ``base``: ``o + M`` if ``o < 0``, ``o - M`` if ``o >= M``
+    (offsets must lie in ``[-M, 2M)``): a circular buffer of M words at ``base``, starting at
+    its word ``off``.
 
     Timing: the first address is on ``o`` the cycle after the descriptor is taken; then one
     address per cycle while ``o`` is ready. A new descriptor is taken once the previous one is
@@ -118,7 +120,7 @@ class AddrGen(wiring.Component):
 
             def step(m, nxt):
                 m.d.sync += [off.eq(nxt), addr.eq(place(nxt))]
-            start_value, first = 0, 0
+            start_value = first = Mux(self.i.payload.wrap == 0, 0, self.i.payload.off)
         else:
             # The address itself (modulo 2**ab) is the running sum.
             start = [Signal(ab, name=f"start{lv}") for lv in range(levels)]
@@ -128,10 +130,12 @@ class AddrGen(wiring.Component):
                 m.d.sync += addr.eq(nxt[:ab])
             start_value = first = self.i.payload.base
         with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [desc.eq(self.i.payload), addr.eq(self.i.payload.base),
-                         self.o.valid.eq(1)]
+            m.d.sync += [desc.eq(self.i.payload), self.o.valid.eq(1)]
             if self._wrap:
-                m.d.sync += off.eq(first)
+                m.d.sync += [off.eq(first),
+                             addr.eq((self.i.payload.base + first)[:ab])]
+            else:
+                m.d.sync += addr.eq(self.i.payload.base)
             m.d.sync += [x.eq(0) for x in idx]
             m.d.sync += [x.eq(start_value) for x in start]
         with m.Elif(self.o.valid & self.o.ready):

@@ -6,7 +6,7 @@ back.
 
 from __future__ import annotations
 
-from hw.spec.isa import ADDR_LEVELS, Insn, Op, encode, reg
+from hw.spec.isa import ADDR_LEVELS, WRAP_GENS, Insn, Op, encode, reg
 
 __all__ = ["Assembler"]
 
@@ -29,11 +29,18 @@ class Assembler:
         self.insns.append(Insn(Op.SET, index, value))
 
     def set_desc(self, gen: str, desc):
+        """The SETs of one descriptor (a dict or :class:`~sim.compiler.descriptors.Desc`); a
+        generator with a ``wrap`` register always gets ``wrap`` and ``off`` (0: none)."""
         d = desc if isinstance(desc, dict) else desc.as_dict()
         self.set(f"{gen}.base", d["base"])
         for lv in range(ADDR_LEVELS):
             self.set(f"{gen}.n{lv}", d["n"][lv])
             self.set(f"{gen}.s{lv}", d["s"][lv])
+        if gen in WRAP_GENS:
+            self.set(f"{gen}.wrap", d.get("wrap", 0))
+            self.set(f"{gen}.off", d.get("off", 0))
+        elif d.get("wrap", 0):
+            raise ValueError(f"{gen} has no wrap register (only {', '.join(WRAP_GENS)})")
 
     def launch(self, op: Op, flags: int = 0):
         self.insns.append(Insn(Op(op), 0, flags))

@@ -33,7 +33,7 @@ from hw.spec.isa import COLL_FIFO_WORDS, Op
 
 from .descriptors import Desc
 
-__all__ = ["CollLaunch", "coll_launch", "emit"]
+__all__ = ["CollLaunch", "coll_launch", "coll_launch_natural", "natural_block_words", "emit"]
 
 #: Largest count of one address-generator level.
 _MAX_COUNT = (1 << 16) - 1
@@ -112,6 +112,73 @@ def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: in
             "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
             "CO_FIRST": req.first, "CO_COUNT": req.count}
     return CollLaunch(req, chip, size, wbytes, rd6, wr3, in_words, out_words, regs)
+
+
+def natural_block_words(req: CollectiveRequest, size: int, link_bytes: int) -> int:
+    """Scratchpad words of each block of ``req`` in a buffer that holds the whole vector in
+    natural order (:func:`coll_launch_natural`); ValueError unless every block pads to the same
+    number of engine words (choose ``length`` a multiple of ``count`` times the elements per
+    engine word, or pad it)."""
+    wbytes = word_bytes(link_bytes)
+    epw = elements_per_word(wbytes, req.width)
+    words = {-(-b // epw) for b in req.blocks()}
+    if len(words) != 1:
+        raise ValueError(f"the {req.count} blocks of {req.length} elements pad to different "
+                         f"engine words ({sorted(words)}): a natural-order buffer needs equal "
+                         "blocks")
+    return words.pop() * (wbytes // size)
+
+
+def _rotation(blocks, n):
+    """``blocks`` is ``j0, j0 - 1, ...`` modulo n (every collective's streams are)."""
+    if any((blocks[0] - k) % n != b for k, b in enumerate(blocks)):
+        raise AssertionError(f"blocks {blocks} are not a descending rotation")
+    return blocks[0]
+
+
+def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: int,
+                        link_bytes: int, out_base: int | None = None,
+                        fifo_words: int = COLL_FIFO_WORDS) -> CollLaunch:
+    """Chip ``chip``'s COLL for ``req`` on buffers that hold the whole vector in natural order.
+
+    The vector (all-reduce, reduce-scatter: the chip's input; all-gather: the result, with the
+    chip's own block at its place) is ``count`` blocks of :func:`natural_block_words` words each
+    from ``base``, padding words between blocks when a block is not whole engine words. A
+    chip's streams visit its blocks in a rotated order (``hw.spec.collective.steps``): RD6 and
+    WR3 walk them as a circular buffer (``wrap``), so the data needs no reordering. The output
+    goes to ``out_base`` (default ``base``: in place, which every kind allows: a block is
+    written only after it was read). Reduce-scatter writes only the chip's block, at its place.
+    """
+    if not isinstance(req, CollectiveRequest):
+        raise TypeError(f"req must be a CollectiveRequest, not {req!r}")
+    if not isinstance(chip, int) or not 0 <= chip < req.chips:
+        raise ValueError(f"chip must be 0..{req.chips - 1}, not {chip!r}")
+    if req.kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER):
+        raise ValueError(f"{req.kind.name} has no natural-order buffer")
+    wbytes = word_bytes(link_bytes)
+    if wbytes % size:
+        raise ValueError(f"engine word of {wbytes} bytes is not a multiple of size={size}")
+    check_fits(req, wbytes, fifo_words)
+    out_base = base if out_base is None else out_base
+    w = natural_block_words(req, size, link_bytes)
+    n = req.count
+    total = n * w
+    if w > _MAX_COUNT or n > _MAX_COUNT:
+        raise ValueError(f"{n} blocks of {w} words exceed a generator's 16-bit counts")
+    p = req.position(chip)
+
+    def walk(start, blocks):
+        if p is None or not blocks:
+            return None
+        j0 = _rotation(blocks, n)
+        return Desc(start, (w, len(blocks), 1, 1), (1, -w, 0, 0), wrap=total, off=j0 * w)
+
+    rd6 = walk(base, local_blocks(req, chip))
+    wr3 = walk(out_base, output_blocks(req, chip))
+    regs = {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
+            "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
+            "CO_FIRST": req.first, "CO_COUNT": req.count}
+    return CollLaunch(req, chip, size, wbytes, rd6, wr3, total, total, regs)
 
 
 def emit(asm, launch: CollLaunch):

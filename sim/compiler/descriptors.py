@@ -19,12 +19,18 @@ __all__ = ["Desc", "MatmulLaunch", "matmul_launch", "emit_matmul"]
 
 @dataclass(frozen=True)
 class Desc:
+    """An address-generator descriptor; ``wrap`` and ``off`` only for ``WRAP_GENS``
+    (``hw.spec.isa``): a circular buffer of ``wrap`` words at ``base``, starting at ``off``."""
+
     base: int
     n: tuple
     s: tuple
+    wrap: int = 0
+    off: int = 0
 
     def as_dict(self):
-        return {"base": self.base, "n": list(self.n), "s": list(self.s)}
+        return {"base": self.base, "n": list(self.n), "s": list(self.s), "wrap": self.wrap,
+                "off": self.off}
 
     @property
     def total(self):

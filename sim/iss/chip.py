@@ -101,14 +101,17 @@ class Iss:
         n = [int(r[REG_INDEX[f"{gen}.n{lv}"]]) for lv in range(ADDR_LEVELS)]
         s = [int(r[REG_INDEX[f"{gen}.s{lv}"]]) for lv in range(ADDR_LEVELS)]
         wrap = int(r[REG_INDEX[f"{gen}.wrap"]]) if gen in WRAP_GENS else 0
+        off = int(r[REG_INDEX[f"{gen}.off"]]) if gen in WRAP_GENS else 0
         for lv, count in enumerate(n):
             if not 0 <= count < 1 << 16:
                 raise IssError(f"{gen}.n{lv}={count} is not a 16-bit count")
         if not 0 <= wrap <= self.npu.sram_words:
             raise IssError(f"{gen}.wrap={wrap} must be 0..{self.npu.sram_words} (the "
                            "scratchpad's words)")
+        if wrap and not 0 <= off < wrap:
+            raise IssError(f"{gen}.off={off} must be 0..{wrap - 1} (inside {gen}.wrap={wrap})")
         try:
-            addrs = addr_sequence(base, n, s, self.addr_bits, wrap)
+            addrs = addr_sequence(base, n, s, self.addr_bits, wrap, off)
         except AddressError as exc:
             raise IssError(f"{gen}: {exc}") from None
         if addrs.max(initial=0) >= len(self.mem):
