@@ -16,12 +16,14 @@ __all__ = ["UNITS", "ChipStats", "SimReport"]
 
 #: The units whose busy cycles a chip counts (``hw.spec.isa.UNIT_NAMES``).
 UNITS = UNIT_NAMES
+_COMM = ("collective", "send", "recv")
 
 
 @dataclass
 class ChipStats:
     """One chip's share of a run. ``busy`` has one entry per unit plus ``idle`` (cycles in
-    which no unit was busy); ``overlap_cycles`` counts cycles with two or more units busy."""
+    which no unit was busy); ``overlap_cycles`` counts cycles with two or more units busy,
+    ``compute_cycles`` those with matmul, attention or vector busy."""
 
     chip: int
     busy: dict[str, int]
@@ -29,11 +31,14 @@ class ChipStats:
     sram_bytes_used: int
     sram_bytes: dict[str, int]
     instructions: int
+    compute_cycles: int = 0
+    role: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"chip": self.chip, "busy": dict(self.busy), "overlap_cycles": self.overlap_cycles,
+                "compute_cycles": self.compute_cycles,
                 "sram_bytes_used": self.sram_bytes_used, "sram_bytes": dict(self.sram_bytes),
-                "instructions": self.instructions}
+                "instructions": self.instructions, "role": dict(self.role)}
 
 
 @dataclass
@@ -57,22 +62,46 @@ class SimReport:
     first_mismatch: dict | None = None
     #: The final activations, dequantised to float32, shaped like the input.
     output: np.ndarray | None = field(default=None, repr=False)
+    #: Per chip, per unit: the busy intervals (``sim.timeline.intervals``); None untimed.
+    spans: list | None = field(default=None, repr=False)
+    samples: int = 1
+    #: The same model and batch on one chip: its cycles and where they come from.
+    reference: dict | None = None
+    pipeline: dict | None = None
 
     @property
     def cycles_per_s(self) -> float | None:
         return self.cycles / self.wall_s if self.cycles and self.wall_s else None
 
+    @property
+    def speedup(self) -> float | None:
+        if not self.reference or not self.cycles:
+            return None
+        return self.reference["cycles"] / self.cycles
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        s = self.speedup
+        return None if s is None else s / self.chips
+
     def to_json(self) -> dict:
         report = {
             "strategy": self.strategy, "chips": self.chips, "backend": self.backend,
             "seed": self.seed, "npu": self.npu.name, "model": self.model.name,
+            "samples": self.samples,
             "cycles": self.cycles, "load_cycles": self.load_cycles,
             "golden_match": self.golden_match,
             "float_error": {"max_abs": self.max_abs, "cosine": self.cosine},
             "per_chip": [c.to_json() for c in self.per_chip],
-            "collectives": list(self.collectives),
+            "collectives": [dict(c) for c in self.collectives],
             "sim": {"wall_s": self.wall_s, "cycles_per_s": self.cycles_per_s},
         }
+        if self.chips > 1 or self.reference:
+            report["speedup"] = self.speedup
+            report["scaling_efficiency"] = self.scaling_efficiency
+            report["reference"] = dict(self.reference) if self.reference else None
+        if self.pipeline is not None:
+            report["pipeline"] = dict(self.pipeline)
         if self.first_mismatch is not None:
             report["first_mismatch"] = dict(self.first_mismatch)
         return report
@@ -80,16 +109,47 @@ class SimReport:
     def summary(self) -> str:
         cyc = "n/a (the ISS does not time programs)" if self.cycles is None \
             else f"{self.cycles:,}"
-        chip = self.per_chip[0]
         lines = [f"npu sim: {self.model.name} on {self.npu.name}, strategy {self.strategy}, "
-                 f"{self.chips} chip(s), backend {self.backend}",
-                 f"  program {chip.instructions} instructions, scratchpad "
-                 f"{chip.sram_bytes_used:,} of {self.npu.sram_bytes:,} bytes",
-                 f"  cycles {cyc} (+{self.load_cycles:,} host load)"]
+                 f"{self.chips} chip(s), backend {self.backend}, {self.samples} sample(s)"]
+        for chip in self.per_chip:
+            role = ", ".join(f"{k} {v}" for k, v in chip.role.items()) if self.chips > 1 else ""
+            lines.append(f"  chip {chip.chip}: program {chip.instructions} instructions, "
+                         f"scratchpad {chip.sram_bytes_used:,} of {self.npu.sram_bytes:,} bytes"
+                         + (f" ({role})" if role else ""))
+        lines.append(f"  cycles {cyc} (+{self.load_cycles:,} host load)")
         if self.cycles:
-            busy = ", ".join(f"{u} {v / self.cycles:.0%}" for u, v in chip.busy.items() if v)
-            lines.append(f"  busy: {busy}; units overlapped "
-                         f"{chip.overlap_cycles / self.cycles:.0%} of the cycles")
+            for chip in self.per_chip:
+                busy = ", ".join(f"{u} {v / self.cycles:.0%}" for u, v in chip.busy.items()
+                                 if v)
+                comm = sum(chip.busy[u] for u in _COMM)
+                lines.append(f"  chip {chip.chip} busy: {busy}; communication "
+                             f"{comm / self.cycles:.0%}, overlap "
+                             f"{chip.overlap_cycles / self.cycles:.0%}")
+        if self.speedup is not None:
+            ref = self.reference
+            lines.append(f"  speed-up {self.speedup:.2f}x over one chip ({ref['cycles']:,} "
+                         f"cycles, {ref['source']}), scaling efficiency "
+                         f"{self.scaling_efficiency:.0%}")
+        if self.pipeline is not None:
+            p = self.pipeline
+            bubble = "n/a" if p["bubble_fraction"] is None else f"{p['bubble_fraction']:.1%}"
+            lines.append(f"  pipeline: {p['stages']} stages (layers {p['layers_per_stage']}), "
+                         f"{p['microbatches']} microbatches; bubble {bubble} vs "
+                         f"(p-1)/(m+p-1) = {p['bubble_formula']:.1%}")
+        timed = [c for c in self.collectives if "cycles" in c]
+        if timed:
+            by_kind = {}
+            for c in timed:
+                by_kind.setdefault(c["kind"], []).append(c)
+            for kind, items in by_kind.items():
+                cycles = sum(c["cycles"] for c in items)
+                nbytes = sum(c["bytes"] for c in items)
+                ratio = cycles / sum(c["bound_cycles"] for c in items)
+                lines.append(f"  {len(items)} x {kind}: {nbytes:,} bytes, {cycles:,} cycles, "
+                             f"{ratio:.2f} of the ring bound")
+        elif self.collectives:
+            lines.append(f"  {len(self.collectives)} collectives/transfers "
+                         f"({sum(c['bytes'] for c in self.collectives):,} bytes)")
         lines.append(f"  golden match: {'yes (bit-exact)' if self.golden_match else 'NO'}; "
                      f"vs float64: cosine {self.cosine:.5f}, max abs {self.max_abs:.4g}")
         if not self.golden_match:

@@ -1,9 +1,10 @@
-"""``npu sim`` as a function: quantise, compile, simulate, compare with the golden model.
+"""``npu sim`` as a function: quantise, compile for N chips, simulate, compare with the golden.
 
-:func:`simulate` is what the CLI, the benchmarks and a notebook call. It refuses what the chip
+:func:`simulate` is what the CLI, the benchmarks and a notebook call. It refuses what the chips
 cannot run with :class:`~sim.errors.BadInput` (or :class:`hw.spec.ConfigError` for a limit of a
 configuration) before any work, and ends a run past its cycle budget with
-:class:`~sim.errors.Watchdog`.
+:class:`~sim.errors.Watchdog` (a deadlock on the ISS: :class:`~sim.errors.BadInput` naming the
+waiting chips, since the programs themselves cannot meet).
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
-from hw.spec.memory import unpack_rows
+from hw.spec.timing.collective import ring_bound_cycles
 
+from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from .compiler.single import check_single_chip, compile_single, input_image
+from .compiler.single import check_single_chip
+from .compiler.strategy import compile_program
 from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
-from .iss import Iss, IssError
+from .iss import IssError, IssSystem
 from .report import UNITS, ChipStats, SimReport
 from .rtl.chip_runner import run_chip_pysim, run_chip_verilator
 from .rtl.pysim import SimulationTimeout
+from .rtl.system_runner import run_system_pysim
+from .timeline import intervals
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
 
@@ -47,51 +52,146 @@ def check_input(cfg: ModelConfig, x, what: str = "input") -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
-def _run_chip(backend, npu, comp, x_int, max_cycles, vcd):
-    base, words = input_image(comp, x_int)
-    images = dict(comp.alloc.images)
-    images[base] = words
-    x = comp.x
+def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed):
+    """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
+    the chips measured (``cycles`` None on the ISS)."""
+    npu, n_chips = prog.npu, len(prog.chips)
+    images = prog.images(x_ints)
+    programs = [c.program for c in prog.chips]
+    reads = prog.reads()
+    load = sum(len(p) for p in programs) + sum(len(w) for img in images for w in img.values())
     if backend == "iss":
-        iss = Iss(npu)
-        for b, w in images.items():
-            iss.write_words(b, w)
+        system = IssSystem(npu, n_chips)
+        for iss, img in zip(system.chip, images, strict=True):
+            for base, words in img.items():
+                iss.write_words(base, words)
         start = time.perf_counter()
         try:
-            iss.run(comp.program)
+            system.run(programs)
         except IssError as exc:
-            raise BadInput(f"the program failed on the ISS (compiler bug): {exc}") from None
+            raise BadInput(f"the programs cannot run: {exc}") from None
         wall = time.perf_counter() - start
-        out = iss.read_words(x.base, x.words)
-        return out, {"cycles": None, "load_cycles": sum(len(w) for w in images.values()),
-                     "busy": [0] * len(BUSY_COUNTERS), "wall_s": wall}
-    if backend == "pysim":
+        regions = [[system.chip[c].read_words(b, w) for b, w in reads[c]]
+                   for c in range(n_chips)]
+        chips = [{"cycles": None, "busy": [0] * len(BUSY_COUNTERS), "trace": None}
+                 for _ in range(n_chips)]
+        res = {"cycles": None, "chips": chips, "wall_s": wall}
+    elif n_chips == 1 and backend in ("pysim", "verilator"):
         try:
-            res = run_chip_pysim(npu, comp.program, images, [(x.base, x.words)],
-                                 max_cycles=max_cycles, vcd=vcd)
+            if backend == "pysim":
+                out = run_chip_pysim(npu, programs[0], images[0], reads[0],
+                                     max_cycles=max_cycles, vcd=vcd)
+            else:
+                out = run_chip_verilator(npu, programs[0], images[0], reads[0],
+                                         max_cycles=max_cycles)
+                if out.get("timeout"):
+                    raise SimulationTimeout(f"chip did not halt within max_cycles={max_cycles}")
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
+        if out["error"]:
+            raise BadInput("the chip halted on an unknown instruction (compiler bug)")
+        regions = [out["regions"]]
+        res = {"cycles": out["cycles"], "wall_s": out["wall_s"], "chips": [
+            {"cycles": out["cycles"], "busy": out["busy_cycles"], "trace": out["trace"]}]}
+    elif backend == "pysim":
+        try:
+            out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
+                                   vcd=vcd, link_stalls=link_stalls, seed=seed)
+        except SimulationTimeout as exc:
+            raise Watchdog(str(exc)) from None
+        if any(out["errors"]):
+            raise BadInput("a chip halted on an unknown instruction (compiler bug)")
+        regions = out["regions"]
+        res = {"cycles": out["cycles"], "wall_s": out["wall_s"], "chips": [
+            {"cycles": c, "busy": b, "trace": t}
+            for c, b, t in zip(out["chip_cycles"], out["busy_cycles"], out["traces"],
+                               strict=True)]}
     else:
-        res = run_chip_verilator(npu, comp.program, images, [(x.base, x.words)],
-                                 max_cycles=max_cycles)
-        if res.get("timeout"):
-            raise Watchdog(f"chip did not halt within max_cycles={max_cycles}")
-    if res["error"]:
-        raise BadInput("the chip halted on an unknown instruction (compiler bug)")
-    return res["regions"][0], {"cycles": res["cycles"], "load_cycles": res["load_cycles"],
-                               "busy": res["busy_cycles"], "wall_s": res["wall_s"]}
+        raise BadInput(f"--backend {backend} runs one chip only so far; use --backend pysim "
+                       "or iss for --chips > 1")
+    # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
+    taken = [0] * n_chips
+    outputs = []
+    for place in prog.outputs:
+        outputs.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
+                                  prog.cfg.d_model))
+        taken[place.chip] += 1
+    res["outputs"] = outputs
+    res["load_cycles"] = load
+    return res
+
+
+def _chip_stats(prog: SystemProgram, res) -> list[ChipStats]:
+    stats = []
+    for c, (chip, measured) in enumerate(zip(prog.chips, res["chips"], strict=True)):
+        counts = dict(zip(BUSY_COUNTERS, measured["busy"], strict=True))
+        busy = {u: int(counts[u]) for u in UNITS}
+        timed = res["cycles"] is not None
+        busy["idle"] = int(res["cycles"] - counts["any"]) if timed else 0
+        stats.append(ChipStats(
+            chip=c, busy=busy, overlap_cycles=int(sum(busy[u] for u in UNITS) - counts["any"]),
+            sram_bytes_used=int(chip.alloc.next_word * prog.npu.word_bytes),
+            sram_bytes={k: int(v) for k, v in chip.alloc.used.items()},
+            instructions=len(chip.program), compute_cycles=int(counts["compute"]),
+            role=dict(chip.role)))
+    return stats
+
+
+def _comms(prog: SystemProgram, res, spans) -> list[dict]:
+    """The program's collectives and transfers with the cycles they took (from the traces)."""
+    npu = prog.npu
+    link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
+    out, seen = [], {"all_reduce": 0, "send": {}}
+    for comm in prog.comms:
+        entry = dict(comm)
+        if spans is not None and comm["kind"] == "all_reduce":
+            k = seen["all_reduce"]
+            seen["all_reduce"] += 1
+            first, count = comm["group"]
+            members = [(first + j) % len(prog.chips) for j in range(count)]
+            ivs = [spans[m]["collective"][k] for m in members]
+            entry["cycles"] = max(e for _, e in ivs) - min(s for s, _ in ivs)
+            entry["bound_cycles"] = ring_bound_cycles("all_reduce", comm["bytes"], count, link,
+                                                      lat)
+            entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
+        elif spans is not None and comm["kind"] == "send":
+            src = comm["from"]
+            k = seen["send"].get(src, 0)
+            seen["send"][src] = k + 1
+            s, e = spans[src]["send"][k]
+            entry["cycles"] = e - s
+            # One hop: the bytes at the link's width plus its latency.
+            entry["bound_cycles"] = -(-comm["bytes"] // link) + lat
+            entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
+        out.append(entry)
+    return out
+
+
+def _pipeline_stats(prog: SystemProgram, res, stats) -> dict:
+    stages, m = prog.meta["stages"], prog.meta["microbatches"]
+    info = {"stages": stages, "layers_per_stage": prog.meta["layers_per_stage"],
+            "microbatches": m, "bubble_formula": (stages - 1) / (m + stages - 1)}
+    if res["cycles"]:
+        work = sum(s.compute_cycles for s in stats)
+        info["bubble_fraction"] = 1 - work / (stages * res["cycles"])
+    else:
+        info["bubble_fraction"] = None
+    return info
 
 
 def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", chips: int = 1,
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
-             max_cycles: int | None = None, vcd: str | None = None) -> SimReport:
+             max_cycles: int | None = None, vcd: str | None = None,
+             link_stalls: float = 0.0) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
 
     ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
     ``seed``). ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from
     ``seed``, ``batch`` sequences). ``calib``: activations that calibrate the scales (default:
-    ``x``). ``backend``: ``iss`` (no timing), ``pysim`` or ``verilator``. ``vcd`` writes a
+    ``x``). ``backend``: ``iss`` (no timing), ``pysim`` or ``verilator``. ``microbatches``:
+    pipeline only (default ``min(batch, chips)``). ``link_stalls``: the probability per cycle
+    of a stall on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a
     waveform (pysim only). Every output integer is compared with the integer golden model.
     """
     if not isinstance(npu, NpuConfig):
@@ -102,15 +202,14 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         raise BadInput(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     if backend not in BACKENDS:
         raise BadInput(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if strategy != "single" or chips != 1:
-        raise BadInput(f"--strategy {strategy} --chips {chips} is not built yet: only "
-                       "--strategy single --chips 1 runs today")
-    if microbatches is not None:
-        raise BadInput("--microbatches applies to --strategy pipeline")
     if vcd and backend != "pysim":
         raise BadInput(f"--vcd needs --backend pysim, not {backend}")
+    if not 0.0 <= link_stalls < 1.0:
+        raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
+    if link_stalls and (chips == 1 or backend != "pysim"):
+        raise BadInput("--link-stalls applies to --backend pysim with --chips > 1")
     max_cycles = max_cycles or DEFAULT_MAX_CYCLES
-    # Refuse what one chip cannot run before any work (the compiler checks again).
+    # Refuse what a chip cannot run before any work (the compiler checks again).
     check_single_chip(npu, model)
     rng = np.random.default_rng(seed)
     if weights is None:
@@ -126,47 +225,41 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         x = rng.standard_normal(shape)
     else:
         x = check_input(model, x)
-    calib = x if calib is None else np.asarray(calib, np.float64)
+    calib = x if calib is None else check_input(model, calib, "calib")
     qm = quantize_model(model, weights, calib)
     samples = x if x.ndim == 3 else x[None]
-    seq = samples.shape[1]
     try:
-        comp = compile_single(npu, qm, seq=seq)
+        prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
+                               samples=len(samples), microbatches=microbatches)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         raise BadInput(str(exc)) from None
-    results, golden, floats, stats = [], [], [], []
-    for sample in samples:
-        x_int = quantize_input(qm, sample)
-        golden.append(model_int(qm, x_int))
-        words, st = _run_chip(backend, npu, comp, x_int, max_cycles, vcd)
-        results.append(unpack_rows(words, comp.seq_pad, comp.x.cols, 2)[:seq, :model.d_model])
-        floats.append(model_forward(model, weights, sample))
-        stats.append(st)
-    got, want, ref = np.stack(results), np.stack(golden), np.stack(floats)
+    x_ints = [quantize_input(qm, s) for s in samples]
+    res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=vcd, link_stalls=link_stalls,
+               seed=seed)
+    got = np.stack(res["outputs"])
+    want = np.stack([model_int(qm, xi) for xi in x_ints])
+    ref = np.stack([model_forward(model, weights, s) for s in samples])
     match = bool((got == want).all())
     deq = dequantize_residual(qm, got)
     cosine = float((deq * ref).sum() / (np.linalg.norm(deq) * np.linalg.norm(ref) or 1.0))
-    timed = stats[0]["cycles"] is not None
-    cycles = int(sum(s["cycles"] for s in stats)) if timed else None
-    counts = dict(zip(BUSY_COUNTERS, (int(sum(s["busy"][k] for s in stats))
-                                      for k in range(len(BUSY_COUNTERS))), strict=True))
-    busy = {u: counts[u] for u in UNITS}
-    busy["idle"] = cycles - counts["any"] if timed else 0
-    chip = ChipStats(chip=0, busy=busy, overlap_cycles=sum(busy[u] for u in UNITS) - counts["any"],
-                     sram_bytes_used=int(comp.alloc.next_word * npu.word_bytes),
-                     sram_bytes={k: int(v) for k, v in comp.alloc.used.items()},
-                     instructions=len(comp.program))
+    stats = _chip_stats(prog, res)
+    spans = None
+    if res["cycles"] is not None:
+        spans = [intervals(c["trace"]["entries"], c["cycles"]) for c in res["chips"]]
     first = None
     if not match:
         bad = np.argwhere(got != want)[0]
         first = {"index": [int(v) for v in bad], "got": int(got[tuple(bad)]),
                  "want": int(want[tuple(bad)])}
     out = deq.astype(np.float32)
-    return SimReport(strategy=strategy, chips=chips, backend=backend, seed=seed, npu=npu,
-                     model=model, cycles=cycles,
-                     load_cycles=int(sum(s["load_cycles"] for s in stats)), golden_match=match,
-                     max_abs=float(np.abs(deq - ref).max()), cosine=cosine, per_chip=[chip],
-                     wall_s=sum(s["wall_s"] for s in stats), first_mismatch=first,
-                     output=out if x.ndim == 3 else out[0])
+    report = SimReport(
+        strategy=strategy, chips=chips, backend=backend, seed=seed, npu=npu, model=model,
+        cycles=res["cycles"], load_cycles=res["load_cycles"], golden_match=match,
+        max_abs=float(np.abs(deq - ref).max()), cosine=cosine, per_chip=stats,
+        wall_s=res["wall_s"], first_mismatch=first, output=out if x.ndim == 3 else out[0],
+        collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
+    if strategy == "pipeline":
+        report.pipeline = _pipeline_stats(prog, res, stats)
+    return report

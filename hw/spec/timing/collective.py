@@ -25,8 +25,9 @@ def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
     """Step-synchronous ring cost: ``steps * (ceil(M / (N*B)) + a)``.
 
     ``steps`` is ``2(N-1)`` for all-reduce and ``N-1`` for reduce-scatter and all-gather.
+    ``kind`` is a :class:`~hw.spec.collective.Kind` or its name (``"all_reduce"``).
     """
-    kind = Kind(kind)
+    kind = Kind[kind.upper()] if isinstance(kind, str) else Kind(kind)
     hops = 2 * (n - 1) if kind == Kind.ALL_REDUCE else n - 1
     return hops * (math.ceil(message_bytes / (n * link_bytes)) + latency)
 
