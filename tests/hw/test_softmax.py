@@ -10,7 +10,7 @@ from hw.tile.softmax import SoftmaxUnit
 from hw.tops import build_top
 from sim.golden.softmax import softmax
 from sim.rtl.softmax_driver import simulate_rows
-from tests.sim.test_golden_softmax import assert_rows_equal, edge_rows, random_rows
+from tests.helpers import assert_rows_equal, edge_rows, random_rows
 
 
 def check(dut, scores, mask, rng, *, idle=0.3, stall=0.3):

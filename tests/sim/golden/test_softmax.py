@@ -3,60 +3,9 @@
 import numpy as np
 import pytest
 
-from hw.spec.softmax import EXP_BITS, EXP_LUT
+from hw.spec.softmax import EXP_BITS
 from sim.golden.softmax import softmax, softmax_float, softmax_parts
-
-#: Score ranges drawn: full int16 (logits in +-128), then +-16, +-4 and +-1 logits.
-SCALES = (32768, 4096, 1024, 256)
-
-
-def random_rows(rng, rows: int, length: int):
-    """Scores over several ranges (clipped to int16) and masks of random density per row, with
-    some fully masked rows and some single-lane rows among them."""
-    scale = rng.choice(SCALES, size=(rows, 1))
-    scores = np.clip(rng.integers(-scale, scale, size=(rows, length)), -32768, 32767)
-    mask = rng.random((rows, length)) < rng.random((rows, 1))
-    return scores, mask
-
-
-def edge_rows(length: int):
-    """All-equal, dominant, widest range, masked lanes above the maximum, single lane, empty."""
-    rows, masks = [], []
-    full = np.ones(length, dtype=bool)
-
-    def add(row, mask=full):
-        rows.append(np.asarray(row, dtype=np.int64))
-        masks.append(np.asarray(mask, dtype=bool))
-
-    add(np.zeros(length))                                     # all equal
-    add(np.full(length, 32767))
-    add(np.full(length, -32768))
-    add(np.where(np.arange(length) == 1, 4000, 0))            # one dominant score
-    add(np.where(np.arange(length) % 2, 32767, -32768))       # widest dynamic range
-    add(np.where(np.arange(length) == 0, 32767, -32768))
-    add(np.where(np.arange(length) == length - 1, -32768, 32767))
-    add(np.arange(length) * 64 - 512)                         # a ramp of 1/4 logit steps
-    half = np.arange(length) < length // 2
-    add(np.where(half, 0, 30000), half)                       # masked lanes far above the max
-    add(np.full(length, 123), np.arange(length) == length - 1)  # single visible lane
-    add(np.full(length, 5), np.zeros(length, dtype=bool))     # fully masked
-    add(np.where(np.arange(length) == 0, 32767, 0), np.arange(length) != 0)
-    return np.array(rows), np.array(masks)
-
-
-def assert_rows_equal(got, want, what="row"):
-    bad = np.argwhere(got != want)
-    if bad.size:
-        r, j = bad[0]
-        raise AssertionError(f"{len(bad)} mismatches; first at {what} {r} lane {j}: "
-                             f"got {got[r, j]}, expected {want[r, j]}; row got {got[r].tolist()}, "
-                             f"expected {want[r].tolist()}")
-
-
-def test_exp_table():
-    assert EXP_LUT[0] == 1 << EXP_BITS
-    assert all(a > b for a, b in zip(EXP_LUT[:-1], EXP_LUT[1:], strict=True)), "EXP_LUT must fall"
-    assert EXP_LUT[-1] > 1 << (EXP_BITS - 1)
+from tests.helpers import edge_rows, random_rows
 
 
 @pytest.mark.parametrize("length", [2, 5, 16, 64])

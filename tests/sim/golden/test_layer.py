@@ -1,4 +1,4 @@
-"""Quantised blocks (integer golden) against the float64 reference.
+"""Quantised blocks through the integer model (sim.golden.layer) against the float64 reference.
 
 Distributions: weights N(0, 1/fan_in) (``random_weights``), LayerNorm gamma 1 + N(0, 0.1^2),
 beta and biases N(0, 0.05^2); inputs N(0, 1) per element. The BERT-style case adds outlier
@@ -12,7 +12,7 @@ import pytest
 
 from hw.spec import ModelConfig, model_preset
 from sim.compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from sim.golden.float_model import attention_mask, model_forward, random_weights
+from sim.golden.float_model import model_forward, random_weights
 from sim.golden.layer import model_int
 
 
@@ -55,11 +55,3 @@ def test_variants_cosine(norm, causal, window, activation):
     x = np.random.default_rng(5).standard_normal((cfg.seq_len, cfg.d_model))
     got, ref = quantised_vs_float(cfg, 5, x)
     assert cosine(got, ref) >= 0.99, cosine(got, ref)
-
-
-def test_attention_masks():
-    m = attention_mask(6, 3, True)
-    assert m[5].tolist() == [False, False, False, True, True, True]
-    assert m[0].tolist() == [True] + [False] * 5
-    assert attention_mask(4, 0, False).all()
-    assert attention_mask(5, 2, False)[2].tolist() == [False, True, True, True, False]
