@@ -57,19 +57,6 @@ def test_top_builder_uses_softmax_len():
         assert build_top("softmax", npu).length == npu.softmax_len
 
 
-def test_cli_export(tmp_path, capsys):
-    from hw.spec import PRESETS_DIR
-    from sim import cli
-
-    status = cli.main(["export", "--top", "softmax", "--npu",
-                       str(PRESETS_DIR / "npu" / "tiny.toml"), "-o", str(tmp_path)])
-    out, err = capsys.readouterr()
-    assert status == 0, err
-    (verilog_file,) = tmp_path.glob("*.v")
-    text = verilog_file.read_text()
-    assert "i__payload" in text and "o__payload" in text
-
-
 @pytest.mark.parametrize("length, lanes", [(8, 1), (12, 3), (64, 4)])
 def test_other_sizes(rng, length, lanes):
     """Parametric: fewer beats than the divider's 16 quotient bits (L=8: 2 bits per cycle),

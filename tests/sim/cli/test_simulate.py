@@ -1,36 +1,13 @@
-"""`npu sim --strategy single`: ISS and RTL runs of whole models, reports and rejections."""
+"""``npu sim --strategy single`` (sim.cli.simulate): whole models on the ISS and RTL, rejections."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hw.spec import PRESETS_DIR
-from sim.cli import main
 from sim.golden.float_model import random_weights
-
-TINY_NPU = str(PRESETS_DIR / "npu" / "tiny.toml")
-TINY_MODEL = str(PRESETS_DIR / "models" / "tiny.toml")
-
-
-def write_model(tmp_path, name="m.toml", **over):
-    keys = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32, "seq_len": 6,
-            "window": 0, "causal": True, "norm": "pre"}
-    keys.update(over)
-    lines = [f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}"
-             for k, v in keys.items()]
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def run(capsys, *argv):
-    status = main(list(argv))
-    out, err = capsys.readouterr()
-    return status, out, err
+from tests.helpers import TINY_MODEL, TINY_NPU, run, run_process, write_model
 
 
 def test_iss_runs_the_tiny_model_bit_exact(capsys, tmp_path):
@@ -127,9 +104,8 @@ def test_bad_input_file(capsys, tmp_path):
 
 def test_watchdog_exit_3(tmp_path):
     model = write_model(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "sim", "sim", "--npu", TINY_NPU, "--model",
-                           model, "--backend", "pysim", "--max-cycles", "50"],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_process("sim", "--npu", TINY_NPU, "--model", model, "--backend", "pysim",
+                       "--max-cycles", "50", timeout=600)
     assert proc.returncode == 3, proc.stderr
     assert "max_cycles=50" in proc.stderr and "Traceback" not in proc.stderr
 

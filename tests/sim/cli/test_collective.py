@@ -1,24 +1,21 @@
-"""``npu collective``: results, report, output files and the exit-status contract."""
+"""``npu collective`` (sim.cli.collective): results, report, output files, exit statuses."""
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hw.spec import PRESETS_DIR
 from sim import golden
 from sim.cli import main
 from sim.errors import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK
 from sim.golden import collectives as golden_collectives
-
-TINY = str(PRESETS_DIR / "npu" / "tiny.toml")
+from tests.helpers import TINY_NPU, run
 
 
 def _run(capsys, *args):
-    code = main(["collective", "--npu", TINY, *args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run(capsys, "collective", "--npu", TINY_NPU, *args)
 
 
 def test_all_reduce_random_input_writes_report_and_output(tmp_path, capsys):
@@ -128,7 +125,7 @@ def test_npz_input_with_equal_lengths_is_accepted(tmp_path, capsys):
 
 def test_bad_link_width_exits_2(tmp_path, capsys):
     toml = tmp_path / "odd.toml"
-    toml.write_text((PRESETS_DIR / "npu" / "tiny.toml").read_text().replace(
+    toml.write_text(Path(TINY_NPU).read_text().replace(
         "link_bytes_per_cycle = 4", "link_bytes_per_cycle = 3"))
     code = main(["collective", "--npu", str(toml), "--kind", "all_reduce", "--chips", "2"])
     err = capsys.readouterr().err
