@@ -3,7 +3,7 @@
 import itertools
 
 from hw.spec.collective import CollectiveRequest
-from hw.spec.timing.collective import predicted_cycles, ring_bound_cycles
+from hw.spec.timing.collective import predicted_cycles, ring_bound_cycles, system_cycles
 from tests.helpers import COLLECTIVE_KINDS
 
 
@@ -15,3 +15,10 @@ def test_bound_and_model_agree_for_large_messages():
         bound = ring_bound_cycles(req.kind, 4 * length, n, 4, 2)
         model = predicted_cycles(req, 4, 2)
         assert model <= 1.01 * bound, f"{kind} N={n}: model {model} vs bound {bound}"
+
+
+def test_bidirectional_halves_the_bandwidth_term():
+    req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=1024, chips=4)
+    one = predicted_cycles(req, 4, 2)
+    two = system_cycles(req, 4, 2, bidirectional=True)
+    assert two <= 0.51 * one, f"bidirectional {two} cycles vs unidirectional {one}"

@@ -51,12 +51,6 @@ def test_heavy_backpressure(rng):
     assert gaps.max() > dut.slot_cycles, f"no pipeline stall seen; input gaps {gaps.tolist()}"
 
 
-def test_top_builder_uses_softmax_len():
-    for preset in ("tiny", "fpga"):
-        npu = npu_preset(preset)
-        assert build_top("softmax", npu).length == npu.softmax_len
-
-
 @pytest.mark.parametrize("length, lanes", [(8, 1), (12, 3), (64, 4)])
 def test_other_sizes(rng, length, lanes):
     """Parametric: fewer beats than the divider's 16 quotient bits (L=8: 2 bits per cycle),

@@ -24,6 +24,7 @@ from sim.golden.attention import (
 from sim.golden.matmul import wrap
 from sim.rtl.attention_driver import kv_payload, q_payload, run_attention
 from sim.rtl.pysim import run_sim, stream_get, stream_put
+from tests.helpers import exported_verilog, seeded
 
 W, D, L = 16, 8, 16  # the tiny preset's window and softmax length; a small d_head
 IDLE, STALL = 0.3, 0.3
@@ -351,13 +352,6 @@ def test_constructor_is_keyword_only():
         AttentionBuffer(16, 8, 16)
 
 
-def test_top_registered():
-    npu = npu_preset("tiny")
-    dut = build_top("attention", npu)
-    assert (dut.window, dut.d_head, dut.length) == (npu.attn_window, npu.d_head_max,
-                                                    npu.softmax_len)
-
-
 # --- exported Verilog under cocotb + Verilator ------------------------------------------------
 
 def _cocotb_data(cmds, exp, probs, max_cycles):
@@ -392,16 +386,12 @@ def _cocotb_data(cmds, exp, probs, max_cycles):
 def test_verilator_matches_golden_and_pysim(verilator_ok, tmp_path):
     """`npu export --top attention` (tiny preset): cocotb + Verilator give the golden results,
     and every transfer lands on the same clock edge as in Amaranth's simulator."""
-    from sim.cli import main
     from sim.rtl.verilator import run_cocotb
 
     npu = npu_preset("tiny")
     window, d_head, length = npu.attn_window, npu.d_head_max, npu.softmax_len
-    assert main(["export", "--top", "attention", "--npu", str(npu.path),
-                 "-o", str(tmp_path)]) == 0
-    text = (tmp_path / "npu_attention.v").read_text()
-    rng = np.random.default_rng(33)
-    print("seed=33")
+    text = exported_verilog(tmp_path, "attention", npu)
+    rng = seeded(33)
     cmds = prefill(rng, range(20), d=d_head)                         # wraps the 16-slot ring
     cmds += prefill(rng, range(20, 23), d=d_head, first=False, split=True)
     cmds += [token(rng, p, first=p == 90, d=d_head) for p in range(90, 100)]   # halo, restart

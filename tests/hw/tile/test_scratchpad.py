@@ -1,4 +1,4 @@
-"""AddrGen and Scratchpad against the golden address walk and a dict memory model."""
+"""AddrGen and Scratchpad (hw.tile.scratchpad) vs the golden address walk and a dict memory."""
 
 import numpy as np
 import pytest
@@ -6,6 +6,7 @@ import pytest
 from hw.tile.scratchpad import AddrGen, Scratchpad
 from sim.golden.scratchpad import addr_sequence
 from sim.rtl.pysim import collect, run_sim, send_all, stream_get, stream_put
+from tests.helpers import seeded
 
 
 def random_desc(rng, addr_bits, max_total=60):
@@ -19,8 +20,7 @@ def random_desc(rng, addr_bits, max_total=60):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_addrgen_matches_golden(seed):
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     addr_bits = 10
     dut = AddrGen(addr_bits=addr_bits)
     descs = [random_desc(rng, addr_bits) for _ in range(6)]
@@ -82,8 +82,7 @@ def test_rejects_bad_parameters():
 def test_scratchpad_ports_contend_and_return_in_order():
     """Two write ports fill the memory (often the same bank), then three read ports read it
     back concurrently with backpressure: every word and every order must be right."""
-    rng = np.random.default_rng(5)
-    print("seed=5")
+    rng = seeded(5)
     words, banks = 64, 4
     dut = Scratchpad(words=words, banks=banks, word_bytes=4, read_ports=3, write_ports=2)
     contents = {int(a): int(rng.integers(0, 1 << 32)) for a in range(words)}

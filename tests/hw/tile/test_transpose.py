@@ -1,29 +1,23 @@
-import numpy as np
+"""Transposer (hw.tile.transpose): blocks in by rows, out by columns, one word per cycle."""
+
 import pytest
 
 from hw.tile.transpose import Transposer
-from sim.rtl.pysim import collect, run_sim, send_all
+from sim.rtl.pysim import run_sim
+from tests.helpers import seeded, stream_through
 
 
 @pytest.mark.parametrize("size, seed", [(4, 1), (3, 2), (8, 3)])
 def test_transposes_blocks_with_backpressure(size, seed):
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     blocks = rng.integers(-128, 128, (5, size, size))
     dut = Transposer(size=size)
     words = [{"data": [int(x) for x in blocks[b, r]],
               "last": int(b == 4 and r == size - 1)}
              for b in range(5) for r in range(size)]
-    out = []
-
-    async def producer(ctx):
-        await send_all(ctx, dut.i, words, rng=rng, idle=0.3)
-
-    async def consumer(ctx):
-        out.extend(await collect(ctx, dut.o, 5 * size, rng=rng, stall=0.3,
-                                 convert=lambda p: ([int(x) for x in p.data], int(p.last))))
-
-    run_sim(dut, [producer, consumer], max_cycles=2000)
+    out = stream_through(dut, words, rng=rng, idle=0.3, stall=0.3, count=5 * size,
+                         convert=lambda p: ([int(x) for x in p.data], int(p.last)),
+                         max_cycles=2000)
     for b in range(5):
         for c in range(size):
             beat, last = out[b * size + c]

@@ -1,27 +1,30 @@
 """MatmulEngine (words in, words out) against the ISS and the golden model, through the same
 address-generator descriptors the compiler emits."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from hw.spec import npu_preset
 from hw.spec.formats import OutMode
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, row_words, unpack_rows
 from hw.tile.matmul_engine import MatmulEngine
-from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.golden.matmul import matmul_unit
 from sim.golden.scratchpad import addr_sequence
 from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+from tests.helpers import (
+    assemble,
+    assert_memories_equal,
+    byte_beat,
+    seeded,
+    square_npu,
+    word_beat,
+    words_of,
+)
 
 
 def setup(rng, size, m, k, n, mode, a_unsigned=False):
-    npu = dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
-                              sram_bytes=4 * size * 256, sram_banks=4)
-    iss = Iss(npu)
+    iss = Iss(square_npu(size, sram_words=1024))
     a = rng.integers(0, 256, (m, k)) if a_unsigned else rng.integers(-128, 128, (m, k))
     b = rng.integers(-128, 128, (k, n))
     bias = rng.integers(-2**31, 2**31, n)
@@ -44,17 +47,6 @@ def setup(rng, size, m, k, n, mode, a_unsigned=False):
     return iss, launch, want, (c_base, m, ncols, eb)
 
 
-def program(launch):
-    asm = Assembler()
-    emit_matmul(asm, launch)
-    asm.halt()
-    return asm.words()
-
-
-def words_of(mem, desc, addr_bits):
-    return mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)]
-
-
 @pytest.mark.parametrize("seed, size, m, k, n, mode, a_unsigned", [
     (1, 4, 8, 8, 6, OutMode.INT8, False),
     (2, 4, 4, 12, 9, OutMode.INT16, True),
@@ -62,11 +54,10 @@ def words_of(mem, desc, addr_bits):
     (4, 2, 6, 4, 3, OutMode.INT16, False),
 ])
 def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     iss, launch, want, (c_base, rows, cols, eb) = setup(rng, size, m, k, n, mode, a_unsigned)
     before = iss.mem.copy()
-    iss.run(program(launch))
+    iss.run(assemble(emit_matmul, [launch]))
     got_iss = unpack_rows(iss.read_words(c_base, rows * row_words(cols, eb, size)), rows, cols,
                           eb)[:, :want.shape[1]]
     bad = np.argwhere(got_iss != want)
@@ -74,8 +65,7 @@ def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
 
     dut = MatmulEngine(size=size)
     ab = iss.addr_bits
-    streams = {name: [{"data": [int(x) for x in w.view(np.int8)], "last": 0}
-                      for w in words_of(before, getattr(launch, gen), ab)]
+    streams = {name: [word_beat(w) for w in words_of(before, getattr(launch, gen), ab)]
                for name, gen in (("i_a", "rd0"), ("i_b", "rd1"), ("i_p", "rd2"))}
     total = launch.wr0.total
     out = []
@@ -86,9 +76,7 @@ def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
                                           "a_unsigned": int(launch.a_unsigned)})
 
     async def drain(ctx):
-        out.extend(await collect(ctx, dut.o, total, rng=rng, stall=0.2,
-                                 convert=lambda p: ([int(x) & 0xFF for x in p.data],
-                                                    int(p.last))))
+        out.extend(await collect(ctx, dut.o, total, rng=rng, stall=0.2, convert=byte_beat))
         for _ in range(3):
             await ctx.tick()
         assert not ctx.get(dut.busy), "engine still busy after its last word"
@@ -103,5 +91,4 @@ def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
     mem[addr_sequence(launch.wr0.base, launch.wr0.n, launch.wr0.s, ab)] = \
         np.array([w for w, _ in out], np.uint8)
     assert [last for _, last in out] == [0] * (total - 1) + [1]
-    diff = np.argwhere(mem != iss.mem)
-    assert not len(diff), f"RTL and ISS memories differ first at word {diff[0][0]}"
+    assert_memories_equal(mem, iss.mem)

@@ -28,6 +28,7 @@ from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import gelu_table, ln_stats, residual_add
 from sim.rtl.pysim import run_sim, send_all, stream_put
 from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
+from tests.helpers import exported_verilog, seeded
 
 LANES = 4
 IDLE = 0.3
@@ -273,15 +274,12 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op, golden-exact;
     a lone LayerNorm takes the documented number of cycles, the whole program as many cycles
     as in Amaranth's simulator."""
-    from sim.cli import main
     from sim.rtl.verilator import run_cocotb
 
     npu = npu_preset("tiny")
     lanes = npu.vector_lanes
-    assert main(["export", "--top", "vector", "--npu", str(npu.path), "-o", str(tmp_path)]) == 0
-    text = (tmp_path / "npu_vector.v").read_text()
-    rng = np.random.default_rng(33)
-    print("seed=33")
+    text = exported_verilog(tmp_path, "vector", npu)
+    rng = seeded(33)
     x = rng.integers(-(1 << 15), 1 << 15, npu.d_model_max)
     params = _ln_params(rng, npu.d_model_max)
     knobs = {"gshift": 19, "mult": 50000, "shift": 24}

@@ -1,11 +1,12 @@
-"""RingLink: order, no loss, no duplication under random stalls; latency; bad parameters."""
+"""RingLink and SkidStage (hw.ring.link): order, no loss or duplication under stalls, latency."""
 
 import numpy as np
 import pytest
 
 from hw.layouts import ring_word_layout
 from hw.ring.link import RingLink, SkidStage
-from sim.rtl.pysim import collect, run_sim, send_all
+from sim.rtl.pysim import run_sim, send_all
+from tests.helpers import stream_through
 
 
 def _words(rng, count, word_bytes):
@@ -24,22 +25,15 @@ def _as_tuple(payload):
 def test_link_delivers_every_word_in_order_under_stalls(width_bytes, latency, word_bytes, rng):
     dut = RingLink(width_bytes=width_bytes, latency=latency, word_bytes=word_bytes)
     words = _words(rng, 60, word_bytes)
-    got = []
     stall_rng = np.random.default_rng(int(rng.integers(1 << 31)))
-
-    async def producer(ctx):
-        await send_all(ctx, dut.i, words, rng=rng, idle=0.3)
-
-    async def consumer(ctx):
-        got.extend(await collect(ctx, dut.o, len(words), rng=rng, stall=0.3,
-                                 convert=_as_tuple))
 
     async def staller(ctx):
         async for _ in ctx.tick():
             ctx.set(dut.stall, int(stall_rng.integers(0, 1 << latency)) *
                     int(stall_rng.random() < 0.4))
 
-    run_sim(dut, [producer, consumer], processes=[staller], max_cycles=20_000)
+    got = stream_through(dut, words, rng=rng, idle=0.3, stall=0.3, convert=_as_tuple,
+                         processes=[staller], max_cycles=20_000)
     want = [(tuple(w["data"]), w["last"]) for w in words]
     for index, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"word {index}: got {g}, sent {w}"
@@ -74,16 +68,8 @@ def test_link_latency_and_throughput(width_bytes, latency, word_bytes, rng):
 def test_skid_stage_holds_payload_under_backpressure(rng):
     dut = SkidStage(ring_word_layout(8))
     words = _words(rng, 40, 8)
-    got = []
-
-    async def producer(ctx):
-        await send_all(ctx, dut.i, words, rng=rng, idle=0.5)
-
-    async def consumer(ctx):
-        got.extend(await collect(ctx, dut.o, len(words), rng=rng, stall=0.6,
-                                 convert=_as_tuple))
-
-    run_sim(dut, [producer, consumer], max_cycles=5_000)
+    got = stream_through(dut, words, rng=rng, idle=0.5, stall=0.6, convert=_as_tuple,
+                         max_cycles=5_000)
     assert got == [(tuple(w["data"]), w["last"]) for w in words]
 
 
@@ -100,8 +86,3 @@ def test_skid_stage_holds_payload_under_backpressure(rng):
 def test_link_rejects_bad_parameters(params, error, match):
     with pytest.raises(error, match=match):
         RingLink(**params)
-
-
-def test_word_layout_rejects_bad_size():
-    with pytest.raises(ValueError, match=r"word_bytes must be a positive multiple of 4, not 6"):
-        ring_word_layout(6)
