@@ -6,14 +6,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hw.spec import npu_preset
-from hw.spec.isa import Op
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
 from hw.spec.vector_engine import VecFlags
 from hw.tile.vector_engine import VectorEngine
-from sim.compiler.assembler import Assembler
 from sim.compiler.vector_launch import (
     Rows,
     add_launch,
@@ -28,25 +25,19 @@ from sim.compiler.vector_launch import (
 )
 from sim.golden.scratchpad import addr_sequence
 from sim.golden.vector import VectorUnitModel, gelu_table
-from sim.iss import Iss, IssError
 from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+from tests.helpers import (
+    assemble,
+    assert_memories_equal,
+    byte_beat,
+    seeded,
+    vector_iss,
+    word_beat,
+    words_of,
+)
 
 IDLE = 0.25
 STALL = 0.25
-
-
-def make_iss(size):
-    npu = dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
-                              sram_bytes=size * 512, sram_banks=4)
-    return Iss(npu)
-
-
-def program(launches):
-    asm = Assembler()
-    for launch in launches:
-        emit(asm, launch)
-    asm.halt()
-    return asm.words()
 
 
 def cfg_of(launch):
@@ -60,10 +51,6 @@ def cfg_of(launch):
                       "wr_q": int(flags.wr_q)}}
 
 
-def words_of(mem, desc, addr_bits):
-    return mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)]
-
-
 def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE, stall=STALL,
                max_cycles=20_000):
     """Run ``launches`` one after the other on a VectorEngine, feeding each launch the words
@@ -73,9 +60,6 @@ def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE
     mem = before.copy()
     state = {"k": -1, "out": [{} for _ in launches], "cycles": []}
     streams = {"i_a": "rd3", "i_b": "rd4", "i_stats": "rd5", "o_data": "wr1", "o_q": "wr2"}
-
-    def lanes(word):
-        return {"data": [int(x) for x in word.view(np.int8)], "last": 0}
 
     async def wait_launch(ctx, k):
         while state["k"] < k:
@@ -120,7 +104,7 @@ def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE
                 desc = getattr(launch, gen)
                 if desc is not None:
                     await send_all(ctx, getattr(dut, name),
-                                   [lanes(w) for w in words_of(mem, desc, addr_bits)],
+                                   [word_beat(w) for w in words_of(mem, desc, addr_bits)],
                                    rng=rng, idle=idle)
                 while state["k"] == k:
                     await ctx.tick()
@@ -134,7 +118,7 @@ def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE
                 if desc is not None:
                     state["out"][k][name] = await collect(
                         ctx, getattr(dut, name), desc.total, rng=rng, stall=stall,
-                        convert=lambda p: ([int(x) & 0xFF for x in p.data], int(p.last)))
+                        convert=byte_beat)
                 while state["k"] == k:
                     await ctx.tick()
         return bench
@@ -149,7 +133,7 @@ def check_case(iss, launches, expect, rng, *, d_model_max=64, **kw):
     """Run the program on the ISS, check ``expect`` (``[(Rows, cols, want)]``) against golden,
     then run the engine and compare whole memories."""
     before = iss.mem.copy()
-    iss.run(program(launches))
+    iss.run(assemble(emit, launches))
     for t, cols, want in expect:
         got = unpack_rows(iss.read_words(t.base, t.rows * t.row_words), t.rows,
                           t.row_words * iss.n // t.eb, t.eb)[:, :cols]
@@ -158,9 +142,7 @@ def check_case(iss, launches, expect, rng, *, d_model_max=64, **kw):
                               f"is {got[tuple(bad[0])]}, golden {want[tuple(bad[0])]}")
     mem, cycles = run_engine(launches, before, size=iss.n, d_model_max=d_model_max,
                              addr_bits=iss.addr_bits, rng=rng, **kw)
-    diff = np.argwhere(mem != iss.mem)
-    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
-                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {iss.mem[tuple(diff[0])]}")
+    assert_memories_equal(mem, iss.mem)
     return cycles
 
 
@@ -191,9 +173,8 @@ def fill(iss, rng):
 
 @pytest.mark.parametrize("seed, size, rows, length", [(1, 4, 3, 6), (2, 2, 2, 5)])
 def test_add_in_place(seed, size, rows, length):
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    iss = make_iss(size)
+    rng = seeded(seed)
+    iss = vector_iss(size)
     fill(iss, rng)
     a = rng.integers(-(1 << 15), 1 << 15, (rows, length))
     b = rng.integers(-(1 << 15), 1 << 15, (rows, length))
@@ -206,10 +187,9 @@ def test_add_in_place(seed, size, rows, length):
 
 @pytest.mark.parametrize("seed, rows, length, with_y", [(3, 2, 10, True), (4, 3, 7, False)])
 def test_layernorm_y_and_q(seed, rows, length, with_y):
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     size = 4
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, rng)
     x = rng.integers(-3000, 3000, (rows, length))
     gamma = rng.integers(-(1 << 15), 1 << 15, length)
@@ -227,11 +207,9 @@ def test_layernorm_y_and_q(seed, rows, length, with_y):
 
 
 def test_load_lut_then_lut():
-    seed = 5
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(5)
     size, rows, length = 4, 2, 9
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, rng)
     table = gelu_table(0.05, 0.03)
     place(iss, 0, table[None, :], 1)
@@ -246,10 +224,9 @@ def test_load_lut_then_lut():
 @pytest.mark.parametrize("seed, size, out_eb, per_channel, a_eb", [
     (6, 4, 1, False, 2), (7, 4, 2, True, 4), (8, 2, 1, True, 4)])
 def test_requant(seed, size, out_eb, per_channel, a_eb):
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     rows, length = 3, 5
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, rng)
     hi = 1 << (8 * a_eb - 1)
     a = rng.integers(-hi, hi, (rows, length))
@@ -269,11 +246,9 @@ def test_requant(seed, size, out_eb, per_channel, a_eb):
 
 
 def test_bias_and_relu():
-    seed = 9
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(9)
     size, rows, length = 4, 3, 3
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, rng)
     a = rng.integers(-(1 << 31), 1 << 31, (rows, length))
     bias = rng.integers(-(1 << 31), 1 << 31, (1, length))
@@ -289,15 +264,12 @@ def test_bias_and_relu():
     check_case(iss, launches, [(tb, length, biased), (tr, length, relu8)], rng)
 
 
-
 def test_post_norm_residual_block():
     """Post-norm: h = clamp16(h + x) in place, then one LN launch writes the new int16
     residual over h and the int8 matmul input q: both outputs of one launch, in place."""
-    seed = 10
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(10)
     size, rows, length = 4, 3, 12
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, rng)
     h = rng.integers(-20000, 20000, (rows, length))
     x = rng.integers(-20000, 20000, (rows, length))
@@ -317,7 +289,6 @@ def test_post_norm_residual_block():
     check_case(iss, launches, [(th, length, y), (tq, length, q)], rng, max_cycles=30_000)
 
 
-
 @pytest.mark.parametrize("seed, size, cut", [(11, 4, 5), (12, 2, 8)])
 def test_distributed_layernorm_equals_full(seed, size, cut):
     """Hidden-dimension LayerNorm: each "chip" (a column slice of x) runs LN_STATS, the
@@ -325,8 +296,7 @@ def test_distributed_layernorm_equals_full(seed, size, cut):
     exactly the full LN's y and q, on the ISS and on the engine."""
     from hw.spec.vector_engine import stats_words
     from sim.compiler.vector_launch import ln_apply_launch, ln_stats_launch
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     rows, length = 3, 13
     x = rng.integers(-(1 << 15), 1 << 15, (rows, length))
     gamma = rng.integers(-(1 << 15), 1 << 15, length)
@@ -334,7 +304,7 @@ def test_distributed_layernorm_equals_full(seed, size, cut):
     gb = pack_gamma_beta(gamma, beta)[None, :]
     parts = [(0, cut), (cut, length)]
     rec = stats_words(size)
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, rng)
     xs, stats, launches = [], [], []
     for k, (lo, hi) in enumerate(parts):
@@ -401,118 +371,6 @@ def test_flags_layout_matches_spec():
     assert layout.size == 10
 
 
-def _iss_with(regs, descs=None, size=4):
-    iss = make_iss(size)
-    asm = Assembler()
-    for gen, d in (descs or {}).items():
-        asm.set_desc(gen, d)
-    for name, value in regs.items():
-        asm.set(name, value)
-    asm.launch(Op.VEC)
-    asm.halt()
-    return iss, asm.words()
-
-
-def _good_add(size=4):
-    t = Rows(0, 2, 2, 2)
-    return add_launch(size=size, length=4, a=t, b=Rows(10, 2, 2, 2), out=Rows(20, 2, 2, 2))
-
-
-@pytest.mark.parametrize("change, match", [
-    ({"VU_OP": int(VectorOp.LN_STATS)}, r"LN_STATS writes its statistics through WR2: set "
-                                        r"wr_q and clear wr_data"),
-    ({"VU_OP": int(VectorOp.LN_APPLY), "VU_N": 0}, r"LN_APPLY with VU_N=0: must be in "
-                                                   r"1\.\.65535"),
-    ({"VU_OP": 12}, r"VU_OP=12: not a vector-unit op"),
-    ({"VU_FLAGS": 1 << 10}, r"sets bits outside 0\.\.9"),
-    ({"VU_FLAGS": 3 << 2}, r"a_bytes code 3 is invalid"),
-    ({"VU_ROWS": 0}, r"VU_ROWS=0: must be in 1\.\.65535"),
-    ({"VU_LEN": 0}, r"VU_LEN=0: must be in 1\.\.65535"),
-    ({"VU_LEN": 3}, r"operand A via RD3 walks 4 words, but 2 rows of 3 x 2-byte elements "
-                    r"are 4 words|RD4 walks"),
-    ({"VU_LEN": 5}, r"operand A via RD3 walks 4 words, but 2 rows of 5 x 2-byte elements "
-                    r"are 6 words"),
-    ({"VU_FLAGS": VecFlags(a_bytes=2, b_bytes=2, d_bytes=2, wr_data=False).encode()},
-     r"ADD writes nothing"),
-    ({"VU_FLAGS": VecFlags(a_bytes=2, b_bytes=2, d_bytes=2, wr_q=True).encode()},
-     r"ADD has no q output"),
-    ({"VU_MULT": 1 << 16}, r"mult=65536 must be an integer in \[0, 65535\]"),
-    ({"VU_GSHIFT": 64}, r"gshift=64 must be"),
-])
-def test_iss_rejects_inconsistent_registers(change, match):
-    launch = _good_add()
-    regs = dict(launch.regs, **change)
-    iss, prog = _iss_with(regs, launch.descs)
-    if change.get("VU_LEN") == 3:
-        # 3 int16 elements still take 2 words per row: the launch is consistent.
-        iss.run(prog)
-        return
-    with pytest.raises(IssError, match=match):
-        iss.run(prog)
-
-
-@pytest.mark.parametrize("op, regs, match", [
-    (VectorOp.LOAD_LUT, {"VU_LEN": 100}, r"LOAD_LUT with VU_LEN=100: must be 256"),
-    (VectorOp.LOAD_LUT, {"VU_FLAGS": VecFlags(a_bytes=1).encode()},
-     r"LOAD_LUT writes nothing: clear wr_data"),
-    (VectorOp.LN, {"VU_LEN": 65}, r"LN with VU_LEN=65: must be in 1\.\.64"),
-    (VectorOp.REQUANT, {"VU_SHIFT": 0}, r"REQUANT with VU_SHIFT=0: must be in 1\.\.47"),
-    (VectorOp.LN, {"VU_SHIFT": 48}, r"LN with VU_SHIFT=48: must be in 1\.\.47"),
-])
-def test_iss_rejects_op_limits(op, regs, match):
-    base = {"VU_OP": int(op), "VU_ROWS": 1, "VU_LEN": 256 if op is VectorOp.LOAD_LUT else 4,
-            "VU_N": 4, "VU_MULT": 1, "VU_SHIFT": 8, "VU_GSHIFT": 16,
-            "VU_FLAGS": VecFlags(a_bytes=1, wr_data=op is not VectorOp.LOAD_LUT).encode()}
-    iss, prog = _iss_with(dict(base, **regs))
-    with pytest.raises(IssError, match=match):
-        iss.run(prog)
-
-
-def test_iss_rejects_per_channel_shift_and_short_write():
-    iss = make_iss(4)
-    iss.write_words(10, pack_rows(pack_requant([1, 1, 1, 1], [8, 0, 8, 8])[None, :], 4, 4))
-    launch = requant_launch(size=4, length=4, a=Rows(0, 1, 1, 1), out=Rows(20, 1, 1, 1),
-                            params_base=10)
-    with pytest.raises(IssError, match=r"per-channel shift 0 at row 0 element 1 outside"):
-        iss.run(program([launch]))
-    good = requant_launch(size=4, length=4, a=Rows(0, 1, 1, 1), out=Rows(20, 1, 1, 1),
-                          mult=1, shift=1)
-    short = dataclasses.replace(good, wr1=dataclasses.replace(good.wr1, n=(1, 2, 1, 1)))
-    with pytest.raises(IssError, match=r"WR1 walks 2 addresses but the unit writes 1 words"):
-        make_iss(4).run(program([short]))
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    ({"op": VectorOp.LN_STATS, "b": None}, r"stats_base is required for LN_STATS"),
-    ({"stats_base": 50}, r"stats_base is only for LN_STATS and LN_APPLY"),
-    ({"op": VectorOp.LN_APPLY, "stats_base": 50, "q": Rows(30, 2, 1, 1)},
-     r"LN_APPLY needs n \(the count over all chips\) in 1\.\.65535, not None"),
-    ({"op": VectorOp.LN_STATS, "b": None, "stats_base": 50}, r"LN_STATS writes only its "
-                                                              r"statistics"),
-    ({"a": Rows(0, 2, 1, 2)}, r"a: row_words=1 cannot hold 4 elements of 2 bytes"),
-    ({"b": None}, r"ADD needs operand b"),
-    ({"b": Rows(10, 3, 2, 2)}, r"b.rows=3 must be 1 \(shared\) or a.rows=2"),
-    ({"q": Rows(30, 2, 1, 1)}, r"q is LN's int8 output: only for LN"),
-    ({"data": None}, r"ADD needs an output"),
-    ({"data": Rows(20, 1, 2, 2)}, r"data.rows=1 must equal a.rows=2"),
-    ({"length": 0}, r"length must be in 1\.\.65535, not 0"),
-])
-def test_builder_rejects(kwargs, match):
-    args = {"size": 4, "op": VectorOp.ADD, "length": 4, "a": Rows(0, 2, 2, 2),
-            "b": Rows(10, 2, 2, 2), "data": Rows(20, 2, 2, 2)}
-    with pytest.raises(ValueError, match=match):
-        vector_launch(**dict(args, **kwargs))
-
-
-def test_builder_rejects_bad_rows_and_lut_length():
-    with pytest.raises(ValueError, match=r"Rows eb must be 1, 2 or 4 bytes, not 3"):
-        Rows(0, 1, 1, 3)
-    with pytest.raises(ValueError, match=r"Rows base must be a non-negative integer"):
-        Rows(-1, 1, 1, 1)
-    with pytest.raises(ValueError, match=r"LOAD_LUT length must be 256, not 16"):
-        vector_launch(size=4, op=VectorOp.LOAD_LUT, length=16, a=Rows(0, 1, 4, 1))
-
-
 # ---- timing ------------------------------------------------------------------------------------
 
 def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
@@ -559,9 +417,8 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
 def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
     """With every input valid and every output ready, a launch takes exactly
     ``launch_cycles`` from its configuration to its last word (and is still bit-exact)."""
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    iss = make_iss(size)
+    rng = seeded(seed)
+    iss = vector_iss(size)
     launch = random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q)
     (cycles,) = check_case(iss, [launch], [], rng, idle=0, stall=0)
     want = launch_cycles(op, rows=rows, length=length, lanes=size, flags=launch.flags)
@@ -571,7 +428,7 @@ def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q)
 
 @pytest.mark.parametrize("size, rows", [(4, 1), (4, 2)])
 def test_load_lut_cycles_match_formula(size, rows):
-    iss = make_iss(size)
+    iss = vector_iss(size)
     fill(iss, np.random.default_rng(29))
     launch = load_lut_launch(size=size, base=0)
     launch = dataclasses.replace(
@@ -580,3 +437,4 @@ def test_load_lut_cycles_match_formula(size, rows):
     (cycles,) = check_case(iss, [launch], [], np.random.default_rng(29), idle=0, stall=0)
     assert cycles == launch_cycles(VectorOp.LOAD_LUT, rows=rows, length=LUT_ENTRIES,
                                    lanes=size, flags=launch.flags)
+
