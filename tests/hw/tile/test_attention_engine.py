@@ -1,34 +1,27 @@
 """AttentionEngine (words in, words out) against the ISS and the golden models, through the same
 address-generator descriptors the compiler emits (``sim.compiler.attention_launch``)."""
 
-import dataclasses
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
-from hw.spec import ModelConfig, npu_preset
 from hw.spec.attention import softmax_lanes
-from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.attention import launch_cycles
 from hw.tile.attention_engine import AttentionEngine
-from sim.compiler.assembler import Assembler
-from sim.compiler.attention_launch import attention_launch, emit, head_launches, plan_schedule
+from sim.compiler.attention_launch import attention_launch, plan_schedule
 from sim.golden.float_model import attention_mask
-from sim.golden.layer import attention_int
 from sim.golden.matmul import requant, wrap
 from sim.golden.softmax import softmax
-from sim.iss import Iss, IssError
 from sim.rtl.attention_engine_driver import run_attention_engine
-
-SCORE_MULT, SCORE_SHIFT = 45000, 20     # q.k (std ~2**14) -> logits of std ~2.5 in Q8.8
-OUT_MULT, OUT_SHIFT = 40000, 23         # raw P.V (p/256 x int8, up to 2**15) -> int8
-
-
-def make_npu(*, size=4, window=8, length=8, dmax=8):
-    return dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
-                               attn_window=window, softmax_len=length, d_head_max=dmax,
-                               sram_bytes=size * 1024, sram_banks=4)
+from tests.helpers import (
+    OUT_MULT,
+    OUT_SHIFT,
+    SCORE_MULT,
+    SCORE_SHIFT,
+    AttentionCase,
+    assert_memories_equal,
+    attention_npu,
+    seeded,
+)
 
 
 def reference(q, k, v, visible):
@@ -37,55 +30,6 @@ def reference(q, k, v, visible):
     scores = np.where(visible, requant(raw, SCORE_MULT, SCORE_SHIFT, 16), 0)
     probs = softmax(scores, visible).astype(np.int64)
     return requant(wrap(np.where(visible, probs, 0) @ v), OUT_MULT, OUT_SHIFT, 8)
-
-
-class Case:
-    """Q [queries, d_model], K/V [keys, d_model] int8 in memory, one head's launch."""
-
-    def __init__(self, rng, npu, *, queries, keys, d_model, col, d_head, **kw):
-        n = npu.array_size
-        self.npu, self.iss = npu, Iss(npu)
-        self.rw = rw = row_words(d_model, 1, n)
-        self.q = rng.integers(-128, 128, (queries, d_model))
-        self.k = rng.integers(-128, 128, (keys, d_model))
-        self.v = rng.integers(-128, 128, (keys, d_model))
-        q_base, k_base = 0, queries * rw
-        v_base = k_base + keys * rw
-        self.o_base = v_base + keys * rw
-        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
-            self.iss.write_words(base, pack_rows(x, 1, n))
-        # Garbage in the output tensor: only the head's columns may change.
-        self.garbage = rng.integers(-128, 128, (queries, d_model))
-        self.iss.write_words(self.o_base, pack_rows(self.garbage, 1, n))
-        self.launch = attention_launch(
-            size=n, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
-            v_base=v_base, o_base=self.o_base, q_row_words=rw, k_row_words=rw, v_row_words=rw,
-            o_row_words=rw, col=col, score_mult=SCORE_MULT, score_shift=SCORE_SHIFT,
-            out_mult=OUT_MULT, out_shift=OUT_SHIFT, **kw)
-        self.sl = slice(col, col + d_head)
-        self.queries, self.d_model = queries, d_model
-        self.before = self.iss.mem.copy()
-
-    def run_iss(self, launches=None):
-        asm = Assembler()
-        for launch in launches or [self.launch]:
-            emit(asm, launch)
-        asm.halt()
-        self.iss.run(asm.words())
-        out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
-                          self.queries, self.d_model, 1)
-        if launches is None:
-            untouched = np.ones(self.d_model, bool)
-            untouched[self.sl] = False
-            assert (out[:, untouched] == self.garbage[:, untouched]).all(), \
-                "ISS wrote outside the head's columns"
-            return out[:, self.sl]
-        return out
-
-    def check_against(self, got, want):
-        bad = np.argwhere(got != want)
-        assert not len(bad), (f"ISS query {bad[0][0]} lane {bad[0][1]}: {got[tuple(bad[0])]}, "
-                              f"golden {want[tuple(bad[0])]}")
 
 
 def engine_for(npu):
@@ -104,9 +48,7 @@ def run_engine(case, rng, *, idle=0.2, stall=0.2, launches=None):
 def check_rtl(case, rng, **kw):
     """Run the engine; its memory must equal the ISS's bit for bit."""
     mem, cycles = run_engine(case, rng, **kw)
-    diff = np.argwhere(mem != case.iss.mem)
-    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
-                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {case.iss.mem[tuple(diff[0])]}")
+    assert_memories_equal(mem, case.iss.mem)
     return cycles
 
 
@@ -115,12 +57,11 @@ def check_rtl(case, rng, **kw):
 @pytest.mark.parametrize("seed, pos", [(1, 0), (2, 300)])
 def test_causal_whole_sequence_preload(seed, pos):
     """seq <= W, preload schedule, head 1 of 2; `pos` is the sequence's position base."""
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    npu = make_npu()
+    rng = seeded(seed)
+    npu = attention_npu()
     seq = 6
-    case = Case(rng, npu, queries=seq, keys=seq, d_model=16, col=8, d_head=8, q_pos=pos,
-                k_pos=pos)
+    case = AttentionCase(rng, npu, queries=seq, keys=seq, d_model=16, col=8, d_head=8,
+                         q_pos=pos, k_pos=pos)
     got = case.run_iss()
     want = reference(case.q[:, case.sl], case.k[:, case.sl], case.v[:, case.sl],
                      attention_mask(seq, 0, True, pos))
@@ -130,12 +71,11 @@ def test_causal_whole_sequence_preload(seed, pos):
 
 def test_bidirectional_narrow_head():
     """Bidirectional, a head of 4 lanes in an 8-lane buffer (zero-extended), L > W."""
-    print("seed=3")
-    rng = np.random.default_rng(3)
-    npu = make_npu(window=6, length=8)
+    rng = seeded(3)
+    npu = attention_npu(window=6, length=8)
     seq = 6
-    case = Case(rng, npu, queries=seq, keys=seq, d_model=12, col=4, d_head=4,
-                bidirectional=True)
+    case = AttentionCase(rng, npu, queries=seq, keys=seq, d_model=12, col=4, d_head=4,
+                         bidirectional=True)
     got = case.run_iss()
     want = reference(case.q[:, case.sl], case.k[:, case.sl], case.v[:, case.sl],
                      attention_mask(seq, 0, False))
@@ -145,12 +85,11 @@ def test_bidirectional_narrow_head():
 
 def test_windowed_sequence_longer_than_ring():
     """Causal window W over 13 tokens: interleaved schedule, the ring wraps around."""
-    print("seed=4")
-    rng = np.random.default_rng(4)
-    npu = make_npu(window=4, length=4)
+    rng = seeded(4)
+    npu = attention_npu(window=4, length=4)
     seq = 13
-    case = Case(rng, npu, queries=seq, keys=seq, d_model=8, col=0, d_head=8, interleaved=True,
-                window=4, q_pos=7, k_pos=7)
+    case = AttentionCase(rng, npu, queries=seq, keys=seq, d_model=8, col=0, d_head=8,
+                         interleaved=True, window=4, q_pos=7, k_pos=7)
     got = case.run_iss()
     want = reference(case.q, case.k, case.v, attention_mask(seq, 4, True, 7))
     case.check_against(got, want)
@@ -160,12 +99,12 @@ def test_windowed_sequence_longer_than_ring():
 def test_chunk_with_halo_at_position_base():
     """A sequence chunk at position 40 with the W-1 previous tokens as halo keys (what a
     sequence-parallel chip runs): keys 35..44, queries 40..44, window W = 6 < L = 8."""
-    print("seed=5")
-    rng = np.random.default_rng(5)
-    npu = make_npu(window=6, length=8)
+    rng = seeded(5)
+    npu = attention_npu(window=6, length=8)
     base, chunk, halo = 40, 5, 5
-    case = Case(rng, npu, queries=chunk, keys=halo + chunk, d_model=8, col=0, d_head=8,
-                interleaved=True, halo=halo, window=6, q_pos=base, k_pos=base - halo)
+    case = AttentionCase(rng, npu, queries=chunk, keys=halo + chunk, d_model=8, col=0,
+                         d_head=8, interleaved=True, halo=halo, window=6, q_pos=base,
+                         k_pos=base - halo)
     got = case.run_iss()
     qpos = np.arange(chunk)[:, None] + base
     kpos = np.arange(halo + chunk)[None, :] + base - halo
@@ -181,13 +120,12 @@ def test_chunk_with_halo_at_position_base():
 ])
 def test_window_narrower_than_ring(seed, seq, window, causal, npu_kw):
     """AT_WINDOW narrows the ring's mask: ISS = golden mask, RTL = ISS."""
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    npu = make_npu(**npu_kw)
+    rng = seeded(seed)
+    npu = attention_npu(**npu_kw)
     sched = plan_schedule(seq=seq, window=window, causal=causal, ring=npu.attn_window)
-    case = Case(rng, npu, queries=seq, keys=seq, d_model=8, col=0, d_head=8, q_pos=30,
-                k_pos=30, bidirectional=not causal, interleaved=sched.interleaved,
-                halo=sched.halo, window=sched.window)
+    case = AttentionCase(rng, npu, queries=seq, keys=seq, d_model=8, col=0, d_head=8,
+                         q_pos=30, k_pos=30, bidirectional=not causal,
+                         interleaved=sched.interleaved, halo=sched.halo, window=sched.window)
     got = case.run_iss()
     case.check_against(got, reference(case.q, case.k, case.v,
                                       attention_mask(seq, window, causal, 30)))
@@ -197,11 +135,10 @@ def test_window_narrower_than_ring(seed, seq, window, causal, npu_kw):
 def test_launches_back_to_back():
     """Three launches in a row (the ring restarts, no state leaks): a bidirectional preload
     head, a causal windowed interleaved head over the other columns, then a narrow head."""
-    print("seed=8")
-    rng = np.random.default_rng(8)
-    npu = make_npu(window=4, length=4)
+    rng = seeded(8)
+    npu = attention_npu(window=4, length=4)
     seq, n = 7, npu.array_size
-    case = Case(rng, npu, queries=seq, keys=seq, d_model=16, col=0, d_head=8)
+    case = AttentionCase(rng, npu, queries=seq, keys=seq, d_model=16, col=0, d_head=8)
     rw = case.rw
     common = {"size": n, "queries": seq, "keys": seq, "q_base": 0, "k_base": seq * rw,
               "v_base": 2 * seq * rw, "o_base": case.o_base, "q_row_words": rw,
@@ -226,96 +163,7 @@ def test_launches_back_to_back():
         bad = np.argwhere(got[:, cols][:, kept] != want)
         assert not len(bad), f"launch {i} query {bad[0][0]} lane {bad[0][1]} differs"
     mem, _ = run_engine(case, rng, launches=launches)
-    diff = np.argwhere(mem != case.iss.mem)
-    assert not len(diff), f"RTL and ISS memories differ first at word {diff[0][0]}"
-
-
-# --- whole layers on the ISS -----------------------------------------------------------------
-
-@pytest.mark.parametrize("seed, seq, window, causal, d_head, pos_base", [
-    (10, 8, 0, True, 8, 0),        # the tiny model's shape: preload
-    (11, 8, 0, False, 4, 3),       # bidirectional, narrow heads
-    (12, 7, 7, False, 8, 0),       # a window that does not cut
-    (13, 21, 8, True, 8, 100),     # causal window = ring over 21 tokens: interleaved
-    (14, 8, 8, True, 16, 0),       # window = ring = seq, heads of d_head_max
-    (15, 8, 3, True, 8, 0),        # a causal window narrower than the sequence: preload
-    (16, 19, 5, True, 4, 9),       # narrower than the ring, longer sequence: interleaved
-    (17, 8, 3, False, 8, 0),       # bidirectional window, preload
-    (18, 19, 4, False, 8, 50),     # bidirectional window 4 over 19 tokens: halo of 3
-])
-def test_head_launches_equal_attention_int(seed, seq, window, causal, d_head, pos_base):
-    """For what one chip runs, the ISS over every head equals ``attention_int`` bit for bit."""
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    npu = make_npu(window=8, length=8, dmax=16)
-    n_heads = 3
-    d_model = n_heads * d_head
-    cfg = ModelConfig(n_layers=1, d_model=d_model, n_heads=n_heads, d_head=d_head, d_ff=8,
-                      seq_len=seq, window=window, causal=causal)
-    layer = SimpleNamespace(score_mult=int(rng.integers(20000, 60000)), score_shift=20,
-                            out_mult=int(rng.integers(20000, 60000)), out_shift=23)
-    q, k, v = (rng.integers(-128, 128, (seq, d_model)) for _ in range(3))
-    n = npu.array_size
-    rw = row_words(d_model, 1, n)
-    iss = Iss(npu)
-    bases = [i * seq * rw for i in range(4)]
-    for base, x in zip(bases, (q, k, v), strict=False):
-        iss.write_words(base, pack_rows(x, 1, n))
-    asm = Assembler()
-    for launch in head_launches(npu=npu, cfg=cfg, layer=layer, q_base=bases[0],
-                                k_base=bases[1], v_base=bases[2], o_base=bases[3],
-                                row_words=rw, pos_base=pos_base):
-        emit(asm, launch)
-    asm.halt()
-    iss.run(asm.words())
-    got = unpack_rows(iss.read_words(bases[3], seq * rw), seq, d_model, 1)
-    want = attention_int(cfg, layer, q, k, v, pos_base)
-    bad = np.argwhere(got != want)
-    assert not len(bad), f"token {bad[0][0]} column {bad[0][1]}: {got[tuple(bad[0])]} vs " \
-                         f"{want[tuple(bad[0])]}"
-
-
-def test_plan_schedule_refuses_what_one_chip_cannot_run():
-    s = plan_schedule(seq=8, window=0, causal=True, ring=8)
-    assert (s.interleaved, s.halo, s.window) == (False, 0, 0)
-    s = plan_schedule(seq=8, window=3, causal=False, ring=8)
-    assert (s.interleaved, s.halo, s.window) == (False, 0, 3)
-    s = plan_schedule(seq=20, window=8, causal=True, ring=8)
-    assert (s.interleaved, s.halo, s.window) == (True, 0, 8)
-    s = plan_schedule(seq=20, window=4, causal=False, ring=8)
-    assert (s.interleaved, s.halo, s.window) == (True, 3, 4)
-    with pytest.raises(ValueError, match="causal attention over 20 tokens with window 0"):
-        plan_schedule(seq=20, window=0, causal=True, ring=8)
-    with pytest.raises(ValueError, match="window of at most 8"):
-        plan_schedule(seq=20, window=9, causal=True, ring=8)
-    with pytest.raises(ValueError, match=r"bidirectional .* window of at most 4 \(2 window"):
-        plan_schedule(seq=20, window=5, causal=False, ring=8)
-
-
-@pytest.mark.parametrize("reg, value, match", [
-    ("AT_QUERIES", 0, "AT_QUERIES=0"),
-    ("AT_KEYS", 0, "AT_KEYS=0"),
-    ("AT_D_HEAD", 6, "AT_D_HEAD=6"),
-    ("AT_D_HEAD", 16, "AT_D_HEAD=16"),
-    ("AT_FLAGS", 4, "AT_FLAGS=0x4"),
-    ("AT_FLAGS", 2 | (9 << 8), "halo 9"),
-    ("AT_FLAGS", 5 << 8, "needs the interleaved schedule"),
-    ("AT_WINDOW", -1, "AT_WINDOW=-1"),
-    ("AT_Q_POS", 65534, "AT_Q_POS=65534"),
-    ("AT_OUT_SHIFT", 0, "AT_OUT_SHIFT=0"),
-    ("AT_SCORE_MULT", 1 << 16, "AT_SCORE_MULT=65536"),
-    ("AT_KEYS", 5, "RD3 walks 6 words, the launch needs 5 rows"),
-    ({"AT_FLAGS": 2, "AT_QUERIES": 2}, None, "AT_KEYS=3 > halo 0 \\+ AT_QUERIES=2"),
-])
-def test_iss_rejects_inconsistent_registers(reg, value, match):
-    rng = np.random.default_rng(6)
-    case = Case(rng, make_npu(), queries=3, keys=3, d_model=8, col=0, d_head=8)
-    asm = Assembler()
-    change = reg if isinstance(reg, dict) else {reg: value}
-    emit(asm, dataclasses.replace(case.launch, regs={**case.launch.regs, **change}))
-    asm.halt()
-    with pytest.raises(IssError, match=match):
-        case.iss.run(asm.words())
+    assert_memories_equal(mem, case.iss.mem)
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -332,11 +180,11 @@ def test_cycles(npu_kw, queries, keys, d_head, kw, closed):
     """With every word available and ``o`` always ready the engine takes exactly
     ``launch_cycles`` (and the closed forms of docs/isa.md where they apply); with random idle
     and backpressure never fewer."""
-    npu = make_npu(**npu_kw)
+    npu = attention_npu(**npu_kw)
     W, L, n = npu.attn_window, npu.softmax_len, npu.array_size
     rng = np.random.default_rng(7)
-    case = Case(rng, npu, queries=queries, keys=keys, d_model=d_head, col=0, d_head=d_head,
-                **kw)
+    case = AttentionCase(rng, npu, queries=queries, keys=keys, d_model=d_head, col=0,
+                         d_head=d_head, **kw)
     case.run_iss()
     model = launch_cycles(case.launch.regs, window=W, length=L, size=n)
     w, T = d_head // n, L // softmax_lanes(L)
@@ -374,4 +222,5 @@ def test_constructor_rejects(kw, exc, match):
 
 def test_softmax_lanes():
     assert [softmax_lanes(x) for x in (2, 3, 5, 6, 8, 9, 16, 64)] == [2, 3, 1, 3, 4, 3, 4, 4]
-    assert engine_for(make_npu()).lanes_per_cycle == 4
+    assert engine_for(attention_npu()).lanes_per_cycle == 4
+
