@@ -1,30 +1,21 @@
-"""Chips on a ring running COLL launches: RTL (ChipSystem) == IssSystem == golden collectives."""
-
-import dataclasses
+"""ChipSystem (hw.system): chips on a ring running COLL launches, RTL == IssSystem == golden."""
 
 import numpy as np
 import pytest
 
-from hw.spec import npu_preset
 from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
 from hw.system import ChipSystem
-from hw.tile.chip import Chip
 from sim.compiler.assembler import Assembler
 from sim.compiler.collective_launch import coll_launch, emit
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.golden.collectives import collective
 from sim.golden.matmul import matmul_unit
-from sim.iss import Iss, IssError, IssSystem
-from sim.rtl.chip_runner import run_chip_pysim
-from sim.rtl.pysim import SimulationTimeout
+from sim.iss import IssSystem
 from sim.rtl.system_runner import run_system_pysim
-
-
-def small_npu():
-    return dataclasses.replace(npu_preset("tiny"), sram_bytes=4096, imem_words=256)
+from tests.helpers import seeded, small_npu
 
 
 def random_input(rng, req, chip):
@@ -88,9 +79,8 @@ def build(npu, chips, reqs, rng, *, matmul=False):
 
 
 def run_case(chips, reqs, seed, *, matmul=False, max_cycles=3000):
-    print(f"seed={seed}")
     npu = small_npu()
-    rng = np.random.default_rng(seed)
+    rng = seeded(seed)
     programs, images, reads, launches, want = build(npu, chips, reqs, rng, matmul=matmul)
 
     system = IssSystem(npu, chips)
@@ -143,74 +133,12 @@ def test_three_chips_all_reduce_and_a_group_of_two():
     run_case(3, reqs, seed=12)
 
 
-def single_chip_program(req, chip=0):
-    npu = small_npu()
-    launch = coll_launch(req, chip, in_base=0, out_base=64, size=npu.array_size,
-                         link_bytes=npu.link_bytes_per_cycle)
-    asm = Assembler()
-    emit(asm, launch)
-    asm.halt()
-    return npu, launch, asm.words()
-
-
-def test_one_chip_collective_rtl_equals_iss():
-    req = CollectiveRequest("all_reduce", "avg", 32, 5, 1)
-    npu, launch, program = single_chip_program(req)
-    x = np.array([7, -3, 0, 2**31 - 1, -(2**31)])
-    image = {0: launch.pack_input(x)}
-    iss = Iss(npu)
-    iss.write_words(0, image[0])
-    iss.run(program)
-    got = launch.unpack_output(iss.read_words(64, launch.out_words))
-    assert (got == x).all()
-    rtl = run_chip_pysim(npu, program, image, [(64, launch.out_words)], max_cycles=500)
-    assert not rtl["error"]
-    assert (rtl["regions"][0] == iss.read_words(64, launch.out_words)).all()
-
-
-def test_coll_without_partners_hits_the_watchdog():
-    """A chip told it is on a ring of 2 waits for its neighbour forever."""
-    req = CollectiveRequest("all_reduce", "sum", 32, 4, 2)
-    npu, launch, program = single_chip_program(req)
-    with pytest.raises(SimulationTimeout, match="max_cycles=200"):
-        run_chip_pysim(npu, program, {}, [], max_cycles=200)
-    with pytest.raises(IssError, match="needs the other chips"):
-        Iss(npu).run(program)
-
-
-def test_iss_system_detects_deadlock_and_disagreement():
-    npu = small_npu()
-    req = CollectiveRequest("all_reduce", "sum", 32, 4, 2)
-    progs = [single_chip_program(req, c)[2] for c in range(2)]
-    halt_only = progs[1][-1:]
-    with pytest.raises(IssError, match=r"deadlock: chips \[0\] wait at a COLL"):
-        IssSystem(npu, 2).run([progs[0], halt_only])
-    other = CollectiveRequest("all_reduce", "sum", 32, 6, 2)
-    with pytest.raises(IssError, match="chips disagree on the collective"):
-        IssSystem(npu, 2).run([progs[0], single_chip_program(other, 1)[2]])
-    with pytest.raises(IssError, match="CO_RANK=0: it must be its ring position 1"):
-        IssSystem(npu, 2).run([progs[0], progs[0]])
-    with pytest.raises(IssError, match="CO_CHIPS=2 on a ring of 3 chips"):
-        IssSystem(npu, 3).run([progs[0], progs[1], progs[1]])
-
-
 def test_rejections():
     npu = small_npu()
     with pytest.raises(TypeError, match="npu must be an NpuConfig"):
         ChipSystem(npu="tiny", chips=2)
     with pytest.raises(ValueError, match="chips must be 1..8, not 9"):
         ChipSystem(npu=npu, chips=9)
-    with pytest.raises(ValueError, match="chips must be 1..8, not 0"):
-        IssSystem(npu, 0)
-    wide = dataclasses.replace(npu, array_size=16, vector_lanes=16, d_head_max=16)
-    with pytest.raises(ValueError, match="word of 8 bytes .* must be a multiple of the "
-                                         "scratchpad word of 16 bytes"):
-        Chip(npu=wide)
-    rs = CollectiveRequest("reduce_scatter", "sum", 32, 1, 2)
-    with pytest.raises(ValueError, match="output buffer of 0 scratchpad words"):
-        coll_launch(rs, 1, in_base=0, out_base=8, size=4, link_bytes=4)
-    with pytest.raises(ValueError, match="chip must be 0..1, not 2"):
-        coll_launch(rs, 2, in_base=0, out_base=8, size=4, link_bytes=4)
 
 
 def test_four_chips_reduce_scatter_gather_send_recv_barrier():

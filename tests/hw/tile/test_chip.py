@@ -1,4 +1,4 @@
-"""The chip (sequencer + scratchpad + units + host port) against the ISS, program by program."""
+"""Chip (hw.tile.chip: sequencer, scratchpad, units, host port) against the ISS, by program."""
 
 import dataclasses
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hw.spec import ModelConfig, npu_preset
+from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
@@ -17,20 +18,16 @@ from sim.compiler.single import compile_single, input_image
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.golden.matmul import matmul_unit
-from sim.iss import Iss
+from sim.iss import Iss, IssError
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.pysim import SimulationTimeout
-
-
-def small_npu():
-    return dataclasses.replace(npu_preset("tiny"), sram_bytes=4096, imem_words=256)
+from tests.helpers import seeded, single_chip_program, small_npu
 
 
 def test_two_chained_matmuls_match_iss_and_golden():
     """C1 = requant8(A B1 + b1); C2 = requant16(C1 B2 + b2): the second reads what the first
     wrote, after a WAIT."""
-    rng = np.random.default_rng(3)
-    print("seed=3")
+    rng = seeded(3)
     npu = small_npu()
     n = npu.array_size
     m, k, h, o = 8, 8, 12, 4
@@ -101,6 +98,38 @@ def test_hung_program_hits_the_watchdog():
 def test_rejects_bad_config():
     with pytest.raises(TypeError, match="npu must be an NpuConfig"):
         Chip(npu="tiny")
+
+
+def test_rejections():
+    wide = dataclasses.replace(small_npu(), array_size=16, vector_lanes=16, d_head_max=16)
+    with pytest.raises(ValueError, match="word of 8 bytes .* must be a multiple of the "
+                                         "scratchpad word of 16 bytes"):
+        Chip(npu=wide)
+
+
+def test_one_chip_collective_rtl_equals_iss():
+    req = CollectiveRequest("all_reduce", "avg", 32, 5, 1)
+    npu, launch, program = single_chip_program(req)
+    x = np.array([7, -3, 0, 2**31 - 1, -(2**31)])
+    image = {0: launch.pack_input(x)}
+    iss = Iss(npu)
+    iss.write_words(0, image[0])
+    iss.run(program)
+    got = launch.unpack_output(iss.read_words(64, launch.out_words))
+    assert (got == x).all()
+    rtl = run_chip_pysim(npu, program, image, [(64, launch.out_words)], max_cycles=500)
+    assert not rtl["error"]
+    assert (rtl["regions"][0] == iss.read_words(64, launch.out_words)).all()
+
+
+def test_coll_without_partners_hits_the_watchdog():
+    """A chip told it is on a ring of 2 waits for its neighbour forever."""
+    req = CollectiveRequest("all_reduce", "sum", 32, 4, 2)
+    npu, launch, program = single_chip_program(req)
+    with pytest.raises(SimulationTimeout, match="max_cycles=200"):
+        run_chip_pysim(npu, program, {}, [], max_cycles=200)
+    with pytest.raises(IssError, match="needs the other chips"):
+        Iss(npu).run(program)
 
 
 def compiled_block(norm="pre", causal=True, n_layers=1):
