@@ -2,6 +2,7 @@
 stream glue and checks. Plain functions and constants; fixtures live in ``tests/conftest.py``."""
 
 import dataclasses
+import itertools
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.spec import PRESETS_DIR, npu_preset
-from hw.spec.collective import Kind, block_sizes
+from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from sim import errors
 from sim.cli import main
@@ -147,6 +148,32 @@ def vector_iss(size):
     return Iss(square_npu(size, sram_words=512))
 
 
+def vector_size_rejections(min_lanes):
+    """Bad ``lanes`` / ``d_model_max`` for a vector block of at least ``min_lanes`` lanes:
+    ``(kwargs, error, match)`` for ``pytest.mark.parametrize``."""
+    few = min_lanes - 1
+    return [
+        ({"lanes": 4.0, "d_model_max": 64}, TypeError, r"lanes must be an integer, not 4\.0"),
+        ({"lanes": True, "d_model_max": 64}, TypeError, r"lanes must be an integer, not True"),
+        ({"lanes": few, "d_model_max": 64}, ValueError,
+         rf"lanes must be at least {min_lanes}, not {few}"),
+        ({"lanes": 4, "d_model_max": "64"}, TypeError,
+         r"d_model_max must be an integer, not '64'"),
+        ({"lanes": 4, "d_model_max": 0}, ValueError, r"d_model_max must be in \[1, 65535\], not 0"),
+        ({"lanes": 4, "d_model_max": 65536}, ValueError, r"d_model_max must be in .*not 65536"),
+    ]
+
+
+def matmul_operands(rng, m, k, n, *, a_unsigned=False):
+    """Random A [m, k] (int8, or uint8 when ``a_unsigned``), B [k, n] int8, an int32 bias and a
+    16-bit multiplier per column."""
+    a = rng.integers(0, 256, (m, k)) if a_unsigned else rng.integers(-128, 128, (m, k))
+    b = rng.integers(-128, 128, (k, n))
+    bias = rng.integers(-2**31, 2**31, n)
+    mult = rng.integers(0, 2**16, n)
+    return a, b, bias, mult
+
+
 # --- programs, memories and streams -------------------------------------------------------------
 
 def assemble(emit, launches):
@@ -264,15 +291,29 @@ def collective_lengths(n):
     return sorted({1, max(1, n - 1), n + 1, 1001})
 
 
+def requests_every_size(kind, width):
+    """Requests of ``kind`` at ``width`` for N = 1..8, each of its lengths and every op."""
+    for n in range(1, 9):
+        for length, op in itertools.product(collective_lengths(n), REDUCE_OPS):
+            yield CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=n)
+
+
+def input_length(req, chip):
+    """How many elements ``chip`` brings to ``req``: its block for an all-gather (none outside
+    the group), else the whole vector."""
+    if req.kind != Kind.ALL_GATHER:
+        return req.length
+    p = req.position(chip)
+    return 0 if p is None else req.blocks()[p]
+
+
 def collective_inputs(rng, req, extremes=False):
     """Every chip's input of ``req``: uniform over the width, or only its extreme values."""
     dtype = np.int32 if req.width == 32 else np.int64
     info = np.iinfo(dtype)
-    sizes = block_sizes(req.length, req.count)
     out = []
     for chip in range(req.chips):
-        p = req.position(chip)
-        size = (sizes[p] if p is not None else 0) if req.kind == Kind.ALL_GATHER else req.length
+        size = input_length(req, chip)
         if extremes:
             x = rng.choice(np.array([info.min, info.max, info.min + 1, info.max - 1, -1, 0, 1],
                                     dtype=dtype), size=size)

@@ -15,17 +15,13 @@ from sim.golden.collectives import collective
 from sim.golden.matmul import matmul_unit
 from sim.iss import IssSystem
 from sim.rtl.system_runner import run_system_pysim
-from tests.helpers import seeded, small_npu
+from tests.helpers import input_length, seeded, small_npu
 
 
 def random_input(rng, req, chip):
     """A chip's local vector: its block for all-gather, else the whole per-chip vector."""
     hi = 1 << (req.width - 1)
-    length = req.length
-    if req.kind == Kind.ALL_GATHER:
-        p = req.position(chip)
-        length = 0 if p is None else req.blocks()[p]
-    return rng.integers(-hi, hi, length, dtype=np.int64)
+    return rng.integers(-hi, hi, input_length(req, chip), dtype=np.int64)
 
 
 def build(npu, chips, reqs, rng, *, matmul=False):

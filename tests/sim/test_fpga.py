@@ -14,8 +14,6 @@ FIXTURE = Path(__file__).with_name("fpga_report_ecp5.json")
 ECP5 = fpga.DEVICES["ecp5-85k"]
 
 
-# --- the report parser --------------------------------------------------------------------------
-
 def test_parse_report_fixture():
     result = fpga.parse_report(json.loads(FIXTURE.read_text()), ECP5, 100.0)
     assert result["resources"] == {

@@ -21,10 +21,9 @@ from hw.spec.collective import (
 from sim.golden import collectives as golden
 from tests.helpers import (
     COLLECTIVE_KINDS,
-    REDUCE_OPS,
     assert_chips_equal,
     collective_inputs,
-    collective_lengths,
+    requests_every_size,
 )
 
 
@@ -97,13 +96,11 @@ def _execute_schedule(req, inputs, wbytes=8):
 @pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
 def test_schedule_computes_golden(kind, width, rng):
     """The engine's step schedule (hw.spec.collective.steps) run on words equals the golden."""
-    for n in range(1, 9):
-        for length in collective_lengths(n):
-            for op in REDUCE_OPS:
-                req = CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=n)
-                inputs = collective_inputs(rng, req)
-                assert_chips_equal(_execute_schedule(req, inputs), golden.collective(req, inputs),
-                       f"schedule {kind} {op} int{width} N={n} length={length}")
+    for req in requests_every_size(kind, width):
+        inputs = collective_inputs(rng, req)
+        assert_chips_equal(_execute_schedule(req, inputs), golden.collective(req, inputs),
+                           f"schedule {kind} {req.op.name.lower()} int{width} N={req.chips} "
+                           f"length={req.length}")
 
 
 def test_schedule_subgroups_and_send_recv(rng):
@@ -116,7 +113,7 @@ def test_schedule_subgroups_and_send_recv(rng):
                                     first=first, count=count)
             inputs = collective_inputs(rng, req)
             assert_chips_equal(_execute_schedule(req, inputs), golden.collective(req, inputs),
-                   f"schedule {kind} N={n} group {first}:{count}")
+                               f"schedule {kind} N={n} group {first}:{count}")
 
 
 def test_schedule_barrier_terminates():

@@ -16,15 +16,11 @@ import pytest
 from hw.ring.collective import CollectiveEngine
 from hw.ring.testbed import RingTestbed
 from hw.spec import npu_preset
-from hw.spec.collective import (
-    CollectiveRequest,
-    Kind,
-    block_sizes,
-)
+from hw.spec.collective import CollectiveRequest
 from hw.spec.timing.collective import predicted_cycles, system_cycles
 from sim.golden import collectives as golden
 from sim.rtl.ring_runner import simulate_collective
-from tests.helpers import exported_verilog
+from tests.helpers import exported_verilog, input_length
 
 TINY = npu_preset("tiny")
 FPGA_LINK = dataclasses.replace(TINY, link_bytes_per_cycle=8, link_latency_cycles=4)
@@ -34,14 +30,9 @@ def _inputs(rng, req):
     dtype = np.int32 if req.width == 32 else np.int64
     info = np.iinfo(dtype)
     extremes = np.array([info.min, info.max, -1, 0, 1], dtype=dtype)
-    sizes = block_sizes(req.length, req.count)
     out = []
     for chip in range(req.chips):
-        p = req.position(chip)
-        if req.kind == Kind.ALL_GATHER:
-            size = sizes[p] if p is not None else 0
-        else:
-            size = req.length
+        size = input_length(req, chip)
         x = rng.integers(info.min, info.max, size=size, dtype=dtype, endpoint=True)
         pick = rng.random(size) < 0.3          # extremes: SUM wraps, MAX/MIN at the rails
         x[pick] = rng.choice(extremes, size=int(pick.sum()))

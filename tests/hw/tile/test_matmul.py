@@ -9,7 +9,7 @@ from hw.spec.formats import OutMode
 from hw.tile.matmul import MatmulArray, MatmulUnit, Requantizer
 from sim.golden.matmul import matmul_unit
 from sim.rtl.matmul_driver import MatmulJob, simulate_pysim
-from tests.helpers import exported_verilog, seeded
+from tests.helpers import exported_verilog, matmul_operands, seeded
 
 
 def assert_equal_matrix(got, want, what):
@@ -27,10 +27,7 @@ def golden(job):
 
 
 def random_job(rng, m, k, n, size, mode, a_unsigned=False):
-    a = rng.integers(0, 256, (m, k)) if a_unsigned else rng.integers(-128, 128, (m, k))
-    b = rng.integers(-128, 128, (k, n))
-    bias = rng.integers(-2**31, 2**31, n)
-    mult = rng.integers(0, 2**16, n)
+    a, b, bias, mult = matmul_operands(rng, m, k, n, a_unsigned=a_unsigned)
     # Shifts around where a K-term int8 sum times a 16-bit mult lands in range, plus extremes.
     shift = rng.integers(14, 31, n)
     shift[0] = 1

@@ -16,6 +16,7 @@ from tests.helpers import (
     assemble,
     assert_memories_equal,
     byte_beat,
+    matmul_operands,
     seeded,
     square_npu,
     word_beat,
@@ -25,10 +26,7 @@ from tests.helpers import (
 
 def setup(rng, size, m, k, n, mode, a_unsigned=False):
     iss = Iss(square_npu(size, sram_words=1024))
-    a = rng.integers(0, 256, (m, k)) if a_unsigned else rng.integers(-128, 128, (m, k))
-    b = rng.integers(-128, 128, (k, n))
-    bias = rng.integers(-2**31, 2**31, n)
-    mult = rng.integers(0, 2**16, n)
+    a, b, bias, mult = matmul_operands(rng, m, k, n, a_unsigned=a_unsigned)
     shift = rng.integers(12, 30, n)
     arw = row_words(k, 1, size)
     eb = {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}[mode]

@@ -28,7 +28,7 @@ from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import gelu_table, ln_stats, residual_add
 from sim.rtl.pysim import run_sim, send_all, stream_put
 from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
-from tests.helpers import exported_verilog, seeded
+from tests.helpers import exported_verilog, seeded, vector_size_rejections
 
 LANES = 4
 IDLE = 0.3
@@ -52,14 +52,7 @@ def _ln_params(rng, length):
 
 # ---- constructor -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"lanes": 4.0, "d_model_max": 64}, TypeError, r"lanes must be an integer, not 4\.0"),
-    ({"lanes": True, "d_model_max": 64}, TypeError, r"lanes must be an integer, not True"),
-    ({"lanes": 0, "d_model_max": 64}, ValueError, r"lanes must be at least 1, not 0"),
-    ({"lanes": 4, "d_model_max": "64"}, TypeError, r"d_model_max must be an integer, not '64'"),
-    ({"lanes": 4, "d_model_max": 0}, ValueError, r"d_model_max must be in \[1, 65535\], not 0"),
-    ({"lanes": 4, "d_model_max": 65536}, ValueError, r"d_model_max must be in .*not 65536"),
-])
+@pytest.mark.parametrize("kwargs, error, match", vector_size_rejections(1))
 def test_init_rejects(kwargs, error, match):
     with pytest.raises(error, match=match):
         VectorUnit(**kwargs)

