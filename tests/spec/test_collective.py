@@ -1,5 +1,4 @@
-"""The collective contract (hw.spec.collective): requests and their rejections, buffer checks,
-word packing, and each chip's step schedule, run on words, against the golden collectives."""
+"""The collective contract (hw.spec.collective): requests, buffers, packing, step schedules."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""AttentionBuffer RTL vs the golden model (``sim.golden.attention``), cycle counts, Verilator."""
+"""AttentionBuffer (hw.tile.attention) vs the golden sim.golden.attention; cycles, Verilator."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,7 @@
-"""AttentionEngine (words in, words out) against the ISS and the golden models, through the same
-address-generator descriptors the compiler emits (``sim.compiler.attention_launch``)."""
+"""AttentionEngine (hw.tile.attention_engine), words in and out, against the ISS and golden.
+
+Driven through the same address-generator descriptors the compiler emits
+(``sim.compiler.attention_launch``)."""
 
 import numpy as np
 import pytest

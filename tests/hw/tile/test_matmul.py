@@ -1,4 +1,4 @@
-"""MatmulArray / Requantizer / MatmulUnit against the golden model (sim.golden.matmul)."""
+"""MatmulArray, Requantizer, MatmulUnit (hw.tile.matmul) against the golden sim.golden.matmul."""
 
 import numpy as np
 import pytest

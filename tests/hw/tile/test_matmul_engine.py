@@ -1,5 +1,7 @@
-"""MatmulEngine (words in, words out) against the ISS and the golden model, through the same
-address-generator descriptors the compiler emits."""
+"""MatmulEngine (hw.tile.matmul_engine), words in and out, against the ISS and golden.
+
+Driven through the same address-generator descriptors the compiler emits
+(``sim.compiler.descriptors``)."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,7 @@
-"""SoftmaxUnit vs the golden integer softmax: random and edge rows under random idle and
-backpressure, cycle timing vs the documented formula, constructor checks, Verilator."""
+"""SoftmaxUnit (hw.tile.softmax) vs the golden integer softmax, bit for bit.
+
+Random and edge rows under random idle and backpressure, cycle timing vs the documented formula,
+constructor checks, Verilator."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""VectorUnit RTL vs the golden model (sim.golden.vector), bit for bit.
+"""VectorUnit (hw.tile.vector) vs the golden model (sim.golden.vector), bit for bit.
 
 Every test drives all six streams with seeded random idle cycles and backpressure (except the
 cycle-count test, which measures the ideal case), and compares each lane of each beat, naming

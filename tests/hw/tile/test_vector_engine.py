@@ -1,5 +1,7 @@
-"""VectorEngine (words in, words out) against the ISS and the golden model, through the same
-address-generator descriptors the compiler emits (sim.compiler.vector_launch)."""
+"""VectorEngine (hw.tile.vector_engine), words in and out, against the ISS and golden.
+
+Driven through the same address-generator descriptors the compiler emits
+(``sim.compiler.vector_launch``)."""
 
 import dataclasses
 

@@ -1,5 +1,4 @@
-"""What every ``npu`` command shares (sim.cli.common): bad constraint files and bad arguments
-end in exit status 2 with one line naming the option, the file and the key."""
+"""What every ``npu`` command shares (sim.cli.common): bad files and arguments, one line, exit 2."""
 
 from pathlib import Path
 

@@ -1,5 +1,4 @@
-"""The ``npu`` entry point (sim.cli.main, ``python -m sim``): help, and the exit-status
-contract of the real process (0 ok, 2 bad input as exactly one line, no traceback)."""
+"""The ``npu`` entry point (sim.cli.main, ``python -m sim``): help and the exit-status contract."""
 
 import pytest
 

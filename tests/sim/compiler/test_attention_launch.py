@@ -1,5 +1,4 @@
-"""Attention launch planning (sim.compiler.attention_launch): the schedule one chip can run, and
-every head's launches, run on the ISS, equal the golden ``attention_int`` bit for bit."""
+"""Attention launch planning (sim.compiler.attention_launch): schedules, heads == attention_int."""
 
 from types import SimpleNamespace
 

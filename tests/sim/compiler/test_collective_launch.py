@@ -1,5 +1,4 @@
-"""COLL launch builder (sim.compiler.collective_launch): a chip outside the ring or an empty
-output buffer is refused."""
+"""The COLL launch builder (sim.compiler.collective_launch): impossible launches are refused."""
 
 import pytest
 

@@ -1,5 +1,4 @@
-"""VEC launch builders (sim.compiler.vector_launch): bad operands, outputs and lengths are
-refused before a launch is emitted."""
+"""VEC launch builders (sim.compiler.vector_launch): bad operands and outputs are refused."""
 
 import pytest
 

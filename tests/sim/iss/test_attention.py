@@ -1,5 +1,4 @@
-"""The ISS's attention executor (sim.iss.attention): inconsistent ATTN launches are rejected
-with the register and its value."""
+"""The ISS's attention executor (sim.iss.attention): inconsistent ATTN registers are refused."""
 
 import dataclasses
 

@@ -1,5 +1,4 @@
-"""IssSystem (sim.iss.system): chips that deadlock, disagree on a collective or on the ring size
-are refused, as are impossible chip counts."""
+"""IssSystem (sim.iss.system): deadlocks, disagreeing chips and bad chip counts are refused."""
 
 import pytest
 

@@ -1,5 +1,4 @@
-"""The ISS's vector executor (sim.iss.vector): inconsistent VEC launches are rejected with the
-register, its value and the limit."""
+"""The ISS's vector executor (sim.iss.vector): inconsistent VEC registers are refused."""
 
 import dataclasses
 
