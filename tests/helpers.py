@@ -271,15 +271,6 @@ def edge_rows(length: int):
     return np.array(rows), np.array(masks)
 
 
-def assert_rows_equal(got, want, what="row"):
-    bad = np.argwhere(got != want)
-    if bad.size:
-        r, j = bad[0]
-        raise AssertionError(f"{len(bad)} mismatches; first at {what} {r} lane {j}: "
-                             f"got {got[r, j]}, expected {want[r, j]}; row got {got[r].tolist()}, "
-                             f"expected {want[r].tolist()}")
-
-
 # --- collectives --------------------------------------------------------------------------------
 
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")

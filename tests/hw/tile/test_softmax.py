@@ -12,7 +12,16 @@ from hw.tile.softmax import SoftmaxUnit
 from hw.tops import build_top
 from sim.golden.softmax import softmax
 from sim.rtl.softmax_driver import simulate_rows
-from tests.helpers import assert_rows_equal, edge_rows, random_rows
+from tests.helpers import edge_rows, random_rows
+
+
+def assert_rows_equal(got, want, what="row"):
+    bad = np.argwhere(got != want)
+    if bad.size:
+        r, j = bad[0]
+        raise AssertionError(f"{len(bad)} mismatches; first at {what} {r} lane {j}: "
+                             f"got {got[r, j]}, expected {want[r, j]}; row got {got[r].tolist()}, "
+                             f"expected {want[r].tolist()}")
 
 
 def check(dut, scores, mask, rng, *, idle=0.3, stall=0.3):
