@@ -1,7 +1,4 @@
-"""AttentionEngine (hw.tile.attention_engine), words in and out, against the ISS and golden.
-
-Driven through the same address-generator descriptors the compiler emits
-(``sim.compiler.attention_launch``)."""
+"""AttentionEngine (hw.tile.attention_engine): one head per launch, RTL == ISS == golden, timing."""
 
 import numpy as np
 import pytest

@@ -1,7 +1,4 @@
-"""MatmulEngine (hw.tile.matmul_engine), words in and out, against the ISS and golden.
-
-Driven through the same address-generator descriptors the compiler emits
-(``sim.compiler.descriptors``)."""
+"""MatmulEngine (hw.tile.matmul_engine) on a compiled MATMUL launch: RTL memory == ISS == golden."""
 
 import numpy as np
 import pytest

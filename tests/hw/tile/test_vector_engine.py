@@ -1,7 +1,4 @@
-"""VectorEngine (hw.tile.vector_engine), words in and out, against the ISS and golden.
-
-Driven through the same address-generator descriptors the compiler emits
-(``sim.compiler.vector_launch``)."""
+"""VectorEngine (hw.tile.vector_engine): VEC launches, RTL memory == ISS == golden, cycle counts."""
 
 import dataclasses
 
