@@ -1,4 +1,4 @@
-"""The benchmark harness: table formatting, module selection."""
+"""The benchmark harness (sim.bench): table formatting, module selection."""
 
 import pytest
 

@@ -18,6 +18,7 @@ from hw.spec import (
     npu_preset,
 )
 from hw.spec.config import IMEM_WORDS_MAX
+from tests.helpers import write_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,28 +40,9 @@ MODEL = {
 DROP = object()
 
 
-def _toml_value(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    raise TypeError(value)
-
-
 def write(tmp_path, base, file="cfg.toml", **overrides):
     values = {**base, **overrides}
-    text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items() if v is not DROP)
-    path = tmp_path / file
-    path.write_text(text)
-    return path
+    return write_toml(tmp_path / file, {k: v for k, v in values.items() if v is not DROP})
 
 
 def rejects(loader, path, *fragments):

@@ -1,0 +1,375 @@
+"""What several test modules share, written once: presets, CLI runners, NPU variants, stimulus,
+stream glue and checks. Plain functions and constants; fixtures live in ``tests/conftest.py``."""
+
+import dataclasses
+import itertools
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.spec import PRESETS_DIR, npu_preset
+from hw.spec.collective import CollectiveRequest, Kind
+from hw.spec.memory import pack_rows, row_words, unpack_rows
+from sim import errors
+from sim.cli import main
+from sim.compiler.assembler import Assembler
+from sim.compiler.attention_launch import attention_launch
+from sim.compiler.attention_launch import emit as emit_attention
+from sim.compiler.collective_launch import coll_launch
+from sim.compiler.collective_launch import emit as emit_collective
+from sim.golden.scratchpad import addr_sequence
+from sim.iss import Iss
+from sim.rtl.pysim import collect, run_sim, send_all
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_NPU = str(PRESETS_DIR / "npu" / "tiny.toml")
+TINY_MODEL = str(PRESETS_DIR / "models" / "tiny.toml")
+
+
+def seeded(seed):
+    """A generator for a fixed seed, printed so that a failure names it."""
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+# --- the npu command --------------------------------------------------------------------------
+
+def run(capsys, *argv):
+    """Run ``npu argv`` in-process; return (status, stdout, stderr)."""
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def run_process(*argv, timeout=60):
+    """Run ``python -m sim argv`` as a real process from the repository root."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "sim", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line(err, *fragments):
+    assert err.endswith("\n") and err.count("\n") == 1, f"stderr is not one line: {err!r}"
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+
+
+def assert_one_line_error(status, out, err, *fragments):
+    """Exit status 2, nothing on stdout, one line on stderr carrying every fragment."""
+    assert status == errors.EXIT_BAD_INPUT, f"exit status {status}, stderr {err!r}"
+    assert out == "", f"stdout should be empty, got {out!r}"
+    assert_one_line(err, *fragments)
+
+
+def exported_verilog(tmp_path, top, npu):
+    """`npu export --top top` for ``npu`` (a preset) into ``tmp_path``; the Verilog text."""
+    assert main(["export", "--top", top, "--npu", str(npu.path), "-o", str(tmp_path)]) == 0
+    return (tmp_path / f"npu_{top}.v").read_text()
+
+
+class FlipFlop(wiring.Component):
+    """The smallest top to register in ``hw.tops.TOPS``: one input, one registered output."""
+
+    a: In(1)
+    y: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.y.eq(self.a)
+        return m
+
+
+# --- constraint files ---------------------------------------------------------------------------
+
+def toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(value)
+
+
+def write_toml(path, values):
+    """Write a flat TOML table of ``values``; return ``path``."""
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
+    return path
+
+
+def write_model(tmp_path, name="m.toml", **over):
+    """A small model file (one pre-norm causal block of d_model 16 over 6 tokens), ``over``
+    changing or adding keys; return its path as a string."""
+    keys = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32, "seq_len": 6,
+            "window": 0, "causal": True, "norm": "pre", **over}
+    return str(write_toml(tmp_path / name, keys))
+
+
+# --- NPU variants -------------------------------------------------------------------------------
+
+def tiny_variant(**changes):
+    """The tiny preset with ``changes``."""
+    return dataclasses.replace(npu_preset("tiny"), **changes)
+
+
+def small_npu():
+    """The tiny preset with a 4 KiB scratchpad and 256 instruction words (chip, system)."""
+    return tiny_variant(sram_bytes=4096, imem_words=256)
+
+
+def square_npu(size, *, sram_words, **changes):
+    """A ``size`` x ``size`` array, ``size`` vector lanes, ``sram_words`` words in 4 banks."""
+    return tiny_variant(array_size=size, vector_lanes=size, sram_bytes=size * sram_words,
+                        sram_banks=4, **changes)
+
+
+def attention_npu(*, size=4, window=8, length=8, dmax=8):
+    """A small attention engine's NPU: ring of ``window`` keys, softmax over ``length``."""
+    return square_npu(size, sram_words=1024, attn_window=window, softmax_len=length,
+                      d_head_max=dmax)
+
+
+def vector_iss(size):
+    """An ISS of a ``size``-lane chip with 512 scratchpad words (vector-engine cases)."""
+    return Iss(square_npu(size, sram_words=512))
+
+
+def vector_size_rejections(min_lanes):
+    """Bad ``lanes`` / ``d_model_max`` for a vector block of at least ``min_lanes`` lanes:
+    ``(kwargs, error, match)`` for ``pytest.mark.parametrize``."""
+    few = min_lanes - 1
+    return [
+        ({"lanes": 4.0, "d_model_max": 64}, TypeError, r"lanes must be an integer, not 4\.0"),
+        ({"lanes": True, "d_model_max": 64}, TypeError, r"lanes must be an integer, not True"),
+        ({"lanes": few, "d_model_max": 64}, ValueError,
+         rf"lanes must be at least {min_lanes}, not {few}"),
+        ({"lanes": 4, "d_model_max": "64"}, TypeError,
+         r"d_model_max must be an integer, not '64'"),
+        ({"lanes": 4, "d_model_max": 0}, ValueError, r"d_model_max must be in \[1, 65535\], not 0"),
+        ({"lanes": 4, "d_model_max": 65536}, ValueError, r"d_model_max must be in .*not 65536"),
+    ]
+
+
+def matmul_operands(rng, m, k, n, *, a_unsigned=False):
+    """Random A [m, k] (int8, or uint8 when ``a_unsigned``), B [k, n] int8, an int32 bias and a
+    16-bit multiplier per column."""
+    a = rng.integers(0, 256, (m, k)) if a_unsigned else rng.integers(-128, 128, (m, k))
+    b = rng.integers(-128, 128, (k, n))
+    bias = rng.integers(-2**31, 2**31, n)
+    mult = rng.integers(0, 2**16, n)
+    return a, b, bias, mult
+
+
+# --- programs, memories and streams -------------------------------------------------------------
+
+def assemble(emit, launches):
+    """The program that emits each launch with ``emit(asm, launch)``, then halts."""
+    asm = Assembler()
+    for launch in launches:
+        emit(asm, launch)
+    asm.halt()
+    return asm.words()
+
+
+def single_chip_program(req, chip=0):
+    """One COLL launch of ``req`` as ``chip`` (input at word 0, output at word 64), then HALT."""
+    npu = small_npu()
+    launch = coll_launch(req, chip, in_base=0, out_base=64, size=npu.array_size,
+                         link_bytes=npu.link_bytes_per_cycle)
+    return npu, launch, assemble(emit_collective, [launch])
+
+
+def words_of(mem, desc, addr_bits):
+    """The words an address-generator descriptor walks, in order."""
+    return mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)]
+
+
+def word_beat(word):
+    """A scratchpad word as a stream beat of int8 lanes."""
+    return {"data": [int(x) for x in word.view(np.int8)], "last": 0}
+
+
+def byte_beat(payload):
+    """A sampled beat of byte lanes as (bytes, last)."""
+    return [int(x) & 0xFF for x in payload.data], int(payload.last)
+
+
+def assert_memories_equal(rtl, iss):
+    diff = np.argwhere(rtl != iss)
+    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
+                           f"{diff[0][1]}: {rtl[tuple(diff[0])]} vs {iss[tuple(diff[0])]}")
+
+
+def stream_through(dut, words, *, rng=None, idle=0.0, stall=0.0, convert=None, count=None,
+                   processes=(), max_cycles=100_000):
+    """Send ``words`` into ``dut.i`` and collect ``count`` (all) beats from ``dut.o``, with
+    random idle and backpressure; return the collected beats."""
+    got = []
+
+    async def producer(ctx):
+        await send_all(ctx, dut.i, words, rng=rng, idle=idle)
+
+    async def consumer(ctx):
+        got.extend(await collect(ctx, dut.o, len(words) if count is None else count, rng=rng,
+                                 stall=stall, convert=convert))
+
+    run_sim(dut, [producer, consumer], processes=processes, max_cycles=max_cycles)
+    return got
+
+
+# --- softmax rows -------------------------------------------------------------------------------
+
+#: Score ranges drawn: full int16 (logits in +-128), then +-16, +-4 and +-1 logits.
+SOFTMAX_SCALES = (32768, 4096, 1024, 256)
+
+
+def random_rows(rng, rows: int, length: int):
+    """Scores over several ranges (clipped to int16) and masks of random density per row, with
+    some fully masked rows and some single-lane rows among them."""
+    scale = rng.choice(SOFTMAX_SCALES, size=(rows, 1))
+    scores = np.clip(rng.integers(-scale, scale, size=(rows, length)), -32768, 32767)
+    mask = rng.random((rows, length)) < rng.random((rows, 1))
+    return scores, mask
+
+
+def edge_rows(length: int):
+    """All-equal, dominant, widest range, masked lanes above the maximum, single lane, empty."""
+    rows, masks = [], []
+    full = np.ones(length, dtype=bool)
+
+    def add(row, mask=full):
+        rows.append(np.asarray(row, dtype=np.int64))
+        masks.append(np.asarray(mask, dtype=bool))
+
+    add(np.zeros(length))                                     # all equal
+    add(np.full(length, 32767))
+    add(np.full(length, -32768))
+    add(np.where(np.arange(length) == 1, 4000, 0))            # one dominant score
+    add(np.where(np.arange(length) % 2, 32767, -32768))       # widest dynamic range
+    add(np.where(np.arange(length) == 0, 32767, -32768))
+    add(np.where(np.arange(length) == length - 1, -32768, 32767))
+    add(np.arange(length) * 64 - 512)                         # a ramp of 1/4 logit steps
+    half = np.arange(length) < length // 2
+    add(np.where(half, 0, 30000), half)                       # masked lanes far above the max
+    add(np.full(length, 123), np.arange(length) == length - 1)  # single visible lane
+    add(np.full(length, 5), np.zeros(length, dtype=bool))     # fully masked
+    add(np.where(np.arange(length) == 0, 32767, 0), np.arange(length) != 0)
+    return np.array(rows), np.array(masks)
+
+
+# --- collectives --------------------------------------------------------------------------------
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+REDUCE_OPS = ("sum", "max", "min", "avg")
+
+
+def collective_lengths(n):
+    """Lengths 1, N-1, N+1 and a large odd one for a ring of ``n`` chips."""
+    return sorted({1, max(1, n - 1), n + 1, 1001})
+
+
+def requests_every_size(kind, width):
+    """Requests of ``kind`` at ``width`` for N = 1..8, each of its lengths and every op."""
+    for n in range(1, 9):
+        for length, op in itertools.product(collective_lengths(n), REDUCE_OPS):
+            yield CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=n)
+
+
+def input_length(req, chip):
+    """How many elements ``chip`` brings to ``req``: its block for an all-gather (none outside
+    the group), else the whole vector."""
+    if req.kind != Kind.ALL_GATHER:
+        return req.length
+    p = req.position(chip)
+    return 0 if p is None else req.blocks()[p]
+
+
+def collective_inputs(rng, req, extremes=False):
+    """Every chip's input of ``req``: uniform over the width, or only its extreme values."""
+    dtype = np.int32 if req.width == 32 else np.int64
+    info = np.iinfo(dtype)
+    out = []
+    for chip in range(req.chips):
+        size = input_length(req, chip)
+        if extremes:
+            x = rng.choice(np.array([info.min, info.max, info.min + 1, info.max - 1, -1, 0, 1],
+                                    dtype=dtype), size=size)
+        else:
+            x = rng.integers(info.min, info.max, size=size, dtype=dtype, endpoint=True)
+        out.append(x)
+    return out
+
+
+def assert_chips_equal(got, want, what):
+    """Per chip, element by element: ``got`` (arrays) equals ``want`` (lists of ints)."""
+    assert len(got) == len(want), what
+    for chip, (g, w) in enumerate(zip(got, want, strict=True)):
+        g = [int(v) for v in g]
+        assert len(g) == len(w), f"{what}: chip {chip} has {len(g)} elements, expected {len(w)}"
+        for e, (a, b) in enumerate(zip(g, w, strict=True)):
+            assert a == b, f"{what}: chip {chip} element {e}: {a} != {b}"
+
+
+# --- one attention head in memory ---------------------------------------------------------------
+
+SCORE_MULT, SCORE_SHIFT = 45000, 20     # q.k (std ~2**14) -> logits of std ~2.5 in Q8.8
+OUT_MULT, OUT_SHIFT = 40000, 23         # raw P.V (p/256 x int8, up to 2**15) -> int8
+
+
+class AttentionCase:
+    """Q [queries, d_model], K/V [keys, d_model] int8 in memory, one head's launch."""
+
+    def __init__(self, rng, npu, *, queries, keys, d_model, col, d_head, **kw):
+        n = npu.array_size
+        self.npu, self.iss = npu, Iss(npu)
+        self.rw = rw = row_words(d_model, 1, n)
+        self.q = rng.integers(-128, 128, (queries, d_model))
+        self.k = rng.integers(-128, 128, (keys, d_model))
+        self.v = rng.integers(-128, 128, (keys, d_model))
+        q_base, k_base = 0, queries * rw
+        v_base = k_base + keys * rw
+        self.o_base = v_base + keys * rw
+        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
+            self.iss.write_words(base, pack_rows(x, 1, n))
+        # Garbage in the output tensor: only the head's columns may change.
+        self.garbage = rng.integers(-128, 128, (queries, d_model))
+        self.iss.write_words(self.o_base, pack_rows(self.garbage, 1, n))
+        self.launch = attention_launch(
+            size=n, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
+            v_base=v_base, o_base=self.o_base, q_row_words=rw, k_row_words=rw, v_row_words=rw,
+            o_row_words=rw, col=col, score_mult=SCORE_MULT, score_shift=SCORE_SHIFT,
+            out_mult=OUT_MULT, out_shift=OUT_SHIFT, **kw)
+        self.sl = slice(col, col + d_head)
+        self.queries, self.d_model = queries, d_model
+        self.before = self.iss.mem.copy()
+
+    def run_iss(self, launches=None):
+        self.iss.run(assemble(emit_attention, launches or [self.launch]))
+        out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
+                          self.queries, self.d_model, 1)
+        if launches is None:
+            untouched = np.ones(self.d_model, bool)
+            untouched[self.sl] = False
+            assert (out[:, untouched] == self.garbage[:, untouched]).all(), \
+                "ISS wrote outside the head's columns"
+            return out[:, self.sl]
+        return out
+
+    def check_against(self, got, want):
+        bad = np.argwhere(got != want)
+        assert not len(bad), (f"ISS query {bad[0][0]} lane {bad[0][1]}: {got[tuple(bad[0])]}, "
+                              f"golden {want[tuple(bad[0])]}")

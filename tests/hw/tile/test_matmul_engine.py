@@ -1,0 +1,91 @@
+"""MatmulEngine (hw.tile.matmul_engine) on a compiled MATMUL launch: RTL memory == ISS == golden."""
+
+import numpy as np
+import pytest
+
+from hw.spec.formats import OutMode
+from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, row_words, unpack_rows
+from hw.tile.matmul_engine import MatmulEngine
+from sim.compiler.descriptors import emit_matmul, matmul_launch
+from sim.golden.matmul import matmul_unit
+from sim.golden.scratchpad import addr_sequence
+from sim.iss import Iss
+from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+from tests.helpers import (
+    assemble,
+    assert_memories_equal,
+    byte_beat,
+    matmul_operands,
+    seeded,
+    square_npu,
+    word_beat,
+    words_of,
+)
+
+
+def setup(rng, size, m, k, n, mode, a_unsigned=False):
+    iss = Iss(square_npu(size, sram_words=1024))
+    a, b, bias, mult = matmul_operands(rng, m, k, n, a_unsigned=a_unsigned)
+    shift = rng.integers(12, 30, n)
+    arw = row_words(k, 1, size)
+    eb = {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}[mode]
+    ncols = -(-n // size) * size   # C rows hold whole column blocks
+    crw = row_words(ncols, eb, size)
+    a_base, b_base = 0, m * arw
+    p_base = b_base + len(pack_weight_blocks(b, size))
+    c_base = p_base + len(pack_params(bias, mult, shift, size))
+    iss.write_words(a_base, pack_rows(np.where(a > 127, a - 256, a), 1, size))
+    iss.write_words(b_base, pack_weight_blocks(b, size))
+    iss.write_words(p_base, pack_params(bias, mult, shift, size))
+    launch = matmul_launch(size=size, m=m, k=k, n=n, a_base=a_base, a_row_words=arw,
+                           b_base=b_base, p_base=p_base, c_base=c_base, c_row_words=crw,
+                           mode=mode, a_unsigned=a_unsigned)
+    want = matmul_unit(a, b, bias, mult, shift, mode, a_unsigned=a_unsigned)
+    return iss, launch, want, (c_base, m, ncols, eb)
+
+
+@pytest.mark.parametrize("seed, size, m, k, n, mode, a_unsigned", [
+    (1, 4, 8, 8, 6, OutMode.INT8, False),
+    (2, 4, 4, 12, 9, OutMode.INT16, True),
+    (3, 4, 8, 4, 4, OutMode.RAW, False),
+    (4, 2, 6, 4, 3, OutMode.INT16, False),
+])
+def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
+    rng = seeded(seed)
+    iss, launch, want, (c_base, rows, cols, eb) = setup(rng, size, m, k, n, mode, a_unsigned)
+    before = iss.mem.copy()
+    iss.run(assemble(emit_matmul, [launch]))
+    got_iss = unpack_rows(iss.read_words(c_base, rows * row_words(cols, eb, size)), rows, cols,
+                          eb)[:, :want.shape[1]]
+    bad = np.argwhere(got_iss != want)
+    assert not len(bad), f"ISS row {bad[0][0]} col {bad[0][1]}: {got_iss[tuple(bad[0])]}"
+
+    dut = MatmulEngine(size=size)
+    ab = iss.addr_bits
+    streams = {name: [word_beat(w) for w in words_of(before, getattr(launch, gen), ab)]
+               for name, gen in (("i_a", "rd0"), ("i_b", "rd1"), ("i_p", "rd2"))}
+    total = launch.wr0.total
+    out = []
+
+    async def control(ctx):
+        await stream_put(ctx, dut.i_cfg, {"k": launch.k, "folds": launch.folds,
+                                          "mode": int(launch.mode),
+                                          "a_unsigned": int(launch.a_unsigned)})
+
+    async def drain(ctx):
+        out.extend(await collect(ctx, dut.o, total, rng=rng, stall=0.2, convert=byte_beat))
+        for _ in range(3):
+            await ctx.tick()
+        assert not ctx.get(dut.busy), "engine still busy after its last word"
+
+    benches = [control, drain]
+    for name in streams:
+        async def bench(ctx, name=name):
+            await send_all(ctx, getattr(dut, name), streams[name], rng=rng, idle=0.2)
+        benches.append(bench)
+    run_sim(dut, benches, max_cycles=20_000)
+    mem = before.copy()
+    mem[addr_sequence(launch.wr0.base, launch.wr0.n, launch.wr0.s, ab)] = \
+        np.array([w for w, _ in out], np.uint8)
+    assert [last for _, last in out] == [0] * (total - 1) + [1]
+    assert_memories_equal(mem, iss.mem)

@@ -1,0 +1,128 @@
+"""``npu sim --strategy single`` (sim.cli.simulate): whole models on the ISS and RTL, rejections."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.golden.float_model import random_weights
+from tests.helpers import TINY_MODEL, TINY_NPU, run, run_process, write_model
+
+
+def test_iss_runs_the_tiny_model_bit_exact(capsys, tmp_path):
+    report = tmp_path / "r.json"
+    out_npy = tmp_path / "y.npy"
+    status, out, err = run(capsys, "sim", "--strategy", "single", "--npu", TINY_NPU,
+                           "--model", TINY_MODEL, "--backend", "iss", "--json", str(report),
+                           "--output", str(out_npy), "--seed", "3")
+    assert status == 0, err
+    r = json.loads(report.read_text())
+    assert r["golden_match"] is True
+    assert r["float_error"]["cosine"] >= 0.99
+    assert r["strategy"] == "single" and r["chips"] == 1 and r["backend"] == "iss"
+    y = np.load(out_npy)
+    assert y.dtype == np.float32 and y.shape == (8, 32)
+
+
+@pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
+def test_pysim_equals_golden_small_model(capsys, tmp_path, norm, causal):
+    model = write_model(tmp_path, norm=norm, causal=causal)
+    report = tmp_path / "r.json"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "pysim", "--json", str(report), "--seed", "1")
+    assert status == 0, out + err
+    r = json.loads(report.read_text())
+    assert r["golden_match"] and r["cycles"] > 0 and r["load_cycles"] > 0
+    busy = r["per_chip"][0]["busy"]
+    assert busy["matmul"] > 0 and busy["attention"] > 0 and busy["vector"] > 0
+
+
+def test_weights_and_input_files(capsys, tmp_path):
+    model = write_model(tmp_path, n_layers=2)
+    from hw.spec import load_model
+    cfg = load_model(model)
+    w = random_weights(cfg, 11)
+    np.savez(tmp_path / "w.npz", **{k: v.astype(np.float32) for k, v in w.items()})
+    x = np.random.default_rng(2).standard_normal((5, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--weights", str(tmp_path / "w.npz"), "--input",
+                           str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"))
+    assert status == 0, err
+    assert np.load(tmp_path / "y.npy").shape == (5, 16)
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"norm_kind": "rmsnorm"}, "norm_kind='rmsnorm' is not supported"),
+    ({"ffn": "gated"}, "ffn='gated' is not supported"),
+    ({"activation": "silu"}, "activation='silu' is not supported"),
+    ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "
+                                                  "d_head_max=16"),
+    ({"seq_len": 40}, "seq_len=40 does not fit attn_window=16: causal attention over 40 "
+                      "tokens with window 0"),
+    ({"seq_len": 40, "window": 9, "causal": False}, "window=9 does not fit attn_window=16"),
+    ({"seq_len": 80}, "seq_len=80 exceeds max_seq_len=64"),
+    ({"d_model": 96, "n_heads": 12, "d_head": 8}, "d_model=96 exceeds d_model_max=64"),
+])
+def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
+    model = write_model(tmp_path, **over)
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model,
+                           "--backend", "iss")
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+
+
+def test_windowed_sequence_longer_than_the_buffer(capsys, tmp_path):
+    """A causal window narrower than the K/V ring over a sequence longer than the ring: the
+    interleaved attention schedule, bit-exact on the ISS."""
+    model = write_model(tmp_path, seq_len=24, window=5)
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--json", str(tmp_path / "r.json"))
+    assert status == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["golden_match"]
+
+
+def test_capacity_refusal_names_sram(capsys, tmp_path):
+    npu = tmp_path / "small.toml"
+    text = Path(TINY_NPU).read_text().replace("sram_bytes = 65536", "sram_bytes = 4096")
+    npu.write_text(text)
+    status, out, err = run(capsys, "sim", "--npu", str(npu), "--model", TINY_MODEL,
+                           "--backend", "iss")
+    assert status == 2
+    assert "sram_bytes=4096 is too small" in err and "weights" in err, err
+
+
+def test_bad_input_file(capsys, tmp_path):
+    model = write_model(tmp_path)
+    np.save(tmp_path / "x.npy", np.zeros((6, 15), np.float32))
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--input",
+                           str(tmp_path / "x.npy"), "--backend", "iss")
+    assert status == 2 and "shape [6, 15]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_watchdog_exit_3(tmp_path):
+    model = write_model(tmp_path)
+    proc = run_process("sim", "--npu", TINY_NPU, "--model", model, "--backend", "pysim",
+                       "--max-cycles", "50", timeout=600)
+    assert proc.returncode == 3, proc.stderr
+    assert "max_cycles=50" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--trace", "t.json"], "--trace is not built yet"),
+    (["--plot", "p.png"], "--plot is not built yet"),
+    (["--microbatches", "4"], "--microbatches applies to --strategy pipeline"),
+    (["--vcd", "w.vcd", "--backend", "iss"], "--vcd needs --backend pysim, not iss"),
+])
+def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, *extra)
+    assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_multi_chip_strategies_not_built_yet(capsys):
+    status, out, err = run(capsys, "sim", "--strategy", "pipeline", "--chips", "4", "--npu",
+                           TINY_NPU, "--model", TINY_MODEL)
+    assert status == 2 and "not built yet" in err
+
