@@ -159,5 +159,7 @@ def run_chip_verilator(npu: NpuConfig, program: list[int], images: dict[int, np.
     }
     out = run_cocotb(text, top="npu_chip", test_module="tb_chip", data=data,
                      timeout=3600.0)
+    if "trace" in out:      # JSON lists back to the (cycle, busy) pairs pysim gives
+        out["trace"]["entries"] = [tuple(e) for e in out["trace"]["entries"]]
     out["regions"] = [np.array(r, np.uint8).reshape(-1, npu.word_bytes) for r in out["regions"]]
     return out

@@ -121,8 +121,9 @@ def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
     assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_multi_chip_strategies_not_built_yet(capsys):
-    status, out, err = run(capsys, "sim", "--strategy", "pipeline", "--chips", "4", "--npu",
-                           TINY_NPU, "--model", TINY_MODEL)
-    assert status == 2 and "not built yet" in err
+@pytest.mark.parametrize("strategy", ["data", "hidden", "sequence", "head+pipeline"])
+def test_strategies_not_built_yet(capsys, strategy):
+    status, out, err = run(capsys, "sim", "--strategy", strategy, "--chips", "4", "--npu",
+                           TINY_NPU, "--model", TINY_MODEL, "--backend", "iss")
+    assert status == 2 and f"--strategy {strategy} is not built yet" in err, err
 
