@@ -14,7 +14,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from .ring.link import RingLink
 from .spec import NpuConfig
 from .spec.collective import check_chips
-from .spec.isa import UNIT_BITS
+from .spec.isa import BUSY_COUNTERS, UNIT_BITS
 from .spec.ring import TAG_BITS
 from .tile.chip import Chip
 from .tile.ports import HostSignature
@@ -42,6 +42,9 @@ class ChipSystem(wiring.Component):
         Each chip's own ``cycles``.
     chip_busy : Out(UNIT_BITS).array(chips), chip_pc : Out(16).array(chips)
         Each chip's busy units and pc (what a watchdog reports).
+    chip_done, chip_error : Out(chips)
+    chip_busy_cycles : Out(32).array(chips * len(BUSY_COUNTERS))
+        Chip i's counter k (``hw.spec.isa.BUSY_COUNTERS``) at ``i * len(BUSY_COUNTERS) + k``.
     link_stall : In(chips * link_latency_cycles)
         Fault injection: bit ``i * latency + k`` refuses transfers into register ``k`` of the
         link from chip i (tie to 0).
@@ -62,6 +65,9 @@ class ChipSystem(wiring.Component):
             "chip_cycles": Out(32).array(chips),
             "chip_busy": Out(UNIT_BITS).array(chips),
             "chip_pc": Out(16).array(chips),
+            "chip_done": Out(chips),
+            "chip_error": Out(chips),
+            "chip_busy_cycles": Out(32).array(chips * len(BUSY_COUNTERS)),
             "link_stall": In(chips * npu.link_latency_cycles),
             "host": In(HostSignature(npu)).array(chips),
         })
@@ -80,8 +86,12 @@ class ChipSystem(wiring.Component):
             connect(m, flipped(self.host[i]), chip.host)
             m.d.comb += [chip.start.eq(self.start), chip.chip_id.eq(i),
                          self.chip_cycles[i].eq(chip.cycles), self.chip_busy[i].eq(chip.busy),
-                         self.chip_pc[i].eq(chip.pc),
+                         self.chip_pc[i].eq(chip.pc), self.chip_done[i].eq(chip.done),
+                         self.chip_error[i].eq(chip.error),
                          link.stall.eq(self.link_stall[i * lat:(i + 1) * lat])]
+            for k in range(len(BUSY_COUNTERS)):
+                m.d.comb += self.chip_busy_cycles[i * len(BUSY_COUNTERS) + k].eq(
+                    chip.busy_cycles[k])
         for i, chip in enumerate(self.chip):
             connect(m, chip.ring.tx, links[i].i)
             connect(m, links[i].o, self.chip[(i + 1) % self.chips].ring.rx)

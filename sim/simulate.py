@@ -29,7 +29,7 @@ from .report import UNITS, ChipStats, SimReport
 from .rtl.chip_runner import run_chip_pysim, run_chip_verilator
 from .rtl.pysim import SimulationTimeout
 from .rtl.system_runner import run_system_pysim
-from .timeline import intervals
+from .timeline import COMPUTE_UNITS, intervals
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
 
@@ -167,15 +167,33 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     return out
 
 
-def _pipeline_stats(prog: SystemProgram, res, stats) -> dict:
+def _stage_spans(chip, span) -> list[tuple[int, int]]:
+    """Each microbatch's ``[start, end)`` on a stage: its first compute launch to its last."""
+    taken = dict.fromkeys(COMPUTE_UNITS, 0)
+    out = []
+    for counts in chip.spans["microbatch_launches"]:
+        ivs = []
+        for unit in COMPUTE_UNITS:
+            ivs += span[unit][taken[unit]:taken[unit] + counts[unit]]
+            taken[unit] += counts[unit]
+        out.append((min(s for s, _ in ivs), max(e for _, e in ivs)))
+    return out
+
+
+def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
+    """The pipeline's shape and its bubble: the share of the stages' time in which they were
+    not working on a microbatch, ``1 - sum(spans) / (stages * cycles)``, each microbatch's span
+    running from its stage's first compute launch for it to the end of the last."""
     stages, m = prog.meta["stages"], prog.meta["microbatches"]
     info = {"stages": stages, "layers_per_stage": prog.meta["layers_per_stage"],
-            "microbatches": m, "bubble_formula": (stages - 1) / (m + stages - 1)}
-    if res["cycles"]:
-        work = sum(s.compute_cycles for s in stats)
+            "microbatches": m, "microbatch_samples": prog.meta["microbatch_samples"],
+            "bubble_formula": (stages - 1) / (m + stages - 1), "bubble_fraction": None}
+    if spans is not None:
+        per_stage = [_stage_spans(chip, span) for chip, span in zip(prog.chips, spans,
+                                                                    strict=True)]
+        work = sum(e - s for stage in per_stage for s, e in stage)
         info["bubble_fraction"] = 1 - work / (stages * res["cycles"])
-    else:
-        info["bubble_fraction"] = None
+        info["stage_cycles"] = [[e - s for s, e in stage] for stage in per_stage]
     return info
 
 
@@ -261,5 +279,5 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         wall_s=res["wall_s"], first_mismatch=first, output=out if x.ndim == 3 else out[0],
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
     if strategy == "pipeline":
-        report.pipeline = _pipeline_stats(prog, res, stats)
+        report.pipeline = _pipeline_stats(prog, res, spans)
     return report

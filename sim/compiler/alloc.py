@@ -38,14 +38,19 @@ class Tensor:
 
 @dataclass
 class Allocator:
-    """Two bump pointers: matmul B operands (``low=True``) grow up from word 0, everything
-    else grows down from the top of the scratchpad. Banks hold contiguous address ranges, so
-    the weight stream (RD1) and the activation stream (RD0) of a matmul read different banks
-    unless the scratchpad is nearly full (then they still work, sharing a bank's read port)."""
+    """Bump pointers per region: matmul B operands (``low=True``) grow up from word 0,
+    everything else grows down from the top of the scratchpad, and buffers that another chip
+    reads or writes while this one computes (``transfer=True``: the messages of SEND and RECV)
+    grow down from the top of the second bank from the top. Banks hold contiguous address
+    ranges and serve their ports by fixed priority, with the send and receive units last: so
+    the weight stream (RD1), the activation stream (RD0) and a transfer read different banks
+    unless the scratchpad is nearly full (then they still work, sharing a bank's port). With
+    ``transfer_bank=False`` (or fewer than 3 banks) transfers go to the top region."""
 
     npu: NpuConfig
     low_word: int = 0
     high_word: int = -1
+    transfer_bank: bool = True
     tensors: dict = field(default_factory=dict)
     images: dict = field(default_factory=dict)     # base -> [words, N] uint8 initial contents
     used: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
@@ -53,18 +58,24 @@ class Allocator:
     def __post_init__(self):
         if self.high_word < 0:
             self.high_word = self.npu.sram_words
+        banks = self.npu.sram_banks
+        on = banks >= 3 and self.transfer_bank
+        self.mid_top = (banks - 1) * self.npu.bank_words if on else None
+        self.mid_word = self.mid_top
 
     @property
     def next_word(self) -> int:
-        """Words in use (both regions)."""
-        return self.low_word + self.npu.sram_words - self.high_word
+        """Words in use (every region)."""
+        mid = self.mid_top - self.mid_word if self.mid_top is not None else 0
+        return self.low_word + self.npu.sram_words - self.high_word + mid
 
     @property
     def n(self) -> int:
         return self.npu.array_size
 
     def alloc(self, name: str, rows: int, cols: int, eb: int, category: str,
-              row_words_: int | None = None, *, low: bool = False) -> Tensor:
+              row_words_: int | None = None, *, low: bool = False,
+              transfer: bool = False) -> Tensor:
         if category not in CATEGORIES:
             raise ValueError(f"unknown category {category!r}")
         if name in self.tensors:
@@ -74,6 +85,9 @@ class Allocator:
         if low:
             base = self.low_word
             self.low_word += words
+        elif transfer and self.mid_top is not None:
+            self.mid_word -= words
+            base = self.mid_word
         else:
             self.high_word -= words
             base = self.high_word
@@ -93,8 +107,13 @@ class Allocator:
     def check_capacity(self):
         """Raise :class:`ConfigError` naming every category when the image exceeds the SRAM."""
         need = self.next_word * self.n
-        if need > self.npu.sram_bytes or self.low_word > self.high_word:
+        mid_used = self.mid_top is not None and self.mid_word < self.mid_top
+        overlap = self.low_word > self.high_word or (mid_used and (
+            self.low_word > self.mid_word or self.mid_top > self.high_word))
+        if need > self.npu.sram_bytes or overlap:
             parts = ", ".join(f"{c} {self.used[c]:,}" for c in CATEGORIES)
+            where = "" if need > self.npu.sram_bytes else \
+                " (its regions overlap: the transfer bank is full)"
             raise ConfigError(f"is too small: the model needs {need:,} bytes of scratchpad "
-                              f"({parts})", path=self.npu.path, key="sram_bytes",
+                              f"({parts}){where}", path=self.npu.path, key="sram_bytes",
                               value=self.npu.sram_bytes)

@@ -230,17 +230,19 @@ class BlockEmitter:
             p = al.alloc("p", 1, elems, 4, "activations")
         return Activations(h, qkv, o, a, f, x8, p)
 
-    def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1) -> Tensor:
+    def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
+                       transfer: bool = False) -> Tensor:
         """An int16 residual tensor of ``nseq`` sequences (the block's input and output),
         followed by padding words up to a multiple of ``multiple`` words (a message to
-        another chip is whole ring words)."""
+        another chip is whole ring words); ``transfer``: in the allocator's transfer bank."""
         rows = nseq * self.seq_pad
         words = rows * row_words(self.d_pad, 2, self.n)
         extra = pad_to(words, multiple) - words
         if extra:
             # The allocator grows down: padding allocated first lies just after the tensor.
-            self.al.alloc(name + ".pad", extra, self.n, 1, "activations", row_words_=1)
-        return self.al.alloc(name, rows, self.d_pad, 2, "activations")
+            self.al.alloc(name + ".pad", extra, self.n, 1, "activations", row_words_=1,
+                          transfer=transfer)
+        return self.al.alloc(name, rows, self.d_pad, 2, "activations", transfer=transfer)
 
     # --- the program -----------------------------------------------------------------------
     def _matmul(self, src: Tensor, weights, dst: Tensor, k: int, mode: OutMode):

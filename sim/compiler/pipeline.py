@@ -17,7 +17,7 @@ import numpy as np
 
 from hw.spec import ConfigError, NpuConfig
 from hw.spec.collective import word_bytes
-from hw.spec.isa import Unit
+from hw.spec.isa import Op, Unit
 
 from . import p2p_launch as pl
 from .alloc import Allocator
@@ -49,7 +49,18 @@ def split_batch(samples: int, microbatches: int) -> list[list[int]]:
 def compile_pipeline(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
                      samples: int = 1, microbatches: int | None = None) -> SystemProgram:
     """Programs for ``chips`` pipeline stages over ``samples`` sequences in ``microbatches``
-    (default ``min(samples, chips)``)."""
+    (default ``min(samples, chips)``). The microbatches' residual buffers, which the send and
+    receive units stream while the stage computes, get a bank of their own when there is room
+    (:class:`~sim.compiler.alloc.Allocator`)."""
+    try:
+        return _compile(npu, qm, chips, seq, samples, microbatches, transfer_bank=True)
+    except ConfigError as exc:
+        if "regions overlap" not in str(exc):
+            raise
+        return _compile(npu, qm, chips, seq, samples, microbatches, transfer_bank=False)
+
+
+def _compile(npu, qm, chips, seq, samples, microbatches, *, transfer_bank):
     cfg = qm.cfg
     check_single_chip(npu, cfg)
     seq = cfg.seq_len if seq is None else seq
@@ -63,10 +74,11 @@ def compile_pipeline(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None 
     inputs = [[] for _ in range(samples)]
     outputs = [None] * samples
     for s, layers in enumerate(stages):
-        al, asm = Allocator(npu), Assembler()
+        al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
         em = BlockEmitter(npu, qm, asm, al, seq=seq, chip=s)
         weights = {i: em.place_layer(i, shard) for i in layers}
-        xs = [em.alloc_residual(f"x{m}", len(b), multiple=ratio) for m, b in enumerate(batches)]
+        xs = [em.alloc_residual(f"x{m}", len(b), multiple=ratio, transfer=True)
+              for m, b in enumerate(batches)]
         acts = em.alloc_activations(max(x.rows for x in xs), shard)
         al.check_capacity()
 
@@ -79,12 +91,20 @@ def compile_pipeline(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None 
 
         if s > 0:
             recv(0)
+        per_batch = []       # compute launches of each microbatch (the report's stage spans)
+
+        def launches(asm=asm):
+            return {unit: sum(1 for insn in asm.insns if insn.op == op)
+                    for unit, op in (("matmul", Op.MATMUL), ("attention", Op.ATTN),
+                                     ("vector", Op.VEC))}
+
         for m, batch in enumerate(batches):
             x = xs[m]
             if s > 0:
                 asm.wait(Unit.RECV)
                 if m + 1 < len(batches):
                     recv(m + 1)
+            before = launches()
             if cfg.norm == "post":
                 first = layers[0]
                 mult, shift = (qm.in_mult, qm.in_shift) if first == 0 else \
@@ -92,6 +112,8 @@ def compile_pipeline(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None 
                 em.requant_input(x, acts.x8, mult, shift)
             for i in layers:
                 em.emit_block(i, weights[i], shard, acts, x, len(batch))
+            after = launches()
+            per_batch.append({u: after[u] - before[u] for u in after})
             if s + 1 < len(stages):
                 launch = pl.send_launch(dest=s + 1, desc=message(x), size=n,
                                         link_bytes=npu.link_bytes_per_cycle)
@@ -105,7 +127,8 @@ def compile_pipeline(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None 
                     inputs[sample].append(place)
                 if s + 1 == len(stages):
                     outputs[sample] = place
-        programs.append(finish(npu, ChipProgram(s, asm, al, role={"layers": layers})))
+        programs.append(finish(npu, ChipProgram(s, asm, al, role={"layers": layers}, spans={
+            "microbatch_launches": per_batch})))
     meta = {"stages": chips, "layers_per_stage": [len(ls) for ls in stages],
             "microbatches": len(batches),
             "microbatch_samples": [len(b) for b in batches]}

@@ -59,6 +59,9 @@ class ChipProgram:
     program: list[int] = field(default_factory=list)
     #: What the chip runs, for reports: e.g. ``{"layers": [0, 1], "heads": [0, 1]}``.
     role: dict = field(default_factory=dict)
+    #: How the program's launches group, for reports (pipeline: the compute launches of each
+    #: microbatch, ``{"microbatch_launches": [{"matmul": k, ...}, ...]}``).
+    spans: dict = field(default_factory=dict)
 
     @property
     def images(self) -> dict:

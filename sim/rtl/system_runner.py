@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec import NpuConfig
+from hw.spec.isa import BUSY_COUNTERS
 from hw.system import ChipSystem
 from hw.tile.ports import trace_depth
 
@@ -42,9 +43,10 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
         len(w) for img in images for w in img.values())
 
     def describe(ctx):
+        done = ctx.get(dut.chip_done)
         waiting = [f"chip {i} at pc {ctx.get(dut.chip_pc[i])} busy with "
                    f"{busy_units(ctx.get(dut.chip_busy[i]))}"
-                   for i, chip in enumerate(dut.chip) if not ctx.get(chip.done)]
+                   for i in range(chips) if not done >> i & 1]
         return "; ".join(waiting)
 
     async def host(ctx):
@@ -54,8 +56,11 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
                         describe)
         out["cycles"] = ctx.get(dut.cycles)
         out["chip_cycles"] = [ctx.get(c) for c in dut.chip_cycles]
-        out["busy_cycles"] = [[ctx.get(c) for c in chip.busy_cycles] for chip in dut.chip]
-        out["errors"] = [bool(ctx.get(chip.error)) for chip in dut.chip]
+        k = len(BUSY_COUNTERS)
+        out["busy_cycles"] = [[ctx.get(dut.chip_busy_cycles[i * k + j]) for j in range(k)]
+                              for i in range(chips)]
+        errors = ctx.get(dut.chip_error)
+        out["errors"] = [bool(errors >> i & 1) for i in range(chips)]
         out["traces"] = [await read_trace(ctx, dut.host[i]) for i in range(chips)]
         for i in range(chips):
             for base, count in reads[i]:
