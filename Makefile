@@ -9,7 +9,8 @@ STAMP     := $(VENV)/.installed
 FPGASTAMP := $(VENV)/.installed-fpga
 
 STRATEGY ?= single
-CHIPS    ?= 1
+# One chip for --strategy single, four for the multi-chip strategies.
+CHIPS    ?= $(if $(filter single,$(STRATEGY)),1,4)
 BACKEND  ?= pysim
 NPU_TOML ?= constraints/npu/tiny.toml
 MODEL    ?= constraints/models/tiny.toml
@@ -35,9 +36,14 @@ check-cxx:
 	@command -v g++ >/dev/null || { echo "error: g++ not found: Verilator needs a C++ compiler (Debian: apt-get install g++)"; exit 2; }
 	@command -v make >/dev/null || { echo "error: make not found: Verilator needs GNU make (Debian: apt-get install make)"; exit 2; }
 
+# The pipeline's default batch: four sequences in four microbatches, so that its stages overlap.
+BATCH    ?= $(if $(filter pipeline,$(STRATEGY)),4,)
+TIMED    := $(if $(filter iss,$(BACKEND)),,--plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json)
+
 sim: $(STAMP)
 	$(NPU) sim --strategy $(STRATEGY) --chips $(CHIPS) --backend $(BACKEND) \
-		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) --json $(BUILD)/sim-$(STRATEGY).json
+		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
+		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
 
 test: $(STAMP) check-cxx
 	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider

@@ -52,7 +52,8 @@ def check_input(cfg: ModelConfig, x, what: str = "input") -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
-def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed):
+def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed,
+         progress=None):
     """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
     the chips measured (``cycles`` None on the ISS)."""
     npu, n_chips = prog.npu, len(prog.chips)
@@ -80,7 +81,7 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
         try:
             if backend == "pysim":
                 out = run_chip_pysim(npu, programs[0], images[0], reads[0],
-                                     max_cycles=max_cycles, vcd=vcd)
+                                     max_cycles=max_cycles, vcd=vcd, progress=progress)
             else:
                 out = run_chip_verilator(npu, programs[0], images[0], reads[0],
                                          max_cycles=max_cycles)
@@ -96,7 +97,8 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
     elif backend == "pysim":
         try:
             out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
-                                   vcd=vcd, link_stalls=link_stalls, seed=seed)
+                                   vcd=vcd, link_stalls=link_stalls, seed=seed,
+                                   progress=progress)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
         if any(out["errors"]):
@@ -201,7 +203,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
-             link_stalls: float = 0.0) -> SimReport:
+             link_stalls: float = 0.0, progress=None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
 
     ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
@@ -210,7 +212,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     ``x``). ``backend``: ``iss`` (no timing), ``pysim`` or ``verilator``. ``microbatches``:
     pipeline only (default ``min(batch, chips)``). ``link_stalls``: the probability per cycle
     of a stall on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a
-    waveform (pysim only). Every output integer is compared with the integer golden model.
+    waveform (pysim only). ``progress(cycles)`` is called while a simulation runs (and its
+    ``close()`` after, if it has one). Every output integer is compared with the integer
+    golden model.
     """
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
@@ -254,8 +258,12 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
             raise
         raise BadInput(str(exc)) from None
     x_ints = [quantize_input(qm, s) for s in samples]
-    res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=vcd, link_stalls=link_stalls,
-               seed=seed)
+    try:
+        res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=vcd,
+                   link_stalls=link_stalls, seed=seed, progress=progress)
+    finally:
+        if hasattr(progress, "close"):
+            progress.close()
     got = np.stack(res["outputs"])
     want = np.stack([model_int(qm, xi) for xi in x_ints])
     ref = np.stack([model_forward(model, weights, s) for s in samples])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,8 @@ from hw.spec import ConfigError, load_model, load_npu
 
 from ..errors import BadInput
 
-__all__ = ["Parser", "positive", "probability", "load_config", "load_array", "write_json"]
+__all__ = ["Parser", "positive", "probability", "load_config", "load_array", "write_json",
+           "progress_bar"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -70,3 +73,34 @@ def write_json(path: str | Path, data) -> Path:
     except OSError as exc:
         raise BadInput(f"cannot write {path}: {exc.strerror}") from None
     return path
+
+
+class _Bar:
+    """A progress line on a terminal (simulated cycles and their rate), silent elsewhere."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.start = time.monotonic()
+        self.shown = False
+
+    def __call__(self, cycles: int, what: str = "cycles"):
+        elapsed = time.monotonic() - self.start
+        if elapsed < 2.0:
+            return
+        rate = cycles / elapsed if elapsed else 0.0
+        self.stream.write(f"\r  simulating: {cycles:,} {what} in {elapsed:.0f} s "
+                          f"({rate:,.0f}/s)   ")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self):
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def progress_bar(stream=None):
+    """A progress callback for a long simulation, or None when ``stream`` (stderr) is not a
+    terminal (scripts and CI see no progress lines)."""
+    stream = sys.stderr if stream is None else stream
+    return _Bar(stream) if stream.isatty() else None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..chrome_trace import write_trace
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
+from ..plot import plot_timeline
 from ..simulate import BACKENDS, STRATEGIES, simulate
-from .common import load_array, load_config, positive, probability, write_json
+from .common import load_array, load_config, positive, probability, progress_bar, write_json
 
 __all__ = ["add_parser", "run"]
 
@@ -42,13 +44,11 @@ def _weights(path):
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
-    for option in ("trace", "plot"):
-        if getattr(args, option):
-            raise BadInput(f"--{option} is not built yet")
     if args.grid:
         raise BadInput("--grid is not built yet")
-    if args.link_stalls:
-        raise BadInput("--link-stalls applies to multi-chip strategies")
+    if (args.trace or args.plot) and args.backend == "iss":
+        option = "--trace" if args.trace else "--plot"
+        raise BadInput(f"{option} needs a timed backend (pysim or verilator), not iss")
     weights = _weights(args.weights) if args.weights else None
     x = load_array(args.input, "--input") if args.input else None
     if x is not None and not isinstance(x, np.ndarray):
@@ -58,7 +58,8 @@ def run(args) -> int:
         report = simulate(npu, model, strategy=args.strategy, chips=args.chips,
                           backend=args.backend, seed=args.seed, weights=weights, x=x,
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
-                          max_cycles=args.max_cycles, vcd=args.vcd)
+                          max_cycles=args.max_cycles, vcd=args.vcd,
+                          link_stalls=args.link_stalls, progress=progress_bar())
     except BadInput as exc:
         # Name the file the problem came from.
         text = str(exc)
@@ -69,7 +70,14 @@ def run(args) -> int:
         raise BadInput(text) from None
     if args.output:
         np.save(args.output, report.output)
+    written = []
     if args.json:
-        write_json(args.json, report.to_json())
+        written.append(f"report {write_json(args.json, report.to_json())}")
+    if args.plot:
+        written.append(f"timeline {plot_timeline(report, args.plot)}")
+    if args.trace:
+        written.append(f"trace {write_trace(report, args.trace)}")
     print(report.summary())
+    if written:
+        print(f"  wrote {', '.join(written)}")
     return EXIT_OK if report.golden_match else EXIT_MISMATCH

@@ -105,7 +105,7 @@ async def read_trace(ctx, host) -> dict:
 
 def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndarray],
                    reads: list[tuple[int, int]], *, max_cycles: int = 1_000_000,
-                   vcd: str | None = None) -> dict:
+                   vcd: str | None = None, progress=None) -> dict:
     """Load ``images`` ({base word: [count, N] uint8}) and ``program``; run; read ``reads``.
 
     Returns ``{"regions": [words...], "cycles", "load_cycles", "busy_cycles" (per
@@ -134,7 +134,7 @@ def run_chip_pysim(npu: NpuConfig, program: list[int], images: dict[int, np.ndar
                                                   npu.word_bytes))
 
     stats = run_sim(dut, [host], max_cycles=load_words + max_cycles + 10 * sum(
-        c for _, c in reads) + 2 * trace_depth(npu) + 100, vcd=vcd)
+        c for _, c in reads) + 2 * trace_depth(npu) + 100, vcd=vcd, progress=progress)
     out.update(wall_s=stats["wall_s"], cycles_per_s=stats["cycles_per_s"])
     return out
 

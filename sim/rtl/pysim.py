@@ -83,12 +83,13 @@ class Clock:
 
 
 def run_sim(dut, testbenches: Iterable, *, processes: Iterable = (), max_cycles: int = 100_000,
-            vcd: str | None = None) -> dict:
+            vcd: str | None = None, progress=None) -> dict:
     """Simulate ``dut`` until every testbench returns; raise at ``max_cycles``.
 
     ``testbenches`` are ``async def bench(ctx)``; ``processes`` are background models. A
     deadlock never hangs: a background watchdog raises :class:`SimulationTimeout` after
-    ``max_cycles`` clock cycles. Returns ``{"cycles", "wall_s", "cycles_per_s"}``.
+    ``max_cycles`` clock cycles. ``progress(cycles)`` is called every few thousand cycles.
+    Returns ``{"cycles", "wall_s", "cycles_per_s"}``.
     """
     sim = Simulator(dut)
     sim.add_clock(CLOCK_PERIOD)
@@ -105,6 +106,12 @@ def run_sim(dut, testbenches: Iterable, *, processes: Iterable = (), max_cycles:
         raise SimulationTimeout(f"simulation did not finish within max_cycles={max_cycles}")
 
     sim.add_testbench(watchdog, background=True)
+    if progress is not None:
+        async def report(ctx):
+            async for _ in ctx.tick().repeat(4096):
+                progress(clock.cycles)
+
+        sim.add_process(report)
     start = time.perf_counter()
     with sim.write_vcd(vcd) if vcd else nullcontext():
         sim.run()

@@ -20,7 +20,7 @@ __all__ = ["run_system_pysim"]
 def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
                      images: list[dict[int, np.ndarray]], reads: list[list[tuple[int, int]]], *,
                      max_cycles: int = 1_000_000, vcd: str | None = None,
-                     link_stalls: float = 0.0, seed: int = 0) -> dict:
+                     link_stalls: float = 0.0, seed: int = 0, progress=None) -> dict:
     """Chip ``i`` runs ``programs[i]`` on ``images[i]``; ``reads[i]`` are read back from it.
 
     ``link_stalls`` is the probability per cycle and per link register of a stall (from
@@ -81,6 +81,6 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
     n_reads = sum(c for r in reads for _, c in r)
     stats = run_sim(dut, [host], processes=processes,
                     max_cycles=load_words + max_cycles + 10 * n_reads
-                    + 2 * chips * trace_depth(npu) + 100, vcd=vcd)
+                    + 2 * chips * trace_depth(npu) + 100, vcd=vcd, progress=progress)
     out.update(wall_s=stats["wall_s"], cycles_per_s=stats["cycles_per_s"])
     return out
