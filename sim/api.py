@@ -23,6 +23,7 @@ from hw.spec import (
 )
 
 from .bench import run_benchmarks
+from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
 from .collective import CollectiveReport, run_collective
 from .errors import BadInput, NpuError, ToolFailure, Watchdog
 from .export import Exported, export_verilog
@@ -38,5 +39,6 @@ __all__ = [
     "export_verilog", "Exported",
     "synthesize",
     "run_benchmarks",
+    "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",
     "NpuError", "BadInput", "Watchdog", "ToolFailure",
 ]

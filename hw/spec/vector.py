@@ -1,8 +1,9 @@
 """Vector-unit encodings shared by the gateware, the golden model and the compiler.
 
 Plain Python (and NumPy), no Amaranth: the opcode values, the command fields and their widths,
-how per-lane parameters are packed into the 32-bit ``i_b`` lanes, and the fixed-point constants
-of the LayerNorm datapath (its rsqrt seed table included). The numeric definitions themselves
+how per-lane parameters are packed into the 32-bit ``i_b`` lanes, the fixed-point constants
+of the LayerNorm datapath (its rsqrt seed table included) and the shape of the int16 GELU
+table (GELU16). The numeric definitions themselves
 are in :mod:`sim.golden.vector` (the reference) and :mod:`hw.tile.vector` (the gateware).
 """
 
@@ -18,7 +19,8 @@ __all__ = [
     "VectorOp", "VectorCmd", "LENGTH_BITS", "N_BITS", "GSHIFT_BITS", "LUT_ENTRIES",
     "LN_Z_FRAC_BITS", "LN_Z_BITS", "LN_D_MAX", "RSQRT_FRAC_BITS", "RSQRT_NEWTON_STEPS",
     "RSQRT_SEED_SHIFT", "RSQRT_SEED_BASE", "rsqrt_seed_table", "pack_requant", "pack_gamma_beta",
-    "lut_beats", "beats",
+    "lut_beats", "lut16_beats", "beats", "GELU16_KNOTS", "GELU16_ZERO", "GELU16_G_MIN",
+    "GELU16_G_MAX",
 ]
 
 
@@ -34,6 +36,8 @@ class VectorOp(enum.IntEnum):
     LN = 6        #: full LayerNorm of one vector (statistics and normalisation)
     LN_STATS = 7  #: partial statistics: emit local (sum x, sum x^2) on o_stats
     LN_APPLY = 8  #: normalise with global (sum x, sum x^2) from i_stats and global count n
+    GELU16 = 9    #: interpolated int16 GELU (257 knots): data = y >> 8 (or y), q = y & 0xFF
+    LOAD_LUT16 = 10  #: load the 257 int16 knots of the GELU16 table from i_a
 
 
 #: Width of the command's ``length`` field (elements of this vector on this chip).
@@ -44,6 +48,15 @@ N_BITS = 16
 GSHIFT_BITS = 6
 #: Entries of the programmable activation LUT (indexed by the input's low byte).
 LUT_ENTRIES = 256
+
+#: Knots of the GELU16 table: 256 intervals and both their ends (LOAD_LUT16 reads them all).
+GELU16_KNOTS = 257
+#: The knot at x = 0: knot k sits at x = (k - GELU16_ZERO) << g.
+GELU16_ZERO = 128
+#: Knot spacing 2**g with g (the command's ``shift``) in [GELU16_G_MIN, GELU16_G_MAX]; at
+#: g = 8 the 256 intervals cover the whole int16 range, so the fraction is at most 8 bits.
+GELU16_G_MIN = 1
+GELU16_G_MAX = 8
 
 #: LayerNorm's normalised value z = (x - mean) / std is held with this many fraction bits ...
 LN_Z_FRAC_BITS = 16
@@ -65,10 +78,13 @@ class VectorCmd:
     """One command of the vector unit (the ``i_cmd`` payload).
 
     ``length`` is the number of elements of this vector on this chip (``1..d_model_max``;
-    ignored by LOAD_LUT, which always reads 256 entries). ``n`` is the LayerNorm element count of
-    the whole vector across chips, used by LN_APPLY only (LN uses ``length``). ``mult``/``shift``
-    requantise (REQUANT without ``per_channel``, and the int8 output of LN/LN_APPLY). ``out16``
-    selects int16 rather than int8 for REQUANT. ``gshift`` is the LayerNorm gamma shift.
+    ignored by LOAD_LUT and LOAD_LUT16, which always read 256 and 257 entries). ``n`` is the
+    LayerNorm element count of the whole vector across chips, used by LN_APPLY only (LN uses
+    ``length``). ``mult``/``shift`` requantise (REQUANT without ``per_channel``, and the int8
+    output of LN/LN_APPLY); for GELU16 ``shift`` is the knot spacing g
+    (:data:`GELU16_G_MIN`..:data:`GELU16_G_MAX`). ``out16`` selects int16 rather than int8 for
+    REQUANT, and the whole int16 y rather than its high byte for GELU16. ``gshift`` is the
+    LayerNorm gamma shift.
     """
 
     op: VectorOp
@@ -104,6 +120,11 @@ def beats(length: int, lanes: int) -> int:
 def lut_beats(lanes: int) -> int:
     """Beats of a LOAD_LUT command."""
     return beats(LUT_ENTRIES, lanes)
+
+
+def lut16_beats(lanes: int) -> int:
+    """Beats of a LOAD_LUT16 command."""
+    return beats(GELU16_KNOTS, lanes)
 
 
 def rsqrt_seed_table() -> list[int]:

@@ -4,13 +4,13 @@ Plain Python, no Amaranth. A ``VEC`` launch runs ``VU_ROWS`` vector-unit command
 of ``VU_LEN`` elements) over scratchpad words; ``VU_FLAGS`` says how the words are read and
 written (``docs/isa.md``, section VEC)::
 
-    bit 0     out16        REQUANT to int16 rather than int8
+    bit 0     out16        REQUANT to int16 rather than int8; GELU16's data is y, not y >> 8
     bit 1     per_channel  REQUANT takes per-lane (mult, shift) words from RD4
     bits 3:2  a_bytes      log2 of operand A's element bytes (0: 1, 1: 2, 2: 4)
     bits 5:4  b_bytes      log2 of operand B's element bytes
     bits 7:6  d_bytes      log2 of the data output's element bytes
     bit 8     wr_data      write ``data`` through WR1
-    bit 9     wr_q         write LayerNorm's int8 ``q`` through WR2
+    bit 9     wr_q         write ``q`` through WR2: LayerNorm's int8 output, GELU16's low byte
 
 Bits 10 and up must be 0; a 2-bit width code of 3 is invalid.
 
@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .memory import row_words
-from .vector import LUT_ENTRIES, VectorOp
+from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp
 
-__all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "uses_b", "row_words",
-           "row_beats", "STATS_BYTES", "stats_words"]
+__all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "Q_OPS", "uses_b",
+           "row_words", "row_beats", "table_entries", "STATS_BYTES", "stats_words"]
 
 #: Bytes of one LayerNorm statistics record: int64 sum x, int64 sum x^2.
 STATS_BYTES = 16
@@ -39,6 +39,10 @@ FLAG_BITS = 10
 ELEM_BYTES = (1, 2, 4)
 #: Ops a ``VEC`` launch supports.
 SUPPORTED_OPS = tuple(VectorOp)
+#: Ops that load a table (one row of exactly :func:`table_entries` elements) and write nothing.
+LOAD_OPS = (VectorOp.LOAD_LUT, VectorOp.LOAD_LUT16)
+#: Ops with a ``q`` output (written through WR2 when ``wr_q``).
+Q_OPS = (VectorOp.LN, VectorOp.LN_APPLY, VectorOp.GELU16)
 
 
 def _code(name: str, nbytes: int) -> int:
@@ -93,10 +97,14 @@ def uses_b(op: VectorOp, per_channel: bool) -> bool:
         op is VectorOp.REQUANT and bool(per_channel))
 
 
+def table_entries(op: VectorOp) -> int | None:
+    """Entries a table-loading op reads (LOAD_LUT 256, LOAD_LUT16 257); None for other ops."""
+    return {VectorOp.LOAD_LUT: LUT_ENTRIES, VectorOp.LOAD_LUT16: GELU16_KNOTS}.get(VectorOp(op))
+
+
 def row_beats(op: VectorOp, length: int, lanes: int) -> int:
-    """Vector-unit beats per command (LOAD_LUT: always the 256 LUT entries)."""
-    if VectorOp(op) is VectorOp.LOAD_LUT:
-        length = LUT_ENTRIES
+    """Vector-unit beats per command (LOAD_LUT, LOAD_LUT16: always the whole table)."""
+    length = table_entries(op) or length
     return -(-length // lanes)
 
 

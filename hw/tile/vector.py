@@ -1,4 +1,5 @@
-"""Vector unit: residual add, bias add, requantisation, ReLU, activation LUT, LayerNorm.
+"""Vector unit: residual add, bias add, requantisation, ReLU, activation LUT, LayerNorm, int16
+GELU.
 
 Works on vectors streamed ``lanes`` elements per beat; the numeric definitions (bit-exact) are
 those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
@@ -11,6 +12,8 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import lanes_layout
 from ..spec.timing.vector import RSQRT_CYCLES
 from ..spec.vector import (
+    GELU16_KNOTS,
+    GELU16_ZERO,
     GSHIFT_BITS,
     LENGTH_BITS,
     LN_D_MAX,
@@ -121,15 +124,18 @@ class VectorUnit(wiring.Component):
     RELU        any                   --                            data = max(a, 0)
     LUT         int8 (low byte used)  --                            data = lut[a & 0xFF]
     LOAD_LUT    256 int8 entries      --                            -- (256/lanes beats)
+    GELU16      int16 x               --                            data = y >> 8 (int8),
+                                                                    or y if out16; q = y & 0xFF
+    LOAD_LUT16  257 int16 knots       --                            -- (257/lanes beats)
     LN          int16 x               gamma (0-15), beta (16-31)    data = y16, q = q8
     LN_STATS    int16 x               --                            o_stats (1 beat)
     LN_APPLY    int16 x               gamma, beta                   data = y16, q = q8
     ==========  ====================  ============================  ======================
 
     ADD takes the exact sum of its operands (int32 allowed) and saturates it to int16; the LN
-    ops and the LUT read the low 16 and 8 bits of ``i_a``. LN_APPLY first takes one beat from
-    ``i_stats`` and uses the command's ``n`` (the count over all chips); LN uses its own
-    statistics and ``n = length``. Both run the one-pass integer formula of
+    ops and GELU16 read the low 16 bits of ``i_a``, the LUT its low 8 bits. LN_APPLY first
+    takes one beat from ``i_stats`` and uses the command's ``n`` (the count over all chips); LN
+    uses its own statistics and ``n = length``. Both run the one-pass integer formula of
     :mod:`sim.golden.vector`: D = n*S2 - S1^2, a 96-entry table seed of rsqrt refined by two
     Newton steps in Q24 (relative error <= 2**-22), z = (n*x - S1) * rsqrt(D) with 16 fraction
     bits, ``y16 = clamp(((z * gamma) >> gshift) + beta)`` with gamma and beta int16 per channel
@@ -144,13 +150,22 @@ class VectorUnit(wiring.Component):
     scale. LN keeps its vector in an internal buffer (``ceil(d_model_max / lanes)`` words of
     ``lanes`` x int16), so the vector is streamed once; LN_STATS + LN_APPLY stream it twice.
 
+    GELU16 (:func:`sim.golden.vector.gelu16_apply`) interpolates linearly between the 257
+    int16 knots ``T[k]`` loaded by LOAD_LUT16, spaced 2**g apart with g = ``shift`` (1..8):
+    ``i = x >> g``, ``f = x - (i << g)``, ``y = T[i+128] + (((T[i+129] - T[i+128]) * f +
+    2**(g-1)) >> g)``; ``y = x`` for ``i >= 128`` and 0 for ``i < -128``. The table is held as
+    256 entries ``(T[k], T[k+1] - T[k])`` (16 + 17 bits; written by LOAD_LUT16 as each knot
+    arrives, the previous knot kept from the lane to its left or the previous beat), so each
+    lane reads one entry and does one 17 x 8-bit multiply; the rounding shift and the add
+    reuse the requantiser's stage. It resets to all zeros.
+
     Timing (:func:`hw.spec.timing.vector.op_cycles`): one beat per cycle through a
     ``LATENCY``-stage pipeline (one multiplier per lane per stage) that stalls as a whole only
     when ``o_data`` is full; one cycle per command to accept it; LayerNorm adds :data:`RSQRT_CYCLES`
     cycles after its statistics (one multiply per cycle), and LN reads its buffer back in a second
     pass of B cycles. Commands overlap: a beat carries its command's fields down the pipeline.
     Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
-    ``shift`` outside 1..47.
+    ``shift`` outside 1..47 (outside 1..8 for GELU16).
     """
 
     def __init__(self, *, lanes: int, d_model_max: int):
@@ -185,7 +200,7 @@ class VectorUnit(wiring.Component):
 
         cmd = Signal(cmd_layout())
         remaining = Signal(LENGTH_BITS + 1)   # elements still to come in this pass
-        beat = Signal(range(max(depth, LUT_ENTRIES) + 1))
+        beat = Signal(range(max(depth, GELU16_KNOTS + lanes) + 1))
         last_beat = Signal()
         m.d.comb += last_beat.eq(remaining <= lanes)
         lane_ok = [Signal(name=f"lane_ok{j}") for j in range(lanes)]
@@ -209,6 +224,14 @@ class VectorUnit(wiring.Component):
         lut_w = [lut.write_port() for _ in range(lanes)]
         lut_r = [lut.read_port(domain="comb") for _ in range(lanes)]
 
+        # GELU16 table: entry k = (T[k], T[k+1] - T[k]), the interval starting at knot k.
+        m.submodules.lut16 = lut16 = memory.Memory(
+            shape=data.StructLayout({"base": signed(16), "delta": signed(17)}),
+            depth=GELU16_KNOTS - 1, init=[])
+        lut16_w = [lut16.write_port() for _ in range(lanes)]
+        lut16_r = [lut16.read_port(domain="comb") for _ in range(lanes)]
+        knot_prev = Signal(signed(16))          # LOAD_LUT16: the previous beat's last knot
+
         m.submodules.buf = buf = memory.Memory(
             shape=data.ArrayLayout(signed(16), lanes), depth=depth, init=[])
         buf_w = buf.write_port()
@@ -221,15 +244,18 @@ class VectorUnit(wiring.Component):
         # Four register stages, all advancing together whenever the output register is free
         # (`adv`); each beat carries its own command fields and rsqrt result, so the next
         # command may start while earlier beats are still in flight.
-        #   0 -> 1: operands in: add/bias/relu/LUT done; a * mult (requant); n*x - S1 (LN)
-        #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs)
+        #   0 -> 1: operands in: add/bias/relu/LUT done; a * mult (requant); n*x - S1 (LN);
+        #           GELU16 table read, delta * f
+        #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs); GELU16 y = base +
+        #           round(delta * f >> g)
         #   2 -> 3: LN y16 = clamp(((z * gamma) >> gshift) + beta)
-        #   3 -> o: LN q8 = requant(y16, mult, shift, 8); padding lanes forced to 0
+        #   3 -> o: LN q8 = requant(y16, mult, shift, 8); GELU16 hi/lo bytes; padding lanes 0
         beat_l = data.StructLayout({
             "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
             "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes})
         lane_l = data.ArrayLayout(data.StructLayout({
-            "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16)}), lanes)
+            "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16),
+            "base": signed(16)}), lanes)
         stages = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
                   for k in range(4)]   # stage 0 is combinational (the input beat)
         valid = [Signal(name=f"p{k}_valid") for k in range(4)]
@@ -256,13 +282,24 @@ class VectorUnit(wiring.Component):
         for j in range(lanes):
             lane = sl[j]
             mult = Signal(16, name=f"mult{j}")
-            with m.If(cmd.per_channel):
+            with m.If(cmd.per_channel & (op == VectorOp.REQUANT)):
                 m.d.comb += [mult.eq(b[j][0:16]), lane.sh.eq(b[j][16:22])]
             with m.Else():
                 m.d.comb += [mult.eq(cmd.mult), lane.sh.eq(cmd.shift)]
             m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
                          lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
             add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
+            gx = a[j][0:16].as_signed()
+            g = cmd.shift[0:4]
+            gi = Signal(signed(16), name=f"gelu_i{j}")
+            gf = Signal(8, name=f"gelu_f{j}")
+            above = Signal(name=f"gelu_above{j}")
+            below = Signal(name=f"gelu_below{j}")
+            m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
+                         above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO),
+                         lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
+            entry = lut16_r[j].data
             with m.Switch(op):
                 with m.Case(VectorOp.ADD):
                     m.d.comb += lane.val.eq(add)
@@ -276,6 +313,12 @@ class VectorUnit(wiring.Component):
                     m.d.comb += lane.val.eq(lut_r[j].data)
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
                     m.d.comb += lane.val.eq(n * x_src[j] - s1)
+                with m.Case(VectorOp.GELU16):
+                    # Above the table y = x: (x << g) rounded back by the next stage's >> g.
+                    with m.If(above):
+                        m.d.comb += lane.val.eq(gx << g)
+                    with m.Elif(~below):
+                        m.d.comb += [lane.val.eq(entry.delta * gf), lane.base.eq(entry.base)]
 
         # Stage 1 -> 2.
         pb, pl = stages[1]
@@ -287,6 +330,10 @@ class VectorUnit(wiring.Component):
             z = _clamp(m, _round_shift(t * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
             with m.If(adv & (pb.op == VectorOp.REQUANT)):
                 m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
+            with m.If(adv & (pb.op == VectorOp.GELU16)):
+                # Between two int16 knots (or x itself): int16 without a clamp.
+                m.d.sync += stages[2][1][j].val.eq(
+                    pl[j].base + _round_shift(pl[j].val, pl[j].sh)[0:17].as_signed())
             with m.If(adv & pb.ln):
                 m.d.sync += stages[2][1][j].val.eq(z)
 
@@ -303,11 +350,17 @@ class VectorUnit(wiring.Component):
         pb, pl = stages[3]
         q8s = [_requant(m, pl[j].val[0:16].as_signed(), pb.mult, pb.shift, 8, f"q8_{j}")
                for j in range(lanes)]
+        gelu = pb.op == VectorOp.GELU16
         with m.If(adv):
             m.d.sync += o.payload.last.eq(pb.last)
             for j, q8 in enumerate(q8s):
-                m.d.sync += [o.payload.data[j].eq(Mux(pb.mask[j], pl[j].val, 0)),
-                             o.payload.q[j].eq(Mux(pb.mask[j] & pb.ln, q8, 0))]
+                y = pl[j].val[0:16].as_signed()
+                m.d.sync += [
+                    o.payload.data[j].eq(Mux(pb.mask[j],
+                                             Mux(gelu & ~pb.out16, y[8:16].as_signed(),
+                                                 pl[j].val), 0)),
+                    o.payload.q[j].eq(Mux(pb.mask[j] & pb.ln, q8,
+                                          Mux(pb.mask[j] & gelu, y[0:8], 0)))]
 
         # Statistics of the incoming beat (lanes past `length` count as 0).
         xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
@@ -332,6 +385,9 @@ class VectorUnit(wiring.Component):
                         with m.Case(VectorOp.LOAD_LUT):
                             m.d.sync += remaining.eq(LUT_ENTRIES)
                             m.next = "LOAD"
+                        with m.Case(VectorOp.LOAD_LUT16):
+                            m.d.sync += remaining.eq(GELU16_KNOTS)
+                            m.next = "LOAD16"
                         with m.Case(VectorOp.LN, VectorOp.LN_STATS):
                             m.next = "ACC"
                         with m.Case(VectorOp.LN_APPLY):
@@ -358,6 +414,24 @@ class VectorUnit(wiring.Component):
                                  lut_w[j].en.eq(self.i_a.valid & lane_ok[j])]
                 with m.If(self.i_a.valid):
                     m.d.sync += [beat.eq(beat + lanes), remaining.eq(remaining - lanes)]
+                    with m.If(last_beat):
+                        m.next = "IDLE"
+
+            with m.State("LOAD16"):
+                # Knot e (lane j of this beat) completes entry e - 1 with the knot before it:
+                # the lane to its left, or for lane 0 the previous beat's last lane.
+                m.d.comb += self.i_a.ready.eq(1)
+                for j in range(lanes):
+                    knot = a[j][0:16].as_signed()
+                    prev = a[j - 1][0:16].as_signed() if j else knot_prev
+                    first = (beat == 0) if j == 0 else Const(0)
+                    m.d.comb += [lut16_w[j].addr.eq(beat + j - 1),
+                                 lut16_w[j].data.base.eq(prev),
+                                 lut16_w[j].data.delta.eq(knot - prev),
+                                 lut16_w[j].en.eq(self.i_a.valid & lane_ok[j] & ~first)]
+                with m.If(self.i_a.valid):
+                    m.d.sync += [beat.eq(beat + lanes), remaining.eq(remaining - lanes),
+                                 knot_prev.eq(a[lanes - 1][0:16])]
                     with m.If(last_beat):
                         m.next = "IDLE"
 

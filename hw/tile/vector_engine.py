@@ -129,14 +129,17 @@ class VectorEngine(wiring.Component):
     uses it) and writes exactly ``ceil(length * d_bytes / N)`` words of ``data`` (when
     ``wr_data``) and ``ceil(length / N)`` words of ``q`` (when ``wr_q``); padding bytes of a
     row's last word are 0. LOAD_LUT reads one row of 256 entries (``length`` must be 256) per
-    command and writes nothing. ``last`` on input words is ignored (the engine counts); ``last``
-    is set on each output stream's final word of the launch.
+    command and writes nothing; so does LOAD_LUT16 with the 257 int16 knots of the GELU16
+    table (``length`` 257, usually ``a_bytes`` 2). GELU16 writes its two planes at once: ``data``
+    (WR1) is the high byte ``y >> 8`` with ``d_bytes`` 1 (or y with ``out16`` and ``d_bytes``
+    2), ``q`` (WR2) the low byte ``y & 0xFF``. ``last`` on input words is ignored (the engine
+    counts); ``last`` is set on each output stream's final word of the launch.
 
     ``busy`` is high from the configuration beat until the last output word has been taken
-    (LOAD_LUT: until the unit has consumed its last word). ``uses`` tells the chip, from the
-    ``i_cfg`` payload (combinationally, before the transfer), which generators to start with
-    the launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1
-    iff ``wr_data`` (not for LN_STATS), WR2 iff ``wr_q`` (neither for LOAD_LUT), RD5 iff
+    (LOAD_LUT, LOAD_LUT16: until the unit has consumed its last word). ``uses`` tells the chip, from
+    the ``i_cfg`` payload (combinationally, before the transfer), which generators to start with the
+    launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1 iff
+    ``wr_data`` (not for LN_STATS), WR2 iff ``wr_q`` (neither for LOAD_LUT and LOAD_LUT16), RD5 iff
     LN_APPLY.
 
     LayerNorm statistics travel through the scratchpad as records of
@@ -195,7 +198,7 @@ class VectorEngine(wiring.Component):
         p = self.i_cfg.payload
         b_ops = (p.op == VectorOp.ADD) | (p.op == VectorOp.BIAS) | (p.op == VectorOp.LN) | \
             (p.op == VectorOp.LN_APPLY) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
-        writes = p.op != VectorOp.LOAD_LUT
+        writes = (p.op != VectorOp.LOAD_LUT) & (p.op != VectorOp.LOAD_LUT16)
         m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
                      self.uses.stats.eq(p.op == VectorOp.LN_APPLY),
                      self.uses.data.eq(p.flags.wr_data & writes & (p.op != VectorOp.LN_STATS)),
@@ -350,8 +353,9 @@ class VectorEngine(wiring.Component):
                          qbeat.eq(u_payload.q.as_value())]
             m.d.sync += [beat[j].eq(u_payload.data[j]) for j in range(n)]
 
-        # LOAD_LUT emits nothing: the launch ends when the unit is back for a command.
-        with m.If(active & (cfg.op == VectorOp.LOAD_LUT) & (issued == cfg.rows) & c.ready):
+        # LOAD_LUT(16) emits nothing: the launch ends when the unit is back for a command.
+        loads = (cfg.op == VectorOp.LOAD_LUT) | (cfg.op == VectorOp.LOAD_LUT16)
+        with m.If(active & loads & (issued == cfg.rows) & c.ready):
             m.d.sync += active.eq(0)
 
         with m.If(start):

@@ -9,8 +9,9 @@ untouched. A B operand of one row (bias, gamma/beta, per-channel requant words) 
 every row (stride 0).
 
 :func:`vector_launch` is the general builder; :func:`ln_launch`, :func:`add_launch`,
-:func:`lut_launch`, :func:`load_lut_launch`, :func:`requant_launch`, :func:`bias_launch` and
-:func:`relu_launch` cover what a transformer block needs. :func:`emit` appends a launch to an
+:func:`lut_launch`, :func:`load_lut_launch`, :func:`requant_launch`, :func:`bias_launch`,
+:func:`relu_launch`, :func:`gelu16_launch` and :func:`load_lut16_launch` cover what a
+transformer block needs. :func:`emit` appends a launch to an
 :class:`~sim.compiler.assembler.Assembler`.
 """
 
@@ -19,14 +20,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hw.spec.isa import Op
-from hw.spec.vector import LUT_ENTRIES, VectorOp
-from hw.spec.vector_engine import VecFlags, row_words, stats_words, uses_b
+from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, GELU16_KNOTS, LUT_ENTRIES, VectorOp
+from hw.spec.vector_engine import (
+    LOAD_OPS,
+    Q_OPS,
+    VecFlags,
+    row_words,
+    stats_words,
+    table_entries,
+    uses_b,
+)
 
 from .descriptors import Desc
 
 __all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
            "ln_apply_launch", "add_launch", "lut_launch",
-           "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "emit"]
+           "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "gelu16_launch",
+           "load_lut16_launch", "emit"]
 
 _MAX_COUNT = (1 << 16) - 1
 
@@ -91,22 +101,24 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
                   stats_base: int | None = None, n: int | None = None) -> VectorLaunch:
     """``a.rows`` commands of ``op`` over rows of ``length`` elements.
 
-    ``b`` (when the op reads B) has one row per row of ``a`` or a single row shared by all;
-    ``data`` (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8, LN and
-    LN_APPLY only) have ``a.rows`` rows. REQUANT's ``out16`` follows ``data.eb`` (2: int16,
-    1: int8). ``stats_base``: the statistics records (``hw.spec.vector_engine``), one per row,
-    contiguous: LN_STATS writes them (WR2), LN_APPLY reads them (RD5) and takes ``n``, the
-    element count over all chips.
+    ``b`` (when the op reads B) has one row per row of ``a`` or a single row shared by all; ``data``
+    (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8: LN and LN_APPLY's
+    output, GELU16's low byte) have ``a.rows`` rows. REQUANT's ``out16`` follows ``data.eb`` (2:
+    int16, 1: int8), and so does GELU16's (2: y, 1: y >> 8); GELU16's knot spacing g is ``shift``.
+    ``stats_base``: the statistics records (``hw.spec.vector_engine``), one per row, contiguous:
+    LN_STATS writes them (WR2), LN_APPLY reads them (RD5) and takes ``n``, the element count over
+    all chips.
     """
     op = VectorOp(op)
     if not isinstance(size, int) or size < 2:
         raise ValueError(f"size must be an integer of at least 2, not {size!r}")
     rows = a.rows
-    if op is VectorOp.LOAD_LUT:
-        if length != LUT_ENTRIES:
-            raise ValueError(f"LOAD_LUT length must be {LUT_ENTRIES}, not {length!r}")
+    if op in LOAD_OPS:
+        entries = table_entries(op)
+        if length != entries:
+            raise ValueError(f"{op.name} length must be {entries}, not {length!r}")
         if data is not None or q is not None or b is not None:
-            raise ValueError("LOAD_LUT takes only a (the 256 table entries)")
+            raise ValueError(f"{op.name} takes only a (the {entries} table entries)")
     elif not isinstance(length, int) or not 1 <= length <= _MAX_COUNT:
         raise ValueError(f"length must be in 1..{_MAX_COUNT}, not {length!r}")
     if not 1 <= rows <= _MAX_COUNT:
@@ -116,9 +128,13 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
                          f"{'needs' if b is None else 'takes no'} operand b")
     if b is not None and b.rows not in (1, rows):
         raise ValueError(f"b.rows={b.rows} must be 1 (shared) or a.rows={rows}")
-    ln = op in (VectorOp.LN, VectorOp.LN_APPLY)
-    if q is not None and (not ln or q.eb != 1):
-        raise ValueError("q is LN's int8 output: only for LN and LN_APPLY, with eb=1")
+    if q is not None and (op not in Q_OPS or q.eb != 1):
+        raise ValueError("q is LN's int8 output: only for LN and LN_APPLY (and GELU16's low "
+                         "byte), with eb=1")
+    if op is VectorOp.GELU16 and not (isinstance(shift, int)
+                                      and GELU16_G_MIN <= shift <= GELU16_G_MAX):
+        raise ValueError(f"GELU16 knot spacing g (shift) must be in {GELU16_G_MIN}.."
+                         f"{GELU16_G_MAX}, not {shift!r}")
     stats_ops = (VectorOp.LN_STATS, VectorOp.LN_APPLY)
     if (stats_base is not None) != (op in stats_ops):
         raise ValueError(f"stats_base is {'required' if stats_base is None else 'only'} for "
@@ -128,14 +144,15 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
                          f"not {n!r}")
     if op is VectorOp.LN_STATS and (data is not None or q is not None):
         raise ValueError("LN_STATS writes only its statistics (stats_base)")
-    if op not in (VectorOp.LOAD_LUT, VectorOp.LN_STATS) and data is None and q is None:
+    if op not in (*LOAD_OPS, VectorOp.LN_STATS) and data is None and q is None:
         raise ValueError(f"{op.name} needs an output (data and/or q)")
     for name, t in (("data", data), ("q", q)):
         if t is not None and t.rows != rows:
             raise ValueError(f"{name}.rows={t.rows} must equal a.rows={rows}")
-    out16 = op is VectorOp.REQUANT and data is not None and data.eb == 2
-    if op is VectorOp.REQUANT and data is not None and data.eb == 4:
-        raise ValueError("REQUANT data must be int8 (eb=1) or int16 (eb=2)")
+    narrowing = (VectorOp.REQUANT, VectorOp.GELU16)
+    out16 = op in narrowing and data is not None and data.eb == 2
+    if op in narrowing and data is not None and data.eb == 4:
+        raise ValueError(f"{op.name} data must be int8 (eb=1) or int16 (eb=2)")
     flags = VecFlags(out16=out16, per_channel=bool(per_channel), a_bytes=a.eb,
                      b_bytes=b.eb if b is not None else 4,
                      d_bytes=data.eb if data is not None else 1,
@@ -222,6 +239,29 @@ def bias_launch(*, size, length, a: Rows, bias_base: int, out: Rows) -> VectorLa
 def relu_launch(*, size, length, a: Rows, out: Rows) -> VectorLaunch:
     """``out = max(a, 0)``."""
     return vector_launch(size=size, op=VectorOp.RELU, length=length, a=a, data=out)
+
+
+def gelu16_launch(*, size, length, a: Rows, g: int, hi: Rows | None = None,
+                  lo: Rows | None = None, y: Rows | None = None) -> VectorLaunch:
+    """GELU16 of int16 rows ``a`` with knot spacing 2**``g`` (the table LOAD_LUT16 loaded).
+
+    Outputs: ``hi`` (int8 ``y >> 8``, WR1) and/or ``lo`` (``y & 0xFF``, WR2), the two int8
+    planes of a two-pass int16 matmul input; or ``y`` itself (int16, WR1) instead of ``hi``.
+    """
+    if hi is not None and y is not None:
+        raise ValueError("GELU16 writes hi or y through WR1, not both")
+    if hi is not None and hi.eb != 1:
+        raise ValueError(f"GELU16 hi is int8 (eb=1), not eb={hi.eb}")
+    if y is not None and y.eb != 2:
+        raise ValueError(f"GELU16 y is int16 (eb=2), not eb={y.eb}")
+    return vector_launch(size=size, op=VectorOp.GELU16, length=length, a=a,
+                         data=hi if y is None else y, q=lo, shift=g)
+
+
+def load_lut16_launch(*, size, base: int) -> VectorLaunch:
+    """Load the 257 int16 GELU16 knots stored (one int16 row) at word ``base``."""
+    return vector_launch(size=size, op=VectorOp.LOAD_LUT16, length=GELU16_KNOTS,
+                         a=Rows(base, 1, row_words(GELU16_KNOTS, 2, size), 2))
 
 
 def emit(asm, launch: VectorLaunch):

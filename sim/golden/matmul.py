@@ -8,6 +8,19 @@ Bit-exact with ``hw.tile.matmul`` (``hw.spec.formats``, ``docs/formats.md``):
   (wrapping too), and the result equals the single-chip one bit for bit.
 - ``requant(acc, mult, shift, bits)`` rounds half up (adds ``1 << (shift-1)`` then floors) and
   saturates to ``bits``; it never wraps.
+- ``linear16``: an int16 activation times int8 weights into the int16 residual, as two ordinary
+  passes of the unit over the activation's bytes (no new hardware)::
+
+      hi = a16 >> 8 (int8);  lo = a16 & 0xFF (unsigned 8-bit);  a16 = 256 hi + lo
+      f_hi = requant(wrap32(hi @ W), mult, shift - 8, 16)            signed A, no bias
+      f_lo = requant(wrap32(lo @ W + bias), mult, shift, 16)         unsigned A
+      out  = clamp16(clamp16(residual + f_hi) + f_lo)                two residual ADDs
+
+  with ``(mult, shift)`` per output column the requantisation of the full product
+  ``a16 @ W + bias`` (``shift >= 9``). Each pass rounds on its own; the sum is within one LSB
+  of requantising the exact 42-bit ``256 * (hi @ W) + lo @ W + bias``. With K split across
+  chips each pass's int32 partials are summed (wrapping) before requantisation: neither
+  wraps for K < 2**16, so the result is the same for any split.
 """
 
 import numbers
@@ -16,7 +29,11 @@ import numpy as np
 
 from hw.spec.formats import ACC_BITS, MULT_BITS, SHIFT_MAX, SHIFT_MIN, OutMode
 
-__all__ = ["wrap", "matmul", "bias_add", "requant", "matmul_unit"]
+__all__ = ["wrap", "matmul", "bias_add", "requant", "matmul_unit", "linear16_passes",
+           "linear16", "LINEAR16_SHIFT_MIN"]
+
+#: The smallest requantisation shift of a two-pass int16 product: the hi pass uses shift - 8.
+LINEAR16_SHIFT_MIN = SHIFT_MIN + 8
 
 
 def wrap(x, bits: int = ACC_BITS) -> np.ndarray:
@@ -117,3 +134,31 @@ def matmul_unit(a, b, bias, mult, shift, mode: OutMode, *, a_unsigned: bool = Fa
     if mode is OutMode.RAW:
         return acc
     return requant(acc, mult, shift, 8 if mode is OutMode.INT8 else 16)
+
+
+def linear16_passes(a16, w, bias, mult, shift) -> tuple[np.ndarray, np.ndarray]:
+    """``(f_hi, f_lo)``: the two int16 passes of ``a16 @ w + bias`` (module docstring).
+
+    ``a16`` is int16 [M, K], ``w`` int8 [K, N], ``bias`` int32 and ``mult``/``shift`` per
+    column (or scalars) with ``LINEAR16_SHIFT_MIN <= shift <= SHIFT_MAX``: the requantisation
+    of the int16 product; the hi pass takes ``shift - 8`` and no bias.
+    """
+    a16 = _check_operand(a16, "a16", -(1 << 15), (1 << 15) - 1)
+    shift = np.asarray(shift)
+    if shift.size and shift.min() < LINEAR16_SHIFT_MIN:
+        raise ValueError(f"shift {shift.min()} is below {LINEAR16_SHIFT_MIN}: the hi pass "
+                         "requantises with shift - 8 >= 1")
+    acc_hi = matmul(a16 >> 8, w)
+    acc_lo = matmul(a16 & 0xFF, w, a_unsigned=True)
+    f_hi = requant(acc_hi, mult, shift - 8, 16)
+    f_lo = requant(bias_add(acc_lo, bias), mult, shift, 16)
+    return f_hi, f_lo
+
+
+def linear16(a16, w, bias, mult, shift, residual) -> np.ndarray:
+    """``clamp16(clamp16(residual + f_hi) + f_lo)``: the two-pass int16 product added into the
+    int16 ``residual`` [M, N] by two saturating residual adds (module docstring)."""
+    residual = _check_operand(residual, "residual", -(1 << 15), (1 << 15) - 1)
+    f_hi, f_lo = linear16_passes(a16, w, bias, mult, shift)
+    lo, hi = -(1 << 15), (1 << 15) - 1
+    return np.clip(np.clip(residual + f_hi, lo, hi) + f_lo, lo, hi)

@@ -7,6 +7,17 @@ Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, Num
 - ``bias_add`` (int32 + int32 wrapping mod 2**32) and ``requant`` are those of the matmul unit.
 - ``relu(a) = max(a, 0)``; ``lut_apply(table, a) = table[a & 0xFF]`` where ``table[i]`` holds
   f(int8(i)); :func:`gelu_table` and :func:`relu_table` build tables from input/output scales.
+- GELU16 (:func:`gelu16_apply`), int16 in and out at one scale, from a table T of 257 int16
+  knots ``T[k] ~ gelu((k - 128) * 2**g)`` (:func:`gelu16_table`) with ``1 <= g <= 8``::
+
+      x >= 128 << g:   y = x                      (gelu(x) = x above the table)
+      x < -(128 << g): y = 0
+      otherwise:       i = x >> g;  f = x - (i << g)                 (0 <= f < 2**g)
+                       y = T[i+128] + (((T[i+129] - T[i+128]) * f + 2**(g-1)) >> g)
+
+  y lies between two knots, so it is int16 without a clamp. The unit emits ``hi = y >> 8``
+  (int8) as ``data`` (or y itself) and ``lo = y & 0xFF`` (unsigned 8-bit, carried as the int8
+  ``q``): the two int8 planes of a two-pass int16 matmul input (:func:`split16`).
 - LayerNorm, one-pass and integer, from S1 = sum(x), S2 = sum(x^2) and the count n (all
   elements, across chips in the distributed case), ``x`` int16::
 
@@ -39,6 +50,10 @@ import math
 import numpy as np
 
 from hw.spec.vector import (
+    GELU16_G_MAX,
+    GELU16_G_MIN,
+    GELU16_KNOTS,
+    GELU16_ZERO,
     LN_D_MAX,
     LN_Z_BITS,
     LN_Z_FRAC_BITS,
@@ -56,6 +71,7 @@ from .matmul import bias_add, requant, wrap
 
 __all__ = [
     "residual_add", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
+    "gelu16_knot_shift", "gelu16_table", "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
@@ -116,6 +132,64 @@ def gelu_table(in_scale: float, out_scale: float) -> np.ndarray:
 def relu_table(in_scale: float, out_scale: float) -> np.ndarray:
     """LUT for ReLU with a change of scale (same construction as :func:`gelu_table`)."""
     return _table(lambda v: np.maximum(v, 0.0), in_scale, out_scale)
+
+
+def gelu16_knot_shift(scale: float, span: float = 8.0) -> int:
+    """The knot spacing g for int16 inputs of ``scale``: the smallest g in 1..8 whose 256
+    intervals cover ``|x| <= span`` (GELU is x or 0 to within 5e-15 beyond 8), or 8 when no g
+    does (then the table covers every int16)::
+
+        g = min(8, max(1, ceil(log2(span / (128 * scale)))))
+    """
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be positive and finite, not {scale!r}")
+    if not (span > 0 and math.isfinite(span)):
+        raise ValueError(f"span must be positive and finite, not {span!r}")
+    g = math.ceil(math.log2(span / (GELU16_ZERO * scale)))
+    return min(GELU16_G_MAX, max(GELU16_G_MIN, g))
+
+
+def _check_g(g) -> int:
+    if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+        raise TypeError(f"g must be an integer, not {g!r}")
+    if not GELU16_G_MIN <= g <= GELU16_G_MAX:
+        raise ValueError(f"g={g} is outside [{GELU16_G_MIN}, {GELU16_G_MAX}]")
+    return int(g)
+
+
+def gelu16_table(scale: float, g: int) -> np.ndarray:
+    """The 257 int16 knots of GELU16 for int16 inputs and outputs of ``scale``, knots 2**g
+    apart: ``T[k] = clamp16(round_half_up(gelu((k - 128) * 2**g * scale) / scale))``."""
+    g = _check_g(g)
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be positive and finite, not {scale!r}")
+    x = (np.arange(GELU16_KNOTS) - GELU16_ZERO) * float(2 ** g) * float(scale)
+    return np.clip(_round_half_up(gelu_float(x) / scale), -(1 << 15), (1 << 15) - 1)
+
+
+def gelu16_apply(table, x, g: int) -> np.ndarray:
+    """GELU16 of int16 ``x`` (the low 16 bits of each element) with the 257-knot ``table``."""
+    g = _check_g(g)
+    table = _int(table)
+    if table.shape != (GELU16_KNOTS,):
+        raise ValueError(f"GELU16 table must have {GELU16_KNOTS} knots, not shape "
+                         f"{table.shape}")
+    table = wrap(table, 16)
+    x = wrap(_int(x), 16)
+    i = x >> g
+    f = x - (i << g)
+    k = np.clip(i + GELU16_ZERO, 0, GELU16_KNOTS - 2)    # only in-range lanes use the knots
+    lo, hi = table[k], table[k + 1]
+    y = lo + (((hi - lo) * f + (1 << (g - 1))) >> g)
+    y = np.where(i >= GELU16_ZERO, x, y)
+    return np.where(i < -GELU16_ZERO, 0, y)
+
+
+def split16(y) -> tuple[np.ndarray, np.ndarray]:
+    """int16 ``y`` as its two matmul planes: ``hi = y >> 8`` (int8), ``lo = y & 0xFF``
+    (unsigned 8-bit), so that ``y = 256 * hi + lo``."""
+    y = wrap(_int(y), 16)
+    return y >> 8, y & 0xFF
 
 
 def rsqrt_fixed(d: int) -> tuple[int, int]:
@@ -192,21 +266,27 @@ def unpack_gamma_beta(words) -> tuple[np.ndarray, np.ndarray]:
 
 
 class VectorUnitModel:
-    """The unit as a command interpreter (the LUT is its only state).
+    """The unit as a command interpreter (its two tables are its only state).
 
     :meth:`execute` takes one :class:`~hw.spec.vector.VectorCmd` with its ``i_a`` elements,
     ``i_b`` words and ``i_stats`` pair, and returns what the unit emits:
     ``{"data": int64[length], "q": int64[length]}`` on ``o``, ``{"stats": (s1, s2)}`` on
-    ``o_stats``, or ``{}`` for LOAD_LUT. ``q`` is zero except for the LayerNorm ops.
+    ``o_stats``, or ``{}`` for LOAD_LUT and LOAD_LUT16. ``q`` is zero except for the LayerNorm
+    ops (int8 output) and GELU16 (the low byte of y as an int8 container).
+    The LUT resets to ReLU at unchanged scale, the GELU16 table to all zeros.
     """
 
     def __init__(self):
         self.lut = relu_table(1.0, 1.0)  # the reset contents: ReLU at unchanged scale
+        self.lut16 = np.zeros(GELU16_KNOTS, dtype=np.int64)
 
     def execute(self, cmd: VectorCmd, a=None, b=None, stats=None) -> dict:
         op = cmd.op
         if op is VectorOp.LOAD_LUT:
             self.lut = wrap(_int(a)[:LUT_ENTRIES], 8)
+            return {}
+        if op is VectorOp.LOAD_LUT16:
+            self.lut16 = wrap(_int(a)[:GELU16_KNOTS], 16)
             return {}
         a = _int(a)[:cmd.length] if a is not None else None
         b = _int(b)[:cmd.length] if b is not None else None
@@ -230,6 +310,9 @@ class VectorUnitModel:
             data = relu(wrap(a, 32))
         elif op is VectorOp.LUT:
             data = lut_apply(self.lut, a)
+        elif op is VectorOp.GELU16:
+            y = gelu16_apply(self.lut16, a, cmd.shift)
+            return {"data": y if cmd.out16 else y >> 8, "q": wrap(y, 8)}
         else:  # pragma: no cover  (VectorOp is exhaustive)
             raise ValueError(f"unknown op {op!r}")
         return {"data": data, "q": zeros}

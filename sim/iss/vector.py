@@ -3,10 +3,11 @@
 Same semantics as :class:`hw.tile.vector_engine.VectorEngine`: ``VU_ROWS`` commands of the
 vector unit (:class:`sim.golden.vector.VectorUnitModel`), one per row of ``VU_LEN`` elements;
 operand A words from RD3, operand B words from RD4 (only for the ops that read B), statistics
-records from RD5 (LN_APPLY), ``data`` words to WR1 (if ``wr_data``), ``q`` words or statistics
-records (LN_STATS) to WR2 (if ``wr_q``); see ``docs/isa.md``, VEC.
-The activation LUT is chip state: it lives on the :class:`~sim.iss.Iss` as ``vector_unit``
-(created on first use, with the unit's reset contents).
+records from RD5 (LN_APPLY), ``data`` words to WR1 (if ``wr_data``), ``q`` words (LN's int8
+output, GELU16's low byte) or statistics records (LN_STATS) to WR2 (if ``wr_q``); see
+``docs/isa.md``, VEC.
+The activation LUT and the GELU16 table are chip state: they live on the :class:`~sim.iss.Iss`
+as ``vector_unit`` (created on first use, with the unit's reset contents).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec.memory import pack_rows, unpack_rows
-from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp
+from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp
 from hw.spec.vector_engine import (
+    LOAD_OPS,
+    Q_OPS,
     STATS_BYTES,
     VecFlags,
     row_words,
     stats_words,
+    table_entries,
     uses_b,
 )
 
@@ -62,11 +66,11 @@ def exec_vector(iss):
     rows, length = r("VU_ROWS"), r("VU_LEN")
     if not 1 <= rows < 1 << 16:
         raise IssError(f"VEC with VU_ROWS={rows}: must be in 1..65535")
-    if op is VectorOp.LOAD_LUT:
-        if length != LUT_ENTRIES:
-            raise IssError(f"VEC LOAD_LUT with VU_LEN={length}: must be {LUT_ENTRIES}")
+    if op in LOAD_OPS:
+        if length != table_entries(op):
+            raise IssError(f"VEC {op.name} with VU_LEN={length}: must be {table_entries(op)}")
         if flags.wr_data or flags.wr_q:
-            raise IssError("VEC LOAD_LUT writes nothing: clear wr_data and wr_q in VU_FLAGS")
+            raise IssError(f"VEC {op.name} writes nothing: clear wr_data and wr_q in VU_FLAGS")
     elif op is VectorOp.LN and not 1 <= length <= iss.npu.d_model_max:
         raise IssError(f"VEC LN with VU_LEN={length}: must be in 1..{iss.npu.d_model_max} "
                        "(d_model_max, the unit's buffer)")
@@ -77,10 +81,13 @@ def exec_vector(iss):
         if flags.wr_data or not flags.wr_q:
             raise IssError("VEC LN_STATS writes its statistics through WR2: set wr_q and clear "
                            "wr_data in VU_FLAGS")
-    elif op is not VectorOp.LOAD_LUT and not (flags.wr_data or flags.wr_q):
+    elif op not in LOAD_OPS and not (flags.wr_data or flags.wr_q):
         raise IssError(f"VEC {op.name} writes nothing: set wr_data and/or wr_q in VU_FLAGS")
-    if flags.wr_q and not ln and op is not VectorOp.LN_STATS:
+    if flags.wr_q and op not in Q_OPS and op is not VectorOp.LN_STATS:
         raise IssError(f"VEC {op.name} has no q output: clear wr_q in VU_FLAGS")
+    if op is VectorOp.GELU16 and not GELU16_G_MIN <= r("VU_SHIFT") <= GELU16_G_MAX:
+        raise IssError(f"VEC GELU16 with VU_SHIFT={r('VU_SHIFT')}: the knot spacing g must be "
+                       f"in {GELU16_G_MIN}..{GELU16_G_MAX}")
     if op is VectorOp.LN_APPLY and not 1 <= r("VU_N") < 1 << 16:
         raise IssError(f"VEC LN_APPLY with VU_N={r('VU_N')}: must be in 1..65535 (the count "
                        "over all chips)")
@@ -117,7 +124,7 @@ def exec_vector(iss):
     unit = vector_unit(iss)
     outs = [unit.execute(cmd, a[row], None if b is None else b[row], stats[row])
             for row in range(rows)]
-    if op is VectorOp.LOAD_LUT:
+    if op in LOAD_OPS:
         return
     if op is VectorOp.LN_STATS:
         rec = stats_words(iss.n)

@@ -6,8 +6,16 @@ Plain Python: the gateware, the tests and the ISS's timing model read the same f
 
 from __future__ import annotations
 
-from ..vector import LUT_ENTRIES, RSQRT_NEWTON_STEPS, VectorOp
-from ..vector_engine import VecFlags, row_beats, row_words, stats_words, uses_b
+from ..vector import GELU16_KNOTS, LUT_ENTRIES, RSQRT_NEWTON_STEPS, VectorOp
+from ..vector_engine import (
+    LOAD_OPS,
+    VecFlags,
+    row_beats,
+    row_words,
+    stats_words,
+    table_entries,
+    uses_b,
+)
 
 __all__ = ["LATENCY", "RSQRT_CYCLES", "op_cycles", "launch_cycles"]
 
@@ -20,11 +28,13 @@ RSQRT_CYCLES = 2 + 3 * RSQRT_NEWTON_STEPS
 
 
 def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
-    """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT: last input).
+    """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT, LOAD_LUT16:
+    last input).
 
     With every input valid and every output ready. B = ceil(length / lanes) beats and
-    L = :data:`LATENCY` (the pipeline depth): element-wise ops B + L, LN 2B + RSQRT_CYCLES + L,
-    LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT ceil(256 / lanes). The
+    L = :data:`LATENCY` (the pipeline depth): element-wise ops (GELU16 included) B + L, LN
+    2B + RSQRT_CYCLES + L, LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT
+    ceil(256 / lanes), LOAD_LUT16 ceil(257 / lanes). The
     pipeline is not drained between commands: the next command is accepted the cycle after
     the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
     """
@@ -32,6 +42,8 @@ def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
     b = -(-length // lanes)
     if op is VectorOp.LOAD_LUT:
         return -(-LUT_ENTRIES // lanes)
+    if op is VectorOp.LOAD_LUT16:
+        return -(-GELU16_KNOTS // lanes)
     if op is VectorOp.LN:
         return 2 * b + RSQRT_CYCLES + LATENCY
     if op is VectorOp.LN_APPLY:
@@ -47,15 +59,16 @@ def _beat_words(words: int, per_beat: int, beats: int) -> list[int]:
 
 
 def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) -> int:
-    """Cycles from the ``i_cfg`` transfer to the launch's last output word transfer (LOAD_LUT:
-    to the last cycle of ``busy``), with every input word valid and every output word ready.
+    """Cycles from the ``i_cfg`` transfer to the launch's last output word transfer (LOAD_LUT,
+    LOAD_LUT16: to the last cycle of ``busy``), with every input word valid and every output
+    word ready.
 
     Per row: B = ``ceil(length / lanes)`` beats; W_a, W_b, W_d words of A, B and data (W_b = 0
     when the op does not read B, W_d = 0 unless ``wr_data``); each beat takes ``e_x`` =
     element-bytes words of stream x (the last beat the rest); w0 = the larger of A's and B's
     first-beat words; w_dl = the last beat's data words (1 if only ``q`` is written).
 
-    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT)::
+    - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT, GELU16)::
 
           max(rows * W_a + 6 + w_dl,  rows * W_b + 6 + w_dl,
               rows * (B + 1) + 4 + w0 + w_dl,  rows * W_d + 6 + w0)
@@ -77,13 +90,18 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
       c_k = max(A words, B words) of beat k (A and B beats are taken together) and ``t`` as
       for LN with c_j in place of b_j; the next row's record (R <= 8 words) is read during
       the current row;
-    - LOAD_LUT: ``rows * (256 / lanes + 1) + 1`` (256 int8 entries: one word per beat).
+    - LOAD_LUT, LOAD_LUT16 (the 256 or 257 table entries, B beats and W_a words per row):
+      ``max(rows * W_a + 2, rows * (B + 1) + 1)``: the unit takes one cycle per command and
+      one per beat, the words arrive one per cycle (the next row's first word is gathered
+      during the command cycle); LOAD_LUT of int8 entries is ``rows * (256 / lanes + 1) + 1``,
+      LOAD_LUT16 of int16 knots ``rows * W_a + 2``.
     """
     op = VectorOp(op)
+    length = table_entries(op) or length
     beats = row_beats(op, length, lanes)
-    if op is VectorOp.LOAD_LUT:
-        return rows * (beats + 1) + 1
     wa = row_words(length, flags.a_bytes, lanes)
+    if op in LOAD_OPS:
+        return max(rows * wa + 2, rows * (beats + 1) + 1)
     wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
     wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
     a_beats = _beat_words(wa, flags.a_bytes, beats)
