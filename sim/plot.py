@@ -22,12 +22,13 @@ def plot_timeline(report, path: str | Path) -> Path:
     """Write ``report``'s timeline (a timed :class:`~sim.report.SimReport`) as a PNG."""
     if report.spans is None:
         raise ValueError("the run has no timing (the ISS does not time programs)")
-    # matplotlib is imported only when a plot is asked for (it takes a second to load).
+    # matplotlib is imported only when a plot is asked for (it takes a second to load);
+    # the Agg backend needs no display.
     import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    matplotlib.use("Agg")
 
     chips = len(report.spans)
     units = COMPUTE_UNITS + COMM_UNITS

@@ -46,6 +46,14 @@ def _resolve(importer: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _comment_above(lines, line: int) -> bool:
+    """A comment line right above ``line``, or above the run of import lines it ends."""
+    k = line - 2
+    while k >= 0 and lines[k].strip().startswith(("import ", "from ")):
+        k -= 1
+    return k >= 0 and lines[k].strip().startswith("#")
+
+
 class _Import:
     def __init__(self, target: str, line: int, in_function: bool, commented: bool):
         self.target, self.line, self.in_function, self.commented = \
@@ -64,8 +72,7 @@ def _imports(name: str) -> list[_Import]:
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 line = child.lineno
-                commented = "#" in lines[line - 1] or \
-                    (line >= 2 and lines[line - 2].strip().startswith("#"))
+                commented = "#" in lines[line - 1] or _comment_above(lines, line)
                 if isinstance(child, ast.Import):
                     targets = [alias.name for alias in child.names]
                 else:

@@ -111,9 +111,13 @@ def test_watchdog_exit_3(tmp_path):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--trace", "t.json"], "--trace is not built yet"),
-    (["--plot", "p.png"], "--plot is not built yet"),
+    (["--trace", "t.json", "--backend", "iss"], "--trace needs a timed backend"),
+    (["--plot", "p.png", "--backend", "iss"], "--plot needs a timed backend"),
     (["--microbatches", "4"], "--microbatches applies to --strategy pipeline"),
+    (["--link-stalls", "0.1"], "--link-stalls applies to --backend pysim with --chips > 1"),
+    (["--link-stalls", "1.5"], "argument --link-stalls: 1.5 is outside [0, 1)"),
+    (["--strategy", "single", "--chips", "2", "--backend", "iss"],
+     "--strategy single runs on one chip, not --chips 2"),
     (["--vcd", "w.vcd", "--backend", "iss"], "--vcd needs --backend pysim, not iss"),
 ])
 def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
