@@ -53,7 +53,7 @@ def plot_timeline(report, path: str | Path) -> Path:
     ax.set_title(title)
     handles = [Patch(color=COLORS[u], label=u) for u in units] + \
         [Patch(color="#f0f0f0", label="idle")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.05 * chips),
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / (chips + 1)),
               ncol=len(handles), frameon=False)
     fig.tight_layout()
     path = Path(path)

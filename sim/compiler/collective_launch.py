@@ -116,17 +116,16 @@ def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: in
 
 def natural_block_words(req: CollectiveRequest, size: int, link_bytes: int) -> int:
     """Scratchpad words of each block of ``req`` in a buffer that holds the whole vector in
-    natural order (:func:`coll_launch_natural`); ValueError unless every block pads to the same
-    number of engine words (choose ``length`` a multiple of ``count`` times the elements per
-    engine word, or pad it)."""
+    natural order, with no gap between blocks (:func:`coll_launch_natural`). ValueError
+    unless every block has the same number of elements and fills whole engine words: choose
+    ``length`` a multiple of ``count`` times the elements per engine word (or pad it)."""
     wbytes = word_bytes(link_bytes)
     epw = elements_per_word(wbytes, req.width)
-    words = {-(-b // epw) for b in req.blocks()}
-    if len(words) != 1:
-        raise ValueError(f"the {req.count} blocks of {req.length} elements pad to different "
-                         f"engine words ({sorted(words)}): a natural-order buffer needs equal "
-                         "blocks")
-    return words.pop() * (wbytes // size)
+    if req.length % (req.count * epw):
+        raise ValueError(f"a natural-order {req.kind.name} needs length={req.length} to be a "
+                         f"multiple of count x elements per engine word = {req.count} x {epw} "
+                         f"= {req.count * epw} (equal blocks of whole engine words)")
+    return req.length // req.count // epw * (wbytes // size)
 
 
 def _rotation(blocks, n):

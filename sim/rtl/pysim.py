@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 
 import numpy as np
+from amaranth.hdl import Module, Signal
 from amaranth.sim import Simulator
 
 __all__ = ["SimulationTimeout", "stream_put", "stream_get", "send_all", "collect", "run_sim",
@@ -91,7 +92,13 @@ def run_sim(dut, testbenches: Iterable, *, processes: Iterable = (), max_cycles:
     ``max_cycles`` clock cycles. ``progress(cycles)`` is called every few thousand cycles.
     Returns ``{"cycles", "wall_s", "cycles_per_s"}``.
     """
-    sim = Simulator(dut)
+    # A clock domain even for a combinational design (a router, a gearbox of ratio 1), so that
+    # testbenches can count cycles against it.
+    top = Module()
+    top.submodules.dut = dut
+    heartbeat = Signal()
+    top.d.sync += heartbeat.eq(~heartbeat)
+    sim = Simulator(top)
     sim.add_clock(CLOCK_PERIOD)
     clock = Clock()
     sim.add_process(clock.process)

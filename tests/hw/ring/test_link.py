@@ -19,6 +19,16 @@ def _as_tuple(payload):
     return (tuple(int(v) for v in payload.data), int(payload.last))
 
 
+@pytest.mark.parametrize("width_bytes, latency, word_bytes", [(4, 2, 8), (8, 1, 8), (2, 3, 8)])
+def test_link_carries_each_words_tag(width_bytes, latency, word_bytes, rng):
+    """With ``tag_bits`` every word keeps its routing tag through the flits."""
+    dut = RingLink(width_bytes=width_bytes, latency=latency, word_bytes=word_bytes, tag_bits=8)
+    words = [{**w, "tag": int(rng.integers(0, 256))} for w in _words(rng, 40, word_bytes)]
+    got = stream_through(dut, words, rng=rng, idle=0.3, stall=0.3,
+                         convert=lambda p: (_as_tuple(p), int(p.tag)), max_cycles=20_000)
+    assert got == [((tuple(w["data"]), w["last"]), w["tag"]) for w in words]
+
+
 @pytest.mark.parametrize("width_bytes, latency, word_bytes", [
     (4, 2, 8), (8, 1, 16), (1, 3, 8), (8, 2, 8), (2, 1, 8),
 ])

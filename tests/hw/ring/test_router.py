@@ -1,0 +1,110 @@
+"""Router (hw.ring.router): deliver by destination and channel, forward the rest, CTS flags."""
+
+import pytest
+
+from hw.ring.router import Router
+from hw.spec.ring import CHAN_COLL, CHAN_CTS, CHAN_P2P, CHIP_BITS
+from sim.rtl.pysim import collect, run_sim, send_all
+from tests.helpers import seeded
+
+ME = 2
+
+
+def tag(dest, src, chan):
+    return dest | src << CHIP_BITS | chan << (2 * CHIP_BITS)
+
+
+def word(k, dest, src, chan, last=0):
+    return {"data": [k, k ^ 0x5A5A], "last": last, "tag": tag(dest, src, chan)}
+
+
+def as_tuple(p):
+    return (int(p.data[0]), int(p.last))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_delivers_forwards_and_filters(seed):
+    """Words from the link: those for this chip reach the collective engine, the receive unit
+    (only from the source it waits for, so a word from another source waits) or the CTS flags;
+    the others go on to the next chip in order. Local words reach the link too."""
+    rng = seeded(seed)
+    dut = Router(word_bytes=8)
+    stream = []
+    for k in range(40):
+        kind = int(rng.integers(0, 4))
+        if kind == 0:
+            stream.append(word(k, ME, 1, CHAN_COLL))
+        elif kind == 1:
+            stream.append(word(k, ME, 3, CHAN_P2P, last=int(rng.integers(0, 2))))
+        elif kind == 2:
+            stream.append(word(k, ME, int(rng.integers(0, 8)), CHAN_CTS, last=1))
+        else:
+            stream.append(word(k, int(rng.choice([0, 1, 3, 4])), 1, CHAN_COLL))
+    local = [word(100 + k, 5, ME, CHAN_COLL) for k in range(5)]
+    want_coll = [(w["data"][0], w["last"]) for w in stream if w["tag"] == tag(ME, 1, CHAN_COLL)]
+    want_p2p = [(w["data"][0], w["last"]) for w in stream if w["tag"] == tag(ME, 3, CHAN_P2P)]
+    want_fwd = [w["data"][0] for w in stream if w["tag"] & 7 != ME]
+    want_cts = [(w["tag"] >> CHIP_BITS) & 7 for w in stream if (w["tag"] >> 2 * CHIP_BITS) == 2]
+    got = {"cts": []}
+
+    async def link_in(ctx):
+        await send_all(ctx, dut.i_link, stream, rng=rng, idle=0.2)
+
+    async def coll_in(ctx):
+        await send_all(ctx, dut.i_coll, local, rng=rng, idle=0.5)
+
+    async def coll_out(ctx):
+        got["coll"] = await collect(ctx, dut.o_coll, len(want_coll), rng=rng, stall=0.3,
+                                    convert=as_tuple)
+
+    async def p2p_out(ctx):
+        ctx.set(dut.p2p_src, 3)
+        ctx.set(dut.p2p_open, 1)
+        got["p2p"] = await collect(ctx, dut.o_p2p, len(want_p2p), rng=rng, stall=0.3,
+                                   convert=as_tuple)
+
+    async def link_out(ctx):
+        got["link"] = await collect(ctx, dut.o_link, len(want_fwd) + len(local), rng=rng,
+                                    stall=0.3, convert=lambda p: int(p.data[0]))
+
+    async def flags(ctx):
+        async for _, _, bits in ctx.tick().sample(dut.cts_set):
+            for s in range(8):
+                if bits >> s & 1:
+                    got["cts"].append(s)
+
+    ctx_id = []
+
+    async def setup(ctx):
+        ctx.set(dut.chip_id, ME)
+        ctx_id.append(1)
+
+    run_sim(dut, [setup, link_in, coll_in, coll_out, p2p_out, link_out],
+            processes=[flags], max_cycles=3000)
+    assert got["coll"] == want_coll
+    assert got["p2p"] == want_p2p
+    assert [w for w in got["link"] if w < 100] == want_fwd, "forwarded words out of order"
+    assert [w for w in got["link"] if w >= 100] == [100 + k for k in range(5)]
+    assert got["cts"] == want_cts
+
+
+def test_a_message_from_another_source_waits():
+    """The receive unit waits for chip 3; a message word from chip 4 is held at the router."""
+    dut = Router(word_bytes=8)
+    got = {}
+
+    async def bench(ctx):
+        ctx.set(dut.chip_id, ME)
+        ctx.set(dut.p2p_src, 3)
+        ctx.set(dut.p2p_open, 1)
+        ctx.set(dut.o_p2p.ready, 1)
+        ctx.set(dut.i_link.payload, word(7, ME, 4, CHAN_P2P))
+        ctx.set(dut.i_link.valid, 1)
+        await ctx.tick().repeat(5)
+        got["held"] = (ctx.get(dut.i_link.ready), ctx.get(dut.o_p2p.valid))
+        ctx.set(dut.p2p_src, 4)
+        await ctx.delay(1e-9)
+        got["taken"] = (ctx.get(dut.i_link.ready), ctx.get(dut.o_p2p.valid))
+
+    run_sim(dut, [bench], max_cycles=50)
+    assert got["held"] == (0, 0) and got["taken"] == (1, 1)

@@ -1,0 +1,149 @@
+"""sim.simulate: every strategy on N chips equals the single-chip golden model bit for bit.
+
+The broad matrix (strategies x chip counts x seeds x microbatches) runs on the ISS; the RTL runs
+(pysim) cover each multi-chip strategy on 3 and 4 chips, one of them with link stalls.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hw.spec import ModelConfig, npu_preset
+from hw.spec.isa import UNIT_NAMES
+from sim.chrome_trace import trace_events
+from sim.errors import BadInput
+from sim.plot import plot_timeline
+from sim.simulate import simulate
+
+TINY = npu_preset("tiny")
+#: Eight heads and eight layers: head and pipeline parallelism on up to 8 chips.
+WIDE = ModelConfig(n_layers=8, d_model=32, n_heads=8, d_head=4, d_ff=32, seq_len=4,
+                   name="wide8")
+#: Small enough for pysim on 4 chips in about a minute.
+SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
+                    name="small4")
+
+
+def check(report, what):
+    assert report.golden_match, f"{what}: first mismatch {report.first_mismatch}"
+    assert report.cosine > 0.99, f"{what}: cosine {report.cosine}"
+
+
+@pytest.mark.parametrize("chips", range(1, 9))
+@pytest.mark.parametrize("seed", [0, 7])
+def test_head_on_the_iss(chips, seed):
+    r = simulate(TINY, WIDE, strategy="head", chips=chips, backend="iss", seed=seed)
+    check(r, f"head on {chips} chips, seed {seed}")
+    heads = [c.role["heads"] for c in r.per_chip]
+    assert sum(heads, []) == list(range(8))
+    assert len(r.collectives) == 2 * WIDE.n_layers * (chips > 1)
+
+
+@pytest.mark.parametrize("chips", range(1, 9))
+@pytest.mark.parametrize("microbatches", [1, 2, 4])
+def test_pipeline_on_the_iss(chips, microbatches):
+    """WIDE's 64,000 bytes of weights do not fit one 64 KiB chip with a batch of 4: on one
+    chip the same check runs on SMALL."""
+    cfg = WIDE if chips > 1 else SMALL
+    r = simulate(TINY, cfg, strategy="pipeline", chips=chips, backend="iss", batch=4,
+                 microbatches=microbatches, seed=chips)
+    check(r, f"pipeline on {chips} chips, {microbatches} microbatches")
+    layers = [c.role["layers"] for c in r.per_chip]
+    assert sum(layers, []) == list(range(cfg.n_layers))
+    assert r.pipeline["microbatches"] == microbatches
+    assert sum(1 for c in r.collectives if c["kind"] == "send") == (chips - 1) * microbatches
+
+
+def test_uneven_splits_on_the_iss():
+    """4 heads on 3 chips = 2, 1, 1; 4 layers on 3 chips = 2, 1, 1; 5 samples in 3
+    microbatches = 2, 2, 1."""
+    r = simulate(TINY, SMALL, strategy="head", chips=3, backend="iss", seed=3)
+    check(r, "head 4 heads on 3 chips")
+    assert [c.role["heads"] for c in r.per_chip] == [[0, 1], [2], [3]]
+    assert [c.role["ffn_columns"] for c in r.per_chip] == [11, 11, 10]
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=3, backend="iss", batch=5,
+                 microbatches=3, seed=4)
+    check(r, "pipeline 4 layers on 3 chips")
+    assert r.pipeline["layers_per_stage"] == [2, 1, 1]
+    assert r.pipeline["microbatch_samples"] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("norm, causal, window", [("post", False, 0), ("pre", True, 3)])
+def test_post_norm_and_windows_on_the_iss(norm, causal, window):
+    cfg = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=6,
+                      norm=norm, causal=causal, window=window, name="variant")
+    for strategy, chips in (("head", 4), ("pipeline", 4), ("pipeline", 2)):
+        r = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=2)
+        check(r, f"{strategy} on {chips} chips, {norm}-norm, window {window}")
+
+
+def test_default_microbatches_and_refusals():
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=4, backend="iss", batch=2)
+    assert r.pipeline["microbatches"] == 2      # min(batch, chips)
+    with pytest.raises(Exception, match=r"n_heads=4 is less than the 5 chips: head "):
+        simulate(TINY, SMALL, strategy="head", chips=5, backend="iss")
+    with pytest.raises(Exception, match=r"n_layers=4 is less than the 5 chips: pipeline"):
+        simulate(TINY, SMALL, strategy="pipeline", chips=5, backend="iss")
+    with pytest.raises(BadInput, match=r"microbatches=3 must be 1\.\.2"):
+        simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="iss", batch=2,
+                 microbatches=3)
+
+
+def test_report_json_plot_and_trace(tmp_path):
+    """A pysim pipeline: the JSON report has the documented keys, the PNG and the Chrome trace
+    parse, and the trace has a track per chip and unit."""
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="pysim", batch=2)
+    check(r, "pipeline on 2 chips")
+    data = json.loads(json.dumps(r.to_json()))
+    for key in ("strategy", "chips", "backend", "seed", "cycles", "load_cycles", "golden_match",
+                "float_error", "per_chip", "collectives", "sim", "speedup",
+                "scaling_efficiency", "pipeline"):
+        assert key in data, key
+    assert set(data["pipeline"]) >= {"stages", "layers_per_stage", "microbatches",
+                                     "bubble_fraction", "bubble_formula"}
+    assert 0 < data["pipeline"]["bubble_fraction"] < 1
+    for chip in data["per_chip"]:
+        assert set(chip["busy"]) == {"matmul", "attention", "vector", "collective", "send",
+                                     "recv", "idle"}
+        assert sum(v for k, v in chip["busy"].items() if k != "idle") >= chip["compute_cycles"]
+    sends = [c for c in data["collectives"] if c["kind"] == "send"]
+    assert len(sends) == 2 and all(c["cycles"] >= c["bound_cycles"] * 0.5 for c in sends)
+    png = plot_timeline(r, tmp_path / "t.png")
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size[0] > 800
+    events = trace_events(r)["traceEvents"]
+    chips = {e["pid"] for e in events if e["ph"] == "X"}
+    assert chips == {0, 1}
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert names == {(c, u) for c in (0, 1) for u in UNIT_NAMES}
+    spans = [e for e in events if e["ph"] == "X" and e["cat"] == "send"]
+    assert len(spans) == 2 and all(e["args"]["bytes"] > 0 for e in spans)
+
+
+@pytest.mark.parametrize("strategy, chips, batch", [
+    ("head", 3, 1), ("head", 4, 1), ("pipeline", 3, 3), ("pipeline", 4, 4)])
+def test_pysim_equals_the_iss(strategy, chips, batch):
+    """Each multi-chip strategy on the RTL: bit-exact, and the same outputs as the ISS."""
+    iss = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend="iss", batch=batch,
+                   seed=2)
+    rtl = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend="pysim", batch=batch,
+                   seed=2)
+    check(rtl, f"{strategy} on {chips} chips (pysim)")
+    assert np.array_equal(rtl.output, iss.output)
+    assert rtl.cycles > 0 and len(rtl.per_chip) == chips
+    if strategy == "pipeline" and len(set(rtl.pipeline["layers_per_stage"])) == 1:
+        # The formula holds for equal stages (3 stages of 4 layers are 2, 1, 1).
+        bubble, formula = rtl.pipeline["bubble_fraction"], rtl.pipeline["bubble_formula"]
+        print(f"bubble {bubble:.3f} vs formula {formula:.3f}")
+        assert abs(bubble - formula) < 0.03, (bubble, formula)
+
+
+def test_link_stalls_change_only_cycles():
+    calm = simulate(TINY, SMALL, strategy="head", chips=2, backend="pysim", seed=5)
+    stalled = simulate(TINY, SMALL, strategy="head", chips=2, backend="pysim", seed=5,
+                       link_stalls=0.3)
+    check(stalled, "head on 2 chips with link stalls")
+    assert np.array_equal(calm.output, stalled.output)
+    assert stalled.cycles > calm.cycles, (stalled.cycles, calm.cycles)
