@@ -75,7 +75,7 @@ class SimReport:
 
     @property
     def speedup(self) -> float | None:
-        if not self.reference or not self.cycles:
+        if not self.reference or not self.reference.get("cycles") or not self.cycles:
             return None
         return self.reference["cycles"] / self.cycles
 
@@ -130,6 +130,8 @@ class SimReport:
             lines.append(f"  speed-up {self.speedup:.2f}x over one chip ({ref['cycles']:,} "
                          f"cycles, {ref['source']}), scaling efficiency "
                          f"{self.scaling_efficiency:.0%}")
+        elif self.reference:
+            lines.append(f"  no speed-up: the model {self.reference['source']}")
         if self.pipeline is not None:
             p = self.pipeline
             bubble = "n/a" if p["bubble_fraction"] is None else f"{p['bubble_fraction']:.1%}"

@@ -203,7 +203,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
-             link_stalls: float = 0.0, progress=None) -> SimReport:
+             link_stalls: float = 0.0, progress=None, reference: str = "auto") -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
 
     ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
@@ -215,6 +215,11 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     waveform (pysim only). ``progress(cycles)`` is called while a simulation runs (and its
     ``close()`` after, if it has one). Every output integer is compared with the integer
     golden model.
+
+    ``reference``: how a multi-chip run measures one chip's cycles for the same model and
+    batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,
+    ``"none"`` skips it, ``"auto"`` is ``"same"`` except on pysim, where one chip takes as
+    long as the whole multi-chip run again. A model that does not fit one chip has none.
     """
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
@@ -288,4 +293,19 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
     if strategy == "pipeline":
         report.pipeline = _pipeline_stats(prog, res, spans)
+    if reference not in ("auto", "same", "none"):
+        raise BadInput(f"reference {reference!r} is not one of auto, same, none")
+    if chips > 1 and res["cycles"] is not None and (
+            reference == "same" or (reference == "auto" and backend != "pysim")):
+        report.reference = _reference(npu, qm, samples.shape[1], x_ints, backend, max_cycles)
     return report
+
+
+def _reference(npu, qm, seq, x_ints, backend, max_cycles) -> dict | None:
+    """One chip's cycles for the same model and batch, simulated on ``backend``."""
+    try:
+        prog = compile_program("single", npu, qm, 1, seq=seq, samples=len(x_ints))
+    except ConfigError as exc:
+        return {"cycles": None, "source": f"does not fit one chip: {exc}"}
+    res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=None, link_stalls=0.0, seed=0)
+    return {"cycles": res["cycles"], "source": f"one chip simulated on {backend} in the same run"}

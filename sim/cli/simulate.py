@@ -30,6 +30,9 @@ def add_parser(sub):
     p.add_argument("--link-stalls", type=probability, default=0.0,
                    help="probability per cycle of a stall on every link (from --seed)")
     p.add_argument("--max-cycles", type=positive)
+    p.add_argument("--reference", default="auto", choices=["auto", "same", "none"],
+                   help="how a multi-chip run measures one chip's cycles for its speed-up "
+                        "(auto: simulate it too, except on pysim)")
     p.set_defaults(run=run)
 
 
@@ -59,7 +62,8 @@ def run(args) -> int:
                           backend=args.backend, seed=args.seed, weights=weights, x=x,
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
                           max_cycles=args.max_cycles, vcd=args.vcd,
-                          link_stalls=args.link_stalls, progress=progress_bar())
+                          link_stalls=args.link_stalls, progress=progress_bar(),
+                          reference=args.reference)
     except BadInput as exc:
         # Name the file the problem came from.
         text = str(exc)
