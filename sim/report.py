@@ -68,6 +68,8 @@ class SimReport:
     #: The same model and batch on one chip: its cycles and where they come from.
     reference: dict | None = None
     pipeline: dict | None = None
+    #: Sequence parallelism: the chunking and the K/V transfers (``docs/formats.md``).
+    sequence: dict | None = None
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -102,6 +104,8 @@ class SimReport:
             report["reference"] = dict(self.reference) if self.reference else None
         if self.pipeline is not None:
             report["pipeline"] = dict(self.pipeline)
+        if self.sequence is not None:
+            report["sequence"] = dict(self.sequence)
         if self.first_mismatch is not None:
             report["first_mismatch"] = dict(self.first_mismatch)
         return report
@@ -138,6 +142,15 @@ class SimReport:
             lines.append(f"  pipeline: {p['stages']} stages (layers {p['layers_per_stage']}), "
                          f"{p['microbatches']} microbatches; bubble {bubble} vs "
                          f"(p-1)/(m+p-1) = {p['bubble_formula']:.1%}")
+        if self.sequence is not None:
+            q = self.sequence
+            chunks = ", ".join(f"{a}..{b - 1}" for a, b in q["chunks"])
+            passes = f"; passes {[b - a for a, b in q['passes'][0]]}" \
+                if len(q["passes"][0]) > 1 else ""
+            halo = "" if q["halo_cycles"] is None else f", {q['halo_cycles']:,} send cycles"
+            lines.append(f"  sequence ({q['mode']}): tokens {chunks}{passes}; window "
+                         f"{q['window']}; K/V moved {q['halo_bytes']:,} bytes in "
+                         f"{q['transfers_per_layer']} transfers per layer{halo}")
         timed = [c for c in self.collectives if "cycles" in c]
         if timed:
             by_kind = {}

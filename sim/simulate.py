@@ -19,6 +19,7 @@ from hw.spec.timing.collective import ring_bound_cycles
 
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
+from .compiler.sequence import check_sequence
 from .compiler.single import check_single_chip
 from .compiler.strategy import compile_program
 from .errors import BadInput, Watchdog
@@ -29,7 +30,7 @@ from .report import UNITS, ChipStats, SimReport
 from .rtl.chip_runner import run_chip_pysim, run_chip_verilator
 from .rtl.pysim import SimulationTimeout
 from .rtl.system_runner import run_system_pysim
-from .timeline import COMPUTE_UNITS, intervals
+from .timeline import COMM_UNITS, COMPUTE_UNITS, busy_union, intervals
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
 
@@ -114,10 +115,13 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
     # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
     taken = [0] * n_chips
     outputs = []
-    for place in prog.outputs:
-        outputs.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
-                                  prog.cfg.d_model))
-        taken[place.chip] += 1
+    for out in prog.outputs:
+        parts = []
+        for place in out if isinstance(out, list) else [out]:
+            parts.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
+                                    prog.cfg.d_model))
+            taken[place.chip] += 1
+        outputs.append(np.concatenate(parts))
     res["outputs"] = outputs
     res["load_cycles"] = load
     return res
@@ -237,7 +241,10 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         raise BadInput("--link-stalls applies to --backend pysim with --chips > 1")
     max_cycles = max_cycles or DEFAULT_MAX_CYCLES
     # Refuse what a chip cannot run before any work (the compiler checks again).
-    check_single_chip(npu, model)
+    if strategy == "sequence":
+        check_sequence(npu, model, chips)
+    else:
+        check_single_chip(npu, model)
     rng = np.random.default_rng(seed)
     if weights is None:
         weights = random_weights(model, seed)
@@ -293,19 +300,44 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
     if strategy == "pipeline":
         report.pipeline = _pipeline_stats(prog, res, spans)
+    if strategy == "sequence":
+        report.sequence = _sequence_stats(prog, report.collectives, spans)
     if reference not in ("auto", "same", "none"):
         raise BadInput(f"reference {reference!r} is not one of auto, same, none")
     if chips > 1 and res["cycles"] is not None and (
             reference == "same" or (reference == "auto" and backend != "pysim")):
-        report.reference = _reference(npu, qm, samples.shape[1], x_ints, backend, max_cycles)
+        report.reference = _reference(npu, qm, samples.shape[1], x_ints, backend, max_cycles,
+                                      strategy)
     return report
 
 
-def _reference(npu, qm, seq, x_ints, backend, max_cycles) -> dict | None:
-    """One chip's cycles for the same model and batch, simulated on ``backend``."""
+def _sequence_stats(prog: SystemProgram, comms, spans) -> dict:
+    """The chunking and the K/V transfers: bytes, and on a timed backend their cycles (each
+    send's busy interval, summed) and the cycles in which a chip only moved K/V rows."""
+    info = dict(prog.meta)
+    info["halo_cycles"] = None
+    info["halo_exposed_cycles"] = None
+    if spans is not None:
+        info["halo_cycles"] = sum(c.get("cycles", 0) for c in comms if c["kind"] == "send")
+        info["halo_exposed_cycles"] = [
+            busy_union(span, COMPUTE_UNITS + COMM_UNITS) - busy_union(span, COMPUTE_UNITS)
+            for span in spans]
+    return info
+
+
+def _reference(npu, qm, seq, x_ints, backend, max_cycles, strategy="single") -> dict | None:
+    """One chip's cycles for the same model and batch, simulated on ``backend`` (sequence
+    parallelism: in passes on one chip when the sequence exceeds ``max_seq_len``)."""
     try:
         prog = compile_program("single", npu, qm, 1, seq=seq, samples=len(x_ints))
     except ConfigError as exc:
-        return {"cycles": None, "source": f"does not fit one chip: {exc}"}
+        if strategy != "sequence":
+            return {"cycles": None, "source": f"does not fit one chip: {exc}"}
+        try:
+            prog = compile_program("sequence", npu, qm, 1, seq=seq, samples=len(x_ints))
+        except ConfigError as exc2:
+            return {"cycles": None, "source": f"does not fit one chip: {exc2}"}
     res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=None, link_stalls=0.0, seed=0)
-    return {"cycles": res["cycles"], "source": f"one chip simulated on {backend} in the same run"}
+    how = " (sequence in passes)" if prog.strategy == "sequence" else ""
+    return {"cycles": res["cycles"],
+            "source": f"one chip simulated on {backend} in the same run{how}"}

@@ -209,14 +209,17 @@ class BlockEmitter:
         return w
 
     # --- activations -----------------------------------------------------------------------
-    def alloc_activations(self, rows: int, shard: Shard) -> Activations:
+    def alloc_activations(self, rows: int, shard: Shard, *, qkv: Tensor | None = None
+                          ) -> Activations:
         """The working tensors for ``rows`` rows of one layer shard (shared by the layers: the
-        widest shard sizes them)."""
+        widest shard sizes them); ``qkv``: a Q/K/V tensor the caller allocated (sequence
+        parallelism: with rows for the neighbours' keys) instead of one of ``rows`` rows."""
         al, cfg = self.al, self.cfg
         hcount = len(shard.heads)
         f_pad = pad_to(len(shard.ffn), self.n)
         h = al.alloc("h", rows, self.d_pad, 1, "activations")
-        qkv = al.alloc("qkv", rows, 3 * hcount * self.dh_pad, 1, "kv_cache")
+        if qkv is None:
+            qkv = al.alloc("qkv", rows, 3 * hcount * self.dh_pad, 1, "kv_cache")
         o = al.alloc("o", rows, hcount * self.dh_pad, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
         f = al.alloc("f", rows, f_pad, 1, "activations")
@@ -305,8 +308,14 @@ class BlockEmitter:
         self.asm.wait(Unit.VEC)
 
     def emit_block(self, i: int, w: LayerWeights, shard: Shard, acts: Activations, x: Tensor,
-                   nseq: int, *, pos_base: int = 0):
-        """Block ``i`` on the ``nseq`` sequences of the residual ``x`` (in place)."""
+                   nseq: int, *, pos_base: int = 0, qkv_out: Tensor | None = None,
+                   attend=None):
+        """Block ``i`` on the ``nseq`` sequences of the residual ``x`` (in place).
+
+        ``qkv_out``: where the QKV matmul writes (default: ``acts.qkv``); ``attend()``: emits
+        the layer's attention launches in place of the default ones over ``qkv`` (sequence
+        parallelism: K/V exchanges, then windows over the neighbours' keys).
+        """
         asm, cfg, qm, n = self.asm, self.cfg, self.qm, self.n
         L = qm.layers[i]
         rows = nseq * self.seq_pad
@@ -348,9 +357,10 @@ class BlockEmitter:
                         out_mult=L.out_mult, out_shift=L.out_shift))
 
         def attention_block(h_in):
-            self._matmul(h_in, w.qkv, qkv, self.d_pad, OutMode.INT8)
+            self._matmul(h_in, w.qkv, qkv if qkv_out is None else qkv_out, self.d_pad,
+                         OutMode.INT8)
             asm.wait(Unit.MATMUL)
-            attention()
+            (attention if attend is None else attend)()
             asm.wait(Unit.ATTN)
             linear_out(o, w.o, hcount * self.dh_pad, w.o_req, "attention output")
             self._add(x, a)

@@ -24,13 +24,17 @@ __all__ = ["Placement", "ChipProgram", "SystemProgram"]
 @dataclass(frozen=True)
 class Placement:
     """A sample's [seq, d] int16 activations on chip ``chip``: ``rows`` rows of ``row_words``
-    words from ``base`` (the sample's padded ``seq_pad`` rows, ``cols`` columns)."""
+    words from ``base`` (the sample's padded ``seq_pad`` rows, ``cols`` columns).
+
+    ``tokens`` = ``(start, stop)``: the placement holds only those tokens of the sample (a
+    chunk of the sequence, sequence parallelism); None: every token."""
 
     chip: int
     base: int
     rows: int
     cols: int
     row_words: int
+    tokens: tuple[int, int] | None = None
 
     @property
     def words(self) -> int:
@@ -40,12 +44,16 @@ class Placement:
         """The words of ``x_int`` [seq, d] (zero-padded to ``rows`` x ``cols``)."""
         x = np.zeros((self.rows, self.cols), np.int64)
         x_int = np.asarray(x_int, np.int64)
+        if self.tokens is not None:
+            x_int = x_int[self.tokens[0]:self.tokens[1]]
         x[:x_int.shape[0], :x_int.shape[1]] = x_int
         words = pack_rows(x, 2, size)
         assert len(words) == self.words, (len(words), self.words)
         return words
 
     def read(self, words, seq: int, d: int) -> np.ndarray:
+        if self.tokens is not None:
+            seq = self.tokens[1] - self.tokens[0]
         return unpack_rows(words, self.rows, self.cols, 2)[:seq, :d]
 
 
@@ -79,7 +87,8 @@ class SystemProgram:
     seq: int
     seq_pad: int
     inputs: list[list[Placement]]      # per sample: every copy of its input
-    outputs: list[Placement]           # per sample: where its output is read
+    #: per sample: where its output is read (a list: its chunks, concatenated in order)
+    outputs: list[Placement | list[Placement]]
     #: Strategy facts for the report (``{"stages": ..., "microbatches": ...}``).
     meta: dict = field(default_factory=dict)
     #: The collectives and transfers of the program, in program order, for the report.
@@ -98,6 +107,10 @@ class SystemProgram:
     def reads(self) -> list[list[tuple[int, int]]]:
         """Per chip: the ``(base, words)`` regions to read back, in :attr:`outputs` order."""
         regions = [[] for _ in self.chips]
-        for place in self.outputs:
+        for place in self.flat_outputs():
             regions[place.chip].append((place.base, place.words))
         return regions
+
+    def flat_outputs(self) -> list[Placement]:
+        """Every output placement, in :attr:`outputs` order (a sample's chunks in turn)."""
+        return [p for out in self.outputs for p in (out if isinstance(out, list) else [out])]

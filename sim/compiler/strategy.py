@@ -8,12 +8,13 @@ from .head import compile_head
 from .pipeline import compile_pipeline
 from .program import SystemProgram
 from .quantize import QModel
+from .sequence import compile_sequence
 from .single import compile_single
 
 __all__ = ["BUILT", "compile_program"]
 
 #: Strategies with a compiler (the others are refused as not built yet).
-BUILT = ("single", "head", "pipeline")
+BUILT = ("single", "head", "pipeline", "sequence")
 
 
 def compile_program(strategy: str, npu: NpuConfig, qm: QModel, chips: int, *, seq: int,
@@ -30,5 +31,7 @@ def compile_program(strategy: str, npu: NpuConfig, qm: QModel, chips: int, *, se
         return compile_single(npu, qm, seq=seq, samples=samples)
     if strategy == "head":
         return compile_head(npu, qm, chips, seq=seq, samples=samples)
+    if strategy == "sequence":
+        return compile_sequence(npu, qm, chips, seq=seq, samples=samples)
     return compile_pipeline(npu, qm, chips, seq=seq, samples=samples,
                             microbatches=microbatches)
