@@ -377,12 +377,13 @@ def _compile_passes(npu, qm, seq, samples):
     st.activations(em.seq_pad)
     st.al.check_capacity()
     copy_len = 2 * cfg.n_heads * em.dh_pad
-    comms = []
+    comms, copied = [], [0]
 
     def copy(src: vl.Rows, dst: vl.Rows):
         em._vec(vl.requant_launch(size=n, length=copy_len, a=src, out=dst, mult=_COPY_MULT,
                                   shift=_COPY_SHIFT))
         st.asm.wait(Unit.VEC)
+        copied[0] += src.rows * copy_len
 
     for s in range(samples):
         for j, (start, stop) in enumerate(passes):
@@ -421,5 +422,6 @@ def _compile_passes(npu, qm, seq, samples):
     meta = _meta(npu, cfg, 1, [(0, seq)], [(0, seq)], [passes], [], comms, samples)
     meta["pass_key_spans"] = [list(x) for x in spans]
     meta["halo_store_bytes"] = sum(t.words for t in stores) * n
+    meta["halo_copy_bytes"] = copied[0]
     return SystemProgram(npu, cfg, "sequence", [chip], seq, em.seq_pad, inputs, outputs, meta,
                          comms)
