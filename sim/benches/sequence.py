@@ -1,8 +1,8 @@
 """Sequence parallelism: speed-up over one chip, the K/V halo's and ring's bytes and cycles.
 
 Every point simulates the compiled programs cycle by cycle and the same model on one chip in
-the same run (the reference). Quick mode runs one small model on 2 chips with Amaranth's
-simulator; the full run uses the Verilator backend when its toolchain is there (else pysim):
+the same run (the reference), with Amaranth's simulator (the Verilator backend runs one chip
+only). Quick mode runs one small model on 2 chips; the full run:
 
 - causal window 4 over 16 tokens on 2 and 4 chips, a bidirectional window on 4 chips, full
   attention (the K/V ring) on 4 chips;
@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hw.spec import ModelConfig, npu_preset
-from sim.rtl.verilator import toolchain_problem
 from sim.simulate import simulate
 from sim.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 
@@ -64,7 +63,7 @@ def run(quick: bool):
         r = simulate(tiny, cfg, strategy="sequence", chips=2, backend="pysim",
                      reference="same")
         return _rows("sequence, seq8 w3 on 2 tiny (pysim)", r)
-    backend = "verilator" if toolchain_problem() is None else "pysim"
+    backend = "pysim"
     rows = []
     points = [(_SEQ, 2, "causal w4"), (_SEQ, 4, "causal w4"),
               (replace(_SEQ, causal=False), 4, "bidirectional w4"),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hw.spec import ConfigError, ModelConfig, npu_preset
+from sim.chrome_trace import trace_events
 from sim.compiler.sequence import key_span, plan_transfers, split_tokens
 from sim.simulate import simulate
 from tests.helpers import TINY_NPU, run, write_model
@@ -200,3 +201,5 @@ def test_pysim_equals_the_iss(chips, window, causal):
     q = rtl.sequence
     assert q["halo_cycles"] > 0 and len(q["halo_exposed_cycles"]) == chips
     assert all("cycles" in c for c in rtl.collectives)
+    sends = [e for e in trace_events(rtl)["traceEvents"] if e.get("cat") == "send"]
+    assert len(sends) == len(rtl.collectives) and all("K/V" in e["name"] for e in sends)
