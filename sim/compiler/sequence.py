@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.attention import POS_BITS
 from hw.spec.collective import word_bytes
 from hw.spec.isa import Unit
 
@@ -148,6 +149,9 @@ def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None
     if seq < chips:
         _refuse("seq_len", seq, f"is less than the {chips} chips: sequence parallelism needs a "
                 "token per chip", cfg.path)
+    if seq > 1 << POS_BITS:
+        _refuse("seq_len", seq, f"exceeds {1 << POS_BITS}: token positions are {POS_BITS}-bit "
+                "(AT_Q_POS, AT_K_POS)", cfg.path)
     passes = _passes(npu, cfg, chips, seq)
     if chips > 1 and max(b - a for a, b in split_tokens(seq, chips)) > npu.max_seq_len:
         _refuse("max_seq_len", npu.max_seq_len, f"is less than a chunk of "
