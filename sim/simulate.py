@@ -17,9 +17,9 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
+from .compiler.compat import check_single_chip
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from .compiler.single import check_single_chip
 from .compiler.strategy import compile_program
 from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
@@ -143,13 +143,14 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
     link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
-    out, seen = [], {"all_reduce": 0, "send": {}}
+    out, seen = [], {"all_reduce": {}, "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
         if spans is not None and comm["kind"] == "all_reduce":
-            k = seen["all_reduce"]
-            seen["all_reduce"] += 1
+            # The k-th all-reduce of a group is the k-th COLL interval of each member.
             first, count = comm["group"]
+            k = seen["all_reduce"].get(first, 0)
+            seen["all_reduce"][first] = k + 1
             members = [(first + j) % len(prog.chips) for j in range(count)]
             ivs = [spans[m]["collective"][k] for m in members]
             entry["cycles"] = max(e for _, e in ivs) - min(s for s, _ in ivs)
@@ -183,9 +184,9 @@ def _stage_spans(chip, span) -> list[tuple[int, int]]:
 
 
 def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
-    """The pipeline's shape and its bubble: the share of the stages' time in which they were
-    not working on a microbatch, ``1 - sum(spans) / (stages * cycles)``, each microbatch's span
-    running from its stage's first compute launch for it to the end of the last."""
+    """The pipeline's shape and its bubble: the share of the chips' time in which they were
+    not working on a microbatch, ``1 - sum(spans) / (chips * cycles)``, each microbatch's span
+    on a chip running from its first compute launch for it to the end of the last."""
     stages, m = prog.meta["stages"], prog.meta["microbatches"]
     info = {"stages": stages, "layers_per_stage": prog.meta["layers_per_stage"],
             "microbatches": m, "microbatch_samples": prog.meta["microbatch_samples"],
@@ -194,7 +195,7 @@ def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
         per_stage = [_stage_spans(chip, span) for chip, span in zip(prog.chips, spans,
                                                                     strict=True)]
         work = sum(e - s for stage in per_stage for s, e in stage)
-        info["bubble_fraction"] = 1 - work / (stages * res["cycles"])
+        info["bubble_fraction"] = 1 - work / (len(prog.chips) * res["cycles"])
         info["stage_cycles"] = [[e - s for s, e in stage] for stage in per_stage]
     return info
 
@@ -203,18 +204,19 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
-             link_stalls: float = 0.0, progress=None, reference: str = "auto") -> SimReport:
+             link_stalls: float = 0.0, progress=None, reference: str = "auto",
+             grid: str | None = None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
 
-    ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
-    ``seed``). ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from
-    ``seed``, ``batch`` sequences). ``calib``: activations that calibrate the scales (default:
-    ``x``). ``backend``: ``iss`` (no timing), ``pysim`` or ``verilator``. ``microbatches``:
-    pipeline only (default ``min(batch, chips)``). ``link_stalls``: the probability per cycle
-    of a stall on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a
-    waveform (pysim only). ``progress(cycles)`` is called while a simulation runs (and its
-    ``close()`` after, if it has one). Every output integer is compared with the integer
-    golden model.
+    ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from ``seed``).
+    ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from ``seed``, ``batch``
+    sequences). ``calib``: activations that calibrate the scales (default: ``x``). ``backend``:
+    ``iss`` (no timing), ``pysim`` or ``verilator``. ``grid``: ``"AxB"`` for the 2-D strategies (the
+    first part A chips, the second B). ``microbatches``: strategies with a pipeline (default
+    ``min(batch, stages)`` per data replica). ``link_stalls``: the probability per cycle of a stall
+    on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a waveform (pysim
+    only). ``progress(cycles)`` is called while a simulation runs (and its ``close()`` after, if it
+    has one). Every output integer is compared with the integer golden model.
 
     ``reference``: how a multi-chip run measures one chip's cycles for the same model and
     batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,
@@ -257,7 +259,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     samples = x if x.ndim == 3 else x[None]
     try:
         prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
-                               samples=len(samples), microbatches=microbatches)
+                               samples=len(samples), microbatches=microbatches, grid=grid)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -291,8 +293,12 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         max_abs=float(np.abs(deq - ref).max()), cosine=cosine, per_chip=stats,
         wall_s=res["wall_s"], first_mismatch=first, output=out if x.ndim == 3 else out[0],
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
-    if strategy == "pipeline":
+    report.grid = dict(prog.meta["grid"])
+    if "pipeline" in strategy:
         report.pipeline = _pipeline_stats(prog, res, spans)
+    if prog.meta["grid"]["replicas"] > 1:
+        report.data = {"replicas": prog.meta["grid"]["replicas"],
+                       "samples_per_replica": prog.meta["replica_samples"]}
     if reference not in ("auto", "same", "none"):
         raise BadInput(f"reference {reference!r} is not one of auto, same, none")
     if chips > 1 and res["cycles"] is not None and (
