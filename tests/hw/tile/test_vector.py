@@ -28,7 +28,7 @@ from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import gelu_table, ln_stats, residual_add
 from sim.rtl.pysim import run_sim, send_all, stream_put
 from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
-from tests.helpers import exported_verilog, seeded, vector_size_rejections
+from tests.helpers import beat_rows, exported_verilog, seeded, vector_size_rejections
 
 LANES = 4
 IDLE = 0.3
@@ -256,12 +256,6 @@ def test_cycles_match_formula(rng, op, length, repeat):
 
 # ---- exported Verilog ------------------------------------------------------------------------
 
-def _rows(beat_list, width):
-    if not beat_list:
-        return np.zeros((0, width + 1), dtype=np.int64)
-    return np.array([list(b["data"]) + [b["last"]] for b in beat_list], dtype=np.int64)
-
-
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op, golden-exact;
@@ -305,8 +299,8 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
                 "cmds": np.array([[c[f] for f in ("op", "length", "n", "mult", "shift",
                                                    "gshift", "out16", "per_channel")]
                                   for c in job["cmds"]], dtype=np.int64),
-                "a": _rows(job["a"], lanes), "b": _rows(job["b"], lanes),
-                "stats": _rows(job["stats"], 2)}
+                "a": beat_rows(job["a"], lanes), "b": beat_rows(job["b"], lanes),
+                "stats": beat_rows(job["stats"], 2)}
         out = run_cocotb(text, top="npu_vector", test_module="tb_vector", data=data)
         check_outputs(prog, job["expected"], [tuple(b) for b in out["data"]],
               [tuple(s) for s in out["stats"]], lanes, label=f"verilator {name}")

@@ -14,6 +14,7 @@ from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import gelu16_apply, gelu16_knot_shift, gelu16_table, gelu_table
 from sim.rtl.pysim import run_sim, send_all, stream_put
 from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
+from tests.helpers import beat_rows
 
 I16 = (-(1 << 15), 1 << 15)
 
@@ -112,12 +113,6 @@ def test_cycles_match_formula(rng, op, length, repeat):
     assert lut16_beats(lanes) == 65
 
 
-def _rows(beat_list, width):
-    if not beat_list:
-        return np.zeros((0, width + 1), dtype=np.int64)
-    return np.array([list(b["data"]) + [b["last"]] for b in beat_list], dtype=np.int64)
-
-
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: LOAD_LUT16 and GELU16
@@ -143,8 +138,8 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
             "cmds": np.array([[c[f] for f in ("op", "length", "n", "mult", "shift", "gshift",
                                               "out16", "per_channel")] for c in job["cmds"]],
                              dtype=np.int64),
-            "a": _rows(job["a"], lanes), "b": _rows(job["b"], lanes),
-            "stats": _rows(job["stats"], 2)}
+            "a": beat_rows(job["a"], lanes), "b": beat_rows(job["b"], lanes),
+            "stats": beat_rows(job["stats"], 2)}
     out = run_cocotb((tmp_path / "npu_vector.v").read_text(), top="npu_vector",
                      test_module="tb_vector", data=data)
     check_outputs(program, job["expected"], [tuple(b) for b in out["data"]], [], lanes,
