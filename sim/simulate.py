@@ -140,22 +140,26 @@ def _chip_stats(prog: SystemProgram, res) -> list[ChipStats]:
     return stats
 
 
+#: The collectives a program's ``comms`` name (each one COLL on every chip of its group).
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
     link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
-    out, seen = [], {"all_reduce": {}, "send": {}}
+    out, seen = [], {"coll": {}, "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
-        if spans is not None and comm["kind"] == "all_reduce":
-            # The k-th all-reduce of a group is the k-th COLL interval of each member.
+        if spans is not None and comm["kind"] in COLLECTIVE_KINDS:
+            # The k-th collective of a group is the k-th COLL interval of each member.
             first, count = comm["group"]
-            k = seen["all_reduce"].get(first, 0)
-            seen["all_reduce"][first] = k + 1
+            k = seen["coll"].get(first, 0)
+            seen["coll"][first] = k + 1
             members = [(first + j) % len(prog.chips) for j in range(count)]
             ivs = [spans[m]["collective"][k] for m in members]
             entry["cycles"] = max(e for _, e in ivs) - min(s for s, _ in ivs)
-            entry["bound_cycles"] = ring_bound_cycles("all_reduce", comm["bytes"], count, link,
+            entry["bound_cycles"] = ring_bound_cycles(comm["kind"], comm["bytes"], count, link,
                                                       lat)
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
         elif spans is not None and comm["kind"] == "send":

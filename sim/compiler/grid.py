@@ -190,6 +190,7 @@ def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, 
             em.requant_input(x, acts.x8, mult, shift)
         for i in layers:
             em.emit_block(i, weights[i], shard, acts, x, len(batch))
+        em.gather_residual(x, shard, len(batch))
         after = _launch_counts(asm)
         per_batch.append({u: after[u] - before[u] for u in after})
         if nxt is not None:
