@@ -70,6 +70,10 @@ class SimReport:
     pipeline: dict | None = None
     #: Sequence parallelism: the chunking and the K/V transfers (``docs/formats.md``).
     sequence: dict | None = None
+    #: The chips as a grid: ``{"replicas", "stages", "shards"}`` (``sim.compiler.grid``).
+    grid: dict | None = None
+    #: Data parallelism: ``{"replicas", "samples_per_replica"}``.
+    data: dict | None = None
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -102,10 +106,14 @@ class SimReport:
             report["speedup"] = self.speedup
             report["scaling_efficiency"] = self.scaling_efficiency
             report["reference"] = dict(self.reference) if self.reference else None
+        if self.grid is not None:
+            report["grid"] = dict(self.grid)
         if self.pipeline is not None:
             report["pipeline"] = dict(self.pipeline)
         if self.sequence is not None:
             report["sequence"] = dict(self.sequence)
+        if self.data is not None:
+            report["data"] = dict(self.data)
         if self.first_mismatch is not None:
             report["first_mismatch"] = dict(self.first_mismatch)
         return report
@@ -136,6 +144,9 @@ class SimReport:
                          f"{self.scaling_efficiency:.0%}")
         elif self.reference:
             lines.append(f"  no speed-up: the model {self.reference['source']}")
+        if self.data is not None:
+            lines.append(f"  data: {self.data['replicas']} replicas, samples "
+                         f"{self.data['samples_per_replica']}")
         if self.pipeline is not None:
             p = self.pipeline
             bubble = "n/a" if p["bubble_fraction"] is None else f"{p['bubble_fraction']:.1%}"

@@ -9,6 +9,7 @@ waiting chips, since the programs themselves cannot meet).
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -17,11 +18,11 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
+from .compiler.compat import check_single_chip
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from .compiler.sequence import check_sequence
-from .compiler.single import check_single_chip
-from .compiler.strategy import compile_program
+from .compiler.strategy import compile_program, parse_grid
 from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
@@ -143,21 +144,26 @@ def _chip_stats(prog: SystemProgram, res) -> list[ChipStats]:
     return stats
 
 
+#: The collectives a program's ``comms`` name (each one COLL on every chip of its group).
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
     link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
-    out, seen = [], {"all_reduce": 0, "send": {}}
+    out, seen = [], {"coll": {}, "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
-        if spans is not None and comm["kind"] == "all_reduce":
-            k = seen["all_reduce"]
-            seen["all_reduce"] += 1
+        if spans is not None and comm["kind"] in COLLECTIVE_KINDS:
+            # The k-th collective of a group is the k-th COLL interval of each member.
             first, count = comm["group"]
+            k = seen["coll"].get(first, 0)
+            seen["coll"][first] = k + 1
             members = [(first + j) % len(prog.chips) for j in range(count)]
             ivs = [spans[m]["collective"][k] for m in members]
             entry["cycles"] = max(e for _, e in ivs) - min(s for s, _ in ivs)
-            entry["bound_cycles"] = ring_bound_cycles("all_reduce", comm["bytes"], count, link,
+            entry["bound_cycles"] = ring_bound_cycles(comm["kind"], comm["bytes"], count, link,
                                                       lat)
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
         elif spans is not None and comm["kind"] == "send":
@@ -187,9 +193,9 @@ def _stage_spans(chip, span) -> list[tuple[int, int]]:
 
 
 def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
-    """The pipeline's shape and its bubble: the share of the stages' time in which they were
-    not working on a microbatch, ``1 - sum(spans) / (stages * cycles)``, each microbatch's span
-    running from its stage's first compute launch for it to the end of the last."""
+    """The pipeline's shape and its bubble: the share of the chips' time in which they were
+    not working on a microbatch, ``1 - sum(spans) / (chips * cycles)``, each microbatch's span
+    on a chip running from its first compute launch for it to the end of the last."""
     stages, m = prog.meta["stages"], prog.meta["microbatches"]
     info = {"stages": stages, "layers_per_stage": prog.meta["layers_per_stage"],
             "microbatches": m, "microbatch_samples": prog.meta["microbatch_samples"],
@@ -198,27 +204,30 @@ def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
         per_stage = [_stage_spans(chip, span) for chip, span in zip(prog.chips, spans,
                                                                     strict=True)]
         work = sum(e - s for stage in per_stage for s, e in stage)
-        info["bubble_fraction"] = 1 - work / (stages * res["cycles"])
+        info["bubble_fraction"] = 1 - work / (len(prog.chips) * res["cycles"])
         info["stage_cycles"] = [[e - s for s, e in stage] for stage in per_stage]
     return info
 
 
-def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", chips: int = 1,
+def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
+             chips: int | None = None,
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
-             link_stalls: float = 0.0, progress=None, reference: str = "auto") -> SimReport:
-    """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
+             link_stalls: float = 0.0, progress=None, reference: str = "auto",
+             grid: str | None = None) -> SimReport:
+    """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
+    (``chips`` defaults to the grid's A x B, or 1).
 
-    ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
-    ``seed``). ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from
-    ``seed``, ``batch`` sequences). ``calib``: activations that calibrate the scales (default:
-    ``x``). ``backend``: ``iss`` (no timing), ``pysim`` or ``verilator``. ``microbatches``:
-    pipeline only (default ``min(batch, chips)``). ``link_stalls``: the probability per cycle
-    of a stall on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a
-    waveform (pysim only). ``progress(cycles)`` is called while a simulation runs (and its
-    ``close()`` after, if it has one). Every output integer is compared with the integer
-    golden model.
+    ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from ``seed``).
+    ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from ``seed``, ``batch``
+    sequences). ``calib``: activations that calibrate the scales (default: ``x``). ``backend``:
+    ``iss`` (no timing), ``pysim`` or ``verilator``. ``grid``: ``"AxB"`` for the 2-D strategies (the
+    first part A chips, the second B). ``microbatches``: strategies with a pipeline (default
+    ``min(batch, stages)`` per data replica). ``link_stalls``: the probability per cycle of a stall
+    on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a waveform (pysim
+    only). ``progress(cycles)`` is called while a simulation runs (and its ``close()`` after, if it
+    has one). Every output integer is compared with the integer golden model.
 
     ``reference``: how a multi-chip run measures one chip's cycles for the same model and
     batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,
@@ -235,6 +244,11 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         raise BadInput(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if vcd and backend != "pysim":
         raise BadInput(f"--vcd needs --backend pysim, not {backend}")
+    if chips is None:
+        try:
+            chips = math.prod(parse_grid(grid)) if grid is not None else 1
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
     if link_stalls and (chips == 1 or backend != "pysim"):
@@ -264,7 +278,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     samples = x if x.ndim == 3 else x[None]
     try:
         prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
-                               samples=len(samples), microbatches=microbatches)
+                               samples=len(samples), microbatches=microbatches, grid=grid)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -298,10 +312,15 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         max_abs=float(np.abs(deq - ref).max()), cosine=cosine, per_chip=stats,
         wall_s=res["wall_s"], first_mismatch=first, output=out if x.ndim == 3 else out[0],
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
-    if strategy == "pipeline":
+    grid_meta = prog.meta.get("grid")         # the strategies of sim.compiler.grid
+    report.grid = dict(grid_meta) if grid_meta else None
+    if "pipeline" in strategy:
         report.pipeline = _pipeline_stats(prog, res, spans)
     if strategy == "sequence":
         report.sequence = _sequence_stats(prog, report.collectives, spans)
+    if grid_meta and grid_meta["replicas"] > 1:
+        report.data = {"replicas": grid_meta["replicas"],
+                       "samples_per_replica": prog.meta["replica_samples"]}
     if reference not in ("auto", "same", "none"):
         raise BadInput(f"reference {reference!r} is not one of auto, same, none")
     if chips > 1 and res["cycles"] is not None and (

@@ -208,6 +208,13 @@ def byte_beat(payload):
     return [int(x) & 0xFF for x in payload.data], int(payload.last)
 
 
+def beat_rows(beats, width):
+    """Stream beats ``{"data": [...], "last"}`` as one int64 row each: the lanes, then last."""
+    if not beats:
+        return np.zeros((0, width + 1), dtype=np.int64)
+    return np.array([list(b["data"]) + [b["last"]] for b in beats], dtype=np.int64)
+
+
 def assert_memories_equal(rtl, iss):
     diff = np.argwhere(rtl != iss)
     assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "

@@ -16,7 +16,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub):
     p = sub.add_parser("sim", help="compile a model for N chips and simulate it")
     p.add_argument("--strategy", default="single", choices=STRATEGIES)
-    p.add_argument("--chips", type=positive, default=1)
+    p.add_argument("--chips", type=positive, help="default: A x B of --grid, else 1")
     p.add_argument("--grid", help="AxB chips for a 2-D strategy")
     p.add_argument("--npu", required=True)
     p.add_argument("--model", required=True)
@@ -47,8 +47,6 @@ def _weights(path):
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
-    if args.grid:
-        raise BadInput("--grid is not built yet")
     if (args.trace or args.plot) and args.backend == "iss":
         option = "--trace" if args.trace else "--plot"
         raise BadInput(f"{option} needs a timed backend (pysim or verilator), not iss")
@@ -63,7 +61,7 @@ def run(args) -> int:
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
                           max_cycles=args.max_cycles, vcd=args.vcd,
                           link_stalls=args.link_stalls, progress=progress_bar(),
-                          reference=args.reference)
+                          reference=args.reference, grid=args.grid)
     except BadInput as exc:
         # Name the file the problem came from.
         text = str(exc)

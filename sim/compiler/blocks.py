@@ -33,6 +33,7 @@ chip's matmul. A ``WAIT`` precedes each launch that reads what the previous one 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,6 +120,14 @@ def _view(t: Tensor, rows: int) -> Tensor:
     return dataclasses.replace(t, rows=rows)
 
 
+def _part(t: Tensor, own: tuple[int, int] | None) -> Tensor:
+    """Rows ``own = (first, count)`` of ``t``; all of ``t`` when ``own`` is None."""
+    if own is None:
+        return t
+    first, count = own
+    return dataclasses.replace(t, base=t.base + first * t.row_words, rows=count)
+
+
 @dataclass
 class BlockEmitter:
     """Emits blocks on one chip: ``asm``, ``al`` are that chip's assembler and allocator."""
@@ -131,6 +140,9 @@ class BlockEmitter:
     chip: int = 0
     #: The collectives emitted, in program order (``{"kind", "op", "bytes", "layer", ...}``).
     comms: list = field(default_factory=list)
+    #: Bases of the residual tensors whose rows are split over a head group (each chip holds
+    #: only its own rows up to date): :meth:`gather_residual` makes them whole again.
+    split_residuals: set = field(default_factory=set)
 
     def __post_init__(self):
         cfg, n = self.qm.cfg, self.npu.array_size
@@ -307,6 +319,64 @@ class BlockEmitter:
                                     out=_rows(a), params_base=req_params.base))
         self.asm.wait(Unit.VEC)
 
+    # --- rows split over a head group ----------------------------------------------------
+    def _chunk_rows(self, row_bytes: int, rows: int) -> list[tuple[int, int]] | None:
+        """``(first, count)`` row chunks of a block of ``rows`` rows of ``row_bytes`` bytes such
+        that each chunk is whole engine words and fits the collective engine's buffers; None
+        when ``rows`` cannot be cut so."""
+        wbytes = word_bytes(self.npu.link_bytes_per_cycle)
+        if row_bytes % 4:
+            return None
+        step = wbytes // math.gcd(row_bytes, wbytes)   # fewest rows of whole engine words
+        most = COLL_FIFO_WORDS * wbytes // row_bytes // step * step
+        if most == 0 or rows % step:
+            return None
+        return [(r, min(most, rows - r)) for r in range(0, rows, most)]
+
+    def row_split(self, shard: Shard, rows: int) -> tuple[int, int] | None:
+        """This chip's rows ``(first, count)`` of a ``rows``-row tensor when the head group
+        splits its row-wise work (see :meth:`emit_block`), else None: the group's size must
+        divide ``rows`` and the int32 sums, the int8 LayerNorm outputs and the int16
+        residual must all cut into whole engine words per chip."""
+        if shard.group is None:
+            return None
+        first, count, chips = shard.group
+        if rows % count:
+            return None
+        own = rows // count
+        if any(self._chunk_rows(self.d_pad * eb, own) is None for eb in (1, 2, 4)):
+            return None
+        return ((self.chip - first) % chips * own, own)
+
+    def _row_collective(self, kind: str, shard: Shard, t: Tensor, rows: int, layer, what: str):
+        """``kind`` (reduce_scatter: int32 sums; all_gather: any rows, as 32-bit lanes) of the
+        first ``rows`` rows of ``t`` over the head group, each chip's block its own rows
+        (:meth:`row_split`), in chunks that fit the engine: chunk k holds rows k*r.. of every
+        block, so the blocks lie ``rows / count`` rows apart."""
+        first, count, chips = shard.group
+        n, link = self.n, self.npu.link_bytes_per_cycle
+        own = rows // count
+        row_bytes = t.row_words * n
+        for r0, r in self._chunk_rows(row_bytes, own):
+            length = count * r * row_bytes // 4
+            req = CollectiveRequest(kind, "sum", 32, length, chips, first=first, count=count)
+            launch = cl.coll_launch_natural(req, self.chip, base=t.base + r0 * t.row_words,
+                                            size=n, link_bytes=link,
+                                            block_stride=own * t.row_words)
+            cl.emit(self.asm, launch)
+            self.asm.wait(Unit.COLL)
+            self.comms.append({"kind": kind, "op": "sum", "width": 32, "elements": length,
+                               "bytes": length * 4, "group": [first, count], "layer": layer,
+                               "what": what})
+
+    def gather_residual(self, x: Tensor, shard: Shard, nseq: int):
+        """Make the residual ``x`` whole on every chip of the head group again (an all-gather
+        of the rows each one holds), if its rows are split."""
+        if x.base in self.split_residuals:
+            self._row_collective("all_gather", shard, x, nseq * self.seq_pad, None,
+                                 "residual")
+            self.split_residuals.discard(x.base)
+
     def emit_block(self, i: int, w: LayerWeights, shard: Shard, acts: Activations, x: Tensor,
                    nseq: int, *, pos_base: int = 0, qkv_out: Tensor | None = None,
                    attend=None):
@@ -325,6 +395,7 @@ class BlockEmitter:
         hcount = len(shard.heads)
         reduce = shard.group is not None
         out_mode = OutMode.RAW if reduce else OutMode.INT16
+        own = self.row_split(shard, rows)
 
         def linear_out(src, weights, k, req, what):
             if not reduce:
@@ -335,7 +406,28 @@ class BlockEmitter:
                        "activations")
             self._matmul(src, weights, p, k, out_mode)
             asm.wait(Unit.MATMUL)
-            self._reduce(shard, acts, rows, req, a, i, what)
+            if own is None:
+                self._reduce(shard, acts, rows, req, a, i, what)
+                return
+            # Each chip reduces and requantises only its own rows.
+            self._row_collective("reduce_scatter", shard, p, rows, i, what)
+            self._vec(vl.requant_launch(size=n, length=cfg.d_model, a=_rows(_part(p, own)),
+                                        out=_rows(_part(a, own)), params_base=req.base))
+            asm.wait(Unit.VEC)
+
+        def add():
+            self._add(_part(x, own), _part(a, own))
+            if own is not None:
+                self.split_residuals.add(x.base)
+
+        def norm(gb, ql, q, y):
+            """LayerNorm of ``x`` into ``q`` (int8) and, if given, ``y`` (int16): while the
+            rows of ``x`` are split, of this chip's rows, then ``q`` gathered from the group."""
+            if x.base not in self.split_residuals:
+                self._ln(gb, ql, x, q, y)
+                return
+            self._ln(gb, ql, _part(x, own), _part(q, own), None if y is None else _part(y, own))
+            self._row_collective("all_gather", shard, q, rows, i, "LayerNorm output")
 
         def attention():
             part = hcount * self.dh_pad // n          # words of one of Q, K, V in a qkv row
@@ -363,7 +455,7 @@ class BlockEmitter:
             (attention if attend is None else attend)()
             asm.wait(Unit.ATTN)
             linear_out(o, w.o, hcount * self.dh_pad, w.o_req, "attention output")
-            self._add(x, a)
+            add()
 
         def ffn_block(h_in):
             self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT8)
@@ -372,15 +464,15 @@ class BlockEmitter:
             self._vec(vl.lut_launch(size=n, length=len(shard.ffn), a=_rows(f), out=_rows(f)))
             asm.wait(Unit.VEC)
             linear_out(f, w.ffn2, f.cols, w.ffn2_req, "FFN output")
-            self._add(x, a)
+            add()
 
         if cfg.norm == "pre":
-            self._ln(w.ln1, L.ln1, x, h, None)
+            norm(w.ln1, L.ln1, h, None)
             attention_block(h)
-            self._ln(w.ln2, L.ln2, x, h, None)
+            norm(w.ln2, L.ln2, h, None)
             ffn_block(h)
         else:
             attention_block(x8)
-            self._ln(w.ln1, L.ln1, x, h, x)
+            norm(w.ln1, L.ln1, h, x)
             ffn_block(h)
-            self._ln(w.ln2, L.ln2, x, x8, x)
+            norm(w.ln2, L.ln2, x8, x)

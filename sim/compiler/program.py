@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hw.spec import ModelConfig, NpuConfig
+from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.memory import pack_rows, unpack_rows
 
 from .alloc import Allocator
 from .assembler import Assembler
 
-__all__ = ["Placement", "ChipProgram", "SystemProgram"]
+__all__ = ["Placement", "ChipProgram", "SystemProgram", "finish"]
 
 
 @dataclass(frozen=True)
@@ -114,3 +114,13 @@ class SystemProgram:
     def flat_outputs(self) -> list[Placement]:
         """Every output placement, in :attr:`outputs` order (a sample's chunks in turn)."""
         return [p for out in self.outputs for p in (out if isinstance(out, list) else [out])]
+
+def finish(npu: NpuConfig, chip: ChipProgram):
+    """Halt, check the capacity and the program size, encode the program."""
+    chip.asm.halt()
+    chip.alloc.check_capacity()
+    chip.program = chip.asm.words()
+    if len(chip.program) > npu.imem_words:
+        raise ConfigError(f"is too small: chip {chip.chip}'s program has {len(chip.program)} "
+                          "instructions", path=npu.path, key="imem_words", value=npu.imem_words)
+    return chip

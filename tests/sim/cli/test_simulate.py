@@ -113,7 +113,7 @@ def test_watchdog_exit_3(tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     (["--trace", "t.json", "--backend", "iss"], "--trace needs a timed backend"),
     (["--plot", "p.png", "--backend", "iss"], "--plot needs a timed backend"),
-    (["--microbatches", "4"], "--microbatches applies to --strategy pipeline"),
+    (["--microbatches", "4"], "--microbatches applies to strategies with a pipeline"),
     (["--link-stalls", "0.1"], "--link-stalls applies to --backend pysim with --chips > 1"),
     (["--link-stalls", "1.5"], "argument --link-stalls: 1.5 is outside [0, 1)"),
     (["--strategy", "single", "--chips", "2", "--backend", "iss"],
@@ -125,9 +125,44 @@ def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
     assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("strategy", ["data", "hidden", "head+pipeline"])
+@pytest.mark.parametrize("strategy", ["hidden"])
 def test_strategies_not_built_yet(capsys, strategy):
     status, out, err = run(capsys, "sim", "--strategy", strategy, "--chips", "4", "--npu",
                            TINY_NPU, "--model", TINY_MODEL, "--backend", "iss")
     assert status == 2 and f"--strategy {strategy} is not built yet" in err, err
 
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--strategy", "head+pipeline", "--chips", "4"], "--strategy head+pipeline needs --grid AxB"),
+    (["--strategy", "head+pipeline", "--chips", "4", "--grid", "2x3"],
+     "--grid 2x3 is 6 chips, not --chips 4"),
+    (["--strategy", "data+head", "--chips", "4", "--grid", "2by2"],
+     "--grid '2by2' is not AxB with A, B >= 1"),
+    (["--strategy", "head", "--chips", "4", "--grid", "2x2"],
+     "--grid applies to head+pipeline, data+head, data+pipeline, not --strategy head"),
+])
+def test_grids_are_checked(capsys, argv, needle):
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--backend",
+                           "iss", *argv)
+    assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_grid_gives_the_chip_count(capsys, tmp_path):
+    """Without --chips, --grid AxB runs on A x B chips (and --chips, if given, must agree)."""
+    out_json = tmp_path / "r.json"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--backend",
+                           "iss", "--strategy", "data+head", "--grid", "2x3", "--batch", "2",
+                           "--json", str(out_json))
+    assert status == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["chips"] == 6 and report["golden_match"], report["chips"]
+
+
+def test_data_parallelism_refuses_a_model_one_chip_cannot_hold(capsys, tmp_path):
+    model = write_model(tmp_path, n_layers=8, d_model=32, n_heads=8, d_head=4, d_ff=32,
+                        seq_len=4)
+    status, out, err = run(capsys, "sim", "--strategy", "data", "--chips", "2", "--npu", TINY_NPU,
+                           "--model", model, "--backend", "iss", "--batch", "4")
+    assert status == 2, err
+    assert "sram_bytes=65536 is too small: the model needs 66," in err and "weights 64,000" in err
