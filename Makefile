@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.10 is needed)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sweep]'
 	@touch $@
 
 venv: $(STAMP)
@@ -61,7 +61,7 @@ bench: $(STAMP) check-cxx
 	$(NPU) bench --json $(BUILD)/bench.json
 
 $(FPGASTAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,fpga]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sweep,fpga]'
 	@touch $@
 
 # Synthesis, place and route of one top (FPGA_TOP=tile for the whole chip) on the ECP5-85k; the
