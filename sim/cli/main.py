@@ -40,7 +40,8 @@ def main(argv=None) -> int:
         return args.run(args)
     except (NpuError, ConfigError) as exc:
         message = str(exc)
-        if not message.startswith("npu"):
+        # Already named ("npu sim: ...", "npu: ..."), or to be named ("npu_overrides.x=...").
+        if not message.startswith(("npu ", "npu:")):
             message = f"npu {getattr(args, 'command', '')}: {message}".replace("npu : ", "npu: ")
         # The contract is one line: fold any newline a message may carry (e.g. from a path).
         print(" ".join(message.splitlines()), file=sys.stderr)

@@ -104,6 +104,7 @@ def _failed(point, exc) -> dict:
 def _dask(scheduler, workers, cluster):
     """A Dask client: to ``scheduler``, or to a local cluster of ``workers`` processes."""
     # Dask is the sweep's optional dependency (the `sweep` extra); loaded only to use it.
+    import dask
     from distributed import Client, LocalCluster
 
     start = time.perf_counter()
@@ -125,8 +126,15 @@ def _dask(scheduler, workers, cluster):
                 cluster.update(kind="scheduler", scheduler=scheduler,
                                workers=len(client.nthreads()))
             else:
-                local = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                     dashboard_address=None, silence_logs=logging.ERROR)
+                # No dashboard; the scheduler's HTTP routes on a free port of localhost (its
+                # default, 8787, may belong to another cluster on this machine). Points are
+                # short: hand every worker its share at once rather than one task per round
+                # trip to the scheduler (which lives in this process).
+                with dask.config.set({"distributed.scheduler.worker-saturation": "inf"}):
+                    local = LocalCluster(
+                        n_workers=workers, threads_per_worker=1, processes=True,
+                        dashboard_address=None, silence_logs=logging.ERROR,
+                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
                 client = Client(local)
                 cluster.update(kind="local", workers=workers)
             client.run(ready)

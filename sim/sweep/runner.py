@@ -29,6 +29,7 @@ from typing import Any
 from hw.spec import ConfigError, NpuConfig
 from hw.spec.isa import Insn, Op, encode
 
+from ..compiler.strategy import GRIDS
 from ..errors import BadInput
 from ..rtl.chip_runner import run_chip_verilator
 from ..simulate import simulate
@@ -63,6 +64,9 @@ def _timing(point, cycles: int | None, samples: int) -> dict:
 
 def _simulated(point) -> dict:
     p = point.params
+    if p["strategy"] in GRIDS and p["grid"] is None:
+        raise BadInput(f"--strategy {p['strategy']} on {p['chips']} chips: no A x B grid of "
+                       f"{p['chips']} chips with A, B >= 2")
     report = simulate(point.npu, point.model, strategy=p["strategy"], chips=p["chips"],
                       backend=p["backend"], seed=p["seed"], grid=p["grid"],
                       max_cycles=point.max_cycles, reference="none")
