@@ -18,7 +18,7 @@ SEED     ?= 0
 JOBS     ?= 2
 BUILD    ?= build
 
-.PHONY: all venv sim test test-slow lint verilog bench fpga clean check-cxx
+.PHONY: all venv sim sweep test test-slow lint verilog bench fpga clean check-cxx
 
 all: test
 
@@ -46,6 +46,13 @@ sim: $(STAMP)
 	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
+
+# A design-space sweep (docs/sweep.md): every point of SPEC as a Dask task on WORKERS local
+# worker processes (0: in this process); points already in build/sweep/<spec> are skipped.
+SPEC     ?= constraints/sweeps/tiny.toml
+WORKERS  ?= $(JOBS)
+sweep: $(STAMP)
+	$(NPU) sweep $(SPEC) --workers $(WORKERS) --out $(BUILD)/sweep/$(basename $(notdir $(SPEC)))
 
 test: $(STAMP) check-cxx
 	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider
