@@ -71,6 +71,11 @@ def _series(rows, value, varying):
     return out
 
 
+def _legend(ax):
+    # Beside the axes: series often overlap, and a legend inside would hide some.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
 def _empty(ax, text):
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
 
@@ -93,7 +98,7 @@ def _latency(ax, rows, varying):
         _empty(ax, "no fitting point with a latency\n(the backend gives no cycles, or "
                    "nothing fits)")
     else:
-        ax.legend(fontsize="small")
+        _legend(ax)
     _chip_axis(ax, rows)
     ax.set_ylabel("latency (ms)")
     ax.set_title("latency vs chips (best grid per chip count)")
@@ -117,7 +122,7 @@ def _sram(ax, rows, varying):
     if not series:
         _empty(ax, "no point with a size")
     else:
-        ax.legend(fontsize="small")
+        _legend(ax)
     _chip_axis(ax, rows)
     ax.set_ylabel("SRAM used per chip, largest chip (bytes)")
     title = "SRAM per chip vs chips (o fits, x does not; dashed: capacity)"
@@ -140,10 +145,10 @@ def _pareto(ax, rows, varying):
                 where="post", color="black", linewidth=1, label="Pareto front")
         for r in front:
             grid = f" {r['grid']}" if r.get("grid") else ""
-            ax.annotate(f"{r['strategy']}{grid} x{r['chips']}",
+            ax.annotate(f"{series_label(r, varying)}{grid} x{r['chips']}",
                         (r["sram_bytes_total"], r["latency_ms"]), fontsize="x-small",
                         xytext=(4, 4), textcoords="offset points")
-        ax.legend(fontsize="small")
+        _legend(ax)
     else:
         _empty(ax, "no fitting point with a latency and a size")
     ax.set_xlabel("total SRAM used, all chips (bytes)")
@@ -161,7 +166,7 @@ def write_plots(rows: list[dict], out_dir: str | Path) -> dict[str, Path]:
     varying = _varying(rows)
     paths = {}
     for name, draw in (("latency", _latency), ("sram", _sram), ("pareto", _pareto)):
-        fig = Figure(figsize=(8, 5.5), dpi=110, layout="constrained")
+        fig = Figure(figsize=(10, 5.5), dpi=110, layout="constrained")
         draw(fig.subplots(), rows, varying)
         paths[name] = out_dir / PLOTS[name]
         fig.savefig(paths[name])
