@@ -38,7 +38,9 @@ from .builds import shared_build
 
 try:  # the planner (sim/plan.py, ``npu plan``) is not in every version of the tree yet
     from .. import plan as planner
-except ImportError:
+except ImportError as exc:
+    if not str(exc).startswith("cannot import name 'plan' from 'sim'"):
+        raise                    # the planner is there but broken: say so, do not hide it
     planner = None
 
 __all__ = ["BACKENDS", "RUNNERS", "METRICS", "run_point", "hardware_key", "VERILATOR_BUILD",
