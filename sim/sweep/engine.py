@@ -197,6 +197,11 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: str | None = N
         raise BadInput(f"--workers {workers} must be 0 (in this process) or more")
     start = time.perf_counter()
     out_dir = Path(out_dir)
+    try:        # before any point runs: a sweep must be able to keep what it computes
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"--out {out_dir}: cannot create the directory: "
+                       f"{exc.strerror or exc}") from None
     points = spec.points()
     keys = [p.key for p in points]
     old = {row_key(r): r for r in read_rows(out_dir)}
@@ -234,7 +239,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: str | None = N
     files["summary"] = out_dir / SUMMARY
     result.summary = _summary(spec, out_dir, result)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
         files["summary"].write_text(json.dumps(result.summary, indent=2) + "\n")
     except OSError as exc:
         raise BadInput(f"cannot write {files['summary']}: {exc.strerror}") from None

@@ -69,3 +69,11 @@ def test_a_sweep_prints_its_summary_and_writes_its_files(tmp_path, capsys):
     status, out, _ = run(capsys, "sweep", path, "--workers", "0", "--out",
                          str(tmp_path / "out"))
     assert status == 0 and "0 computed (nothing new), 2 already in" in out
+
+
+def test_an_output_that_cannot_be_a_directory_is_refused_first(tmp_path, capsys):
+    path = write_spec(tmp_path / "s.toml", GOOD)
+    (tmp_path / "file").write_text("")
+    assert_one_line_error(*run(capsys, "sweep", path, "--workers", "0", "--out",
+                               str(tmp_path / "file")),
+                          f"--out {tmp_path / 'file'}: cannot create the directory")
