@@ -95,3 +95,15 @@ def test_hardware_key_ignores_names_and_follows_the_hardware():
     assert hardware_key(tiny, 1, "verilator") == hardware_key(renamed, 1, "verilator")
     assert hardware_key(tiny, 1, "verilator") != hardware_key(wider, 1, "verilator")
     assert hardware_key(tiny, 1, "verilator") != hardware_key(tiny, 2, "verilator")
+
+
+@pytest.mark.skipif(runner.planner is None, reason="the planner (sim/plan.py) is not built yet")
+def test_the_plan_backend_on_the_real_planner():
+    row = run_point(_point(backend="plan"))
+    assert (row["status"], row["fits"], row["golden_match"]) == ("ok", True, None)
+    assert row["cycles"] > 0 and row["latency_ms"] == row["cycles"] / 1e5
+    assert 0 < row["sram_bytes_max"] <= 65536 and row["sram_bytes_total"] > row["sram_bytes_max"]
+    small = run_point(_point(backend="plan", strategy="pipeline", chips=1,
+                             npu_overrides={"sram_bytes": 16384}))
+    assert (small["status"], small["fits"]) == ("invalid", False)
+    assert "16,384" in small["error"] or "16384" in small["error"]
