@@ -18,7 +18,7 @@ SEED     ?= 0
 JOBS     ?= 2
 BUILD    ?= build
 
-.PHONY: all venv sim test test-slow lint verilog bench fpga clean check-cxx
+.PHONY: all venv sim sweep test test-slow lint verilog bench fpga clean check-cxx
 
 all: test
 
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.10 is needed)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sweep]'
 	@touch $@
 
 venv: $(STAMP)
@@ -47,6 +47,13 @@ sim: $(STAMP)
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
 
+# A design-space sweep (docs/sweep.md): every point of SPEC as a Dask task on WORKERS local
+# worker processes (0: in this process); points already in build/sweep/<spec> are skipped.
+SPEC     ?= constraints/sweeps/tiny.toml
+WORKERS  ?= $(JOBS)
+sweep: $(STAMP)
+	$(NPU) sweep $(SPEC) --workers $(WORKERS) --out $(BUILD)/sweep/$(basename $(notdir $(SPEC)))
+
 test: $(STAMP) check-cxx
 	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider
 
@@ -63,7 +70,7 @@ bench: $(STAMP) check-cxx
 	$(NPU) bench --json $(BUILD)/bench.json
 
 $(FPGASTAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,fpga]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sweep,fpga]'
 	@touch $@
 
 # Synthesis, place and route of one top (FPGA_TOP=tile for the whole chip) on the ECP5-85k; the

@@ -23,6 +23,7 @@ from .export import Exported, export_verilog
 from .fpga import synthesize
 from .report import ChipStats, SimReport
 from .simulate import simulate
+from .sweep import SweepResult, SweepSpec, load_spec, run_sweep
 
 __all__ = [
     "NpuConfig", "ModelConfig", "ConfigError", "load_npu", "load_model", "npu_preset",
@@ -32,6 +33,7 @@ __all__ = [
     "export_verilog", "Exported",
     "synthesize",
     "run_benchmarks",
+    "load_spec", "run_sweep", "SweepSpec", "SweepResult",
     "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",
     "NpuError", "BadInput", "Watchdog", "ToolFailure",
 ]

@@ -380,3 +380,23 @@ class AttentionCase:
         bad = np.argwhere(got != want)
         assert not len(bad), (f"ISS query {bad[0][0]} lane {bad[0][1]}: {got[tuple(bad[0])]}, "
                               f"golden {want[tuple(bad[0])]}")
+
+
+# --- sweeps -------------------------------------------------------------------------------------
+
+def write_spec(path, values, overrides=None):
+    """A sweep spec: ``values`` a value or a list each, ``overrides`` the [npu_overrides] table;
+    return ``path`` as a string."""
+    def item(v):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]" if isinstance(v, list) \
+            else toml_value(v)
+    text = "".join(f"{k} = {item(v)}\n" for k, v in values.items())
+    if overrides is not None:
+        text += "[npu_overrides]\n" + "".join(f"{k} = {item(v)}\n" for k, v in overrides.items())
+    path.write_text(text)
+    return str(path)
+
+
+def comparable(rows):
+    """Result rows without what differs from run to run (the wall-clock time)."""
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]

@@ -344,17 +344,24 @@ class ModelConfig:
         return proj + attn
 
 
-def _load(cls, schema, path):
+def _load(cls, schema, path, overrides=None):
     data = _read_toml(path)
+    if overrides:
+        data = {**data, **overrides}
     values = _parse(schema, data, path)
     if not values["name"]:
         values["name"] = Path(path).stem
     return cls(**values, path=str(path))
 
 
-def load_npu(path: str | Path) -> NpuConfig:
-    """Load and validate an NPU limits file; raise :class:`ConfigError` on any problem."""
-    return _load(NpuConfig, _NPU_SCHEMA, path)
+def load_npu(path: str | Path, overrides: dict[str, Any] | None = None) -> NpuConfig:
+    """Load and validate an NPU limits file; raise :class:`ConfigError` on any problem.
+
+    ``overrides`` replace (or add) keys of the file before validation, so an override goes
+    through exactly the checks of a value in the file (its error names the key and the file
+    it was applied to; ``error.key`` tells whether the override or another key broke a limit).
+    """
+    return _load(NpuConfig, _NPU_SCHEMA, path, overrides)
 
 
 def load_model(path: str | Path) -> ModelConfig:

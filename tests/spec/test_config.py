@@ -215,6 +215,28 @@ def test_model_inconsistent_values(tmp_path, overrides, fragments):
     rejects(load_model, write(tmp_path, MODEL, **overrides), *fragments)
 
 
+def test_npu_overrides_replace_file_values(tmp_path):
+    path = write(tmp_path, NPU)
+    npu = load_npu(path, {"link_bytes_per_cycle": 8, "sram_bytes": 32768})
+    assert (npu.link_bytes_per_cycle, npu.sram_bytes, npu.array_size) == (8, 32768, 4)
+    assert load_npu(path) == load_npu(path, {})
+
+
+@pytest.mark.parametrize("overrides, key, fragments", [
+    ({"link_bytes_per_cycle": 0}, "link_bytes_per_cycle",
+     ["link_bytes_per_cycle=0 is below the minimum 1"]),
+    ({"link_bytes_per_cycle": "wide"}, "link_bytes_per_cycle",
+     ["link_bytes_per_cycle='wide' has type str, expected int"]),
+    # A value that breaks another key's limit: the error names that key.
+    ({"sram_banks": 3}, "sram_bytes", ["sram_bytes=65536 is not a multiple", "= 3 * 4 = 12"]),
+    ({"array_sise": 8}, "array_sise", ["array_sise=8 unknown key"]),
+])
+def test_npu_overrides_are_checked_like_the_file(tmp_path, overrides, key, fragments):
+    path = write(tmp_path, NPU)
+    error = rejects(lambda p: load_npu(p, overrides), path, *fragments)
+    assert error.key == key
+
+
 def test_direct_construction_is_validated():
     # Dataclass construction and `dataclasses.replace` go through the same checks, without a file.
     npu = npu_preset("tiny")
