@@ -38,12 +38,14 @@ check-cxx:
 	@command -v g++ >/dev/null || { echo "error: g++ not found: Verilator needs a C++ compiler (Debian: apt-get install g++)"; exit 2; }
 	@command -v make >/dev/null || { echo "error: make not found: Verilator needs GNU make (Debian: apt-get install make)"; exit 2; }
 
-# The pipeline's default batch: four sequences in four microbatches, so that its stages overlap.
-BATCH    ?= $(if $(filter pipeline,$(STRATEGY)),4,)
+# The pipeline's default batch: four sequences in four microbatches, so that its stages overlap;
+# data parallelism's: four sequences, so that every replica has one. GRID=AxB replaces CHIPS.
+BATCH    ?= $(if $(findstring pipeline,$(STRATEGY))$(findstring data,$(STRATEGY)),4,)
+GRID     ?=
 TIMED    := $(if $(filter iss,$(BACKEND)),,--plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json)
 
 sim: $(STAMP)
-	$(NPU) sim --strategy $(STRATEGY) --chips $(CHIPS) --backend $(BACKEND) \
+	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
 		$(if $(QUANT),--quant $(QUANT)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)

@@ -12,15 +12,8 @@ Configurations are the frozen :class:`NpuConfig` / :class:`ModelConfig` (``load_
 :class:`ToolFailure` (``sim.errors``) and :class:`ConfigError`.
 """
 
-from hw.spec import (
-    ConfigError,
-    ModelConfig,
-    NpuConfig,
-    load_model,
-    load_npu,
-    model_preset,
-    npu_preset,
-)
+from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.config import load_model, load_npu, model_preset, npu_preset
 
 from .bench import run_benchmarks
 from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize

@@ -217,13 +217,19 @@ def _activation(cfg: _Config, key: str, table: dict, default: str) -> tuple[str,
     return act, table[act]
 
 
+def _dims(cfg: _Config, layers: str, width: str, heads: str, positions: str):
+    """The shape fields every architecture has, by this architecture's names, and the vocabulary
+    size; refuses a width that the heads do not divide."""
+    L, d, h, n = (cfg.get(key, int) for key in (layers, width, heads, positions))
+    if d % h:
+        cfg.refuse(width, d, f"not a multiple of {heads}={h}")
+    return L, d, h, n, cfg.get("vocab_size", int)
+
+
 def _bert(cfg: _Config, t: _Tensors):
-    L = cfg.get("num_hidden_layers", int)
-    d = cfg.get("hidden_size", int)
-    heads = cfg.get("num_attention_heads", int)
+    L, d, heads, positions, vocab = _dims(cfg, "num_hidden_layers", "hidden_size",
+                                          "num_attention_heads", "max_position_embeddings")
     d_ff = cfg.get("intermediate_size", int)
-    positions = cfg.get("max_position_embeddings", int)
-    vocab = cfg.get("vocab_size", int)
     types = cfg.get("type_vocab_size", int, 2)
     eps = float(cfg.get("layer_norm_eps", float, 1e-12))
     act, ours = _activation(cfg, "hidden_act", _BERT_ACTS, "gelu")
@@ -232,8 +238,6 @@ def _bert(cfg: _Config, t: _Tensors):
         cfg.refuse("position_embedding_type", pos_kind, "only absolute position embeddings")
     if cfg.get("is_decoder", bool, False):
         cfg.refuse("is_decoder", True, "BERT is imported as a bidirectional encoder")
-    if d % heads:
-        cfg.refuse("hidden_size", d, f"not a multiple of num_attention_heads={heads}")
     w = {}
     for i in range(L):
         h, p = f"encoder.layer.{i}.", f"layers.{i}."
@@ -267,12 +271,8 @@ def _bert(cfg: _Config, t: _Tensors):
 
 
 def _gpt2(cfg: _Config, t: _Tensors):
-    L = cfg.get("n_layer", int)
-    d = cfg.get("n_embd", int)
-    heads = cfg.get("n_head", int)
+    L, d, heads, positions, vocab = _dims(cfg, "n_layer", "n_embd", "n_head", "n_positions")
     d_ff = cfg.get("n_inner", int, 4 * d)
-    positions = cfg.get("n_positions", int)
-    vocab = cfg.get("vocab_size", int)
     eps = float(cfg.get("layer_norm_epsilon", float, 1e-5))
     act, ours = _activation(cfg, "activation_function", _GPT2_ACTS, "gelu_new")
     if not cfg.get("scale_attn_weights", bool, True):
@@ -281,8 +281,6 @@ def _gpt2(cfg: _Config, t: _Tensors):
         cfg.refuse("scale_attn_by_inverse_layer_idx", True, "no per-layer score scaling")
     if cfg.get("add_cross_attention", bool, False):
         cfg.refuse("add_cross_attention", True, "decoder-only blocks")
-    if d % heads:
-        cfg.refuse("n_embd", d, f"not a multiple of n_head={heads}")
     w = {}
     for i in range(L):
         h, p = f"h.{i}.", f"layers.{i}."

@@ -10,6 +10,7 @@ waiting chips, since the programs themselves cannot meet).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -21,7 +22,7 @@ from hw.spec.timing.collective import ring_bound_cycles
 from .compiler.compat import check_single_chip
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from .compiler.strategy import compile_program
+from .compiler.strategy import compile_program, parse_grid
 from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
@@ -201,13 +202,15 @@ def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
     return info
 
 
-def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", chips: int = 1,
+def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
+             chips: int | None = None,
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
              link_stalls: float = 0.0, progress=None, reference: str = "auto",
              grid: str | None = None, quant: str | None = None) -> SimReport:
-    """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
+    """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
+    (``chips`` defaults to the grid's A x B, or 1).
 
     ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from ``seed``).
     ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from ``seed``, ``batch``
@@ -237,6 +240,11 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         raise BadInput(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if vcd and backend != "pysim":
         raise BadInput(f"--vcd needs --backend pysim, not {backend}")
+    if chips is None:
+        try:
+            chips = math.prod(parse_grid(grid)) if grid is not None else 1
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
     if link_stalls and (chips == 1 or backend != "pysim"):

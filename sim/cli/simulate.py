@@ -18,7 +18,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub):
     p = sub.add_parser("sim", help="compile a model for N chips and simulate it")
     p.add_argument("--strategy", default="single", choices=STRATEGIES)
-    p.add_argument("--chips", type=positive, default=1)
+    p.add_argument("--chips", type=positive, help="default: A x B of --grid, else 1")
     p.add_argument("--grid", help="AxB chips for a 2-D strategy")
     p.add_argument("--npu", required=True)
     p.add_argument("--model", required=True)

@@ -29,15 +29,13 @@ from hw.spec.collective import (
     word_bytes,
     words_to_engine,
 )
-from hw.spec.isa import COLL_FIFO_WORDS, Op
+from hw.spec.isa import COLL_FIFO_WORDS, MAX_COUNT, Op
 
 from .descriptors import Desc
 
 __all__ = ["CollLaunch", "coll_launch", "coll_launch_natural", "natural_block_words", "emit"]
 
 #: Largest count of one address-generator level.
-_MAX_COUNT = (1 << 16) - 1
-
 
 @dataclass(frozen=True)
 class CollLaunch:
@@ -81,8 +79,8 @@ def _blocks_words(req, blocks, wbytes):
 
 
 def _desc(base, words, name):
-    if not 0 < words <= _MAX_COUNT:
-        raise ValueError(f"{name} buffer of {words} scratchpad words must be 1..{_MAX_COUNT}")
+    if not 0 < words <= MAX_COUNT:
+        raise ValueError(f"{name} buffer of {words} scratchpad words must be 1..{MAX_COUNT}")
     return Desc(base, (words, 1, 1, 1), (1, 0, 0, 0))
 
 
@@ -162,7 +160,7 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
     w = natural_block_words(req, size, link_bytes)
     n = req.count
     total = n * w
-    if w > _MAX_COUNT or n > _MAX_COUNT:
+    if w > MAX_COUNT or n > MAX_COUNT:
         raise ValueError(f"{n} blocks of {w} words exceed a generator's 16-bit counts")
     p = req.position(chip)
 

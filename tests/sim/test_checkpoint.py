@@ -62,6 +62,22 @@ def _float_states(result: ImportResult, x0, seq):
     return cfg, w
 
 
+def _layers_match(cfg, w, x0, ref, label, max_diff=None):
+    """Every block of the float reference against ``ref`` (the states of the checkpoint's own
+    arithmetic), alone on ``ref[i]`` and chained from ``x0``: cosine >= 1 - 1e-9 and, if given,
+    max |diff| < ``max_diff``. Returns the chained output."""
+    x = x0
+    for i in range(cfg.n_layers):
+        alone = block_forward(cfg, w, i, ref[i])
+        x = block_forward(cfg, w, i, x)
+        for what, got in (("alone", alone), ("chained", x)):
+            cos, diff = cosine(got, ref[i + 1]), np.abs(got - ref[i + 1]).max()
+            print(f"{label}layer {i} {what}: cosine {cos:.15f}, max |diff| {diff:.2e}")
+            assert cos >= 1 - 1e-9, f"{label}layer {i} {what}: cosine {cos}"
+            assert max_diff is None or diff < max_diff, f"{label}layer {i} {what}: {diff}"
+    return x
+
+
 # ---- BERT --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("prefix", ["", "bert."])
@@ -96,16 +112,7 @@ def test_bert_files_and_float_reference(tmp_path, prefix):
     assert np.abs(x0 - ref[0]).max() < 1e-12
     assert embed(result, ids).dtype == np.float32
     cfg, w = _float_states(result, x0, len(ids))
-    x = x0
-    for i in range(cfg.n_layers):
-        alone = block_forward(cfg, w, i, ref[i])
-        x = block_forward(cfg, w, i, x)
-        for what, got in (("block", alone), ("chained", x)):
-            cos = cosine(got, ref[i + 1])
-            print(f"layer {i} {what}: cosine {cos:.15f}, max |diff| "
-                  f"{np.abs(got - ref[i + 1]).max():.2e}")
-            assert cos >= 1 - 1e-9, f"layer {i} {what}"
-            assert np.abs(got - ref[i + 1]).max() < 1e-5
+    _layers_match(cfg, w, x0, ref, "", max_diff=1e-5)
 
 
 def test_bert_token_types_and_embedding_checks(tmp_path):
@@ -448,15 +455,7 @@ def test_minilm_against_its_own_bert_math(minilm_checkpoint, tmp_path, capsys):
         ref = bert_states(raw, config, ids)
         assert np.abs(x0 - ref[0]).max() < 1e-12
         run = replace(cfg, seq_len=len(ids))
-        x = x0
-        for i in range(cfg.n_layers):
-            alone = block_forward(run, w, i, ref[i])
-            x = block_forward(run, w, i, x)
-            for what, got in (("alone", alone), ("chained", x)):
-                cos = cosine(got, ref[i + 1])
-                print(f"{len(ids)} tokens, layer {i} {what}: cosine {cos:.15f}, max |diff| "
-                      f"{np.abs(got - ref[i + 1]).max():.2e}")
-                assert cos >= 1 - 1e-9
+        x = _layers_match(run, w, x0, ref, f"{len(ids)} tokens, ")
         if sentence.startswith("A man"):
             assert np.abs(x[0, :6] - MINILM_HF_H6_ROW0).max() < 1e-9
             assert np.abs(model_forward(run, w, x0) - x).max() == 0

@@ -7,17 +7,8 @@ import sys
 
 import pytest
 
-from hw.spec import (
-    PRESETS_DIR,
-    ConfigError,
-    ModelConfig,
-    NpuConfig,
-    load_model,
-    load_npu,
-    model_preset,
-    npu_preset,
-)
-from hw.spec.config import IMEM_WORDS_MAX
+from hw.spec import PRESETS_DIR, ConfigError, ModelConfig, NpuConfig
+from hw.spec.config import IMEM_WORDS_MAX, load_model, load_npu, model_preset, npu_preset
 from tests.helpers import write_toml
 
 if sys.version_info >= (3, 11):

@@ -169,6 +169,17 @@ def test_grids_are_checked(capsys, argv, needle):
     assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_grid_gives_the_chip_count(capsys, tmp_path):
+    """Without --chips, --grid AxB runs on A x B chips (and --chips, if given, must agree)."""
+    out_json = tmp_path / "r.json"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--backend",
+                           "iss", "--strategy", "data+head", "--grid", "2x3", "--batch", "2",
+                           "--json", str(out_json))
+    assert status == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["chips"] == 6 and report["golden_match"], report["chips"]
+
+
 def test_data_parallelism_refuses_a_model_one_chip_cannot_hold(capsys, tmp_path):
     model = write_model(tmp_path, n_layers=8, d_model=32, n_heads=8, d_head=4, d_ff=32,
                         seq_len=4)
