@@ -324,11 +324,9 @@ class BlockEmitter:
     def requant_input(self, x: Tensor, x8: Tensor, layer: int):
         """Post-norm: the int8 copy of the residual that block ``layer``, the first a chip
         runs, reads (nothing under smooth16, where every block makes its own)."""
-        qm = self.qm
-        if qm.layers[layer].qkv_req is not None:
+        if self.qm.layers[layer].qkv_req is not None:
             return
-        mult, shift = (qm.in_mult, qm.in_shift) if layer == 0 else \
-            (qm.layers[layer - 1].ln2.mult, qm.layers[layer - 1].ln2.shift)
+        mult, shift = self.qm.input_requant(layer)
         self._vec(vl.requant_launch(size=self.n, length=self.cfg.d_model, a=_rows(x),
                                     out=_rows(x8), mult=mult, shift=shift))
         self.asm.wait(Unit.VEC)

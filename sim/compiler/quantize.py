@@ -137,6 +137,15 @@ class QModel:
     in_shift: int = 1
     quant: str = "int8"          # the scheme (``ModelConfig.quant``)
 
+    def input_requant(self, layer: int) -> tuple[int, int]:
+        """Post-norm int8: the per-tensor ``(mult, shift)`` of the int8 copy of the residual
+        that block ``layer`` reads, made from the int16 residual when a chip starts there (the
+        previous block's LayerNorm makes it at the same scale otherwise)."""
+        if layer == 0:
+            return self.in_mult, self.in_shift
+        ln2 = self.layers[layer - 1].ln2
+        return ln2.mult, ln2.shift
+
 
 def _linear(w, b, s_in, s_out, mode, *, row_scale=None, two_pass=False) -> QLinear:
     """``row_scale``: smoothing factors multiplied into the rows of ``w`` first; ``two_pass``:
