@@ -85,6 +85,8 @@ def test_weights_and_input_files(capsys, tmp_path):
     ({"seq_len": 40, "window": 9, "causal": False}, "window=9 does not fit attn_window=16"),
     ({"seq_len": 80}, "seq_len=80 exceeds max_seq_len=64"),
     ({"d_model": 96, "n_heads": 12, "d_head": 8}, "d_model=96 exceeds d_model_max=64"),
+    ({"d_ff": 65536, "quant": "smooth16"}, "d_ff=65536 exceeds 65535 for quant=\"smooth16\": "
+                                           "the FFN2 lo pass's int32 sum"),
 ])
 def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
     model = write_model(tmp_path, **over)
