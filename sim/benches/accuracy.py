@@ -6,15 +6,18 @@ For each scheme (``int8``, ``smooth16``; ``docs/formats.md``, Quantisation schem
   slow tests fill; rows are skipped without it), three sentences of 16 to 18 tokens, each
   calibrated on itself as ``npu sim`` does: the worst per-layer cosine of a block alone
   (local), the cosine and max abs error after six layers (chained), against float64
-  (:func:`sim.accuracy.layer_accuracy`, the integer golden model);
-- bit-exactness and scratchpad bytes of the six layers on one fpga-preset chip with a 16 MiB
-  scratchpad (the ISS);
+  (:func:`sim.accuracy.layer_accuracy`, the integer golden model); and the same with each
+  sentence calibrated on the next one (``--calib`` data that is not the input);
+- bit-exactness and scratchpad bytes of the six layers on fpga-preset chips with a 16 MiB
+  scratchpad (the ISS): one chip, and each of 4 chips of head parallelism;
 - cycles: the tiny preset model (4 pre-norm layers) and a post-norm variant on the tiny NPU,
   measured on the RTL (Amaranth's simulator; skipped in quick mode), and MiniLM's six layers
   on the fpga preset from the units' closed-form cycle models summed over the program's
   launches (:func:`launch_cycles`: serial, every launch's streams at full rate, one cycle per
   instruction; it ignores the overlap of LOAD_LUT with FFN1 and bank stalls, so it is checked
   against the RTL on the tiny model in the same run).
+
+Quick mode: the first sentence's accuracy and the closed-form cycles only (no RTL, no ISS).
 
 ``python -m sim.benches.accuracy [--checkpoint DIR] [--no-rtl]`` prints the tables of
 ``docs/accuracy.md``.
@@ -117,8 +120,9 @@ def _minilm(ckpt: Path, work: Path):
     return result.model, weights, inputs
 
 
-def measure(ckpt: Path | None, *, rtl: bool) -> dict:
-    """Every figure of the tables: ``{"accuracy", "layers", "sram", "cycles"}``."""
+def measure(ckpt: Path | None, *, rtl: bool, quick: bool = False) -> dict:
+    """Every figure of the tables: ``{"accuracy", "layers", "sram", "cycles"}``; ``quick``:
+    one sentence, no scratchpad run."""
     out: dict = {"accuracy": {}, "layers": {}, "sram": {}, "cycles": {}}
     tiny_npu = npu_preset("tiny")
     tiny = model_preset("tiny")
@@ -141,22 +145,30 @@ def measure(ckpt: Path | None, *, rtl: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cfg, weights, inputs = _minilm(ckpt, Path(tmp))
     npu = _fpga_16m()
+    if quick:
+        inputs = inputs[:1]
     for quant in QUANT_SCHEMES:
-        per_sentence = []
-        for x in inputs:
-            c = dataclasses.replace(cfg, seq_len=len(x), quant=quant)
-            per_sentence.append(layer_accuracy(c, weights, x))
-        out["layers"][quant] = per_sentence[0]
-        out["accuracy"][quant] = {
-            "local_min": min(a.local_cosine for acc in per_sentence for a in acc),
-            "local_max_abs": max(a.local_max_abs for acc in per_sentence for a in acc),
-            "chained_min": min(acc[-1].chained_cosine for acc in per_sentence),
-            "chained_max_abs": max(acc[-1].chained_max_abs for acc in per_sentence)}
-        c = dataclasses.replace(cfg, seq_len=64, quant=quant)
-        r = simulate(npu, c, backend="iss", weights=weights, x=inputs[0])
-        out["sram"][quant] = {"golden_match": r.golden_match, "cosine": r.cosine,
-                              "used": r.per_chip[0].sram_bytes_used,
-                              **r.per_chip[0].sram_bytes}
+        for calibration in ("self", "next") if len(inputs) > 1 else ("self",):
+            per_sentence = []
+            for n, x in enumerate(inputs):
+                c = dataclasses.replace(cfg, seq_len=len(x), quant=quant)
+                calib = None if calibration == "self" else inputs[(n + 1) % len(inputs)]
+                per_sentence.append(layer_accuracy(c, weights, x, calib))
+            if calibration == "self":
+                out["layers"][quant] = per_sentence[0]
+            out["accuracy"][quant, calibration] = {
+                "local_min": min(a.local_cosine for acc in per_sentence for a in acc),
+                "local_max_abs": max(a.local_max_abs for acc in per_sentence for a in acc),
+                "chained_min": min(acc[-1].chained_cosine for acc in per_sentence),
+                "chained_max_abs": max(acc[-1].chained_max_abs for acc in per_sentence)}
+        for strategy, chips in () if quick else (("single", 1), ("head", 4)):
+            c = dataclasses.replace(cfg, seq_len=64, quant=quant)
+            r = simulate(npu, c, strategy=strategy, chips=chips, backend="iss",
+                         weights=weights, x=inputs[0], reference="none")
+            out["sram"][quant, strategy, chips] = {
+                "golden_match": r.golden_match, "cosine": r.cosine,
+                "used": max(p.sram_bytes_used for p in r.per_chip),
+                **{k: max(p.sram_bytes[k] for p in r.per_chip) for k in r.per_chip[0].sram_bytes}}
         c = dataclasses.replace(cfg, seq_len=len(inputs[0]), quant=quant)
         out["cycles"][("minilm", quant)] = {"layers": c.n_layers, "rtl": None,
                                             "estimate": launch_cycles(npu, c, weights,
@@ -165,14 +177,17 @@ def measure(ckpt: Path | None, *, rtl: bool) -> dict:
 
 
 def run(quick: bool):
-    data = measure(minilm_checkpoint(), rtl=not quick)
+    data = measure(minilm_checkpoint(), rtl=not quick, quick=quick)
     rows = []
     if not data["accuracy"]:
         rows.append({"bench": "accuracy on all-MiniLM-L6-v2", "value": None,
                      "note": "skipped: the checkpoint is not in the cache (run the slow "
                              "MiniLM tests once)"})
-    for quant, a in data["accuracy"].items():
-        note = "worst of 3 sentences, each calibrated on itself; vs float64"
+    for (quant, calibration), a in data["accuracy"].items():
+        on = "itself" if calibration == "self" else "the next sentence"
+        note = (f"worst of {1 if quick else len(SENTENCES)} sentence(s), each calibrated on "
+                f"{on}; vs float64")
+        quant = quant if calibration == "self" else f"{quant} (calibrated on another)"
         rows += [
             {"bench": f"MiniLM {quant}: worst per-layer cosine (local)",
              "value": a["local_min"], "unit": "cosine", "ref": 0.999,
@@ -182,8 +197,9 @@ def run(quick: bool):
              "note": f"target 0.995; {note}"},
             {"bench": f"MiniLM {quant}: max abs error after six layers",
              "value": a["chained_max_abs"], "unit": "abs", "note": note}]
-    for quant, s in data["sram"].items():
-        rows.append({"bench": f"MiniLM {quant}: scratchpad bytes, one chip, 64 tokens",
+    for (quant, strategy, chips), s in data["sram"].items():
+        rows.append({"bench": f"MiniLM {quant}: scratchpad bytes per chip, {strategy} on "
+                              f"{chips}, 16 tokens",
                      "value": s["used"], "unit": "bytes",
                      "note": f"weights {s['weights']:,}, kv_cache {s['kv_cache']:,}, "
                              f"activations {s['activations']:,}; ISS golden match "
@@ -214,11 +230,14 @@ def run(quick: bool):
 def _markdown(data: dict) -> str:
     lines = []
     if data["accuracy"]:
-        lines += ["| scheme | worst local cosine | worst local max abs | cosine after 6 layers "
-                  "| max abs after 6 layers |", "|---|---|---|---|---|"]
-        for quant, a in data["accuracy"].items():
-            lines.append(f"| {quant} | {a['local_min']:.5f} | {a['local_max_abs']:.3f} | "
-                         f"{a['chained_min']:.5f} | {a['chained_max_abs']:.3f} |")
+        lines += ["| scheme | calibrated on | worst local cosine | worst local max abs | "
+                  "cosine after 6 layers | max abs after 6 layers |",
+                  "|---|---|---|---|---|---|"]
+        for (quant, calibration), a in data["accuracy"].items():
+            on = "itself" if calibration == "self" else "the next sentence"
+            lines.append(f"| {quant} | {on} | {a['local_min']:.5f} | "
+                         f"{a['local_max_abs']:.3f} | {a['chained_min']:.5f} | "
+                         f"{a['chained_max_abs']:.3f} |")
         lines += ["", "| layer | " + " | ".join(
             f"{q} local cos | {q} local max abs | {q} chained cos | {q} chained max abs"
             for q in data["layers"]) + " |",
@@ -231,11 +250,12 @@ def _markdown(data: dict) -> str:
                 cells += [f"{a.local_cosine:.5f}", f"{a.local_max_abs:.3f}",
                           f"{a.chained_cosine:.5f}", f"{a.chained_max_abs:.3f}"]
             lines.append(f"| {i} | " + " | ".join(cells) + " |")
-        lines += ["", "| scheme | scratchpad bytes | weights | kv_cache | activations | "
-                  "ISS golden match |", "|---|---|---|---|---|---|"]
-        for quant, s in data["sram"].items():
-            lines.append(f"| {quant} | {s['used']:,} | {s['weights']:,} | {s['kv_cache']:,} | "
-                         f"{s['activations']:,} | {s['golden_match']} |")
+        lines += ["", "| scheme | chips | scratchpad bytes per chip | weights | kv_cache | "
+                  "activations | ISS golden match | cosine |", "|---|---|---|---|---|---|---|---|"]
+        for (quant, strategy, chips), s in data["sram"].items():
+            lines.append(f"| {quant} | {strategy} on {chips} | {s['used']:,} | "
+                         f"{s['weights']:,} | {s['kv_cache']:,} | {s['activations']:,} | "
+                         f"{s['golden_match']} | {s['cosine']:.5f} |")
     lines += ["", "| model | scheme | cycles per layer (pysim) | closed-form launch sum per "
               "layer | matmul | vector | attention | instructions |",
               "|---|---|---|---|---|---|---|---|"]
