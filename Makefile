@@ -15,6 +15,8 @@ BACKEND  ?= pysim
 NPU_TOML ?= constraints/npu/tiny.toml
 MODEL    ?= constraints/models/tiny.toml
 SEED     ?= 0
+# Quantisation scheme (int8 or smooth16); empty: the model file's `quant`.
+QUANT    ?=
 JOBS     ?= 2
 BUILD    ?= build
 
@@ -45,6 +47,7 @@ TIMED    := $(if $(filter iss,$(BACKEND)),,--plot $(BUILD)/sim-$(STRATEGY).png -
 sim: $(STAMP)
 	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
+		$(if $(QUANT),--quant $(QUANT)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
 
 # A design-space sweep (docs/sweep.md): every point of SPEC as a Dask task on WORKERS local

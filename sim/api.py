@@ -15,6 +15,7 @@ Configurations are the frozen :class:`NpuConfig` / :class:`ModelConfig` (``load_
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.config import load_model, load_npu, model_preset, npu_preset
 
+from .accuracy import LayerAccuracy, layer_accuracy
 from .bench import run_benchmarks
 from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
 from .collective import CollectiveReport, run_collective
@@ -35,5 +36,6 @@ __all__ = [
     "run_benchmarks",
     "load_spec", "run_sweep", "SweepSpec", "SweepResult",
     "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",
+    "layer_accuracy", "LayerAccuracy",
     "NpuError", "BadInput", "Watchdog", "ToolFailure",
 ]

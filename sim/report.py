@@ -94,6 +94,7 @@ class SimReport:
         report = {
             "strategy": self.strategy, "chips": self.chips, "backend": self.backend,
             "seed": self.seed, "npu": self.npu.name, "model": self.model.name,
+            "quant": self.model.quant,
             "samples": self.samples,
             "cycles": self.cycles, "load_cycles": self.load_cycles,
             "golden_match": self.golden_match,
@@ -177,7 +178,8 @@ class SimReport:
             lines.append(f"  {len(self.collectives)} collectives/transfers "
                          f"({sum(c['bytes'] for c in self.collectives):,} bytes)")
         lines.append(f"  golden match: {'yes (bit-exact)' if self.golden_match else 'NO'}; "
-                     f"vs float64: cosine {self.cosine:.5f}, max abs {self.max_abs:.4g}")
+                     f"vs float64 ({self.model.quant}): cosine {self.cosine:.5f}, max abs "
+                     f"{self.max_abs:.4g}")
         if not self.golden_match:
             lines.append(f"  first mismatch {self.first_mismatch}")
         return "\n".join(lines)

@@ -9,12 +9,13 @@ waiting chips, since the programs themselves cannot meet).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import numpy as np
 
-from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
@@ -215,7 +216,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
              link_stalls: float = 0.0, progress=None, reference: str = "auto",
-             grid: str | None = None) -> SimReport:
+             grid: str | None = None, quant: str | None = None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
     (``chips`` defaults to the grid's A x B, or 1).
 
@@ -228,6 +229,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a waveform (pysim
     only). ``progress(cycles)`` is called while a simulation runs (and its ``close()`` after, if it
     has one). Every output integer is compared with the integer golden model.
+
+    ``quant``: the quantisation scheme (``int8`` or ``smooth16``, ``docs/formats.md``) instead
+    of the model's ``quant``.
 
     ``reference``: how a multi-chip run measures one chip's cycles for the same model and
     batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,
@@ -254,6 +258,10 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     if link_stalls and (chips == 1 or backend != "pysim"):
         raise BadInput("--link-stalls applies to --backend pysim with --chips > 1")
     max_cycles = max_cycles or DEFAULT_MAX_CYCLES
+    if quant is not None:
+        if quant not in QUANT_SCHEMES:
+            raise BadInput(f"--quant {quant!r} is not one of {', '.join(QUANT_SCHEMES)}")
+        model = dataclasses.replace(model, quant=quant)
     # Refuse what a chip cannot run before any work (the compiler checks again).
     if strategy == "sequence":
         check_sequence(npu, model, chips)

@@ -24,6 +24,7 @@ from sim.compiler.attention_launch import attention_launch
 from sim.compiler.attention_launch import emit as emit_attention
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
+from sim.golden.float_model import random_weights
 from sim.golden.scratchpad import addr_sequence
 from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all
@@ -117,6 +118,26 @@ def write_model(tmp_path, name="m.toml", **over):
     keys = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32, "seq_len": 6,
             "window": 0, "causal": True, "norm": "pre", **over}
     return str(write_toml(tmp_path / name, keys))
+
+
+def outlier_model(cfg, seed):
+    """Random weights and input (``seed``) with the outliers real encoders show: two residual
+    channels and the LayerNorm gammas of the same channels scaled by 4 and 3 (outlier channels
+    in every LayerNorm output), and per layer one FFN neuron with W1's column scaled by 8 and
+    2 added to its bias (a massive activation). Returns ``(weights, x)``."""
+    rng = seeded(seed)
+    w = random_weights(cfg, seed)
+    ch = rng.choice(cfg.d_model, 2, replace=False)
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        for ln in ("ln1", "ln2"):
+            w[p + ln + ".weight"][ch] *= [4.0, 3.0]
+        j = rng.integers(cfg.d_ff)
+        w[p + "ffn.w1"][:, j] *= 8.0
+        w[p + "ffn.b1"][j] += 2.0
+    x = rng.standard_normal((cfg.seq_len, cfg.d_model))
+    x[:, ch] *= [4.0, 3.0]
+    return w, x
 
 
 # --- NPU variants -------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.spec import QUANT_SCHEMES
+
 from ..chrome_trace import write_trace
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
 from ..plot import plot_timeline
@@ -21,6 +23,8 @@ def add_parser(sub):
     p.add_argument("--npu", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--backend", default="pysim", choices=BACKENDS)
+    p.add_argument("--quant", choices=QUANT_SCHEMES,
+                   help="quantisation scheme (default: the model file's quant, int8 when unset)")
     p.add_argument("--seed", type=int, default=0)
     for opt in ("--weights", "--input", "--calib", "--output", "--json", "--vcd", "--trace",
                 "--plot"):
@@ -61,7 +65,7 @@ def run(args) -> int:
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
                           max_cycles=args.max_cycles, vcd=args.vcd,
                           link_stalls=args.link_stalls, progress=progress_bar(),
-                          reference=args.reference, grid=args.grid)
+                          reference=args.reference, grid=args.grid, quant=args.quant)
     except BadInput as exc:
         # Name the file the problem came from.
         text = str(exc)

@@ -54,6 +54,8 @@ class Allocator:
     tensors: dict = field(default_factory=dict)
     images: dict = field(default_factory=dict)     # base -> [words, N] uint8 initial contents
     used: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    #: What the capacity refusal should also say (a scheme's extra buffers).
+    notes: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.high_word < 0:
@@ -104,6 +106,11 @@ class Allocator:
         self.images[t.base] = words
         return t
 
+    def note(self, text: str):
+        """Add ``text`` to the capacity refusal's message (once)."""
+        if text not in self.notes:
+            self.notes.append(text)
+
     def check_capacity(self):
         """Raise :class:`ConfigError` naming every category when the image exceeds the SRAM."""
         need = self.next_word * self.n
@@ -114,6 +121,7 @@ class Allocator:
             parts = ", ".join(f"{c} {self.used[c]:,}" for c in CATEGORIES)
             where = "" if need > self.npu.sram_bytes else \
                 " (its regions overlap: the transfer bank is full)"
+            notes = "".join(f"; {n}" for n in self.notes)
             raise ConfigError(f"is too small: the model needs {need:,} bytes of scratchpad "
-                              f"({parts}){where}", path=self.npu.path, key="sram_bytes",
-                              value=self.npu.sram_bytes)
+                              f"({parts}){where}{notes}", path=self.npu.path,
+                              key="sram_bytes", value=self.npu.sram_bytes)

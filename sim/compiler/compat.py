@@ -7,7 +7,10 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 
 from .attention_launch import plan_schedule
 
-__all__ = ["check_single_chip"]
+#: smooth16's FFN2 lo pass sums d_ff products of 255 x (-128..127) in int32: at most this d_ff.
+SMOOTH16_D_FF_MAX = (1 << 16) - 1
+
+__all__ = ["check_single_chip", "SMOOTH16_D_FF_MAX"]
 
 
 def check_single_chip(npu: NpuConfig, cfg: ModelConfig):
@@ -33,6 +36,9 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig):
     except ValueError as exc:
         key, value = ("window", cfg.window) if cfg.window else ("seq_len", cfg.seq_len)
         refuse(key, value, f"does not fit attn_window={npu.attn_window}: {exc}", npu.path)
+    if cfg.quant == "smooth16" and cfg.d_ff > SMOOTH16_D_FF_MAX:
+        refuse("d_ff", cfg.d_ff, f"exceeds {SMOOTH16_D_FF_MAX} for quant=\"smooth16\": the FFN2 "
+               "lo pass's int32 sum of d_ff products of 255 x 128 would overflow", cfg.path)
     if npu.vector_lanes != npu.array_size:
         refuse("vector_lanes", npu.vector_lanes,
                f"must equal array_size={npu.array_size} for the chip's word-wide vector path",

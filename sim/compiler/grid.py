@@ -184,10 +184,7 @@ def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, 
                 recv(m + 1)
         before = _launch_counts(asm)
         if cfg.norm == "post":
-            first = layers[0]
-            mult, shift = (qm.in_mult, qm.in_shift) if first == 0 else \
-                (qm.layers[first - 1].ln2.mult, qm.layers[first - 1].ln2.shift)
-            em.requant_input(x, acts.x8, mult, shift)
+            em.requant_input(x, acts.x8, layers[0])
         for i in layers:
             em.emit_block(i, weights[i], shard, acts, x, len(batch))
         em.gather_residual(x, shard, len(batch))

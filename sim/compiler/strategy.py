@@ -12,13 +12,15 @@ from .program import SystemProgram
 from .quantize import QModel
 from .sequence import compile_sequence
 
-__all__ = ["BUILT", "GRIDS", "parse_grid", "strategy_grid", "compile_program"]
+__all__ = ["BUILT", "GRIDS", "SMOOTH16", "parse_grid", "strategy_grid", "compile_program"]
 
 #: Strategies with a compiler (the others are refused as not built yet).
 BUILT = ("single", "head", "pipeline", "data", "sequence", "head+pipeline", "data+head",
          "data+pipeline")
 #: The 2-D strategies: ``--grid AxB`` gives the first part A chips, the second B.
 GRIDS = ("head+pipeline", "data+head", "data+pipeline")
+#: Strategies whose compiler emits ``quant = "smooth16"`` (the grid compiler's block emitter).
+SMOOTH16 = ("single", "head", "pipeline", "data", "head+pipeline", "data+head", "data+pipeline")
 
 
 def parse_grid(text: str) -> tuple[int, int]:
@@ -58,6 +60,9 @@ def compile_program(strategy: str, npu: NpuConfig, qm: QModel, chips: int, *, se
     (``ConfigError`` for a model or chip that cannot run it)."""
     if strategy not in BUILT:
         raise ValueError(f"--strategy {strategy} is not built yet (built: {', '.join(BUILT)})")
+    if qm.quant == "smooth16" and strategy not in SMOOTH16:
+        raise ValueError(f"--strategy {strategy} does not compile quant=\"smooth16\" yet "
+                         f"(strategies that do: {', '.join(SMOOTH16)}); use --quant int8")
     if strategy == "sequence":
         if microbatches is not None:
             raise ValueError("--microbatches applies to strategies with a pipeline")

@@ -210,6 +210,10 @@ def test_npu_impossible_values(tmp_path, overrides, fragments):
     ({"activation": "tanh"}, ["activation='tanh' is not one of 'gelu', 'relu', 'silu'"]),
     ({"ffn": "moe"}, ["ffn='moe' is not one of 'mlp', 'gated'"]),
     ({"norm": "Pre"}, ["norm='Pre' is not one of"]),
+    ({"quant": "int4"}, ["quant='int4' is not one of 'int8', 'smooth16'"]),
+    ({"smooth_alpha": 1.5}, ["smooth_alpha=1.5 is outside [0, 1]"]),
+    ({"smooth_alpha": -0.1}, ["smooth_alpha=-0.1 is outside [0, 1]"]),
+    ({"smooth_alpha": "high"}, ["smooth_alpha='high' has type str, expected float"]),
 ])
 def test_model_inconsistent_values(tmp_path, overrides, fragments):
     rejects(load_model, write(tmp_path, MODEL, **overrides), *fragments)
@@ -331,8 +335,11 @@ def test_model_defaults_and_derived(tmp_path):
                                             "seq_len": 4}))
     assert model.d_head == 4
     assert (model.window, model.causal, model.norm, model.norm_kind, model.activation,
-            model.ffn, model.bias, model.batch) == \
-        (0, True, "pre", "layernorm", "gelu", "mlp", True, 1)
+            model.ffn, model.bias, model.batch, model.quant, model.smooth_alpha) == \
+        (0, True, "pre", "layernorm", "gelu", "mlp", True, 1, "int8", 0.7)
+    # An integer alpha is stored as a float.
+    assert load_model(write(tmp_path, MODEL, quant="smooth16", smooth_alpha=1)).smooth_alpha \
+        == 1.0
     assert model.attn_span == 4
     # Q, K, V, O: 4 * 8*8 = 256; FFN up and down: 2 * 8*16 = 256.
     assert model.weights_per_layer == 512

@@ -25,6 +25,27 @@ def test_iss_runs_the_tiny_model_bit_exact(capsys, tmp_path):
     assert y.dtype == np.float32 and y.shape == (8, 32)
 
 
+def test_quant_option_and_model_key(capsys, tmp_path):
+    """``--quant smooth16`` overrides the model file's scheme; ``quant = "smooth16"`` in the
+    file selects it; the report names the scheme it ran."""
+    report = tmp_path / "r.json"
+    for argv, want in (([], "int8"), (["--quant", "smooth16"], "smooth16")):
+        status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL,
+                               "--backend", "iss", "--json", str(report), *argv)
+        assert status == 0, err
+        r = json.loads(report.read_text())
+        assert r["quant"] == want and r["golden_match"] and r["float_error"]["cosine"] > 0.99
+        assert f"vs float64 ({want}): cosine" in out
+    model = write_model(tmp_path, norm="post", causal=False, quant="smooth16")
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--json", str(report))
+    assert status == 0, err
+    assert json.loads(report.read_text())["quant"] == "smooth16"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--json", str(report), "--quant", "int8")
+    assert status == 0 and json.loads(report.read_text())["quant"] == "int8"
+
+
 @pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
 def test_pysim_equals_golden_small_model(capsys, tmp_path, norm, causal):
     model = write_model(tmp_path, norm=norm, causal=causal)
@@ -64,6 +85,8 @@ def test_weights_and_input_files(capsys, tmp_path):
     ({"seq_len": 40, "window": 9, "causal": False}, "window=9 does not fit attn_window=16"),
     ({"seq_len": 80}, "seq_len=80 exceeds max_seq_len=64"),
     ({"d_model": 96, "n_heads": 12, "d_head": 8}, "d_model=96 exceeds d_model_max=64"),
+    ({"d_ff": 65536, "quant": "smooth16"}, "d_ff=65536 exceeds 65535 for quant=\"smooth16\": "
+                                           "the FFN2 lo pass's int32 sum"),
 ])
 def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
     model = write_model(tmp_path, **over)
