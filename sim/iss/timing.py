@@ -52,7 +52,8 @@ from .engines import AttentionModel, MatmulModel, VectorModel
 from .errors import IssError
 from .ring import CollectiveModel, LinkModel, RecvModel, SendModel, route
 
-__all__ = ["ChipTiming", "SystemTiming", "ChipModel", "time_programs"]
+__all__ = ["ChipTiming", "SystemTiming", "ChipModel", "time_programs", "trace_entries",
+           "trace_depth"]
 
 _GENS = READ_GENS + WRITE_GENS
 _RD = {g: k for k, g in enumerate(READ_GENS)}
@@ -435,3 +436,16 @@ def time_programs(npu: NpuConfig, programs, *, ring: bool | None = None,
         cycle += 1
     return SystemTiming(max(m.cycles for m in models), [m.result() for m in models])
 
+
+
+def trace_depth(npu: NpuConfig) -> int:
+    """Entries a chip's trace buffer holds (``hw.tile.ports.trace_depth``): two per
+    instruction word."""
+    return 2 * npu.imem_words
+
+
+def trace_entries(npu: NpuConfig, entries) -> dict:
+    """A chip's trace as its host port reads it back (``sim.rtl.chip_runner.read_trace``):
+    ``{"entries": [(cycle, busy)], "overflow"}``, the entries beyond the buffer lost."""
+    depth = trace_depth(npu)
+    return {"entries": list(entries[:depth]), "overflow": len(entries) > depth}
