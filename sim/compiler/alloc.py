@@ -109,11 +109,26 @@ class Allocator:
                     low: bool = False) -> Tensor:
         """Allocate and initialise a block of raw words (weights, parameters, tables)."""
         words = np.asarray(words, np.uint8).reshape(-1, self.n)
-        beside = not low and name.endswith(self.BESIDE_MATMUL)
-        t = self.alloc(name, len(words), self.n, 1, category, row_words_=1, low=low,
-                       transfer=beside)
+        t = self.alloc_block(name, len(words), category, low=low)
         self.images[t.base] = words
         return t
+
+    def alloc_block(self, name: str, count: int, category: str, *,
+                    low: bool = False) -> Tensor:
+        """Allocate ``count`` raw words where :meth:`alloc_words` would put them, without
+        contents: a compile that needs only the program and the layout (the planner's, for
+        models whose weights it never holds) allocates exactly what the full one does."""
+        beside = not low and name.endswith(self.BESIDE_MATMUL)
+        return self.alloc(name, count, self.n, 1, category, row_words_=1, low=low,
+                          transfer=beside)
+
+    @property
+    def overflows(self) -> bool:
+        """The allocation exceeds the scratchpad or its regions overlap
+        (:meth:`check_capacity` would refuse it)."""
+        mid_used = self.mid_top is not None and self.mid_word < self.mid_top
+        return self.next_word > self.npu.sram_words or self.low_word > self.high_word or (
+            mid_used and (self.low_word > self.mid_word or self.mid_top > self.high_word))
 
     def check_capacity(self):
         """Raise :class:`ConfigError` naming every category when the image exceeds the SRAM."""

@@ -62,6 +62,9 @@ _UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED"),
               Op.SEND: ("SR_DEST",), Op.RECV: ("SR_SRC",)}
 #: Launches shorter than this many cycles are timed exactly, by the cycle model alone.
 EXACT_CYCLES = 4000
+#: Longer launches outside the exact closed forms are cut to a few repeats and simulated up
+#: to this many cycles; beyond, approximated (:meth:`LaunchTimer.approximate`).
+EXTRAPOLATE_CYCLES = 100_000
 
 
 def _gen_regs(gen):
@@ -77,15 +80,15 @@ _REGS_OF = {op: tuple(r for g in _GENS_OF[op] for r in _gen_regs(g)) + _UNIT_REG
 
 def _extent(regs, gen):
     """(first word, last word, words) a generator's descriptor covers (wrap: its buffer)."""
-    base = regs[f"{gen}.base"]
+    base = regs.get(f"{gen}.base", 0)
     lo = hi = 0
     words = 1
     for lv in range(ADDR_LEVELS):
-        count = max(1, regs[f"{gen}.n{lv}"])
-        step = regs[f"{gen}.s{lv}"] * (count - 1)
+        count = max(1, regs.get(f"{gen}.n{lv}", 0))
+        step = regs.get(f"{gen}.s{lv}", 0) * (count - 1)
         lo, hi = lo + min(0, step), hi + max(0, step)
         words *= count
-    if gen in WRAP_GENS and regs[f"{gen}.wrap"]:
+    if gen in WRAP_GENS and regs.get(f"{gen}.wrap", 0):
         return base, base + regs[f"{gen}.wrap"] - 1, words
     return base + lo, base + hi, words
 
@@ -130,8 +133,29 @@ class LaunchTimer:
         key = (op,) + tuple(regs.get(name, 0) for name in _REGS_OF[op])
         got = self._cache.get(key)
         if got is None:
-            got = self._cache[key] = self._duration(op, regs)
+            est = self.estimate(op, regs)
+            if est is not None and est > EXACT_CYCLES:
+                # Long launches by shape and relative bank layout: every layer's copy of a
+                # launch is timed once.
+                shape = self._signature(op, regs)
+                got = self._cache.get(shape)
+                if got is None:
+                    got = self._cache[shape] = self._duration(op, regs)
+            else:
+                got = self._duration(op, regs)
+            self._cache[key] = got
         return got
+
+    def _signature(self, op, regs):
+        gens = [g for g in _GENS_OF[op] if regs.get(f"{g}.n0")]
+        banks = {g: self._banks(regs, g) for g in gens}
+        ref = min((b[0] for b in banks.values()), default=0)
+        parts = [("sig", op)] + [regs.get(name, 0) for name in _UNIT_REGS[op]]
+        for g in gens:
+            parts.append((g, tuple(regs.get(f"{g}.{x}{lv}", 0) for x in "ns"
+                                   for lv in range(ADDR_LEVELS)),
+                          banks[g][0] - ref, banks[g][1] - ref))
+        return tuple(parts)
 
     def _duration(self, op, regs) -> int:
         est = self.estimate(op, regs)
@@ -140,7 +164,23 @@ class LaunchTimer:
         closed = self.closed_form(op, regs)
         if closed is not None:
             return closed
+        if est > EXTRAPOLATE_CYCLES:
+            approx = self.approximate(op, regs)
+            if approx is not None:
+                return approx
         return self._extrapolate(op, regs)
+
+    def approximate(self, op, regs) -> int | None:
+        """Launches too long to cut and simulate, outside the exact closed forms' domain: a
+        matmul whose A and parameters share a bank, or whose K is so short that the next
+        fold's parameters stall the array (:func:`hw.spec.timing.chip.matmul_approx`)."""
+        if op is not Op.MATMUL:
+            return None
+        ow = out_words(OutMode(regs["MM_MODE"]))
+        shared = self._share(regs, "RD0", "RD2") or self._share(regs, "RD1", "RD2") or \
+            self._share(regs, "RD0", "RD1")
+        return chip_timing.matmul_approx(self.n, regs["MM_K"], regs["MM_FOLDS"], ow,
+                                         shared=shared)
 
     def estimate(self, op, regs) -> int | None:
         """Roughly the launch's cycles (to choose how to time it)."""
@@ -205,6 +245,8 @@ class LaunchTimer:
             if cut is None:
                 break
             reps, cregs = cut
+            if points and reps <= points[-1][0]:
+                continue
             points.append((reps, self.simulate(op, cregs)))
         full = _repeats(op, regs)
         if len(points) < 2 or full <= points[-1][0]:
@@ -248,12 +290,10 @@ def _cut(op, regs, r):
         nb, mb = max(1, regs["RD1.n1"]), max(1, regs["RD1.n2"])
         if folds <= r:
             return None
-        if mb >= r:
-            nb2, mb2 = nb, max(1, r // nb) if nb < r else 1
-            if nb >= r:
-                nb2, mb2 = r, 1
+        if nb >= r:
+            nb2, mb2 = r, 1
         else:
-            nb2, mb2 = max(1, r // mb), mb
+            nb2, mb2 = nb, min(mb, -(-r // nb))
         f2 = nb2 * mb2
         for gen, lv_nb, lv_mb in (("RD0", 2, 3), ("RD1", 1, 2), ("RD2", 1, 2), ("WR0", 2, 3)):
             out[f"{gen}.n{lv_nb}"] = nb2

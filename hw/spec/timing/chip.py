@@ -15,7 +15,7 @@ from ..vector import VectorOp
 from ..vector_engine import row_words
 
 __all__ = ["READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
-           "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "matmul_k_min", "matmul_cycles",
+           "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
 
 #: Words each scratchpad read port buffers (a read is granted only while there is room for it).
@@ -53,6 +53,27 @@ def matmul_cycles(size: int, k: int, folds: int, out_words: int) -> int:
     the last row's words)."""
     stall = max(0, (size - 3) * (out_words - 1))
     return folds * (k + stall) + 4 * size + 6 + 3 * (out_words - 1)
+
+
+def matmul_approx(size: int, k: int, folds: int, out_words: int, *, shared: bool) -> int:
+    """An estimate of a ``MATMUL`` launch's busy cycles outside :func:`matmul_cycles`'s domain
+    (measured on the cycle model for N = 4, 8, 16; within a few cycles per fold):
+
+    - ``k < matmul_k_min``: a fold takes at least ``N + 7 + s`` cycles (the next fold's
+      parameters are gathered once the current fold's last row is requantised);
+    - ``shared`` (A and the parameters in one bank, the A stream first): each fold after the
+      first waits ``N + 5`` cycles for its parameters (``N + 4`` with int16 output; with int32
+      output the packer's stalls hide ``s - 3`` of them).
+    """
+    stall = max(0, (size - 3) * (out_words - 1))
+    period = k + stall
+    if k < matmul_k_min(size, out_words):
+        period = max(period, size + 7 + stall)
+    cycles = folds * period + 4 * size + 6 + 3 * (out_words - 1)
+    if shared:
+        wait = {1: size + 5, 2: size + 4}.get(out_words, max(0, size + 5 - stall))
+        cycles += (folds - 1) * wait + 5
+    return cycles
 
 
 def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int, flags,
