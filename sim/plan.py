@@ -59,7 +59,7 @@ from .iss.fast import LaunchTimer, time_programs_fast
 from .iss.timing import time_programs
 
 __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
-           "COMPILED", "chip_bytes"]
+           "COMPILED", "chip_bytes", "limits", "ring_buildable"]
 
 #: Strategies whose programs the compiler emits (the others are planned analytically).
 COMPILED = ("single", "head", "pipeline")
@@ -207,7 +207,8 @@ class Role:
 
 
 def _learned_positions(cfg: ModelConfig) -> bool:
-    """GPT-2 and BERT learn a position table; the RMSNorm family (Llama) rotates (RoPE)."""
+    """GPT-2 and BERT learn a position table (``seq_len`` rows counted); the RMSNorm family
+    (Llama) rotates its queries and keys instead (RoPE: no table)."""
     return cfg.norm_kind != "rmsnorm"
 
 
@@ -256,7 +257,8 @@ def chip_bytes(npu: NpuConfig, cfg: ModelConfig, role: Role, *, tables: bool = T
     if tables:
         table = cfg.vocab_size * cfg.d_model
         pos = cfg.seq_len * cfg.d_model if _learned_positions(cfg) else 0
-        weights += math.ceil((table + pos) * role.embeddings) + math.ceil(table * role.lm_head)
+        head = role.lm_head if cfg.causal else 0.0      # an encoder has no LM head
+        weights += math.ceil((table + pos) * role.embeddings) + math.ceil(table * head)
         if role.final_norm:
             weights += words(cfg.d_model, 4) * n
     kv_rows = rows + max(role.samples) * role.halo
@@ -357,6 +359,16 @@ def _stage_roles(cfg, count, group, batch, picks) -> list[Role]:
 
 
 # --- limits -------------------------------------------------------------------------------
+def limits(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=None, *,
+           per_chip: list[ChipBytes] | None = None) -> list[Reason]:
+    """Every limit ``strategy`` on ``chips`` chips (``grid``: ``(A, B)``) violates; the
+    chips' bytes are the planner's unless ``per_chip`` gives them."""
+    roles = _roles(npu, cfg, strategy, chips, grid)
+    if per_chip is None:
+        per_chip = [chip_bytes(npu, cfg, r) for r in roles]
+    return _limits(npu, cfg, strategy, chips, grid, roles, per_chip)
+
+
 def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
     out = []
     group, stages, replicas = _split_counts(strategy, chips, grid)
@@ -795,7 +807,8 @@ def plan(npu: NpuConfig, model: ModelConfig, *, chips: int | None = None,
     for name in names:
         smallest = _smallest(npu, model, name)
         if min_chips:
-            at = smallest[0] if smallest else _search_limit(npu, model, name)
+            # Nothing fits: plan it on the largest system the ring builds, to say why.
+            at = smallest[0] if smallest else min(MAX_CHIPS, _search_limit(npu, model, name))
             grid = smallest[1] if smallest else None
         else:
             at, grid = chips, None
