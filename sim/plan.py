@@ -1000,16 +1000,17 @@ def _scaled(timer, npu, cfg, name, chips, notes):
                                     d_ff=max(1, math.ceil(cfg.d_ff / chips)))
         cycles, how, notes2 = _analytic_from(timer, npu, share, "single", 1)
         comm = _ring_cycles(npu, cfg, chips, 2 * cfg.n_layers)
-        notes.append("analytic: beyond the ring's chips, one chip's share of heads timed and "
-                     "the all-reduces added from the ring's cost")
+        notes.append("analytic: no program for this ring; one chip's share of the heads and "
+                     "FFN columns timed as a smaller model, the all-reduces added from the "
+                     "ring's cost")
         return cycles + comm, "analytic", notes + notes2
     if name == "pipeline" and chips <= cfg.n_layers:
         per = math.ceil(cfg.n_layers / chips)
         stage = dataclasses.replace(_built_model(cfg), n_layers=per)
         cycles, how, notes2 = _analytic_from(timer, npu, stage, "single", 1)
         m = min(cfg.batch, chips)
-        notes.append("analytic: beyond the ring's chips, one stage timed and the pipeline's "
-                     "m + p - 1 stage times counted")
+        notes.append("analytic: no program for this ring; one stage timed and the "
+                     "pipeline's m + p - 1 stage times counted")
         return round(cycles * (m + chips - 1) / m), "analytic", notes + notes2
     return None, None, notes
 

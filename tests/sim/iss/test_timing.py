@@ -26,6 +26,7 @@ from sim.iss import IssError
 from sim.iss.timing import time_programs, trace_depth, trace_entries
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.system_runner import run_system_pysim
+from sim.simulate import simulate
 from tests.helpers import small_npu
 from tests.hw.test_system import build as build_collectives
 
@@ -207,3 +208,16 @@ def test_lone_chip_and_matmul_chain():
     asm.launch(Op.NOP)
     asm.halt()
     assert_rtl_equal(npu, [asm.words()], [{}])
+
+
+def test_iss_reports_what_pysim_reports():
+    """`npu sim --backend iss`: the same cycles, per-chip busy and idle counts and collective
+    cycles as `--backend pysim` on the same model (head-parallel, two chips)."""
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_ff=16, seq_len=4,
+                      name="small")
+    npu = npu_preset("tiny")
+    iss = simulate(npu, cfg, strategy="head", chips=2, backend="iss").to_json()
+    rtl = simulate(npu, cfg, strategy="head", chips=2, backend="pysim").to_json()
+    assert iss["cycles"] == rtl["cycles"] and iss["golden_match"] and rtl["golden_match"]
+    assert [c["busy"] for c in iss["per_chip"]] == [c["busy"] for c in rtl["per_chip"]]
+    assert iss["collectives"] == rtl["collectives"]
