@@ -340,6 +340,14 @@ class _Chip:
         self.cycles = None
         self.pending = {}                # unit bit -> posted operation
 
+    def done_launch(self, bit, end):
+        """The unit's posted launch (the last of its unit still open) ends at ``end``."""
+        name = {3: "COLL", 4: "SEND", 5: "RECV"}[bit]
+        for launch in reversed(self.launches):
+            if launch[1] == name and launch[3] is None:
+                launch[3] = end
+                return
+
 
 def time_programs_fast(npu: NpuConfig, programs, *, timer: LaunchTimer | None = None
                        ) -> SystemTiming:
@@ -391,11 +399,12 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             if any(c.free[u] is None for u in deps):
                 return moved
             at = max([c.t] + [c.free[u] for u in deps])
-            c.launches.append((c.pc, op.name, at))
+            c.launches.append([c.pc, op.name, at, None])
             if op in (Op.MATMUL, Op.ATTN, Op.VEC):
                 dur = timer.duration(op, c.regs)
                 c.spans[bit].append((at + 1, at + 1 + dur))
                 c.free[bit] = at + 1 + dur
+                c.launches[-1][3] = at + 1 + dur
             else:
                 comm.post(c, op, at)
             c.t = at + 1
@@ -424,7 +433,8 @@ class _Comm:
                                     length=r["CO_LEN"], chips=r["CO_CHIPS"],
                                     first=r["CO_FIRST"], count=r["CO_COUNT"])
             if req.position(r["CO_RANK"]) is None:
-                return                      # outside the group: a no-op, never busy
+                c.launches[-1][3] = at + 1  # outside the group: a no-op, never busy
+                return
             c.pending[bit] = ("coll", req, at, dict(r))
         elif op is Op.SEND:
             words = _extent(r, "RD7")[2]
@@ -449,6 +459,7 @@ class _Comm:
                         end = start + 1 + durs[m]
                         chip.spans[3].append((p[2] + 1, end))
                         chip.free[3] = end
+                        chip.done_launch(3, end)
                         del chip.pending[3]
                     met = True
             send = c.pending.get(4)
@@ -462,8 +473,10 @@ class _Comm:
                     t0 = max(send[2], recv[2] + lag)
                     c.spans[4].append((send[2] + 1, t0 + 1 + s_dur))
                     c.free[4] = t0 + 1 + s_dur
+                    c.done_launch(4, t0 + 1 + s_dur)
                     dest.spans[5].append((recv[2] + 1, t0 + 1 + r_dur))
                     dest.free[5] = t0 + 1 + r_dur
+                    dest.done_launch(5, t0 + 1 + r_dur)
                     del c.pending[4]
                     del dest.pending[5]
                     met = True

@@ -78,8 +78,10 @@ class ChipTiming:
 
     ``cycles``: from start to ``done``; ``busy``: the busy counters by
     ``hw.spec.isa.BUSY_COUNTERS`` order; ``trace``: ``(cycle, busy vector)`` at every change
-    (``hw/tile/trace.py``); ``launches``: per launch ``(pc, op name, issue cycle)``;
-    ``issue``: the cycle each executed instruction was issued in, by pc order of execution.
+    (``hw/tile/trace.py``); ``launches``: per launch ``[pc, op name, issue cycle, done]``,
+    ``done`` the first cycle its unit is idle again (the cycle after the launch for a COLL
+    outside its group, which never makes its unit busy); ``issue``: the cycle each executed
+    instruction was issued in (a ``WAIT`` or ``HALT``: the cycle it passed).
     """
 
     chip: int
@@ -140,6 +142,7 @@ class ChipModel:
         self.prev = 0
         self.launches = []
         self.issue = []
+        self._open = {}                  # unit bit -> index in launches of its running launch
         self._bank_shift = (npu.bank_words - 1).bit_length() if npu.sram_banks > 1 else None
         self._addr_bits = npu.sram_addr_bits
         self._cache = {}
@@ -196,6 +199,10 @@ class ChipModel:
                     c[7] += 1
             if busy != self.prev:
                 self.trace.append((cycle, busy))
+                fell = self.prev & ~busy
+                for u in range(6):
+                    if fell >> u & 1 and u in self._open:
+                        self.launches[self._open.pop(u)][3] = cycle
                 self.prev = busy
         # Reads: the lowest-numbered port requesting a bank wins it.
         level, inflight = self.level, self.inflight
@@ -334,7 +341,13 @@ class ChipModel:
         self._starts.append(go)
 
     def _launch(self, op, cycle):
-        self.launches.append((self.pc, op.name, cycle))
+        bit = _BIT[op]
+        self.launches.append([self.pc, op.name, cycle, None])
+        index = len(self.launches) - 1
+
+        def opened():
+            self._open[bit] = index
+        self._starts.append(opened)
         if op is Op.MATMUL:
             regs = self._unit_regs(op)
             self._start_gens(_MM_GENS)
@@ -376,8 +389,10 @@ class ChipModel:
                            f"{r}: {exc}") from None
         rank = r["CO_RANK"]
         pos = req.position(rank)
-        if pos is None:
-            return                    # outside the group: a no-op (the router forwards)
+        if pos is None:               # outside the group: a no-op (the router forwards)
+            self._starts.pop()
+            self.launches[-1][3] = self.launches[-1][2] + 1
+            return
         data = req.kind in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER)
         sr = req.kind == Kind.SEND_RECV
         gens = []
