@@ -4,7 +4,8 @@ The command line (:mod:`sim.cli`) and the benchmarks call these; so can a notebo
 
     from sim.api import npu_preset, model_preset, simulate
     report = simulate(npu_preset("tiny"), model_preset("tiny"), backend="iss")
-    report.golden_match, report.to_json()
+    report.golden_match, report.cycles, report.to_json()
+    plan(npu_preset("lpu-like"), model_preset("llama2-7b"), min_chips=True).table()
 
 Configurations are the frozen :class:`NpuConfig` / :class:`ModelConfig` (``load_npu`` and
 ``load_model`` read a TOML file, ``npu_preset`` / ``model_preset`` a shipped preset, and
@@ -22,6 +23,7 @@ from .collective import CollectiveReport, run_collective
 from .errors import BadInput, NpuError, ToolFailure, Watchdog
 from .export import Exported, export_verilog
 from .fpga import synthesize
+from .plan import PlanReport, StrategyPlan, plan
 from .report import ChipStats, SimReport
 from .simulate import simulate
 from .sweep import SweepResult, SweepSpec, load_spec, run_sweep
@@ -31,6 +33,7 @@ __all__ = [
     "model_preset",
     "simulate", "SimReport", "ChipStats",
     "run_collective", "CollectiveReport",
+    "plan", "PlanReport", "StrategyPlan",
     "export_verilog", "Exported",
     "synthesize",
     "run_benchmarks",

@@ -28,6 +28,7 @@ from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
 from .iss import IssError, IssSystem
+from .iss.timing import time_programs, trace_entries
 from .report import UNITS, ChipStats, SimReport
 from .rtl.chip_runner import run_chip_pysim, run_chip_verilator
 from .rtl.pysim import SimulationTimeout
@@ -74,12 +75,18 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             system.run(programs)
         except IssError as exc:
             raise BadInput(f"the programs cannot run: {exc}") from None
+        # The same programs through the ISS's cycle model: the RTL's cycles, busy counters
+        # and traces (one chip alone as chip_runner runs it, several on ChipSystem's ring).
+        try:
+            timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles)
+        except IssError as exc:
+            raise Watchdog(str(exc)) from None
         wall = time.perf_counter() - start
         regions = [[system.chip[c].read_words(b, w) for b, w in reads[c]]
                    for c in range(n_chips)]
-        chips = [{"cycles": None, "busy": [0] * len(BUSY_COUNTERS), "trace": None}
-                 for _ in range(n_chips)]
-        res = {"cycles": None, "chips": chips, "wall_s": wall}
+        chips = [{"cycles": t.cycles, "busy": t.busy, "trace": trace_entries(npu, t.trace)}
+                 for t in timed.chips]
+        res = {"cycles": timed.cycles, "chips": chips, "wall_s": wall}
     elif n_chips == 1 and backend in ("pysim", "verilator"):
         try:
             if backend == "pysim":

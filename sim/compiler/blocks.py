@@ -321,14 +321,14 @@ class BlockEmitter:
             b_base=wt.base, p_base=(pt if params is None else params).base, c_base=dst.base,
             c_row_words=dst.row_words, mode=mode, a_unsigned=a_unsigned))
 
-    def _vec(self, launch):
-        vl.emit(self.asm, launch)
+    def _vec(self, launch, tag=None):
+        vl.emit(self.asm, launch, tag)
 
     def _ln(self, gb: Tensor, ql, src: Tensor, q: Tensor | None, y: Tensor | None):
         self._vec(vl.ln_launch(size=self.n, length=self.cfg.d_model, x=_rows(src),
                                gamma_beta_base=gb.base, q=_rows(q) if q is not None else None,
                                y=_rows(y) if y is not None else None, gshift=ql.gshift,
-                               mult=ql.mult, shift=ql.shift))
+                               mult=ql.mult, shift=ql.shift), tag=("ln", id(ql)))
         self.asm.wait(Unit.VEC)
 
     def _add(self, x: Tensor, delta: Tensor):
@@ -343,7 +343,8 @@ class BlockEmitter:
             return
         mult, shift = self.qm.input_requant(layer)
         self._vec(vl.requant_launch(size=self.n, length=self.cfg.d_model, a=_rows(x),
-                                    out=_rows(x8), mult=mult, shift=shift))
+                                    out=_rows(x8), mult=mult, shift=shift),
+                  tag=("input requant",))
         self.asm.wait(Unit.VEC)
 
     def _requant_lanes(self, x: Tensor, out: Tensor, params: Tensor):
@@ -510,7 +511,7 @@ class BlockEmitter:
                         k_pos=pos_base, bidirectional=not cfg.causal,
                         interleaved=sched.interleaved, halo=sched.halo, window=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
-                        out_mult=L.out_mult, out_shift=L.out_shift))
+                        out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
 
         def attention_block(h_in):
             self._matmul(h_in, w.qkv, qkv if qkv_out is None else qkv_out, self.d_pad,

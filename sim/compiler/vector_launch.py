@@ -262,11 +262,17 @@ def load_lut16_launch(*, size, base: int) -> VectorLaunch:
                          a=Rows(base, 1, row_words(GELU16_KNOTS, 2, size), 2))
 
 
-def emit(asm, launch: VectorLaunch):
+#: The ``VU_`` registers whose values come from the data (quantisation scales).
+DATA_REGS = ("VU_MULT", "VU_SHIFT", "VU_GSHIFT")
+
+
+def emit(asm, launch: VectorLaunch, src=None):
     """Append the launch's SETs (descriptors of the used generators, every VU_ register) and
-    the ``VEC`` opcode to ``asm``."""
+    the ``VEC`` opcode to ``asm``. ``src`` names where the launch's data-derived scales
+    (:data:`DATA_REGS`) come from (:meth:`~sim.compiler.assembler.Assembler.set`); ``None``:
+    they are constants."""
     for gen, desc in launch.descs.items():
         asm.set_desc(gen, desc)
     for name, value in launch.regs.items():
-        asm.set(name, value)
+        asm.set(name, value, src if name in DATA_REGS else None)
     asm.launch(Op.VEC)
