@@ -57,9 +57,9 @@ from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .descriptors import Desc
-from .program import ChipProgram, Placement, SystemProgram
+from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QModel
-from .single import check_single_chip, finish
+from .single import check_single_chip
 
 __all__ = ["split_tokens", "key_span", "Transfer", "plan_transfers", "check_sequence",
            "compile_sequence"]
