@@ -38,21 +38,17 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.collective import MAX_CHIPS, elements_per_word, word_bytes
-from hw.spec.isa import Unit
 from hw.spec.memory import PARAM_WORDS, row_words
 from hw.spec.timing.collective import ring_bound_cycles
 from hw.spec.vector import LUT_ENTRIES
 
 from . import simulate as _simulate
-from .compiler import p2p_launch as pl
-from .compiler.alloc import Allocator
-from .compiler.assembler import Assembler
 from .compiler.attention_launch import plan_schedule
 from .compiler.blocks import BlockEmitter, LayerWeights, Shard, pad_to
-from .compiler.head import head_shards
-from .compiler.pipeline import split_batch, stage_layers
-from .compiler.program import ChipProgram, Placement, SystemProgram
+from .compiler.grid import compile_grid
+from .compiler.program import SystemProgram
 from .compiler.quantize import QLayer, QLayerNorm, QModel
+from .compiler.strategy import strategy_grid
 from .errors import BadInput
 from .iss.errors import IssError
 from .iss.fast import LaunchTimer, time_programs_fast
@@ -62,7 +58,7 @@ __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile
            "COMPILED", "chip_bytes", "limits", "ring_buildable"]
 
 #: Strategies whose programs the compiler emits (the others are planned analytically).
-COMPILED = ("single", "head", "pipeline")
+COMPILED = ("single", "head", "pipeline", "data")
 GRIDS = ("head+pipeline", "data+head", "data+pipeline")
 #: Programs up to this many chip-cycles are timed by the cycle model (equal to the RTL).
 EXACT_CHIP_CYCLES = 150_000
@@ -501,11 +497,17 @@ def _comm(npu, cfg, strategy, chips, grid) -> tuple[int, int, list[str]]:
     if strategy in ("head", "head+pipeline", "data+head") and group > 1:
         if strategy == "data+head":
             rows = max(len(p) for p in np.array_split(range(b), grid[0])) * seq_pad
-        # Two all-reduce SUMs of int32 partial sums (O, FFN2); a ring all-reduce sends
-        # 2 (N-1)/N of the message from each chip.
         msg = rows * d_pad * 4
-        sent += 2 * 2 * (group - 1) * msg // group
-        colls += 2
+        if rows % group == 0:
+            # The group splits the row-wise work (sim.compiler.blocks: row_split): reduce-
+            # scatters of the int32 O and FFN2 partial sums, all-gathers of the two int8
+            # LayerNorm outputs; each sends (N-1)/N of its message from each chip.
+            sent += 2 * (group - 1) * (msg + rows * d_pad) // group
+            colls += 4
+        else:
+            # Two all-reduce SUMs of the partial sums; a ring all-reduce sends 2 (N-1)/N.
+            sent += 2 * 2 * (group - 1) * msg // group
+            colls += 2
     if strategy == "hidden" and chips > 1:
         d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
         msgs = [rows * 16, rows * 3 * d * 4, rows * cfg.seq_len * h * 4, rows * d * 4,
@@ -583,126 +585,18 @@ class _ShapeEmitter(BlockEmitter):
 
 
 def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, *,
-                   samples: int = 1, microbatches: int | None = None) -> SystemProgram:
+                   samples: int = 1, microbatches: int | None = None,
+                   grid: str | None = None) -> SystemProgram:
     """The programs and layouts ``sim.compiler.strategy.compile_program`` gives ``cfg`` on
     ``chips`` chips, from the shapes alone (no weights, dummy scales; the SET values of the
-    scales differ, nothing else). No capacity or compatibility check: the planner makes its
-    own; ``ValueError`` when a program cannot be written (attention that fits no schedule)."""
-    qm = _dummy_qmodel(cfg)
-    seq = cfg.seq_len
-    if strategy == "single":
-        return _single(npu, qm, seq, samples)
-    if strategy == "head":
-        return _head(npu, qm, chips, seq, samples)
-    if strategy == "pipeline":
-        return _pipeline(npu, qm, chips, seq, samples, microbatches)
-    raise ValueError(f"no compiler for strategy {strategy!r}")
-
-
-def _finish(chip: ChipProgram) -> ChipProgram:
-    chip.asm.halt()
-    chip.program = chip.asm.words()
-    return chip
-
-
-def _single(npu, qm, seq, samples):
-    # sim.compiler.single.compile_single without its checks.
-    cfg = qm.cfg
-    al, asm = Allocator(npu), Assembler()
-    em = _ShapeEmitter(npu, qm, asm, al, seq=seq)
-    shard = Shard.whole(cfg)
-    weights = [em.place_layer(i, shard) for i in range(cfg.n_layers)]
-    x = em.alloc_residual("x", samples)
-    acts = em.alloc_activations(x.rows, shard)
-    if cfg.norm == "post":
-        em.requant_input(x, acts.x8, qm.in_mult, qm.in_shift)
-    for i in range(cfg.n_layers):
-        em.emit_block(i, weights[i], shard, acts, x, samples)
-    chip = _finish(ChipProgram(0, asm, al, role={"layers": list(range(cfg.n_layers))}))
-    places = [Placement(0, x.base + s * em.seq_pad * x.row_words, em.seq_pad, x.cols,
-                        x.row_words) for s in range(samples)]
-    return SystemProgram(npu, cfg, "single", [chip], seq, em.seq_pad,
-                         inputs=[[p] for p in places], outputs=places)
-
-
-def _head(npu, qm, chips, seq, samples):
-    # sim.compiler.head.compile_head without its checks.
-    cfg = qm.cfg
-    shards = head_shards(cfg, chips)
-    programs, comms = [], []
-    for c, shard in enumerate(shards):
-        al, asm = Allocator(npu), Assembler()
-        em = _ShapeEmitter(npu, qm, asm, al, seq=seq, chip=c)
-        weights = [em.place_layer(i, shard) for i in range(cfg.n_layers)]
-        x = em.alloc_residual("x", samples)
-        acts = em.alloc_activations(x.rows, shard)
-        if cfg.norm == "post":
-            em.requant_input(x, acts.x8, qm.in_mult, qm.in_shift)
-        for i in range(cfg.n_layers):
-            em.emit_block(i, weights[i], shard, acts, x, samples)
-        programs.append(_finish(ChipProgram(c, asm, al, role={"heads": list(shard.heads)})))
-        if c == 0:
-            comms = em.comms
-    return SystemProgram(npu, cfg, "head", programs, seq, em.seq_pad, [], [], {}, comms)
-
-
-def _pipeline(npu, qm, chips, seq, samples, microbatches):
-    # sim.compiler.pipeline.compile_pipeline without its checks, with its fallback.
-    prog = _pipeline_once(npu, qm, chips, seq, samples, microbatches, transfer_bank=True)
-    if any(c.alloc.overflows for c in prog.chips) and \
-            all(c.alloc.next_word <= npu.sram_words for c in prog.chips):
-        prog = _pipeline_once(npu, qm, chips, seq, samples, microbatches, transfer_bank=False)
-    return prog
-
-
-def _pipeline_once(npu, qm, chips, seq, samples, microbatches, *, transfer_bank):
-    cfg = qm.cfg
-    stages = stage_layers(cfg, chips)
-    microbatches = min(samples, chips) if microbatches is None else microbatches
-    batches = split_batch(samples, microbatches)
-    n = npu.array_size
-    ratio = word_bytes(npu.link_bytes_per_cycle) // n
-    shard = Shard.whole(cfg)
-    programs, comms = [], []
-    for s, layers in enumerate(stages):
-        al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
-        em = _ShapeEmitter(npu, qm, asm, al, seq=seq, chip=s)
-        weights = {i: em.place_layer(i, shard) for i in layers}
-        xs = [em.alloc_residual(f"x{m}", len(b), multiple=ratio, transfer=True)
-              for m, b in enumerate(batches)]
-        acts = em.alloc_activations(max(x.rows for x in xs), shard)
-
-        def message(x):
-            return pl.contiguous(x.base, pl.message_words(x.words, n, npu.link_bytes_per_cycle))
-
-        def recv(m, s=s, xs=xs, asm=asm):
-            pl.emit(asm, pl.recv_launch(src=s - 1, desc=message(xs[m]), size=n,
-                                        link_bytes=npu.link_bytes_per_cycle))
-
-        if s > 0:
-            recv(0)
-        for m, batch in enumerate(batches):
-            x = xs[m]
-            if s > 0:
-                asm.wait(Unit.RECV)
-                if m + 1 < len(batches):
-                    recv(m + 1)
-            if cfg.norm == "post":
-                first = layers[0]
-                mult, shift = (qm.in_mult, qm.in_shift) if first == 0 else \
-                    (qm.layers[first - 1].ln2.mult, qm.layers[first - 1].ln2.shift)
-                em.requant_input(x, acts.x8, mult, shift)
-            for i in layers:
-                em.emit_block(i, weights[i], shard, acts, x, len(batch))
-            if s + 1 < len(stages):
-                launch = pl.send_launch(dest=s + 1, desc=message(x), size=n,
-                                        link_bytes=npu.link_bytes_per_cycle)
-                pl.emit(asm, launch)
-                comms.append({"kind": "send", "from": s, "to": s + 1, "microbatch": m,
-                              "bytes": launch.words * n})
-        programs.append(_finish(ChipProgram(s, asm, al, role={"layers": layers})))
-    return SystemProgram(npu, cfg, "pipeline", programs, seq, pad_to(seq, n), [], [],
-                         {"stages": chips, "microbatches": len(batches)}, comms)
+    scales differ, nothing else): the grid compiler itself, with an emitter that places the
+    weights without their contents and none of its checks (the planner makes its own).
+    ``ValueError`` when a program cannot be written (attention that fits no schedule)."""
+    if strategy not in COMPILED:
+        raise ValueError(f"no compiler for strategy {strategy!r}")
+    return compile_grid(npu, _dummy_qmodel(cfg), strategy_grid(strategy, chips, grid),
+                        strategy=strategy, seq=cfg.seq_len, samples=samples,
+                        microbatches=microbatches, emitter=_ShapeEmitter, check=False)
 
 
 # --- timing ---------------------------------------------------------------------------------

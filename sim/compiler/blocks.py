@@ -494,6 +494,21 @@ class BlockEmitter:
             self._ln(gb, ql, _part(x, own), _part(q, own), None if y is None else _part(y, own))
             self._row_collective("all_gather", shard, q, rows, i, "LayerNorm output")
 
+        def norm_in_place(gb, ql):
+            """Post-norm smooth16: the int16 LayerNorm of ``x`` into ``x`` (this chip's rows
+            while they are split; the residual stays split)."""
+            split = x.base in self.split_residuals
+            self._ln(gb, ql, _part(x, own) if split else x, None, _part(x, own) if split else x)
+
+        def lanes(out, params):
+            """Post-norm smooth16: the per-lane REQUANT of ``x`` into the int8 ``out`` (while
+            the rows of ``x`` are split, of this chip's rows, then ``out`` gathered)."""
+            if x.base not in self.split_residuals:
+                self._requant_lanes(x, out, params)
+                return
+            self._requant_lanes(_part(x, own), _part(out, own), params)
+            self._row_collective("all_gather", shard, out, rows, i, "LayerNorm output")
+
         def attention():
             part = hcount * self.dh_pad // n          # words of one of Q, K, V in a qkv row
             sched = al_.plan_schedule(seq=self.seq, window=cfg.window, causal=cfg.causal,
@@ -545,10 +560,10 @@ class BlockEmitter:
             asm.wait(Unit.VEC)
             linear_out(hi, w.ffn2, f.cols, w.ffn2_hi_req, "FFN output (hi pass)",
                        params=w.ffn2_hi)
-            self._add(x, a)
+            add()
             linear_out(lo, w.ffn2, f.cols, w.ffn2_req, "FFN output (lo pass)",
                        a_unsigned=True)
-            self._add(x, a)
+            add()
 
         if cfg.norm == "pre":
             norm(w.ln1, L.ln1, h, None)
@@ -557,12 +572,12 @@ class BlockEmitter:
             ffn_block(h)
         elif w.qkv_req is not None:
             # smooth16: per-lane REQUANTs make the int8 inputs from the int16 LayerNorm outputs.
-            self._requant_lanes(x, x8, w.qkv_req)
+            lanes(x8, w.qkv_req)
             attention_block(x8)
-            self._ln(w.ln1, L.ln1, x, None, x)
-            self._requant_lanes(x, h, w.ffn_req)
+            norm_in_place(w.ln1, L.ln1)
+            lanes(h, w.ffn_req)
             ffn_block(h)
-            self._ln(w.ln2, L.ln2, x, None, x)
+            norm_in_place(w.ln2, L.ln2)
         else:
             attention_block(x8)
             norm(w.ln1, L.ln1, h, x)

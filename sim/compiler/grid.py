@@ -97,28 +97,45 @@ def _launch_counts(asm) -> dict[str, int]:
 
 
 def compile_grid(npu: NpuConfig, qm: QModel, grid: Grid, *, strategy: str,
-                 seq: int | None = None, samples: int = 1,
-                 microbatches: int | None = None) -> SystemProgram:
+                 seq: int | None = None, samples: int = 1, microbatches: int | None = None,
+                 emitter: type[BlockEmitter] = BlockEmitter,
+                 check: bool = True) -> SystemProgram:
     """Programs for every chip of ``grid``; ``microbatches`` per replica (default
     ``min(its samples, stages)``; 1 without a pipeline). The microbatches' buffers get a bank
-    of their own when there is room (:class:`~sim.compiler.alloc.Allocator`)."""
+    of their own when there is room (:class:`~sim.compiler.alloc.Allocator`).
+
+    ``emitter``: the block emitter (the planner's places weights without their contents);
+    ``check=False`` skips the compatibility, capacity and program-size checks (the planner
+    names every violated limit itself)."""
+    kw = {"emitter": emitter, "check": check}
+    if not check:
+        prog = _compile(npu, qm, grid, strategy, seq, samples, microbatches,
+                        transfer_bank=True, **kw)
+        if any(c.alloc.overflows for c in prog.chips) and \
+                all(c.alloc.next_word <= npu.sram_words for c in prog.chips):
+            prog = _compile(npu, qm, grid, strategy, seq, samples, microbatches,
+                            transfer_bank=False, **kw)
+        return prog
     try:
-        return _compile(npu, qm, grid, strategy, seq, samples, microbatches, transfer_bank=True)
+        return _compile(npu, qm, grid, strategy, seq, samples, microbatches, transfer_bank=True,
+                        **kw)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
         return _compile(npu, qm, grid, strategy, seq, samples, microbatches,
-                        transfer_bank=False)
+                        transfer_bank=False, **kw)
 
 
-def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_bank):
+def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_bank, emitter,
+             check):
     cfg = qm.cfg
-    check_single_chip(npu, cfg)
+    if check:
+        check_single_chip(npu, cfg)
     seq = cfg.seq_len if seq is None else seq
     stages = stage_layers(cfg, grid.stages)
     replica_samples = split_batch(samples, grid.replicas, "replicas (data parallelism)")
     n, link = npu.array_size, npu.link_bytes_per_cycle
-    ratio = word_bytes(link) // n
+    ratio = max(1, word_bytes(link) // n)   # 0: no ring port (only one chip is planned)
     programs = [None] * grid.chips
     comms, inputs, outputs = [], [[] for _ in range(samples)], [None] * samples
     replica_batches = []
@@ -136,7 +153,7 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
                     npu, qm, seq, chip, layers, shard, batches, inputs, outputs,
                     prev=grid.chip(r, s - 1, h) if s > 0 else None,
                     nxt=grid.chip(r, s + 1, h) if s + 1 < grid.stages else None,
-                    ratio=ratio, transfer_bank=transfer_bank,
+                    ratio=ratio, transfer_bank=transfer_bank, emitter=emitter, check=check,
                     role={"replica": r, "stage": s, "shard": h})
                 # Each all-reduce once (from its group's first chip), every send.
                 comms += [c for c in chip_comms if h == 0 or c["kind"] == "send"]
@@ -152,19 +169,20 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
 
 
 def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, *, prev, nxt,
-                   ratio, transfer_bank, role):
+                   ratio, transfer_bank, emitter, check, role):
     """One chip's program: its share of its stage's layers over every microbatch of its
     replica; receives from ``prev`` and sends to ``nxt`` (chip ids, None at the ends)."""
     cfg = qm.cfg
     n, link = npu.array_size, npu.link_bytes_per_cycle
     al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
-    em = BlockEmitter(npu, qm, asm, al, seq=seq, chip=chip)
+    em = emitter(npu, qm, asm, al, seq=seq, chip=chip)
     weights = {i: em.place_layer(i, shard) for i in layers}
     piped = prev is not None or nxt is not None
     xs = [em.alloc_residual(f"x{m}", len(b), multiple=ratio, transfer=piped)
           for m, b in enumerate(batches)]
     acts = em.alloc_activations(max(x.rows for x in xs), shard)
-    al.check_capacity()
+    if check:
+        al.check_capacity()
     comms = []
 
     def message(x):
@@ -205,5 +223,5 @@ def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, 
     role = {**role, "layers": list(layers), "heads": list(shard.heads),
             "ffn_columns": len(shard.ffn)}
     program = finish(npu, ChipProgram(chip, asm, al, role=role,
-                                      spans={"microbatch_launches": per_batch}))
+                                      spans={"microbatch_launches": per_batch}), check=check)
     return program, em.comms + comms

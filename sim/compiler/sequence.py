@@ -246,9 +246,8 @@ class _Chip:
                 out_shift=L.out_shift))
 
     def input_requant(self, x):
-        qm = self.em.qm
-        if qm.cfg.norm == "post":
-            self.em.requant_input(x, self.acts.x8, qm.in_mult, qm.in_shift)
+        if self.em.qm.cfg.norm == "post":
+            self.em.requant_input(x, self.acts.x8, 0)
 
 
 def _check_message(npu, words, what):

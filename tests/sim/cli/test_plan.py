@@ -30,7 +30,7 @@ def test_table_and_json(capsys, tmp_path):
     assert entry["strategy"] == "head" and entry["chips"] == 2 and entry["fits"] is True
     assert entry["reasons"] == [] and len(entry["per_chip"]) == 2
     assert entry["predicted_cycles"] > 0 and entry["latency_ms"] > 0
-    assert entry["collectives_per_layer"] == 2 and entry["min_chips"] == 1
+    assert entry["collectives_per_layer"] == 4 and entry["min_chips"] == 1
 
 
 def test_min_chips_all_strategies_names_what_does_not_fit(capsys):

@@ -168,7 +168,7 @@ def test_report_json_has_the_sequence_section():
     assert q["key_spans"] == [[0, 4], [2, 7], [5, 10]] and q["halo_tokens"] == [0, 2, 2]
     # Two halo rows of K and V (2 heads x 8 lanes each) per receiving chip and layer.
     assert q["halo_bytes"] == 2 * SEQ10.n_layers * 2 * 2 * 16
-    assert q["halo_cycles"] is None            # the ISS does not time
+    assert q["halo_cycles"] > 0                # the ISS's cycle model times the sends
     assert "sequence (halo)" in r.summary()
     assert data["per_chip"][1]["role"]["tokens"] == [4, 7]
 
