@@ -50,6 +50,9 @@ static_assert(NPU_BUSY_COUNTERS <= 16, "ChipPorts holds 16 busy counters");
 namespace {
 
 constexpr int kMaxWords = 64;  // 2048-bit payloads: far above any configuration's
+static_assert(NPU_WR_ADDR_BITS + NPU_WR_DATA_BITS <= 32 * kMaxWords &&
+                  NPU_IMEM_ADDR_BITS + NPU_IMEM_DATA_BITS <= 32 * kMaxWords,
+              "a host payload is wider than the harness's word buffers");
 
 void put(const Port& q, const uint32_t* w) {
     if (q.bits <= 8) *static_cast<uint8_t*>(q.p) = static_cast<uint8_t>(w[0]);

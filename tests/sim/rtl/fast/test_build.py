@@ -82,7 +82,7 @@ def test_rejections():
 
 
 @pytest.mark.verilator
-def test_other_weights_do_not_rebuild(rng):
+def test_other_weights_do_not_rebuild(verilator_ok, rng):
     """A second run with other weights and inputs takes the cached executable: no new build,
     the executable untouched."""
     npu, prog, images, _ = compiled(rng, "single", 1, cfg=SMALL)
@@ -107,7 +107,7 @@ print(json.dumps({"cached": b.cached, "binary": str(b.binary), "build_s": b.buil
 
 
 @pytest.mark.verilator
-def test_two_processes_build_a_new_configuration_once(tmp_path):
+def test_two_processes_build_a_new_configuration_once(verilator_ok, tmp_path):
     """Two processes want the same configuration, new to an empty cache, at once: both get the
     executable, one build happens (the other waits on the lock and finds it)."""
     env = {**os.environ, "NPU_SCALE_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}

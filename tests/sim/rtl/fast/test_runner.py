@@ -13,6 +13,7 @@ from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.compiler.strategy import compile_program
+from sim.errors import Watchdog
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.rtl.chip_runner import run_chip_pysim
@@ -21,7 +22,7 @@ from sim.rtl.pysim import SimulationTimeout
 from sim.rtl.system_runner import run_system_pysim
 from sim.simulate import simulate
 
-pytestmark = pytest.mark.verilator
+pytestmark = [pytest.mark.verilator, pytest.mark.usefixtures("verilator_ok")]
 
 #: One pre-norm block of d_model 16 over 4 tokens: a pysim run of 2 chips stays well under 40 s.
 SMALL = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
@@ -187,3 +188,8 @@ def test_simulate_runs_every_chip_count_on_verilator(strategy, chips):
                       link_stalls=stalls)
     assert report.golden_match and report.cycles > 0
     assert all(span is not None for span in report.spans)
+
+
+def test_simulate_watchdog_on_verilator():
+    with pytest.raises(Watchdog, match=r"within max_cycles=50: chip 0 at pc \d+ busy with"):
+        simulate(npu_preset("tiny"), SMALL, backend="verilator", max_cycles=50)
