@@ -56,8 +56,9 @@ __all__ = ["Build", "BuildFailed", "TOP", "ensure_build", "config_key", "ports_h
 TOP = "npu_system"
 MODEL = "npu_fast"  # the Verilated top: TOP behind :func:`wrapper`
 HARNESS = Path(__file__).with_name("harness.cpp")
-#: Verilator's options; the C++ of the per-cycle code (OPT_FAST) is compiled at -O3: 1.15-1.3x
-#: the speed of -O2 and 1.3x that of the default -Os on 1 and 4 tiny chips.
+#: Verilator's options; the C++ of the per-cycle code (OPT_FAST) is compiled at -O3: measured
+#: 1.13-1.15x the speed of -O2 and 1.3x that of the default -Os on 1 and 4 tiny chips
+#: (-march=native gave another 5%, but would tie a cached build to one CPU).
 VERILATOR_FLAGS = ("-O3", "-Wno-fatal", "--x-assign", "0", "--x-initial", "0")
 MAKE_OPT = ("OPT_FAST=-O3", "OPT_SLOW=-O1")
 _SRC_ATTR = re.compile(r"[ \t]*\(\* src = \"[^\"]*\" \*\)\n?")
@@ -208,11 +209,14 @@ def ports_header(npu: NpuConfig, chips: int, verilog: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The text of the functions that write the wrapper and ``ports.h``, part of a build's name:
+#: read once, at import, so that it is the text of the code that runs.
+_GENERATORS = "".join(inspect.getsource(f) for f in (top_ports, wrapper, ports_header,
+                                                     _cxx_name))
+
+
 def _build_name(digest: str, chips: int, threads: int) -> str:
-    # The functions that write the wrapper and ports.h are part of the build too.
-    generators = "".join(inspect.getsource(f) for f in (top_ports, wrapper, ports_header,
-                                                         _cxx_name))
-    build = _digest(digest, HARNESS.read_bytes(), generators,
+    build = _digest(digest, HARNESS.read_bytes(), _GENERATORS,
                     " ".join(VERILATOR_FLAGS + MAKE_OPT),
                     _version("verilator"), str(threads))
     return f"{TOP}{chips}-{build}" + (f"-t{threads}" if threads > 1 else "")
