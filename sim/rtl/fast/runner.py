@@ -108,8 +108,10 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
     for the same job the same integers, cycles, counters and traces), plus ``load_cycles``
     (words written through the host ports), ``build_s`` and ``build_cached`` (the harness's
     build: :func:`sim.rtl.fast.build.ensure_build`), ``run_wall_s`` and ``run_cycles_per_s``
-    (the clock loop from ``start`` to ``done`` alone). ``wall_s`` and ``cycles_per_s`` cover
-    loading, running and reading back, as pysim's do. ``threads`` picks Verilator's
+    (the clock loop from ``start`` to ``done`` alone), ``load_wall_s`` and ``load_clocked``
+    (the harness loads every chip at once: the cycles that took) and ``process_s`` (the
+    harness process, start to exit). ``wall_s`` and ``cycles_per_s`` cover loading, running
+    and reading back, as pysim's do. ``threads`` picks Verilator's
     multi-threaded model. Raises :class:`SimulationTimeout` when not every chip is done within
     ``max_cycles`` cycles, naming each unfinished chip's pc and busy units.
     """
