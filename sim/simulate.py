@@ -30,9 +30,11 @@ from .golden.layer import model_int
 from .iss import IssError, IssSystem
 from .iss.timing import time_programs, trace_entries
 from .report import UNITS, ChipStats, SimReport
-from .rtl.chip_runner import run_chip_pysim, run_chip_verilator
+from .rtl.chip_runner import run_chip_pysim
+from .rtl.fast.runner import run_system_verilator
 from .rtl.pysim import SimulationTimeout
 from .rtl.system_runner import run_system_pysim
+from .rtl.verilator import ToolchainMissing
 from .timeline import COMM_UNITS, COMPUTE_UNITS, busy_union, intervals
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
@@ -87,16 +89,10 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
         chips = [{"cycles": t.cycles, "busy": t.busy, "trace": trace_entries(npu, t.trace)}
                  for t in timed.chips]
         res = {"cycles": timed.cycles, "chips": chips, "wall_s": wall}
-    elif n_chips == 1 and backend in ("pysim", "verilator"):
+    elif n_chips == 1 and backend == "pysim":
         try:
-            if backend == "pysim":
-                out = run_chip_pysim(npu, programs[0], images[0], reads[0],
-                                     max_cycles=max_cycles, vcd=vcd, progress=progress)
-            else:
-                out = run_chip_verilator(npu, programs[0], images[0], reads[0],
-                                         max_cycles=max_cycles)
-                if out.get("timeout"):
-                    raise SimulationTimeout(f"chip did not halt within max_cycles={max_cycles}")
+            out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles,
+                                 vcd=vcd, progress=progress)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
         if out["error"]:
@@ -104,13 +100,20 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
         regions = [out["regions"]]
         res = {"cycles": out["cycles"], "wall_s": out["wall_s"], "chips": [
             {"cycles": out["cycles"], "busy": out["busy_cycles"], "trace": out["trace"]}]}
-    elif backend == "pysim":
+    else:
+        # pysim on several chips; verilator on any number (ChipSystem and its C++ harness).
         try:
-            out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
-                                   vcd=vcd, link_stalls=link_stalls, seed=seed,
-                                   progress=progress)
+            if backend == "pysim":
+                out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
+                                       vcd=vcd, link_stalls=link_stalls, seed=seed,
+                                       progress=progress)
+            else:
+                out = run_system_verilator(npu, programs, images, reads, max_cycles=max_cycles,
+                                           link_stalls=link_stalls, seed=seed)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
+        except ToolchainMissing as exc:
+            raise BadInput(f"--backend verilator: {exc}") from None
         if any(out["errors"]):
             raise BadInput("a chip halted on an unknown instruction (compiler bug)")
         regions = out["regions"]
@@ -118,9 +121,6 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             {"cycles": c, "busy": b, "trace": t}
             for c, b, t in zip(out["chip_cycles"], out["busy_cycles"], out["traces"],
                                strict=True)]}
-    else:
-        raise BadInput(f"--backend {backend} runs one chip only so far; use --backend pysim "
-                       "or iss for --chips > 1")
     # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
     taken = [0] * n_chips
     outputs = []
@@ -230,10 +230,11 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from ``seed``).
     ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from ``seed``, ``batch``
     sequences). ``calib``: activations that calibrate the scales (default: ``x``). ``backend``:
-    ``iss`` (no timing), ``pysim`` or ``verilator``. ``grid``: ``"AxB"`` for the 2-D strategies (the
-    first part A chips, the second B). ``microbatches``: strategies with a pipeline (default
-    ``min(batch, stages)`` per data replica). ``link_stalls``: the probability per cycle of a stall
-    on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a waveform (pysim
+    ``iss`` (timed by its cycle model), ``pysim`` or ``verilator``. ``grid``: ``"AxB"`` for the 2-D
+    strategies (the first part A chips, the second B). ``microbatches``: strategies with a pipeline
+    (default ``min(batch, stages)`` per data replica). ``link_stalls``: the probability per cycle of
+    a stall on each link register (pysim or verilator, several chips), from ``seed`` (each backend
+    draws its own pattern: the same integers, other cycle counts). ``vcd`` writes a waveform (pysim
     only). ``progress(cycles)`` is called while a simulation runs (and its ``close()`` after, if it
     has one). Every output integer is compared with the integer golden model.
 
@@ -262,8 +263,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
             raise BadInput(str(exc)) from None
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
-    if link_stalls and (chips == 1 or backend != "pysim"):
-        raise BadInput("--link-stalls applies to --backend pysim with --chips > 1")
+    if link_stalls and (chips == 1 or backend == "iss"):
+        raise BadInput("--link-stalls applies to --backend pysim with --chips > 1 (and to "
+                       "verilator)")
     max_cycles = max_cycles or DEFAULT_MAX_CYCLES
     if quant is not None:
         if quant not in QUANT_SCHEMES:
