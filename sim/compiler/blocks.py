@@ -47,6 +47,17 @@ int32 partial sums (raw matmul output, the biases added on one chip only), an al
 over the chips of the shard's group adds them, wrapping modulo 2**32 like one chip's
 accumulator would, and a per-channel REQUANT makes the int16 ``a``: the same integers as one
 chip's matmul. A ``WAIT`` precedes each launch that reads what the previous one writes.
+
+When the group's size divides the rows (and every chip's rows are whole engine words:
+:meth:`BlockEmitter.row_split`), the group **splits the row-wise work** instead: a
+reduce-scatter of the int32 partial sums leaves each chip the sums of its own rows, which it
+alone requantises, adds to its rows of the residual and normalises; an all-gather of the int8
+LayerNorm output gives every chip the whole input of the next matmul, and at the end of the
+chip's layers an all-gather of the int16 residual makes it whole again (the output, or the
+message to the next pipeline stage). The same integers as the all-reduce (the sums are the
+same; every chip's rows are computed by the same ops), at about half the bytes on the ring
+and a group's share of the vector work (the tiny model on 4 chips: 14,332 cycles instead of
+21,942).
 """
 
 from __future__ import annotations
