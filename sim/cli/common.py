@@ -24,25 +24,24 @@ class Parser(argparse.ArgumentParser):
         raise BadInput(f"{self.prog}: {message}")
 
 
-def positive(text):
+def _at_least(text, low):
     try:
         value = int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
     return value
+
+
+def positive(text):
+    """A whole number, 1 or more."""
+    return _at_least(text, 1)
 
 
 def count(text):
     """A whole number, 0 or more."""
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
-    return value
+    return _at_least(text, 0)
 
 
 def probability(text):

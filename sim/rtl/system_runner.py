@@ -14,7 +14,20 @@ from hw.tile.ports import trace_depth
 from .chip_runner import busy_units, host_load, host_read, read_trace, wait_done
 from .pysim import run_sim
 
-__all__ = ["run_system_pysim"]
+__all__ = ["run_system_pysim", "check_system_inputs"]
+
+
+def check_system_inputs(npu, programs, images, reads) -> int:
+    """The chip count of a system run; ``ValueError`` when the images or reads do not match
+    the programs or a program exceeds ``imem_words`` (shared by every system backend)."""
+    chips = len(programs)
+    if len(images) != chips or len(reads) != chips:
+        raise ValueError(f"{chips} programs but {len(images)} images and {len(reads)} reads")
+    for i, program in enumerate(programs):
+        if len(program) > npu.imem_words:
+            raise ValueError(f"chip {i}'s program of {len(program)} instructions exceeds "
+                             f"imem_words {npu.imem_words}")
+    return chips
 
 
 def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
@@ -30,13 +43,7 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
     :class:`SimulationTimeout` when not every chip is done within ``max_cycles`` cycles,
     naming what each unfinished chip was doing.
     """
-    chips = len(programs)
-    if len(images) != chips or len(reads) != chips:
-        raise ValueError(f"{chips} programs but {len(images)} images and {len(reads)} reads")
-    for i, program in enumerate(programs):
-        if len(program) > npu.imem_words:
-            raise ValueError(f"chip {i}'s program of {len(program)} instructions exceeds "
-                             f"imem_words {npu.imem_words}")
+    chips = check_system_inputs(npu, programs, images, reads)
     dut = ChipSystem(npu=npu, chips=chips)
     out = {"regions": [[] for _ in range(chips)]}
     load_words = sum(len(p) for p in programs) + sum(

@@ -4,6 +4,7 @@ The broad matrix (strategies x chip counts x seeds x microbatches) runs on the I
 (pysim) cover each multi-chip strategy on 3 and 4 chips, one of them with link stalls.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -100,9 +101,10 @@ def test_default_microbatches_and_refusals():
 
 
 def test_report_json_plot_and_trace(tmp_path):
-    """A pysim pipeline: the JSON report has the documented keys, the PNG and the Chrome trace
-    parse, and the trace has a track per chip and unit."""
-    r = simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="pysim", batch=2)
+    """A pipeline timed by the ISS's cycle model (the RTL's cycles and traces): the JSON
+    report has the documented keys, the PNG and the Chrome trace parse, and the trace has a
+    track per chip and unit."""
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="iss", batch=2)
     check(r, "pipeline on 2 chips")
     data = json.loads(json.dumps(r.to_json()))
     for key in ("strategy", "chips", "backend", "seed", "cycles", "load_cycles", "golden_match",
@@ -130,16 +132,29 @@ def test_report_json_plot_and_trace(tmp_path):
     assert len(spans) == 2 and all(e["args"]["bytes"] > 0 for e in spans)
 
 
-@pytest.mark.parametrize("strategy, chips, batch", [
-    ("head", 3, 1), ("head", 4, 1), ("pipeline", 3, 3), ("pipeline", 4, 4)])
-def test_pysim_equals_the_iss(strategy, chips, batch):
-    """Each multi-chip strategy on the RTL: bit-exact, and the same outputs as the ISS."""
+def _rtl_equals_iss(rtl, iss, what):
+    """Bit-exact, the ISS's outputs, and the ISS's cycle model's cycles and busy counters."""
+    check(rtl, what)
+    assert np.array_equal(rtl.output, iss.output), what
+    assert rtl.cycles == iss.cycles, (what, rtl.cycles, iss.cycles)
+    for c, (a, b) in enumerate(zip(rtl.per_chip, iss.per_chip, strict=True)):
+        assert a.busy == b.busy, (what, c, a.busy, b.busy)
+
+
+@pytest.mark.parametrize("strategy, chips, batch, backend", [
+    ("head", 3, 1, "pysim"), ("head", 4, 1, "pysim"), ("pipeline", 3, 3, "pysim"),
+    ("pipeline", 4, 4, "verilator"),
+    pytest.param("pipeline", 4, 4, "pysim", marks=pytest.mark.slow)])
+def test_rtl_equals_the_iss(strategy, chips, batch, backend, request):
+    """Each multi-chip strategy on the RTL: bit-exact, the same outputs, cycles and busy
+    counters as the ISS."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
     iss = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend="iss", batch=batch,
                    seed=2)
-    rtl = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend="pysim", batch=batch,
+    rtl = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend=backend, batch=batch,
                    seed=2)
-    check(rtl, f"{strategy} on {chips} chips (pysim)")
-    assert np.array_equal(rtl.output, iss.output)
+    _rtl_equals_iss(rtl, iss, f"{strategy} on {chips} chips ({backend})")
     assert rtl.cycles > 0 and len(rtl.per_chip) == chips
     if strategy == "pipeline" and len(set(rtl.pipeline["layers_per_stage"])) == 1:
         # The formula holds for equal stages (3 stages of 4 layers are 2, 1, 1).
@@ -149,8 +164,9 @@ def test_pysim_equals_the_iss(strategy, chips, batch):
 
 
 def test_link_stalls_change_only_cycles():
-    calm = simulate(TINY, SMALL, strategy="head", chips=2, backend="pysim", seed=5)
-    stalled = simulate(TINY, SMALL, strategy="head", chips=2, backend="pysim", seed=5,
+    cfg = dataclasses.replace(SMALL, n_layers=1)
+    calm = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5)
+    stalled = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5,
                        link_stalls=0.3)
     check(stalled, "head on 2 chips with link stalls")
     assert np.array_equal(calm.output, stalled.output)
@@ -185,15 +201,22 @@ def test_grids_on_the_iss(strategy, grid, cfg, batch):
                       "shards": a if first == "head" else b if second == "head" else 1}
 
 
-@pytest.mark.parametrize("strategy, grid, cfg, batch", [
-    ("data", None, SMALL, 4), ("head+pipeline", "2x2", SMALL, 2),
-    ("data+head", "2x2", SMALL, 2), ("data+pipeline", "2x2", SMALL, 4)])
-def test_pysim_grids_equal_the_iss(strategy, grid, cfg, batch):
-    """Data parallelism and each 2-D grid on 4 chips of RTL: bit-exact, the ISS's outputs."""
+GRID_POINTS = [("data", None, SMALL, 4), ("head+pipeline", "2x2", SMALL, 2),
+               ("data+head", "2x2", SMALL, 2), ("data+pipeline", "2x2", SMALL, 4)]
+
+
+@pytest.mark.parametrize("strategy, grid, cfg, batch, backend",
+                         [(*p, "verilator") for p in GRID_POINTS] +
+                         [pytest.param(*p, "pysim", marks=pytest.mark.slow)
+                          for p in GRID_POINTS])
+def test_rtl_grids_equal_the_iss(strategy, grid, cfg, batch, backend, request):
+    """Data parallelism and each 2-D grid on 4 chips of RTL (Verilator; Amaranth's simulator
+    in the slow suite): bit-exact, the ISS's outputs, cycles and busy counters."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
     kwargs = {"grid": grid} if grid else {}
     iss = simulate(TINY, cfg, strategy=strategy, chips=4, backend="iss", batch=batch, seed=6,
                    **kwargs)
-    rtl = simulate(TINY, cfg, strategy=strategy, chips=4, backend="pysim", batch=batch, seed=6,
+    rtl = simulate(TINY, cfg, strategy=strategy, chips=4, backend=backend, batch=batch, seed=6,
                    **kwargs)
-    check(rtl, f"{strategy} {grid} (pysim)")
-    assert np.array_equal(rtl.output, iss.output)
+    _rtl_equals_iss(rtl, iss, f"{strategy} {grid} ({backend})")

@@ -33,6 +33,7 @@ from hw.spec.isa import BUSY_COUNTERS
 
 from ..chip_runner import busy_units
 from ..pysim import SimulationTimeout
+from ..system_runner import check_system_inputs
 from .build import Build, ensure_build
 
 __all__ = ["run_system_verilator", "run_bare_loop", "HarnessFailed"]
@@ -115,14 +116,8 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
     multi-threaded model. Raises :class:`SimulationTimeout` when not every chip is done within
     ``max_cycles`` cycles, naming each unfinished chip's pc and busy units.
     """
-    chips = len(programs)
-    check_chips(chips)
-    if len(images) != chips or len(reads) != chips:
-        raise ValueError(f"{chips} programs but {len(images)} images and {len(reads)} reads")
-    for i, program in enumerate(programs):
-        if len(program) > npu.imem_words:
-            raise ValueError(f"chip {i}'s program of {len(program)} instructions exceeds "
-                             f"imem_words {npu.imem_words}")
+    check_chips(len(programs))
+    chips = check_system_inputs(npu, programs, images, reads)
     if not 0.0 <= link_stalls < 1.0:
         raise ValueError(f"link_stalls {link_stalls} is outside [0, 1)")
     build = ensure_build(npu, chips, threads=threads)
