@@ -14,8 +14,6 @@ Builds live under ``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale`` (the cache of
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -25,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rtl.verilator import cache_dir
+from ..rtl.verilator import cache_dir, file_lock
 
 __all__ = ["SharedBuild", "shared_build", "builds_root"]
 
@@ -43,16 +41,6 @@ class SharedBuild:
 
 def builds_root() -> Path:
     return cache_dir() / "sweep"
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _found(final: Path) -> SharedBuild | None:
@@ -77,7 +65,7 @@ def shared_build(key: str, build: Callable[[Path], dict | None], *,
     if found:
         return found
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f"{key}.lock"):
+    with file_lock(root / f"{key}.lock"):
         found = _found(final)
         if found:
             return found

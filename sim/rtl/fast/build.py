@@ -48,7 +48,7 @@ from hw.tile.ports import HostSignature
 from hw.tile.trace import entry_layout
 
 from ...export import verilog_text
-from ..verilator import ToolchainMissing, _locked, cache_dir, verilator_env
+from ..verilator import ToolchainMissing, cache_dir, file_lock, verilator_env
 
 __all__ = ["Build", "BuildFailed", "TOP", "ensure_build", "config_key", "ports_header",
            "builds_made", "top_ports"]
@@ -269,7 +269,7 @@ def ensure_build(npu: NpuConfig, chips: int, *, threads: int = 1) -> Build:
     key = config_key(npu, chips)
     index = root / "index" / f"{key}.json"
     start = time.perf_counter()
-    with _locked(root / "locks" / f"{key}-t{threads}.lock"):
+    with file_lock(root / "locks" / f"{key}-t{threads}.lock"):
         digest = json.loads(index.read_text())["verilog"] if index.exists() else None
         if digest is not None:
             final = root / _build_name(digest, chips, threads)

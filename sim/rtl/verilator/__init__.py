@@ -90,7 +90,9 @@ def verilator_env(base: dict | None = None) -> dict:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def file_lock(path: Path):
+    """Hold an exclusive lock on the file ``path`` (made, with its folder, if missing) while
+    the block runs: one build per configuration across processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -173,7 +175,7 @@ def build_and_test(job: dict) -> int:
 
     runner = get_runner("verilator")
     build_dir = Path(job["build_dir"])
-    with _locked(build_dir / ".lock"):
+    with file_lock(build_dir / ".lock"):
         runner.build(sources=[job["source"]], hdl_toplevel=job["top"], build_dir=build_dir,
                      build_args=["-Wno-fatal", "-O3"], always=False)
     runner.test(hdl_toplevel=job["top"], test_module=job["test_module"], build_dir=build_dir,
