@@ -167,6 +167,12 @@ class _Config:
     def refuse(self, key, value, why):
         raise BadInput(f"{self.path}: field {key}={value!r} is not supported ({why})")
 
+    def expect(self, key, value, why):
+        """Refuse the field ``key`` unless it is absent or equal to ``value``."""
+        got = self.get(key, type(value), value)
+        if got != value:
+            self.refuse(key, got, why)
+
 
 class _Tensors:
     """Checkpoint tensors by name, with an optional prefix; records which were taken."""
@@ -234,11 +240,8 @@ def _bert(cfg: _Config, t: _Tensors):
     types = cfg.get("type_vocab_size", int, 2)
     eps = float(cfg.get("layer_norm_eps", float, 1e-12))
     act, ours = _activation(cfg, "hidden_act", _BERT_ACTS, "gelu")
-    pos_kind = cfg.get("position_embedding_type", str, "absolute")
-    if pos_kind != "absolute":
-        cfg.refuse("position_embedding_type", pos_kind, "only absolute position embeddings")
-    if cfg.get("is_decoder", bool, False):
-        cfg.refuse("is_decoder", True, "BERT is imported as a bidirectional encoder")
+    cfg.expect("position_embedding_type", "absolute", "only absolute position embeddings")
+    cfg.expect("is_decoder", False, "BERT is imported as a bidirectional encoder")
     w = {}
     for i in range(L):
         h, p = f"encoder.layer.{i}.", f"layers.{i}."
@@ -276,12 +279,9 @@ def _gpt2(cfg: _Config, t: _Tensors):
     d_ff = cfg.get("n_inner", int, 4 * d)
     eps = float(cfg.get("layer_norm_epsilon", float, 1e-5))
     act, ours = _activation(cfg, "activation_function", _GPT2_ACTS, "gelu_new")
-    if not cfg.get("scale_attn_weights", bool, True):
-        cfg.refuse("scale_attn_weights", False, "scores are always scaled by 1/sqrt(d_head)")
-    if cfg.get("scale_attn_by_inverse_layer_idx", bool, False):
-        cfg.refuse("scale_attn_by_inverse_layer_idx", True, "no per-layer score scaling")
-    if cfg.get("add_cross_attention", bool, False):
-        cfg.refuse("add_cross_attention", True, "decoder-only blocks")
+    cfg.expect("scale_attn_weights", True, "scores are always scaled by 1/sqrt(d_head)")
+    cfg.expect("scale_attn_by_inverse_layer_idx", False, "no per-layer score scaling")
+    cfg.expect("add_cross_attention", False, "decoder-only blocks")
     w = {}
     for i in range(L):
         h, p = f"h.{i}.", f"layers.{i}."
