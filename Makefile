@@ -64,10 +64,11 @@ $(FPGASTAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,fpga]'
 	@touch $@
 
-# Synthesis, place and route of one top (FPGA_TOP=tile for the whole chip) on the ECP5-85k; the
-# first run JIT-compiles the tools (~1 min), the 8x8 matmul unit then takes ~10 min on 2 cores.
-# Writes $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
-FPGA_TOP ?= matmul
+# Synthesis, place and route of one top on the ECP5-85k: by default the fpga preset's whole chip
+# on the ULX3S-85F board top (bitstream $(BUILD)/fpga-board/npu_board.bit); FPGA_TOP=matmul for a
+# unit in the serial shell. The first run JIT-compiles the tools (~1 min). Writes
+# $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
+FPGA_TOP ?= board
 FPGA_NPU ?= constraints/npu/fpga.toml
 fpga: $(FPGASTAMP)
 	$(NPU) fpga --npu $(FPGA_NPU) --device ecp5-85k --top $(FPGA_TOP) \

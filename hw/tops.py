@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .fpga.board import DEFAULT_BAUD, BoardTop, baud_divisor
 from .ring.testbed import RingTestbed
 from .spec import NpuConfig
 from .system import ChipSystem
@@ -57,6 +58,10 @@ def _system(npu: NpuConfig, chips: int):
     return ChipSystem(npu=npu, chips=chips)
 
 
+def _board(npu: NpuConfig, chips: int):
+    return BoardTop(npu=npu, divisor=baud_divisor(npu.clock_mhz, DEFAULT_BAUD))
+
+
 TOPS: dict[str, Top] = {
     "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
     "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
@@ -67,6 +72,8 @@ TOPS: dict[str, Top] = {
                 default_chips=4),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile),
     "system": Top("system", "N chips on the ring", _system, default_chips=2),
+    "board": Top("board", "one chip on the ULX3S-85F board top (PLL, UART host link, LEDs)",
+                 _board),
 }
 
 
