@@ -123,7 +123,9 @@ class BoardDriver:
             self._request(Cmd.WRITE_IMEM, addr + at, len(chunk), payload)
 
     def write_spad(self, addr: int, words: np.ndarray) -> None:
-        """Write scratchpad words ([count, word_bytes] uint8) from ``addr``."""
+        """Write scratchpad words ([count, word_bytes] uint8, or raw bytes) from ``addr``."""
+        if isinstance(words, (bytes, bytearray)):
+            words = np.frombuffer(words, np.uint8)
         words = np.asarray(words, np.uint8).reshape(-1, self.word_bytes)
         for at in range(0, len(words), CHUNK_WORDS):
             chunk = words[at:at + CHUNK_WORDS]
