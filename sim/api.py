@@ -23,6 +23,7 @@ from hw.spec import (
 )
 
 from .bench import run_benchmarks
+from .board import BoardDriver, SerialTransport, run_board
 from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
 from .collective import CollectiveReport, run_collective
 from .errors import BadInput, NpuError, ToolFailure, Watchdog
@@ -38,6 +39,7 @@ __all__ = [
     "run_collective", "CollectiveReport",
     "export_verilog", "Exported",
     "synthesize",
+    "run_board", "BoardDriver", "SerialTransport",
     "run_benchmarks",
     "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",
     "NpuError", "BadInput", "Watchdog", "ToolFailure",
