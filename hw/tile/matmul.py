@@ -11,6 +11,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.matmul import REQUANT_LATENCY, array_latency, unit_latency
+from .arith import lut_product
 
 #: Low bits of the requantiser's 32-bit operand taken unsigned into the first DSP: 17 + 1 sign
 #: bit fit an 18x18 multiplier, and the high 15 bits (signed) the second.
@@ -177,7 +178,9 @@ class MatmulArray(wiring.Component):
                 acc = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_acc")
                 hold = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_hold")
                 prod = Signal(signed(17), name=f"pe{i}_{j}_prod")
-                m.d.comb += prod.eq(a * b)
+                # LUTs, not a DSP: the chip's other units need the ECP5-85k's 156 DSPs, and a
+                # 9x8 product would take a whole 18x18 one.
+                m.d.comb += prod.eq(lut_product(a, b))
                 with m.If(en):
                     if j + 1 < n:
                         m.d.sync += [a_out.eq(a), v_out.eq(v), l_out.eq(last)]
