@@ -45,7 +45,8 @@ sim: $(STAMP)
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
 
-test: $(STAMP) check-cxx
+# The fpga extra too: the synthesis smoke test and the Yosys regression test run the yowasp tools.
+test: $(FPGASTAMP) check-cxx
 	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider
 
 test-slow: $(STAMP) check-cxx
