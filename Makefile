@@ -71,8 +71,10 @@ $(FPGASTAMP): $(STAMP)
 # $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
 FPGA_TOP ?= board
 FPGA_NPU ?= constraints/npu/fpga.toml
+# FPGA_MHZ=40: build for another clock than the NPU's clock_mhz (the board's PLL output).
+FPGA_MHZ ?=
 fpga: $(FPGASTAMP)
-	$(NPU) fpga --npu $(FPGA_NPU) --device ecp5-85k --top $(FPGA_TOP) \
+	$(NPU) fpga --npu $(FPGA_NPU) --device ecp5-85k --top $(FPGA_TOP) $(if $(FPGA_MHZ),--clock-mhz $(FPGA_MHZ)) \
 		--build $(BUILD)/fpga-$(FPGA_TOP) --json $(BUILD)/fpga-$(FPGA_TOP).json
 
 clean:

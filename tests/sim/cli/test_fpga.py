@@ -38,6 +38,11 @@ def test_tools_not_installed(capsys, monkeypatch):
                           "no_such_yowasp_nextpnr)", "make fpga")
 
 
+def test_bad_clock(capsys):
+    assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--clock-mhz", "500"),
+                          "npu fpga: --clock-mhz 500 is outside (0, 400] MHz")
+
+
 def test_build_dir_is_a_file(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(fpga, "tools_missing", lambda: [])
     blocker = tmp_path / "file"
