@@ -8,10 +8,10 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..arith import lut_product, tree_sum
 from ..layouts import lanes_layout
 from ..spec.attention import POS_BITS
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
-from .arith import lut_product, tree_sum
 
 __all__ = ["AttentionBuffer", "kv_layout", "q_layout", "raw_layout", "scores_layout",
            "probs_layout", "out_layout", "SCORE_LATENCY", "PARTIAL_LATENCY",

@@ -8,10 +8,10 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ..arith import lut_product
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.matmul import REQUANT_LATENCY, array_latency, unit_latency
-from .arith import lut_product
 
 #: Low bits of the requantiser's 32-bit operand taken unsigned into the first DSP: 17 + 1 sign
 #: bit fit an 18x18 multiplier, and the high 15 bits (signed) the second.
