@@ -57,6 +57,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import small_divmod
 from ..layouts import ring_word_layout
 from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 
@@ -190,8 +191,14 @@ class CollectiveEngine(wiring.Component):
         with m.Else():
             m.d.comb += total.eq(Mux(member, n, n - 1))
 
+        # The block of this step, (p_eff + 2n - s - 1 + is_ag) mod n. The dividend gets 16n more
+        # (s < 2 * MAX_CHIPS = 16), so that it is non-negative in every state and can be
+        # unsigned; and the division is narrow: Yosys' generic `%` by a variable divisor crashes
+        # synth_ecp5 (hw.arith.small_divmod).
         block = Signal(range(MAX_CHIPS))
-        m.d.comb += block.eq((p_eff + 2 * n - s - ~is_ag) % n)
+        shifted_pos = Signal(range(20 * MAX_CHIPS))
+        m.d.comb += [shifted_pos.eq(p_eff + 18 * n - s - ~is_ag),
+                     block.eq(small_divmod(m, shifted_pos, n, d_max=MAX_CHIPS, name="block")[1])]
 
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
@@ -215,7 +222,8 @@ class CollectiveEngine(wiring.Component):
         # Words in this step: the block padded to whole words.
         q = Signal(LENGTH_BITS)
         r = Signal(range(MAX_CHIPS))
-        m.d.comb += [q.eq(length // n), r.eq(length % n)]
+        quot, rest = small_divmod(m, length, n, d_max=MAX_CHIPS, name="step")
+        m.d.comb += [q.eq(quot), r.eq(rest)]
         elems = Signal(LENGTH_BITS)
         m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))
         shift = Signal(range(epw32_log2 + 1))
