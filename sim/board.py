@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from hw.spec import ModelConfig, NpuConfig
+from hw.spec.collective import ReduceOp
 from hw.spec.hostlink import (
     FLAG_DONE,
     FLAG_ERROR,
@@ -34,17 +35,38 @@ from hw.spec.hostlink import (
     reply_bytes,
     unpack_fields,
 )
-from hw.spec.isa import BUSY_COUNTERS
+from hw.spec.isa import BUSY_COUNTERS, IsaError, Op, decode, reg
 
 from .errors import BadInput, TransportTimeout
 from .rtl.pysim import SimulationTimeout
 from .simulate import simulate
 
 __all__ = ["BoardDriver", "BoardError", "TransportTimeout", "SerialTransport", "run_board",
-           "CHUNK_WORDS"]
+           "CHUNK_WORDS", "avg_collectives"]
 
 #: Words per write or read request: a refused or garbled request costs at most this many.
 CHUNK_WORDS = 256
+
+
+def avg_collectives(program) -> list[int]:
+    """The pcs of the ``COLL`` instructions of ``program`` that run AVG: ``CO_OP`` as the last
+    ``SET`` before each left it (the registers are 0, SUM, after the reset that
+    :meth:`BoardDriver.run_chip` issues, and a program runs straight through).
+
+    Why: the board's chip has no AVG divider (``hw.fpga.board.COLL_AVG``); an AVG there would
+    give the sum. Words that do not decode are left to the chip (it stops with ``error``).
+    """
+    co_op, op, found = reg("CO_OP"), int(ReduceOp.SUM), []
+    for pc, word in enumerate(program):
+        try:
+            insn = decode(int(word))
+        except IsaError:
+            continue
+        if insn.op is Op.SET and insn.reg == co_op:
+            op = insn.value
+        elif insn.op is Op.COLL and op == ReduceOp.AVG:
+            found.append(pc)
+    return found
 
 
 class BoardError(RuntimeError):
@@ -189,6 +211,11 @@ class BoardDriver:
         if len(program) > npu.imem_words:
             raise ValueError(f"program of {len(program)} instructions exceeds imem_words "
                              f"{npu.imem_words}")
+        avg = avg_collectives(program)
+        if avg:
+            raise BadInput(f"the program runs a COLL AVG (pc {', '.join(map(str, avg))}): the "
+                           "board's chip has no AVG divider (hw/fpga/board.py: COLL_AVG); "
+                           "use SUM and divide on the host")
         self.check(npu)
         self.reset()
         t0 = time.perf_counter()

@@ -232,7 +232,7 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     wall = {}
 
     t0 = time.monotonic()
-    design = build_top(top, npu)
+    design = build_top(top, npu, fpga=True)
     board = isinstance(design, BoardTop)
     if board:
         name, shell = f"npu_{top}", None

@@ -27,7 +27,7 @@ from ..tile.chip import Chip
 from . import ulx3s
 from .uart import HostLink, UartRx, UartTx
 
-__all__ = ["BoardTop", "DEFAULT_BAUD", "baud_divisor"]
+__all__ = ["BoardTop", "COLL_AVG", "DEFAULT_BAUD", "baud_divisor"]
 
 #: The FTDI FT231X of the ULX3S runs up to 3 Mbaud; 1 Mbaud leaves margin on any cable.
 DEFAULT_BAUD = 1_000_000
@@ -45,12 +45,18 @@ def baud_divisor(clock_mhz: float, baud: int) -> int:
     return divisor
 
 
+#: The board's chip has no AVG divider in its collective engine (``Chip``'s ``coll_avg``):
+#: synth_ecp5 crashes on its 64-bit signed division, and a one-cycle divider would set the
+#: clock. The board driver refuses programs that run a COLL AVG (``sim/board.py``).
+COLL_AVG = False
+
+
 class _ChipOnRing(wiring.Component):
     """The chip with its ring port looped back through a link (a ring of one chip), so that
     nothing of the chip is optimised away and a one-chip collective runs."""
 
     def __init__(self, npu):
-        self.chip = Chip(npu=npu)
+        self.chip = Chip(npu=npu, coll_avg=COLL_AVG)
         super().__init__(wiring.Signature({}))
 
     def elaborate(self, platform):

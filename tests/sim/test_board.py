@@ -8,12 +8,17 @@ import numpy as np
 import pytest
 
 from hw.spec import model_preset, npu_preset
+from hw.spec.collective import ReduceOp
 from hw.spec.formats import OutMode
+from hw.spec.isa import Op, decode
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
 from sim import errors
-from sim.board import BoardDriver, run_board
+from sim.board import BoardDriver, avg_collectives, run_board
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
+from sim.compiler.quantize import quantize_model
+from sim.compiler.strategy import compile_program
+from sim.golden.float_model import random_weights
 from sim.golden.matmul import matmul_unit
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.uart_model import SimTransport
@@ -98,3 +103,56 @@ def test_run_board_matches_the_golden_model():
     assert report.golden_match and report.backend == "board"
     ref = simulate(npu, model, backend="pysim", seed=3)
     assert report.cycles == ref.cycles
+
+
+# --- AVG: the board's chip has no AVG divider (hw.fpga.board.COLL_AVG) --------------------------
+
+def _coll_program(ops):
+    """SET CO_OP for each op of ``ops`` (None: leave it), then a COLL; then HALT."""
+    asm = Assembler(elide=False)
+    for op in ops:
+        if op is not None:
+            asm.set("CO_OP", int(op))
+        asm.launch(Op.COLL)
+    asm.halt()
+    return asm.words()
+
+
+@pytest.mark.parametrize("ops, pcs", [
+    ([ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN], []),
+    ([None], []),                                        # CO_OP is 0 (SUM) after the reset
+    ([ReduceOp.AVG], [1]),
+    ([ReduceOp.SUM, ReduceOp.AVG, None, ReduceOp.MIN], [3, 4]),  # AVG stays set
+])
+def test_avg_collectives_follows_co_op(ops, pcs):
+    assert avg_collectives(_coll_program(ops)) == pcs
+
+
+def test_the_driver_refuses_a_coll_avg_before_touching_the_board():
+    class Untouched:
+        def write(self, data):
+            raise AssertionError("the driver wrote to the board")
+
+        read = pause = write
+
+    program = _coll_program([ReduceOp.MAX, ReduceOp.AVG])
+    with pytest.raises(errors.BadInput, match=r"the program runs a COLL AVG \(pc 3\): the "
+                                              r"board's chip has no AVG divider"):
+        BoardDriver(Untouched()).run_chip(small_npu(), program, {}, [])
+
+
+@pytest.mark.parametrize("strategy, chips, grid", [("single", 1, None), ("head", 2, None),
+                                                   ("data+head", 4, "2x2")])
+def test_the_compiler_emits_no_avg(strategy, chips, grid):
+    """What ``npu board`` runs (and the multi-chip strategies): all-reduces with SUM only."""
+    model = model_preset("tiny")
+    rng = seeded(5)
+    x = rng.standard_normal((2, model.seq_len, model.d_model))
+    qm = quantize_model(model, random_weights(model, 5), x)
+    prog = compile_program(strategy, npu_preset("tiny"), qm, chips, seq=model.seq_len,
+                           samples=2, grid=grid)
+    colls = 0
+    for chip, c in enumerate(prog.chips):
+        assert avg_collectives(c.program) == [], f"{strategy}: chip {chip} runs AVG"
+        colls += sum(1 for w in c.program if decode(w).op is Op.COLL)
+    assert colls > 0 or chips == 1, f"{strategy}: no COLL at all, nothing was checked"
