@@ -250,8 +250,8 @@ class SerialTransport:
     """A real board's UART through pyserial (``port``, ``baud``; 8N1, no flow control)."""
 
     def __init__(self, port: str, baud: int, *, timeout: float = 2.0):
-        # pyserial is optional (the `fpga` extra): only a real board needs it.
         try:
+            # pyserial is optional (the `fpga` extra): only a real board needs it.
             import serial
         except ImportError:
             raise BadInput("pyserial is not installed (pip install pyserial, or the fpga "
