@@ -17,6 +17,7 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
+from .compiler.hidden import check_hidden
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from .compiler.single import check_single_chip
@@ -114,10 +115,13 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
     # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
     taken = [0] * n_chips
     outputs = []
-    for place in prog.outputs:
-        outputs.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
-                                  prog.cfg.d_model))
-        taken[place.chip] += 1
+    for out in prog.outputs:
+        parts = []
+        for place in out if isinstance(out, tuple) else (out,):
+            parts.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
+                                    prog.cfg.d_model))
+            taken[place.chip] += 1
+        outputs.append(np.concatenate(parts, axis=1))
     res["outputs"] = outputs
     res["load_cycles"] = load
     return res
@@ -203,7 +207,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
-             link_stalls: float = 0.0, progress=None, reference: str = "auto") -> SimReport:
+             link_stalls: float = 0.0, progress=None, reference: str = "auto",
+             reduce: str | None = None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
 
     ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
@@ -220,6 +225,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,
     ``"none"`` skips it, ``"auto"`` is ``"same"`` except on pysim, where one chip takes as
     long as the whole multi-chip run again. A model that does not fit one chip has none.
+
+    ``reduce``: hidden parallelism only, how the projections' partial sums are reduced
+    (``"reduce_scatter"``, the default, or ``"all_reduce"``; ``sim.compiler.hidden``).
     """
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
@@ -236,8 +244,19 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     if link_stalls and (chips == 1 or backend != "pysim"):
         raise BadInput("--link-stalls applies to --backend pysim with --chips > 1")
     max_cycles = max_cycles or DEFAULT_MAX_CYCLES
-    # Refuse what a chip cannot run before any work (the compiler checks again).
-    check_single_chip(npu, model)
+    if reduce is not None and strategy != "hidden":
+        raise BadInput("reduce applies to --strategy hidden")
+    # Refuse what a chip cannot run before any work (the compiler checks again): under
+    # hidden parallelism each chip's shard of the widths.
+    if strategy == "hidden":
+        try:
+            check_hidden(npu, model, chips)
+        except ValueError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise BadInput(str(exc)) from None
+    else:
+        check_single_chip(npu, model)
     rng = np.random.default_rng(seed)
     if weights is None:
         weights = random_weights(model, seed)
@@ -257,7 +276,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     samples = x if x.ndim == 3 else x[None]
     try:
         prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
-                               samples=len(samples), microbatches=microbatches)
+                               samples=len(samples), microbatches=microbatches, reduce=reduce)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise

@@ -24,29 +24,38 @@ __all__ = ["Placement", "ChipProgram", "SystemProgram"]
 @dataclass(frozen=True)
 class Placement:
     """A sample's [seq, d] int16 activations on chip ``chip``: ``rows`` rows of ``row_words``
-    words from ``base`` (the sample's padded ``seq_pad`` rows, ``cols`` columns)."""
+    words from ``base`` (the sample's padded ``seq_pad`` rows, ``cols`` columns). A chip that
+    holds only some columns (hidden parallelism) has the sample's columns ``col .. col +
+    width - 1`` there."""
 
     chip: int
     base: int
     rows: int
     cols: int
     row_words: int
+    col: int = 0
+    width: int | None = None
 
     @property
     def words(self) -> int:
         return self.rows * self.row_words
 
     def image(self, x_int, size: int) -> np.ndarray:
-        """The words of ``x_int`` [seq, d] (zero-padded to ``rows`` x ``cols``)."""
+        """The words of ``x_int`` [seq, d] (its columns here, zero-padded to ``rows`` x
+        ``cols``)."""
         x = np.zeros((self.rows, self.cols), np.int64)
         x_int = np.asarray(x_int, np.int64)
+        if self.width is not None:
+            x_int = x_int[:, self.col:self.col + self.width]
         x[:x_int.shape[0], :x_int.shape[1]] = x_int
         words = pack_rows(x, 2, size)
         assert len(words) == self.words, (len(words), self.words)
         return words
 
     def read(self, words, seq: int, d: int) -> np.ndarray:
-        return unpack_rows(words, self.rows, self.cols, 2)[:seq, :d]
+        """The sample's [seq, d] activations (its ``width`` columns for a column slice)."""
+        cols = d if self.width is None else self.width
+        return unpack_rows(words, self.rows, self.cols, 2)[:seq, :cols]
 
 
 @dataclass
@@ -78,8 +87,10 @@ class SystemProgram:
     chips: list[ChipProgram]
     seq: int
     seq_pad: int
-    inputs: list[list[Placement]]      # per sample: every copy of its input
-    outputs: list[Placement]           # per sample: where its output is read
+    inputs: list[list[Placement]]      # per sample: every copy (or column slice) of its input
+    #: Per sample: where its output is read; a tuple of column slices, in column order, when
+    #: the chips hold a sample's columns between them.
+    outputs: list
     #: Strategy facts for the report (``{"stages": ..., "microbatches": ...}``).
     meta: dict = field(default_factory=dict)
     #: The collectives and transfers of the program, in program order, for the report.
@@ -98,6 +109,7 @@ class SystemProgram:
     def reads(self) -> list[list[tuple[int, int]]]:
         """Per chip: the ``(base, words)`` regions to read back, in :attr:`outputs` order."""
         regions = [[] for _ in self.chips]
-        for place in self.outputs:
-            regions[place.chip].append((place.base, place.words))
+        for out in self.outputs:
+            for place in out if isinstance(out, tuple) else (out,):
+                regions[place.chip].append((place.base, place.words))
         return regions
