@@ -68,6 +68,7 @@ class SimReport:
     #: The same model and batch on one chip: its cycles and where they come from.
     reference: dict | None = None
     pipeline: dict | None = None
+    hidden: dict | None = None
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -102,6 +103,8 @@ class SimReport:
             report["reference"] = dict(self.reference) if self.reference else None
         if self.pipeline is not None:
             report["pipeline"] = dict(self.pipeline)
+        if self.hidden is not None:
+            report["hidden"] = dict(self.hidden)
         if self.first_mismatch is not None:
             report["first_mismatch"] = dict(self.first_mismatch)
         return report
@@ -138,6 +141,13 @@ class SimReport:
             lines.append(f"  pipeline: {p['stages']} stages (layers {p['layers_per_stage']}), "
                          f"{p['microbatches']} microbatches; bubble {bubble} vs "
                          f"(p-1)/(m+p-1) = {p['bubble_formula']:.1%}")
+        if self.hidden is not None:
+            h = self.hidden
+            lines.append(f"  hidden: columns {h['columns_per_chip']}, split heads "
+                         f"{h['split_heads']}; per layer {h['collectives_per_layer']} "
+                         f"collectives ({h['coll_launches_per_layer']} COLL launches, "
+                         f"{h['bytes_per_layer']:,} bytes) and {h['tokens_per_layer']} "
+                         f"ordering tokens; projections by {h['reduce']}")
         timed = [c for c in self.collectives if "cycles" in c]
         if timed:
             by_kind = {}

@@ -17,7 +17,7 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
-from .compiler.hidden import check_hidden
+from .compiler.hidden import check_hidden, hidden_stats
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from .compiler.single import check_single_chip
@@ -147,17 +147,20 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
     link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
-    out, seen = [], {"all_reduce": 0, "send": {}}
+    # A chip's k-th collective interval is the k-th collective it is a member of.
+    out, seen = [], {"coll": [0] * len(prog.chips), "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
-        if spans is not None and comm["kind"] == "all_reduce":
-            k = seen["all_reduce"]
-            seen["all_reduce"] += 1
+        if spans is not None and comm["kind"] in ("all_reduce", "reduce_scatter"):
             first, count = comm["group"]
             members = [(first + j) % len(prog.chips) for j in range(count)]
-            ivs = [spans[m]["collective"][k] for m in members]
-            entry["cycles"] = max(e for _, e in ivs) - min(s for s, _ in ivs)
-            entry["bound_cycles"] = ring_bound_cycles("all_reduce", comm["bytes"], count, link,
+            ivs = []
+            for m in members:
+                ivs.append(spans[m]["collective"][seen["coll"][m]])
+                seen["coll"][m] += 1
+            entry["start"] = min(s for s, _ in ivs)
+            entry["cycles"] = max(e for _, e in ivs) - entry["start"]
+            entry["bound_cycles"] = ring_bound_cycles(comm["kind"], comm["bytes"], count, link,
                                                       lat)
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
         elif spans is not None and comm["kind"] == "send":
@@ -165,6 +168,7 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
             k = seen["send"].get(src, 0)
             seen["send"][src] = k + 1
             s, e = spans[src]["send"][k]
+            entry["start"] = s
             entry["cycles"] = e - s
             # One hop: the bytes at the link's width plus its latency.
             entry["bound_cycles"] = -(-comm["bytes"] // link) + lat
@@ -312,6 +316,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
     if strategy == "pipeline":
         report.pipeline = _pipeline_stats(prog, res, spans)
+    if strategy == "hidden":
+        report.hidden = hidden_stats(prog, report.collectives)
     if reference not in ("auto", "same", "none"):
         raise BadInput(f"reference {reference!r} is not one of auto, same, none")
     if chips > 1 and res["cycles"] is not None and (

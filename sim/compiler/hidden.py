@@ -72,7 +72,7 @@ from .single import check_single_chip, finish
 from .vector_launch import Rows
 
 __all__ = ["Piece", "HiddenPlan", "split_widths", "hidden_plan", "check_hidden", "Reduction",
-           "compile_hidden", "REDUCE_MODES", "SEED_COLLECTIVES"]
+           "compile_hidden", "hidden_stats", "REDUCE_MODES", "SEED_COLLECTIVES"]
 
 #: How the projections' partial sums are reduced.
 REDUCE_MODES = ("reduce_scatter", "all_reduce")
@@ -765,3 +765,57 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
             "reduce": reduce if chips > 1 else None}
     return SystemProgram(npu, cfg, "hidden", programs, seq, comp.seq_pad, inputs, outputs, meta,
                          comp.comms)
+
+
+def hidden_stats(prog: SystemProgram, comms: list[dict]) -> dict:
+    """The report's ``hidden`` section from the compiled program and its collectives (with
+    their cycles on a timed backend): the shards, and per layer the collectives, their COLL
+    launches, bytes and ordering tokens, with why there are that many; on a timed backend how
+    much the split heads' score all-reduces overlapped (``score_overlap``: the sum of their
+    cycles over their span, above 1 when groups ran at the same time)."""
+    meta = prog.meta
+    layer = [c for c in comms if c.get("layer") == 0]
+    colls: dict[int, list] = {}
+    for c in layer:
+        if c["kind"] != "send":
+            colls.setdefault(c["collective"], []).append(c)
+    per_layer = [{"what": items[0]["what"], "kind": items[0]["kind"],
+                  "width": items[0]["width"], "group": items[0]["group"],
+                  "launches": len(items), "bytes": sum(c["bytes"] for c in items)}
+                 for items in colls.values()]
+    tokens = [c for c in layer if c["kind"] == "send"]
+    scores = [c for c in layer if c["kind"] != "send" and c["what"].startswith("attention")]
+    ln = sum(1 for c in per_layer if "statistics" in c["what"])
+    proj = sum(1 for c in per_layer if "projection" in c["what"])
+    heads = len(meta["split_heads"])
+    groups = [tuple(meta["head_groups"][h]) for h in meta["split_heads"]]
+    disjoint = sum(1 for k, g in enumerate(groups) if k and not set(_members(g, prog)) &
+                   set(_members(groups[k - 1], prog)))
+    why = (f"{ln} int64 all-reduces of the LayerNorm statistics [sum x, sum x^2] per row; {proj} "
+           f"{meta['reduce'] or 'no'} reductions of int32 partial projections (QKV, O, FFN1, "
+           "FFN2: every input is sharded by columns, so each chip's X[:, cols] @ W[rows, :] is "
+           f"a partial sum of the whole output); {heads} all-reduces of partial Q.K scores, "
+           f"one per head split across chips, within its group ({disjoint} start alongside the "
+           "previous one: disjoint groups run at the same time). The seed's "
+           f"{SEED_COLLECTIVES} counted the LayerNorm and score all-reduces only. Tokens: "
+           "one-word SENDs that hold back a collective whose sender to a chip changes (the "
+           "engine takes ring words from any sender) until that chip's previous collective "
+           "is done.") if prog.chips and len(prog.chips) > 1 else "one chip: no collectives"
+    out = {"columns_per_chip": meta["columns_per_chip"],
+           "ffn_columns_per_chip": meta["ffn_columns_per_chip"],
+           "head_groups": meta["head_groups"], "split_heads": meta["split_heads"],
+           "reduce": meta["reduce"], "collectives_per_layer": len(per_layer),
+           "coll_launches_per_layer": sum(c["launches"] for c in per_layer),
+           "bytes_per_layer": sum(c["bytes"] for c in per_layer),
+           "tokens_per_layer": len(tokens), "per_layer": per_layer,
+           "seed_estimate": SEED_COLLECTIVES, "why": why, "score_overlap": None}
+    timed = [c for c in scores if "cycles" in c]
+    if timed:
+        span = max(c["start"] + c["cycles"] for c in timed) - min(c["start"] for c in timed)
+        out["score_overlap"] = sum(c["cycles"] for c in timed) / span if span else None
+    return out
+
+
+def _members(group, prog) -> list[int]:
+    first, count = group
+    return [(first + k) % len(prog.chips) for k in range(count)]
