@@ -125,7 +125,7 @@ def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
     assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("strategy", ["data", "hidden", "sequence", "head+pipeline"])
+@pytest.mark.parametrize("strategy", ["data", "sequence", "head+pipeline"])
 def test_strategies_not_built_yet(capsys, strategy):
     status, out, err = run(capsys, "sim", "--strategy", strategy, "--chips", "4", "--npu",
                            TINY_NPU, "--model", TINY_MODEL, "--backend", "iss")
