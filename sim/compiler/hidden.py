@@ -297,9 +297,11 @@ class Reduction:
                  self.chips * tiles * n * n)
                 for mb in range(self.mb) for first, tiles in self.groups]
 
-    def requant_launches(self, chip: int, base: int, params_base: int, dst: Tensor):
+    def requant_launches(self, chip: int, base: int, params_base: int, dst: Tensor, *,
+                         mb: int | None = None):
         """The per-channel REQUANT launches that turn chip ``chip``'s reduced sums into ``dst``
-        (``dst.eb`` 1: int8, 2: int16; its first ``widths[chip]`` columns)."""
+        (``dst.eb`` 1: int8, 2: int16; its first ``widths[chip]`` columns); ``mb``: only row
+        block mb (reduce-scatter)."""
         n, rows, eb = self.n, self.rows, dst.eb
         out = Rows(dst.base, rows, dst.row_words, eb)
         if self.mode == "all_reduce":
@@ -308,17 +310,20 @@ class Reduction:
                                       a=Rows(base + off, rows, self.nb * 4, 4), out=out,
                                       params_base=params_base)]
         tile = 4 * n
+        blocks = self.mb if mb is None else 1
+        row0 = 0 if mb is None else mb * n
         launches = []
         for first, tiles in self.groups:
             mine = min(tiles, self.widths[chip] // n - first)
             if mine <= 0:
                 continue
             launch = vl.requant_launch(
-                size=n, length=mine * n, a=Rows(0, rows, 4 * mine, 4),
-                out=Rows(dst.base + first * eb, rows, dst.row_words, eb),
+                size=n, length=mine * n, a=Rows(0, blocks * n, 4 * mine, 4),
+                out=Rows(dst.base + row0 * dst.row_words + first * eb, blocks * n,
+                         dst.row_words, eb),
                 params_base=params_base + first * 4)
-            a = Desc(base + first * self.chips * tile + chip * tiles * tile,
-                     (4, mine, n, self.mb), (1, tile, 4, self.nb * tile))
+            a = Desc(base + row0 * self.nb * 4 + first * self.chips * tile + chip * tiles * tile,
+                     (4, mine, n, blocks), (1, tile, 4, self.nb * tile))
             launches.append(dataclasses.replace(launch, rd3=a))
         return launches
 
@@ -486,10 +491,13 @@ class _Compiler:
             t["token_rx"] = al.alloc("token_rx", ratio, n, 1, "activations", row_words_=1)
 
     # --- collectives --------------------------------------------------------------------------
-    def collective(self, group, chunks, *, width, what, kind="all_reduce", wait=True):
+    def collective(self, group, chunks, *, width, what, kind="all_reduce", wait=True,
+                   ident=None):
         """Emit one logical collective over ``group`` (``(first, count)``) on its members:
         ``chunks(ch)`` gives that chip's ``(base, elements)`` per COLL. Ordering tokens first
-        (module docstring), then the COLLs; ``wait``: a ``WAIT`` for the last one."""
+        (module docstring), then the COLLs; ``wait``: a ``WAIT`` for the last one. ``ident``:
+        continue the collective of that id (a later part of it, for the report). Returns the
+        collective's id."""
         first, count = group
         members = [(first + k) % self.chips for k in range(count)]
         # A member whose predecessor changes tells its new predecessor when it is free.
@@ -516,8 +524,9 @@ class _Compiler:
             ch.asm.wait(Unit.RECV)
         per_chip = {m: chunks(self.ch[m]) for m in members}
         count_chunks = len(per_chip[members[0]])
-        ident = self.coll_id
-        self.coll_id += 1
+        if ident is None:
+            ident = self.coll_id
+            self.coll_id += 1
         for k in range(count_chunks):
             _, length = per_chip[members[0]][k]
             req = CollectiveRequest(kind, "sum", width, length, self.chips, first=first,
@@ -533,6 +542,7 @@ class _Compiler:
             self.ch[m].last_group = group
             if wait:
                 self.ch[m].asm.wait(Unit.COLL)
+        return ident
 
     def _flat(self, tensor: Tensor, elements: int, count: int, width: int):
         """Chunks of a natural-order all-reduce over ``elements`` from ``tensor.base``."""
@@ -575,6 +585,9 @@ class _Compiler:
         n, i = self.n, self.layer
         direct = self.chips == 1
         red = self.red.get(name)
+        if red is not None and red.mode == "reduce_scatter":
+            self._project_blocks(name, src, dst, lut=lut)
+            return
         for ch in self.ch:
             wt, pt, _ = ch.layers[i][name]
             a, out = ch.t[src], ch.t[dst]
@@ -604,6 +617,59 @@ class _Compiler:
             for launch in red.requant_launches(ch.c, ch.t["p"].base,
                                                ch.layers[i][name][2].base, ch.t[dst]):
                 vl.emit(ch.asm, launch)
+            ch.asm.wait(Unit.VEC)
+
+    def _project_blocks(self, name: str, src: str, dst: str, *, lut: bool):
+        """The reduce-scatter projection, pipelined by row blocks of N rows: while the
+        reduce-scatters of block mb run, the matmul computes block mb + 1 and the vector unit
+        requantises block mb - 1. A COLL launch waits for the previous COLL to finish and a
+        MATMUL launch for the previous MATMUL, so each block's sums are complete before its
+        COLL and reduced before its REQUANT without a WAIT on the unit."""
+        n, i, red = self.n, self.layer, self.red[name]
+        tile = 4 * n
+
+        def matmul(ch, mb):
+            wt, pt, _ = ch.layers[i][name]
+            a, p = ch.t[src], ch.t["p"]
+            launch = matmul_launch(size=n, m=n, k=len(self.inputs[name][ch.c]), n=red.nb * n,
+                                   a_base=a.base + mb * n * a.row_words,
+                                   a_row_words=a.row_words, b_base=wt.base, p_base=pt.base,
+                                   c_base=p.base, c_row_words=red.nb * 4, mode=OutMode.RAW)
+            wr0 = Desc(p.base + mb * red.nb * tile, (4, n, red.nb, 1), (1, 4, tile, 0))
+            emit_matmul(ch.asm, dataclasses.replace(launch, wr0=wr0))
+
+        def requant(ch, mb):
+            for launch in red.requant_launches(ch.c, ch.t["p"].base,
+                                               ch.layers[i][name][2].base, ch.t[dst], mb=mb):
+                vl.emit(ch.asm, launch)
+
+        for ch in self.ch:
+            matmul(ch, 0)
+            if lut:
+                vl.emit(ch.asm, vl.load_lut_launch(size=n, base=ch.layers[i]["lut"].base))
+            ch.asm.wait(Unit.MATMUL | (Unit.VEC if lut else 0))
+        ident = None
+        per_block = len(red.groups)
+        for mb in range(red.mb):
+            for ch in self.ch:
+                if mb + 1 < red.mb:
+                    matmul(ch, mb + 1)
+
+            def chunks(ch, mb=mb):
+                return red.chunks(ch.t["p"].base)[mb * per_block:(mb + 1) * per_block]
+
+            ident = self.collective((0, self.chips), chunks, width=32,
+                                    what=f"{name.upper()} projection", kind="reduce_scatter",
+                                    wait=False, ident=ident)
+            for ch in self.ch:
+                if mb:
+                    requant(ch, mb - 1)
+                if mb + 2 == red.mb or red.mb == 1:
+                    # The last block's COLL reads what the last MATMUL writes.
+                    ch.asm.wait(Unit.MATMUL)
+        for ch in self.ch:
+            ch.asm.wait(Unit.COLL)
+            requant(ch, red.mb - 1)
             ch.asm.wait(Unit.VEC)
 
     def add(self):
