@@ -39,7 +39,8 @@ columns], the columns ordered by destination chip. Reduce-scatter: tile-major (N
 tiles, row blocks outer), the column blocks permuted so that one COLL per row block and column
 group carries a contiguous block for each destination (blocks no larger than the engine's
 buffers); chip p's columns come back at its block's place and a REQUANT per column group
-walks them.
+walks them. The reduce-scatter projections run by row blocks: while block mb is reduced, the
+matmul computes block mb + 1 and the vector unit requantises block mb - 1.
 """
 
 from __future__ import annotations
