@@ -15,10 +15,12 @@ BACKEND  ?= pysim
 NPU_TOML ?= constraints/npu/tiny.toml
 MODEL    ?= constraints/models/tiny.toml
 SEED     ?= 0
+# Quantisation scheme (int8 or smooth16); empty: the model file's `quant`.
+QUANT    ?=
 JOBS     ?= 2
 BUILD    ?= build
 
-.PHONY: all venv sim test test-slow lint verilog bench fpga clean check-cxx
+.PHONY: all venv sim sweep test test-slow lint verilog bench fpga clean check-cxx
 
 all: test
 
@@ -26,7 +28,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.10 is needed)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sweep]'
 	@touch $@
 
 venv: $(STAMP)
@@ -36,14 +38,24 @@ check-cxx:
 	@command -v g++ >/dev/null || { echo "error: g++ not found: Verilator needs a C++ compiler (Debian: apt-get install g++)"; exit 2; }
 	@command -v make >/dev/null || { echo "error: make not found: Verilator needs GNU make (Debian: apt-get install make)"; exit 2; }
 
-# The pipeline's default batch: four sequences in four microbatches, so that its stages overlap.
-BATCH    ?= $(if $(filter pipeline,$(STRATEGY)),4,)
+# The pipeline's default batch: four sequences in four microbatches, so that its stages overlap;
+# data parallelism's: four sequences, so that every replica has one. GRID=AxB replaces CHIPS.
+BATCH    ?= $(if $(findstring pipeline,$(STRATEGY))$(findstring data,$(STRATEGY)),4,)
+GRID     ?=
 TIMED    := $(if $(filter iss,$(BACKEND)),,--plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json)
 
 sim: $(STAMP)
-	$(NPU) sim --strategy $(STRATEGY) --chips $(CHIPS) --backend $(BACKEND) \
+	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
+		$(if $(QUANT),--quant $(QUANT)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
+
+# A design-space sweep (docs/sweep.md): every point of SPEC as a Dask task on WORKERS local
+# worker processes (0: in this process); points already in build/sweep/<spec> are skipped.
+SPEC     ?= constraints/sweeps/tiny.toml
+WORKERS  ?= $(JOBS)
+sweep: $(STAMP)
+	$(NPU) sweep $(SPEC) --workers $(WORKERS) --out $(BUILD)/sweep/$(basename $(notdir $(SPEC)))
 
 test: $(STAMP) check-cxx
 	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider
@@ -61,7 +73,7 @@ bench: $(STAMP) check-cxx
 	$(NPU) bench --json $(BUILD)/bench.json
 
 $(FPGASTAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,fpga]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sweep,fpga]'
 	@touch $@
 
 # Synthesis, place and route of one top (FPGA_TOP=tile for the whole chip) on the ECP5-85k; the

@@ -4,7 +4,8 @@ The command line (:mod:`sim.cli`) and the benchmarks call these; so can a notebo
 
     from sim.api import npu_preset, model_preset, simulate
     report = simulate(npu_preset("tiny"), model_preset("tiny"), backend="iss")
-    report.golden_match, report.to_json()
+    report.golden_match, report.cycles, report.to_json()
+    plan(npu_preset("lpu-like"), model_preset("llama2-7b"), min_chips=True).table()
 
 Configurations are the frozen :class:`NpuConfig` / :class:`ModelConfig` (``load_npu`` and
 ``load_model`` read a TOML file, ``npu_preset`` / ``model_preset`` a shipped preset, and
@@ -12,33 +13,32 @@ Configurations are the frozen :class:`NpuConfig` / :class:`ModelConfig` (``load_
 :class:`ToolFailure` (``sim.errors``) and :class:`ConfigError`.
 """
 
-from hw.spec import (
-    ConfigError,
-    ModelConfig,
-    NpuConfig,
-    load_model,
-    load_npu,
-    model_preset,
-    npu_preset,
-)
+from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.config import load_model, load_npu, model_preset, npu_preset
 
+from .accuracy import LayerAccuracy, layer_accuracy
 from .bench import run_benchmarks
 from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
 from .collective import CollectiveReport, run_collective
 from .errors import BadInput, NpuError, ToolFailure, Watchdog
 from .export import Exported, export_verilog
 from .fpga import synthesize
+from .plan import PlanReport, StrategyPlan, plan
 from .report import ChipStats, SimReport
 from .simulate import simulate
+from .sweep import SweepResult, SweepSpec, load_spec, run_sweep
 
 __all__ = [
     "NpuConfig", "ModelConfig", "ConfigError", "load_npu", "load_model", "npu_preset",
     "model_preset",
     "simulate", "SimReport", "ChipStats",
     "run_collective", "CollectiveReport",
+    "plan", "PlanReport", "StrategyPlan",
     "export_verilog", "Exported",
     "synthesize",
     "run_benchmarks",
+    "load_spec", "run_sweep", "SweepSpec", "SweepResult",
     "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",
+    "layer_accuracy", "LayerAccuracy",
     "NpuError", "BadInput", "Watchdog", "ToolFailure",
 ]

@@ -6,7 +6,8 @@ or a sharded ``model.safetensors.index.json``) of a BERT-family encoder (``model
 post-norm, GELU, bidirectional) or a GPT-2-family decoder (gpt2: pre-norm, causal) and writes,
 into an output directory (``docs/formats.md``, "Checkpoints"):
 
-- ``model.toml``: the shape, loadable by :func:`hw.spec.load_model`;
+- ``model.toml``: the shape and the quantisation scheme (:data:`IMPORT_QUANT`), loadable by
+  :func:`hw.spec.load_model`;
 - ``weights.npz``: every block's tensors by the names of ``docs/formats.md``, float32, ``x @ W``
   (BERT's Linear weights ``[out, in]`` transposed; GPT-2's Conv1D weights are ``x @ W``
   already, its fused ``c_attn`` split into Q, K and V);
@@ -49,9 +50,9 @@ from hw.spec import ConfigError, ModelConfig, load_model
 from .errors import BadInput
 from .golden.float_model import check_weights
 
-__all__ = ["ARCHITECTURES", "ImportResult", "Tokens", "import_checkpoint", "load_import",
-           "load_vocab", "wordpiece", "tokenize", "embed", "MODEL_FILE", "WEIGHTS_FILE",
-           "EMBEDDINGS_FILE", "INFO_FILE", "VOCAB_FILE"]
+__all__ = ["ARCHITECTURES", "IMPORT_QUANT", "ImportResult", "Tokens", "import_checkpoint",
+           "load_import", "load_vocab", "wordpiece", "tokenize", "embed", "MODEL_FILE",
+           "WEIGHTS_FILE", "EMBEDDINGS_FILE", "INFO_FILE", "VOCAB_FILE"]
 
 #: ``config.json`` ``model_type`` values that can be imported.
 ARCHITECTURES = ("bert", "gpt2")
@@ -217,13 +218,19 @@ def _activation(cfg: _Config, key: str, table: dict, default: str) -> tuple[str,
     return act, table[act]
 
 
+def _dims(cfg: _Config, layers: str, width: str, heads: str, positions: str):
+    """The shape fields every architecture has, by this architecture's names, and the vocabulary
+    size; refuses a width that the heads do not divide."""
+    L, d, h, n = (cfg.get(key, int) for key in (layers, width, heads, positions))
+    if d % h:
+        cfg.refuse(width, d, f"not a multiple of {heads}={h}")
+    return L, d, h, n, cfg.get("vocab_size", int)
+
+
 def _bert(cfg: _Config, t: _Tensors):
-    L = cfg.get("num_hidden_layers", int)
-    d = cfg.get("hidden_size", int)
-    heads = cfg.get("num_attention_heads", int)
+    L, d, heads, positions, vocab = _dims(cfg, "num_hidden_layers", "hidden_size",
+                                          "num_attention_heads", "max_position_embeddings")
     d_ff = cfg.get("intermediate_size", int)
-    positions = cfg.get("max_position_embeddings", int)
-    vocab = cfg.get("vocab_size", int)
     types = cfg.get("type_vocab_size", int, 2)
     eps = float(cfg.get("layer_norm_eps", float, 1e-12))
     act, ours = _activation(cfg, "hidden_act", _BERT_ACTS, "gelu")
@@ -232,8 +239,6 @@ def _bert(cfg: _Config, t: _Tensors):
         cfg.refuse("position_embedding_type", pos_kind, "only absolute position embeddings")
     if cfg.get("is_decoder", bool, False):
         cfg.refuse("is_decoder", True, "BERT is imported as a bidirectional encoder")
-    if d % heads:
-        cfg.refuse("hidden_size", d, f"not a multiple of num_attention_heads={heads}")
     w = {}
     for i in range(L):
         h, p = f"encoder.layer.{i}.", f"layers.{i}."
@@ -267,12 +272,8 @@ def _bert(cfg: _Config, t: _Tensors):
 
 
 def _gpt2(cfg: _Config, t: _Tensors):
-    L = cfg.get("n_layer", int)
-    d = cfg.get("n_embd", int)
-    heads = cfg.get("n_head", int)
+    L, d, heads, positions, vocab = _dims(cfg, "n_layer", "n_embd", "n_head", "n_positions")
     d_ff = cfg.get("n_inner", int, 4 * d)
-    positions = cfg.get("n_positions", int)
-    vocab = cfg.get("vocab_size", int)
     eps = float(cfg.get("layer_norm_epsilon", float, 1e-5))
     act, ours = _activation(cfg, "activation_function", _GPT2_ACTS, "gelu_new")
     if not cfg.get("scale_attn_weights", bool, True):
@@ -281,8 +282,6 @@ def _gpt2(cfg: _Config, t: _Tensors):
         cfg.refuse("scale_attn_by_inverse_layer_idx", True, "no per-layer score scaling")
     if cfg.get("add_cross_attention", bool, False):
         cfg.refuse("add_cross_attention", True, "decoder-only blocks")
-    if d % heads:
-        cfg.refuse("n_embd", d, f"not a multiple of n_head={heads}")
     w = {}
     for i in range(L):
         h, p = f"h.{i}.", f"layers.{i}."
@@ -366,7 +365,12 @@ def _toml_value(value) -> str:
 
 _TOML_KEYS = ("name", "description", "source", "n_layers", "d_model", "n_heads", "d_head",
               "d_ff", "seq_len", "window", "causal", "norm", "norm_kind", "activation", "ffn",
-              "bias", "batch", "vocab_size", "tie_embeddings")
+              "bias", "batch", "vocab_size", "tie_embeddings", "quant")
+
+#: The quantisation scheme ``model.toml`` gets, by family: smooth16 where it was measured to
+#: be needed (all-MiniLM-L6-v2: int8 loses 0.026 of cosine over six layers, smooth16 0.0013;
+#: ``docs/accuracy.md``); GPT-2 keeps int8 until a real checkpoint is measured.
+IMPORT_QUANT = {"bert": "smooth16", "gpt2": "int8"}
 
 
 def _digest(paths: list[Path]) -> str:
@@ -418,6 +422,7 @@ def import_checkpoint(src: str | Path, out_dir: str | Path, *, name: str | None 
     digest = _digest(files)
     fields = dict(shape, name=name or out.resolve().name, window=0, norm_kind="layernorm",
                   ffn="mlp", batch=1, d_head=shape["d_model"] // shape["n_heads"],
+                  quant=IMPORT_QUANT[family],
                   description=f"imported by npu import: {kind} ({act})",
                   source=f"Hugging Face checkpoint {src.resolve()} (model_type {family}, "
                          f"sha256 {digest[:16]})")

@@ -41,8 +41,12 @@ def trace_events(report) -> dict:
                     name = f"all-reduce {own[k]['bytes']} B ({own[k].get('what', '')})"
                 elif unit == "send" and k < len(own):
                     args.update(bytes=own[k]["bytes"], to=own[k]["to"],
-                                microbatch=own[k]["microbatch"])
-                    name = f"send mb {own[k]['microbatch']} to chip {own[k]['to']}"
+                                microbatch=own[k].get("microbatch"))
+                    if "microbatch" in own[k]:
+                        name = f"send mb {own[k]['microbatch']} to chip {own[k]['to']}"
+                    else:      # sequence parallelism: K/V rows of a layer
+                        name = f"{own[k]['what']} L{own[k]['layer']} to chip {own[k]['to']}"
+                        args.update(layer=own[k]["layer"], tokens=own[k]["tokens"])
                 events.append({"ph": "X", "name": name, "cat": unit, "pid": c, "tid": t,
                                "ts": start / mhz, "dur": (end - start) / mhz, "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ns",

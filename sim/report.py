@@ -68,6 +68,13 @@ class SimReport:
     #: The same model and batch on one chip: its cycles and where they come from.
     reference: dict | None = None
     pipeline: dict | None = None
+    #: Sequence parallelism: the chunking and the K/V transfers (``docs/formats.md``).
+    sequence: dict | None = None
+    #: The chips as a grid: ``{"replicas", "stages", "shards"}`` (``sim.compiler.grid``).
+    grid: dict | None = None
+    #: Data parallelism: ``{"replicas", "samples_per_replica"}``.
+    data: dict | None = None
+    #: Hidden-dimension parallelism: the column shards and collectives (``docs/formats.md``).
     hidden: dict | None = None
 
     @property
@@ -89,6 +96,7 @@ class SimReport:
         report = {
             "strategy": self.strategy, "chips": self.chips, "backend": self.backend,
             "seed": self.seed, "npu": self.npu.name, "model": self.model.name,
+            "quant": self.model.quant,
             "samples": self.samples,
             "cycles": self.cycles, "load_cycles": self.load_cycles,
             "golden_match": self.golden_match,
@@ -101,8 +109,14 @@ class SimReport:
             report["speedup"] = self.speedup
             report["scaling_efficiency"] = self.scaling_efficiency
             report["reference"] = dict(self.reference) if self.reference else None
+        if self.grid is not None:
+            report["grid"] = dict(self.grid)
         if self.pipeline is not None:
             report["pipeline"] = dict(self.pipeline)
+        if self.sequence is not None:
+            report["sequence"] = dict(self.sequence)
+        if self.data is not None:
+            report["data"] = dict(self.data)
         if self.hidden is not None:
             report["hidden"] = dict(self.hidden)
         if self.first_mismatch is not None:
@@ -135,6 +149,9 @@ class SimReport:
                          f"{self.scaling_efficiency:.0%}")
         elif self.reference:
             lines.append(f"  no speed-up: the model {self.reference['source']}")
+        if self.data is not None:
+            lines.append(f"  data: {self.data['replicas']} replicas, samples "
+                         f"{self.data['samples_per_replica']}")
         if self.pipeline is not None:
             p = self.pipeline
             bubble = "n/a" if p["bubble_fraction"] is None else f"{p['bubble_fraction']:.1%}"
@@ -148,6 +165,15 @@ class SimReport:
                          f"collectives ({h['coll_launches_per_layer']} COLL launches, "
                          f"{h['bytes_per_layer']:,} bytes) and {h['tokens_per_layer']} "
                          f"ordering tokens; projections by {h['reduce']}")
+        if self.sequence is not None:
+            q = self.sequence
+            chunks = ", ".join(f"{a}..{b - 1}" for a, b in q["chunks"])
+            passes = f"; passes {[b - a for a, b in q['passes'][0]]}" \
+                if len(q["passes"][0]) > 1 else ""
+            halo = "" if q["halo_cycles"] is None else f", {q['halo_cycles']:,} send cycles"
+            lines.append(f"  sequence ({q['mode']}): tokens {chunks}{passes}; window "
+                         f"{q['window']}; K/V moved {q['halo_bytes']:,} bytes in "
+                         f"{q['transfers_per_layer']} transfers per layer{halo}")
         timed = [c for c in self.collectives if "cycles" in c]
         if timed:
             by_kind = {}
@@ -163,7 +189,8 @@ class SimReport:
             lines.append(f"  {len(self.collectives)} collectives/transfers "
                          f"({sum(c['bytes'] for c in self.collectives):,} bytes)")
         lines.append(f"  golden match: {'yes (bit-exact)' if self.golden_match else 'NO'}; "
-                     f"vs float64: cosine {self.cosine:.5f}, max abs {self.max_abs:.4g}")
+                     f"vs float64 ({self.model.quant}): cosine {self.cosine:.5f}, max abs "
+                     f"{self.max_abs:.4g}")
         if not self.golden_match:
             lines.append(f"  first mismatch {self.first_mismatch}")
         return "\n".join(lines)

@@ -9,28 +9,34 @@ waiting chips, since the programs themselves cannot meet).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 
 import numpy as np
 
-from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
+from .compiler.compat import check_single_chip
 from .compiler.hidden import check_hidden, hidden_stats
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from .compiler.single import check_single_chip
-from .compiler.strategy import compile_program
+from .compiler.sequence import check_sequence
+from .compiler.strategy import compile_program, parse_grid
 from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
 from .iss import IssError, IssSystem
+from .iss.timing import time_programs, trace_entries
 from .report import UNITS, ChipStats, SimReport
-from .rtl.chip_runner import run_chip_pysim, run_chip_verilator
+from .rtl.chip_runner import run_chip_pysim
+from .rtl.fast.runner import run_system_verilator
 from .rtl.pysim import SimulationTimeout
 from .rtl.system_runner import run_system_pysim
-from .timeline import COMPUTE_UNITS, intervals
+from .rtl.verilator import ToolchainMissing
+from .timeline import COMM_UNITS, COMPUTE_UNITS, busy_union, intervals
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
 
@@ -72,22 +78,22 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             system.run(programs)
         except IssError as exc:
             raise BadInput(f"the programs cannot run: {exc}") from None
+        # The same programs through the ISS's cycle model: the RTL's cycles, busy counters
+        # and traces (one chip alone as chip_runner runs it, several on ChipSystem's ring).
+        try:
+            timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles)
+        except IssError as exc:
+            raise Watchdog(str(exc)) from None
         wall = time.perf_counter() - start
         regions = [[system.chip[c].read_words(b, w) for b, w in reads[c]]
                    for c in range(n_chips)]
-        chips = [{"cycles": None, "busy": [0] * len(BUSY_COUNTERS), "trace": None}
-                 for _ in range(n_chips)]
-        res = {"cycles": None, "chips": chips, "wall_s": wall}
-    elif n_chips == 1 and backend in ("pysim", "verilator"):
+        chips = [{"cycles": t.cycles, "busy": t.busy, "trace": trace_entries(npu, t.trace)}
+                 for t in timed.chips]
+        res = {"cycles": timed.cycles, "chips": chips, "wall_s": wall}
+    elif n_chips == 1 and backend == "pysim":
         try:
-            if backend == "pysim":
-                out = run_chip_pysim(npu, programs[0], images[0], reads[0],
-                                     max_cycles=max_cycles, vcd=vcd, progress=progress)
-            else:
-                out = run_chip_verilator(npu, programs[0], images[0], reads[0],
-                                         max_cycles=max_cycles)
-                if out.get("timeout"):
-                    raise SimulationTimeout(f"chip did not halt within max_cycles={max_cycles}")
+            out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles,
+                                 vcd=vcd, progress=progress)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
         if out["error"]:
@@ -95,13 +101,20 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
         regions = [out["regions"]]
         res = {"cycles": out["cycles"], "wall_s": out["wall_s"], "chips": [
             {"cycles": out["cycles"], "busy": out["busy_cycles"], "trace": out["trace"]}]}
-    elif backend == "pysim":
+    else:
+        # pysim on several chips; verilator on any number (ChipSystem and its C++ harness).
         try:
-            out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
-                                   vcd=vcd, link_stalls=link_stalls, seed=seed,
-                                   progress=progress)
+            if backend == "pysim":
+                out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
+                                       vcd=vcd, link_stalls=link_stalls, seed=seed,
+                                       progress=progress)
+            else:
+                out = run_system_verilator(npu, programs, images, reads, max_cycles=max_cycles,
+                                           link_stalls=link_stalls, seed=seed)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
+        except ToolchainMissing as exc:
+            raise BadInput(f"--backend verilator: {exc}") from None
         if any(out["errors"]):
             raise BadInput("a chip halted on an unknown instruction (compiler bug)")
         regions = out["regions"]
@@ -109,19 +122,15 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             {"cycles": c, "busy": b, "trace": t}
             for c, b, t in zip(out["chip_cycles"], out["busy_cycles"], out["traces"],
                                strict=True)]}
-    else:
-        raise BadInput(f"--backend {backend} runs one chip only so far; use --backend pysim "
-                       "or iss for --chips > 1")
     # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
     taken = [0] * n_chips
     outputs = []
-    for out in prog.outputs:
+    for sample, out in enumerate(prog.outputs):
         parts = []
-        for place in out if isinstance(out, tuple) else (out,):
-            parts.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
-                                    prog.cfg.d_model))
+        for place in out if isinstance(out, (list, tuple)) else [out]:
+            parts.append(regions[place.chip][taken[place.chip]])
             taken[place.chip] += 1
-        outputs.append(np.concatenate(parts, axis=1))
+        outputs.append(prog.read(sample, parts))
     res["outputs"] = outputs
     res["load_cycles"] = load
     return res
@@ -143,15 +152,20 @@ def _chip_stats(prog: SystemProgram, res) -> list[ChipStats]:
     return stats
 
 
+#: The collectives a program's ``comms`` name (each one COLL on every chip of its group).
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
     link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
-    # A chip's k-th collective interval is the k-th collective it is a member of.
+    # A chip's k-th collective interval is the k-th collective it is a member of (a chip
+    # may be a member of several groups: hidden parallelism's head groups and whole ring).
     out, seen = [], {"coll": [0] * len(prog.chips), "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
-        if spans is not None and comm["kind"] in ("all_reduce", "reduce_scatter"):
+        if spans is not None and comm["kind"] in COLLECTIVE_KINDS:
             first, count = comm["group"]
             members = [(first + j) % len(prog.chips) for j in range(count)]
             ivs = []
@@ -191,9 +205,9 @@ def _stage_spans(chip, span) -> list[tuple[int, int]]:
 
 
 def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
-    """The pipeline's shape and its bubble: the share of the stages' time in which they were
-    not working on a microbatch, ``1 - sum(spans) / (stages * cycles)``, each microbatch's span
-    running from its stage's first compute launch for it to the end of the last."""
+    """The pipeline's shape and its bubble: the share of the chips' time in which they were
+    not working on a microbatch, ``1 - sum(spans) / (chips * cycles)``, each microbatch's span
+    on a chip running from its first compute launch for it to the end of the last."""
     stages, m = prog.meta["stages"], prog.meta["microbatches"]
     info = {"stages": stages, "layers_per_stage": prog.meta["layers_per_stage"],
             "microbatches": m, "microbatch_samples": prog.meta["microbatch_samples"],
@@ -202,28 +216,35 @@ def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
         per_stage = [_stage_spans(chip, span) for chip, span in zip(prog.chips, spans,
                                                                     strict=True)]
         work = sum(e - s for stage in per_stage for s, e in stage)
-        info["bubble_fraction"] = 1 - work / (stages * res["cycles"])
+        info["bubble_fraction"] = 1 - work / (len(prog.chips) * res["cycles"])
         info["stage_cycles"] = [[e - s for s, e in stage] for stage in per_stage]
     return info
 
 
-def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", chips: int = 1,
+def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
+             chips: int | None = None,
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
              link_stalls: float = 0.0, progress=None, reference: str = "auto",
+             grid: str | None = None, quant: str | None = None,
              reduce: str | None = None) -> SimReport:
-    """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it.
+    """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
+    (``chips`` defaults to the grid's A x B, or 1).
 
-    ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from
-    ``seed``). ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from
-    ``seed``, ``batch`` sequences). ``calib``: activations that calibrate the scales (default:
-    ``x``). ``backend``: ``iss`` (no timing), ``pysim`` or ``verilator``. ``microbatches``:
-    pipeline only (default ``min(batch, chips)``). ``link_stalls``: the probability per cycle
-    of a stall on each link register (pysim, several chips), from ``seed``. ``vcd`` writes a
-    waveform (pysim only). ``progress(cycles)`` is called while a simulation runs (and its
-    ``close()`` after, if it has one). Every output integer is compared with the integer
-    golden model.
+    ``weights``: float arrays by the names of ``docs/formats.md`` (default: random from ``seed``).
+    ``x``: float [seq, d_model] or [batch, seq, d_model] (default: random from ``seed``, ``batch``
+    sequences). ``calib``: activations that calibrate the scales (default: ``x``). ``backend``:
+    ``iss`` (timed by its cycle model), ``pysim`` or ``verilator``. ``grid``: ``"AxB"`` for the 2-D
+    strategies (the first part A chips, the second B). ``microbatches``: strategies with a pipeline
+    (default ``min(batch, stages)`` per data replica). ``link_stalls``: the probability per cycle of
+    a stall on each link register (pysim or verilator, several chips), from ``seed`` (each backend
+    draws its own pattern: the same integers, other cycle counts). ``vcd`` writes a waveform (pysim
+    only). ``progress(cycles)`` is called while a simulation runs (and its ``close()`` after, if it
+    has one). Every output integer is compared with the integer golden model.
+
+    ``quant``: the quantisation scheme (``int8`` or ``smooth16``, ``docs/formats.md``) instead
+    of the model's ``quant``.
 
     ``reference``: how a multi-chip run measures one chip's cycles for the same model and
     batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,
@@ -243,16 +264,28 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         raise BadInput(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if vcd and backend != "pysim":
         raise BadInput(f"--vcd needs --backend pysim, not {backend}")
+    if chips is None:
+        try:
+            chips = math.prod(parse_grid(grid)) if grid is not None else 1
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
-    if link_stalls and (chips == 1 or backend != "pysim"):
-        raise BadInput("--link-stalls applies to --backend pysim with --chips > 1")
+    if link_stalls and (chips == 1 or backend == "iss"):
+        raise BadInput("--link-stalls applies to --backend pysim with --chips > 1 (and to "
+                       "verilator)")
     max_cycles = max_cycles or DEFAULT_MAX_CYCLES
+    if quant is not None:
+        if quant not in QUANT_SCHEMES:
+            raise BadInput(f"--quant {quant!r} is not one of {', '.join(QUANT_SCHEMES)}")
+        model = dataclasses.replace(model, quant=quant)
     if reduce is not None and strategy != "hidden":
         raise BadInput("reduce applies to --strategy hidden")
     # Refuse what a chip cannot run before any work (the compiler checks again): under
-    # hidden parallelism each chip's shard of the widths.
-    if strategy == "hidden":
+    # sequence and hidden parallelism each chip's share.
+    if strategy == "sequence":
+        check_sequence(npu, model, chips)
+    elif strategy == "hidden":
         try:
             check_hidden(npu, model, chips)
         except ValueError as exc:
@@ -280,7 +313,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
     samples = x if x.ndim == 3 else x[None]
     try:
         prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
-                               samples=len(samples), microbatches=microbatches, reduce=reduce)
+                               samples=len(samples), microbatches=microbatches, grid=grid,
+                               reduce=reduce)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -314,23 +348,53 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single", ch
         max_abs=float(np.abs(deq - ref).max()), cosine=cosine, per_chip=stats,
         wall_s=res["wall_s"], first_mismatch=first, output=out if x.ndim == 3 else out[0],
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
-    if strategy == "pipeline":
+    grid_meta = prog.meta.get("grid")         # the strategies of sim.compiler.grid
+    report.grid = dict(grid_meta) if grid_meta else None
+    if "pipeline" in strategy:
         report.pipeline = _pipeline_stats(prog, res, spans)
+    if strategy == "sequence":
+        report.sequence = _sequence_stats(prog, report.collectives, spans)
     if strategy == "hidden":
         report.hidden = hidden_stats(prog, report.collectives)
+    if grid_meta and grid_meta["replicas"] > 1:
+        report.data = {"replicas": grid_meta["replicas"],
+                       "samples_per_replica": prog.meta["replica_samples"]}
     if reference not in ("auto", "same", "none"):
         raise BadInput(f"reference {reference!r} is not one of auto, same, none")
     if chips > 1 and res["cycles"] is not None and (
             reference == "same" or (reference == "auto" and backend != "pysim")):
-        report.reference = _reference(npu, qm, samples.shape[1], x_ints, backend, max_cycles)
+        report.reference = _reference(npu, qm, samples.shape[1], x_ints, backend, max_cycles,
+                                      strategy)
     return report
 
 
-def _reference(npu, qm, seq, x_ints, backend, max_cycles) -> dict | None:
-    """One chip's cycles for the same model and batch, simulated on ``backend``."""
+def _sequence_stats(prog: SystemProgram, comms, spans) -> dict:
+    """The chunking and the K/V transfers: bytes, and on a timed backend their cycles (each
+    send's busy interval, summed) and the cycles in which a chip only moved K/V rows."""
+    info = dict(prog.meta)
+    info["halo_cycles"] = None
+    info["halo_exposed_cycles"] = None
+    if spans is not None:
+        info["halo_cycles"] = sum(c.get("cycles", 0) for c in comms if c["kind"] == "send")
+        info["halo_exposed_cycles"] = [
+            busy_union(span, COMPUTE_UNITS + COMM_UNITS) - busy_union(span, COMPUTE_UNITS)
+            for span in spans]
+    return info
+
+
+def _reference(npu, qm, seq, x_ints, backend, max_cycles, strategy="single") -> dict | None:
+    """One chip's cycles for the same model and batch, simulated on ``backend`` (sequence
+    parallelism: in passes on one chip when the sequence exceeds ``max_seq_len``)."""
     try:
         prog = compile_program("single", npu, qm, 1, seq=seq, samples=len(x_ints))
     except ConfigError as exc:
-        return {"cycles": None, "source": f"does not fit one chip: {exc}"}
+        if strategy != "sequence":
+            return {"cycles": None, "source": f"does not fit one chip: {exc}"}
+        try:
+            prog = compile_program("sequence", npu, qm, 1, seq=seq, samples=len(x_ints))
+        except ConfigError as exc2:
+            return {"cycles": None, "source": f"does not fit one chip: {exc2}"}
     res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=None, link_stalls=0.0, seed=0)
-    return {"cycles": res["cycles"], "source": f"one chip simulated on {backend} in the same run"}
+    how = " (sequence in passes)" if prog.strategy == "sequence" else ""
+    return {"cycles": res["cycles"],
+            "source": f"one chip simulated on {backend} in the same run{how}"}

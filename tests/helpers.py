@@ -25,6 +25,7 @@ from sim.compiler.attention_launch import attention_launch, partial_launch, redu
 from sim.compiler.attention_launch import emit as emit_attention
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
+from sim.golden.float_model import random_weights
 from sim.golden.scratchpad import addr_sequence
 from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all
@@ -120,6 +121,26 @@ def write_model(tmp_path, name="m.toml", **over):
     return str(write_toml(tmp_path / name, keys))
 
 
+def outlier_model(cfg, seed):
+    """Random weights and input (``seed``) with the outliers real encoders show: two residual
+    channels and the LayerNorm gammas of the same channels scaled by 4 and 3 (outlier channels
+    in every LayerNorm output), and per layer one FFN neuron with W1's column scaled by 8 and
+    2 added to its bias (a massive activation). Returns ``(weights, x)``."""
+    rng = seeded(seed)
+    w = random_weights(cfg, seed)
+    ch = rng.choice(cfg.d_model, 2, replace=False)
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        for ln in ("ln1", "ln2"):
+            w[p + ln + ".weight"][ch] *= [4.0, 3.0]
+        j = rng.integers(cfg.d_ff)
+        w[p + "ffn.w1"][:, j] *= 8.0
+        w[p + "ffn.b1"][j] += 2.0
+    x = rng.standard_normal((cfg.seq_len, cfg.d_model))
+    x[:, ch] *= [4.0, 3.0]
+    return w, x
+
+
 # --- NPU variants -------------------------------------------------------------------------------
 
 def tiny_variant(**changes):
@@ -207,6 +228,13 @@ def word_beat(word):
 def byte_beat(payload):
     """A sampled beat of byte lanes as (bytes, last)."""
     return [int(x) & 0xFF for x in payload.data], int(payload.last)
+
+
+def beat_rows(beats, width):
+    """Stream beats ``{"data": [...], "last"}`` as one int64 row each: the lanes, then last."""
+    if not beats:
+        return np.zeros((0, width + 1), dtype=np.int64)
+    return np.array([list(b["data"]) + [b["last"]] for b in beats], dtype=np.int64)
 
 
 def assert_memories_equal(rtl, iss):
@@ -436,3 +464,23 @@ class SplitCase:
         out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
                           self.queries, self.d_model, 1)
         return out[:, self.sl]
+
+
+# --- sweeps -------------------------------------------------------------------------------------
+
+def write_spec(path, values, overrides=None):
+    """A sweep spec: ``values`` a value or a list each, ``overrides`` the [npu_overrides] table;
+    return ``path`` as a string."""
+    def item(v):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]" if isinstance(v, list) \
+            else toml_value(v)
+    text = "".join(f"{k} = {item(v)}\n" for k, v in values.items())
+    if overrides is not None:
+        text += "[npu_overrides]\n" + "".join(f"{k} = {item(v)}\n" for k, v in overrides.items())
+    path.write_text(text)
+    return str(path)
+
+
+def comparable(rows):
+    """Result rows without what differs from run to run (the wall-clock time)."""
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]

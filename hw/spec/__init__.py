@@ -5,6 +5,7 @@ Plain Python, free of Amaranth (``docs/architecture.md``, layers).
 
 from .config import (
     PRESETS_DIR,
+    QUANT_SCHEMES,
     ConfigError,
     ModelConfig,
     NpuConfig,
@@ -14,5 +15,5 @@ from .config import (
     npu_preset,
 )
 
-__all__ = ["PRESETS_DIR", "ConfigError", "ModelConfig", "NpuConfig", "load_model", "load_npu",
-           "model_preset", "npu_preset"]
+__all__ = ["PRESETS_DIR", "QUANT_SCHEMES", "ConfigError", "ModelConfig", "NpuConfig",
+           "load_model", "load_npu", "model_preset", "npu_preset"]

@@ -26,10 +26,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["ConfigError", "NpuConfig", "ModelConfig", "load_npu", "load_model", "npu_preset",
-           "model_preset", "PRESETS_DIR", "IMEM_WORDS_MAX"]
+           "model_preset", "PRESETS_DIR", "IMEM_WORDS_MAX", "QUANT_SCHEMES"]
 
 #: Directory of the shipped presets (``constraints/`` at the repository root).
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "constraints"
+
+#: Quantisation schemes of a model (``docs/formats.md``, Quantisation): ``int8`` per-tensor int8
+#: activations; ``smooth16`` adds per-channel smoothing of the LayerNorm outputs that feed
+#: matmuls and an int16 FFN hidden (GELU16, two int8 passes of FFN2).
+QUANT_SCHEMES = ("int8", "smooth16")
 
 #: Deepest instruction memory accepted: 1 Mi instructions. Programs are static and unrolled, but
 #: even the Groq-scale preset needs only 64 Ki; a larger value is a typo, not a design.
@@ -268,6 +273,10 @@ _MODEL_SCHEMA = {
     "batch": _Key(int, 1, minimum=1, doc="sequences per run"),
     "vocab_size": _Key(int, 0, minimum=0, doc="embedding rows (planner only)"),
     "tie_embeddings": _Key(bool, False, doc="LM head shares the embedding matrix (planner only)"),
+    "quant": _Key(str, "int8", choices=QUANT_SCHEMES,
+                  doc="quantisation scheme (int8, or smooth16: smoothed LayerNorm outputs and "
+                      "an int16 FFN hidden)"),
+    "smooth_alpha": _Key(float, 0.7, doc="smooth16's migration strength alpha, 0..1"),
 }
 
 
@@ -291,6 +300,8 @@ class ModelConfig:
     batch: int = 1
     vocab_size: int = 0
     tie_embeddings: bool = False
+    quant: str = "int8"
+    smooth_alpha: float = 0.7
     name: str = ""
     description: str = ""
     source: str = ""
@@ -313,6 +324,11 @@ class ModelConfig:
         if self.window > self.seq_len:
             raise ConfigError(f"exceeds seq_len {self.seq_len} (use 0 for full attention)",
                               path=self.path, key="window", value=self.window)
+        # TOML `smooth_alpha = 1` is an int; store a float so equal configs compare alike.
+        object.__setattr__(self, "smooth_alpha", float(self.smooth_alpha))
+        if not 0.0 <= self.smooth_alpha <= 1.0:
+            raise ConfigError("is outside [0, 1]", path=self.path, key="smooth_alpha",
+                              value=self.smooth_alpha)
 
     @property
     def attn_span(self) -> int:
@@ -344,17 +360,24 @@ class ModelConfig:
         return proj + attn
 
 
-def _load(cls, schema, path):
+def _load(cls, schema, path, overrides=None):
     data = _read_toml(path)
+    if overrides:
+        data = {**data, **overrides}
     values = _parse(schema, data, path)
     if not values["name"]:
         values["name"] = Path(path).stem
     return cls(**values, path=str(path))
 
 
-def load_npu(path: str | Path) -> NpuConfig:
-    """Load and validate an NPU limits file; raise :class:`ConfigError` on any problem."""
-    return _load(NpuConfig, _NPU_SCHEMA, path)
+def load_npu(path: str | Path, overrides: dict[str, Any] | None = None) -> NpuConfig:
+    """Load and validate an NPU limits file; raise :class:`ConfigError` on any problem.
+
+    ``overrides`` replace (or add) keys of the file before validation, so an override goes
+    through exactly the checks of a value in the file (its error names the key and the file
+    it was applied to; ``error.key`` tells whether the override or another key broke a limit).
+    """
+    return _load(NpuConfig, _NPU_SCHEMA, path, overrides)
 
 
 def load_model(path: str | Path) -> ModelConfig:

@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass
 
 __all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", "ADDR_GENS",
-           "READ_GENS", "WRITE_GENS", "WRAP_GENS", "ADDR_LEVELS", "COUNT_BITS", "REGS",
+           "READ_GENS", "WRITE_GENS", "WRAP_GENS", "ADDR_LEVELS", "COUNT_BITS", "MAX_COUNT", "REGS",
            "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
            "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError"]
 
@@ -91,6 +91,8 @@ WRAP_GENS = ("RD6", "WR3")
 ADDR_LEVELS = 4
 #: Bits of an address-generator count (``n0..n3``) and of the units' row and beat counters.
 COUNT_BITS = 16
+#: The largest count: of a generator level, of a unit's rows or beats, of a launch's words.
+MAX_COUNT = (1 << COUNT_BITS) - 1
 _GEN_FIELDS = ("base",) + tuple(f"n{i}" for i in range(ADDR_LEVELS)) + \
     tuple(f"s{i}" for i in range(ADDR_LEVELS))
 

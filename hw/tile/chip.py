@@ -59,6 +59,18 @@ ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS"
                  "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD"}
 
 
+def _write(m, addr, wp, src):
+    """Join a write generator's addresses ``addr`` with a unit's words ``src`` into the
+    scratchpad write port ``wp``: a word is written when both are there and the port is free."""
+    m.d.comb += [
+        wp.valid.eq(addr.valid & src.valid),
+        wp.payload.addr.eq(addr.payload.addr),
+        wp.payload.data.eq(src.payload.data),
+        addr.ready.eq(wp.ready & src.valid),
+        src.ready.eq(wp.ready & addr.valid),
+    ]
+
+
 class Chip(wiring.Component):
     """One NPU chip sized by an :class:`~hw.spec.NpuConfig`.
 
@@ -193,14 +205,7 @@ class Chip(wiring.Component):
             m.d.comb += [port.valid.eq(rd.valid), rd.ready.eq(port.ready),
                          port.payload.data.eq(rd.payload.data),
                          port.payload.last.eq(rd.payload.last)]
-        wr_addr, wp = gens["WR0"].o, spad.wr[0].i
-        m.d.comb += [
-            wp.valid.eq(wr_addr.valid & mm.o.valid),
-            wp.payload.addr.eq(wr_addr.payload.addr),
-            wp.payload.data.eq(mm.o.payload.data),
-            wr_addr.ready.eq(wp.ready & mm.o.valid),
-            mm.o.ready.eq(wp.ready & wr_addr.valid),
-        ]
+        _write(m, gens["WR0"].o, spad.wr[0].i, mm.o)
         mm_gens = ("RD0", "RD1", "RD2", "WR0")
         mm_busy = mm.busy | ~idle(mm_gens)
         mm_bit = LAUNCH_OPS.index(Op.MATMUL)
@@ -352,14 +357,7 @@ class Chip(wiring.Component):
             unpack.i.payload.last.eq(out.payload.last),
             out.ready.eq(unpack.i.ready),
         ]
-        addr, wp = gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i
-        m.d.comb += [
-            wp.valid.eq(addr.valid & unpack.o.valid),
-            wp.payload.addr.eq(addr.payload.addr),
-            wp.payload.data.eq(unpack.o.payload.data),
-            addr.ready.eq(wp.ready & unpack.o.valid),
-            unpack.o.ready.eq(wp.ready & addr.valid),
-        ]
+        _write(m, gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i, unpack.o)
 
         # Launch: the CO_* registers become the engine's command. A chip outside the group
         # takes no part (its router forwards the group's words): its COLL is a no-op. A
@@ -474,14 +472,7 @@ class Chip(wiring.Component):
             m.d.sync += cts_due.eq(0)
         with m.If(inw.valid & inw.ready & inw.payload.last):
             m.d.sync += open_.eq(0)
-        addr, wp = gens["WR4"].o, spad.wr[WRITE_GENS.index("WR4")].i
-        m.d.comb += [
-            wp.valid.eq(addr.valid & unpack.o.valid),
-            wp.payload.addr.eq(addr.payload.addr),
-            wp.payload.data.eq(unpack.o.payload.data),
-            addr.ready.eq(wp.ready & unpack.o.valid),
-            unpack.o.ready.eq(wp.ready & addr.valid),
-        ]
+        _write(m, gens["WR4"].o, spad.wr[WRITE_GENS.index("WR4")].i, unpack.o)
         busy = Signal()
         m.d.comb += busy.eq(open_ | cts_due | fifo.r_rdy | ~idle(("WR4",)))
         bit = LAUNCH_OPS.index(Op.RECV)

@@ -14,7 +14,7 @@ from hw.spec import ConfigError, load_model, load_npu
 
 from ..errors import BadInput
 
-__all__ = ["Parser", "positive", "probability", "load_config", "load_array", "write_json",
+__all__ = ["Parser", "positive", "count", "probability", "load_config", "load_array", "write_json",
            "progress_bar"]
 
 
@@ -31,6 +31,17 @@ def positive(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def count(text):
+    """A whole number, 0 or more."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
     return value
 
 

@@ -8,14 +8,14 @@ import sys
 from hw.spec import ConfigError
 
 from ..errors import EXIT_BAD_INPUT, NpuError
-from . import bench, collective, export, fpga, import_, plan, simulate
+from . import bench, collective, export, fpga, import_, plan, simulate, sweep
 from .common import Parser
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: The command modules, in ``--help`` order: each has ``add_parser(sub)`` and ``run(args)``.
-COMMANDS = {"sim": simulate, "collective": collective, "plan": plan, "export": export,
-            "fpga": fpga, "bench": bench, "import": import_}
+COMMANDS = {"sim": simulate, "collective": collective, "plan": plan, "sweep": sweep,
+            "export": export, "fpga": fpga, "bench": bench, "import": import_}
 
 
 def build_parser() -> Parser:
@@ -40,7 +40,8 @@ def main(argv=None) -> int:
         return args.run(args)
     except (NpuError, ConfigError) as exc:
         message = str(exc)
-        if not message.startswith("npu"):
+        # Already named ("npu sim: ...", "npu: ..."), or to be named ("npu_overrides.x=...").
+        if not message.startswith(("npu ", "npu:")):
             message = f"npu {getattr(args, 'command', '')}: {message}".replace("npu : ", "npu: ")
         # The contract is one line: fold any newline a message may carry (e.g. from a path).
         print(" ".join(message.splitlines()), file=sys.stderr)

@@ -1,29 +1,36 @@
-"""``npu plan``: capacity and compatibility of a model on N chips, per strategy."""
+"""``npu plan``: capacity, compatibility and predicted speed of a model on N chips, per
+strategy (:func:`sim.plan.plan`)."""
 
 from __future__ import annotations
 
-from ..errors import BadInput
-from .common import load_config, positive
+from ..errors import EXIT_OK
+from ..plan import plan
+from ..simulate import STRATEGIES
+from .common import load_config, positive, write_json
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub):
-    p = sub.add_parser("plan", help="check capacity and compatibility per strategy")
+    p = sub.add_parser("plan", help="check capacity and compatibility per strategy, predict "
+                                    "cycles")
     p.add_argument("--npu", required=True)
     p.add_argument("--model", required=True)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--chips", type=positive)
-    group.add_argument("--min-chips", action="store_true")
-    p.add_argument("--strategy", default="all")
+    group.add_argument("--min-chips", action="store_true",
+                       help="plan each strategy on the fewest chips that fit")
+    p.add_argument("--strategy", default="all", choices=("all",) + STRATEGIES)
     p.add_argument("--json")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    load_config(args, "npu")
-    load_config(args, "model")
-    raise BadInput("not built yet (the planner)")
-
-
-run.not_built = True  # lets the tests find the commands still to be built
+    npu = load_config(args, "npu")
+    model = load_config(args, "model")
+    report = plan(npu, model, chips=args.chips, min_chips=args.min_chips,
+                  strategy=args.strategy)
+    if args.json:
+        write_json(args.json, report.to_json())
+    print(report.table())
+    return EXIT_OK

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.spec import QUANT_SCHEMES
+
 from ..chrome_trace import write_trace
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
 from ..plot import plot_timeline
@@ -16,11 +18,13 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub):
     p = sub.add_parser("sim", help="compile a model for N chips and simulate it")
     p.add_argument("--strategy", default="single", choices=STRATEGIES)
-    p.add_argument("--chips", type=positive, default=1)
+    p.add_argument("--chips", type=positive, help="default: A x B of --grid, else 1")
     p.add_argument("--grid", help="AxB chips for a 2-D strategy")
     p.add_argument("--npu", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--backend", default="pysim", choices=BACKENDS)
+    p.add_argument("--quant", choices=QUANT_SCHEMES,
+                   help="quantisation scheme (default: the model file's quant, int8 when unset)")
     p.add_argument("--seed", type=int, default=0)
     for opt in ("--weights", "--input", "--calib", "--output", "--json", "--vcd", "--trace",
                 "--plot"):
@@ -47,8 +51,6 @@ def _weights(path):
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
-    if args.grid:
-        raise BadInput("--grid is not built yet")
     if (args.trace or args.plot) and args.backend == "iss":
         option = "--trace" if args.trace else "--plot"
         raise BadInput(f"{option} needs a timed backend (pysim or verilator), not iss")
@@ -63,7 +65,7 @@ def run(args) -> int:
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
                           max_cycles=args.max_cycles, vcd=args.vcd,
                           link_stalls=args.link_stalls, progress=progress_bar(),
-                          reference=args.reference)
+                          reference=args.reference, grid=args.grid, quant=args.quant)
     except BadInput as exc:
         # Name the file the problem came from.
         text = str(exc)

@@ -45,7 +45,16 @@ class Allocator:
     ranges and serve their ports by fixed priority, with the send and receive units last: so
     the weight stream (RD1), the activation stream (RD0) and a transfer read different banks
     unless the scratchpad is nearly full (then they still work, sharing a bank's port). With
-    ``transfer_bank=False`` (or fewer than 3 banks) transfers go to the top region."""
+    ``transfer_bank=False`` (or fewer than 3 banks) transfers go to the top region.
+
+    Tables that a unit reads while a matmul runs (:data:`BESIDE_MATMUL`: the activation LUT,
+    which LOAD_LUT loads during the FFN1 matmul) go in the transfer region too: in the top
+    bank they would share a port with the matmul's A and parameter streams, which outrank the
+    vector unit's, and the 64-word load would wait for the matmul (1,300 cycles instead of 69
+    on the tiny preset)."""
+
+    #: Name suffixes of the tables read beside a running matmul (see above).
+    BESIDE_MATMUL = (".lut",)
 
     npu: NpuConfig
     low_word: int = 0
@@ -54,6 +63,8 @@ class Allocator:
     tensors: dict = field(default_factory=dict)
     images: dict = field(default_factory=dict)     # base -> [words, N] uint8 initial contents
     used: dict = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    #: What the capacity refusal should also say (a scheme's extra buffers).
+    notes: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.high_word < 0:
@@ -100,9 +111,31 @@ class Allocator:
                     low: bool = False) -> Tensor:
         """Allocate and initialise a block of raw words (weights, parameters, tables)."""
         words = np.asarray(words, np.uint8).reshape(-1, self.n)
-        t = self.alloc(name, len(words), self.n, 1, category, row_words_=1, low=low)
+        t = self.alloc_block(name, len(words), category, low=low)
         self.images[t.base] = words
         return t
+
+    def note(self, text: str):
+        """Add ``text`` to the capacity refusal's message (once)."""
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def alloc_block(self, name: str, count: int, category: str, *,
+                    low: bool = False) -> Tensor:
+        """Allocate ``count`` raw words where :meth:`alloc_words` would put them, without
+        contents: a compile that needs only the program and the layout (the planner's, for
+        models whose weights it never holds) allocates exactly what the full one does."""
+        beside = not low and name.endswith(self.BESIDE_MATMUL)
+        return self.alloc(name, count, self.n, 1, category, row_words_=1, low=low,
+                          transfer=beside)
+
+    @property
+    def overflows(self) -> bool:
+        """The allocation exceeds the scratchpad or its regions overlap
+        (:meth:`check_capacity` would refuse it)."""
+        mid_used = self.mid_top is not None and self.mid_word < self.mid_top
+        return self.next_word > self.npu.sram_words or self.low_word > self.high_word or (
+            mid_used and (self.low_word > self.mid_word or self.mid_top > self.high_word))
 
     def check_capacity(self):
         """Raise :class:`ConfigError` naming every category when the image exceeds the SRAM."""
@@ -114,6 +147,7 @@ class Allocator:
             parts = ", ".join(f"{c} {self.used[c]:,}" for c in CATEGORIES)
             where = "" if need > self.npu.sram_bytes else \
                 " (its regions overlap: the transfer bank is full)"
+            notes = "".join(f"; {n}" for n in self.notes)
             raise ConfigError(f"is too small: the model needs {need:,} bytes of scratchpad "
-                              f"({parts}){where}", path=self.npu.path, key="sram_bytes",
-                              value=self.npu.sram_bytes)
+                              f"({parts}){where}{notes}", path=self.npu.path,
+                              key="sram_bytes", value=self.npu.sram_bytes)

@@ -16,16 +16,26 @@ class Assembler:
 
     def __init__(self, *, elide: bool = True):
         self.insns: list[Insn] = []
-        # Register values this program has already set: a SET of the same value again is
-        # dropped (registers are not assumed to start at any value).
-        self._known: dict[int, int] = {}
+        # Register values this program has already set, with their sources: a SET of the
+        # same value from the same source again is dropped (registers are not assumed to start
+        # at any value).
+        self._known: dict[int, tuple] = {}
         self._elide = elide
 
-    def set(self, name: str, value: int):
+    def set(self, name: str, value: int, src=None):
+        """``SET name, value``, unless the register already holds ``value`` from ``src``.
+
+        ``src`` names where a value computed from the data comes from (a layer's LayerNorm
+        scale, its attention scales, ...); ``None`` is a constant or an address, fixed by the
+        program's shape. A SET is dropped only when both the value and its source repeat, so
+        which SETs a program has (its length and every cycle of its run) never depends on the
+        data, only on the model's shape: two data sets whose scales happen to coincide differ
+        only in SET values.
+        """
         index, value = reg(name), int(value)
-        if self._elide and self._known.get(index) == value:
+        if self._elide and self._known.get(index) == (value, src):
             return
-        self._known[index] = value
+        self._known[index] = (value, src)
         self.insns.append(Insn(Op.SET, index, value))
 
     def set_desc(self, gen: str, desc):

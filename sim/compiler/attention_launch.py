@@ -185,12 +185,18 @@ def reduced_launch(*, size, window, d_head, queries, keys, v_base, r_base, o_bas
                                rd5=_score_rows(r_base, queries, prw, r_row_words), regs=regs)
 
 
-def emit(asm, launch: AttentionLaunch):
-    """Append the launch's SETs and ``ATTN`` to a :class:`sim.compiler.assembler.Assembler`
-    (only the generators the launch uses get descriptors)."""
+#: The ``AT_`` registers whose values come from the data (the score and output scales).
+DATA_REGS = ("AT_SCORE_MULT", "AT_SCORE_SHIFT", "AT_OUT_MULT", "AT_OUT_SHIFT")
+
+
+def emit(asm, launch: AttentionLaunch, src=None):
+    """Append the launch's SETs and ``ATTN`` to a :class:`sim.compiler.assembler.Assembler`.
+    ``src`` names where the scales (:data:`DATA_REGS`) come from, e.g. the layer
+    (:meth:`~sim.compiler.assembler.Assembler.set`). Only the generators the launch uses get
+    descriptors."""
     for gen in ("rd3", "rd4", "rd5", "wr1"):
         if getattr(launch, gen) is not None:
             asm.set_desc(gen.upper(), getattr(launch, gen))
     for name, value in launch.regs.items():
-        asm.set(name, value)
+        asm.set(name, value, src if name in DATA_REGS else None)
     asm.launch(Op.ATTN)

@@ -22,6 +22,25 @@ Post-norm reads an int8 copy of the residual (from the previous LayerNorm, or a 
 first block a chip runs) and normalises after each residual add, writing both the int16
 residual and the int8 copy.
 
+Under ``quant = "smooth16"`` (``sim.compiler.quantize``) the FFN hidden is int16 and FFN2 runs
+as two int8 passes (``sim.golden.matmul.linear16``)::
+
+    VEC  LOAD_LUT16 (the GELU16 knots; overlaps the FFN1 matmul)
+    MM   FFN1    h @ W1           -> f16 (int16)
+    VEC  GELU16  f16              -> hi = y >> 8, lo = y & 0xFF (int8 planes, over f16)
+    MM   FFN2hi  hi @ W2          -> a (int16, (mult, shift - 8), no bias)
+    VEC  ADD     x + a            -> x
+    MM   FFN2lo  lo @ W2 + b2     -> a (int16, unsigned A)
+    VEC  ADD     x + a            -> x
+
+GELU16 writes its planes over the rows of f16 it reads: row r's hi plane over the first half of
+row r (hi word j depends on f16 words 2j and 2j + 1, so it is written after they were read),
+its lo plane over the second half of row r - 1 (read before row r began; row 0's goes to half a
+row allocated below f16). Sharded, each pass's partial sums are all-reduced and requantised on
+their own. Post-norm smooth16 makes the int8 inputs of QKV and FFN1 with a per-lane REQUANT of
+the int16 LayerNorm output (the smoothing); each block makes its own, so the LayerNorms write
+the int16 residual only.
+
 A chip may hold a **shard** of a layer (:class:`Shard`): some heads (their Q/K/V columns and
 the matching rows of Wo) and some FFN columns (of W1, and the rows of W2). Then O and FFN2 give
 int32 partial sums (raw matmul output, the biases added on one chip only), an all-reduce SUM
@@ -33,6 +52,7 @@ chip's matmul. A ``WAIT`` precedes each launch that reads what the previous one 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,9 +112,13 @@ class LayerWeights:
     ffn2: tuple
     ln1: Tensor
     ln2: Tensor
-    lut: Tensor
+    lut: Tensor | None               # the activation LUT (int8 FFN hidden) or the GELU16 knots
     o_req: Tensor | None = None      # per-channel requantisation of the reduced O sum
-    ffn2_req: Tensor | None = None   # likewise for FFN2
+    ffn2_req: Tensor | None = None   # likewise for FFN2 (smooth16: its lo pass)
+    ffn2_hi: Tensor | None = None    # smooth16: the FFN2 hi pass's parameters
+    ffn2_hi_req: Tensor | None = None  # ... and its reduced sum's requantisation
+    qkv_req: Tensor | None = None    # smooth16 post-norm: per-lane REQUANT to the QKV input
+    ffn_req: Tensor | None = None    # ... and to the FFN1 input
 
 
 @dataclass
@@ -105,7 +129,7 @@ class Activations:
     qkv: Tensor
     o: Tensor
     a: Tensor
-    f: Tensor
+    f: Tensor                        # the FFN hidden: int8, or int16 under smooth16
     x8: Tensor | None
     p: Tensor | None                 # int32 partial sums (sharded layers)
 
@@ -117,6 +141,14 @@ def _rows(t: Tensor) -> vl.Rows:
 def _view(t: Tensor, rows: int) -> Tensor:
     """The first ``rows`` rows of ``t``."""
     return dataclasses.replace(t, rows=rows)
+
+
+def _part(t: Tensor, own: tuple[int, int] | None) -> Tensor:
+    """Rows ``own = (first, count)`` of ``t``; all of ``t`` when ``own`` is None."""
+    if own is None:
+        return t
+    first, count = own
+    return dataclasses.replace(t, base=t.base + first * t.row_words, rows=count)
 
 
 @dataclass
@@ -131,6 +163,9 @@ class BlockEmitter:
     chip: int = 0
     #: The collectives emitted, in program order (``{"kind", "op", "bytes", "layer", ...}``).
     comms: list = field(default_factory=list)
+    #: Bases of the residual tensors whose rows are split over a head group (each chip holds
+    #: only its own rows up to date): :meth:`gather_residual` makes them whole again.
+    split_residuals: set = field(default_factory=set)
 
     def __post_init__(self):
         cfg, n = self.qm.cfg, self.npu.array_size
@@ -163,9 +198,10 @@ class BlockEmitter:
         pt = al.alloc_words(name + ".p", pack_params(bias_v, mult, shift, n), "weights")
         return wt, pt, cols_pad
 
-    def _requant_params(self, name: str, ql: QLinear):
+    def _requant_params(self, name: str, mult, shift):
+        """Per-lane ``(mult, shift)`` words for a per-channel REQUANT of d_model lanes."""
         words = np.zeros(self.d_pad, np.int64)
-        words[:self.cfg.d_model] = pack_requant(ql.mult, ql.shift)
+        words[:self.cfg.d_model] = pack_requant(mult, shift)
         return self.al.alloc_words(name, pack_rows(words[None, :], 4, self.n), "weights")
 
     def place_layer(self, i: int, shard: Shard) -> LayerWeights:
@@ -197,29 +233,60 @@ class BlockEmitter:
                                                 L.ffn1.mult[fcols], L.ffn1.shift[fcols],
                                                 OutMode.INT8), self.d_pad)
         ffn2 = self._linear(p + "ffn2", L.ffn2, f_pad, rows=L.ffn2.w[fcols], bias=shard.bias)
-        # LayerNorm parameters and the activation table.
+        # LayerNorm parameters and the activation table (smooth16: the GELU16 knots).
         ln = [self.al.alloc_words(f"{p}ln{k}.gamma_beta",
                                   pack_rows(pack_gamma_beta(x.gamma, x.beta)[None, :], 4, n),
                                   "weights") for k, x in ((1, L.ln1), (2, L.ln2))]
-        lut = self.al.alloc_words(p + "lut", pack_rows(L.lut[None, :], 1, n), "weights")
+        if L.ffn16:
+            lut = self.al.alloc_words(p + "gelu16.lut", pack_rows(L.lut16[None, :], 2, n),
+                                      "weights")
+        else:
+            lut = self.al.alloc_words(p + "lut", pack_rows(L.lut[None, :], 1, n), "weights")
         w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut)
+        if L.ffn16:
+            # The hi pass: the same weights, (mult, shift - 8) and no bias.
+            cols = ffn2[2]
+            mult, shift = np.zeros(cols, np.int64), np.ones(cols, np.int64)
+            mult[:d], shift[:d] = L.ffn2.mult, L.ffn2.shift - 8
+            w.ffn2_hi = self.al.alloc_words(
+                p + "ffn2_hi.p", pack_params(np.zeros(cols, np.int64), mult, shift, n),
+                "weights")
+        if L.qkv_req is not None:
+            w.qkv_req = self._requant_params(p + "qkv.requant", *L.qkv_req)
+        if L.ffn_req is not None:
+            w.ffn_req = self._requant_params(p + "ffn1.requant", *L.ffn_req)
         if reduce:
-            w.o_req = self._requant_params(p + "o.requant", L.o)
-            w.ffn2_req = self._requant_params(p + "ffn2.requant", L.ffn2)
+            w.o_req = self._requant_params(p + "o.requant", L.o.mult, L.o.shift)
+            w.ffn2_req = self._requant_params(p + "ffn2.requant", L.ffn2.mult, L.ffn2.shift)
+            if L.ffn16:
+                w.ffn2_hi_req = self._requant_params(p + "ffn2_hi.requant", L.ffn2.mult,
+                                                     L.ffn2.shift - 8)
         return w
 
     # --- activations -----------------------------------------------------------------------
-    def alloc_activations(self, rows: int, shard: Shard) -> Activations:
+    def alloc_activations(self, rows: int, shard: Shard, *, qkv: Tensor | None = None
+                          ) -> Activations:
         """The working tensors for ``rows`` rows of one layer shard (shared by the layers: the
-        widest shard sizes them)."""
+        widest shard sizes them); ``qkv``: a Q/K/V tensor the caller allocated (sequence
+        parallelism: with rows for the neighbours' keys) instead of one of ``rows`` rows."""
         al, cfg = self.al, self.cfg
         hcount = len(shard.heads)
         f_pad = pad_to(len(shard.ffn), self.n)
         h = al.alloc("h", rows, self.d_pad, 1, "activations")
-        qkv = al.alloc("qkv", rows, 3 * hcount * self.dh_pad, 1, "kv_cache")
+        if qkv is None:
+            qkv = al.alloc("qkv", rows, 3 * hcount * self.dh_pad, 1, "kv_cache")
         o = al.alloc("o", rows, hcount * self.dh_pad, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
-        f = al.alloc("f", rows, f_pad, 1, "activations")
+        if self.qm.quant == "smooth16":
+            # int16 rows, then half a row below them for row 0's lo plane (module docstring;
+            # the allocator grows down, so what is allocated next lies just below).
+            f = al.alloc("f16", rows, f_pad, 2, "activations")
+            al.alloc("f16.lo0", 1, f_pad, 1, "activations")
+            al.note(f"the int16 FFN hidden of quant=\"smooth16\" takes "
+                    f"{(f.words + row_words(f_pad, 1, self.n)) * self.n:,} bytes of the "
+                    f"activations ({rows} rows of {f_pad} int16 and half a row)")
+        else:
+            f = al.alloc("f", rows, f_pad, 1, "activations")
         x8 = al.alloc("x8", rows, self.d_pad, 1, "activations") if cfg.norm == "post" else None
         p = None
         if shard.group is not None:
@@ -245,21 +312,23 @@ class BlockEmitter:
         return self.al.alloc(name, rows, self.d_pad, 2, "activations", transfer=transfer)
 
     # --- the program -----------------------------------------------------------------------
-    def _matmul(self, src: Tensor, weights, dst: Tensor, k: int, mode: OutMode):
+    def _matmul(self, src: Tensor, weights, dst: Tensor, k: int, mode: OutMode, *,
+                params: Tensor | None = None, a_unsigned: bool = False):
+        """``dst = src @ weights``; ``params`` replaces the weights' own parameters."""
         wt, pt, cols = weights
         emit_matmul(self.asm, matmul_launch(
             size=self.n, m=src.rows, k=k, n=cols, a_base=src.base, a_row_words=src.row_words,
-            b_base=wt.base, p_base=pt.base, c_base=dst.base, c_row_words=dst.row_words,
-            mode=mode))
+            b_base=wt.base, p_base=(pt if params is None else params).base, c_base=dst.base,
+            c_row_words=dst.row_words, mode=mode, a_unsigned=a_unsigned))
 
-    def _vec(self, launch):
-        vl.emit(self.asm, launch)
+    def _vec(self, launch, tag=None):
+        vl.emit(self.asm, launch, tag)
 
     def _ln(self, gb: Tensor, ql, src: Tensor, q: Tensor | None, y: Tensor | None):
         self._vec(vl.ln_launch(size=self.n, length=self.cfg.d_model, x=_rows(src),
                                gamma_beta_base=gb.base, q=_rows(q) if q is not None else None,
                                y=_rows(y) if y is not None else None, gshift=ql.gshift,
-                               mult=ql.mult, shift=ql.shift))
+                               mult=ql.mult, shift=ql.shift), tag=("ln", id(ql)))
         self.asm.wait(Unit.VEC)
 
     def _add(self, x: Tensor, delta: Tensor):
@@ -267,10 +336,21 @@ class BlockEmitter:
                                 b=_rows(delta), out=_rows(x)))
         self.asm.wait(Unit.VEC)
 
-    def requant_input(self, x: Tensor, x8: Tensor, mult: int, shift: int):
-        """Post-norm: the int8 copy of the residual a chip's first block reads."""
+    def requant_input(self, x: Tensor, x8: Tensor, layer: int):
+        """Post-norm: the int8 copy of the residual that block ``layer``, the first a chip
+        runs, reads (nothing under smooth16, where every block makes its own)."""
+        if self.qm.layers[layer].qkv_req is not None:
+            return
+        mult, shift = self.qm.input_requant(layer)
         self._vec(vl.requant_launch(size=self.n, length=self.cfg.d_model, a=_rows(x),
-                                    out=_rows(x8), mult=mult, shift=shift))
+                                    out=_rows(x8), mult=mult, shift=shift),
+                  tag=("input requant",))
+        self.asm.wait(Unit.VEC)
+
+    def _requant_lanes(self, x: Tensor, out: Tensor, params: Tensor):
+        """Per-lane REQUANT of the int16 rows ``x`` into the int8 rows ``out``."""
+        self._vec(vl.requant_launch(size=self.n, length=self.cfg.d_model, a=_rows(x),
+                                    out=_rows(out), params_base=params.base))
         self.asm.wait(Unit.VEC)
 
     def _reduce(self, shard: Shard, acts: Activations, rows: int, req_params: Tensor, a: Tensor,
@@ -304,9 +384,73 @@ class BlockEmitter:
                                     out=_rows(a), params_base=req_params.base))
         self.asm.wait(Unit.VEC)
 
+    # --- rows split over a head group ----------------------------------------------------
+    def _chunk_rows(self, row_bytes: int, rows: int) -> list[tuple[int, int]] | None:
+        """``(first, count)`` row chunks of a block of ``rows`` rows of ``row_bytes`` bytes such
+        that each chunk is whole engine words and fits the collective engine's buffers; None
+        when ``rows`` cannot be cut so."""
+        wbytes = word_bytes(self.npu.link_bytes_per_cycle)
+        if row_bytes % 4:
+            return None
+        step = wbytes // math.gcd(row_bytes, wbytes)   # fewest rows of whole engine words
+        most = COLL_FIFO_WORDS * wbytes // row_bytes // step * step
+        if most == 0 or rows % step:
+            return None
+        return [(r, min(most, rows - r)) for r in range(0, rows, most)]
+
+    def row_split(self, shard: Shard, rows: int) -> tuple[int, int] | None:
+        """This chip's rows ``(first, count)`` of a ``rows``-row tensor when the head group
+        splits its row-wise work (see :meth:`emit_block`), else None: the group's size must
+        divide ``rows`` and the int32 sums, the int8 LayerNorm outputs and the int16
+        residual must all cut into whole engine words per chip."""
+        if shard.group is None:
+            return None
+        first, count, chips = shard.group
+        if rows % count:
+            return None
+        own = rows // count
+        if any(self._chunk_rows(self.d_pad * eb, own) is None for eb in (1, 2, 4)):
+            return None
+        return ((self.chip - first) % chips * own, own)
+
+    def _row_collective(self, kind: str, shard: Shard, t: Tensor, rows: int, layer, what: str):
+        """``kind`` (reduce_scatter: int32 sums; all_gather: any rows, as 32-bit lanes) of the
+        first ``rows`` rows of ``t`` over the head group, each chip's block its own rows
+        (:meth:`row_split`), in chunks that fit the engine: chunk k holds rows k*r.. of every
+        block, so the blocks lie ``rows / count`` rows apart."""
+        first, count, chips = shard.group
+        n, link = self.n, self.npu.link_bytes_per_cycle
+        own = rows // count
+        row_bytes = t.row_words * n
+        for r0, r in self._chunk_rows(row_bytes, own):
+            length = count * r * row_bytes // 4
+            req = CollectiveRequest(kind, "sum", 32, length, chips, first=first, count=count)
+            launch = cl.coll_launch_natural(req, self.chip, base=t.base + r0 * t.row_words,
+                                            size=n, link_bytes=link,
+                                            block_stride=own * t.row_words)
+            cl.emit(self.asm, launch)
+            self.asm.wait(Unit.COLL)
+            self.comms.append({"kind": kind, "op": "sum", "width": 32, "elements": length,
+                               "bytes": length * 4, "group": [first, count], "layer": layer,
+                               "what": what})
+
+    def gather_residual(self, x: Tensor, shard: Shard, nseq: int):
+        """Make the residual ``x`` whole on every chip of the head group again (an all-gather
+        of the rows each one holds), if its rows are split."""
+        if x.base in self.split_residuals:
+            self._row_collective("all_gather", shard, x, nseq * self.seq_pad, None,
+                                 "residual")
+            self.split_residuals.discard(x.base)
+
     def emit_block(self, i: int, w: LayerWeights, shard: Shard, acts: Activations, x: Tensor,
-                   nseq: int, *, pos_base: int = 0):
-        """Block ``i`` on the ``nseq`` sequences of the residual ``x`` (in place)."""
+                   nseq: int, *, pos_base: int = 0, qkv_out: Tensor | None = None,
+                   attend=None):
+        """Block ``i`` on the ``nseq`` sequences of the residual ``x`` (in place).
+
+        ``qkv_out``: where the QKV matmul writes (default: ``acts.qkv``); ``attend()``: emits
+        the layer's attention launches in place of the default ones over ``qkv`` (sequence
+        parallelism: K/V exchanges, then windows over the neighbours' keys).
+        """
         asm, cfg, qm, n = self.asm, self.cfg, self.qm, self.n
         L = qm.layers[i]
         rows = nseq * self.seq_pad
@@ -316,17 +460,54 @@ class BlockEmitter:
         hcount = len(shard.heads)
         reduce = shard.group is not None
         out_mode = OutMode.RAW if reduce else OutMode.INT16
+        own = self.row_split(shard, rows)
 
-        def linear_out(src, weights, k, req, what):
+        def linear_out(src, weights, k, req, what, **kw):
             if not reduce:
-                self._matmul(src, weights, a, k, OutMode.INT16)
+                self._matmul(src, weights, a, k, OutMode.INT16, **kw)
                 asm.wait(Unit.MATMUL)
                 return
             p = Tensor("p.rows", acts.p.base, rows, self.d_pad, 4, self.d_pad * 4 // n,
                        "activations")
-            self._matmul(src, weights, p, k, out_mode)
+            self._matmul(src, weights, p, k, out_mode, **kw)
             asm.wait(Unit.MATMUL)
-            self._reduce(shard, acts, rows, req, a, i, what)
+            if own is None:
+                self._reduce(shard, acts, rows, req, a, i, what)
+                return
+            # Each chip reduces and requantises only its own rows.
+            self._row_collective("reduce_scatter", shard, p, rows, i, what)
+            self._vec(vl.requant_launch(size=n, length=cfg.d_model, a=_rows(_part(p, own)),
+                                        out=_rows(_part(a, own)), params_base=req.base))
+            asm.wait(Unit.VEC)
+
+        def add():
+            self._add(_part(x, own), _part(a, own))
+            if own is not None:
+                self.split_residuals.add(x.base)
+
+        def norm(gb, ql, q, y):
+            """LayerNorm of ``x`` into ``q`` (int8) and, if given, ``y`` (int16): while the
+            rows of ``x`` are split, of this chip's rows, then ``q`` gathered from the group."""
+            if x.base not in self.split_residuals:
+                self._ln(gb, ql, x, q, y)
+                return
+            self._ln(gb, ql, _part(x, own), _part(q, own), None if y is None else _part(y, own))
+            self._row_collective("all_gather", shard, q, rows, i, "LayerNorm output")
+
+        def norm_in_place(gb, ql):
+            """Post-norm smooth16: the int16 LayerNorm of ``x`` into ``x`` (this chip's rows
+            while they are split; the residual stays split)."""
+            split = x.base in self.split_residuals
+            self._ln(gb, ql, _part(x, own) if split else x, None, _part(x, own) if split else x)
+
+        def lanes(out, params):
+            """Post-norm smooth16: the per-lane REQUANT of ``x`` into the int8 ``out`` (while
+            the rows of ``x`` are split, of this chip's rows, then ``out`` gathered)."""
+            if x.base not in self.split_residuals:
+                self._requant_lanes(x, out, params)
+                return
+            self._requant_lanes(_part(x, own), _part(out, own), params)
+            self._row_collective("all_gather", shard, out, rows, i, "LayerNorm output")
 
         def attention():
             part = hcount * self.dh_pad // n          # words of one of Q, K, V in a qkv row
@@ -345,32 +526,60 @@ class BlockEmitter:
                         k_pos=pos_base, bidirectional=not cfg.causal,
                         interleaved=sched.interleaved, halo=sched.halo, window=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
-                        out_mult=L.out_mult, out_shift=L.out_shift))
+                        out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
 
         def attention_block(h_in):
-            self._matmul(h_in, w.qkv, qkv, self.d_pad, OutMode.INT8)
+            self._matmul(h_in, w.qkv, qkv if qkv_out is None else qkv_out, self.d_pad,
+                         OutMode.INT8)
             asm.wait(Unit.MATMUL)
-            attention()
+            (attention if attend is None else attend)()
             asm.wait(Unit.ATTN)
             linear_out(o, w.o, hcount * self.dh_pad, w.o_req, "attention output")
-            self._add(x, a)
+            add()
 
         def ffn_block(h_in):
+            if L.ffn16:
+                return ffn16_block(h_in)
             self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT8)
             self._vec(vl.load_lut_launch(size=n, base=w.lut.base))   # overlaps FFN1
             asm.wait(Unit.MATMUL | Unit.VEC)
             self._vec(vl.lut_launch(size=n, length=len(shard.ffn), a=_rows(f), out=_rows(f)))
             asm.wait(Unit.VEC)
             linear_out(f, w.ffn2, f.cols, w.ffn2_req, "FFN output")
-            self._add(x, a)
+            add()
+
+        def ffn16_block(h_in):
+            self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT16)
+            self._vec(vl.load_lut16_launch(size=n, base=w.lut.base))   # overlaps FFN1
+            asm.wait(Unit.MATMUL | Unit.VEC)
+            half = f.row_words // 2
+            hi = Tensor("f16.hi", f.base, rows, f.cols, 1, f.row_words, "activations")
+            lo = Tensor("f16.lo", f.base - half, rows, f.cols, 1, f.row_words, "activations")
+            self._vec(vl.gelu16_launch(size=n, length=len(shard.ffn), a=_rows(f), g=L.gelu_g,
+                                       hi=_rows(hi), lo=_rows(lo)))
+            asm.wait(Unit.VEC)
+            linear_out(hi, w.ffn2, f.cols, w.ffn2_hi_req, "FFN output (hi pass)",
+                       params=w.ffn2_hi)
+            add()
+            linear_out(lo, w.ffn2, f.cols, w.ffn2_req, "FFN output (lo pass)",
+                       a_unsigned=True)
+            add()
 
         if cfg.norm == "pre":
-            self._ln(w.ln1, L.ln1, x, h, None)
+            norm(w.ln1, L.ln1, h, None)
             attention_block(h)
-            self._ln(w.ln2, L.ln2, x, h, None)
+            norm(w.ln2, L.ln2, h, None)
             ffn_block(h)
+        elif w.qkv_req is not None:
+            # smooth16: per-lane REQUANTs make the int8 inputs from the int16 LayerNorm outputs.
+            lanes(x8, w.qkv_req)
+            attention_block(x8)
+            norm_in_place(w.ln1, L.ln1)
+            lanes(h, w.ffn_req)
+            ffn_block(h)
+            norm_in_place(w.ln2, L.ln2)
         else:
             attention_block(x8)
-            self._ln(w.ln1, L.ln1, x, h, x)
+            norm(w.ln1, L.ln1, h, x)
             ffn_block(h)
-            self._ln(w.ln2, L.ln2, x, x8, x)
+            norm(w.ln2, L.ln2, x8, x)

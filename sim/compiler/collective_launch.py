@@ -29,15 +29,13 @@ from hw.spec.collective import (
     word_bytes,
     words_to_engine,
 )
-from hw.spec.isa import COLL_FIFO_WORDS, Op
+from hw.spec.isa import COLL_FIFO_WORDS, MAX_COUNT, Op
 
 from .descriptors import Desc
 
 __all__ = ["CollLaunch", "coll_launch", "coll_launch_natural", "natural_block_words", "emit"]
 
 #: Largest count of one address-generator level.
-_MAX_COUNT = (1 << 16) - 1
-
 
 @dataclass(frozen=True)
 class CollLaunch:
@@ -81,8 +79,8 @@ def _blocks_words(req, blocks, wbytes):
 
 
 def _desc(base, words, name):
-    if not 0 < words <= _MAX_COUNT:
-        raise ValueError(f"{name} buffer of {words} scratchpad words must be 1..{_MAX_COUNT}")
+    if not 0 < words <= MAX_COUNT:
+        raise ValueError(f"{name} buffer of {words} scratchpad words must be 1..{MAX_COUNT}")
     return Desc(base, (words, 1, 1, 1), (1, 0, 0, 0))
 
 
@@ -137,6 +135,7 @@ def _rotation(blocks, n):
 
 def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: int,
                         link_bytes: int, out_base: int | None = None,
+                        block_stride: int | None = None,
                         fifo_words: int = COLL_FIFO_WORDS) -> CollLaunch:
     """Chip ``chip``'s COLL for ``req`` on buffers that hold the whole vector in natural order.
 
@@ -147,6 +146,10 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
     WR3 walk them as a circular buffer (``wrap``), so the data needs no reordering. The output
     goes to ``out_base`` (default ``base``: in place, which every kind allows: a block is
     written only after it was read). Reduce-scatter writes only the chip's block, at its place.
+
+    ``block_stride``: words from one block's start to the next (default: the block's words, no
+    gap), so that the blocks of a collective can be every ``block_stride`` words of a larger
+    tensor (one chunk of rows of each chip's part).
     """
     if not isinstance(req, CollectiveRequest):
         raise TypeError(f"req must be a CollectiveRequest, not {req!r}")
@@ -160,9 +163,12 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
     check_fits(req, wbytes, fifo_words)
     out_base = base if out_base is None else out_base
     w = natural_block_words(req, size, link_bytes)
+    stride = w if block_stride is None else block_stride
+    if stride < w:
+        raise ValueError(f"block_stride={stride} is less than a block's {w} words")
     n = req.count
-    total = n * w
-    if w > _MAX_COUNT or n > _MAX_COUNT:
+    total = n * stride
+    if w > MAX_COUNT or n > MAX_COUNT:
         raise ValueError(f"{n} blocks of {w} words exceed a generator's 16-bit counts")
     p = req.position(chip)
 
@@ -170,7 +176,8 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
         if p is None or not blocks:
             return None
         j0 = _rotation(blocks, n)
-        return Desc(start, (w, len(blocks), 1, 1), (1, -w, 0, 0), wrap=total, off=j0 * w)
+        return Desc(start, (w, len(blocks), 1, 1), (1, -stride, 0, 0), wrap=total,
+                    off=j0 * stride)
 
     rd6 = walk(base, local_blocks(req, chip))
     wr3 = walk(out_base, output_blocks(req, chip))

@@ -66,10 +66,10 @@ from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import cdiv, pad_to
+from .compat import check_single_chip
 from .descriptors import Desc, emit_matmul, matmul_launch
-from .program import ChipProgram, Placement, SystemProgram
+from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QLinear, QModel
-from .single import check_single_chip, finish
 from .vector_launch import Rows
 
 __all__ = ["Piece", "HiddenPlan", "split_widths", "hidden_plan", "check_hidden", "Reduction",
@@ -576,7 +576,7 @@ class _Compiler:
                 size=n, length=self.plan.width(ch.c), n=d, x=self._rows(ch.t["x"]),
                 gamma_beta_base=ch.layers[i][f"ln{which}"].base, stats_base=ch.t["stats"].base,
                 q=self._rows(ch.t[q]) if q else None, y=self._rows(ch.t[y]) if y else None,
-                gshift=ln.gshift, mult=ln.mult, shift=ln.shift))
+                gshift=ln.gshift, mult=ln.mult, shift=ln.shift), ("ln", i, which))
             ch.asm.wait(Unit.VEC)
 
     def project(self, name: str, src: str, dst: str, *, lut: bool = False):
@@ -739,7 +739,7 @@ class _Compiler:
                         k_row_words=rw, v_row_words=rw, o_row_words=o.row_words, col=piece.off,
                         q_pos=0, k_pos=0, window=sched.window, score_mult=L.score_mult,
                         score_shift=L.score_shift, out_mult=L.out_mult, out_shift=L.out_shift,
-                        **common))
+                        **common), ("attn", self.layer))
             ch.asm.wait(Unit.COLL)
             for piece in self.plan.pieces[ch.c]:
                 if not piece.split:
@@ -753,7 +753,8 @@ class _Compiler:
                         o_base=o.base + s * self.seq_pad * o.row_words, v_row_words=rw,
                         o_row_words=o.row_words, col=piece.off, window_cut=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
-                        out_mult=L.out_mult, out_shift=L.out_shift, **common))
+                        out_mult=L.out_mult, out_shift=L.out_shift, **common),
+                        ("attn", self.layer))
             ch.asm.wait(Unit.ATTN)
 
     def block(self, i: int):
@@ -789,6 +790,9 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
     (``widths``/``ffn_widths``: explicit columns per chip; ``reduce``: how the projections'
     partial sums are reduced, ``REDUCE_MODES``)."""
     cfg = qm.cfg
+    if getattr(qm, "quant", "int8") != "int8":
+        raise ValueError(f"--strategy hidden does not compile quant={qm.quant!r} yet (only "
+                         "int8); use --quant int8")
     plan = check_hidden(npu, cfg, chips, widths=widths, ffn_widths=ffn_widths)
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {', '.join(REDUCE_MODES)}, not {reduce!r}")
@@ -803,7 +807,7 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
             vl.emit(ch.asm, vl.requant_launch(size=comp.n, length=plan.width(ch.c),
                                               a=comp._rows(ch.t["x"]),
                                               out=comp._rows(ch.t["x8"]), mult=qm.in_mult,
-                                              shift=qm.in_shift))
+                                              shift=qm.in_shift), ("input requant",))
             ch.asm.wait(Unit.VEC)
     for i in range(cfg.n_layers):
         comp.block(i)

@@ -10,13 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hw.spec.collective import word_bytes
-from hw.spec.isa import Op
+from hw.spec.isa import MAX_COUNT, Op
 
 from .descriptors import Desc
 
 __all__ = ["P2PLaunch", "send_launch", "recv_launch", "contiguous", "message_words", "emit"]
-
-_MAX_COUNT = (1 << 16) - 1
 
 
 @dataclass(frozen=True)
@@ -38,10 +36,10 @@ def contiguous(base: int, words: int) -> Desc:
     """A descriptor for ``words`` consecutive words from ``base`` (two levels when needed)."""
     if words < 1:
         raise ValueError(f"a message needs at least one word, not {words}")
-    if words <= _MAX_COUNT:
+    if words <= MAX_COUNT:
         return Desc(base, (words, 1, 1, 1), (1, 0, 0, 0))
-    inner = next((d for d in range(_MAX_COUNT, 0, -1) if words % d == 0), 1)
-    if words // inner > _MAX_COUNT:
+    inner = next((d for d in range(MAX_COUNT, 0, -1) if words % d == 0), 1)
+    if words // inner > MAX_COUNT:
         raise ValueError(f"{words} words do not factor into two 16-bit counts")
     return Desc(base, (inner, words // inner, 1, 1), (1, inner, 0, 0))
 

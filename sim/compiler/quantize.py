@@ -14,12 +14,31 @@ The formats are those of ``docs/formats.md``:
 - LayerNorm (``sim.golden.vector``): int16 gamma with a shift, int16 beta, output int16 at
   ``s_y`` then int8 at ``s_h``. Post-norm keeps ``s_y = s_r`` (the output is the residual).
 - GELU/ReLU: a 256-entry table from the int8 input scale to the int8 output scale.
+
+``quant = "smooth16"`` (the model's scheme, ``docs/formats.md``, Quantisation schemes) changes
+three things, every one a static scale computed here from the whole calibration run, so the
+integers still do not depend on how the work is split:
+
+- **Smoothing** of the LayerNorm outputs that feed QKV and FFN1 (SmoothQuant): per input
+  channel ``t_j = max|y_j|**alpha / max_c|W[j, c]|**(1 - alpha)`` (geometric mean 1), the
+  weight rows multiplied by ``t_j`` before their per-column quantisation, the int8 input
+  ``y_j / t_j`` at ``s_x = max_j(max|y_j| / t_j) / 127``. Pre-norm folds ``1 / t`` into the
+  LayerNorm's gamma and beta (its int16 output feeds nothing else). Post-norm cannot (the int16
+  output is the residual): a per-lane REQUANT makes the int8 copy, ``(m_j, sh_j) =
+  quantize_multiplier(s_res / (t_j s_x))``; ``t_j`` is raised where that ratio would exceed
+  2**14.
+- **FFN1 output int16** at ``s_p = max|ffn_pre| / 32767``, activated by GELU16 (257 knots at
+  ``s_p``, :func:`sim.golden.vector.gelu16_table`; ReLU: :func:`~sim.golden.vector.relu16_table`,
+  exact) into int16 at the same scale.
+- **FFN2 over the int16 hidden** as two int8 passes (:func:`sim.golden.matmul.linear16`): the
+  per-column ``(mult, shift)`` requantises the whole product (``s_p s_w[c] / s_res``, shift at
+  least 9, the hi pass using ``shift - 8``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,12 +46,19 @@ from hw.spec import ModelConfig
 from hw.spec.formats import OutMode, quantize_multiplier
 
 from ..golden.float_model import model_forward
-from ..golden.vector import gelu_table, relu_table
+from ..golden.matmul import LINEAR16_SHIFT_MIN
+from ..golden.vector import gelu16_knot_shift, gelu16_table, gelu_table, relu16_table, relu_table
 
 __all__ = ["QLinear", "QLayerNorm", "QLayer", "QModel", "quantize_model", "quantize_input",
-           "dequantize_residual"]
+           "dequantize_residual", "smoothing_factors", "RELU16_G", "LANE_RATIO_MAX"]
 
 _I8, _I16, _I32 = 127, 32767, 2**31 - 1
+
+#: GELU16 knot spacing of a ReLU model under smooth16 (any g is exact; 7 keeps every knot int16).
+RELU16_G = 7
+#: Largest per-lane requantisation ratio smoothing may ask for (quantize_multiplier represents
+#: up to about 2**15; a channel whose ratio would exceed this gets a larger t_j).
+LANE_RATIO_MAX = 2.0 ** 14
 
 
 def _absmax(x) -> float:
@@ -83,7 +109,22 @@ class QLayer:
     score_shift: int
     out_mult: int        # P.V int32 -> int8 attention output
     out_shift: int
-    lut: np.ndarray      # [256] int8, the activation table
+    lut: np.ndarray | None   # [256] int8, the activation table (None under smooth16)
+    #: smooth16, post-norm: per-lane ``(mult, shift)`` of the int16 residual -> the int8 QKV
+    #: input, and of LN1's int16 output -> the int8 FFN1 input (None otherwise).
+    qkv_req: tuple[np.ndarray, np.ndarray] | None = None
+    ffn_req: tuple[np.ndarray, np.ndarray] | None = None
+    #: smooth16: the 257 int16 GELU16 knots and their spacing g (the FFN hidden is int16 and
+    #: FFN2 two int8 passes); None under int8.
+    lut16: np.ndarray | None = None
+    gelu_g: int = 0
+    #: smooth16: the smoothing factors t by the matmuls they feed (``"qkv"``, ``"ffn1"``).
+    smooth: dict = field(default_factory=dict)
+
+    @property
+    def ffn16(self) -> bool:
+        """The FFN hidden is int16 (GELU16, two-pass FFN2)."""
+        return self.lut16 is not None
 
 
 @dataclass
@@ -92,19 +133,72 @@ class QModel:
     layers: list[QLayer]
     s_res: float                 # residual stream scale (int16)
     scales: dict                 # every calibrated activation scale, by name
-    in_mult: int = 1             # post-norm: residual int16 -> int8 input of layer 0
+    in_mult: int = 1             # post-norm int8: residual int16 -> int8 input of layer 0
     in_shift: int = 1
+    quant: str = "int8"          # the scheme (``ModelConfig.quant``)
+
+    def input_requant(self, layer: int) -> tuple[int, int]:
+        """Post-norm int8: the per-tensor ``(mult, shift)`` of the int8 copy of the residual
+        that block ``layer`` reads, made from the int16 residual when a chip starts there (the
+        previous block's LayerNorm makes it at the same scale otherwise)."""
+        if layer == 0:
+            return self.in_mult, self.in_shift
+        ln2 = self.layers[layer - 1].ln2
+        return ln2.mult, ln2.shift
 
 
-def _linear(w, b, s_in, s_out, mode) -> QLinear:
+def _linear(w, b, s_in, s_out, mode, *, row_scale=None, two_pass=False) -> QLinear:
+    """``row_scale``: smoothing factors multiplied into the rows of ``w`` first; ``two_pass``:
+    the requantisation of an int16 input's two int8 passes (shift at least 9)."""
     w = np.asarray(w, np.float64)
+    if row_scale is not None:
+        w = w * np.asarray(row_scale, np.float64)[:, None]
     s_w = np.maximum(np.max(np.abs(w), axis=0), 1e-30) / _I8
     wq = np.clip(_round_half_up(w / s_w), -128, 127)
     acc_scale = s_in * s_w
     bias = np.zeros(w.shape[1]) if b is None else np.asarray(b, np.float64)
     bq = np.clip(_round_half_up(bias / acc_scale), -_I32 - 1, _I32)
     mult, shift = _mult_shift(acc_scale / s_out)
+    if two_pass:
+        mult, shift = _two_pass_params(acc_scale / s_out, mult, shift)
     return QLinear(wq, bq, mult, shift, OutMode(mode))
+
+
+def _two_pass_params(ratio, mult, shift):
+    """Pairs with ``shift >= LINEAR16_SHIFT_MIN``: a column whose closest pair has a smaller
+    shift takes ``shift = LINEAR16_SHIFT_MIN`` and a smaller ``mult`` (ValueError when even
+    ``mult = 65535`` is too small, a ratio of 128 or more)."""
+    low = shift < LINEAR16_SHIFT_MIN
+    if low.any():
+        mult = mult.copy()
+        shift = shift.copy()
+        mult[low] = _round_half_up(ratio[low] * 2.0 ** LINEAR16_SHIFT_MIN)
+        shift[low] = LINEAR16_SHIFT_MIN
+        if mult.max() >= 1 << 16:
+            raise ValueError(f"requantisation ratio {float(ratio.max()):.4g} is too large for "
+                             f"two int8 passes (shift >= {LINEAR16_SHIFT_MIN} needs it below "
+                             "128)")
+    return mult, shift
+
+
+def smoothing_factors(xmax, wmax, alpha: float) -> np.ndarray:
+    """SmoothQuant's ``t_j = xmax_j**alpha / wmax_j**(1 - alpha)``, normalised to geometric
+    mean 1: the input channel j is divided by ``t_j`` and the weight row j multiplied by it
+    (``xmax``: the calibration's max |x| per channel; ``wmax``: max |W[j, :]|)."""
+    t = (np.maximum(np.asarray(xmax, np.float64), 1e-5) ** alpha
+         / np.maximum(np.asarray(wmax, np.float64), 1e-5) ** (1.0 - alpha))
+    return t / np.exp(np.mean(np.log(t)))
+
+
+def _smoothed_input(xmax, wmax, alpha, s_y):
+    """Smoothing of an LN output at int16 scale ``s_y`` feeding weights with row maxima
+    ``wmax``: ``(t, s_x, (mult, shift))``, the per-lane requantisation ``s_y / (t_j s_x)``
+    kept at most :data:`LANE_RATIO_MAX`."""
+    t = smoothing_factors(xmax, wmax, alpha)
+    s_x = _absmax(np.asarray(xmax) / t) / _I8
+    t = np.maximum(t, s_y / (LANE_RATIO_MAX * s_x))
+    s_x = _absmax(np.asarray(xmax) / t) / _I8
+    return t, s_x, _mult_shift(s_y / (t * s_x))
 
 
 def _layernorm(gamma, beta, s_y, s_h) -> QLayerNorm:
@@ -121,63 +215,116 @@ def _layernorm(gamma, beta, s_y, s_h) -> QLayerNorm:
 
 
 def quantize_model(cfg: ModelConfig, weights: dict, calib) -> QModel:
-    """Quantise ``weights`` with activation scales calibrated on ``calib`` ([.., seq, d])."""
+    """Quantise ``weights`` with activation scales calibrated on ``calib`` ([.., seq, d]), in
+    the model's scheme ``cfg.quant``."""
     record: dict = {}
     maxima: dict = {}
+    channels: dict = {}          # per-channel max |x| of the 2-D tensors (smoothing)
     calib = np.asarray(calib, np.float64)
     for sample in (calib if calib.ndim == 3 else calib[None]):
         model_forward(cfg, weights, sample, record)
         for key, value in record.items():
             maxima[key] = max(maxima.get(key, 0.0), _absmax(value))
+            if np.ndim(value) == 2:
+                col = np.max(np.abs(value), axis=0)
+                channels[key] = np.maximum(channels.get(key, col), col)
     resid_keys = [k for k in maxima if k.rsplit(".", 1)[-1] in
                   ("in", "mid", "mid_pre", "out_pre", "out")]
     resid_keys += [k for k in maxima if k.endswith("attn_out") or k.endswith("ffn_out")]
     s_res = max(maxima[k] for k in resid_keys) / _I16
     scales = {"residual": s_res}
-    layers = []
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        w = weights
-
-        def s8(name, p=p):
-            scales[p + name] = maxima[p + name] / _I8
-            return scales[p + name]
-
-        if cfg.norm == "pre":
-            s_h1, s_h2 = s8("ln1_out"), s8("ln2_out")
-            s_y1 = maxima[p + "ln1_out"] / _I16
-            s_y2 = maxima[p + "ln2_out"] / _I16
-            s_in_attn, s_in_ffn = s_h1, s_h2
-        else:
-            # Post-norm: attention and FFN read the int8 copy of the residual (the previous
-            # LayerNorm's q8 output, or the quantised input for layer 0).
-            scales[p + "in8"] = maxima[p + "in"] / _I8
-            s_in_attn = scales[p + "in8"]
-            s_h1 = scales[p + "mid8"] = maxima[p + "mid"] / _I8
-            s_h2 = maxima[p + "out"] / _I8
-            s_y1 = s_y2 = s_res
-            s_in_ffn = s_h1
-        s_q, s_k, s_v, s_o = s8("q"), s8("k"), s8("v"), s8("attn_o")
-        s_f1, s_f2 = s8("ffn_pre"), s8("ffn_act")
-        score_mult, score_shift = quantize_multiplier(s_q * s_k * 256 / math.sqrt(cfg.d_head))
-        out_mult, out_shift = quantize_multiplier(s_v / 256 / s_o)
-        act_table = gelu_table if cfg.activation == "gelu" else relu_table
-        layers.append(QLayer(
-            ln1=_layernorm(w[p + "ln1.weight"], w[p + "ln1.bias"], s_y1, s_h1),
-            q=_linear(w[p + "attn.wq"], w.get(p + "attn.bq"), s_in_attn, s_q, OutMode.INT8),
-            k=_linear(w[p + "attn.wk"], w.get(p + "attn.bk"), s_in_attn, s_k, OutMode.INT8),
-            v=_linear(w[p + "attn.wv"], w.get(p + "attn.bv"), s_in_attn, s_v, OutMode.INT8),
-            o=_linear(w[p + "attn.wo"], w.get(p + "attn.bo"), s_o, s_res, OutMode.INT16),
-            ln2=_layernorm(w[p + "ln2.weight"], w[p + "ln2.bias"], s_y2, s_h2),
-            ffn1=_linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_f1, OutMode.INT8),
-            ffn2=_linear(w[p + "ffn.w2"], w.get(p + "ffn.b2"), s_f2, s_res, OutMode.INT16),
-            score_mult=score_mult, score_shift=score_shift,
-            out_mult=out_mult, out_shift=out_shift,
-            lut=act_table(s_f1, s_f2).astype(np.int64)))
-    qm = QModel(cfg, layers, s_res, scales)
+    calibration = _Calibration(maxima, channels, scales)
+    layers = [_quantize_layer(cfg, weights, i, calibration, s_res)
+              for i in range(cfg.n_layers)]
+    qm = QModel(cfg, layers, s_res, scales, quant=cfg.quant)
     if cfg.norm == "post":
         qm.in_mult, qm.in_shift = quantize_multiplier(s_res / scales["layers.0.in8"])
     return qm
+
+
+@dataclass
+class _Calibration:
+    maxima: dict         # max |x| of every recorded tensor
+    channels: dict       # max |x| per channel of the 2-D ones
+    scales: dict         # the scales chosen, by name (filled in)
+
+    def s8(self, name: str) -> float:
+        self.scales[name] = self.maxima[name] / _I8
+        return self.scales[name]
+
+
+def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res: float):
+    p = f"layers.{i}."
+    smooth16 = cfg.quant == "smooth16"
+    wqkv = np.concatenate([np.asarray(w[p + f"attn.w{c}"], np.float64) for c in "qkv"], axis=1)
+    wmax = {"qkv": np.max(np.abs(wqkv), axis=1),
+            "ffn1": np.max(np.abs(np.asarray(w[p + "ffn.w1"], np.float64)), axis=1)}
+    smooth, lane, fold = {}, {}, {}
+    if cfg.norm == "pre":
+        # Pre-norm: the LayerNorms' int8 outputs feed QKV and FFN1 and nothing else, so
+        # smooth16 folds 1/t into their gamma and beta.
+        ln_in = {}
+        for what, src in (("qkv", "ln1_out"), ("ffn1", "ln2_out")):
+            peak = cal.maxima[p + src]
+            if smooth16:
+                smooth[what] = fold[what] = smoothing_factors(cal.channels[p + src],
+                                                              wmax[what], cfg.smooth_alpha)
+                peak = _absmax(cal.channels[p + src] / smooth[what])
+            cal.scales[p + src] = peak / _I8
+            ln_in[what] = (peak / _I16, peak / _I8)     # int16 output, int8 output
+        (s_y1, s_h1), (s_y2, s_h2) = ln_in["qkv"], ln_in["ffn1"]
+        s_in_attn, s_in_ffn = s_h1, s_h2
+    else:
+        # Post-norm: attention and FFN read the int8 copy of the residual (the previous
+        # LayerNorm's q8 output, or the quantised input for layer 0; under smooth16 a
+        # per-lane REQUANT of it).
+        cal.scales[p + "in8"] = cal.maxima[p + "in"] / _I8
+        s_h1 = cal.scales[p + "mid8"] = cal.maxima[p + "mid"] / _I8
+        s_h2 = cal.maxima[p + "out"] / _I8
+        s_y1 = s_y2 = s_res
+        if smooth16:
+            for what, src, name in (("qkv", "in", "in8"), ("ffn1", "mid", "mid8")):
+                smooth[what], cal.scales[p + name], lane[what] = _smoothed_input(
+                    cal.channels[p + src], wmax[what], cfg.smooth_alpha, s_res)
+        s_in_attn, s_in_ffn = cal.scales[p + "in8"], cal.scales[p + "mid8"]
+    s_q, s_k, s_v, s_o = (cal.s8(p + n) for n in ("q", "k", "v", "attn_o"))
+    score_mult, score_shift = quantize_multiplier(s_q * s_k * 256 / math.sqrt(cfg.d_head))
+    out_mult, out_shift = quantize_multiplier(s_v / 256 / s_o)
+
+    def ln(k, s_y, s_h, t):
+        g, b = (np.asarray(w[p + f"ln{k}.{n}"], np.float64) for n in ("weight", "bias"))
+        if t is not None:
+            g, b = g / t, b / t
+        return _layernorm(g, b, s_y, s_h)
+
+    if smooth16:
+        s_p = cal.scales[p + "ffn_pre16"] = cal.maxima[p + "ffn_pre"] / _I16
+        ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_p, OutMode.INT16,
+                       row_scale=smooth["ffn1"])
+        ffn2 = _linear(w[p + "ffn.w2"], w.get(p + "ffn.b2"), s_p, s_res, OutMode.INT16,
+                       two_pass=True)
+        if cfg.activation == "gelu":
+            g = gelu16_knot_shift(s_p)
+            lut16 = gelu16_table(s_p, g)
+        else:
+            g, lut16 = RELU16_G, relu16_table(RELU16_G)
+        lut = None
+    else:
+        s_f1, s_f2 = cal.s8(p + "ffn_pre"), cal.s8(p + "ffn_act")
+        ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_f1, OutMode.INT8)
+        ffn2 = _linear(w[p + "ffn.w2"], w.get(p + "ffn.b2"), s_f2, s_res, OutMode.INT16)
+        act_table = gelu_table if cfg.activation == "gelu" else relu_table
+        lut, lut16, g = act_table(s_f1, s_f2).astype(np.int64), None, 0
+    q, k, v = (_linear(w[p + f"attn.w{c}"], w.get(p + f"attn.b{c}"), s_in_attn, s_out,
+                       OutMode.INT8, row_scale=smooth.get("qkv"))
+               for c, s_out in (("q", s_q), ("k", s_k), ("v", s_v)))
+    return QLayer(
+        ln1=ln(1, s_y1, s_h1, fold.get("qkv")), q=q, k=k, v=v,
+        o=_linear(w[p + "attn.wo"], w.get(p + "attn.bo"), s_o, s_res, OutMode.INT16),
+        ln2=ln(2, s_y2, s_h2, fold.get("ffn1")), ffn1=ffn1, ffn2=ffn2,
+        score_mult=score_mult, score_shift=score_shift, out_mult=out_mult, out_shift=out_shift,
+        lut=lut, qkv_req=lane.get("qkv"), ffn_req=lane.get("ffn1"), lut16=lut16, gelu_g=g,
+        smooth=smooth)
 
 
 def quantize_input(qm: QModel, x) -> np.ndarray:

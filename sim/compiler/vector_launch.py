@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hw.spec.isa import Op
+from hw.spec.isa import MAX_COUNT, Op
 from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, GELU16_KNOTS, LUT_ENTRIES, VectorOp
 from hw.spec.vector_engine import (
     LOAD_OPS,
@@ -37,8 +37,6 @@ __all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launc
            "ln_apply_launch", "add_launch", "lut_launch",
            "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "gelu16_launch",
            "load_lut16_launch", "emit"]
-
-_MAX_COUNT = (1 << 16) - 1
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ def _walk(t: Rows, rows: int, length: int, size: int, what: str) -> Desc:
     if t.row_words < rw:
         raise ValueError(f"{what}: row_words={t.row_words} cannot hold {length} elements of "
                          f"{t.eb} bytes ({rw} words of {size} bytes)")
-    if rw > _MAX_COUNT or rows > _MAX_COUNT:
+    if rw > MAX_COUNT or rows > MAX_COUNT:
         raise ValueError(f"{what}: {rows} rows of {rw} words exceed a generator's 16-bit counts")
     # A one-row tensor under a many-row launch is re-read for every row.
     step = 0 if t.rows == 1 else t.row_words
@@ -119,10 +117,10 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
             raise ValueError(f"{op.name} length must be {entries}, not {length!r}")
         if data is not None or q is not None or b is not None:
             raise ValueError(f"{op.name} takes only a (the {entries} table entries)")
-    elif not isinstance(length, int) or not 1 <= length <= _MAX_COUNT:
-        raise ValueError(f"length must be in 1..{_MAX_COUNT}, not {length!r}")
-    if not 1 <= rows <= _MAX_COUNT:
-        raise ValueError(f"a.rows must be in 1..{_MAX_COUNT}, not {rows}")
+    elif not isinstance(length, int) or not 1 <= length <= MAX_COUNT:
+        raise ValueError(f"length must be in 1..{MAX_COUNT}, not {length!r}")
+    if not 1 <= rows <= MAX_COUNT:
+        raise ValueError(f"a.rows must be in 1..{MAX_COUNT}, not {rows}")
     if uses_b(op, per_channel) != (b is not None):
         raise ValueError(f"{op.name}{' per-channel' if per_channel else ''} "
                          f"{'needs' if b is None else 'takes no'} operand b")
@@ -139,8 +137,8 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     if (stats_base is not None) != (op in stats_ops):
         raise ValueError(f"stats_base is {'required' if stats_base is None else 'only'} for "
                          f"LN_STATS and LN_APPLY")
-    if op is VectorOp.LN_APPLY and not (isinstance(n, int) and 1 <= n <= _MAX_COUNT):
-        raise ValueError(f"LN_APPLY needs n (the count over all chips) in 1..{_MAX_COUNT}, "
+    if op is VectorOp.LN_APPLY and not (isinstance(n, int) and 1 <= n <= MAX_COUNT):
+        raise ValueError(f"LN_APPLY needs n (the count over all chips) in 1..{MAX_COUNT}, "
                          f"not {n!r}")
     if op is VectorOp.LN_STATS and (data is not None or q is not None):
         raise ValueError("LN_STATS writes only its statistics (stats_base)")
@@ -264,11 +262,17 @@ def load_lut16_launch(*, size, base: int) -> VectorLaunch:
                          a=Rows(base, 1, row_words(GELU16_KNOTS, 2, size), 2))
 
 
-def emit(asm, launch: VectorLaunch):
+#: The ``VU_`` registers whose values come from the data (quantisation scales).
+DATA_REGS = ("VU_MULT", "VU_SHIFT", "VU_GSHIFT")
+
+
+def emit(asm, launch: VectorLaunch, src=None):
     """Append the launch's SETs (descriptors of the used generators, every VU_ register) and
-    the ``VEC`` opcode to ``asm``."""
+    the ``VEC`` opcode to ``asm``. ``src`` names where the launch's data-derived scales
+    (:data:`DATA_REGS`) come from (:meth:`~sim.compiler.assembler.Assembler.set`); ``None``:
+    they are constants."""
     for gen, desc in launch.descs.items():
         asm.set_desc(gen, desc)
     for name, value in launch.regs.items():
-        asm.set(name, value)
+        asm.set(name, value, src if name in DATA_REGS else None)
     asm.launch(Op.VEC)

@@ -5,6 +5,14 @@ stream in, int16 residual stream out (``sim.compiler.quantize`` supplies the int
 parameters). Attention sees keys by absolute position (``sim.golden.float_model.attention_mask``);
 softmax and P.V do not depend on the order of the keys, so the attention buffer's ring order
 gives the same integers.
+
+Under ``quant = "smooth16"`` (``sim.compiler.quantize``) a post-norm block makes its int8 QKV
+and FFN1 inputs with a per-lane requantisation of the int16 LayerNorm output (the smoothing),
+and every block's FFN keeps its hidden in int16::
+
+    pre16 = requant16(h @ W1 + b1)                    (matmul, int16 out)
+    act16 = GELU16(pre16)                             (sim.golden.vector.gelu16_apply)
+    x     = linear16(act16, W2, b2, x)                (two int8 passes, two residual adds)
 """
 
 from __future__ import annotations
@@ -12,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from .float_model import attention_mask
-from .matmul import matmul_unit, requant, wrap
+from .matmul import linear16, matmul_unit, requant, wrap
 from .softmax import softmax
-from .vector import layernorm, lut_apply, residual_add
+from .vector import gelu16_apply, layernorm, lut_apply, residual_add
 
-__all__ = ["linear", "layernorm_rows", "attention_int", "layer_int", "model_int"]
+__all__ = ["linear", "layernorm_rows", "attention_int", "ffn_int", "layer_int", "model_int"]
 
 
 def linear(x, ql):
@@ -44,10 +52,26 @@ def attention_int(cfg, layer, q, k, v, pos_base: int = 0):
     return out
 
 
+def ffn_int(L, x, h, record: dict | None = None, prefix: str = ""):
+    """The FFN on the int8 input ``h`` added into the int16 residual ``x``: int8 hidden and
+    the activation LUT, or (``L.ffn16``) the int16 hidden, GELU16 and two FFN2 passes."""
+    pre = linear(h, L.ffn1)
+    if L.ffn16:
+        act = gelu16_apply(L.lut16, pre, L.gelu_g)
+        out = linear16(act, L.ffn2.w, L.ffn2.bias, L.ffn2.mult, L.ffn2.shift, x)
+    else:
+        act = lut_apply(L.lut, pre)
+        out = residual_add(x, linear(act, L.ffn2))
+    if record is not None:
+        record.update({prefix + "ffn_pre": pre, prefix + "ffn_act": act})
+    return out
+
+
 def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
     """Block ``i`` on the int16 residual ``x`` [seq, d]; returns ``(x, x8)``.
 
-    ``x8`` is the int8 copy of the residual that a post-norm block reads (None for pre-norm).
+    ``x8`` is the int8 copy of the residual that a post-norm block reads (None for pre-norm,
+    and under smooth16, where each block requantises the residual per lane itself).
     """
     cfg, L = qm.cfg, qm.layers[i]
     record = {} if record is None else record
@@ -58,17 +82,21 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
         o = attention_int(cfg, L, q, k, v)
         x = residual_add(x, linear(o, L.o))
         _, h2 = layernorm_rows(x, L.ln2)
-        g = lut_apply(L.lut, linear(h2, L.ffn1))
-        x = residual_add(x, linear(g, L.ffn2))
+        x = ffn_int(L, x, h2, record, p)
         x8 = None
     else:
-        if x8 is None:
+        if L.qkv_req is not None:
+            x8 = requant(x, *L.qkv_req, 8)
+        elif x8 is None:
             x8 = requant(x, qm.in_mult, qm.in_shift, 8)
         q, k, v = linear(x8, L.q), linear(x8, L.k), linear(x8, L.v)
         o = attention_int(cfg, L, q, k, v)
         x, h = layernorm_rows(residual_add(x, linear(o, L.o)), L.ln1)
-        g = lut_apply(L.lut, linear(h, L.ffn1))
-        x, x8 = layernorm_rows(residual_add(x, linear(g, L.ffn2)), L.ln2)
+        if L.ffn_req is not None:
+            h = requant(x, *L.ffn_req, 8)
+        x, x8 = layernorm_rows(ffn_int(L, x, h, record, p), L.ln2)
+        if L.qkv_req is not None:
+            x8 = None
     record.update({p + "q": q, p + "k": k, p + "v": v, p + "attn_o": o, p + "out": x})
     return x, x8
 

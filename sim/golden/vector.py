@@ -71,7 +71,7 @@ from .matmul import bias_add, requant, wrap
 
 __all__ = [
     "residual_add", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
-    "gelu16_knot_shift", "gelu16_table", "gelu16_apply", "split16",
+    "gelu16_knot_shift", "gelu16_table", "relu16_table", "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
@@ -165,6 +165,16 @@ def gelu16_table(scale: float, g: int) -> np.ndarray:
         raise ValueError(f"scale must be positive and finite, not {scale!r}")
     x = (np.arange(GELU16_KNOTS) - GELU16_ZERO) * float(2 ** g) * float(scale)
     return np.clip(_round_half_up(gelu_float(x) / scale), -(1 << 15), (1 << 15) - 1)
+
+
+def relu16_table(g: int) -> np.ndarray:
+    """GELU16 knots that make the op ReLU, exactly: ``T[k] = max(0, (k - 128) * 2**g)`` (the
+    interpolation of a function linear between the knots is exact, and above the table y = x,
+    below it 0); ``g <= 7`` keeps every knot within int16."""
+    g = _check_g(g)
+    if g > 7:
+        raise ValueError(f"g={g}: ReLU knots up to 128 * 2**g must stay within int16 (g <= 7)")
+    return np.maximum(0, (np.arange(GELU16_KNOTS, dtype=np.int64) - GELU16_ZERO) << g)
 
 
 def gelu16_apply(table, x, g: int) -> np.ndarray:

@@ -23,24 +23,36 @@ __all__ = ["PendingSend", "PendingRecv", "post_send", "post_recv", "execute_tran
 
 @dataclass
 class PendingSend:
+    """A posted SEND: ``chip`` sends ``words`` to ``peer`` (``SR_DEST``)."""
+
     chip: int
-    dest: int
+    peer: int
     pc: int
     words: np.ndarray
 
+    @property
+    def dest(self) -> int:
+        return self.peer
+
     def describe(self) -> str:
-        return f"SEND of {len(self.words)} words to chip {self.dest}"
+        return f"SEND of {len(self.words)} words to chip {self.peer}"
 
 
 @dataclass
 class PendingRecv:
+    """A posted RECV: ``chip`` takes a message from ``peer`` (``SR_SRC``) into ``addrs``."""
+
     chip: int
-    src: int
+    peer: int
     pc: int
     addrs: np.ndarray
 
+    @property
+    def src(self) -> int:
+        return self.peer
+
     def describe(self) -> str:
-        return f"RECV of {len(self.addrs)} words from chip {self.src}"
+        return f"RECV of {len(self.addrs)} words from chip {self.peer}"
 
 
 def _ratio(iss) -> int:

@@ -128,20 +128,16 @@ def _partners(chip: _Chip, chips: list[_Chip]) -> str:
                 if m != chip.iss.chip and (other is None or other.req != op.req):
                     theirs = f"posted {other.describe()}" if other else doing(chips[m])
                     notes.append(f"chip {m} {theirs}")
-        elif isinstance(op, PendingSend):
-            recv = chips[op.dest].waiting.get(Unit.RECV)
-            if recv is None:
-                notes.append(f"chip {op.dest} never posts a RECV from chip {op.chip} "
-                             f"({doing(chips[op.dest])})")
-            else:
-                notes.append(f"chip {op.dest} posted {recv.describe()}")
         else:
-            send = chips[op.src].waiting.get(Unit.SEND)
-            if send is None:
-                notes.append(f"chip {op.src} never posts a SEND to chip {op.chip} "
-                             f"({doing(chips[op.src])})")
+            # A SEND waits for the peer's RECV from it, a RECV for the peer's SEND to it.
+            unit, want, way = (Unit.RECV, "RECV", "from") if isinstance(op, PendingSend) \
+                else (Unit.SEND, "SEND", "to")
+            theirs = chips[op.peer].waiting.get(unit)
+            if theirs is None:
+                notes.append(f"chip {op.peer} never posts a {want} {way} chip {op.chip} "
+                             f"({doing(chips[op.peer])})")
             else:
-                notes.append(f"chip {op.src} posted {send.describe()}")
+                notes.append(f"chip {op.peer} posted {theirs.describe()}")
     return "; ".join(notes)
 
 

@@ -84,24 +84,17 @@ def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: flo
                     np.array([w for w, _ in got], np.uint8)
             state["k"] = k + 0.5
 
-    def reader(name, gen):
+    def port(name, gen):
+        """The testbench of one engine stream: per launch, feed (``i_*``) or collect (``o_*``)
+        the words of its descriptor, then wait for the next launch."""
         async def bench(ctx):
             for k, launch in enumerate(launches):
                 await wait_launch(ctx, k)
                 desc = getattr(launch, gen)
-                if desc is not None:
+                if desc is not None and name.startswith("i_"):
                     await send_all(ctx, getattr(dut, name), [lanes(w) for w in words(desc)],
                                    rng=rng, idle=idle)
-                while state["k"] == k:
-                    await ctx.tick()
-        return bench
-
-    def writer(name, gen):
-        async def bench(ctx):
-            for k, launch in enumerate(launches):
-                await wait_launch(ctx, k)
-                desc = getattr(launch, gen)
-                if desc is not None:
+                elif desc is not None:
                     state["out"][k][name] = await collect(
                         ctx, getattr(dut, name), desc.total, rng=rng, stall=stall,
                         convert=lambda p: ([int(x) & 0xFF for x in p.data], int(p.last)))
@@ -109,7 +102,6 @@ def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: flo
                     await ctx.tick()
         return bench
 
-    benches = [control] + [(reader if s.startswith("i_") else writer)(s, g)
-                           for s, g in STREAMS.items()]
+    benches = [control] + [port(s, g) for s, g in STREAMS.items()]
     stats = run_sim(dut, benches, max_cycles=max_cycles)
     return mem, state["cycles"], stats

@@ -38,7 +38,15 @@ def test_head_on_the_iss(chips, seed):
     check(r, f"head on {chips} chips, seed {seed}")
     heads = [c.role["heads"] for c in r.per_chip]
     assert sum(heads, []) == list(range(8))
-    assert len(r.collectives) == 2 * WIDE.n_layers * (chips > 1)
+    kinds = [c["kind"] for c in r.collectives]
+    L = WIDE.n_layers
+    if chips > 1 and WIDE.seq_len % chips == 0:
+        # Rows split over the group: per layer two reduce-scatters, the LayerNorm outputs
+        # gathered (all but the first LN1), and the residual gathered at the end.
+        assert kinds.count("reduce_scatter") == 2 * L and kinds.count("all_gather") == 2 * L
+        assert "all_reduce" not in kinds
+    else:
+        assert kinds == ["all_reduce"] * 2 * L * (chips > 1)
 
 
 @pytest.mark.parametrize("chips", range(1, 9))
@@ -147,3 +155,45 @@ def test_link_stalls_change_only_cycles():
     check(stalled, "head on 2 chips with link stalls")
     assert np.array_equal(calm.output, stalled.output)
     assert stalled.cycles > calm.cycles, (stalled.cycles, calm.cycles)
+
+
+@pytest.mark.parametrize("chips", range(1, 9))
+def test_data_on_the_iss(chips):
+    """The batch split over full-model replicas (uneven: 9 samples), no communication."""
+    r = simulate(TINY, SMALL, strategy="data", chips=chips, backend="iss", batch=9, seed=chips)
+    check(r, f"data on {chips} chips")
+    assert r.collectives == []
+    if chips > 1:
+        sizes = [len(p) for p in np.array_split(np.arange(9), chips)]
+        assert r.data["samples_per_replica"] == sizes
+
+
+@pytest.mark.parametrize("strategy, grid, cfg, batch", [
+    ("head+pipeline", "2x2", WIDE, 2), ("head+pipeline", "4x2", WIDE, 3),
+    ("head+pipeline", "2x3", WIDE, 3), ("data+head", "2x2", SMALL, 3),
+    ("data+head", "3x2", SMALL, 4), ("data+pipeline", "2x2", SMALL, 4),
+    ("data+pipeline", "2x4", WIDE, 5),
+])
+def test_grids_on_the_iss(strategy, grid, cfg, batch):
+    a, b = (int(v) for v in grid.split("x"))
+    r = simulate(TINY, cfg, strategy=strategy, chips=a * b, backend="iss", grid=grid,
+                 batch=batch, seed=a + b)
+    check(r, f"{strategy} {grid}")
+    first, second = strategy.split("+")
+    assert r.grid == {"replicas": {"data": a}.get(first, 1),
+                      "stages": {"pipeline": b}.get(second, 1),
+                      "shards": a if first == "head" else b if second == "head" else 1}
+
+
+@pytest.mark.parametrize("strategy, grid, cfg, batch", [
+    ("data", None, SMALL, 4), ("head+pipeline", "2x2", SMALL, 2),
+    ("data+head", "2x2", SMALL, 2), ("data+pipeline", "2x2", SMALL, 4)])
+def test_pysim_grids_equal_the_iss(strategy, grid, cfg, batch):
+    """Data parallelism and each 2-D grid on 4 chips of RTL: bit-exact, the ISS's outputs."""
+    kwargs = {"grid": grid} if grid else {}
+    iss = simulate(TINY, cfg, strategy=strategy, chips=4, backend="iss", batch=batch, seed=6,
+                   **kwargs)
+    rtl = simulate(TINY, cfg, strategy=strategy, chips=4, backend="pysim", batch=batch, seed=6,
+                   **kwargs)
+    check(rtl, f"{strategy} {grid} (pysim)")
+    assert np.array_equal(rtl.output, iss.output)

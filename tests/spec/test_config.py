@@ -7,17 +7,8 @@ import sys
 
 import pytest
 
-from hw.spec import (
-    PRESETS_DIR,
-    ConfigError,
-    ModelConfig,
-    NpuConfig,
-    load_model,
-    load_npu,
-    model_preset,
-    npu_preset,
-)
-from hw.spec.config import IMEM_WORDS_MAX
+from hw.spec import PRESETS_DIR, ConfigError, ModelConfig, NpuConfig
+from hw.spec.config import IMEM_WORDS_MAX, load_model, load_npu, model_preset, npu_preset
 from tests.helpers import write_toml
 
 if sys.version_info >= (3, 11):
@@ -219,9 +210,35 @@ def test_npu_impossible_values(tmp_path, overrides, fragments):
     ({"activation": "tanh"}, ["activation='tanh' is not one of 'gelu', 'relu', 'silu'"]),
     ({"ffn": "moe"}, ["ffn='moe' is not one of 'mlp', 'gated'"]),
     ({"norm": "Pre"}, ["norm='Pre' is not one of"]),
+    ({"quant": "int4"}, ["quant='int4' is not one of 'int8', 'smooth16'"]),
+    ({"smooth_alpha": 1.5}, ["smooth_alpha=1.5 is outside [0, 1]"]),
+    ({"smooth_alpha": -0.1}, ["smooth_alpha=-0.1 is outside [0, 1]"]),
+    ({"smooth_alpha": "high"}, ["smooth_alpha='high' has type str, expected float"]),
 ])
 def test_model_inconsistent_values(tmp_path, overrides, fragments):
     rejects(load_model, write(tmp_path, MODEL, **overrides), *fragments)
+
+
+def test_npu_overrides_replace_file_values(tmp_path):
+    path = write(tmp_path, NPU)
+    npu = load_npu(path, {"link_bytes_per_cycle": 8, "sram_bytes": 32768})
+    assert (npu.link_bytes_per_cycle, npu.sram_bytes, npu.array_size) == (8, 32768, 4)
+    assert load_npu(path) == load_npu(path, {})
+
+
+@pytest.mark.parametrize("overrides, key, fragments", [
+    ({"link_bytes_per_cycle": 0}, "link_bytes_per_cycle",
+     ["link_bytes_per_cycle=0 is below the minimum 1"]),
+    ({"link_bytes_per_cycle": "wide"}, "link_bytes_per_cycle",
+     ["link_bytes_per_cycle='wide' has type str, expected int"]),
+    # A value that breaks another key's limit: the error names that key.
+    ({"sram_banks": 3}, "sram_bytes", ["sram_bytes=65536 is not a multiple", "= 3 * 4 = 12"]),
+    ({"array_sise": 8}, "array_sise", ["array_sise=8 unknown key"]),
+])
+def test_npu_overrides_are_checked_like_the_file(tmp_path, overrides, key, fragments):
+    path = write(tmp_path, NPU)
+    error = rejects(lambda p: load_npu(p, overrides), path, *fragments)
+    assert error.key == key
 
 
 def test_direct_construction_is_validated():
@@ -318,8 +335,11 @@ def test_model_defaults_and_derived(tmp_path):
                                             "seq_len": 4}))
     assert model.d_head == 4
     assert (model.window, model.causal, model.norm, model.norm_kind, model.activation,
-            model.ffn, model.bias, model.batch) == \
-        (0, True, "pre", "layernorm", "gelu", "mlp", True, 1)
+            model.ffn, model.bias, model.batch, model.quant, model.smooth_alpha) == \
+        (0, True, "pre", "layernorm", "gelu", "mlp", True, 1, "int8", 0.7)
+    # An integer alpha is stored as a float.
+    assert load_model(write(tmp_path, MODEL, quant="smooth16", smooth_alpha=1)).smooth_alpha \
+        == 1.0
     assert model.attn_span == 4
     # Q, K, V, O: 4 * 8*8 = 256; FFN up and down: 2 * 8*16 = 256.
     assert model.weights_per_layer == 512

@@ -16,7 +16,7 @@ from ..attention import (
     split_mode,
 )
 
-__all__ = ["launch_cycles"]
+__all__ = ["launch_cycles", "preload_cycles"]
 
 
 def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
@@ -110,3 +110,18 @@ def _split_cycles(cmds, split, words, rw, window, beats):
     if split == "partial":
         return max(part + rw, out)
     return out + words
+
+
+def preload_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
+    """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
+    bits clear) in closed form,
+    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when ``w <= W + 5``; else the
+    recurrence."""
+    words = regs["AT_D_HEAD"] // size
+    beats = length // softmax_lanes(length)
+    if regs["AT_FLAGS"] & FLAG_INTERLEAVED or split_mode(regs["AT_FLAGS"]) is not None or \
+            words > window + 5:
+        return launch_cycles(regs, window=window, length=length, size=size)
+    s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
+    return words * (s + 1) + 2 * window + 5 * beats + 11 + \
+        (q - 1) * max(window + 6, 5 * beats + 2)

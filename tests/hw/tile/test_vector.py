@@ -16,10 +16,12 @@ from amaranth.hdl import Fragment
 from hw.spec import npu_preset
 from hw.spec.timing.vector import op_cycles
 from hw.spec.vector import (
+    GELU16_KNOTS,
     LUT_ENTRIES,
     VectorCmd,
     VectorOp,
     beats,
+    lut16_beats,
     lut_beats,
     pack_gamma_beta,
     pack_requant,
@@ -28,7 +30,7 @@ from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import gelu_table, ln_stats, residual_add
 from sim.rtl.pysim import run_sim, send_all, stream_put
 from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
-from tests.helpers import exported_verilog, seeded, vector_size_rejections
+from tests.helpers import beat_rows, exported_verilog, seeded, vector_size_rejections
 
 LANES = 4
 IDLE = 0.3
@@ -202,14 +204,17 @@ def test_layernorm_tiny_preset_full_scale(rng):
 @pytest.mark.parametrize("op, length, repeat", [
     (VectorOp.ADD, 13, 1), (VectorOp.REQUANT, 8, 1), (VectorOp.LUT, 3, 1), (VectorOp.LN, 10, 1),
     (VectorOp.LN_STATS, 9, 1), (VectorOp.LN_APPLY, 10, 1), (VectorOp.LOAD_LUT, 0, 1),
-    (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4),
+    (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4), (VectorOp.GELU16, 13, 1),
+    (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1), (VectorOp.LOAD_LUT16, 0, 2),
 ])
 def test_cycles_match_formula(rng, op, length, repeat):
-    """Cycles from the first i_cmd transfer to the last output transfer equal
-    :func:`op_cycles` (plus B + 1 per further back-to-back command); ideal streams."""
+    """Cycles from the first i_cmd transfer to the last output transfer (a table load: its last
+    input transfer) equal :func:`op_cycles`, plus B + 1 per further back-to-back command of B
+    beats; ideal streams."""
     dut = VectorUnit(lanes=LANES, d_model_max=16)
-    cmd = VectorCmd(op, length, n=length)
-    size = LUT_ENTRIES if op is VectorOp.LOAD_LUT else length
+    cmd = VectorCmd(op, length, n=length, shift=4)
+    size = {VectorOp.LOAD_LUT: LUT_ENTRIES, VectorOp.LOAD_LUT16: GELU16_KNOTS}.get(op, length)
+    loads = op in (VectorOp.LOAD_LUT, VectorOp.LOAD_LUT16)
     a_beats, b_beats, s_beats = command_beats(cmd, rng.integers(-100, 100, size),
                                         pack_gamma_beta(rng.integers(1, 100, size), 0),
                                         (1, 1000), LANES)
@@ -228,8 +233,7 @@ def test_cycles_match_formula(rng, op, length, repeat):
     async def watch(ctx):
         ctx.set(dut.o_data.ready, 1)
         ctx.set(dut.o_stats.ready, 1)
-        wanted = 0 if op is VectorOp.LOAD_LUT else (1 if op is VectorOp.LN_STATS else
-                                                    beats(length, LANES))
+        wanted = 0 if loads else (1 if op is VectorOp.LN_STATS else beats(length, LANES))
         stream = dut.o_stats if op is VectorOp.LN_STATS else dut.o_data
         for _ in range(wanted * repeat):
             await ctx.tick().until(stream.valid & stream.ready)
@@ -246,21 +250,15 @@ def test_cycles_match_formula(rng, op, length, repeat):
         await send_all(ctx, dut.i_stats, s_beats * repeat)
 
     run_sim(dut, [drive, a_src, b_src, s_src, watch], processes=[counter], max_cycles=2000)
-    end = stamps["a"] if op is VectorOp.LOAD_LUT else stamps["out"]
+    end = stamps["a"] if loads else stamps["out"]
     measured = end - stamps["cmd"]
-    formula = op_cycles(op, length, LANES) + (repeat - 1) * (beats(length, LANES) + 1)
+    formula = op_cycles(op, length, LANES) + (repeat - 1) * (beats(size, LANES) + 1)
     assert measured == formula, (
         f"{op.name} length {length} x{repeat}: measured {measured} cycles, formula {formula}")
-    assert lut_beats(LANES) == 64
+    assert (lut_beats(LANES), lut16_beats(LANES)) == (64, 65)
 
 
 # ---- exported Verilog ------------------------------------------------------------------------
-
-def _rows(beat_list, width):
-    if not beat_list:
-        return np.zeros((0, width + 1), dtype=np.int64)
-    return np.array([list(b["data"]) + [b["last"]] for b in beat_list], dtype=np.int64)
-
 
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
@@ -305,8 +303,8 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
                 "cmds": np.array([[c[f] for f in ("op", "length", "n", "mult", "shift",
                                                    "gshift", "out16", "per_channel")]
                                   for c in job["cmds"]], dtype=np.int64),
-                "a": _rows(job["a"], lanes), "b": _rows(job["b"], lanes),
-                "stats": _rows(job["stats"], 2)}
+                "a": beat_rows(job["a"], lanes), "b": beat_rows(job["b"], lanes),
+                "stats": beat_rows(job["stats"], 2)}
         out = run_cocotb(text, top="npu_vector", test_module="tb_vector", data=data)
         check_outputs(prog, job["expected"], [tuple(b) for b in out["data"]],
               [tuple(s) for s in out["stats"]], lanes, label=f"verilator {name}")

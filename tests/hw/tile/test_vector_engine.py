@@ -22,111 +22,29 @@ from sim.compiler.vector_launch import (
     requant_launch,
     vector_launch,
 )
-from sim.golden.scratchpad import addr_sequence
 from sim.golden.vector import VectorUnitModel, gelu_table
-from sim.rtl.pysim import collect, run_sim, send_all, stream_put
+from sim.rtl.vector_engine_driver import run_vector_engine
 from tests.helpers import (
     assemble,
     assert_memories_equal,
-    byte_beat,
     seeded,
     vector_iss,
     vector_size_rejections,
-    word_beat,
-    words_of,
 )
 
 IDLE = 0.25
 STALL = 0.25
 
 
-def cfg_of(launch):
-    flags = launch.flags
-    return {"op": int(launch.op), "rows": launch.rows, "length": launch.length,
-            "n": launch.regs["VU_N"], "mult": launch.regs["VU_MULT"],
-            "shift": launch.regs["VU_SHIFT"], "gshift": launch.regs["VU_GSHIFT"],
-            "flags": {"out16": int(flags.out16), "per_channel": int(flags.per_channel),
-                      "a_bytes": (flags.encode() >> 2) & 3, "b_bytes": (flags.encode() >> 4) & 3,
-                      "d_bytes": (flags.encode() >> 6) & 3, "wr_data": int(flags.wr_data),
-                      "wr_q": int(flags.wr_q)}}
-
-
 def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE, stall=STALL,
                max_cycles=20_000):
-    """Run ``launches`` one after the other on a VectorEngine, feeding each launch the words
-    its read descriptors select from the memory as the previous launches left it; return the
-    final memory and, per launch, the cycles from its ``i_cfg`` transfer to its end."""
+    """Run ``launches`` one after the other on a VectorEngine (``sim.rtl.vector_engine_driver``);
+    return the final memory and, per launch, the cycles from its ``i_cfg`` transfer to its
+    end."""
     dut = VectorEngine(lanes=size, d_model_max=d_model_max)
-    mem = before.copy()
-    state = {"k": -1, "out": [{} for _ in launches], "cycles": []}
-    streams = {"i_a": "rd3", "i_b": "rd4", "i_stats": "rd5", "o_data": "wr1", "o_q": "wr2"}
-
-    async def wait_launch(ctx, k):
-        while state["k"] < k:
-            await ctx.tick()
-
-    async def control(ctx):
-        for k, launch in enumerate(launches):
-            assert ctx.get(dut.uses.a) == 1
-            state["k"] = k
-            ctx.set(dut.i_cfg.payload, cfg_of(launch))
-            uses = {"b": launch.rd4 is not None, "stats": launch.rd5 is not None,
-                    "data": launch.wr1 is not None,
-                    "q": launch.wr2 is not None}
-            for name, want in uses.items():
-                assert ctx.get(getattr(dut.uses, name)) == want, f"launch {k}: uses.{name}"
-            await stream_put(ctx, dut.i_cfg, cfg_of(launch))
-            start = 0
-            while ctx.get(dut.busy):
-                await ctx.tick()
-                start += 1
-            state["cycles"].append(start)
-            # Let the collectors finish sampling the final words, then write them back.
-            while any(len(state["out"][k].get(s, [])) < getattr(launch, g).total
-                      for s, g in (("o_data", "wr1"), ("o_q", "wr2"))
-                      if getattr(launch, g) is not None):
-                await ctx.tick()
-            for s, g in (("o_data", "wr1"), ("o_q", "wr2")):
-                desc = getattr(launch, g)
-                if desc is None:
-                    continue
-                got = state["out"][k][s]
-                lasts = [last for _, last in got]
-                assert lasts == [0] * (len(got) - 1) + [1], f"launch {k} {s}: last flags"
-                mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)] = \
-                    np.array([w for w, _ in got], np.uint8)
-            state["k"] = k + 0.5
-
-    def reader(name, gen):
-        async def bench(ctx):
-            for k, launch in enumerate(launches):
-                await wait_launch(ctx, k)
-                desc = getattr(launch, gen)
-                if desc is not None:
-                    await send_all(ctx, getattr(dut, name),
-                                   [word_beat(w) for w in words_of(mem, desc, addr_bits)],
-                                   rng=rng, idle=idle)
-                while state["k"] == k:
-                    await ctx.tick()
-        return bench
-
-    def writer(name, gen):
-        async def bench(ctx):
-            for k, launch in enumerate(launches):
-                await wait_launch(ctx, k)
-                desc = getattr(launch, gen)
-                if desc is not None:
-                    state["out"][k][name] = await collect(
-                        ctx, getattr(dut, name), desc.total, rng=rng, stall=stall,
-                        convert=byte_beat)
-                while state["k"] == k:
-                    await ctx.tick()
-        return bench
-
-    benches = [control] + [(reader if s.startswith("i_") else writer)(s, g)
-                           for s, g in streams.items()]
-    run_sim(dut, benches, max_cycles=max_cycles)
-    return mem, state["cycles"]
+    mem, cycles, _ = run_vector_engine(dut, before, launches, addr_bits=addr_bits, rng=rng,
+                                       idle=idle, stall=stall, max_cycles=max_cycles)
+    return mem, cycles
 
 
 def check_case(iss, launches, expect, rng, *, d_model_max=64, **kw):

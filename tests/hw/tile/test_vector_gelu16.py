@@ -8,12 +8,10 @@ import numpy as np
 import pytest
 
 from hw.spec import npu_preset
-from hw.spec.timing.vector import op_cycles
-from hw.spec.vector import GELU16_KNOTS, VectorCmd, VectorOp, beats, lut16_beats
-from hw.tile.vector import VectorUnit, cmd_layout
+from hw.spec.vector import GELU16_KNOTS, VectorCmd, VectorOp
 from sim.golden.vector import gelu16_apply, gelu16_knot_shift, gelu16_table, gelu_table
-from sim.rtl.pysim import run_sim, send_all, stream_put
-from sim.rtl.vector_driver import check_outputs, command_beats, prepare, simulate_pysim
+from sim.rtl.vector_driver import check_outputs, prepare, simulate_pysim
+from tests.helpers import beat_rows
 
 I16 = (-(1 << 15), 1 << 15)
 
@@ -70,54 +68,6 @@ def test_gelu16_beside_the_int8_lut(rng):
     assert np.array_equal(expected[2]["data"], lut[x8 & 0xFF])
 
 
-@pytest.mark.parametrize("op, length, repeat", [
-    (VectorOp.GELU16, 13, 1), (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1),
-    (VectorOp.LOAD_LUT16, 0, 2),
-])
-def test_cycles_match_formula(rng, op, length, repeat):
-    """From the first i_cmd transfer to the last output (LOAD_LUT16: last input) transfer:
-    op_cycles, plus B + 1 per further back-to-back command; ideal streams."""
-    lanes = 4
-    dut = VectorUnit(lanes=lanes, d_model_max=16)
-    cmd = VectorCmd(op, length, shift=4)
-    size = GELU16_KNOTS if op is VectorOp.LOAD_LUT16 else length
-    a_beats, _, _ = command_beats(cmd, rng.integers(*I16, size), None, None, lanes)
-    stamps, cycle = {}, [0]
-    count = beats(size, lanes)
-
-    async def counter(ctx):
-        async for _ in ctx.tick():
-            cycle[0] += 1
-
-    async def drive(ctx):
-        for _ in range(repeat):
-            await stream_put(ctx, dut.i_cmd, cmd_layout().const(cmd.fields()))
-            stamps.setdefault("cmd", cycle[0])
-
-    async def watch(ctx):
-        ctx.set(dut.o_data.ready, 1)
-        wanted = 0 if op is VectorOp.LOAD_LUT16 else count
-        for _ in range(wanted * repeat):
-            await ctx.tick().until(dut.o_data.valid & dut.o_data.ready)
-        stamps["out"] = cycle[0]
-
-    async def a_src(ctx):
-        await send_all(ctx, dut.i_a, a_beats * repeat)
-        stamps["a"] = cycle[0]
-
-    run_sim(dut, [drive, a_src, watch], processes=[counter], max_cycles=2000)
-    end = stamps["a"] if op is VectorOp.LOAD_LUT16 else stamps["out"]
-    formula = op_cycles(op, length, lanes) + (repeat - 1) * (count + 1)
-    assert end - stamps["cmd"] == formula, f"{op.name} x{repeat}: {end - stamps['cmd']} cycles"
-    assert lut16_beats(lanes) == 65
-
-
-def _rows(beat_list, width):
-    if not beat_list:
-        return np.zeros((0, width + 1), dtype=np.int64)
-    return np.array([list(b["data"]) + [b["last"]] for b in beat_list], dtype=np.int64)
-
-
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: LOAD_LUT16 and GELU16
@@ -143,8 +93,8 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
             "cmds": np.array([[c[f] for f in ("op", "length", "n", "mult", "shift", "gshift",
                                               "out16", "per_channel")] for c in job["cmds"]],
                              dtype=np.int64),
-            "a": _rows(job["a"], lanes), "b": _rows(job["b"], lanes),
-            "stats": _rows(job["stats"], 2)}
+            "a": beat_rows(job["a"], lanes), "b": beat_rows(job["b"], lanes),
+            "stats": beat_rows(job["stats"], 2)}
     out = run_cocotb((tmp_path / "npu_vector.v").read_text(), top="npu_vector",
                      test_module="tb_vector", data=data)
     check_outputs(program, job["expected"], [tuple(b) for b in out["data"]], [], lanes,

@@ -66,6 +66,8 @@ def test_bad_value_names_key_value_limit(capsys, tmp_path):
     (["sim", "--chips", "two", "--npu", TINY_NPU, "--model", TINY_MODEL],
      ["npu sim: argument --chips: 'two' is not an integer"]),
     (["sim", "--npu", TINY_NPU], ["npu sim: the following arguments are required: --model"]),
+    (["sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--quant", "int4"],
+     ["npu sim: argument --quant: invalid choice: 'int4'"]),
     (["sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--frobnicate"],
      ["npu: unrecognized arguments: --frobnicate"]),
     (["collective", "--kind", "all_reduce", "--chips", "0", "--npu", TINY_NPU],

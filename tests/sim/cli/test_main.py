@@ -5,7 +5,7 @@ import pytest
 from sim import errors
 from tests.helpers import TINY_MODEL, TINY_NPU, run, run_process
 
-COMMANDS = ["sim", "collective", "plan", "export", "fpga", "bench"]
+COMMANDS = ["sim", "collective", "plan", "sweep", "export", "fpga", "bench"]
 
 
 def test_help_lists_every_command(capsys):

@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.compiler.strategy import BUILT
 from sim.golden.float_model import random_weights
+from sim.simulate import STRATEGIES
 from tests.helpers import TINY_MODEL, TINY_NPU, run, run_process, write_model
 
 
@@ -23,6 +25,27 @@ def test_iss_runs_the_tiny_model_bit_exact(capsys, tmp_path):
     assert r["strategy"] == "single" and r["chips"] == 1 and r["backend"] == "iss"
     y = np.load(out_npy)
     assert y.dtype == np.float32 and y.shape == (8, 32)
+
+
+def test_quant_option_and_model_key(capsys, tmp_path):
+    """``--quant smooth16`` overrides the model file's scheme; ``quant = "smooth16"`` in the
+    file selects it; the report names the scheme it ran."""
+    report = tmp_path / "r.json"
+    for argv, want in (([], "int8"), (["--quant", "smooth16"], "smooth16")):
+        status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL,
+                               "--backend", "iss", "--json", str(report), *argv)
+        assert status == 0, err
+        r = json.loads(report.read_text())
+        assert r["quant"] == want and r["golden_match"] and r["float_error"]["cosine"] > 0.99
+        assert f"vs float64 ({want}): cosine" in out
+    model = write_model(tmp_path, norm="post", causal=False, quant="smooth16")
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--json", str(report))
+    assert status == 0, err
+    assert json.loads(report.read_text())["quant"] == "smooth16"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
+                           "iss", "--json", str(report), "--quant", "int8")
+    assert status == 0 and json.loads(report.read_text())["quant"] == "int8"
 
 
 @pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
@@ -64,6 +87,8 @@ def test_weights_and_input_files(capsys, tmp_path):
     ({"seq_len": 40, "window": 9, "causal": False}, "window=9 does not fit attn_window=16"),
     ({"seq_len": 80}, "seq_len=80 exceeds max_seq_len=64"),
     ({"d_model": 96, "n_heads": 12, "d_head": 8}, "d_model=96 exceeds d_model_max=64"),
+    ({"d_ff": 65536, "quant": "smooth16"}, "d_ff=65536 exceeds 65535 for quant=\"smooth16\": "
+                                           "the FFN2 lo pass's int32 sum"),
 ])
 def test_incompatible_models_exit_2_one_line(capsys, tmp_path, over, needle):
     model = write_model(tmp_path, **over)
@@ -113,7 +138,7 @@ def test_watchdog_exit_3(tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     (["--trace", "t.json", "--backend", "iss"], "--trace needs a timed backend"),
     (["--plot", "p.png", "--backend", "iss"], "--plot needs a timed backend"),
-    (["--microbatches", "4"], "--microbatches applies to --strategy pipeline"),
+    (["--microbatches", "4"], "--microbatches applies to strategies with a pipeline"),
     (["--link-stalls", "0.1"], "--link-stalls applies to --backend pysim with --chips > 1"),
     (["--link-stalls", "1.5"], "argument --link-stalls: 1.5 is outside [0, 1)"),
     (["--strategy", "single", "--chips", "2", "--backend", "iss"],
@@ -125,9 +150,45 @@ def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
     assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("strategy", ["data", "sequence", "head+pipeline"])
-def test_strategies_not_built_yet(capsys, strategy):
-    status, out, err = run(capsys, "sim", "--strategy", strategy, "--chips", "4", "--npu",
-                           TINY_NPU, "--model", TINY_MODEL, "--backend", "iss")
-    assert status == 2 and f"--strategy {strategy} is not built yet" in err, err
+def test_every_strategy_is_built():
+    assert set(BUILT) == set(STRATEGIES)
 
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--strategy", "head+pipeline", "--chips", "4"], "--strategy head+pipeline needs --grid AxB"),
+    (["--strategy", "head+pipeline", "--chips", "4", "--grid", "2x3"],
+     "--grid 2x3 is 6 chips, not --chips 4"),
+    (["--strategy", "data+head", "--chips", "4", "--grid", "2by2"],
+     "--grid '2by2' is not AxB with A, B >= 1"),
+    (["--strategy", "head", "--chips", "4", "--grid", "2x2"],
+     "--grid applies to head+pipeline, data+head, data+pipeline, not --strategy head"),
+    (["--strategy", "hidden", "--chips", "4", "--grid", "2x2"],
+     "--grid applies to head+pipeline, data+head, data+pipeline, not --strategy hidden"),
+    (["--strategy", "hidden", "--chips", "2", "--microbatches", "2"],
+     "--microbatches applies to strategies with a pipeline"),
+])
+def test_grids_are_checked(capsys, argv, needle):
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--backend",
+                           "iss", *argv)
+    assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_grid_gives_the_chip_count(capsys, tmp_path):
+    """Without --chips, --grid AxB runs on A x B chips (and --chips, if given, must agree)."""
+    out_json = tmp_path / "r.json"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--backend",
+                           "iss", "--strategy", "data+head", "--grid", "2x3", "--batch", "2",
+                           "--json", str(out_json))
+    assert status == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["chips"] == 6 and report["golden_match"], report["chips"]
+
+
+def test_data_parallelism_refuses_a_model_one_chip_cannot_hold(capsys, tmp_path):
+    model = write_model(tmp_path, n_layers=8, d_model=32, n_heads=8, d_head=4, d_ff=32,
+                        seq_len=4)
+    status, out, err = run(capsys, "sim", "--strategy", "data", "--chips", "2", "--npu", TINY_NPU,
+                           "--model", model, "--backend", "iss", "--batch", "4")
+    assert status == 2, err
+    assert "sram_bytes=65536 is too small: the model needs 66," in err and "weights 64,000" in err

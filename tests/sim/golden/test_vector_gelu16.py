@@ -28,6 +28,7 @@ from sim.golden.vector import (
     gelu16_knot_shift,
     gelu16_table,
     gelu_float,
+    relu16_table,
     split16,
 )
 
@@ -160,3 +161,16 @@ def test_unit_model_loads_and_applies():
     # The LUT of the int8 path is untouched by LOAD_LUT16.
     assert list(unit.execute(VectorCmd(VectorOp.LUT, 3), np.array([-5, 0, 5]))["data"]) == \
         [0, 0, 5]
+
+
+@pytest.mark.parametrize("g", range(1, 8))
+def test_relu_knots_make_gelu16_relu_exactly(g):
+    """A ReLU model under smooth16 runs GELU16 with ReLU knots: exact for every int16."""
+    y = gelu16_apply(relu16_table(g), X16, g)
+    bad = np.flatnonzero(y != np.maximum(X16, 0))
+    assert not len(bad), f"x={X16[bad[0]]}: got {y[bad[0]]}, want {max(X16[bad[0]], 0)}"
+
+
+def test_relu_knots_refuse_g8():
+    with pytest.raises(ValueError, match=r"g=8: ReLU knots .* \(g <= 7\)"):
+        relu16_table(8)

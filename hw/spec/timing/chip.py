@@ -1,0 +1,121 @@
+"""The chip's pipeline constants and closed forms of whole launches inside the chip.
+
+Plain Python. The constants are the gateware's (``hw/tile/scratchpad.py``,
+``hw/tile/vector_engine.py``, ``hw/tile/softmax.py``, ``hw/tile/attention.py``);
+``tests/sim/iss/test_timing.py`` holds the two in step, and the ISS's cycle model
+(:mod:`sim.iss.timing`) is built on them. The closed forms give a launch's busy cycles in the
+chip, scratchpad ports and all, for the bank layouts they name; ``tests/spec/timing`` checks
+them against the cycle model, which equals the RTL, and the launch-level timing model
+(:mod:`sim.iss.fast`) uses them where they hold.
+"""
+
+from __future__ import annotations
+
+from ..vector import VectorOp
+from ..vector_engine import row_words
+
+__all__ = ["READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
+           "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "matmul_k_min", "matmul_cycles", "matmul_approx",
+           "vector_cycles", "attention_cycles"]
+
+#: Words each scratchpad read port buffers (a read is granted only while there is room for it).
+READ_FIFO_DEPTH = 4
+#: Cycles from a read port's grant to its word being on the port's output.
+READ_LATENCY = 2
+#: Result beats the vector engine buffers between its unit and its packer.
+VEC_OUT_FIFO_DEPTH = 4
+#: Row stages of the softmax unit (latency ``SOFTMAX_STAGES * L / P + 1``).
+SOFTMAX_STAGES = 5
+#: Cycles the attention buffer's score sweep spends after taking a query before its score row
+#: is offered (``W + ATTN_DOT_CYCLES``, the buffer's ``W + SCORE_LATENCY``).
+ATTN_DOT_CYCLES = 5
+#: Cycles from taking a probability row to offering its P.V output (``W + ATTN_PV_CYCLES``).
+ATTN_PV_CYCLES = 3
+
+
+def matmul_k_min(size: int, out_words: int) -> int:
+    """Smallest K for which :func:`matmul_cycles` holds: below it the next fold's parameters
+    (7 words, gathered only once the current fold's last row has been requantised) arrive
+    after its first output row and stall the array."""
+    return size + 8 if out_words <= 2 else 2 * size + 8
+
+
+def matmul_cycles(size: int, k: int, folds: int, out_words: int) -> int:
+    """Busy cycles of a ``MATMUL`` launch in the chip (from the cycle after the launch to the
+    cycle the unit and its generators are idle) when A, B and the parameters stream from
+    three different banks and ``k >= matmul_k_min``.
+
+    ``folds * (k + s) + 4N + 6 + 3(o - 1)`` with ``o`` words per output row and
+    ``s = (N - 3)(o - 1)``: a fold takes its K beats, plus the cycles the array waits while the
+    packer writes ``o`` words per row (the requantiser's three stages absorb three rows of a
+    tile, the others wait ``o - 1`` cycles each); ``4N + 6`` is the fill (2 cycles of read
+    latency, N words into the transposer) and drain (skew, shift-out, deskew, requantiser,
+    the last row's words)."""
+    stall = max(0, (size - 3) * (out_words - 1))
+    return folds * (k + stall) + 4 * size + 6 + 3 * (out_words - 1)
+
+
+def matmul_approx(size: int, k: int, folds: int, out_words: int, *, shared: bool) -> int:
+    """An estimate of a ``MATMUL`` launch's busy cycles outside :func:`matmul_cycles`'s domain
+    (measured on the cycle model for N = 4, 8, 16; within a few cycles per fold):
+
+    - ``k < matmul_k_min``: a fold takes at least ``N + 7 + s`` cycles (the next fold's
+      parameters are gathered once the current fold's last row is requantised);
+    - ``shared`` (A and the parameters in one bank, the A stream first): each fold after the
+      first waits ``N + 5`` cycles for its parameters (``N + 4`` with int16 output; with int32
+      output the packer's stalls hide ``s - 3`` of them).
+    """
+    stall = max(0, (size - 3) * (out_words - 1))
+    period = k + stall
+    if k < matmul_k_min(size, out_words):
+        period = max(period, size + 7 + stall)
+    cycles = folds * period + 4 * size + 6 + 3 * (out_words - 1)
+    if shared:
+        wait = {1: size + 5, 2: size + 4}.get(out_words, max(0, size + 5 - stall))
+        cycles += (folds - 1) * wait + 5
+    return cycles
+
+
+def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int, flags,
+                  shared: bool, outputs_shared: bool = False) -> int:
+    """Busy cycles of a ``VEC`` launch in the chip from the engine's own
+    (:func:`hw.spec.timing.vector.launch_cycles`, every word at once): plus the read latency
+    when every stream has a bank of its own.
+
+    ``shared``: operands A and B in one bank, whose port serves one of them per cycle (A
+    first): an element-wise op then streams ``W_a + W_b`` words per row through it
+    (``rows (W_a + W_b) + 6 + w_dl`` when that is its slowest stream); LayerNorm reads A and B
+    in separate passes and loses one cycle (when it has more than one row).
+    ``outputs_shared``: LayerNorm's two outputs (``data`` and ``q``) in one bank: one cycle.
+    """
+    op = VectorOp(op)
+    cycles = engine_cycles + READ_LATENCY
+    if op in (VectorOp.LN, VectorOp.LN_APPLY) and outputs_shared:
+        cycles += 1
+    if not shared:
+        return cycles
+    if op is VectorOp.LN:
+        return cycles + (rows > 1)
+    wa = row_words(length, flags.a_bytes, lanes)
+    wb = row_words(length, flags.b_bytes, lanes)
+    if op is VectorOp.LN_APPLY:
+        return cycles + rows * min(wa, wb)
+    beats = -(-length // lanes)
+    wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
+    last = min(flags.d_bytes, wd - (beats - 1) * flags.d_bytes) if wd else 1
+    return max(engine_cycles, rows * (wa + wb) + 6 + last) + READ_LATENCY
+
+
+def attention_cycles(engine_cycles: int, *, keys: int, words: int, shared: bool,
+                     interleaved: bool = False, halo: int = 0) -> int:
+    """Busy cycles of an ``ATTN`` launch in the chip from the engine's own
+    (:func:`hw.spec.timing.attention.launch_cycles`, every word at once): plus the read
+    latency. ``shared``: K, V and Q in one bank (one tensor, as the compiler stores them),
+    whose port serves one of them per cycle. A preload launch then loads each key's K and V
+    words one after the other, ``keys * words + words - 1`` more cycles; an interleaved one
+    loses ``(halo + 4) * words + 7`` (the halo keys load that way too, then the ports prefetch
+    each key's words while the previous query runs)."""
+    extra = 0
+    if shared:
+        extra = (halo + 4) * words + 7 if interleaved else keys * words + words - 1
+    return engine_cycles + READ_LATENCY + extra

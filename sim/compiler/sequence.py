@@ -1,0 +1,430 @@
+"""Sequence parallelism (``--strategy sequence``): the tokens split in chunks across the chips.
+
+Chip c holds every layer's weights and the tokens ``[start_c, stop_c)`` of each sample
+(``numpy.array_split``: 10 tokens on 3 chips = 4, 3, 3) and runs every block on its chunk.
+Everything but attention is row-wise, so only the keys cross chips: after its QKV matmul a chip
+sends the K and V rows of its tokens to the chips whose queries see them (``SEND``/``RECV`` of
+the K|V words of each row) and runs each head's ``ATTN`` over its own queries and a key range
+``[lo_c, hi_c)`` that includes the received rows, at their absolute positions (``AT_K_POS`` =
+``lo_c``, ``AT_Q_POS`` = ``start_c``). Per layer, for a model window w (H = w - 1):
+
+- causal window: ``lo_c = max(0, start_c - H)``, ``hi_c = stop_c`` (the halo of the previous
+  H tokens, from as many preceding chips as hold them when chunks are shorter than H);
+- bidirectional window: also the next H tokens, ``hi_c = min(seq, stop_c + H)``;
+- full attention (w = 0): every key the chunk's queries see (causal ``[0, stop_c)``,
+  bidirectional ``[0, seq)``), passed around the ring: at step k chip c forwards the chunk it
+  received at step k - 1 (its own at step 0) to chip c + 1, so every link carries each chunk
+  once. Exact without merging partial softmaxes because each query's whole score row is in
+  one ``ATTN``: this needs every key of the row in the K/V ring (``hi - lo <= attn_window``).
+  An exact merge of partial softmaxes is defined in ``sim.golden.ring_softmax`` but needs
+  softmax modes the chip does not have (``docs/architecture.md``, Sequence parallelism).
+
+The chip's Q/K/V tensor has one row per position of ``[lo_c, hi_c)`` (the QKV matmul writes the
+chunk's rows, received rows fill the others), so one ``ATTN`` per head reads its keys with one
+stride: preload when every key fits the ring (``hi - lo <= attn_window``), else the interleaved
+schedule with ``HALO`` = the keys before the chunk (causal) or those plus H (bidirectional,
+``2 w - 1 <= attn_window``), and ``AT_WINDOW`` = w. Every transfer of a layer has a place in one
+global order (by hop distance, then by source chip; the ring by step), and each chip issues its
+sends and receives in that order, which cannot deadlock: the earliest unfinished transfer has
+both partners at it. The integers equal the single-chip golden's: every query sees exactly the
+keys of ``sim.golden.float_model.attention_mask`` and softmax and P.V do not depend on the order
+of the keys.
+
+**One chip, a sequence longer than ``max_seq_len``** (``--chips 1``): the tokens run in passes
+of at most ``max_seq_len`` (``numpy.array_split`` into ``ceil(seq / max_seq_len)``), each pass
+through every layer, and each layer keeps the K/V rows of the last H tokens it saw in a halo
+store, copied into the rows before the next pass's keys (``VEC REQUANT`` with the identity
+``(2**15, 15)``, exact on int8). Causal windows only: a bidirectional window would need the
+next pass's keys of every layer before that pass has run, full attention every earlier key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.attention import POS_BITS
+from hw.spec.collective import word_bytes
+from hw.spec.isa import Unit
+
+from . import attention_launch as al_
+from . import p2p_launch as pl
+from . import vector_launch as vl
+from .alloc import Allocator, Tensor
+from .assembler import Assembler
+from .blocks import BlockEmitter, Shard, pad_to
+from .descriptors import Desc
+from .program import ChipProgram, Placement, SystemProgram, finish
+from .quantize import QModel
+from .single import check_single_chip
+
+__all__ = ["split_tokens", "key_span", "Transfer", "plan_transfers", "check_sequence",
+           "compile_sequence"]
+
+#: ``requant(x, 2**15, 15) = x`` for every int8 x: the vector unit's exact copy.
+_COPY_MULT, _COPY_SHIFT = 1 << 15, 15
+
+
+def split_tokens(seq: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each chunk (``numpy.array_split``: the first ones one longer)."""
+    bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(seq), parts)])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def key_span(chunk: tuple[int, int], seq: int, window: int, causal: bool) -> tuple[int, int]:
+    """``[lo, hi)``: the keys the queries of ``chunk`` see (window 0 = full attention)."""
+    start, stop = chunk
+    if window:
+        halo = window - 1
+        return max(0, start - halo), stop if causal else min(seq, stop + halo)
+    return 0, stop if causal else seq
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """K/V rows of positions ``[start, stop)`` from chip ``src`` to chip ``dst``; ``forward``:
+    ``src`` received them itself (the ring of full attention) and passes them on."""
+
+    src: int
+    dst: int
+    start: int
+    stop: int
+    forward: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def plan_transfers(chunks: list[tuple[int, int]], seq: int, window: int,
+                   causal: bool) -> list[list[Transfer]]:
+    """Every transfer of one layer, in phases: a chip sends at most one message and receives
+    at most one in each phase, and runs its phases in order, its send before its receive.
+
+    Windows: a phase per hop distance d and direction (``c -> c + d`` for every c, then
+    ``c -> c - d``). The ring of full attention: a phase per step k, where chip c passes the
+    chunk it received in step k - 1 (its own in step 0) on to chip c + 1.
+    """
+    chips = len(chunks)
+    if chips == 1:
+        return []
+    if window == 0:
+        phases = []
+        for k in range(chips - 1):
+            step = []
+            for c in range(chips):
+                src_chunk, dst = c - k, c + 1
+                if causal and (src_chunk < 0 or dst >= chips):
+                    continue
+                a, b = chunks[src_chunk % chips]
+                step.append(Transfer(c, dst % chips, a, b, forward=k > 0))
+            phases.append(step)
+        return phases
+    by_phase = {}
+    for dst, chunk in enumerate(chunks):
+        lo, hi = key_span(chunk, seq, window, causal)
+        for src, (a, b) in enumerate(chunks):
+            start, stop = max(a, lo), min(b, hi)
+            if src != dst and start < stop:
+                key = (abs(dst - src), dst < src)
+                by_phase.setdefault(key, []).append(Transfer(src, dst, start, stop))
+    return [sorted(by_phase[k], key=lambda t: t.src) for k in sorted(by_phase)]
+
+
+def _refuse(key, value, problem, path):
+    raise ConfigError(problem, path=path, key=key, value=value)
+
+
+def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None = None):
+    """Compatibility of a model with sequence parallelism on ``chips`` chips (ConfigError):
+    every chunk within ``max_seq_len`` (one chip: passes, causal windows only) and each chunk's
+    keys within the K/V ring."""
+    seq = cfg.seq_len if seq is None else seq
+    # What does not depend on the sequence: the model as one token would run it.
+    check_single_chip(npu, replace(cfg, seq_len=1, window=min(cfg.window, 1)))
+    ring, w = npu.attn_window, cfg.window
+    if seq < chips:
+        _refuse("seq_len", seq, f"is less than the {chips} chips: sequence parallelism needs a "
+                "token per chip", cfg.path)
+    if seq > 1 << POS_BITS:
+        _refuse("seq_len", seq, f"exceeds {1 << POS_BITS}: token positions are {POS_BITS}-bit "
+                "(AT_Q_POS, AT_K_POS)", cfg.path)
+    passes = _passes(npu, cfg, chips, seq)
+    if chips > 1 and max(b - a for a, b in split_tokens(seq, chips)) > npu.max_seq_len:
+        _refuse("max_seq_len", npu.max_seq_len, f"is less than a chunk of "
+                f"{math.ceil(seq / chips)} tokens ({seq} tokens on {chips} chips): use at least "
+                f"{math.ceil(seq / npu.max_seq_len)} chips", npu.path)
+    if len(passes) > 1 and not (cfg.causal and w):
+        kind = "full attention" if not w else "a bidirectional window"
+        _refuse("seq_len", seq, f"exceeds max_seq_len={npu.max_seq_len}: one chip runs longer "
+                f"sequences in passes only for causal windowed attention ({kind} needs keys of "
+                f"tokens after the pass, or every earlier one); use at least "
+                f"{math.ceil(seq / npu.max_seq_len)} chips", npu.path)
+    if w and cfg.causal and w > ring:
+        _refuse("window", w, f"exceeds attn_window={ring}: a causal window must fit the K/V "
+                "ring", npu.path)
+    if w and not cfg.causal and 2 * w - 1 > ring:
+        _refuse("window", w, f"does not fit attn_window={ring}: a bidirectional window needs "
+                f"2 window - 1 <= {ring}", npu.path)
+    if not w:
+        widest = max(hi - lo for lo, hi in (key_span(c, seq, 0, cfg.causal)
+                                            for c in split_tokens(seq, chips)))
+        if widest > ring:
+            _refuse("seq_len", seq, f"does not fit attn_window={ring}: full attention needs "
+                    f"each query's {widest} keys in one K/V ring (its score row is one softmax "
+                    f"of softmax_len={npu.softmax_len} lanes); merging partial softmaxes "
+                    "exactly needs softmax max/sum modes the chip lacks", npu.path)
+
+
+def _passes(npu, cfg, chips, seq) -> list[tuple[int, int]]:
+    if chips > 1 or seq <= npu.max_seq_len:
+        return [(0, seq)]
+    return split_tokens(seq, math.ceil(seq / npu.max_seq_len))
+
+
+def compile_sequence(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
+                     samples: int = 1) -> SystemProgram:
+    """Programs for ``chips`` chips that split the tokens of each of ``samples`` sequences
+    (one chip: passes of at most ``max_seq_len`` tokens)."""
+    cfg = qm.cfg
+    seq = cfg.seq_len if seq is None else seq
+    check_sequence(npu, cfg, chips, seq)
+    if chips == 1:
+        return _compile_passes(npu, qm, seq, samples)
+    return _compile_chips(npu, qm, chips, seq, samples)
+
+
+class _Chip:
+    """One chip's compiler state: emitter, weights, tensors."""
+
+    def __init__(self, npu, qm, c, tokens, *, kv_rows, transfer):
+        cfg = qm.cfg
+        self.al, self.asm = Allocator(npu, transfer_bank=transfer), Assembler()
+        self.em = BlockEmitter(npu, qm, self.asm, self.al, seq=tokens, chip=c)
+        self.shard = Shard.whole(cfg)
+        self.weights = [self.em.place_layer(i, self.shard) for i in range(cfg.n_layers)]
+        n, em = npu.array_size, self.em
+        self.part = cfg.n_heads * em.dh_pad // n     # words of one of Q, K, V in a row
+        self.kv = self.al.alloc("qkv", kv_rows, 3 * cfg.n_heads * em.dh_pad, 1, "kv_cache",
+                                transfer=transfer)
+
+    def activations(self, rows):
+        self.acts = self.em.alloc_activations(rows, self.shard, qkv=self.kv)
+
+    def kv_rows(self, row: int, rows: int) -> Desc:
+        """The K|V words of ``rows`` rows of the Q/K/V tensor from ``row``."""
+        kv = self.kv
+        return Desc(kv.base + row * kv.row_words + self.part, (2 * self.part, rows, 1, 1),
+                    (1, kv.row_words, 0, 0))
+
+    def kv_view(self, row: int, rows: int) -> vl.Rows:
+        return vl.Rows(self.kv.base + row * self.kv.row_words + self.part, rows,
+                       self.kv.row_words, 1)
+
+    def attention(self, layer, *, queries, q_row, q_pos, keys, k_pos, causal, window):
+        """One ``ATTN`` per head: ``queries`` rows from ``q_row``, ``keys`` rows from row 0."""
+        em, kv, npu = self.em, self.kv, self.em.npu
+        L = em.qm.layers[layer]
+        if keys <= npu.attn_window:
+            interleaved, halo = False, 0
+        else:
+            ahead = q_pos - k_pos
+            interleaved, halo = True, min(keys, ahead + (0 if causal else window - 1))
+        o = self.acts.o
+        for k in range(em.cfg.n_heads):
+            al_.emit(self.asm, al_.attention_launch(
+                size=em.n, d_head=em.dh_pad, queries=queries, keys=keys,
+                q_base=kv.base + q_row * kv.row_words, k_base=kv.base + self.part,
+                v_base=kv.base + 2 * self.part, o_base=o.base, q_row_words=kv.row_words,
+                k_row_words=kv.row_words, v_row_words=kv.row_words, o_row_words=o.row_words,
+                col=k * em.dh_pad, q_pos=q_pos, k_pos=k_pos, bidirectional=not causal,
+                interleaved=interleaved, halo=halo, window=window,
+                score_mult=L.score_mult, score_shift=L.score_shift, out_mult=L.out_mult,
+                out_shift=L.out_shift))
+
+    def input_requant(self, x):
+        if self.em.qm.cfg.norm == "post":
+            self.em.requant_input(x, self.acts.x8, 0)
+
+
+def _check_message(npu, words, what):
+    ratio = word_bytes(npu.link_bytes_per_cycle) // npu.array_size
+    if words % ratio:
+        raise ConfigError(f"cannot carry {what}: {words} scratchpad words are not whole ring "
+                          f"words of {ratio} (K|V words per row x rows)", path=npu.path,
+                          key="link_bytes_per_cycle", value=npu.link_bytes_per_cycle)
+
+
+def _compile_chips(npu, qm, chips, seq, samples):
+    try:
+        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=True)
+    except ConfigError as exc:
+        if "regions overlap" not in str(exc):
+            raise
+        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=False)
+
+
+def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer):
+    cfg, n = qm.cfg, npu.array_size
+    chunks = split_tokens(seq, chips)
+    spans = [key_span(c, seq, cfg.window, cfg.causal) for c in chunks]
+    phases = plan_transfers(chunks, seq, cfg.window, cfg.causal)
+    link = npu.link_bytes_per_cycle
+    states = []
+    for c, ((start, stop), (lo, hi)) in enumerate(zip(chunks, spans, strict=True)):
+        tokens = stop - start
+        st = _Chip(npu, qm, c, tokens, kv_rows=max(hi - lo, start - lo + pad_to(tokens, n)),
+                   transfer=transfer)
+        st.xs = [st.em.alloc_residual(f"x{s}", 1) for s in range(samples)]
+        st.activations(st.em.seq_pad)
+        st.al.check_capacity()
+        states.append(st)
+    for t in (t for phase in phases for t in phase):
+        _check_message(npu, states[t.src].part * 2 * t.rows,
+                       f"the K/V rows of tokens {t.start}..{t.stop - 1}")
+    what = "K/V ring" if cfg.window == 0 else "K/V halo"
+    comms = []
+    for s in range(samples):
+        for i in range(cfg.n_layers):
+            for c, st in enumerate(states):
+                start, stop = chunks[c]
+                lo, hi = spans[c]
+
+                def attend(c=c, st=st, i=i, s=s, start=start, stop=stop, lo=lo, hi=hi):
+                    received = False
+                    for phase in phases:
+                        for t in phase:
+                            if t.src != c:
+                                continue
+                            if t.forward and received:
+                                st.asm.wait(Unit.RECV)      # the rows this send passes on
+                            launch = pl.send_launch(dest=t.dst, desc=st.kv_rows(
+                                t.start - lo, t.rows), size=n, link_bytes=link)
+                            pl.emit(st.asm, launch)
+                            comms.append({"kind": "send", "from": t.src, "to": t.dst,
+                                          "bytes": launch.words * n, "layer": i, "sample": s,
+                                          "tokens": [t.start, t.stop], "what": what})
+                        for t in phase:
+                            if t.dst == c:
+                                pl.emit(st.asm, pl.recv_launch(src=t.src, desc=st.kv_rows(
+                                    t.start - lo, t.rows), size=n, link_bytes=link))
+                                received = True
+                    if phases:
+                        st.asm.wait(Unit.SEND | Unit.RECV)
+                    st.attention(i, queries=stop - start, q_row=start - lo, q_pos=start,
+                                 keys=hi - lo, k_pos=lo, causal=cfg.causal, window=cfg.window)
+
+                x = st.xs[s]
+                if i == 0:
+                    st.input_requant(x)
+                st.em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1,
+                                 qkv_out=_rows_view(st.kv, start - lo), attend=attend)
+    programs, inputs, outputs = [], [[] for _ in range(samples)], [[] for _ in range(samples)]
+    for c, st in enumerate(states):
+        lo, hi = spans[c]
+        programs.append(finish(npu, ChipProgram(c, st.asm, st.al, role={
+            "layers": list(range(cfg.n_layers)), "tokens": list(chunks[c]),
+            "keys": [lo, hi]})))
+        for s, x in enumerate(st.xs):
+            place = Placement(c, x.base, st.em.seq_pad, x.cols, x.row_words, tokens=chunks[c])
+            inputs[s].append(place)
+            outputs[s].append(place)
+    meta = _meta(npu, cfg, chips, chunks, spans, [[c] for c in chunks], phases, comms, samples)
+    return SystemProgram(npu, cfg, "sequence", programs, seq,
+                         max(st.em.seq_pad for st in states), inputs, outputs, meta, comms)
+
+
+def _rows_view(t: Tensor, row: int) -> Tensor:
+    """``t`` from row ``row`` on (a tensor whose first row is that one)."""
+    return replace(t, name=f"{t.name}[{row}:]", base=t.base + row * t.row_words,
+                   rows=t.rows - row)
+
+
+def _meta(npu, cfg, chips, chunks, spans, passes, phases, comms, samples):
+    if len(passes[0]) > 1:
+        mode = "passes"
+    elif chips == 1:
+        mode = "single"
+    else:
+        mode = "ring" if cfg.window == 0 else "halo"
+    halo_bytes = sum(e["bytes"] for e in comms)
+    return {"mode": mode, "window": cfg.window, "causal": cfg.causal,
+            "chunks": [list(c) for c in chunks], "chunk_tokens": [b - a for a, b in chunks],
+            "passes": [[list(p) for p in ps] for ps in passes],
+            "key_spans": [list(s) for s in spans],
+            "halo_tokens": [(a - lo) + (hi - b) for (a, b), (lo, hi) in zip(chunks, spans,
+                                                                               strict=True)],
+            "phases_per_layer": len(phases),
+            "transfers_per_layer": sum(len(p) for p in phases),
+            "halo_bytes": halo_bytes,
+            "halo_bytes_per_layer": halo_bytes // max(1, cfg.n_layers * samples),
+            "max_seq_len": npu.max_seq_len, "attn_window": npu.attn_window}
+
+
+def _compile_passes(npu, qm, seq, samples):
+    """One chip: passes of at most ``max_seq_len`` tokens, a halo store per layer."""
+    cfg, n = qm.cfg, npu.array_size
+    passes = _passes(npu, cfg, 1, seq)
+    halo = max(cfg.window - 1, 0) if len(passes) > 1 else 0
+    longest = max(b - a for a, b in passes)
+    st = _Chip(npu, qm, 0, longest, kv_rows=halo + pad_to(longest, n), transfer=False)
+    em = st.em
+    # The pass residuals of every sample (each a tensor of one pass, padded to N rows).
+    xs = [[em.alloc_residual(f"x{s}.{j}", 1) for j in range(len(passes))]
+          for s in range(samples)]
+    stores = [st.al.alloc(f"layers.{i}.kv_halo", halo, 2 * cfg.n_heads * em.dh_pad, 1,
+                          "kv_cache") for i in range(cfg.n_layers)] if halo else []
+    st.activations(em.seq_pad)
+    st.al.check_capacity()
+    copy_len = 2 * cfg.n_heads * em.dh_pad
+    comms, copied = [], [0]
+
+    def copy(src: vl.Rows, dst: vl.Rows):
+        em._vec(vl.requant_launch(size=n, length=copy_len, a=src, out=dst, mult=_COPY_MULT,
+                                  shift=_COPY_SHIFT))
+        st.asm.wait(Unit.VEC)
+        copied[0] += src.rows * copy_len
+
+    for s in range(samples):
+        for j, (start, stop) in enumerate(passes):
+            ahead = min(halo, start)            # halo rows before this pass's keys
+            after = min(halo, stop) if j + 1 < len(passes) else 0
+            for i in range(cfg.n_layers):
+
+                def attend(i=i, start=start, stop=stop, ahead=ahead, after=after):
+                    store = stores[i] if stores else None
+                    if ahead:
+                        copy(vl.Rows(store.base + (halo - ahead) * store.row_words, ahead,
+                                     store.row_words, 1), st.kv_view(0, ahead))
+                    if after:
+                        last = ahead + stop - start - after
+                        copy(st.kv_view(last, after),
+                             vl.Rows(store.base + (halo - after) * store.row_words, after,
+                                     store.row_words, 1))
+                    st.attention(i, queries=stop - start, q_row=ahead, q_pos=start,
+                                 keys=ahead + stop - start, k_pos=start - ahead,
+                                 causal=cfg.causal, window=cfg.window)
+
+                x = xs[s][j]
+                if i == 0:
+                    st.input_requant(x)
+                em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1,
+                              qkv_out=_rows_view(st.kv, ahead), attend=attend)
+    chip = finish(npu, ChipProgram(0, st.asm, st.al, role={
+        "layers": list(range(cfg.n_layers)), "tokens": [0, seq], "passes": len(passes)}))
+    inputs, outputs = [], []
+    for s in range(samples):
+        places = [Placement(0, x.base, em.seq_pad, x.cols, x.row_words, tokens=p)
+                  for x, p in zip(xs[s], passes, strict=True)]
+        inputs.append(places)
+        outputs.append(places)
+    spans = [(max(0, a - halo), b) for a, b in passes]
+    meta = _meta(npu, cfg, 1, [(0, seq)], [(0, seq)], [passes], [], comms, samples)
+    meta["pass_key_spans"] = [list(x) for x in spans]
+    meta["halo_store_bytes"] = sum(t.words for t in stores) * n
+    meta["halo_copy_bytes"] = copied[0]
+    return SystemProgram(npu, cfg, "sequence", [chip], seq, em.seq_pad, inputs, outputs, meta,
+                         comms)

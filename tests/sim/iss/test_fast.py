@@ -1,0 +1,97 @@
+"""The launch-level timing model (sim.iss.fast) against the cycle model."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hw.spec import ModelConfig, npu_preset
+from hw.spec.collective import CollectiveRequest
+from sim.compiler import collective_launch as cl
+from sim.compiler.assembler import Assembler
+from sim.compiler.quantize import quantize_model
+from sim.compiler.strategy import compile_program
+from sim.golden.float_model import random_weights
+from sim.iss import IssError
+from sim.iss.fast import LaunchTimer, time_programs_fast
+from sim.iss.timing import time_programs
+
+
+def programs(npu, cfg, strategy, chips, samples=1):
+    x = np.random.default_rng(0).standard_normal((samples, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 0), x)
+    prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
+    return [c.program for c in prog.chips]
+
+
+TINY = npu_preset("tiny")
+SMALL = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=6,
+                    name="small")
+POST = dataclasses.replace(SMALL, norm="post", causal=False, name="post")
+
+
+@pytest.mark.parametrize("cfg", [SMALL, POST], ids=["pre", "post"])
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2)])
+def test_equals_the_cycle_model_without_overlaps(cfg, strategy, chips):
+    """Single and head-parallel programs: every launch alone on its unit: the same cycles,
+    busy counters and trace; but a collective whose members launch at different times starts
+    moving the early members' words before the last one launches, which the launch-level
+    model (every member starting with the last) leaves out: its busy count within 2%
+    (1.2% measured here)."""
+    ps = programs(TINY, cfg, strategy, chips)
+    exact, fast = time_programs(TINY, ps), time_programs_fast(TINY, ps)
+    assert fast.cycles == exact.cycles
+    coll = 3                                    # the busy counters' collective unit
+    for c, (a, b) in enumerate(zip(exact.chips, fast.chips, strict=True)):
+        others = [k for k in range(len(a.busy)) if k not in (coll, 6)]   # 6: any unit busy
+        assert [a.busy[k] for k in others] == [b.busy[k] for k in others], f"chip {c}"
+        assert abs(a.busy[coll] - b.busy[coll]) <= 0.02 * a.busy[coll], (c, a.busy, b.busy)
+        if strategy == "single":
+            assert a.trace == b.trace
+
+
+def test_pipeline_within_one_percent():
+    """A SEND competes with the next microbatch's compute for the transfer bank: the one
+    overlap the launch-level model leaves out."""
+    ps = programs(TINY, SMALL, "pipeline", 2, samples=2)
+    exact, fast = time_programs(TINY, ps).cycles, time_programs_fast(TINY, ps).cycles
+    assert abs(fast - exact) <= 0.01 * exact, (fast, exact)
+
+
+def test_long_launches():
+    """A wider model on an 8-wide chip: launches long enough to be timed by the closed forms
+    or cut down and extended (a causal window: interleaved attention); still equal."""
+    npu = dataclasses.replace(npu_preset("fpga"), sram_bytes=1 << 21, imem_words=8192)
+    cfg = ModelConfig(n_layers=1, d_model=64, n_heads=2, d_head=32, d_ff=128, seq_len=80,
+                      window=16, name="wide")
+    ps = programs(npu, cfg, "single", 1)
+    timer = LaunchTimer(npu)
+    assert time_programs_fast(npu, ps, timer=timer).cycles == time_programs(npu, ps).cycles
+
+
+def test_memoises_launches_by_shape():
+    ps = programs(TINY, dataclasses.replace(SMALL, n_layers=4), "single", 1)
+    timer = LaunchTimer(TINY)
+    calls = []
+    original = timer.simulate
+
+    def counted(op, regs):
+        calls.append(op)
+        return original(op, regs)
+
+    timer.simulate = counted
+    time_programs_fast(TINY, ps, timer=timer)
+    first = len(calls)
+    time_programs_fast(TINY, ps, timer=timer)
+    assert len(calls) == first
+
+
+def test_a_program_that_cannot_go_on():
+    req = CollectiveRequest("all_reduce", "sum", 32, 4, 2)
+    asm = Assembler()
+    cl.emit(asm, cl.coll_launch(req, 0, in_base=0, out_base=64, size=4, link_bytes=4))
+    asm.halt()
+    lone = Assembler()
+    lone.halt()
+    with pytest.raises(IssError, match="cannot go on .*chip 0"):
+        time_programs_fast(TINY, [asm.words(), lone.words()])
