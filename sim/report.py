@@ -163,8 +163,7 @@ class SimReport:
             lines.append(f"  hidden: columns {h['columns_per_chip']}, split heads "
                          f"{h['split_heads']}; per layer {h['collectives_per_layer']} "
                          f"collectives ({h['coll_launches_per_layer']} COLL launches, "
-                         f"{h['bytes_per_layer']:,} bytes) and {h['tokens_per_layer']} "
-                         f"ordering tokens; projections by {h['reduce']}")
+                         f"{h['bytes_per_layer']:,} bytes); projections by {h['reduce']}")
         if self.sequence is not None:
             q = self.sequence
             chunks = ", ".join(f"{a}..{b - 1}" for a, b in q["chunks"])

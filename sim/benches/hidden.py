@@ -1,16 +1,16 @@
-"""Hidden-dimension parallelism: collectives, bytes and ordering tokens per layer, the share of
-cycles spent only communicating, the projections' reduce-scatter against all-reduce, the split
-heads' score all-reduces running at the same time, speed-up over one chip, and a model one chip
-cannot run.
+"""Hidden-dimension parallelism: collectives and bytes per layer, the share of cycles spent
+only communicating, the projections' reduce-scatter against all-reduce, speed-up over one chip,
+and a model one chip cannot run.
 
-Every point runs the compiled programs on Amaranth's simulator (the multi-chip backend) and,
-where the model fits one chip, the same model and batch on one chip in the same run:
+Every point runs the compiled programs on the ISS, timed by its cycle model (equal to the RTL's
+cycles, busy counters and traces: ``tests/sim/iss/test_timing.py``) and, where the model fits
+one chip, the same model and batch on one chip in the same run:
 
 - quick: a one-layer model (d_model 16, two heads of 8) on 2 and 4 tiny chips (on 4 chips
-  both heads are split over two chips: two groups reduce their scores at the same time);
+  both heads are split over two chips);
 - full: a one-layer tiny-shaped model (d_model 32, 4 heads of 8, d_ff 64, 8 tokens) on 2, 3, 4
-  and 8 chips with reduce-scatter (on 8 chips every head is split, four groups), both
-  reductions on 2 and 4 chips, and a head of 32 lanes (twice ``d_head_max``) on 2 chips.
+  and 8 chips with reduce-scatter (on 8 chips every head is split), both reductions on 2 and
+  4 chips, and a head of 32 lanes (twice ``d_head_max``) on 2 chips.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _rows(label, r) -> list[dict]:
                  "unit": "collectives", "ref": 4,
                  "ratio": h["collectives_per_layer"] / 4,
                  "note": f"ref = the seed's {h['seed_estimate']}; {h['coll_launches_per_layer']}"
-                         f" COLL launches: {parts}; +{h['tokens_per_layer']} ordering tokens"})
+                         f" COLL launches: {parts}"})
     rows.append({"bench": f"{label}: bytes per layer", "value": h["bytes_per_layer"],
                  "unit": "bytes", "note": "message bytes of the layer's collectives "
                                           f"(projections by {h['reduce']})"})
@@ -74,13 +74,6 @@ def _rows(label, r) -> list[dict]:
                          "value": cycles, "unit": "cycles", "ref": bound,
                          "ratio": cycles / bound,
                          "note": f"{sum(c['bytes'] for c in items):,} bytes"})
-    if h["score_overlap"] is not None:
-        groups = [h["head_groups"][k] for k in h["split_heads"]]
-        rows.append({"bench": f"{label}: score all-reduces at the same time",
-                     "value": h["score_overlap"], "unit": "x", "ref": len(groups),
-                     "ratio": h["score_overlap"] / len(groups),
-                     "note": f"sum of the groups' cycles over their span (1 = one after the "
-                             f"other); groups {groups}"})
     return rows
 
 
@@ -103,17 +96,17 @@ def run(quick: bool):
         extra = [(_HEAD32, 2)]
     done = {}
     for cfg, chips in points:
-        r = simulate(tiny, cfg, strategy="hidden", chips=chips, backend="pysim",
+        r = simulate(tiny, cfg, strategy="hidden", chips=chips, backend="iss",
                      reference="same")
         done[(cfg.name, chips)] = r
         rows += _rows(f"hidden, {cfg.name} on {chips} tiny", r)
     for cfg, chips in compare:
-        ar = simulate(tiny, cfg, strategy="hidden", chips=chips, backend="pysim",
+        ar = simulate(tiny, cfg, strategy="hidden", chips=chips, backend="iss",
                       reference="none", reduce="all_reduce")
         rows.append(_compare(f"hidden, {cfg.name} on {chips} tiny", done[(cfg.name, chips)],
                              ar))
     for cfg, chips in extra:
-        r = simulate(tiny, cfg, strategy="hidden", chips=chips, backend="pysim",
+        r = simulate(tiny, cfg, strategy="hidden", chips=chips, backend="iss",
                      reference="same")
         rows += _rows(f"hidden, {cfg.name} (d_head 32 > d_head_max 16) on {chips} tiny", r)
     return rows

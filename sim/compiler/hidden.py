@@ -20,19 +20,26 @@ statistic, every attention score of a split head a partial dot product:
   outputs. int32 sums wrap modulo 2**32 in any order, so the result is one chip's.
 - **Attention**: a head on one chip runs as usual. A split head runs the attention buffer's
   split-score mode on each of its chips over that chip's lanes of Q and K: pass 1 (ATTN
-  partial) writes the raw int32 partial score rows, an int32 SUM all-reduce **within the head's
-  group** adds them, pass 2 (ATTN reduced) takes the reduced rows through the same scaling,
-  softmax and P.V over the chip's lanes of V: its slice of the head's output stays where the
-  next projection needs it. The groups of different heads run their all-reduces at the same
-  time when they share no chip (the routers forward each group's words).
+  partial) writes the raw int32 partial score rows, an int32 SUM all-reduce adds them, pass 2
+  (ATTN reduced) takes the reduced rows through the same scaling, softmax and P.V over the
+  chip's lanes of V: its slice of the head's output stays where the next projection needs it.
+  The partial rows of every split head go to one buffer (a slot per split head, zero where a
+  chip holds none of the head: it is initialised with zeros and only the reduction's separate
+  output buffer is written by the ring), reduced by **one all-reduce over all chips** per layer,
+  which runs while the chips attend their whole heads.
 
-Per layer that is 2 LayerNorm all-reduces, 4 projection reductions and one all-reduce per split
-head (concurrent across disjoint groups), plus **ordering tokens**: the collective engine takes
-ring words from whoever sends them (no source check), so a chip whose predecessor in the ring
-order of its next collective differs from that of its previous one (a group's first member, or
-the chip after a group) must not receive early words of the next while the previous is still
-running. Before such a collective the new predecessor waits (RECV) for a one-word SEND from the
-chip, sent once its previous collective has finished.
+Per layer that is 2 LayerNorm all-reduces, 4 projection reductions and, when a head is split,
+one all-reduce of the partial scores: every collective over all chips in the same order on
+every chip. Why not one all-reduce per head within the head's chips (fewer bytes, disjoint
+groups at the same time): the collective engine takes ring words from whoever sends them (no
+source check), so a chip whose predecessor changes from one collective to the next (a group's
+first member) must not receive its new predecessor's words while its previous collective runs.
+A SEND from the chip to that predecessor, with a RECV before the predecessor's COLL, orders
+them, but on the one-way ring that message passes the chips between, and a chip that has
+launched the next collective sends words to its successor that the successor takes only once
+it launches it too: the message waits behind them, its receiver waits for it, a deadlock (the
+cycle model, equal to the RTL, shows it on 5 and 7 chips). Over the whole ring no predecessor
+ever changes.
 
 Memory layouts of the partial sums (``Reduction``): all-reduce: row-major [rows, all output
 columns], the columns ordered by destination chip. Reduce-scatter: tile-major (N x N int32
@@ -55,13 +62,12 @@ from hw.spec.attention import partial_row_words
 from hw.spec.collective import CollectiveRequest, check_chips, elements_per_word, word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.isa import COLL_FIFO_WORDS, Unit
-from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
-from hw.spec.vector import pack_gamma_beta, pack_requant
+from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_blocks, row_words
+from hw.spec.vector import LUT_ENTRIES, pack_gamma_beta, pack_requant
 from hw.spec.vector_engine import stats_words
 
 from . import attention_launch as al_
 from . import collective_launch as cl
-from . import p2p_launch as pl
 from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
@@ -267,7 +273,8 @@ class Reduction:
                 self.order += [(p, at + t if at + t < blocks[p] else None) for t in range(tiles)]
             at += tiles
         self.nb = len(self.order)
-        self.words = self.mb * self.nb * 4 * n
+        self.block_words = self.nb * 4 * n
+        self.words = self.mb * self.block_words
         self.elements = self.words * n // 4
 
     def columns(self, dest_cols) -> np.ndarray:
@@ -340,21 +347,14 @@ class _Chip:
     al: Allocator
     t: dict = field(default_factory=dict)          # working tensors by name
     layers: list = field(default_factory=list)     # per layer: {name: tensor or (w, p)}
-    last_group: tuple | None = None                # (first, count) of its previous collective
-
-
-def _pred(chip: int, group: tuple[int, int], chips: int) -> int:
-    """The chip a group member receives its collective words from (the previous member)."""
-    first, count = group
-    pos = (chip - first) % chips
-    return (first + (pos - 1) % count) % chips
 
 
 class _Compiler:
     """Builds every chip's program in lock step, phase by phase."""
 
-    def __init__(self, npu, qm, plan, *, seq, samples, reduce):
+    def __init__(self, npu, qm, plan, *, seq, samples, reduce, contents=True):
         self.npu, self.qm, self.plan, self.cfg = npu, qm, plan, qm.cfg
+        self.contents = contents
         self.n = n = npu.array_size
         self.seq, self.nseq = seq, samples
         self.seq_pad = pad_to(seq, n)
@@ -367,6 +367,8 @@ class _Compiler:
         self.coll_id = 0
         self.layer = 0
         self.prw = partial_row_words(npu.attn_window, n)
+        #: Words of one split head's partial (or reduced) score rows, every sample's.
+        self.score_slot = samples * seq * self.prw
         self.sched = al_.plan_schedule(seq=seq, window=self.cfg.window, causal=self.cfg.causal,
                                        ring=npu.attn_window)
         self.ch = [_Chip(c, Assembler(), Allocator(npu)) for c in range(self.chips)]
@@ -415,11 +417,21 @@ class _Compiler:
         """Chip ``ch``'s weights of projection ``name`` of layer ``i``: its input rows, every
         destination's columns (in the reduction's order), the biases on chip 0 only; and the
         per-channel requantisation of its own columns."""
-        n, ql = self.n, self._qlinear(self.qm.layers[i], name)
+        n = self.n
         rows = np.asarray(self.inputs[name][ch.c], np.int64)
         direct = self.chips == 1
         cols = np.asarray(self.dest[name][0], np.int64) if direct else \
             self.red[name].columns(self.dest[name])
+        p = f"layers.{i}.{name}"
+        if not self.contents:
+            # The planner's shapes-only compile: the same blocks, without their contents.
+            blocks = cdiv(len(cols), n)
+            wt = ch.al.alloc_block(p + ".w", len(rows) * blocks, "weights", low=True)
+            pt = ch.al.alloc_block(p + ".p", PARAM_WORDS * blocks, "weights")
+            req = None if direct else ch.al.alloc_block(
+                p + ".requant", row_words(len(self.dest[name][ch.c]), 4, n), "weights")
+            return wt, pt, req
+        ql = self._qlinear(self.qm.layers[i], name)
         w = np.zeros((len(rows), len(cols)), np.int64)
         rk, ck = rows >= 0, cols >= 0
         w[np.ix_(rk, ck)] = ql.w[np.ix_(rows[rk], cols[ck])]
@@ -430,7 +442,6 @@ class _Compiler:
             bias[ck] = ql.bias[cols[ck]]
         if direct:
             mult[ck], shift[ck] = ql.mult[cols[ck]], ql.shift[cols[ck]]
-        p = f"layers.{i}.{name}"
         wt = ch.al.alloc_words(p + ".w", pack_weight_blocks(w, n), "weights", low=True)
         pt = ch.al.alloc_words(p + ".p", pack_params(bias, mult, shift, n), "weights")
         req = None
@@ -450,6 +461,14 @@ class _Compiler:
             for i in range(cfg.n_layers):
                 L = self.qm.layers[i]
                 lw = {name: self._place(ch, i, name) for name in ("qkv", "o", "ffn1", "ffn2")}
+                if not self.contents:
+                    for k in (1, 2):
+                        lw[f"ln{k}"] = ch.al.alloc_block(f"layers.{i}.ln{k}.gamma_beta",
+                                                         row_words(hi - lo, 4, n), "weights")
+                    lw["lut"] = ch.al.alloc_block(f"layers.{i}.lut",
+                                                  row_words(LUT_ENTRIES, 1, n), "weights")
+                    ch.layers.append(lw)
+                    continue
                 for k, ln in ((1, L.ln1), (2, L.ln2)):
                     gb = pack_gamma_beta(ln.gamma[lo:hi], ln.beta[lo:hi])
                     lw[f"ln{k}"] = ch.al.alloc_words(f"layers.{i}.ln{k}.gamma_beta",
@@ -462,7 +481,6 @@ class _Compiler:
     def activations(self):
         n, rows, plan = self.n, self.rows, self.plan
         rec = stats_words(n)
-        ratio = self.ratio
         for ch in self.ch:
             c, al, t = ch.c, ch.al, ch.t
             wpad = pad_to(plan.width(c), n)
@@ -477,71 +495,69 @@ class _Compiler:
             if self.chips == 1:
                 t["stats"] = al.alloc("stats", rows * rec, n, 1, "activations", row_words_=1)
                 continue
-            words = max(r.words for r in self.red.values())
-            t["p"] = al.alloc("p", words, n, 1, "activations", row_words_=1)
+            # The buffers that COLL launches read and write while the matmul, attention or
+            # vector unit runs go in the transfer banks: in the top bank (the matmul's A, the
+            # vector unit's operands) the collective's ports, which the compute units' outrank,
+            # would wait for them. The reduce-scatter's row blocks alternate between two
+            # banks ("p" even blocks, "p1" odd ones), so that the matmul writing block mb + 1
+            # and the requantisation reading block mb - 1 leave block mb's bank to its COLLs.
+            words = max(r.words if r.mode == "all_reduce" else
+                        cdiv(r.mb, 2) * r.block_words for r in self.red.values())
+            odd = max((r.mb // 2 * r.block_words for r in self.red.values()
+                       if r.mode == "reduce_scatter"), default=0)
+            t["p"] = al.alloc("p", words, n, 1, "activations", row_words_=1, transfer=True)
+            if odd:
+                t["p1"] = al.alloc("p1", odd, n, 1, "activations", row_words_=1, spare=True)
             # LayerNorm records as int64 elements, padded to whole all-reduce units.
             unit = self.chips * elements_per_word(word_bytes(self.link), 64)
             elems = pad_to(rows * rec * n // 8, unit)
             t["stats"] = al.alloc("stats", elems * 8 // n, n, 1, "activations", row_words_=1)
-            for k, piece in enumerate(p for p in plan.pieces[c] if p.split):
-                elems = pad_to(self.nseq * self.seq * self.prw * n // 4,
-                               piece.group[1] * self.red["o"].epw)
-                t[f"scores{k}"] = al.alloc(f"scores{k}", elems * 4 // n, n, 1, "activations",
-                                           row_words_=1)
-            t["token_tx"] = al.alloc("token_tx", ratio, n, 1, "activations", row_words_=1)
-            t["token_rx"] = al.alloc("token_rx", ratio, n, 1, "activations", row_words_=1)
+            if plan.split_heads:
+                # Every split head's partial rows (a slot each: samples x queries rows of
+                # ``prw`` words), zero in the slots of heads the chip holds none of (the image
+                # sets them, and only the partial passes of the chip's own heads write here);
+                # the all-reduce writes the reduced rows to "scores".
+                elems = pad_to(len(plan.split_heads) * self.score_slot * n // 4,
+                               self.chips * self.red["o"].epw)
+                t["scores_in"] = al.alloc("scores_in", elems * 4 // n, n, 1, "activations",
+                                          row_words_=1, spare=True)
+                if self.contents:
+                    al.images[t["scores_in"].base] = np.zeros((t["scores_in"].words, n),
+                                                              np.uint8)
+                t["scores"] = al.alloc("scores", elems * 4 // n, n, 1, "activations",
+                                       row_words_=1, transfer=True)
 
     # --- collectives --------------------------------------------------------------------------
     def collective(self, group, chunks, *, width, what, kind="all_reduce", wait=True,
                    ident=None):
         """Emit one logical collective over ``group`` (``(first, count)``) on its members:
-        ``chunks(ch)`` gives that chip's ``(base, elements)`` per COLL. Ordering tokens first
-        (module docstring), then the COLLs; ``wait``: a ``WAIT`` for the last one. ``ident``:
-        continue the collective of that id (a later part of it, for the report). Returns the
-        collective's id."""
+        ``chunks(ch)`` gives that chip's ``(base, elements)`` or ``(base, elements, out_base)``
+        per COLL; ``wait``: a ``WAIT`` for the last one. ``ident``: continue the collective of
+        that id (a later part of it, for the report). Returns the collective's id. Every
+        collective of the compiler is over all chips (module docstring)."""
         first, count = group
+        if count != self.chips:
+            raise AssertionError("hidden's collectives are over all chips")
         members = [(first + k) % self.chips for k in range(count)]
-        # A member whose predecessor changes tells its new predecessor when it is free.
-        tokens = []
-        for y in members:
-            prev = self.ch[y].last_group
-            x = _pred(y, group, self.chips)
-            if prev is not None and _pred(y, prev, self.chips) != x:
-                tokens.append((y, x))
-        for y, x in tokens:
-            ch = self.ch[y]
-            ch.asm.wait(Unit.COLL)
-            pl.emit(ch.asm, pl.send_launch(dest=x, desc=pl.contiguous(ch.t["token_tx"].base,
-                                                                      self.ratio),
-                                           size=self.n, link_bytes=self.link))
-            self.comms.append({"kind": "send", "from": y, "to": x, "bytes": self.ratio * self.n,
-                               "layer": self.layer, "what": f"ordering token before {what}",
-                               "microbatch": None})
-        for y, x in tokens:
-            ch = self.ch[x]
-            pl.emit(ch.asm, pl.recv_launch(src=y, desc=pl.contiguous(ch.t["token_rx"].base,
-                                                                     self.ratio),
-                                           size=self.n, link_bytes=self.link))
-            ch.asm.wait(Unit.RECV)
         per_chip = {m: chunks(self.ch[m]) for m in members}
         count_chunks = len(per_chip[members[0]])
         if ident is None:
             ident = self.coll_id
             self.coll_id += 1
         for k in range(count_chunks):
-            _, length = per_chip[members[0]][k]
+            length = per_chip[members[0]][k][1]
             req = CollectiveRequest(kind, "sum", width, length, self.chips, first=first,
                                     count=count)
             for m in members:
-                base, _ = per_chip[m][k]
-                cl.emit(self.ch[m].asm, cl.coll_launch_natural(req, m, base=base, size=self.n,
-                                                               link_bytes=self.link))
+                base, _, *out = per_chip[m][k]
+                cl.emit(self.ch[m].asm, cl.coll_launch_natural(
+                    req, m, base=base, out_base=out[0] if out else None, size=self.n,
+                    link_bytes=self.link))
             self.comms.append({"kind": kind, "op": "sum", "width": width, "elements": length,
                                "bytes": length * width // 8, "group": [first, count],
                                "layer": self.layer, "what": what, "collective": ident})
-        for m in members:
-            self.ch[m].last_group = group
-            if wait:
+        if wait:
+            for m in members:
                 self.ch[m].asm.wait(Unit.COLL)
         return ident
 
@@ -629,18 +645,25 @@ class _Compiler:
         n, i, red = self.n, self.layer, self.red[name]
         tile = 4 * n
 
+        def base(ch, mb):
+            """Where the layout of :class:`Reduction` starts for block mb to be in its bank's
+            buffer (block mb at ``base + mb * block_words``)."""
+            buf = ch.t["p"] if mb % 2 == 0 else ch.t["p1"]
+            return buf.base + (mb // 2 - mb) * red.block_words
+
         def matmul(ch, mb):
             wt, pt, _ = ch.layers[i][name]
-            a, p = ch.t[src], ch.t["p"]
+            a = ch.t[src]
             launch = matmul_launch(size=n, m=n, k=len(self.inputs[name][ch.c]), n=red.nb * n,
                                    a_base=a.base + mb * n * a.row_words,
                                    a_row_words=a.row_words, b_base=wt.base, p_base=pt.base,
-                                   c_base=p.base, c_row_words=red.nb * 4, mode=OutMode.RAW)
-            wr0 = Desc(p.base + mb * red.nb * tile, (4, n, red.nb, 1), (1, 4, tile, 0))
+                                   c_base=base(ch, mb) + mb * red.block_words,
+                                   c_row_words=red.nb * 4, mode=OutMode.RAW)
+            wr0 = Desc(base(ch, mb) + mb * red.block_words, (4, n, red.nb, 1), (1, 4, tile, 0))
             emit_matmul(ch.asm, dataclasses.replace(launch, wr0=wr0))
 
         def requant(ch, mb):
-            for launch in red.requant_launches(ch.c, ch.t["p"].base,
+            for launch in red.requant_launches(ch.c, base(ch, mb),
                                                ch.layers[i][name][2].base, ch.t[dst], mb=mb):
                 vl.emit(ch.asm, launch)
 
@@ -657,7 +680,7 @@ class _Compiler:
                     matmul(ch, mb + 1)
 
             def chunks(ch, mb=mb):
-                return red.chunks(ch.t["p"].base)[mb * per_block:(mb + 1) * per_block]
+                return red.chunks(base(ch, mb))[mb * per_block:(mb + 1) * per_block]
 
             ident = self.collective((0, self.chips), chunks, width=32,
                                     what=f"{name.upper()} projection", kind="reduce_scatter",
@@ -688,16 +711,16 @@ class _Compiler:
             ch.asm.wait(Unit.VEC)
 
     def attention(self):
-        """Every head piece of every chip: split heads first (pass 1 and the group's
-        all-reduce, in head order so that the groups' collectives meet in the same order on
-        every chip), the whole heads while the last ones run, then the split heads' pass 2."""
+        """Every head piece of every chip: the split pieces' pass 1 into their slots of
+        "scores_in", one all-reduce of every split head's partial rows over all chips, the
+        whole heads while it runs, then the split pieces' pass 2 from "scores"."""
         n, L, cfg = self.n, self.qm.layers[self.layer], self.cfg
         sched, seq = self.sched, self.seq
         W = self.npu.attn_window
         common = {"size": n, "queries": seq, "keys": seq, "bidirectional": not cfg.causal,
                   "interleaved": sched.interleaved, "halo": sched.halo}
-        slots = {ch.c: {p.head: k for k, p in enumerate(q for q in self.plan.pieces[ch.c]
-                                                         if q.split)} for ch in self.ch}
+        slot = {h: k for k, h in enumerate(self.plan.split_heads)}
+        tag = ("attn", self.layer)
 
         def qkv_bases(ch, s):
             qkv = ch.t["qkv"]
@@ -705,27 +728,31 @@ class _Compiler:
             part = self.plan.q_width(ch.c) // n
             return base, base + part, base + 2 * part, qkv.row_words
 
-        for h in self.plan.split_heads:
-            group = self.plan.groups[h]
-            members = [(group[0] + k) % self.chips for k in range(group[1])]
-            for m in members:
-                ch = self.ch[m]
-                piece = next(p for p in self.plan.pieces[m] if p.head == h)
-                buf = ch.t[f"scores{slots[m][h]}"]
-                for s in range(self.nseq):
-                    q, k, _, rw = qkv_bases(ch, s)
-                    al_.emit(ch.asm, al_.partial_launch(
-                        window=W, d_head=piece.width, q_base=q, k_base=k,
-                        p_base=buf.base + s * seq * self.prw, q_row_words=rw, k_row_words=rw,
-                        col=piece.off, **common))
+        def rows(h, s):
+            """Offset of head h's score rows of sample s in "scores_in" and "scores"."""
+            return slot[h] * self.score_slot + s * seq * self.prw
+
+        split = {ch.c: [p for p in self.plan.pieces[ch.c] if p.split] for ch in self.ch}
+        if self.plan.split_heads:
+            for ch in self.ch:
+                for piece in split[ch.c]:
+                    for s in range(self.nseq):
+                        q, k, _, rw = qkv_bases(ch, s)
+                        al_.emit(ch.asm, al_.partial_launch(
+                            window=W, d_head=piece.width, q_base=q, k_base=k,
+                            p_base=ch.t["scores_in"].base + rows(piece.head, s),
+                            q_row_words=rw, k_row_words=rw, col=piece.off, **common), tag)
                 ch.asm.wait(Unit.ATTN)
 
-            def chunks(ch, h=h, count=group[1]):
-                buf = ch.t[f"scores{slots[ch.c][h]}"]
-                return self._flat(buf, buf.words * n // 4, count, 32)
+            def chunks(ch):
+                src, dst = ch.t["scores_in"], ch.t["scores"]
+                return [(base, length, base - src.base + dst.base) for base, length in
+                        self._flat(src, src.words * n // 4, self.chips, 32)]
 
-            self.collective(group, chunks, width=32, what=f"attention scores, head {h}",
-                            wait=False)
+            heads = ", ".join(str(h) for h in self.plan.split_heads)
+            self.collective((0, self.chips), chunks, width=32,
+                            what=f"attention scores, head{'s' if len(slot) > 1 else ''} "
+                                 f"{heads}", wait=False)
         for ch in self.ch:
             o = ch.t["o"]
             for piece in self.plan.pieces[ch.c]:
@@ -739,22 +766,22 @@ class _Compiler:
                         k_row_words=rw, v_row_words=rw, o_row_words=o.row_words, col=piece.off,
                         q_pos=0, k_pos=0, window=sched.window, score_mult=L.score_mult,
                         score_shift=L.score_shift, out_mult=L.out_mult, out_shift=L.out_shift,
-                        **common), ("attn", self.layer))
+                        **common), tag)
+            if not split[ch.c]:
+                # The next projection's COLL waits for this one's on its own.
+                ch.asm.wait(Unit.ATTN)
+                continue
             ch.asm.wait(Unit.COLL)
-            for piece in self.plan.pieces[ch.c]:
-                if not piece.split:
-                    continue
-                buf = ch.t[f"scores{slots[ch.c][piece.head]}"]
+            for piece in split[ch.c]:
                 for s in range(self.nseq):
                     _, _, v, rw = qkv_bases(ch, s)
                     al_.emit(ch.asm, al_.reduced_launch(
                         window=W, d_head=piece.width, v_base=v,
-                        r_base=buf.base + s * seq * self.prw,
+                        r_base=ch.t["scores"].base + rows(piece.head, s),
                         o_base=o.base + s * self.seq_pad * o.row_words, v_row_words=rw,
                         o_row_words=o.row_words, col=piece.off, window_cut=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
-                        out_mult=L.out_mult, out_shift=L.out_shift, **common),
-                        ("attn", self.layer))
+                        out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
             ch.asm.wait(Unit.ATTN)
 
     def block(self, i: int):
@@ -785,23 +812,31 @@ class _Compiler:
 
 def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
                    samples: int = 1, widths=None, ffn_widths=None,
-                   reduce: str = "reduce_scatter") -> SystemProgram:
+                   reduce: str = "reduce_scatter", contents: bool = True,
+                   check: bool = True) -> SystemProgram:
     """Programs for ``chips`` chips that split d_model (and d_ff) of every layer of ``qm``
     (``widths``/``ffn_widths``: explicit columns per chip; ``reduce``: how the projections'
-    partial sums are reduced, ``REDUCE_MODES``)."""
+    partial sums are reduced, ``REDUCE_MODES``).
+
+    ``contents=False`` places the weights without their contents (``qm`` needs only its
+    scales: the planner's shapes-only compile); ``check=False`` skips the compatibility,
+    capacity and program-size checks (the planner names every violated limit itself) but
+    the shards' own (:func:`hidden_plan`)."""
     cfg = qm.cfg
     if getattr(qm, "quant", "int8") != "int8":
         raise ValueError(f"--strategy hidden does not compile quant={qm.quant!r} yet (only "
                          "int8); use --quant int8")
-    plan = check_hidden(npu, cfg, chips, widths=widths, ffn_widths=ffn_widths)
+    plan = check_hidden(npu, cfg, chips, widths=widths, ffn_widths=ffn_widths) if check else \
+        hidden_plan(npu, cfg, chips, widths=widths, ffn_widths=ffn_widths)
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {', '.join(REDUCE_MODES)}, not {reduce!r}")
     seq = cfg.seq_len if seq is None else seq
-    comp = _Compiler(npu, qm, plan, seq=seq, samples=samples, reduce=reduce)
+    comp = _Compiler(npu, qm, plan, seq=seq, samples=samples, reduce=reduce, contents=contents)
     comp.place()
     comp.activations()
     for ch in comp.ch:
-        ch.al.check_capacity()
+        if check:
+            ch.al.check_capacity()
     if cfg.norm == "post":
         for ch in comp.ch:
             vl.emit(ch.asm, vl.requant_launch(size=comp.n, length=plan.width(ch.c),
@@ -817,7 +852,7 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
         programs.append(finish(npu, ChipProgram(ch.c, ch.asm, ch.al, role={
             "layers": list(range(cfg.n_layers)), "columns": list(plan.cols[ch.c]),
             "heads": [h for h, _ in pieces], "head_lanes": [w for _, w in pieces],
-            "ffn_columns": plan.ffn_width(ch.c)})))
+            "ffn_columns": plan.ffn_width(ch.c)}), check=check))
     inputs = [[] for _ in range(samples)]
     outputs = []
     for s in range(samples):
@@ -839,54 +874,35 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
 
 
 def hidden_stats(prog: SystemProgram, comms: list[dict]) -> dict:
-    """The report's ``hidden`` section from the compiled program and its collectives (with
-    their cycles on a timed backend): the shards, and per layer the collectives, their COLL
-    launches, bytes and ordering tokens, with why there are that many; on a timed backend how
-    much the split heads' score all-reduces overlapped (``score_overlap``: the sum of their
-    cycles over their span, above 1 when groups ran at the same time)."""
+    """The report's ``hidden`` section from the compiled program and its collectives: the
+    shards, and per layer the collectives, their COLL launches and bytes, with why there are
+    that many."""
     meta = prog.meta
     layer = [c for c in comms if c.get("layer") == 0]
     colls: dict[int, list] = {}
     for c in layer:
-        if c["kind"] != "send":
-            colls.setdefault(c["collective"], []).append(c)
+        colls.setdefault(c["collective"], []).append(c)
     per_layer = [{"what": items[0]["what"], "kind": items[0]["kind"],
                   "width": items[0]["width"], "group": items[0]["group"],
                   "launches": len(items), "bytes": sum(c["bytes"] for c in items)}
                  for items in colls.values()]
-    tokens = [c for c in layer if c["kind"] == "send"]
-    scores = [c for c in layer if c["kind"] != "send" and c["what"].startswith("attention")]
     ln = sum(1 for c in per_layer if "statistics" in c["what"])
     proj = sum(1 for c in per_layer if "projection" in c["what"])
     heads = len(meta["split_heads"])
-    groups = [tuple(meta["head_groups"][h]) for h in meta["split_heads"]]
-    disjoint = sum(1 for k, g in enumerate(groups) if k and not set(_members(g, prog)) &
-                   set(_members(groups[k - 1], prog)))
+    scores = (f"; one all-reduce of the partial Q.K scores of the {heads} head"
+              f"{'s' if heads > 1 else ''} split across chips (each chip's lanes give a partial "
+              "dot product; every split head in one buffer, zero where a chip holds none of "
+              "the head)") if heads else "; no head is split, so no score all-reduce"
     why = (f"{ln} int64 all-reduces of the LayerNorm statistics [sum x, sum x^2] per row; {proj} "
            f"{meta['reduce'] or 'no'} reductions of int32 partial projections (QKV, O, FFN1, "
            "FFN2: every input is sharded by columns, so each chip's X[:, cols] @ W[rows, :] is "
-           f"a partial sum of the whole output); {heads} all-reduces of partial Q.K scores, "
-           f"one per head split across chips, within its group ({disjoint} share no chip with "
-           "the previous head's group, so the two reduce at the same time). The seed's "
-           f"{SEED_COLLECTIVES} counted the LayerNorm and score all-reduces only. Tokens: "
-           "one-word SENDs that hold back a collective whose sender to a chip changes (the "
-           "engine takes ring words from any sender) until that chip's previous collective "
-           "is done.") if prog.chips and len(prog.chips) > 1 else "one chip: no collectives"
-    out = {"columns_per_chip": meta["columns_per_chip"],
-           "ffn_columns_per_chip": meta["ffn_columns_per_chip"],
-           "head_groups": meta["head_groups"], "split_heads": meta["split_heads"],
-           "reduce": meta["reduce"], "collectives_per_layer": len(per_layer),
-           "coll_launches_per_layer": sum(c["launches"] for c in per_layer),
-           "bytes_per_layer": sum(c["bytes"] for c in per_layer),
-           "tokens_per_layer": len(tokens), "per_layer": per_layer,
-           "seed_estimate": SEED_COLLECTIVES, "why": why, "score_overlap": None}
-    timed = [c for c in scores if "cycles" in c]
-    if timed:
-        span = max(c["start"] + c["cycles"] for c in timed) - min(c["start"] for c in timed)
-        out["score_overlap"] = sum(c["cycles"] for c in timed) / span if span else None
-    return out
-
-
-def _members(group, prog) -> list[int]:
-    first, count = group
-    return [(first + k) % len(prog.chips) for k in range(count)]
+           f"a partial sum of the whole output){scores}. All over every chip, in the same "
+           f"order. The seed's {SEED_COLLECTIVES} counted the LayerNorm and score all-reduces "
+           "only.") if len(prog.chips) > 1 else "one chip: no collectives"
+    return {"columns_per_chip": meta["columns_per_chip"],
+            "ffn_columns_per_chip": meta["ffn_columns_per_chip"],
+            "head_groups": meta["head_groups"], "split_heads": meta["split_heads"],
+            "reduce": meta["reduce"], "collectives_per_layer": len(per_layer),
+            "coll_launches_per_layer": sum(c["launches"] for c in per_layer),
+            "bytes_per_layer": sum(c["bytes"] for c in per_layer), "per_layer": per_layer,
+            "seed_estimate": SEED_COLLECTIVES, "why": why}
