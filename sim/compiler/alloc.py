@@ -92,7 +92,10 @@ class Allocator:
 
     def alloc(self, name: str, rows: int, cols: int, eb: int, category: str,
               row_words_: int | None = None, *, low: bool = False,
-              transfer: bool = False, spare: bool = False) -> Tensor:
+              transfer: bool = False, spare: bool = False, fallback: bool = False) -> Tensor:
+        """``fallback``: a ``spare`` or ``transfer`` tensor for which its region has no room
+        left above the weights (``low``) goes to the next region up (spare, transfer, top)
+        instead of overlapping them (the tensors of a unit that only runs faster there)."""
         if category not in CATEGORIES:
             raise ValueError(f"unknown category {category!r}")
         if name in self.tensors:
@@ -102,10 +105,14 @@ class Allocator:
         if low:
             base = self.low_word
             self.low_word += words
-        elif spare and self.spare_top is not None:
+        elif spare and self.spare_top is not None and not (
+                fallback and (self.spare_word - words < self.low_word or
+                              self.mid_word < self.spare_top)):
             self.spare_word -= words
             base = self.spare_word
-        elif (transfer or spare) and self.mid_top is not None:
+        elif (transfer or spare) and self.mid_top is not None and not (
+                fallback and (self.mid_word - words < max(self.low_word, self._spare_top_used())
+                              or self.mid_top > self.high_word)):
             self.mid_word -= words
             base = self.mid_word
         else:
@@ -143,6 +150,12 @@ class Allocator:
         """The allocation exceeds the scratchpad or its regions overlap
         (:meth:`check_capacity` would refuse it)."""
         return self.next_word > self.npu.sram_words or self._overlap()
+
+    def _spare_top_used(self) -> int:
+        """The top of the spare region when it holds something (the transfer region must stay
+        above it), else 0."""
+        used = self.spare_top is not None and self.spare_word < self.spare_top
+        return self.spare_top if used else 0
 
     def _overlap(self) -> bool:
         mid_used = self.mid_top is not None and self.mid_word < self.mid_top

@@ -505,9 +505,11 @@ class _Compiler:
                         cdiv(r.mb, 2) * r.block_words for r in self.red.values())
             odd = max((r.mb // 2 * r.block_words for r in self.red.values()
                        if r.mode == "reduce_scatter"), default=0)
-            t["p"] = al.alloc("p", words, n, 1, "activations", row_words_=1, transfer=True)
+            t["p"] = al.alloc("p", words, n, 1, "activations", row_words_=1, transfer=True,
+                              fallback=True)
             if odd:
-                t["p1"] = al.alloc("p1", odd, n, 1, "activations", row_words_=1, spare=True)
+                t["p1"] = al.alloc("p1", odd, n, 1, "activations", row_words_=1, spare=True,
+                                   fallback=True)
             # LayerNorm records as int64 elements, padded to whole all-reduce units.
             unit = self.chips * elements_per_word(word_bytes(self.link), 64)
             elems = pad_to(rows * rec * n // 8, unit)
@@ -520,12 +522,12 @@ class _Compiler:
                 elems = pad_to(len(plan.split_heads) * self.score_slot * n // 4,
                                self.chips * self.red["o"].epw)
                 t["scores_in"] = al.alloc("scores_in", elems * 4 // n, n, 1, "activations",
-                                          row_words_=1, spare=True)
+                                          row_words_=1, spare=True, fallback=True)
                 if self.contents:
                     al.images[t["scores_in"].base] = np.zeros((t["scores_in"].words, n),
                                                               np.uint8)
                 t["scores"] = al.alloc("scores", elems * 4 // n, n, 1, "activations",
-                                       row_words_=1, transfer=True)
+                                       row_words_=1, transfer=True, fallback=True)
 
     # --- collectives --------------------------------------------------------------------------
     def collective(self, group, chunks, *, width, what, kind="all_reduce", wait=True,

@@ -54,3 +54,16 @@ def test_a_full_spare_bank_is_refused(where):
     assert al.overflows
     with pytest.raises(ConfigError, match="regions overlap"):
         al.check_capacity()
+
+
+def test_fallback_moves_up_instead_of_overlapping_the_weights():
+    """Weights past the spare bank: a spare tensor with ``fallback`` goes to the transfer bank,
+    and, that one full too, to the top."""
+    al = Allocator(TINY)
+    al.alloc("w", 2 * TINY.bank_words + 100, 4, 1, "weights", row_words_=1, low=True)
+    spare = al.alloc("p1", 8, 4, 1, "activations", row_words_=1, spare=True, fallback=True)
+    assert bank(TINY, spare) == (2, 2)
+    big = al.alloc("p", TINY.bank_words, 4, 1, "activations", row_words_=1, transfer=True,
+                   fallback=True)
+    assert bank(TINY, big) == (3, 3)
+    assert not al.overflows
