@@ -20,8 +20,8 @@ running any RTL and without the model's weights:
   program with dummy integer parameters) and timed by the ISS's timing model, the cycle model
   (:mod:`sim.iss.timing`, equal to the RTL) when the programs are short enough, else the
   launch-level model (:mod:`sim.iss.fast`); deep models are timed on two and four layers per
-  chip and extended along their layers. Strategies without a compiler yet (data, hidden,
-  sequence, the 2-D grids) are planned analytically from the built ones, marked as such;
+  chip and extended along their layers. Strategies without a shapes-only compile yet
+  (sequence, the 2-D grids) are planned analytically from the built ones, marked as such;
 - the **smallest chip count** that fits.
 
 The JSON form is :meth:`PlanReport.to_json` (``docs/formats.md``, ``npu plan --json``).
@@ -46,6 +46,7 @@ from . import simulate as _simulate
 from .compiler.attention_launch import plan_schedule
 from .compiler.blocks import BlockEmitter, LayerWeights, Shard, pad_to
 from .compiler.grid import compile_grid
+from .compiler.hidden import compile_hidden
 from .compiler.program import SystemProgram
 from .compiler.quantize import QLayer, QLayerNorm, QModel
 from .compiler.strategy import strategy_grid
@@ -58,7 +59,7 @@ __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile
            "COMPILED", "chip_bytes", "limits", "ring_buildable"]
 
 #: Strategies whose programs the compiler emits (the others are planned analytically).
-COMPILED = ("single", "head", "pipeline", "data")
+COMPILED = ("single", "head", "pipeline", "data", "hidden")
 GRIDS = ("head+pipeline", "data+head", "data+pipeline")
 #: Programs up to this many chip-cycles are timed by the cycle model (equal to the RTL).
 EXACT_CHIP_CYCLES = 150_000
@@ -591,9 +592,18 @@ def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, 
     ``chips`` chips, from the shapes alone (no weights, dummy scales; the SET values of the
     scales differ, nothing else): the grid compiler itself, with an emitter that places the
     weights without their contents and none of its checks (the planner makes its own).
-    ``ValueError`` when a program cannot be written (attention that fits no schedule)."""
+    ``ValueError`` when a program cannot be written (attention that fits no schedule).
+    Hidden parallelism: its own compiler (``sim.compiler.hidden``), without contents or checks
+    either, on datapaths as wide as the model (the planner names the shards' width limits)."""
     if strategy not in COMPILED:
         raise ValueError(f"no compiler for strategy {strategy!r}")
+    if strategy == "hidden":
+        if grid is not None or microbatches is not None:
+            raise ValueError("hidden takes no grid and no microbatches")
+        wide = max(npu.d_head_max, npu.d_model_max, cfg.d_model, cfg.d_head)
+        return compile_hidden(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide),
+                              _dummy_qmodel(cfg), chips, seq=cfg.seq_len, samples=samples,
+                              contents=False, check=False)
     return compile_grid(npu, _dummy_qmodel(cfg), strategy_grid(strategy, chips, grid),
                         strategy=strategy, seq=cfg.seq_len, samples=samples,
                         microbatches=microbatches, emitter=_ShapeEmitter, check=False)
@@ -787,14 +797,23 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
         return min(fitting, key=key)
     roles = _roles(npu, cfg, name, chips, grid)
     per_chip = [chip_bytes(npu, cfg, r) for r in roles]
+    exact = _hidden_bytes(npu, cfg, chips, per_chip) if name == "hidden" else None
+    per_chip = exact or per_chip
     reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
     comm, colls, notes = _comm(npu, cfg, name, chips, grid)
+    if exact:
+        notes.append("hidden: per-chip bytes from the shapes-only compile of one layer (the "
+                     "allocator's, buffers and padding included), times the layers")
     notes = _features(cfg) + notes
     cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
     notes += more
     if cycles is not None and cycles < 0:
         cycles = None
-    if how == "analytic" and name not in COMPILED:
+    if how == "analytic" and name == "hidden":
+        notes.insert(0, "analytic: no hidden program for this ring (or fewer words of d_model "
+                        "than chips); one chip's program timed and split, the collectives "
+                        "added from the ring's cost")
+    elif how == "analytic" and name not in COMPILED:
         notes.insert(0, f"analytic: no compiler for {name} yet; cycles estimated from the "
                         "built strategies' timed programs")
     dh_pad = pad_to(cfg.d_head, npu.array_size)
@@ -815,6 +834,32 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
         collectives_per_layer=colls, predicted_cycles=cycles, latency_ms=latency,
         tokens_per_s=tokens, min_chips=smallest, notes=notes,
         timing=how)
+
+
+def _hidden_bytes(npu, cfg, chips, estimate) -> list[ChipBytes] | None:
+    """Hidden parallelism's per-chip bytes as its allocator lays them out: one layer compiled
+    from the shapes (its weights times the layers; the buffers are per chip, not per layer),
+    plus the tables the planner adds (their share in ``estimate``, :func:`chip_bytes`). None
+    when no program can be written (more chips than the ring or than d_model's words, an
+    attention schedule that does not exist) and for a gated FFN (not compiled: its gate is
+    only in the estimate)."""
+    n = npu.array_size
+    if cfg.ffn == "gated" or chips > MAX_CHIPS or pad_to(cfg.d_model, n) // n < chips or \
+            not _compatible(npu, cfg, cfg.seq_len) or (chips > 1 and not ring_buildable(npu)):
+        return None
+    one = dataclasses.replace(_built_model(cfg), n_layers=1)
+    try:
+        prog = compile_shapes("hidden", npu, one, chips, samples=cfg.batch)
+    except (ValueError, ConfigError):
+        return None
+    out = []
+    for chip, est in zip(prog.chips, estimate, strict=True):
+        used = chip.alloc.used
+        tables = est.weights - chip_bytes(npu, cfg, dataclasses.replace(
+            _roles(npu, cfg, "hidden", chips, None, only={chip.chip})[0]), tables=False).weights
+        out.append(ChipBytes(chip.chip, cfg.n_layers * used["weights"] + tables,
+                             used["kv_cache"], used["activations"]))
+    return out
 
 
 def _compatible(npu, cfg, tokens):
@@ -844,6 +889,12 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
                      "NPU can be built with a ring port, so no multi-chip program can be "
                      "written; communication is costed from the ring's closed forms")
     try:
+        if name == "hidden" and (not ring_ok or chips > MAX_CHIPS or
+                                 pad_to(cfg.d_model, npu.array_size) // npu.array_size < chips):
+            # No program for this ring (or fewer words of d_model than chips): analytic.
+            if not _compatible(npu, cfg, cfg.seq_len):
+                return None, None, notes
+            return _analytic(timer, npu, cfg, base, name, chips, grid, notes)
         if name in COMPILED:
             if not ring_ok or any(r.key in ("n_heads", "n_layers", "chips") for r in reasons):
                 return _scaled(timer, npu, cfg, name, chips, notes)

@@ -74,6 +74,8 @@ class SimReport:
     grid: dict | None = None
     #: Data parallelism: ``{"replicas", "samples_per_replica"}``.
     data: dict | None = None
+    #: Hidden-dimension parallelism: the column shards and collectives (``docs/formats.md``).
+    hidden: dict | None = None
 
     @property
     def cycles_per_s(self) -> float | None:
@@ -115,6 +117,8 @@ class SimReport:
             report["sequence"] = dict(self.sequence)
         if self.data is not None:
             report["data"] = dict(self.data)
+        if self.hidden is not None:
+            report["hidden"] = dict(self.hidden)
         if self.first_mismatch is not None:
             report["first_mismatch"] = dict(self.first_mismatch)
         return report
@@ -154,6 +158,12 @@ class SimReport:
             lines.append(f"  pipeline: {p['stages']} stages (layers {p['layers_per_stage']}), "
                          f"{p['microbatches']} microbatches; bubble {bubble} vs "
                          f"(p-1)/(m+p-1) = {p['bubble_formula']:.1%}")
+        if self.hidden is not None:
+            h = self.hidden
+            lines.append(f"  hidden: columns {h['columns_per_chip']}, split heads "
+                         f"{h['split_heads']}; per layer {h['collectives_per_layer']} "
+                         f"collectives ({h['coll_launches_per_layer']} COLL launches, "
+                         f"{h['bytes_per_layer']:,} bytes); projections by {h['reduce']}")
         if self.sequence is not None:
             q = self.sequence
             chunks = ", ".join(f"{a}..{b - 1}" for a, b in q["chunks"])

@@ -20,6 +20,7 @@ from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
 from .compiler.compat import check_single_chip
+from .compiler.hidden import check_hidden, hidden_stats
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from .compiler.sequence import check_sequence
@@ -128,13 +129,12 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
     # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
     taken = [0] * n_chips
     outputs = []
-    for out in prog.outputs:
+    for sample, out in enumerate(prog.outputs):
         parts = []
-        for place in out if isinstance(out, list) else [out]:
-            parts.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
-                                    prog.cfg.d_model))
+        for place in out if isinstance(out, (list, tuple)) else [out]:
+            parts.append(regions[place.chip][taken[place.chip]])
             taken[place.chip] += 1
-        outputs.append(np.concatenate(parts))
+        outputs.append(prog.read(sample, parts))
     res["outputs"] = outputs
     res["load_cycles"] = load
     return res
@@ -164,17 +164,20 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
     link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
-    out, seen = [], {"coll": {}, "send": {}}
+    # A chip's k-th collective interval is the k-th collective it is a member of (a chip
+    # may be a member of several groups: hidden parallelism's head groups and whole ring).
+    out, seen = [], {"coll": [0] * len(prog.chips), "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
         if spans is not None and comm["kind"] in COLLECTIVE_KINDS:
-            # The k-th collective of a group is the k-th COLL interval of each member.
             first, count = comm["group"]
-            k = seen["coll"].get(first, 0)
-            seen["coll"][first] = k + 1
             members = [(first + j) % len(prog.chips) for j in range(count)]
-            ivs = [spans[m]["collective"][k] for m in members]
-            entry["cycles"] = max(e for _, e in ivs) - min(s for s, _ in ivs)
+            ivs = []
+            for m in members:
+                ivs.append(spans[m]["collective"][seen["coll"][m]])
+                seen["coll"][m] += 1
+            entry["start"] = min(s for s, _ in ivs)
+            entry["cycles"] = max(e for _, e in ivs) - entry["start"]
             entry["bound_cycles"] = ring_bound_cycles(comm["kind"], comm["bytes"], count, link,
                                                       lat)
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
@@ -183,6 +186,7 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
             k = seen["send"].get(src, 0)
             seen["send"][src] = k + 1
             s, e = spans[src]["send"][k]
+            entry["start"] = s
             entry["cycles"] = e - s
             # One hop: the bytes at the link's width plus its latency.
             entry["bound_cycles"] = -(-comm["bytes"] // link) + lat
@@ -227,7 +231,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
              link_stalls: float = 0.0, progress=None, reference: str = "auto",
-             grid: str | None = None, quant: str | None = None, board=None) -> SimReport:
+             grid: str | None = None, quant: str | None = None, board=None,
+             reduce: str | None = None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
     (``chips`` defaults to the grid's A x B, or 1).
 
@@ -252,6 +257,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
 
     ``backend="board"`` runs the one chip on an FPGA board: ``board`` is a
     :class:`sim.board.BoardDriver` (``npu board``, :func:`sim.board.run_board`).
+
+    ``reduce``: hidden parallelism only, how the projections' partial sums are reduced
+    (``"reduce_scatter"``, the default, or ``"all_reduce"``; ``sim.compiler.hidden``).
     """
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
@@ -282,9 +290,19 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         if quant not in QUANT_SCHEMES:
             raise BadInput(f"--quant {quant!r} is not one of {', '.join(QUANT_SCHEMES)}")
         model = dataclasses.replace(model, quant=quant)
-    # Refuse what a chip cannot run before any work (the compiler checks again).
+    if reduce is not None and strategy != "hidden":
+        raise BadInput("reduce applies to --strategy hidden")
+    # Refuse what a chip cannot run before any work (the compiler checks again): under
+    # sequence and hidden parallelism each chip's share.
     if strategy == "sequence":
         check_sequence(npu, model, chips)
+    elif strategy == "hidden":
+        try:
+            check_hidden(npu, model, chips)
+        except ValueError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise BadInput(str(exc)) from None
     else:
         check_single_chip(npu, model)
     rng = np.random.default_rng(seed)
@@ -306,7 +324,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     samples = x if x.ndim == 3 else x[None]
     try:
         prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
-                               samples=len(samples), microbatches=microbatches, grid=grid)
+                               samples=len(samples), microbatches=microbatches, grid=grid,
+                               reduce=reduce)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -346,6 +365,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         report.pipeline = _pipeline_stats(prog, res, spans)
     if strategy == "sequence":
         report.sequence = _sequence_stats(prog, report.collectives, spans)
+    if strategy == "hidden":
+        report.hidden = hidden_stats(prog, report.collectives)
     if grid_meta and grid_meta["replicas"] > 1:
         report.data = {"replicas": grid_meta["replicas"],
                        "samples_per_replica": prog.meta["replica_samples"]}

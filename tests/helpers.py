@@ -15,12 +15,13 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.spec import PRESETS_DIR, npu_preset
+from hw.spec.attention import partial_row_words
 from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from sim import errors
 from sim.cli import main
 from sim.compiler.assembler import Assembler
-from sim.compiler.attention_launch import attention_launch
+from sim.compiler.attention_launch import attention_launch, partial_launch, reduced_launch
 from sim.compiler.attention_launch import emit as emit_attention
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
@@ -401,6 +402,68 @@ class AttentionCase:
         bad = np.argwhere(got != want)
         assert not len(bad), (f"ISS query {bad[0][0]} lane {bad[0][1]}: {got[tuple(bad[0])]}, "
                               f"golden {want[tuple(bad[0])]}")
+
+
+class SplitCase:
+    """One head whose lanes are cut into ``shards`` (lane counts, multiples of N), as chips of
+    a hidden-dimension split hold it: Q, K, V [*, d_model] int8 in memory, the head at column
+    ``col``; per shard a partial launch (pass 1, rows at ``p_base[s]``) and a reduced launch
+    (pass 2, the summed rows at ``r_base``, output at ``o_base``)."""
+
+    def __init__(self, rng, npu, *, queries, keys, shards, d_model, col=0, q_pos=0, k_pos=0,
+                 bidirectional=False, interleaved=False, halo=0, window=0):
+        n = npu.array_size
+        self.npu, self.iss = npu, Iss(npu)
+        self.rw = rw = row_words(d_model, 1, n)
+        self.prw = prw = partial_row_words(npu.attn_window, n)
+        self.q = rng.integers(-128, 128, (queries, d_model))
+        self.k = rng.integers(-128, 128, (keys, d_model))
+        self.v = rng.integers(-128, 128, (keys, d_model))
+        q_base, k_base, v_base = 0, queries * rw, (queries + keys) * rw
+        self.o_base = v_base + keys * rw
+        self.p_base = [self.o_base + queries * rw + s * queries * prw
+                       for s in range(len(shards))]
+        self.r_base = self.p_base[-1] + queries * prw
+        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
+            self.iss.write_words(base, pack_rows(x, 1, n))
+        self.queries, self.d_model, self.shards = queries, d_model, shards
+        self.sl = slice(col, col + sum(shards))
+        sched = {"q_pos": q_pos, "k_pos": k_pos, "bidirectional": bidirectional,
+                 "interleaved": interleaved, "halo": halo}
+        self.partials, self.reduced = [], []
+        at = col
+        for s, width in enumerate(shards):
+            common = {"size": n, "window": npu.attn_window, "d_head": width,
+                      "queries": queries, "keys": keys, "col": at, **sched}
+            self.partials.append(partial_launch(q_base=q_base, k_base=k_base,
+                                                p_base=self.p_base[s], q_row_words=rw,
+                                                k_row_words=rw, **common))
+            self.reduced.append(reduced_launch(
+                v_base=v_base, r_base=self.r_base, o_base=self.o_base, v_row_words=rw,
+                o_row_words=rw, window_cut=window, score_mult=SCORE_MULT,
+                score_shift=SCORE_SHIFT, out_mult=OUT_MULT, out_shift=OUT_SHIFT, **common))
+            at += width
+
+    def partial_rows(self, s) -> np.ndarray:
+        """Shard ``s``'s partial rows in the ISS's memory, int32 [queries, W]."""
+        words = self.iss.read_words(self.p_base[s], self.queries * self.prw)
+        rows = words.reshape(self.queries, -1)[:, :4 * self.npu.attn_window]
+        return np.ascontiguousarray(rows).view("<i4").astype(np.int64)
+
+    def reduce(self) -> np.ndarray:
+        """Sum the shards' partial rows (wrapping, as the all-reduce does) into ``r_base``."""
+        total = sum(self.partial_rows(s) for s in range(len(self.shards)))
+        total = ((total + 2**31) % 2**32) - 2**31
+        words = np.zeros((self.queries, self.prw * self.npu.array_size), np.uint8)
+        words[:, :4 * self.npu.attn_window] = total.astype("<i4").view(np.uint8).reshape(
+            self.queries, -1)
+        self.iss.write_words(self.r_base, words.reshape(-1, self.npu.array_size))
+        return total
+
+    def output(self) -> np.ndarray:
+        out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
+                          self.queries, self.d_model, 1)
+        return out[:, self.sl]
 
 
 # --- sweeps -------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from .isa import COUNT_BITS
 
-__all__ = ["POS_BITS", "FLAG_BIDIR", "FLAG_INTERLEAVED", "HALO_SHIFT", "HALO_BITS",
-           "FLAGS_WIDTH", "KNOWN_FLAGS", "softmax_lanes", "schedule", "flags_value",
-           "flags_halo"]
+__all__ = ["POS_BITS", "FLAG_BIDIR", "FLAG_INTERLEAVED", "FLAG_PARTIAL", "FLAG_REDUCED",
+           "HALO_SHIFT", "HALO_BITS", "FLAGS_WIDTH", "KNOWN_FLAGS", "PARTIAL_BYTES",
+           "softmax_lanes", "schedule", "flags_value", "flags_halo", "split_mode",
+           "partial_row_words"]
 
 #: Absolute token positions are unsigned 16-bit (a chunk's position base plus its index).
 POS_BITS = 16
@@ -21,6 +22,14 @@ FLAG_BIDIR = 1
 #: ``AT_FLAGS`` bit 1: interleaved schedule (one key write before each query) instead of
 #: "preload every key, then every query".
 FLAG_INTERLEAVED = 2
+#: ``AT_FLAGS`` bit 2: split-score pass 1 (hidden-dimension parallelism): every query's raw
+#: int32 partial scores ``q . k_j`` over this chip's lanes of the head are written (WR1) instead
+#: of its output; no softmax, no P.V, no V read.
+FLAG_PARTIAL = 4
+#: ``AT_FLAGS`` bit 3: split-score pass 2: every query's score row is the reduced (summed over
+#: the head's chips) int32 row read from RD5 instead of ``q . k``; then softmax and P.V as usual.
+#: No Q or K read. Bits 2 and 3 are exclusive.
+FLAG_REDUCED = 8
 #: ``AT_FLAGS[HALO_SHIFT + HALO_BITS - 1 : HALO_SHIFT]``: keys written before the interleaving
 #: starts (interleaved schedule only).
 HALO_SHIFT = 8
@@ -28,15 +37,39 @@ HALO_BITS = COUNT_BITS
 #: Width of the engine's ``flags`` field.
 FLAGS_WIDTH = HALO_SHIFT + HALO_BITS
 #: Every bit of ``AT_FLAGS`` that carries meaning.
-KNOWN_FLAGS = FLAG_BIDIR | FLAG_INTERLEAVED | (((1 << HALO_BITS) - 1) << HALO_SHIFT)
+KNOWN_FLAGS = FLAG_BIDIR | FLAG_INTERLEAVED | FLAG_PARTIAL | FLAG_REDUCED \
+    | (((1 << HALO_BITS) - 1) << HALO_SHIFT)
+#: Bytes of one raw score lane in a partial or reduced row (int32, little-endian).
+PARTIAL_BYTES = 4
 
 
-def flags_value(*, bidirectional: bool, interleaved: bool, halo: int = 0) -> int:
-    """The ``AT_FLAGS`` value of a launch."""
+def flags_value(*, bidirectional: bool, interleaved: bool, halo: int = 0,
+                split: str | None = None) -> int:
+    """The ``AT_FLAGS`` value of a launch; ``split`` is None, ``"partial"`` (pass 1) or
+    ``"reduced"`` (pass 2)."""
     if not 0 <= halo < 1 << HALO_BITS:
         raise ValueError(f"halo={halo} does not fit {HALO_BITS} bits")
+    modes = {None: 0, "partial": FLAG_PARTIAL, "reduced": FLAG_REDUCED}
+    if split not in modes:
+        raise ValueError(f"split must be None, 'partial' or 'reduced', not {split!r}")
     return (FLAG_BIDIR if bidirectional else 0) | (FLAG_INTERLEAVED if interleaved else 0) \
-        | (halo << HALO_SHIFT)
+        | modes[split] | (halo << HALO_SHIFT)
+
+
+def split_mode(flags: int) -> str | None:
+    """The split-score pass of an ``AT_FLAGS`` value: None, ``"partial"`` or ``"reduced"``;
+    ValueError when both bits are set."""
+    partial, reduced = bool(flags & FLAG_PARTIAL), bool(flags & FLAG_REDUCED)
+    if partial and reduced:
+        raise ValueError("AT_FLAGS bits 2 (partial) and 3 (reduced) are exclusive")
+    return "partial" if partial else "reduced" if reduced else None
+
+
+def partial_row_words(window: int, size: int) -> int:
+    """Scratchpad words of one partial or reduced score row: the ``window`` (W) lanes of the
+    ring as int32, little-endian, lane j at bytes ``4j .. 4j + 3``, the last word padded with
+    zeros: ``ceil(4 W / N)``."""
+    return -(-PARTIAL_BYTES * window // size)
 
 
 def flags_halo(flags: int) -> int:

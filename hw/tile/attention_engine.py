@@ -7,21 +7,32 @@ and an output requantiser (``sim.golden.matmul.requant`` to int8). Golden model 
 
 Memory formats (``size`` = N = bytes per scratchpad word): a token's head slice is ``d_head``
 int8 (``d_head / N`` words, ``d_head`` a multiple of N, starting at a word boundary); K, V and Q
-rows arrive as such word groups, the output row leaves as one.
+rows arrive as such word groups, the output row leaves as one. A partial or reduced score row
+(split-score mode) is the W ring lanes as int32, little-endian, in
+``hw.spec.attention.partial_row_words(W, N)`` words.
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out, connect
+from amaranth.lib.wiring import In, Out
 
 from ..layouts import spad_word_layout
-from ..spec.attention import FLAGS_WIDTH, HALO_BITS, HALO_SHIFT, POS_BITS, softmax_lanes
+from ..spec.attention import (
+    FLAG_PARTIAL,
+    FLAG_REDUCED,
+    FLAGS_WIDTH,
+    HALO_BITS,
+    HALO_SHIFT,
+    POS_BITS,
+    partial_row_words,
+    softmax_lanes,
+)
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, SHIFT_BITS
 from ..spec.isa import COUNT_BITS
 from .attention import AttentionBuffer
 from .softmax import SoftmaxUnit
 
-__all__ = ["AttentionEngine", "cfg_layout"]
+__all__ = ["AttentionEngine", "cfg_layout", "uses_layout"]
 
 
 def cfg_layout(d_head):
@@ -39,6 +50,11 @@ def cfg_layout(d_head):
         "out_shift": unsigned(SHIFT_BITS),      # AT_OUT_SHIFT
         "d_head": unsigned(d_head.bit_length()),   # AT_D_HEAD, lanes
     })
+
+
+def uses_layout():
+    """``uses``: which of the optional read streams a launch takes (RD5 and WR1 always)."""
+    return data.StructLayout({"k": 1, "v": 1})
 
 
 class AttentionEngine(wiring.Component):
@@ -77,8 +93,20 @@ class AttentionEngine(wiring.Component):
     ``|i - k| < w`` (bidirectional): the engine narrows the buffer's mask on the score row's way
     to the softmax, whose zero probabilities then drop those keys from P.V.
 
-    Split-score mode (partial Q.K rows all-reduced across chips, hidden-dimension parallelism)
-    is not supported yet: the buffer's ``o_partial`` and ``i_reduced`` stay idle.
+    Split-score mode (a head whose lanes lie on several chips, hidden-dimension parallelism)
+    runs as two launches over the same keys, queries, positions and schedule, using the
+    buffer's ``o_partial`` and ``i_reduced`` (``R = partial_row_words(W, N)`` words per row):
+
+    - ``FLAG_PARTIAL`` (pass 1): K words (``i_k``) and Q words (``i_q``), no V. Each query
+      goes to the buffer in split mode; its raw int32 row ``q . k_j`` is taken from
+      ``o_partial`` with the lanes not written since the launch's first key set to 0 (they hold
+      keys of an earlier launch), and leaves on ``o`` as R words. The buffer's reduced row is
+      fed zeros and its score row and P.V output are dropped (no softmax runs); the launch ends
+      when both the last word and the last dropped output row have been taken.
+    - ``FLAG_REDUCED`` (pass 2): V words (``i_v``) and one reduced row per query on ``i_q``
+      (R words: the partial rows of the head's chips summed, wrapping), no K. Each query (zero
+      lanes) goes to the buffer in split mode, its ``o_partial`` is dropped and the reduced row
+      is its ``i_reduced``; then the window narrowing, softmax, P.V and int8 output as above.
 
     Members
     -------
@@ -87,12 +115,18 @@ class AttentionEngine(wiring.Component):
     i_k, i_v, i_q : ``In(stream.Signature(spad_word_layout(N)))``
         K, V and Q rows, ``h / N`` words each (read ports RD3, RD4, RD5); lanes beyond ``h`` of
         the buffer are zero. Exactly ``keys`` (``queries``) rows are taken per launch; ``last``
-        is ignored.
+        is ignored. The partial pass takes no V, the reduced pass no K and R-word reduced rows
+        on ``i_q``.
     o : ``Out(stream.Signature(spad_word_layout(N)))``
-        ``queries`` output rows of ``h / N`` int8 words (write port WR1); ``last`` on the
-        launch's final word.
+        ``queries`` output rows of ``h / N`` int8 words (write port WR1), or R-word partial
+        rows (partial pass); ``last`` on the launch's final word.
+    uses : ``Out(uses_layout())``
+        From the ``i_cfg`` payload offered (combinationally, before the transfer): ``k`` unless
+        the launch is a reduced pass, ``v`` unless it is a partial pass. The chip starts only
+        those read generators (and always RD5 and WR1).
     busy : ``Out(1)``
-        High from the cycle after ``i_cfg`` is taken until the final word of ``o`` is taken.
+        High from the cycle after ``i_cfg`` is taken until the final word of ``o`` is taken
+        (partial pass: and the buffer's last dropped output row).
 
     Timing and cost
     ---------------
@@ -130,6 +164,7 @@ class AttentionEngine(wiring.Component):
             "i_v": In(stream.Signature(spad_word_layout(size))),
             "i_q": In(stream.Signature(spad_word_layout(size))),
             "o": Out(stream.Signature(spad_word_layout(size))),
+            "uses": Out(uses_layout()),
             "busy": Out(1),
         })
 
@@ -156,33 +191,49 @@ class AttentionEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         W, D, L, N = self._window, self._d_head, self._length, self._size
+        R = partial_row_words(W, N)
         i8 = signed(OPERAND_BITS)
         m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L)
         m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L))
-        connect(m, sm.o, buf.i_probs)
-        # Split-score mode (o_partial / i_reduced) is not used: its ports stay idle.
 
         cfg = Signal(cfg_layout(D))
         active = Signal()
         m.d.comb += [self.busy.eq(active), self.i_cfg.ready.eq(~active)]
+        # Split-score passes (bit 3 wins if both are set: the ISS refuses that).
+        reduced = cfg.flags[FLAG_REDUCED.bit_length() - 1]
+        partial = cfg.flags[FLAG_PARTIAL.bit_length() - 1] & ~reduced
+        offered = self.i_cfg.payload.flags
+        m.d.comb += [self.uses.k.eq(~offered[FLAG_REDUCED.bit_length() - 1]),
+                     self.uses.v.eq(~offered[FLAG_PARTIAL.bit_length() - 1]
+                                    | offered[FLAG_REDUCED.bit_length() - 1])]
+
+        # The softmax sees the score rows of normal and reduced-pass queries; the partial pass
+        # drops them and answers each with an all-zero probability row.
+        m.d.comb += [buf.i_probs.payload.last.eq(sm.o.payload.last),
+                     buf.i_probs.valid.eq(Mux(partial, 1, sm.o.valid)),
+                     sm.o.ready.eq(~partial & buf.i_probs.ready)]
+        for lane in range(L):
+            m.d.comb += buf.i_probs.payload.data[lane].eq(Mux(partial, 0, sm.o.payload.data[lane]))
 
         # --- row gathering: h/N words -> one row of D lanes, zero beyond h -----------------
-        def gather(port, name, rows):
+        def gather(port, name, rows, ready):
             row = Signal(data.ArrayLayout(i8, D), name=f"{name}_row")
             off = Signal(range(D + 1), name=f"{name}_off")
             full = Signal(name=f"{name}_full")
             take = Signal(name=f"{name}_take")
+            mine = Signal(name=f"{name}_ready")
             count = Signal(COUNT_BITS, name=f"{name}_rows")    # rows complete this launch
             gathers.append(count)
             # A row's first word may arrive in the cycle the previous row is taken, so a
             # one-word row (h = N) streams at one row per cycle. No word beyond the launch's
             # rows is taken (they would belong to the next launch).
-            m.d.comb += port.ready.eq(active & (~full | take) & (count < rows))
+            m.d.comb += mine.eq(active & (~full | take) & (count < rows))
+            ready.append(mine)
             with m.If(take):
                 # Cleared after use, so lanes beyond h stay zero for the next row (the word
                 # taken in the same cycle, below, overrides its own lanes).
                 m.d.sync += [row.eq(0), full.eq(0)]
-            with m.If(port.valid & port.ready):
+            with m.If(port.valid & mine):
                 with m.Switch(off):
                     for w in range(D // N):
                         with m.Case(w * N):
@@ -195,9 +246,35 @@ class AttentionEngine(wiring.Component):
             return row, full, take
 
         gathers = []
-        k_row, k_full, k_take = gather(self.i_k, "k", cfg.keys)
-        v_row, v_full, v_take = gather(self.i_v, "v", cfg.keys)
-        q_row, q_full, q_take = gather(self.i_q, "q", cfg.queries)
+        k_ready, v_ready, q_ready = [], [], []
+        k_row, k_full, k_take = gather(self.i_k, "k", Mux(reduced, 0, cfg.keys), k_ready)
+        v_row, v_full, v_take = gather(self.i_v, "v", Mux(partial, 0, cfg.keys), v_ready)
+        q_row, q_full, q_take = gather(self.i_q, "q", Mux(reduced, 0, cfg.queries), q_ready)
+
+        # Reduced pass: RD5 carries one reduced score row of R words per query instead.
+        red_flat = Signal(8 * N * R)
+        red_off = Signal(range(R))
+        red_full, red_take = Signal(), Signal()
+        red_count = Signal(COUNT_BITS)
+        gathers.append(red_count)
+        red_mine = Signal()
+        m.d.comb += red_mine.eq(active & reduced & (~red_full | red_take)
+                                & (red_count < cfg.queries))
+        q_ready.append(red_mine)
+        with m.If(red_take):
+            m.d.sync += red_full.eq(0)
+        with m.If(self.i_q.valid & red_mine):
+            with m.Switch(red_off):
+                for w in range(R):
+                    with m.Case(w):
+                        m.d.sync += red_flat[8 * N * w:8 * N * (w + 1)].eq(
+                            self.i_q.payload.data.as_value())
+            with m.If(red_off == R - 1):
+                m.d.sync += [red_full.eq(1), red_off.eq(0), red_count.eq(red_count + 1)]
+            with m.Else():
+                m.d.sync += red_off.eq(red_off + 1)
+        for port, readies in ((self.i_k, k_ready), (self.i_v, v_ready), (self.i_q, q_ready)):
+            m.d.comb += port.ready.eq(Cat(*readies).any())
 
         # --- command issue: K/V writes and queries in schedule order ------------------------
         written = Signal(COUNT_BITS)        # keys written this launch
@@ -211,7 +288,7 @@ class AttentionEngine(wiring.Component):
 
         kv = buf.i_kv.payload
         m.d.comb += [
-            buf.i_kv.valid.eq(active & want_key & k_full & v_full),
+            buf.i_kv.valid.eq(active & want_key & (k_full | reduced) & (v_full | partial)),
             kv.pos.eq(cfg.k_pos + written),
             kv.first.eq(written == 0),
             kv.last.eq(0),
@@ -235,7 +312,8 @@ class AttentionEngine(wiring.Component):
         s_pos = Signal(POS_BITS)
         m.d.comb += s_pos.eq(cfg.q_pos + scored)
         scores = buf.o_scores.payload
-        m.d.comb += [sm.i.valid.eq(buf.o_scores.valid), buf.o_scores.ready.eq(sm.i.ready),
+        m.d.comb += [sm.i.valid.eq(buf.o_scores.valid & ~partial),
+                     buf.o_scores.ready.eq(partial | sm.i.ready),
                      sm.i.payload.last.eq(scores.last)]
         for j in range(L):
             visible = Signal(name=f"visible{j}")
@@ -252,27 +330,50 @@ class AttentionEngine(wiring.Component):
 
         q = buf.i_q.payload
         m.d.comb += [
-            buf.i_q.valid.eq(active & ~want_key & (issued < cfg.queries) & q_full),
+            buf.i_q.valid.eq(active & ~want_key & (issued < cfg.queries) & (q_full | reduced)),
             q.data.eq(q_row),
             q.pos.eq(cfg.q_pos + issued),
             q.mult.eq(cfg.score_mult),
             q.shift.eq(cfg.score_shift),
             q.bidir.eq(cfg.flags[0]),
-            q.split.eq(0),
+            q.split.eq(partial | reduced),
             q.last.eq(issued == cfg.queries - 1),
         ]
         with m.If(buf.i_q.valid & buf.i_q.ready):
             m.d.sync += issued.eq(issued + 1)
             m.d.comb += q_take.eq(1)
 
+        # --- split-score rows: partial rows out (pass 1), reduced rows in (pass 2) ------------
+        # A lane holds a key of this launch once that many keys were written since its first
+        # (which restarted the ring at slot 0); the others hold stale keys: zeroed.
+        p_flat = Signal(8 * N * R)
+        p_full = Signal()
+        p_off = Signal(range(R))
+        dropped = Signal(COUNT_BITS)        # partial pass: the buffer's output rows dropped
+        m.d.comb += buf.o_partial.ready.eq(reduced | (partial & ~p_full))
+        with m.If(buf.o_partial.valid & buf.o_partial.ready & partial):
+            m.d.sync += [p_full.eq(1), p_off.eq(0)]
+            for lane in range(W):
+                m.d.sync += p_flat[32 * lane:32 * (lane + 1)].eq(
+                    Mux(written > lane, buf.o_partial.payload.data[lane], 0))
+        m.d.comb += buf.i_reduced.valid.eq(partial | (reduced & red_full))
+        with m.If(reduced):
+            for lane in range(W):
+                m.d.comb += buf.i_reduced.payload.data[lane].eq(
+                    red_flat[32 * lane:32 * (lane + 1)])
+        with m.If(buf.i_reduced.valid & buf.i_reduced.ready & reduced):
+            m.d.comb += red_take.eq(1)
+
         # --- output: hold the raw row, requantise N lanes per word --------------------------
         o_row = Signal(data.ArrayLayout(signed(ACC_BITS), D))
         o_full = Signal()
         o_off = Signal(range(D + 1))
         rows_out = Signal(COUNT_BITS)
-        m.d.comb += buf.o_out.ready.eq(active & ~o_full)
-        with m.If(buf.o_out.valid & buf.o_out.ready):
+        m.d.comb += buf.o_out.ready.eq(active & (partial | ~o_full))
+        with m.If(buf.o_out.valid & buf.o_out.ready & ~partial):
             m.d.sync += [o_row.eq(buf.o_out.payload.data), o_full.eq(1), o_off.eq(0)]
+        with m.If(buf.o_out.valid & buf.o_out.ready & partial):
+            m.d.sync += dropped.eq(dropped + 1)
 
         sel = [Signal(signed(ACC_BITS), name=f"sel{i}") for i in range(N)]
         with m.Switch(o_off):
@@ -287,20 +388,39 @@ class AttentionEngine(wiring.Component):
             shifted = prod >> cfg.out_shift
             m.d.comb += self.o.payload.data[i].eq(
                 Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:OPERAND_BITS])))
-        row_done = o_off + N >= cfg.d_head
+        row_done = Mux(partial, p_off == R - 1, o_off + N >= cfg.d_head)
         final = row_done & (rows_out == cfg.queries - 1)
-        m.d.comb += [self.o.valid.eq(o_full), self.o.payload.last.eq(final)]
+        m.d.comb += [self.o.valid.eq(Mux(partial, p_full, o_full)),
+                     self.o.payload.last.eq(final)]
+        with m.If(partial):
+            with m.Switch(p_off):
+                for w in range(R):
+                    with m.Case(w):
+                        m.d.comb += self.o.payload.data.eq(p_flat[8 * N * w:8 * N * (w + 1)])
         with m.If(self.o.valid & self.o.ready):
-            with m.If(row_done):
+            with m.If(partial):
+                with m.If(row_done):
+                    m.d.sync += [p_full.eq(0), p_off.eq(0), rows_out.eq(rows_out + 1)]
+                with m.Else():
+                    m.d.sync += p_off.eq(p_off + 1)
+            with m.Elif(row_done):
                 m.d.sync += [o_full.eq(0), o_off.eq(0), rows_out.eq(rows_out + 1)]
             with m.Else():
                 m.d.sync += o_off.eq(o_off + N)
 
         # --- launch start and end -----------------------------------------------------------
+        # The partial pass also waits for the buffer's last dropped row, so that no row of this
+        # launch can reach the next one.
+        out_done = Signal()
+        tail_done = ~partial | (dropped == cfg.queries) | \
+            (buf.o_out.valid & buf.o_out.ready & (dropped == cfg.queries - 1))
+        with m.If(self.o.valid & self.o.ready & final):
+            m.d.sync += out_done.eq(1)
+        with m.If(active & (out_done | (self.o.valid & self.o.ready & final)) & tail_done):
+            m.d.sync += [active.eq(0), out_done.eq(0)]
         with m.If(self.i_cfg.valid & self.i_cfg.ready):
             m.d.sync += [cfg.eq(self.i_cfg.payload), active.eq(1), written.eq(0),
-                         issued.eq(0), scored.eq(0), rows_out.eq(0)]
+                         issued.eq(0), scored.eq(0), rows_out.eq(0), dropped.eq(0),
+                         out_done.eq(0)]
             m.d.sync += [count.eq(0) for count in gathers]
-        with m.If(self.o.valid & self.o.ready & final):
-            m.d.sync += active.eq(0)
         return m

@@ -49,9 +49,9 @@ __all__ = ["Chip"]
 
 # Scratchpad port numbers follow hw.spec.isa.READ_GENS and WRITE_GENS; the host has the last
 # (lowest-priority) read and write ports.
-#: Generators the attention and vector engines share, and those an attention launch uses.
+#: Generators the attention and vector engines share (an attention launch uses RD3-RD5 and
+#: WR1, less RD4 or RD3 in the split-score passes: the engine's ``uses``).
 SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
-ATTN_GENS = ("RD3", "RD4", "RD5", "WR1")
 #: Which configuration register feeds each field of the attention engine's ``i_cfg``.
 ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
                  "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
@@ -283,8 +283,10 @@ class Chip(wiring.Component):
         # still walk one address and never finish.
         vu_uses = {"RD3": 1, "RD4": vu.uses.b, "RD5": vu.uses.stats, "WR1": vu.uses.data,
                    "WR2": vu.uses.q}
+        # The split-score passes read no V (partial) or no K (reduced).
+        at_uses = {"RD3": at.uses.k, "RD4": at.uses.v, "RD5": 1, "WR1": 1, "WR2": 0}
         for g in SHARED_GENS:
-            m.d.comb += gens[g].i.valid.eq((at_go & (g in ATTN_GENS)) | (vu_go & vu_uses[g]))
+            m.d.comb += gens[g].i.valid.eq((at_go & at_uses[g]) | (vu_go & vu_uses[g]))
         at_busy = at.busy | (owner_attn & ~shared_idle)
         vu_busy = vu.busy | (~owner_attn & ~shared_idle)
 

@@ -41,7 +41,10 @@ class Allocator:
     """Bump pointers per region: matmul B operands (``low=True``) grow up from word 0,
     everything else grows down from the top of the scratchpad, and buffers that another chip
     reads or writes while this one computes (``transfer=True``: the messages of SEND and RECV)
-    grow down from the top of the second bank from the top. Banks hold contiguous address
+    grow down from the top of the second bank from the top (``spare=True``: from the top of
+    the third bank from the top, a second such region, for double buffers whose halves must
+    not share a port; the transfer region when there are fewer than 4 banks). Banks hold
+    contiguous address
     ranges and serve their ports by fixed priority, with the send and receive units last: so
     the weight stream (RD1), the activation stream (RD0) and a transfer read different banks
     unless the scratchpad is nearly full (then they still work, sharing a bank's port). With
@@ -73,12 +76,15 @@ class Allocator:
         on = banks >= 3 and self.transfer_bank
         self.mid_top = (banks - 1) * self.npu.bank_words if on else None
         self.mid_word = self.mid_top
+        self.spare_top = (banks - 2) * self.npu.bank_words if on and banks >= 4 else None
+        self.spare_word = self.spare_top
 
     @property
     def next_word(self) -> int:
         """Words in use (every region)."""
         mid = self.mid_top - self.mid_word if self.mid_top is not None else 0
-        return self.low_word + self.npu.sram_words - self.high_word + mid
+        spare = self.spare_top - self.spare_word if self.spare_top is not None else 0
+        return self.low_word + self.npu.sram_words - self.high_word + mid + spare
 
     @property
     def n(self) -> int:
@@ -86,7 +92,10 @@ class Allocator:
 
     def alloc(self, name: str, rows: int, cols: int, eb: int, category: str,
               row_words_: int | None = None, *, low: bool = False,
-              transfer: bool = False) -> Tensor:
+              transfer: bool = False, spare: bool = False, fallback: bool = False) -> Tensor:
+        """``fallback``: a ``spare`` or ``transfer`` tensor for which its region has no room
+        left above the weights (``low``) goes to the next region up (spare, transfer, top)
+        instead of overlapping them (the tensors of a unit that only runs faster there)."""
         if category not in CATEGORIES:
             raise ValueError(f"unknown category {category!r}")
         if name in self.tensors:
@@ -96,7 +105,14 @@ class Allocator:
         if low:
             base = self.low_word
             self.low_word += words
-        elif transfer and self.mid_top is not None:
+        elif spare and self.spare_top is not None and not (
+                fallback and (self.spare_word - words < self.low_word or
+                              self.mid_word < self.spare_top)):
+            self.spare_word -= words
+            base = self.spare_word
+        elif (transfer or spare) and self.mid_top is not None and not (
+                fallback and (self.mid_word - words < max(self.low_word, self._spare_top_used())
+                              or self.mid_top > self.high_word)):
             self.mid_word -= words
             base = self.mid_word
         else:
@@ -133,16 +149,26 @@ class Allocator:
     def overflows(self) -> bool:
         """The allocation exceeds the scratchpad or its regions overlap
         (:meth:`check_capacity` would refuse it)."""
+        return self.next_word > self.npu.sram_words or self._overlap()
+
+    def _spare_top_used(self) -> int:
+        """The top of the spare region when it holds something (the transfer region must stay
+        above it), else 0."""
+        used = self.spare_top is not None and self.spare_word < self.spare_top
+        return self.spare_top if used else 0
+
+    def _overlap(self) -> bool:
         mid_used = self.mid_top is not None and self.mid_word < self.mid_top
-        return self.next_word > self.npu.sram_words or self.low_word > self.high_word or (
-            mid_used and (self.low_word > self.mid_word or self.mid_top > self.high_word))
+        spare_used = self.spare_top is not None and self.spare_word < self.spare_top
+        return self.low_word > self.high_word or (
+            mid_used and (self.low_word > self.mid_word or self.mid_top > self.high_word)) or (
+            spare_used and (self.low_word > self.spare_word or self.spare_top > self.mid_word
+                            or self.spare_top > self.high_word))
 
     def check_capacity(self):
         """Raise :class:`ConfigError` naming every category when the image exceeds the SRAM."""
         need = self.next_word * self.n
-        mid_used = self.mid_top is not None and self.mid_word < self.mid_top
-        overlap = self.low_word > self.high_word or (mid_used and (
-            self.low_word > self.mid_word or self.mid_top > self.high_word))
+        overlap = self._overlap()
         if need > self.npu.sram_bytes or overlap:
             parts = ", ".join(f"{c} {self.used[c]:,}" for c in CATEGORIES)
             where = "" if need > self.npu.sram_bytes else \

@@ -2,29 +2,32 @@
 
 ``attention_launch`` builds one launch from tensor addresses; ``plan_schedule`` says which
 schedule runs a whole sequence on one chip (or refuses); ``head_launches`` builds the launches of
-every head of a layer, whose results equal ``sim.golden.layer.attention_int``. See ``docs/isa.md``
-(ATTN) for the registers and streams.
+every head of a layer, whose results equal ``sim.golden.layer.attention_int``.
+``partial_launch`` and ``reduced_launch`` are the two passes of split-score mode (a head whose
+lanes lie on several chips): raw partial score rows out, reduced rows back in. See
+``docs/isa.md`` (ATTN) for the registers and streams.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from hw.spec.attention import flags_value
+from hw.spec.attention import flags_value, partial_row_words
 from hw.spec.isa import Op
 
 from .descriptors import Desc
 
-__all__ = ["AttentionLaunch", "attention_launch", "plan_schedule", "head_launches", "emit",
-           "Schedule"]
+__all__ = ["AttentionLaunch", "attention_launch", "partial_launch", "reduced_launch",
+           "plan_schedule", "head_launches", "emit", "Schedule"]
 
 
 @dataclass(frozen=True)
 class AttentionLaunch:
-    rd3: Desc   # K rows of the head
-    rd4: Desc   # V rows
-    rd5: Desc   # Q rows
-    wr1: Desc   # output rows
+    rd3: Desc | None   # K rows of the head (None: the reduced pass reads no K)
+    rd4: Desc | None   # V rows (None: the partial pass reads no V)
+    rd5: Desc          # Q rows (the reduced pass: reduced score rows)
+    wr1: Desc          # output rows (the partial pass: partial score rows)
     regs: dict[str, int] = field(default_factory=dict)   # AT_* register values
 
 
@@ -127,6 +130,61 @@ def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,
     return out
 
 
+def _score_rows(base, rows, words, stride):
+    return Desc(base, (words, rows, 1, 1), (1, stride, 0, 0))
+
+
+def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_base,
+                   q_row_words, k_row_words, col=0, q_pos=0, k_pos=0, bidirectional=False,
+                   interleaved=False, halo=0, p_row_words=None) -> AttentionLaunch:
+    """Split-score pass 1: this chip's ``d_head`` lanes of a head (Q and K as in
+    :func:`attention_launch`), one raw int32 partial score row per query out, row t at
+    ``p_base + t * p_row_words`` (default and minimum: ``partial_row_words(window, size)``,
+    ``window`` the ring's W). The rows of the head's chips, summed, are the reduced rows of
+    :func:`reduced_launch` over the same keys, queries, positions and schedule."""
+    prw = partial_row_words(window, size)
+    p_row_words = prw if p_row_words is None else p_row_words
+    if p_row_words < prw:
+        raise ValueError(f"p_row_words={p_row_words} cannot hold a partial row of {prw} words")
+    base = attention_launch(
+        size=size, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
+        v_base=k_base, o_base=p_base, q_row_words=q_row_words, k_row_words=k_row_words,
+        v_row_words=k_row_words, o_row_words=q_row_words, col=col,
+        q_pos=q_pos, k_pos=k_pos, bidirectional=bidirectional, interleaved=interleaved,
+        halo=halo, score_mult=1, score_shift=1, out_mult=1, out_shift=1)
+    regs = dict(base.regs, AT_FLAGS=flags_value(bidirectional=bidirectional,
+                                                interleaved=interleaved, halo=halo,
+                                                split="partial"))
+    return dataclasses.replace(base, rd4=None, wr1=_score_rows(p_base, queries, prw,
+                                                               p_row_words), regs=regs)
+
+
+def reduced_launch(*, size, window, d_head, queries, keys, v_base, r_base, o_base,
+                   v_row_words, o_row_words, col=0, q_pos=0, k_pos=0, bidirectional=False,
+                   interleaved=False, halo=0, window_cut=0, r_row_words=None, score_mult,
+                   score_shift, out_mult, out_shift) -> AttentionLaunch:
+    """Split-score pass 2: the reduced score rows (row t at ``r_base + t * r_row_words``, the
+    format of :func:`partial_launch`) replace ``q . k``; V in and the int8 output out as in
+    :func:`attention_launch` (columns ``col .. col + d_head - 1``). ``window_cut`` is
+    ``AT_WINDOW``."""
+    prw = partial_row_words(window, size)
+    r_row_words = prw if r_row_words is None else r_row_words
+    if r_row_words < prw:
+        raise ValueError(f"r_row_words={r_row_words} cannot hold a reduced row of {prw} words")
+    base = attention_launch(
+        size=size, d_head=d_head, queries=queries, keys=keys, q_base=v_base, k_base=v_base,
+        v_base=v_base, o_base=o_base, q_row_words=v_row_words, k_row_words=v_row_words,
+        v_row_words=v_row_words, o_row_words=o_row_words, col=col, q_pos=q_pos, k_pos=k_pos,
+        bidirectional=bidirectional, interleaved=interleaved, halo=halo, window=window_cut,
+        score_mult=score_mult, score_shift=score_shift, out_mult=out_mult,
+        out_shift=out_shift)
+    regs = dict(base.regs, AT_FLAGS=flags_value(bidirectional=bidirectional,
+                                                interleaved=interleaved, halo=halo,
+                                                split="reduced"))
+    return dataclasses.replace(base, rd3=None,
+                               rd5=_score_rows(r_base, queries, prw, r_row_words), regs=regs)
+
+
 #: The ``AT_`` registers whose values come from the data (the score and output scales).
 DATA_REGS = ("AT_SCORE_MULT", "AT_SCORE_SHIFT", "AT_OUT_MULT", "AT_OUT_SHIFT")
 
@@ -134,9 +192,11 @@ DATA_REGS = ("AT_SCORE_MULT", "AT_SCORE_SHIFT", "AT_OUT_MULT", "AT_OUT_SHIFT")
 def emit(asm, launch: AttentionLaunch, src=None):
     """Append the launch's SETs and ``ATTN`` to a :class:`sim.compiler.assembler.Assembler`.
     ``src`` names where the scales (:data:`DATA_REGS`) come from, e.g. the layer
-    (:meth:`~sim.compiler.assembler.Assembler.set`)."""
+    (:meth:`~sim.compiler.assembler.Assembler.set`). Only the generators the launch uses get
+    descriptors."""
     for gen in ("rd3", "rd4", "rd5", "wr1"):
-        asm.set_desc(gen.upper(), getattr(launch, gen))
+        if getattr(launch, gen) is not None:
+            asm.set_desc(gen.upper(), getattr(launch, gen))
     for name, value in launch.regs.items():
         asm.set(name, value, src if name in DATA_REGS else None)
     asm.launch(Op.ATTN)

@@ -27,7 +27,9 @@ class Placement:
     words from ``base`` (the sample's padded ``seq_pad`` rows, ``cols`` columns).
 
     ``tokens`` = ``(start, stop)``: the placement holds only those tokens of the sample (a
-    chunk of the sequence, sequence parallelism); None: every token."""
+    chunk of the sequence, sequence parallelism); None: every token. ``col``/``width``: the
+    placement holds only the sample's columns ``col .. col + width - 1`` (a column slice,
+    hidden parallelism); ``width`` None: every column."""
 
     chip: int
     base: int
@@ -35,26 +37,34 @@ class Placement:
     cols: int
     row_words: int
     tokens: tuple[int, int] | None = None
+    col: int = 0
+    width: int | None = None
 
     @property
     def words(self) -> int:
         return self.rows * self.row_words
 
     def image(self, x_int, size: int) -> np.ndarray:
-        """The words of ``x_int`` [seq, d] (zero-padded to ``rows`` x ``cols``)."""
+        """The words of ``x_int`` [seq, d] (its columns here, zero-padded to ``rows`` x
+        ``cols``)."""
         x = np.zeros((self.rows, self.cols), np.int64)
         x_int = np.asarray(x_int, np.int64)
         if self.tokens is not None:
             x_int = x_int[self.tokens[0]:self.tokens[1]]
+        if self.width is not None:
+            x_int = x_int[:, self.col:self.col + self.width]
         x[:x_int.shape[0], :x_int.shape[1]] = x_int
         words = pack_rows(x, 2, size)
         assert len(words) == self.words, (len(words), self.words)
         return words
 
     def read(self, words, seq: int, d: int) -> np.ndarray:
+        """The placement's part of the sample's [seq, d] activations (its tokens for a chunk,
+        its ``width`` columns for a column slice)."""
         if self.tokens is not None:
             seq = self.tokens[1] - self.tokens[0]
-        return unpack_rows(words, self.rows, self.cols, 2)[:seq, :d]
+        cols = d if self.width is None else self.width
+        return unpack_rows(words, self.rows, self.cols, 2)[:seq, :cols]
 
 
 @dataclass
@@ -86,9 +96,11 @@ class SystemProgram:
     chips: list[ChipProgram]
     seq: int
     seq_pad: int
-    inputs: list[list[Placement]]      # per sample: every copy of its input
-    #: per sample: where its output is read (a list: its chunks, concatenated in order)
-    outputs: list[Placement | list[Placement]]
+    inputs: list[list[Placement]]      # per sample: every copy (or column slice) of its input
+    #: Per sample: where its output is read: a placement; a list of token chunks,
+    #: concatenated in order (sequence); or a tuple of column slices, in column order, when the
+    #: chips hold a sample's columns between them (hidden).
+    outputs: list[Placement | list[Placement] | tuple[Placement, ...]]
     #: Strategy facts for the report (``{"stages": ..., "microbatches": ...}``).
     meta: dict = field(default_factory=dict)
     #: The collectives and transfers of the program, in program order, for the report.
@@ -112,8 +124,23 @@ class SystemProgram:
         return regions
 
     def flat_outputs(self) -> list[Placement]:
-        """Every output placement, in :attr:`outputs` order (a sample's chunks in turn)."""
-        return [p for out in self.outputs for p in (out if isinstance(out, list) else [out])]
+        """Every output placement, in :attr:`outputs` order (a sample's chunks or column
+        slices in turn)."""
+        return [p for out in self.outputs
+                for p in (out if isinstance(out, (list, tuple)) else [out])]
+
+    def read(self, sample: int, parts, d: int | None = None) -> np.ndarray:
+        """Sample ``sample``'s [seq, d] output from ``parts``, the words read back from each of
+        its placements in :meth:`flat_outputs` order: chunks stacked by rows, column slices
+        side by side."""
+        d = self.cfg.d_model if d is None else d
+        out = self.outputs[sample]
+        places = out if isinstance(out, (list, tuple)) else [out]
+        arrays = [p.read(w, self.seq, d) for p, w in zip(places, parts, strict=True)]
+        if isinstance(out, tuple):
+            return np.concatenate(arrays, axis=1)
+        return np.concatenate(arrays, axis=0)
+
 
 def finish(npu: NpuConfig, chip: ChipProgram, *, check: bool = True):
     """Halt, check the capacity and the program size (unless ``check`` is false: the

@@ -1,5 +1,6 @@
-"""Compile a model for N chips with one of the strategies: each is a grid of data replicas,
-pipeline stages and head shards (``sim.compiler.grid``)."""
+"""Compile a model for N chips with one of the strategies: a grid of data replicas, pipeline
+stages and head shards (``sim.compiler.grid``), or sequence (``sim.compiler.sequence``) and
+hidden-dimension (``sim.compiler.hidden``) parallelism, which have compilers of their own."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from hw.spec import NpuConfig
 
 from .grid import Grid, compile_grid
+from .hidden import compile_hidden
 from .program import SystemProgram
 from .quantize import QModel
 from .sequence import compile_sequence
@@ -16,7 +18,7 @@ __all__ = ["BUILT", "GRIDS", "SMOOTH16", "parse_grid", "strategy_grid", "compile
 
 #: Strategies with a compiler (the others are refused as not built yet).
 BUILT = ("single", "head", "pipeline", "data", "sequence", "head+pipeline", "data+head",
-         "data+pipeline")
+         "data+pipeline", "hidden")
 #: The 2-D strategies: ``--grid AxB`` gives the first part A chips, the second B.
 GRIDS = ("head+pipeline", "data+head", "data+pipeline")
 #: Strategies whose compiler emits ``quant = "smooth16"`` (the grid compiler's block emitter).
@@ -55,19 +57,25 @@ def strategy_grid(strategy: str, chips: int, grid: str | None = None) -> Grid:
 
 def compile_program(strategy: str, npu: NpuConfig, qm: QModel, chips: int, *, seq: int,
                     samples: int, microbatches: int | None = None,
-                    grid: str | None = None) -> SystemProgram:
+                    grid: str | None = None, reduce: str | None = None) -> SystemProgram:
     """Programs for ``chips`` chips; ``ValueError`` for a strategy/option that does not apply
-    (``ConfigError`` for a model or chip that cannot run it)."""
+    (``ConfigError`` for a model or chip that cannot run it). ``reduce``: hidden only
+    (``sim.compiler.hidden.REDUCE_MODES``)."""
     if strategy not in BUILT:
         raise ValueError(f"--strategy {strategy} is not built yet (built: {', '.join(BUILT)})")
     if qm.quant == "smooth16" and strategy not in SMOOTH16:
         raise ValueError(f"--strategy {strategy} does not compile quant=\"smooth16\" yet "
                          f"(strategies that do: {', '.join(SMOOTH16)}); use --quant int8")
-    if strategy == "sequence":
+    if reduce is not None and strategy != "hidden":
+        raise ValueError("reduce applies to --strategy hidden")
+    if strategy in ("sequence", "hidden"):
         if microbatches is not None:
             raise ValueError("--microbatches applies to strategies with a pipeline")
         if grid is not None:
-            raise ValueError(f"--grid applies to {', '.join(GRIDS)}, not --strategy sequence")
+            raise ValueError(f"--grid applies to {', '.join(GRIDS)}, not --strategy {strategy}")
+        if strategy == "hidden":
+            return compile_hidden(npu, qm, chips, seq=seq, samples=samples,
+                                  reduce=reduce or "reduce_scatter")
         return compile_sequence(npu, qm, chips, seq=seq, samples=samples)
     layout = strategy_grid(strategy, chips, grid)
     if microbatches is not None and "pipeline" not in strategy:

@@ -5,6 +5,16 @@ writes and queries, see :func:`schedule`) through the golden ring (``sim.golden.
 and ``score_row``, as ``run_sequence`` uses them) with the golden softmax, the engine's narrower
 window (:func:`window_mask`), then the output requantiser (``sim.golden.matmul.requant`` to
 int8). See ``docs/isa.md`` (ATTN) for the registers.
+
+Split-score mode (hidden-dimension parallelism, ``AT_FLAGS`` bits 2 and 3), in two launches
+over the same keys, queries and schedule:
+
+- **partial** (pass 1): K (RD3) and Q (RD5) only; per query, in issue order, the raw int32 row
+  ``wrap32(q . k_j)`` of the W ring lanes (0 on lanes not written since the launch's first key),
+  ``partial_row_words(W, N)`` words (``hw.spec.attention``), is written through WR1;
+- **reduced** (pass 2): V (RD4) and one reduced row per query (RD5, the same format: the
+  partial rows of the head's chips summed, wrapping); the row replaces ``q . k`` in
+  ``score_row``, then softmax, P.V and the int8 output as usual (WR1).
 """
 
 from __future__ import annotations
@@ -17,9 +27,12 @@ from hw.spec.attention import (
     HALO_BITS,
     HALO_SHIFT,
     KNOWN_FLAGS,
+    PARTIAL_BYTES,
     POS_BITS,
     flags_halo,
+    partial_row_words,
     schedule,
+    split_mode,
 )
 from hw.spec.formats import MULT_BITS, SHIFT_MAX, SHIFT_MIN
 from hw.spec.memory import pack_rows
@@ -61,8 +74,12 @@ def exec_attention(iss):
                        f"{n} and at most d_head_max={dmax}")
     if flags < 0 or flags & ~KNOWN_FLAGS:
         raise IssError(f"ATTN with AT_FLAGS={flags:#x}: only bits 0 (bidirectional), 1 "
-                       f"(interleaved) and {HALO_SHIFT}..{HALO_SHIFT + HALO_BITS - 1} (halo) "
-                       "are defined")
+                       f"(interleaved), 2 (partial), 3 (reduced) and "
+                       f"{HALO_SHIFT}..{HALO_SHIFT + HALO_BITS - 1} (halo) are defined")
+    try:
+        split = split_mode(flags)
+    except ValueError as exc:
+        raise IssError(f"ATTN with AT_FLAGS={flags:#x}: {exc}") from None
     interleaved = bool(flags & FLAG_INTERLEAVED)
     halo = flags_halo(flags)
     if interleaved and halo > keys:
@@ -86,13 +103,30 @@ def exec_attention(iss):
                            f"AT_{name}_SHIFT={shift} ({SHIFT_MIN}..{SHIFT_MAX})")
 
     words = h // n
-    k_words, v_words, q_words = iss._gather("RD3"), iss._gather("RD4"), iss._gather("RD5")
-    for gen, got, rows in (("RD3", k_words, keys), ("RD4", v_words, keys),
-                           ("RD5", q_words, queries)):
-        if len(got) != rows * words:
-            raise IssError(f"ATTN {gen} walks {len(got)} words, the launch needs {rows} rows "
-                           f"of {words} words")
-    k, v, q = (_rows(x, len(x) // words, h, n) for x in (k_words, v_words, q_words))
+    prw = partial_row_words(ring, n)
+    # Which streams the launch reads (docs/isa.md, ATTN): the partial pass no V, the reduced
+    # pass no K, and its RD5 carries reduced score rows instead of Q.
+    reads = {"RD3": (keys, words) if split != "reduced" else None,
+             "RD4": (keys, words) if split != "partial" else None,
+             "RD5": (queries, prw if split == "reduced" else words)}
+    got = {}
+    for gen, shape in reads.items():
+        if shape is None:
+            continue
+        got[gen] = iss._gather(gen)
+        rows, per_row = shape
+        if len(got[gen]) != rows * per_row:
+            raise IssError(f"ATTN {gen} walks {len(got[gen])} words, the launch needs {rows} "
+                           f"rows of {per_row} words")
+    zeros = np.zeros((keys, h), np.int64)
+    k = _rows(got["RD3"], keys, h, n) if "RD3" in got else zeros
+    v = _rows(got["RD4"], keys, h, n) if "RD4" in got else zeros
+    if split == "reduced":
+        raw_rows = got["RD5"].reshape(queries, prw * n)[:, :PARTIAL_BYTES * ring]
+        reduced = np.ascontiguousarray(raw_rows).view("<i4").astype(np.int64)
+        q = np.zeros((queries, h), np.int64)
+    else:
+        q = _rows(got["RD5"], queries, h, n)
     bidir = bool(flags & FLAG_BIDIR)
     kv_ring = KVRing(window=ring, d_head=h, length=length)
     acc = []
@@ -100,12 +134,26 @@ def exec_attention(iss):
         if kind == "k":
             kv_ring.write(k[i], v[i], r["K_POS"] + i, first=i == 0)
             continue
+        if split == "partial":
+            # Lanes not written since the restart hold no key of this launch: the engine
+            # zeroes them (the golden ring holds zeros there).
+            acc.append(kv_ring.raw_scores(q[i])[:ring])
+            continue
         qpos = r["Q_POS"] + i
         mask = kv_ring.mask(qpos, bidirectional=bidir) & window_mask(
             kv_ring.pos, qpos, r["WINDOW"], bidirectional=bidir)
-        scores = score_row(kv_ring.raw_scores(q[i]), mask, r["SCORE_MULT"], r["SCORE_SHIFT"])
+        raw = kv_ring.raw_scores(q[i])
+        if split == "reduced":
+            raw = np.zeros(length, np.int64)
+            raw[:ring] = reduced[i]
+        scores = score_row(raw, mask, r["SCORE_MULT"], r["SCORE_SHIFT"])
         # The buffer's P.V sees zero probabilities on the lanes the engine masked.
         acc.append(kv_ring.pv(softmax(scores, mask), mask))
     acc = np.array(acc, np.int64)
+    if split == "partial":
+        out = np.zeros((queries, prw * n), np.uint8)
+        out[:, :PARTIAL_BYTES * ring] = acc.astype("<i4").view(np.uint8).reshape(queries, -1)
+        iss._scatter("WR1", out.reshape(queries * prw, n))
+        return
     out = requant(acc, r["OUT_MULT"], r["OUT_SHIFT"], 8)
     iss._scatter("WR1", pack_rows(out, 1, n))

@@ -23,12 +23,21 @@ from __future__ import annotations
 
 from collections import deque
 
-from hw.spec.attention import FLAG_INTERLEAVED, flags_halo, softmax_lanes
+from hw.spec.attention import (
+    FLAG_INTERLEAVED,
+    FLAG_PARTIAL,
+    FLAG_REDUCED,
+    flags_halo,
+    partial_row_words,
+    softmax_lanes,
+)
 from hw.spec.formats import OutMode, out_words
 from hw.spec.memory import PARAM_WORDS
 from hw.spec.timing.chip import (
     ATTN_DOT_CYCLES,
+    ATTN_PARTIAL_CYCLES,
     ATTN_PV_CYCLES,
+    ATTN_REDUCED_CYCLES,
     SOFTMAX_STAGES,
     VEC_OUT_FIFO_DEPTH,
 )
@@ -158,7 +167,7 @@ class MatmulModel:
         return p0, take, p2
 
 
-_IDLE, _DOT, _SCORES = 0, 1, 2
+_IDLE, _DOT, _SCORES, _PARTIAL, _REDUCED, _REQUANT = range(6)
 _SWEEP, _OUT = 1, 2
 
 
@@ -170,18 +179,29 @@ class AttentionModel:
     query; its P.V sweep offers the output ``W + ATTN_PV_CYCLES`` cycles after taking the
     probabilities; the softmax advances its five row stages every ``T = L / P`` cycles
     (``hw/tile/softmax.py``: a slot counter that idles at ``T - 1`` while the unit is empty).
+
+    The split-score passes (``AT_FLAGS`` bits 2 and 3): a split query's partial row is offered
+    ``W + ATTN_PARTIAL_CYCLES`` cycles after the query is taken, the buffer then waits for its
+    reduced row and offers the score row ``W + ATTN_REDUCED_CYCLES`` after taking it. The
+    partial pass (no V) holds each partial row in a register emitted as ``R`` words on WR1,
+    answers the reduced row with zeros at once, drops the score row (no softmax), answers it
+    with a zero probability row and drops the output row; it ends once its last row is out and
+    its last output row dropped. The reduced pass (no K) gathers one ``R``-word reduced row per
+    query from RD5, drops the partial rows, and continues as a normal query.
     """
 
     def __init__(self, *, window: int, length: int, size: int):
         self.W = window
         self.T = length // softmax_lanes(length)
         self.n = size
+        self.R = partial_row_words(window, size)
         self.active = False
         self.Q = self.S = self.w = self.halo = 0
         self.interleaved = False
-        self.kf = self.vf = self.qf = False
-        self.ko = self.vo = self.qo = 0
-        self.kc = self.vc = self.qc = 0
+        self.partial = self.reduced = False
+        self.kf = self.vf = self.qf = self.rf = False
+        self.ko = self.vo = self.qo = self.ro = 0
+        self.kc = self.vc = self.qc = self.rc = 0
         self.written = self.issued = 0
         self.sstate = _IDLE
         self.scnt = 0
@@ -194,6 +214,10 @@ class AttentionModel:
         self.o_full = False
         self.o_off = 0
         self.rows_out = 0
+        self.p_full = False
+        self.p_off = 0
+        self.dropped = 0
+        self.out_done = False
 
     def start(self, regs):
         self.active = True
@@ -202,11 +226,24 @@ class AttentionModel:
         flags = regs["AT_FLAGS"]
         self.interleaved = bool(flags & FLAG_INTERLEAVED)
         self.halo = flags_halo(flags)
-        self.written = self.issued = self.rows_out = 0
-        self.kc = self.vc = self.qc = 0
+        # Bit 3 wins if both are set, as in the engine (the ISS refuses that).
+        self.reduced = bool(flags & FLAG_REDUCED)
+        self.partial = bool(flags & FLAG_PARTIAL) and not self.reduced
+        self.written = self.issued = self.rows_out = self.dropped = 0
+        self.kc = self.vc = self.qc = self.rc = 0
+        self.out_done = False
+
+    @staticmethod
+    def uses(regs) -> dict:
+        """The generators a launch starts (the engine's ``uses``): no V (RD4) in the partial
+        pass, no K (RD3) in the reduced pass."""
+        flags = regs["AT_FLAGS"]
+        reduced = bool(flags & FLAG_REDUCED)
+        return {"RD3": not reduced, "RD4": not flags & FLAG_PARTIAL or reduced, "RD5": True,
+                "WR1": True}
 
     def out_valid(self) -> bool:
-        return self.o_full
+        return self.p_full if self.partial else self.o_full
 
     def idle(self) -> bool:
         return not (self.active or self.sm_ovalid or any(self.smv) or self.pv_full
@@ -214,33 +251,58 @@ class AttentionModel:
 
     def step(self, rv3, rv4, rv5, wg1):
         active = self.active
+        partial, reduced = self.partial, self.reduced
+        split = partial or reduced
         ahead = self.halo + self.issued + 1
         target = ahead if self.interleaved and ahead < self.S else self.S
         want_key = self.written < target
         sidle = self.sstate == _IDLE
         all_idle = sidle and self.pstate == _IDLE and not self.pv_full
-        kv_fire = active and want_key and self.kf and self.vf and all_idle
-        q_fire = active and not want_key and self.issued < self.Q and self.qf and sidle
-        k_pop = rv3 and active and (not self.kf or kv_fire) and self.kc < self.S
-        v_pop = rv4 and active and (not self.vf or kv_fire) and self.vc < self.S
-        q_pop = rv5 and active and (not self.qf or q_fire) and self.qc < self.Q
-        # Softmax slots.
+        kv_fire = (active and want_key and (self.kf or reduced) and (self.vf or partial)
+                   and all_idle)
+        q_fire = (active and not want_key and self.issued < self.Q and (self.qf or reduced)
+                  and sidle)
+        # Split-score rows: the buffer's partial row out, its reduced row in.
+        part_fire = self.sstate == _PARTIAL and (reduced or not self.p_full)
+        red_fire = self.sstate == _REDUCED and (partial or self.rf)
+        red_take = red_fire and reduced
+        k_pop = rv3 and active and (not self.kf or kv_fire) and \
+            self.kc < (0 if reduced else self.S)
+        v_pop = rv4 and active and (not self.vf or kv_fire) and \
+            self.vc < (0 if partial else self.S)
+        q_pop = rv5 and active and (not self.qf or q_fire) and \
+            self.qc < (0 if reduced else self.Q)
+        r_pop = rv5 and active and reduced and (not self.rf or red_take) and self.rc < self.Q
+        # Softmax slots (the partial pass feeds it nothing and takes nothing from it).
         T = self.T
         smv = self.smv
         boundary = self.sm_cnt == T - 1
-        sm_o_ready = self.pstate == _IDLE and self.pv_full
+        probs_ready = self.pstate == _IDLE and self.pv_full
+        sm_o_ready = probs_ready and not partial
         run = not (boundary and smv[-1] and self.sm_ovalid and not sm_o_ready)
         scores_valid = self.sstate == _SCORES and not self.pv_full
-        scores_fire = scores_valid and boundary and run
-        probs_fire = self.sm_ovalid and sm_o_ready
-        oout_fire = self.pstate == _OUT and active and not self.o_full
+        sm_in = scores_valid and not partial
+        scores_fire = scores_valid and (partial or (boundary and run))
+        probs_fire = probs_ready and (partial or self.sm_ovalid)
+        oout_fire = self.pstate == _OUT and active and (partial or not self.o_full)
 
         # Score side.
         if self.sstate == _IDLE:
             if q_fire:
                 self.sstate = _DOT
-                self.scnt = self.W + ATTN_DOT_CYCLES - 1
+                self.scnt = self.W + (ATTN_PARTIAL_CYCLES if split else ATTN_DOT_CYCLES) - 1
         elif self.sstate == _DOT:
+            self.scnt -= 1
+            if self.scnt == 0:
+                self.sstate = _PARTIAL if split else _SCORES
+        elif self.sstate == _PARTIAL:
+            if part_fire:
+                self.sstate = _REDUCED
+        elif self.sstate == _REDUCED:
+            if red_fire:
+                self.sstate = _REQUANT
+                self.scnt = self.W + ATTN_REDUCED_CYCLES - 1
+        elif self.sstate == _REQUANT:
             self.scnt -= 1
             if self.scnt == 0:
                 self.sstate = _SCORES
@@ -262,13 +324,13 @@ class AttentionModel:
         # Softmax.
         if run:
             if boundary:
-                busy = scores_valid or smv[0] or smv[1] or smv[2] or smv[3]
+                busy = sm_in or smv[0] or smv[1] or smv[2] or smv[3]
                 self.sm_cnt = 0 if busy else T - 1
                 if smv[-1]:
                     self.sm_ovalid = True
                 elif sm_o_ready:
                     self.sm_ovalid = False
-                self.smv = [scores_valid] + smv[:-1]
+                self.smv = [sm_in] + smv[:-1]
             else:
                 self.sm_cnt += 1
                 if sm_o_ready:
@@ -281,6 +343,8 @@ class AttentionModel:
         if q_fire:
             self.issued += 1
             self.qf = False
+        if red_take:
+            self.rf = False
         if k_pop:
             if self.ko + 1 == w:
                 self.kf, self.ko = True, 0
@@ -299,20 +363,48 @@ class AttentionModel:
                 self.qc += 1
             else:
                 self.qo += 1
-        # Output row and requantiser (one word per cycle).
-        if oout_fire:
-            self.o_full = True
-            self.o_off = 0
-        if wg1:
-            if self.o_off + 1 == w:
-                self.o_full = False
-                self.o_off = 0
-                if self.rows_out == self.Q - 1:
-                    self.active = False
-                self.rows_out += 1
+        if r_pop:
+            if self.ro + 1 == self.R:
+                self.rf, self.ro = True, 0
+                self.rc += 1
             else:
-                self.o_off += 1
-        return k_pop, v_pop, q_pop
+                self.ro += 1
+        # Output row and requantiser (one word per cycle); the partial pass's rows instead.
+        final = False
+        dropped = self.dropped
+        if partial:
+            if part_fire:
+                self.p_full, self.p_off = True, 0
+            if oout_fire:
+                self.dropped += 1
+            if wg1:
+                if self.p_off + 1 == self.R:
+                    self.p_full, self.p_off = False, 0
+                    final = self.rows_out == self.Q - 1
+                    self.rows_out += 1
+                else:
+                    self.p_off += 1
+        else:
+            if oout_fire:
+                self.o_full = True
+                self.o_off = 0
+            if wg1:
+                if self.o_off + 1 == w:
+                    self.o_full = False
+                    self.o_off = 0
+                    final = self.rows_out == self.Q - 1
+                    self.rows_out += 1
+                else:
+                    self.o_off += 1
+        # Launch end: after the final word (the partial pass: and its last dropped row).
+        if active:
+            tail = not partial or dropped == self.Q or (oout_fire and dropped == self.Q - 1)
+            if (self.out_done or final) and tail:
+                self.active = False
+                self.out_done = False
+            elif final:
+                self.out_done = True
+        return k_pop, v_pop, q_pop or r_pop
 
 
 # Vector unit FSM states (hw/tile/vector.py).

@@ -445,23 +445,8 @@ class _Comm:
         c.free[bit] = None
 
     def meet(self, chips) -> bool:
-        met = False
+        met = self._meet_collectives(chips)
         for c in chips:
-            coll = c.pending.get(3)
-            if coll is not None:
-                req = coll[1]
-                posts = [chips[m].pending.get(3) for m in req.members]
-                if all(p is not None and p[1] == req for p in posts):
-                    start = max(p[2] for p in posts)
-                    durs = self._coll(req, [p[3] for p in posts])
-                    for m, p in zip(req.members, posts, strict=True):
-                        chip = chips[m]
-                        end = start + 1 + durs[m]
-                        chip.spans[3].append((p[2] + 1, end))
-                        chip.free[3] = end
-                        chip.done_launch(3, end)
-                        del chip.pending[3]
-                    met = True
             send = c.pending.get(4)
             if send is not None:
                 dest = chips[send[1]]
@@ -481,6 +466,70 @@ class _Comm:
                     del dest.pending[5]
                     met = True
         return met
+
+    def _meet_collectives(self, chips) -> bool:
+        """Time every collective whose members have all launched, each member from its own
+        launch (the early members' words move before the last member launches). Those whose
+        groups run at the same time (their intervals overlap) share the ring's links, the
+        routers forwarding each group's words past the others: they are timed together."""
+        ready, seen = [], set()
+        for c in chips:
+            coll = c.pending.get(3)
+            if coll is None or c.chip in seen:
+                continue
+            req = coll[1]
+            posts = [chips[m].pending.get(3) for m in req.members]
+            if all(p is not None and p[1] == req for p in posts):
+                seen.update(req.members)
+                regs = [p[3] for p in posts]
+                alone = self._coll(req, regs)       # every member starting with the last
+                last = max(p[2] for p in posts)
+                ready.append((req, posts, min(p[2] for p in posts),
+                              last + 1 + max(alone.values())))
+        if not ready:
+            return False
+        # Clusters of overlapping intervals (by first launch, each joining the previous
+        # cluster while it starts before that cluster's last end).
+        ready.sort(key=lambda r: r[2])
+        clusters = []
+        for item in ready:
+            if clusters and item[2] < max(x[3] for x in clusters[-1]):
+                clusters[-1].append(item)
+            else:
+                clusters.append([item])
+        for cluster in clusters:
+            for (req, posts, _, _), dur in zip(cluster, self._colls(cluster), strict=True):
+                for m, p in zip(req.members, posts, strict=True):
+                    chip = chips[m]
+                    end = p[2] + 1 + dur[m]
+                    chip.spans[3].append((p[2] + 1, end))
+                    chip.free[3] = end
+                    chip.done_launch(3, end)
+                    del chip.pending[3]
+        return True
+
+    def _colls(self, cluster) -> list[dict]:
+        """Each member's busy cycles of collectives on disjoint groups, every member launching
+        in its own cycle (the cycle model on them together)."""
+        t0 = min(x[2] for x in cluster)
+        key = tuple((x[0],) + tuple((p[2] - t0,) + tuple(p[3].get(name, 0)
+                                                         for name in _REGS_OF[Op.COLL])
+                                    for p in x[1]) for x in cluster)
+        if key in self._coll_cache:
+            return self._coll_cache[key]
+        chips = cluster[0][0].chips
+        programs = [[int(Op.HALT)] for _ in range(chips)]
+        for req, posts, _, _ in cluster:
+            for m, p in zip(req.members, posts, strict=True):
+                words = [int(Op.NOP)] * (p[2] - t0)
+                words += [_set(name, p[3].get(name, 0)) for name in _REGS_OF[Op.COLL]]
+                words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
+                programs[m] = words
+        t = time_programs(self.npu, programs, ring=chips > 1)
+        out = [{m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in x[0].members}
+               for x in cluster]
+        self._coll_cache[key] = out
+        return out
 
     def _coll(self, req, member_regs) -> dict:
         """Each member's busy cycles when every member launches in the same cycle (the cycle

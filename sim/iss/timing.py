@@ -355,7 +355,8 @@ class ChipModel:
             self._starts.append(lambda: self.mm.start(regs))
         elif op is Op.ATTN:
             regs = self._unit_regs(op)
-            self._start_gens(_AT_GENS)
+            uses = self.at.uses(regs)
+            self._start_gens([g for g in _AT_GENS if uses[g]])
             self._starts.append(lambda: (self.at.start(regs), self._own(True)))
         elif op is Op.VEC:
             regs = self._unit_regs(op)

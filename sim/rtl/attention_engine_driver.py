@@ -3,13 +3,16 @@
 Stands in for the chip: for each launch (``sim.compiler.attention_launch.AttentionLaunch``) it
 offers the configuration beat and the words the read descriptors (RD3 K, RD4 V, RD5 Q) select
 from a memory image, takes the output words, and scatters them at the write descriptor's (WR1)
-addresses into a copy of the memory. Shared by the tests and the benchmark.
+addresses into a copy of the memory. A launch without a descriptor for RD3 or RD4 (the
+split-score passes) streams no words there; the engine's ``uses`` must agree. Shared by the
+tests and the benchmark.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from hw.spec.attention import split_mode
 from sim.golden.scratchpad import addr_sequence
 
 from .pysim import collect, run_sim, send_all, stream_put
@@ -33,10 +36,13 @@ def run_attention_engine(dut, mem, launches, *, addr_bits, rng=None, idle=0.0, s
     ([words, N] uint8, not modified).
 
     Returns the memory after the launches, the cycles from the first configuration beat's
-    transfer to the final output word's, and the simulation statistics. Checks that ``last``
+    transfer to the final output word's (a partial pass last: to its last cycle busy), and the
+    simulation statistics. Checks that ``last``
     marks each launch's final word and that ``busy`` is high during a launch and low after it.
     """
     def words(desc):
+        if desc is None:
+            return []
         return mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)]
 
     streams = {name: [{"data": [int(x) for x in w.view(np.int8)], "last": 0}
@@ -49,6 +55,10 @@ def run_attention_engine(dut, mem, launches, *, addr_bits, rng=None, idle=0.0, s
 
     async def control(ctx):
         for i, launch in enumerate(launches):
+            ctx.set(dut.i_cfg.payload, cfg_payload(launch))
+            uses = (ctx.get(dut.uses.k), ctx.get(dut.uses.v))
+            assert uses == (launch.rd3 is not None, launch.rd4 is not None), \
+                f"launch {i}: the engine uses K, V = {uses}, its descriptors say otherwise"
             await stream_put(ctx, dut.i_cfg, cfg_payload(launch))
             times.setdefault("cfg", clock[0])
             if i + 1 < len(launches):
@@ -60,6 +70,12 @@ def run_attention_engine(dut, mem, launches, *, addr_bits, rng=None, idle=0.0, s
                                  convert=lambda p: ([int(x) & 0xFF for x in p.data],
                                                     int(p.last))))
         times["last"] = clock[0]
+        # A partial pass ends when the buffer's last dropped row is taken too (a few cycles
+        # after its last word); every other launch with its last word.
+        tail = split_mode(launches[-1].regs["AT_FLAGS"]) == "partial"
+        while tail and ctx.get(dut.busy) and clock[0] - times["last"] < 10_000:
+            await ctx.tick()
+            times["last"] = clock[0]
         await ctx.tick()
         assert not ctx.get(dut.busy), "engine still busy after its last word"
 

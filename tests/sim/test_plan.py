@@ -181,11 +181,12 @@ def strip(program):
                                  small(d_model=12, n_heads=3, d_head=4, d_ff=20, seq_len=5,
                                        batch=3)], ids=["tiny", "post", "batch3"])
 @pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 3),
-                                             ("pipeline", 2)])
+                                             ("pipeline", 2), ("hidden", 2), ("hidden", 3)])
 def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
     """Same instructions (but the scales' values), same tensors at the same addresses, and
-    the planner's bytes per category are the allocator's."""
-    if chips > cfg.n_heads:
+    the planner's bytes per category are the allocator's (hidden: its plan's, which come from
+    the shapes-only compile of one layer)."""
+    if chips > cfg.n_heads and strategy != "hidden":
         pytest.skip("fewer heads than chips")
     x = np.random.default_rng(0).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, 0), x)
@@ -194,6 +195,16 @@ def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
     for a, b in zip(real.chips, shapes.chips, strict=True):
         assert strip(a.program) == strip(b.program)
         assert a.alloc.tensors == b.alloc.tensors
+    if strategy == "hidden":
+        got = plan(TINY, cfg, chips=chips, strategy="hidden").strategies[0].per_chip
+        roles = roles_of(TINY, cfg, strategy, chips, None)
+        # The tables the planner adds where they live (embeddings, positions, final norm).
+        tables = [chip_bytes(TINY, cfg, r).weights - chip_bytes(TINY, cfg, r, tables=False).weights
+                  for r in roles]
+        assert [(c.weights, c.kv_cache, c.activations) for c in got] == \
+            [(c.alloc.used["weights"] + t, c.alloc.used["kv_cache"], c.alloc.used["activations"])
+             for c, t in zip(real.chips, tables, strict=True)]
+        return
     for role, chip in zip(roles_of(TINY, cfg, strategy, chips, None), real.chips, strict=True):
         got = chip_bytes(TINY, cfg, role, tables=False)
         used = chip.alloc.used
@@ -202,7 +213,8 @@ def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
 
 
 # --- cycles and the report ----------------------------------------------------------------------
-@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2)])
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2),
+                                             ("hidden", 2), ("hidden", 3)])
 def test_predicted_cycles_are_the_cycle_models(strategy, chips):
     """On small programs the planner's engine is the cycle model, equal to the RTL."""
     cfg = dataclasses.replace(model_preset("tiny"), batch=chips if strategy == "pipeline"

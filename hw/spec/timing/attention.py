@@ -7,7 +7,14 @@ constants are the attention buffer's sweeps (``W`` cycles each) and the softmax 
 
 from __future__ import annotations
 
-from ..attention import FLAG_INTERLEAVED, flags_halo, schedule, softmax_lanes
+from ..attention import (
+    FLAG_INTERLEAVED,
+    flags_halo,
+    partial_row_words,
+    schedule,
+    softmax_lanes,
+    split_mode,
+)
 
 __all__ = ["launch_cycles", "preload_cycles"]
 
@@ -37,6 +44,10 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     flags = regs["AT_FLAGS"]
     cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
                     halo=flags_halo(flags))
+    split = split_mode(flags)
+    if split is not None:
+        return _split_cycles(cmds, split, words, partial_row_words(window, size), window,
+                             beats)
     k_ready = q_ready = 1 + words
     prev = -1
     s = p = out = None
@@ -56,13 +67,60 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     return out + words
 
 
+def _split_cycles(cmds, split, words, rw, window, beats):
+    """The split-score passes (``docs/isa.md``, ATTN): ``part``/``red`` are the transfers of a
+    query's partial row out of the buffer and of its reduced row into it.
+
+    - partial: ``part(t) = max(q(t) + W + 4, part(t-1) + R + 1)`` (one row register, emitted
+      as R words); the zero reduced row is taken at ``part + 1``; ``s(t) = max(part(t) + W + 3,
+      p(t-1) + 1)``; the zero probabilities ``p(t) = max(s(t) + 1, out(t-1) + 1)``; the dropped
+      output ``out(t) = p(t) + W + 3``; the launch ends at ``max(part(Q-1) + R, out(Q-1))``.
+    - reduced: ``q(t)`` needs no row; a reduced row is complete R cycles after the previous one
+      was taken (the first at ``1 + R``); ``red(t) = max(q(t) + W + 5, row ready)``;
+      ``s(t) = max(red(t) + W + 2, p(t-1) + 1)``; then softmax, P.V and output as a normal
+      query.
+    """
+    k_ready = q_ready = 1 + words
+    red_ready = 1 + rw
+    prev = -1
+    s = p = out = part = None
+    last_out = None
+    for kind, _ in cmds:
+        if kind == "k":
+            t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
+            k_ready = t + words
+        else:
+            after = s + 1 if s is not None else 0
+            if split == "partial":
+                t = max(q_ready, prev + 1, after)
+                q_ready = t + words
+                part = max(t + window + 4, part + rw + 1 if part is not None else 0)
+                s = max(part + window + 3, p + 1 if p is not None else 0)
+                p = max(s + 1, out + 1 if out is not None else 0)
+                out = p + window + 3
+            else:
+                t = max(prev + 1, after)
+                red = max(t + window + 5, red_ready)
+                red_ready = red + rw
+                s = max(red + window + 2, p + 1 if p is not None else 0)
+                p = max(s + 5 * beats + 1, out + 1 if out is not None else 0)
+                out = max(p + window + 3, out + words + 1 if out is not None else 0)
+            last_out = out
+        prev = t
+    if split == "partial":
+        return max(part + rw, out)
+    return out + words
+
+
 def preload_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
-    """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` clear) in closed form,
+    """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
+    bits clear) in closed form,
     ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when ``w <= W + 5``; else the
     recurrence."""
     words = regs["AT_D_HEAD"] // size
     beats = length // softmax_lanes(length)
-    if regs["AT_FLAGS"] & FLAG_INTERLEAVED or words > window + 5:
+    if regs["AT_FLAGS"] & FLAG_INTERLEAVED or split_mode(regs["AT_FLAGS"]) is not None or \
+            words > window + 5:
         return launch_cycles(regs, window=window, length=length, size=size)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
     return words * (s + 1) + 2 * window + 5 * beats + 11 + \

@@ -15,7 +15,8 @@ from ..vector import VectorOp
 from ..vector_engine import row_words
 
 __all__ = ["READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
-           "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "matmul_k_min", "matmul_cycles", "matmul_approx",
+           "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
+           "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
 
 #: Words each scratchpad read port buffers (a read is granted only while there is room for it).
@@ -31,6 +32,11 @@ SOFTMAX_STAGES = 5
 ATTN_DOT_CYCLES = 5
 #: Cycles from taking a probability row to offering its P.V output (``W + ATTN_PV_CYCLES``).
 ATTN_PV_CYCLES = 3
+#: Split-score mode: cycles from taking a query to offering its partial row
+#: (``W + ATTN_PARTIAL_CYCLES``, the buffer's ``W + PARTIAL_LATENCY``), and from taking its
+#: reduced row to offering its score row (``W + ATTN_REDUCED_CYCLES``, ``W + REDUCED_LATENCY``).
+ATTN_PARTIAL_CYCLES = 4
+ATTN_REDUCED_CYCLES = 2
 
 
 def matmul_k_min(size: int, out_words: int) -> int:

@@ -15,7 +15,7 @@ from tests.helpers import AttentionCase, assemble, attention_npu
     ("AT_KEYS", 0, "AT_KEYS=0"),
     ("AT_D_HEAD", 6, "AT_D_HEAD=6"),
     ("AT_D_HEAD", 16, "AT_D_HEAD=16"),
-    ("AT_FLAGS", 4, "AT_FLAGS=0x4"),
+    ("AT_FLAGS", 16, "AT_FLAGS=0x10"),
     ("AT_FLAGS", 2 | (9 << 8), "halo 9"),
     ("AT_FLAGS", 5 << 8, "needs the interleaved schedule"),
     ("AT_WINDOW", -1, "AT_WINDOW=-1"),

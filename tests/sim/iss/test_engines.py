@@ -3,6 +3,7 @@ the gateware's own tests hold the engines to."""
 
 import pytest
 
+from hw.spec.attention import FLAG_PARTIAL, FLAG_REDUCED
 from hw.spec.formats import OutMode
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import vector as vec_timing
@@ -41,8 +42,13 @@ def test_vector_model_is_the_engines_closed_form(flags, op, length, rows):
     assert got == vec_timing.launch_cycles(op, rows=rows, length=length, lanes=4, flags=flags)
 
 
-@pytest.mark.parametrize("queries, keys, flags", [(6, 6, 0), (8, 8, 0), (10, 10, 2),
-                                                  (12, 15, 2 | 3 << 8)])
+@pytest.mark.parametrize("queries, keys, flags", [
+    (6, 6, 0), (8, 8, 0), (10, 10, 2), (12, 15, 2 | 3 << 8),
+    # The split-score passes: partial (bit 2) and reduced (bit 3), preload and interleaved.
+    (6, 6, FLAG_PARTIAL), (8, 8, FLAG_REDUCED), (10, 10, 2 | FLAG_PARTIAL),
+    (12, 15, 2 | 3 << 8 | FLAG_PARTIAL), (12, 15, 2 | 3 << 8 | FLAG_REDUCED),
+    (1, 1, FLAG_PARTIAL), (1, 1, FLAG_REDUCED),
+])
 @pytest.mark.parametrize("words", [1, 2])
 def test_attention_model_is_the_engines_closed_form(queries, keys, flags, words):
     regs = {"AT_QUERIES": queries, "AT_KEYS": keys, "AT_FLAGS": flags, "AT_D_HEAD": 4 * words}

@@ -9,6 +9,7 @@ from hw.spec import ModelConfig, npu_preset
 from hw.spec.collective import CollectiveRequest
 from sim.compiler import collective_launch as cl
 from sim.compiler.assembler import Assembler
+from sim.compiler.hidden import compile_hidden
 from sim.compiler.quantize import quantize_model
 from sim.compiler.strategy import compile_program
 from sim.golden.float_model import random_weights
@@ -56,6 +57,26 @@ def test_pipeline_within_one_percent():
     ps = programs(TINY, SMALL, "pipeline", 2, samples=2)
     exact, fast = time_programs(TINY, ps).cycles, time_programs_fast(TINY, ps).cycles
     assert abs(fast - exact) <= 0.01 * exact, (fast, exact)
+
+
+@pytest.mark.parametrize("cfg, chips, widths", [
+    (ModelConfig(n_layers=1, d_model=8, n_heads=1, d_head=8, d_ff=16, seq_len=4, name="h1x8"),
+     2, None),
+    (ModelConfig(n_layers=1, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4, name="h4x4"),
+     3, [4, 6, 6]),
+    (SMALL, 2, None), (SMALL, 4, None)])
+def test_hidden_equals_the_cycle_model(cfg, chips, widths):
+    """Hidden-dimension programs: the split-score passes (2 chips sharing a head; 3 uneven
+    chips, a head split over two beside chips with whole heads; 4 chips, two split heads),
+    the projections' reduce-scatters beside the next row block's matmul, members launching
+    their COLLs at different cycles (each timed from its own launch): equal to the cycle
+    model (the launch-level model's bound elsewhere is 1%)."""
+    x = np.random.default_rng(0).standard_normal((1, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 0), x)
+    ps = [c.program for c in compile_hidden(TINY, qm, chips, widths=widths).chips]
+    exact, fast = time_programs(TINY, ps).cycles, time_programs_fast(TINY, ps).cycles
+    print(f"cycle model {exact}, launch-level {fast}")
+    assert fast == exact
 
 
 def test_long_launches():

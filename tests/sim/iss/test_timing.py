@@ -19,6 +19,7 @@ from sim.compiler import collective_launch as cl
 from sim.compiler import p2p_launch as pl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
+from sim.compiler.hidden import compile_hidden
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.compiler.strategy import compile_program
 from sim.golden.float_model import random_weights
@@ -37,6 +38,8 @@ def test_constants_follow_the_gateware():
     assert chip_timing.SOFTMAX_STAGES == softmax.STAGES
     assert chip_timing.ATTN_DOT_CYCLES == attention.SCORE_LATENCY
     assert chip_timing.ATTN_PV_CYCLES == attention.PV_LATENCY
+    assert chip_timing.ATTN_PARTIAL_CYCLES == attention.PARTIAL_LATENCY
+    assert chip_timing.ATTN_REDUCED_CYCLES == attention.REDUCED_LATENCY
     npu = npu_preset("tiny")
     assert trace_depth(npu) == ports.trace_depth(npu)
 
@@ -92,6 +95,30 @@ def test_one_block_on_one_chip(norm, causal):
 def test_head_parallel_on_two_chips():
     """Partial sums, ring all-reduces, per-channel requant, on ChipSystem."""
     npu, prog, images = compiled("head", 2)
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+
+
+def test_hidden_split_head_on_two_chips():
+    """Hidden-dimension parallelism, one head of 8 lanes split over 2 chips: both
+    split-score passes (the partial pass without V, the reduced pass without K), the scores'
+    all-reduce between them, the LayerNorm statistics' all-reduces and the projections'
+    pipelined reduce-scatters."""
+    npu, prog, images = compiled("hidden", 2, n_heads=1, d_head=8, seed=3)
+    assert prog.meta["split_heads"] == [0]
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+
+
+def test_hidden_uneven_shards_on_three_chips():
+    """Columns 4, 6, 6 of four heads of 4: head 2 split over chips 1 and 2 (a group that is
+    not the whole ring, beside chips that each hold whole heads), the ordering tokens."""
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
+                      name="h4x4")
+    npu = npu_preset("tiny")
+    x = np.random.default_rng(3).standard_normal((1, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 3), x)
+    prog = compile_hidden(npu, qm, 3, widths=[4, 6, 6])
+    assert prog.meta["split_heads"] == [2]
+    images = prog.images([quantize_input(qm, s) for s in x])
     assert_rtl_equal(npu, [c.program for c in prog.chips], images)
 
 
@@ -167,16 +194,24 @@ def test_tiny_model_every_strategy(strategy, chips, samples):
     assert_rtl_equal(npu, [c.program for c in prog.chips], images, max_cycles=1_000_000)
 
 
-@pytest.mark.parametrize("strategy, chips, samples", [("single", 1, 1), ("head", 2, 1),
-                                                      ("pipeline", 2, 2)])
-def test_cycles_do_not_depend_on_the_data(strategy, chips, samples):
+#: Hidden parallelism on 2..4 chips: 16 columns, heads of 4 split on 3 chips.
+HIDDEN16 = {"d_model": 16, "n_heads": 4, "d_head": 4, "d_ff": 32}
+
+
+@pytest.mark.parametrize("strategy, chips, samples, model", [
+    ("single", 1, 1, {}), ("head", 2, 1, {}), ("pipeline", 2, 2, {}),
+    ("hidden", 2, 1, {"n_heads": 1, "d_head": 8}), ("hidden", 3, 1, HIDDEN16),
+    ("hidden", 4, 2, HIDDEN16)])
+def test_cycles_do_not_depend_on_the_data(strategy, chips, samples, model):
     """Different weights and inputs (so different scales) give the same program shape and the
     same cycles: the compiler drops a SET only when its value and its source repeat."""
     runs = []
     for seed in (0, 2, 5):
-        npu, prog, _ = compiled(strategy, chips, n_layers=2, samples=samples, seed=seed)
+        npu, prog, _ = compiled(strategy, chips, n_layers=2, samples=samples, seed=seed,
+                                **model)
         programs = [c.program for c in prog.chips]
         runs.append(([len(p) for p in programs], time_programs(npu, programs).cycles))
+        print(f"seed={seed}: instructions {runs[-1][0]}, cycles {runs[-1][1]}")
     assert runs[0] == runs[1] == runs[2], runs
 
 
@@ -210,14 +245,17 @@ def test_lone_chip_and_matmul_chain():
     assert_rtl_equal(npu, [asm.words()], [{}])
 
 
-def test_iss_reports_what_pysim_reports():
+@pytest.mark.parametrize("strategy, heads", [("head", 2), ("hidden", 1)])
+def test_iss_reports_what_pysim_reports(strategy, heads):
     """`npu sim --backend iss`: the same cycles, per-chip busy and idle counts and collective
-    cycles as `--backend pysim` on the same model (head-parallel, two chips)."""
-    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_head=4, d_ff=16, seq_len=4,
-                      name="small")
+    cycles as `--backend pysim` on the same model (head-parallel, two chips; hidden, two chips
+    sharing one head)."""
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=heads, d_head=8 // heads, d_ff=16,
+                      seq_len=4, name="small")
     npu = npu_preset("tiny")
-    iss = simulate(npu, cfg, strategy="head", chips=2, backend="iss").to_json()
-    rtl = simulate(npu, cfg, strategy="head", chips=2, backend="pysim").to_json()
+    iss = simulate(npu, cfg, strategy=strategy, chips=2, backend="iss").to_json()
+    rtl = simulate(npu, cfg, strategy=strategy, chips=2, backend="pysim").to_json()
     assert iss["cycles"] == rtl["cycles"] and iss["golden_match"] and rtl["golden_match"]
     assert [c["busy"] for c in iss["per_chip"]] == [c["busy"] for c in rtl["per_chip"]]
     assert iss["collectives"] == rtl["collectives"]
+    assert iss.get("hidden") == rtl.get("hidden")

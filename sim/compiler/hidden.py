@@ -1,0 +1,910 @@
+"""Hidden-dimension parallelism (``--strategy hidden``): d_model sharded across the chips.
+
+Chip c holds columns ``lo_c .. hi_c - 1`` of the residual stream and of every d_model-wide
+activation (split in whole scratchpad words like ``numpy.array_split``, so uneven: 8 words on 3
+chips are 3, 3, 2), and columns of the FFN's inner activation (d_ff split the same way). The cut
+goes across heads: a head whose lanes lie on several chips is a **split head**; its chips are
+consecutive (its **group**). Every matmul then is a partial sum, every LayerNorm a partial
+statistic, every attention score of a split head a partial dot product:
+
+- **LayerNorm** (partial-statistics mode): each chip runs LN_STATS over its slice of each row,
+  an int64 SUM all-reduce of the ``[sum x, sum x^2]`` records over all chips gives the global
+  statistics, and LN_APPLY with the global n = d_model normalises the slice: the same integers
+  as one chip's LayerNorm (the formula depends only on x, the sums and n).
+- **Projections** (QKV, O, FFN1, FFN2): the input is sharded by columns, so chip c computes
+  ``X[:, cols_c] @ W[rows_c, :]``: int32 partial sums of the *whole* output (a RAW matmul; chip
+  0 adds the biases). Each chip needs only its own columns of the output, so a SUM
+  **reduce-scatter** delivers them (``reduce="reduce_scatter"``, the default), or an
+  **all-reduce** delivers everything and each chip keeps its columns (``reduce="all_reduce"``,
+  twice the bytes); a per-channel REQUANT makes the int8 (QKV, FFN1) or int16 (O, FFN2)
+  outputs. int32 sums wrap modulo 2**32 in any order, so the result is one chip's.
+- **Attention**: a head on one chip runs as usual. A split head runs the attention buffer's
+  split-score mode on each of its chips over that chip's lanes of Q and K: pass 1 (ATTN
+  partial) writes the raw int32 partial score rows, an int32 SUM all-reduce adds them, pass 2
+  (ATTN reduced) takes the reduced rows through the same scaling, softmax and P.V over the
+  chip's lanes of V: its slice of the head's output stays where the next projection needs it.
+  The partial rows of every split head go to one buffer (a slot per split head, zero where a
+  chip holds none of the head: it is initialised with zeros and only the reduction's separate
+  output buffer is written by the ring), reduced by **one all-reduce over all chips** per layer,
+  which runs while the chips attend their whole heads.
+
+Per layer that is 2 LayerNorm all-reduces, 4 projection reductions and, when a head is split,
+one all-reduce of the partial scores: every collective over all chips in the same order on
+every chip. Why not one all-reduce per head within the head's chips (fewer bytes, disjoint
+groups at the same time): the collective engine takes ring words from whoever sends them (no
+source check), so a chip whose predecessor changes from one collective to the next (a group's
+first member) must not receive its new predecessor's words while its previous collective runs.
+A SEND from the chip to that predecessor, with a RECV before the predecessor's COLL, orders
+them, but on the one-way ring that message passes the chips between, and a chip that has
+launched the next collective sends words to its successor that the successor takes only once
+it launches it too: the message waits behind them, its receiver waits for it, a deadlock (the
+cycle model, equal to the RTL, shows it on 5 and 7 chips). Over the whole ring no predecessor
+ever changes.
+
+Memory layouts of the partial sums (``Reduction``): all-reduce: row-major [rows, all output
+columns], the columns ordered by destination chip. Reduce-scatter: tile-major (N x N int32
+tiles, row blocks outer), the column blocks permuted so that one COLL per row block and column
+group carries a contiguous block for each destination (blocks no larger than the engine's
+buffers); chip p's columns come back at its block's place and a REQUANT per column group
+walks them. The reduce-scatter projections run by row blocks: while block mb is reduced, the
+matmul computes block mb + 1 and the vector unit requantises block mb - 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.attention import partial_row_words
+from hw.spec.collective import CollectiveRequest, check_chips, elements_per_word, word_bytes
+from hw.spec.formats import OutMode
+from hw.spec.isa import COLL_FIFO_WORDS, Unit
+from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_blocks, row_words
+from hw.spec.vector import LUT_ENTRIES, pack_gamma_beta, pack_requant
+from hw.spec.vector_engine import stats_words
+
+from . import attention_launch as al_
+from . import collective_launch as cl
+from . import vector_launch as vl
+from .alloc import Allocator, Tensor
+from .assembler import Assembler
+from .blocks import cdiv, pad_to
+from .compat import check_single_chip
+from .descriptors import Desc, emit_matmul, matmul_launch
+from .program import ChipProgram, Placement, SystemProgram, finish
+from .quantize import QLinear, QModel
+from .vector_launch import Rows
+
+__all__ = ["Piece", "HiddenPlan", "split_widths", "hidden_plan", "check_hidden", "Reduction",
+           "compile_hidden", "hidden_stats", "REDUCE_MODES", "SEED_COLLECTIVES"]
+
+#: How the projections' partial sums are reduced.
+REDUCE_MODES = ("reduce_scatter", "all_reduce")
+#: DESIGN's first estimate of the all-reduces per layer (LayerNorm statistics and scores only).
+SEED_COLLECTIVES = "3-4"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The lanes of head ``head`` on one chip: d_model columns ``lo .. hi - 1``, at column
+    ``off`` of the chip's Q (K, V, attention output) layout, ``width`` = ``hi - lo`` padded to
+    whole words (its ``AT_D_HEAD``); ``group`` = ``(first, count)`` of the head's chips."""
+
+    head: int
+    lo: int
+    hi: int
+    off: int
+    width: int
+    group: tuple[int, int]
+
+    @property
+    def split(self) -> bool:
+        return self.group[1] > 1
+
+
+@dataclass(frozen=True)
+class HiddenPlan:
+    """Who holds what: per chip its d_model columns ``cols[c] = (lo, hi)``, its d_ff columns
+    ``ffn[c]`` and its head pieces; per head its group ``(first, count)``."""
+
+    chips: int
+    size: int
+    d_model: int
+    cols: tuple
+    ffn: tuple
+    pieces: tuple
+    groups: tuple
+
+    def width(self, c: int) -> int:
+        lo, hi = self.cols[c]
+        return hi - lo
+
+    def ffn_width(self, c: int) -> int:
+        lo, hi = self.ffn[c]
+        return hi - lo
+
+    def q_width(self, c: int) -> int:
+        """Columns of chip c's Q (and K, V, attention output) layout."""
+        return sum(p.width for p in self.pieces[c])
+
+    @property
+    def split_heads(self) -> list[int]:
+        return [h for h, (_, count) in enumerate(self.groups) if count > 1]
+
+
+def split_widths(total: int, chips: int, size: int) -> list[int]:
+    """``total`` columns in whole words of ``size`` split like ``numpy.array_split`` (the first
+    chips one word more), the last chip's trimmed to ``total``; ValueError if a chip gets none."""
+    words = cdiv(total, size)
+    if words < chips:
+        raise ValueError(f"{total} columns are {words} words of {size}: fewer than {chips} chips")
+    out = [len(part) * size for part in np.array_split(np.arange(words), chips)]
+    out[-1] -= words * size - total
+    return out
+
+
+def _ranges(widths) -> tuple:
+    edges = np.concatenate([[0], np.cumsum(widths)])
+    return tuple((int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True))
+
+
+def _check_widths(widths, total, chips, what):
+    if widths is None:
+        return None
+    widths = [int(w) for w in widths]
+    if len(widths) != chips or min(widths) < 1 or sum(widths) != total:
+        raise ValueError(f"{what} widths {widths} must be {chips} positive widths summing to "
+                         f"{total}")
+    return widths
+
+
+def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
+                ffn_widths=None) -> HiddenPlan:
+    """The shards of ``cfg`` on ``chips`` chips (``widths``, ``ffn_widths``: explicit d_model and
+    d_ff columns per chip; default :func:`split_widths`). ConfigError when a chip's share exceeds
+    its datapath: a head's lanes on a chip above ``d_head_max``, a slice above ``d_model_max``."""
+    n = npu.array_size
+    try:
+        widths = _check_widths(widths, cfg.d_model, chips, "d_model") or \
+            split_widths(cfg.d_model, chips, n)
+    except ValueError as exc:
+        raise ConfigError(f"cannot be split over {chips} chips: {exc}", path=cfg.path,
+                          key="d_model", value=cfg.d_model) from None
+    try:
+        ffn_widths = _check_widths(ffn_widths, cfg.d_ff, chips, "d_ff") or \
+            split_widths(cfg.d_ff, chips, n)
+    except ValueError as exc:
+        raise ConfigError(f"cannot be split over {chips} chips: {exc}", path=cfg.path,
+                          key="d_ff", value=cfg.d_ff) from None
+    cols, ffn = _ranges(widths), _ranges(ffn_widths)
+    dh = cfg.d_head
+    groups = []
+    for h in range(cfg.n_heads):
+        on = [c for c, (lo, hi) in enumerate(cols) if lo < (h + 1) * dh and hi > h * dh]
+        groups.append((on[0], len(on)))
+    pieces = []
+    for lo, hi in cols:
+        mine, off = [], 0
+        for h in range(lo // dh, cdiv(hi, dh)):
+            a, b = max(lo, h * dh), min(hi, (h + 1) * dh)
+            width = pad_to(b - a, n)
+            mine.append(Piece(h, a, b, off, width, groups[h]))
+            off += width
+        pieces.append(tuple(mine))
+    for c, mine in enumerate(pieces):
+        for p in mine:
+            if p.width > npu.d_head_max:
+                raise ConfigError(f"exceeds datapath width d_head_max={npu.d_head_max} on chip "
+                                  f"{c} of {chips}: it holds {p.hi - p.lo} lanes of head "
+                                  f"{p.head} ({p.width} padded)", path=npu.path, key="d_head",
+                                  value=cfg.d_head)
+        if widths[c] > npu.d_model_max:
+            raise ConfigError(f"exceeds d_model_max={npu.d_model_max} on chip {c} of {chips}: "
+                              f"its slice has {widths[c]} columns", path=npu.path,
+                              key="d_model", value=cfg.d_model)
+    return HiddenPlan(chips, n, cfg.d_model, cols, ffn, tuple(pieces), tuple(groups))
+
+
+def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, **kw) -> HiddenPlan:
+    """Compatibility of ``cfg`` with ``chips`` chips under hidden parallelism: every check of
+    :func:`check_single_chip` but the widths, which are checked per shard (:func:`hidden_plan`)."""
+    check_chips(chips)
+    wide = max(npu.d_model_max, cfg.d_model, npu.d_head_max, cfg.d_head)
+    check_single_chip(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), cfg)
+    return hidden_plan(npu, cfg, chips, **kw)
+
+
+# --- the reduction of one projection's partial sums ---------------------------------------------
+
+class Reduction:
+    """Where every chip's int32 partial sums of one projection live and how they are reduced.
+
+    ``widths[p]``: columns of destination chip p's output (a multiple of N); ``rows`` a multiple
+    of N. The weight matrix of every chip has its output column blocks in :attr:`order`
+    (``(p, j)``: block j of p's columns, or ``(p, None)``: zero padding). ``mode``:
+
+    - ``"all_reduce"``: row-major [rows, NB * N] (blocks by destination), reduced by all-reduces
+      over the flat buffer, at most one engine buffer per block;
+    - ``"reduce_scatter"``: tile-major (tile (mb, nb) of N x N int32 at ``(mb * NB + nb) *
+      4N`` words); the blocks ordered (column group g, destination p, tile t), each destination
+      with the same ``T_g`` tiles in group g (``Jmax`` = the most blocks any chip has, padded),
+      so the reduce-scatter of row block mb and group g is contiguous: ``chips`` blocks of
+      ``T_g`` tiles, one per destination, each fitting the engine's buffers.
+    """
+
+    def __init__(self, *, widths, rows: int, size: int, link_bytes: int, mode: str,
+                 fifo_words: int = COLL_FIFO_WORDS):
+        if mode not in REDUCE_MODES:
+            raise ValueError(f"reduce must be one of {', '.join(REDUCE_MODES)}, not {mode!r}")
+        n = size
+        self.mode, self.n, self.rows, self.chips = mode, n, rows, len(widths)
+        self.widths = list(widths)
+        self.mb = rows // n
+        wbytes = word_bytes(link_bytes)
+        self.epw = elements_per_word(wbytes, 32)
+        self.unit_elems = self.chips * self.epw
+        self.chunk_elems = self.unit_elems * fifo_words
+        blocks = [w // n for w in widths]
+        if mode == "all_reduce":
+            self.order = [(p, j) for p in range(self.chips) for j in range(blocks[p])]
+            self.nb = len(self.order)
+            self.elements = pad_to(rows * self.nb * n, self.unit_elems)
+            self.words = self.elements * 4 // n
+            self.groups = []
+            return
+        tile_bytes = 4 * n * n
+        q = max(1, wbytes // tile_bytes)              # tiles per whole engine word (powers of 2)
+        tmax = fifo_words * wbytes // tile_bytes // q * q
+        if tmax < q:
+            raise ValueError(f"a {n} x {n} int32 tile does not fit the collective engine's "
+                             f"buffers ({fifo_words} words of {wbytes} bytes)")
+        jmax = pad_to(max(blocks), q)
+        units = np.array_split(np.arange(jmax // q), cdiv(jmax, tmax))
+        self.groups = []          # (first block, tiles) of each column group
+        self.order = []
+        at = 0
+        for part in units:
+            tiles = len(part) * q
+            self.groups.append((at, tiles))
+            for p in range(self.chips):
+                self.order += [(p, at + t if at + t < blocks[p] else None) for t in range(tiles)]
+            at += tiles
+        self.nb = len(self.order)
+        self.block_words = self.nb * 4 * n
+        self.words = self.mb * self.block_words
+        self.elements = self.words * n // 4
+
+    def columns(self, dest_cols) -> np.ndarray:
+        """The global output column of every column of the weight matrix (-1: zero), from
+        ``dest_cols[p]``: destination p's output columns in its local order (-1: padding)."""
+        out = []
+        for p, j in self.order:
+            out += [-1] * self.n if j is None else list(dest_cols[p][j * self.n:(j + 1) * self.n])
+        return np.asarray(out, np.int64)
+
+    def c_desc(self, base: int) -> Desc:
+        """The matmul's output descriptor (WR0) for the partial sums at ``base``."""
+        n = self.n
+        if self.mode == "all_reduce":
+            rw = self.nb * 4
+            return Desc(base, (4, n, self.nb, self.mb), (1, rw, 4, n * rw))
+        tile = 4 * n
+        return Desc(base, (4, n, self.nb, self.mb), (1, 4, tile, self.nb * tile))
+
+    def chunks(self, base: int) -> list[tuple[int, int]]:
+        """``(base word, elements)`` of each COLL, in order."""
+        n = self.n
+        if self.mode == "all_reduce":
+            return [(base + at * 4 // n, min(self.chunk_elems, self.elements - at))
+                    for at in range(0, self.elements, self.chunk_elems)]
+        tile = 4 * n
+        return [(base + mb * self.nb * tile + first * self.chips * tile,
+                 self.chips * tiles * n * n)
+                for mb in range(self.mb) for first, tiles in self.groups]
+
+    def requant_launches(self, chip: int, base: int, params_base: int, dst: Tensor, *,
+                         mb: int | None = None):
+        """The per-channel REQUANT launches that turn chip ``chip``'s reduced sums into ``dst``
+        (``dst.eb`` 1: int8, 2: int16; its first ``widths[chip]`` columns); ``mb``: only row
+        block mb (reduce-scatter)."""
+        n, rows, eb = self.n, self.rows, dst.eb
+        out = Rows(dst.base, rows, dst.row_words, eb)
+        if self.mode == "all_reduce":
+            off = sum(1 for p, _ in self.order if p < chip) * 4
+            return [vl.requant_launch(size=n, length=self.widths[chip],
+                                      a=Rows(base + off, rows, self.nb * 4, 4), out=out,
+                                      params_base=params_base)]
+        tile = 4 * n
+        blocks = self.mb if mb is None else 1
+        row0 = 0 if mb is None else mb * n
+        launches = []
+        for first, tiles in self.groups:
+            mine = min(tiles, self.widths[chip] // n - first)
+            if mine <= 0:
+                continue
+            launch = vl.requant_launch(
+                size=n, length=mine * n, a=Rows(0, blocks * n, 4 * mine, 4),
+                out=Rows(dst.base + row0 * dst.row_words + first * eb, blocks * n,
+                         dst.row_words, eb),
+                params_base=params_base + first * 4)
+            a = Desc(base + row0 * self.nb * 4 + first * self.chips * tile + chip * tiles * tile,
+                     (4, mine, n, blocks), (1, tile, 4, self.nb * tile))
+            launches.append(dataclasses.replace(launch, rd3=a))
+        return launches
+
+
+# --- one chip's share of the program ------------------------------------------------------------
+
+@dataclass
+class _Chip:
+    """One chip while the programs are built: its assembler, allocator and tensors."""
+
+    c: int
+    asm: Assembler
+    al: Allocator
+    t: dict = field(default_factory=dict)          # working tensors by name
+    layers: list = field(default_factory=list)     # per layer: {name: tensor or (w, p)}
+
+
+class _Compiler:
+    """Builds every chip's program in lock step, phase by phase."""
+
+    def __init__(self, npu, qm, plan, *, seq, samples, reduce, contents=True):
+        self.npu, self.qm, self.plan, self.cfg = npu, qm, plan, qm.cfg
+        self.contents = contents
+        self.n = n = npu.array_size
+        self.seq, self.nseq = seq, samples
+        self.seq_pad = pad_to(seq, n)
+        self.rows = samples * self.seq_pad
+        self.link = npu.link_bytes_per_cycle
+        self.ratio = word_bytes(self.link) // n
+        self.chips = plan.chips
+        self.reduce = reduce
+        self.comms: list[dict] = []
+        self.coll_id = 0
+        self.layer = 0
+        self.prw = partial_row_words(npu.attn_window, n)
+        #: Words of one split head's partial (or reduced) score rows, every sample's.
+        self.score_slot = samples * seq * self.prw
+        self.sched = al_.plan_schedule(seq=seq, window=self.cfg.window, causal=self.cfg.causal,
+                                       ring=npu.attn_window)
+        self.ch = [_Chip(c, Assembler(), Allocator(npu)) for c in range(self.chips)]
+        cfg = self.cfg
+        d = cfg.d_model
+        # Output columns of each projection on each destination chip (-1: padding).
+        self.dest = {"qkv": [], "o": [], "ffn1": [], "ffn2": []}
+        for c in range(self.chips):
+            q = []
+            for part in range(3):
+                for p in plan.pieces[c]:
+                    q += [part * d + g for g in range(p.lo, p.hi)] + [-1] * (p.width - p.hi + p.lo)
+            self.dest["qkv"].append(q)
+            lo, hi = plan.cols[c]
+            self.dest["o"].append(list(range(lo, hi)) + [-1] * (pad_to(hi - lo, n) - hi + lo))
+            self.dest["ffn2"].append(self.dest["o"][c])
+            flo, fhi = plan.ffn[c]
+            self.dest["ffn1"].append(list(range(flo, fhi)) +
+                                     [-1] * (pad_to(fhi - flo, n) - fhi + flo))
+        # Input rows of each projection's weights on each chip (-1: zero rows).
+        self.inputs = {"qkv": [], "o": [], "ffn1": [], "ffn2": []}
+        for c in range(self.chips):
+            self.inputs["qkv"].append(self.dest["o"][c])
+            self.inputs["ffn1"].append(self.dest["o"][c])
+            self.inputs["ffn2"].append(self.dest["ffn1"][c])
+            self.inputs["o"].append([g for p in plan.pieces[c] for g in
+                                     list(range(p.lo, p.hi)) + [-1] * (p.width - p.hi + p.lo)])
+        self.red = {}
+        if self.chips > 1:
+            for name in self.dest:
+                self.red[name] = Reduction(widths=[len(x) for x in self.dest[name]],
+                                           rows=self.rows, size=n, link_bytes=self.link,
+                                           mode=reduce)
+
+    # --- weights ------------------------------------------------------------------------------
+    def _qlinear(self, layer, name) -> QLinear:
+        if name != "qkv":
+            return getattr(layer, name)
+        parts = (layer.q, layer.k, layer.v)
+        return QLinear(np.concatenate([x.w for x in parts], axis=1),
+                       np.concatenate([x.bias for x in parts]),
+                       np.concatenate([x.mult for x in parts]),
+                       np.concatenate([x.shift for x in parts]), OutMode.INT8)
+
+    def _place(self, ch: _Chip, i: int, name: str):
+        """Chip ``ch``'s weights of projection ``name`` of layer ``i``: its input rows, every
+        destination's columns (in the reduction's order), the biases on chip 0 only; and the
+        per-channel requantisation of its own columns."""
+        n = self.n
+        rows = np.asarray(self.inputs[name][ch.c], np.int64)
+        direct = self.chips == 1
+        cols = np.asarray(self.dest[name][0], np.int64) if direct else \
+            self.red[name].columns(self.dest[name])
+        p = f"layers.{i}.{name}"
+        if not self.contents:
+            # The planner's shapes-only compile: the same blocks, without their contents.
+            blocks = cdiv(len(cols), n)
+            wt = ch.al.alloc_block(p + ".w", len(rows) * blocks, "weights", low=True)
+            pt = ch.al.alloc_block(p + ".p", PARAM_WORDS * blocks, "weights")
+            req = None if direct else ch.al.alloc_block(
+                p + ".requant", row_words(len(self.dest[name][ch.c]), 4, n), "weights")
+            return wt, pt, req
+        ql = self._qlinear(self.qm.layers[i], name)
+        w = np.zeros((len(rows), len(cols)), np.int64)
+        rk, ck = rows >= 0, cols >= 0
+        w[np.ix_(rk, ck)] = ql.w[np.ix_(rows[rk], cols[ck])]
+        bias = np.zeros(len(cols), np.int64)
+        mult = np.zeros(len(cols), np.int64)
+        shift = np.ones(len(cols), np.int64)
+        if ch.c == 0:
+            bias[ck] = ql.bias[cols[ck]]
+        if direct:
+            mult[ck], shift[ck] = ql.mult[cols[ck]], ql.shift[cols[ck]]
+        wt = ch.al.alloc_words(p + ".w", pack_weight_blocks(w, n), "weights", low=True)
+        pt = ch.al.alloc_words(p + ".p", pack_params(bias, mult, shift, n), "weights")
+        req = None
+        if not direct:
+            own = np.asarray(self.dest[name][ch.c], np.int64)
+            m = np.zeros(len(own), np.int64)
+            s = np.ones(len(own), np.int64)
+            m[own >= 0], s[own >= 0] = ql.mult[own[own >= 0]], ql.shift[own[own >= 0]]
+            req = ch.al.alloc_words(p + ".requant", pack_rows(pack_requant(m, s)[None, :], 4, n),
+                                    "weights")
+        return wt, pt, req
+
+    def place(self):
+        cfg, n = self.cfg, self.n
+        for ch in self.ch:
+            lo, hi = self.plan.cols[ch.c]
+            for i in range(cfg.n_layers):
+                L = self.qm.layers[i]
+                lw = {name: self._place(ch, i, name) for name in ("qkv", "o", "ffn1", "ffn2")}
+                if not self.contents:
+                    for k in (1, 2):
+                        lw[f"ln{k}"] = ch.al.alloc_block(f"layers.{i}.ln{k}.gamma_beta",
+                                                         row_words(hi - lo, 4, n), "weights")
+                    lw["lut"] = ch.al.alloc_block(f"layers.{i}.lut",
+                                                  row_words(LUT_ENTRIES, 1, n), "weights")
+                    ch.layers.append(lw)
+                    continue
+                for k, ln in ((1, L.ln1), (2, L.ln2)):
+                    gb = pack_gamma_beta(ln.gamma[lo:hi], ln.beta[lo:hi])
+                    lw[f"ln{k}"] = ch.al.alloc_words(f"layers.{i}.ln{k}.gamma_beta",
+                                                     pack_rows(gb[None, :], 4, n), "weights")
+                lw["lut"] = ch.al.alloc_words(f"layers.{i}.lut",
+                                              pack_rows(L.lut[None, :], 1, n), "weights")
+                ch.layers.append(lw)
+
+    # --- activations --------------------------------------------------------------------------
+    def activations(self):
+        n, rows, plan = self.n, self.rows, self.plan
+        rec = stats_words(n)
+        for ch in self.ch:
+            c, al, t = ch.c, ch.al, ch.t
+            wpad = pad_to(plan.width(c), n)
+            t["x"] = al.alloc("x", rows, wpad, 2, "activations")
+            t["h"] = al.alloc("h", rows, wpad, 1, "activations")
+            if self.cfg.norm == "post":
+                t["x8"] = al.alloc("x8", rows, wpad, 1, "activations")
+            t["qkv"] = al.alloc("qkv", rows, 3 * plan.q_width(c), 1, "kv_cache")
+            t["o"] = al.alloc("o", rows, plan.q_width(c), 1, "activations")
+            t["a"] = al.alloc("a", rows, wpad, 2, "activations")
+            t["f"] = al.alloc("f", rows, pad_to(plan.ffn_width(c), n), 1, "activations")
+            if self.chips == 1:
+                t["stats"] = al.alloc("stats", rows * rec, n, 1, "activations", row_words_=1)
+                continue
+            # The buffers that COLL launches read and write while the matmul, attention or
+            # vector unit runs go in the transfer banks: in the top bank (the matmul's A, the
+            # vector unit's operands) the collective's ports, which the compute units' outrank,
+            # would wait for them. The reduce-scatter's row blocks alternate between two
+            # banks ("p" even blocks, "p1" odd ones), so that the matmul writing block mb + 1
+            # and the requantisation reading block mb - 1 leave block mb's bank to its COLLs.
+            words = max(r.words if r.mode == "all_reduce" else
+                        cdiv(r.mb, 2) * r.block_words for r in self.red.values())
+            odd = max((r.mb // 2 * r.block_words for r in self.red.values()
+                       if r.mode == "reduce_scatter"), default=0)
+            t["p"] = al.alloc("p", words, n, 1, "activations", row_words_=1, transfer=True,
+                              fallback=True)
+            if odd:
+                t["p1"] = al.alloc("p1", odd, n, 1, "activations", row_words_=1, spare=True,
+                                   fallback=True)
+            # LayerNorm records as int64 elements, padded to whole all-reduce units.
+            unit = self.chips * elements_per_word(word_bytes(self.link), 64)
+            elems = pad_to(rows * rec * n // 8, unit)
+            t["stats"] = al.alloc("stats", elems * 8 // n, n, 1, "activations", row_words_=1)
+            if plan.split_heads:
+                # Every split head's partial rows (a slot each: samples x queries rows of
+                # ``prw`` words), zero in the slots of heads the chip holds none of (the image
+                # sets them, and only the partial passes of the chip's own heads write here);
+                # the all-reduce writes the reduced rows to "scores".
+                elems = pad_to(len(plan.split_heads) * self.score_slot * n // 4,
+                               self.chips * self.red["o"].epw)
+                t["scores_in"] = al.alloc("scores_in", elems * 4 // n, n, 1, "activations",
+                                          row_words_=1, spare=True, fallback=True)
+                if self.contents:
+                    al.images[t["scores_in"].base] = np.zeros((t["scores_in"].words, n),
+                                                              np.uint8)
+                t["scores"] = al.alloc("scores", elems * 4 // n, n, 1, "activations",
+                                       row_words_=1, transfer=True, fallback=True)
+
+    # --- collectives --------------------------------------------------------------------------
+    def collective(self, group, chunks, *, width, what, kind="all_reduce", wait=True,
+                   ident=None):
+        """Emit one logical collective over ``group`` (``(first, count)``) on its members:
+        ``chunks(ch)`` gives that chip's ``(base, elements)`` or ``(base, elements, out_base)``
+        per COLL; ``wait``: a ``WAIT`` for the last one. ``ident``: continue the collective of
+        that id (a later part of it, for the report). Returns the collective's id. Every
+        collective of the compiler is over all chips (module docstring)."""
+        first, count = group
+        if count != self.chips:
+            raise AssertionError("hidden's collectives are over all chips")
+        members = [(first + k) % self.chips for k in range(count)]
+        per_chip = {m: chunks(self.ch[m]) for m in members}
+        count_chunks = len(per_chip[members[0]])
+        if ident is None:
+            ident = self.coll_id
+            self.coll_id += 1
+        for k in range(count_chunks):
+            length = per_chip[members[0]][k][1]
+            req = CollectiveRequest(kind, "sum", width, length, self.chips, first=first,
+                                    count=count)
+            for m in members:
+                base, _, *out = per_chip[m][k]
+                cl.emit(self.ch[m].asm, cl.coll_launch_natural(
+                    req, m, base=base, out_base=out[0] if out else None, size=self.n,
+                    link_bytes=self.link))
+            self.comms.append({"kind": kind, "op": "sum", "width": width, "elements": length,
+                               "bytes": length * width // 8, "group": [first, count],
+                               "layer": self.layer, "what": what, "collective": ident})
+        if wait:
+            for m in members:
+                self.ch[m].asm.wait(Unit.COLL)
+        return ident
+
+    def _flat(self, tensor: Tensor, elements: int, count: int, width: int):
+        """Chunks of a natural-order all-reduce over ``elements`` from ``tensor.base``."""
+        unit = count * elements_per_word(word_bytes(self.link), width)
+        chunk = unit * COLL_FIFO_WORDS
+        return [(tensor.base + at * width // 8 // self.n, min(chunk, elements - at))
+                for at in range(0, elements, chunk)]
+
+    # --- the block's phases -------------------------------------------------------------------
+    def _rows(self, t: Tensor) -> Rows:
+        return Rows(t.base, t.rows, t.row_words, t.eb)
+
+    def layernorm(self, which: int, q: str | None, y: str | None):
+        """LayerNorm ``which`` (1 or 2) of every chip's slice of ``x``: LN_STATS, an int64
+        all-reduce of the records over all chips, LN_APPLY into ``q`` (int8) / ``y`` (int16)."""
+        n, i, d = self.n, self.layer, self.cfg.d_model
+        ln = getattr(self.qm.layers[i], f"ln{which}")
+        for ch in self.ch:
+            x = self._rows(ch.t["x"])
+            vl.emit(ch.asm, vl.ln_stats_launch(size=n, length=self.plan.width(ch.c), x=x,
+                                               stats_base=ch.t["stats"].base))
+            ch.asm.wait(Unit.VEC)
+        if self.chips > 1:
+            self.collective((0, self.chips),
+                            lambda ch: self._flat(ch.t["stats"], ch.t["stats"].words * n // 8,
+                                                  self.chips, 64),
+                            width=64, what=f"LN{which} statistics")
+        for ch in self.ch:
+            vl.emit(ch.asm, vl.ln_apply_launch(
+                size=n, length=self.plan.width(ch.c), n=d, x=self._rows(ch.t["x"]),
+                gamma_beta_base=ch.layers[i][f"ln{which}"].base, stats_base=ch.t["stats"].base,
+                q=self._rows(ch.t[q]) if q else None, y=self._rows(ch.t[y]) if y else None,
+                gshift=ln.gshift, mult=ln.mult, shift=ln.shift), ("ln", i, which))
+            ch.asm.wait(Unit.VEC)
+
+    def project(self, name: str, src: str, dst: str, *, lut: bool = False):
+        """Projection ``name`` of every chip's ``src`` into its columns of ``dst``: a RAW matmul
+        into the partial sums, their reduction and the per-channel requantisation (one chip:
+        the matmul requantises itself). ``lut``: load the activation table meanwhile."""
+        n, i = self.n, self.layer
+        direct = self.chips == 1
+        red = self.red.get(name)
+        if red is not None and red.mode == "reduce_scatter":
+            self._project_blocks(name, src, dst, lut=lut)
+            return
+        for ch in self.ch:
+            wt, pt, _ = ch.layers[i][name]
+            a, out = ch.t[src], ch.t[dst]
+            k = len(self.inputs[name][ch.c])
+            if direct:
+                mode = OutMode.INT16 if out.eb == 2 else OutMode.INT8
+                launch = matmul_launch(size=n, m=self.rows, k=k, n=len(self.dest[name][0]),
+                                       a_base=a.base, a_row_words=a.row_words, b_base=wt.base,
+                                       p_base=pt.base, c_base=out.base,
+                                       c_row_words=out.row_words, mode=mode)
+            else:
+                p = ch.t["p"]
+                launch = matmul_launch(size=n, m=self.rows, k=k, n=red.nb * n, a_base=a.base,
+                                       a_row_words=a.row_words, b_base=wt.base, p_base=pt.base,
+                                       c_base=p.base, c_row_words=red.nb * 4, mode=OutMode.RAW)
+                launch = dataclasses.replace(launch, wr0=red.c_desc(p.base))
+            emit_matmul(ch.asm, launch)
+            if lut:
+                vl.emit(ch.asm, vl.load_lut_launch(size=n, base=ch.layers[i]["lut"].base))
+            ch.asm.wait(Unit.MATMUL | (Unit.VEC if lut else 0))
+        if direct:
+            return
+        kind = "reduce_scatter" if red.mode == "reduce_scatter" else "all_reduce"
+        self.collective((0, self.chips), lambda ch: red.chunks(ch.t["p"].base), width=32,
+                        what=f"{name.upper()} projection", kind=kind)
+        for ch in self.ch:
+            for launch in red.requant_launches(ch.c, ch.t["p"].base,
+                                               ch.layers[i][name][2].base, ch.t[dst]):
+                vl.emit(ch.asm, launch)
+            ch.asm.wait(Unit.VEC)
+
+    def _project_blocks(self, name: str, src: str, dst: str, *, lut: bool):
+        """The reduce-scatter projection, pipelined by row blocks of N rows: while the
+        reduce-scatters of block mb run, the matmul computes block mb + 1 and the vector unit
+        requantises block mb - 1. A COLL launch waits for the previous COLL to finish and a
+        MATMUL launch for the previous MATMUL, so each block's sums are complete before its
+        COLL and reduced before its REQUANT without a WAIT on the unit."""
+        n, i, red = self.n, self.layer, self.red[name]
+        tile = 4 * n
+
+        def base(ch, mb):
+            """Where the layout of :class:`Reduction` starts for block mb to be in its bank's
+            buffer (block mb at ``base + mb * block_words``)."""
+            buf = ch.t["p"] if mb % 2 == 0 else ch.t["p1"]
+            return buf.base + (mb // 2 - mb) * red.block_words
+
+        def matmul(ch, mb):
+            wt, pt, _ = ch.layers[i][name]
+            a = ch.t[src]
+            launch = matmul_launch(size=n, m=n, k=len(self.inputs[name][ch.c]), n=red.nb * n,
+                                   a_base=a.base + mb * n * a.row_words,
+                                   a_row_words=a.row_words, b_base=wt.base, p_base=pt.base,
+                                   c_base=base(ch, mb) + mb * red.block_words,
+                                   c_row_words=red.nb * 4, mode=OutMode.RAW)
+            wr0 = Desc(base(ch, mb) + mb * red.block_words, (4, n, red.nb, 1), (1, 4, tile, 0))
+            emit_matmul(ch.asm, dataclasses.replace(launch, wr0=wr0))
+
+        def requant(ch, mb):
+            for launch in red.requant_launches(ch.c, base(ch, mb),
+                                               ch.layers[i][name][2].base, ch.t[dst], mb=mb):
+                vl.emit(ch.asm, launch)
+
+        for ch in self.ch:
+            matmul(ch, 0)
+            if lut:
+                vl.emit(ch.asm, vl.load_lut_launch(size=n, base=ch.layers[i]["lut"].base))
+            ch.asm.wait(Unit.MATMUL | (Unit.VEC if lut else 0))
+        ident = None
+        per_block = len(red.groups)
+        for mb in range(red.mb):
+            for ch in self.ch:
+                if mb + 1 < red.mb:
+                    matmul(ch, mb + 1)
+
+            def chunks(ch, mb=mb):
+                return red.chunks(base(ch, mb))[mb * per_block:(mb + 1) * per_block]
+
+            ident = self.collective((0, self.chips), chunks, width=32,
+                                    what=f"{name.upper()} projection", kind="reduce_scatter",
+                                    wait=False, ident=ident)
+            for ch in self.ch:
+                if mb:
+                    requant(ch, mb - 1)
+                if mb + 2 == red.mb or red.mb == 1:
+                    # The last block's COLL reads what the last MATMUL writes.
+                    ch.asm.wait(Unit.MATMUL)
+        for ch in self.ch:
+            ch.asm.wait(Unit.COLL)
+            requant(ch, red.mb - 1)
+            ch.asm.wait(Unit.VEC)
+
+    def add(self):
+        """``x += a`` on every chip's slice."""
+        for ch in self.ch:
+            vl.emit(ch.asm, vl.add_launch(size=self.n, length=self.plan.width(ch.c),
+                                          a=self._rows(ch.t["x"]), b=self._rows(ch.t["a"]),
+                                          out=self._rows(ch.t["x"])))
+            ch.asm.wait(Unit.VEC)
+
+    def lut(self):
+        for ch in self.ch:
+            vl.emit(ch.asm, vl.lut_launch(size=self.n, length=self.plan.ffn_width(ch.c),
+                                          a=self._rows(ch.t["f"]), out=self._rows(ch.t["f"])))
+            ch.asm.wait(Unit.VEC)
+
+    def attention(self):
+        """Every head piece of every chip: the split pieces' pass 1 into their slots of
+        "scores_in", one all-reduce of every split head's partial rows over all chips, the
+        whole heads while it runs, then the split pieces' pass 2 from "scores"."""
+        n, L, cfg = self.n, self.qm.layers[self.layer], self.cfg
+        sched, seq = self.sched, self.seq
+        W = self.npu.attn_window
+        common = {"size": n, "queries": seq, "keys": seq, "bidirectional": not cfg.causal,
+                  "interleaved": sched.interleaved, "halo": sched.halo}
+        slot = {h: k for k, h in enumerate(self.plan.split_heads)}
+        tag = ("attn", self.layer)
+
+        def qkv_bases(ch, s):
+            qkv = ch.t["qkv"]
+            base = qkv.base + s * self.seq_pad * qkv.row_words
+            part = self.plan.q_width(ch.c) // n
+            return base, base + part, base + 2 * part, qkv.row_words
+
+        def rows(h, s):
+            """Offset of head h's score rows of sample s in "scores_in" and "scores"."""
+            return slot[h] * self.score_slot + s * seq * self.prw
+
+        split = {ch.c: [p for p in self.plan.pieces[ch.c] if p.split] for ch in self.ch}
+        if self.plan.split_heads:
+            for ch in self.ch:
+                for piece in split[ch.c]:
+                    for s in range(self.nseq):
+                        q, k, _, rw = qkv_bases(ch, s)
+                        al_.emit(ch.asm, al_.partial_launch(
+                            window=W, d_head=piece.width, q_base=q, k_base=k,
+                            p_base=ch.t["scores_in"].base + rows(piece.head, s),
+                            q_row_words=rw, k_row_words=rw, col=piece.off, **common), tag)
+                ch.asm.wait(Unit.ATTN)
+
+            def chunks(ch):
+                src, dst = ch.t["scores_in"], ch.t["scores"]
+                return [(base, length, base - src.base + dst.base) for base, length in
+                        self._flat(src, src.words * n // 4, self.chips, 32)]
+
+            heads = ", ".join(str(h) for h in self.plan.split_heads)
+            self.collective((0, self.chips), chunks, width=32,
+                            what=f"attention scores, head{'s' if len(slot) > 1 else ''} "
+                                 f"{heads}", wait=False)
+        for ch in self.ch:
+            o = ch.t["o"]
+            for piece in self.plan.pieces[ch.c]:
+                if piece.split:
+                    continue
+                for s in range(self.nseq):
+                    q, k, v, rw = qkv_bases(ch, s)
+                    al_.emit(ch.asm, al_.attention_launch(
+                        d_head=piece.width, q_base=q, k_base=k, v_base=v,
+                        o_base=o.base + s * self.seq_pad * o.row_words, q_row_words=rw,
+                        k_row_words=rw, v_row_words=rw, o_row_words=o.row_words, col=piece.off,
+                        q_pos=0, k_pos=0, window=sched.window, score_mult=L.score_mult,
+                        score_shift=L.score_shift, out_mult=L.out_mult, out_shift=L.out_shift,
+                        **common), tag)
+            if not split[ch.c]:
+                # The next projection's COLL waits for this one's on its own.
+                ch.asm.wait(Unit.ATTN)
+                continue
+            ch.asm.wait(Unit.COLL)
+            for piece in split[ch.c]:
+                for s in range(self.nseq):
+                    _, _, v, rw = qkv_bases(ch, s)
+                    al_.emit(ch.asm, al_.reduced_launch(
+                        window=W, d_head=piece.width, v_base=v,
+                        r_base=ch.t["scores"].base + rows(piece.head, s),
+                        o_base=o.base + s * self.seq_pad * o.row_words, v_row_words=rw,
+                        o_row_words=o.row_words, col=piece.off, window_cut=sched.window,
+                        score_mult=L.score_mult, score_shift=L.score_shift,
+                        out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
+            ch.asm.wait(Unit.ATTN)
+
+    def block(self, i: int):
+        self.layer = i
+        if self.cfg.norm == "pre":
+            self.layernorm(1, "h", None)
+            self.project("qkv", "h", "qkv")
+            self.attention()
+            self.project("o", "o", "a")
+            self.add()
+            self.layernorm(2, "h", None)
+            self.project("ffn1", "h", "f", lut=True)
+            self.lut()
+            self.project("ffn2", "f", "a")
+            self.add()
+        else:
+            self.project("qkv", "x8", "qkv")
+            self.attention()
+            self.project("o", "o", "a")
+            self.add()
+            self.layernorm(1, "h", "x")
+            self.project("ffn1", "h", "f", lut=True)
+            self.lut()
+            self.project("ffn2", "f", "a")
+            self.add()
+            self.layernorm(2, "x8", "x")
+
+
+def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
+                   samples: int = 1, widths=None, ffn_widths=None,
+                   reduce: str = "reduce_scatter", contents: bool = True,
+                   check: bool = True) -> SystemProgram:
+    """Programs for ``chips`` chips that split d_model (and d_ff) of every layer of ``qm``
+    (``widths``/``ffn_widths``: explicit columns per chip; ``reduce``: how the projections'
+    partial sums are reduced, ``REDUCE_MODES``).
+
+    ``contents=False`` places the weights without their contents (``qm`` needs only its
+    scales: the planner's shapes-only compile); ``check=False`` skips the compatibility,
+    capacity and program-size checks (the planner names every violated limit itself) but
+    the shards' own (:func:`hidden_plan`)."""
+    cfg = qm.cfg
+    if getattr(qm, "quant", "int8") != "int8":
+        raise ValueError(f"--strategy hidden does not compile quant={qm.quant!r} yet (only "
+                         "int8); use --quant int8")
+    plan = check_hidden(npu, cfg, chips, widths=widths, ffn_widths=ffn_widths) if check else \
+        hidden_plan(npu, cfg, chips, widths=widths, ffn_widths=ffn_widths)
+    if reduce not in REDUCE_MODES:
+        raise ValueError(f"reduce must be one of {', '.join(REDUCE_MODES)}, not {reduce!r}")
+    seq = cfg.seq_len if seq is None else seq
+    comp = _Compiler(npu, qm, plan, seq=seq, samples=samples, reduce=reduce, contents=contents)
+    comp.place()
+    comp.activations()
+    for ch in comp.ch:
+        if check:
+            ch.al.check_capacity()
+    if cfg.norm == "post":
+        for ch in comp.ch:
+            vl.emit(ch.asm, vl.requant_launch(size=comp.n, length=plan.width(ch.c),
+                                              a=comp._rows(ch.t["x"]),
+                                              out=comp._rows(ch.t["x8"]), mult=qm.in_mult,
+                                              shift=qm.in_shift), ("input requant",))
+            ch.asm.wait(Unit.VEC)
+    for i in range(cfg.n_layers):
+        comp.block(i)
+    programs = []
+    for ch in comp.ch:
+        pieces = [(p.head, p.hi - p.lo) for p in plan.pieces[ch.c]]
+        programs.append(finish(npu, ChipProgram(ch.c, ch.asm, ch.al, role={
+            "layers": list(range(cfg.n_layers)), "columns": list(plan.cols[ch.c]),
+            "heads": [h for h, _ in pieces], "head_lanes": [w for _, w in pieces],
+            "ffn_columns": plan.ffn_width(ch.c)}), check=check))
+    inputs = [[] for _ in range(samples)]
+    outputs = []
+    for s in range(samples):
+        parts = []
+        for ch in comp.ch:
+            x = ch.t["x"]
+            place = Placement(ch.c, x.base + s * comp.seq_pad * x.row_words, comp.seq_pad,
+                              x.cols, x.row_words, col=plan.cols[ch.c][0],
+                              width=plan.width(ch.c))
+            inputs[s].append(place)
+            parts.append(place)
+        outputs.append(tuple(parts))
+    meta = {"columns_per_chip": [plan.width(c) for c in range(chips)],
+            "ffn_columns_per_chip": [plan.ffn_width(c) for c in range(chips)],
+            "head_groups": [list(g) for g in plan.groups], "split_heads": plan.split_heads,
+            "reduce": reduce if chips > 1 else None}
+    return SystemProgram(npu, cfg, "hidden", programs, seq, comp.seq_pad, inputs, outputs, meta,
+                         comp.comms)
+
+
+def hidden_stats(prog: SystemProgram, comms: list[dict]) -> dict:
+    """The report's ``hidden`` section from the compiled program and its collectives: the
+    shards, and per layer the collectives, their COLL launches and bytes, with why there are
+    that many."""
+    meta = prog.meta
+    layer = [c for c in comms if c.get("layer") == 0]
+    colls: dict[int, list] = {}
+    for c in layer:
+        colls.setdefault(c["collective"], []).append(c)
+    per_layer = [{"what": items[0]["what"], "kind": items[0]["kind"],
+                  "width": items[0]["width"], "group": items[0]["group"],
+                  "launches": len(items), "bytes": sum(c["bytes"] for c in items)}
+                 for items in colls.values()]
+    ln = sum(1 for c in per_layer if "statistics" in c["what"])
+    proj = sum(1 for c in per_layer if "projection" in c["what"])
+    heads = len(meta["split_heads"])
+    scores = (f"; one all-reduce of the partial Q.K scores of the {heads} head"
+              f"{'s' if heads > 1 else ''} split across chips (each chip's lanes give a partial "
+              "dot product; every split head in one buffer, zero where a chip holds none of "
+              "the head)") if heads else "; no head is split, so no score all-reduce"
+    why = (f"{ln} int64 all-reduces of the LayerNorm statistics [sum x, sum x^2] per row; {proj} "
+           f"{meta['reduce'] or 'no'} reductions of int32 partial projections (QKV, O, FFN1, "
+           "FFN2: every input is sharded by columns, so each chip's X[:, cols] @ W[rows, :] is "
+           f"a partial sum of the whole output){scores}. All over every chip, in the same "
+           f"order. The seed's {SEED_COLLECTIVES} counted the LayerNorm and score all-reduces "
+           "only.") if len(prog.chips) > 1 else "one chip: no collectives"
+    return {"columns_per_chip": meta["columns_per_chip"],
+            "ffn_columns_per_chip": meta["ffn_columns_per_chip"],
+            "head_groups": meta["head_groups"], "split_heads": meta["split_heads"],
+            "reduce": meta["reduce"], "collectives_per_layer": len(per_layer),
+            "coll_launches_per_layer": sum(c["launches"] for c in per_layer),
+            "bytes_per_layer": sum(c["bytes"] for c in per_layer), "per_layer": per_layer,
+            "seed_estimate": SEED_COLLECTIVES, "why": why}
