@@ -16,6 +16,7 @@ one chip, the same model and batch on one chip in the same run:
 from __future__ import annotations
 
 from hw.spec import ModelConfig, npu_preset
+from sim.benches.strategies import transfer_rows
 from sim.simulate import simulate
 from sim.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 
@@ -65,16 +66,7 @@ def _rows(label, r) -> list[dict]:
     rows.append({"bench": f"{label}: bytes per layer", "value": h["bytes_per_layer"],
                  "unit": "bytes", "note": "message bytes of the layer's collectives "
                                           f"(projections by {h['reduce']})"})
-    for kind in ("all_reduce", "reduce_scatter", "send"):
-        items = [c for c in r.collectives if c["kind"] == kind and "cycles" in c]
-        if items:
-            cycles = sum(c["cycles"] for c in items)
-            bound = sum(c["bound_cycles"] for c in items)
-            rows.append({"bench": f"{label}: {len(items)} x {kind} vs ring bound",
-                         "value": cycles, "unit": "cycles", "ref": bound,
-                         "ratio": cycles / bound,
-                         "note": f"{sum(c['bytes'] for c in items):,} bytes"})
-    return rows
+    return rows + transfer_rows(label, r)
 
 
 def _compare(label, rs, ar) -> dict:

@@ -48,9 +48,14 @@ def _rows(label, r):
                      "note": "ratio = scaling efficiency (speed-up / chips)"})
     rows.append({"bench": f"{label}: communication only", "value": _exposed_comm(r),
                  "unit": "of cycles", "note": "mean over chips: communicating, not computing"})
-    timed = [c for c in r.collectives if "cycles" in c]
-    for kind in ("all_reduce", "send"):
-        items = [c for c in timed if c["kind"] == kind]
+    return rows + transfer_rows(label, r)
+
+
+def transfer_rows(label, r) -> list[dict]:
+    """A row per kind of collective and for the sends: their cycles against the ring bound."""
+    rows = []
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "send"):
+        items = [c for c in r.collectives if c["kind"] == kind and "cycles" in c]
         if items:
             cycles = sum(c["cycles"] for c in items)
             bound = sum(c["bound_cycles"] for c in items)
