@@ -26,7 +26,9 @@ from sim.compiler.attention_launch import emit as emit_attention
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
 from sim.golden.float_model import random_weights
+from sim.golden.matmul import requant, wrap
 from sim.golden.scratchpad import addr_sequence
+from sim.golden.softmax import softmax
 from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all
 
@@ -357,6 +359,15 @@ def assert_chips_equal(got, want, what):
 
 SCORE_MULT, SCORE_SHIFT = 45000, 20     # q.k (std ~2**14) -> logits of std ~2.5 in Q8.8
 OUT_MULT, OUT_SHIFT = 40000, 23         # raw P.V (p/256 x int8, up to 2**15) -> int8
+
+
+def attention_reference(q, k, v, visible):
+    """One head from a [queries, keys] visibility matrix, in the chip's integers (the scales
+    above)."""
+    raw = wrap(q @ k.T)
+    scores = np.where(visible, requant(raw, SCORE_MULT, SCORE_SHIFT, 16), 0)
+    probs = softmax(scores, visible).astype(np.int64)
+    return requant(wrap(np.where(visible, probs, 0) @ v), OUT_MULT, OUT_SHIFT, 8)
 
 
 class AttentionCase:

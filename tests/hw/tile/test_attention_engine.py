@@ -8,8 +8,6 @@ from hw.spec.timing.attention import launch_cycles
 from hw.tile.attention_engine import AttentionEngine
 from sim.compiler.attention_launch import attention_launch, plan_schedule
 from sim.golden.float_model import attention_mask
-from sim.golden.matmul import requant, wrap
-from sim.golden.softmax import softmax
 from sim.rtl.attention_engine_driver import run_attention_engine
 from tests.helpers import (
     OUT_MULT,
@@ -19,16 +17,9 @@ from tests.helpers import (
     AttentionCase,
     assert_memories_equal,
     attention_npu,
+    attention_reference,
     seeded,
 )
-
-
-def reference(q, k, v, visible):
-    """Attention of one head from a [queries, keys] visibility matrix, in the chip's integers."""
-    raw = wrap(q @ k.T)
-    scores = np.where(visible, requant(raw, SCORE_MULT, SCORE_SHIFT, 16), 0)
-    probs = softmax(scores, visible).astype(np.int64)
-    return requant(wrap(np.where(visible, probs, 0) @ v), OUT_MULT, OUT_SHIFT, 8)
 
 
 def engine_for(npu):
@@ -55,8 +46,8 @@ def check_head(case, rng, visible):
     """The ISS's head output equals the reference for the ``visible`` matrix; the engine's
     memory equals the ISS's."""
     sl = case.sl
-    case.check_against(case.run_iss(), reference(case.q[:, sl], case.k[:, sl], case.v[:, sl],
-                                                 visible))
+    want = attention_reference(case.q[:, sl], case.k[:, sl], case.v[:, sl], visible)
+    case.check_against(case.run_iss(), want)
     check_rtl(case, rng)
 
 
@@ -150,7 +141,7 @@ def test_launches_back_to_back():
              (slice(8, 16), attention_mask(seq, 3, True), slice(0, 8)),
              (slice(4, 8), attention_mask(seq, 2, False), slice(0, 4))]
     for i, (cols, mask, kept) in enumerate(heads):
-        want = reference(case.q[:, cols], case.k[:, cols], case.v[:, cols], mask)[:, kept]
+        want = attention_reference(case.q[:, cols], case.k[:, cols], case.v[:, cols], mask)[:, kept]
         bad = np.argwhere(got[:, cols][:, kept] != want)
         assert not len(bad), f"launch {i} query {bad[0][0]} lane {bad[0][1]} differs"
     mem, _ = run_engine(case, rng, launches=launches)

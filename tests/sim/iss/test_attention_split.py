@@ -17,27 +17,14 @@ from hw.spec.attention import (
 from sim.compiler.attention_launch import emit, partial_launch, reduced_launch
 from sim.golden.attention import shard_sizes, split_partials
 from sim.golden.float_model import attention_mask
-from sim.golden.matmul import requant, wrap
-from sim.golden.softmax import softmax
 from sim.iss import IssError
 from tests.helpers import (
-    OUT_MULT,
-    OUT_SHIFT,
-    SCORE_MULT,
-    SCORE_SHIFT,
     SplitCase,
     assemble,
     attention_npu,
+    attention_reference,
     seeded,
 )
-
-
-def reference(q, k, v, visible):
-    """One whole head in the chip's integers from a [queries, keys] visibility matrix."""
-    raw = wrap(q @ k.T)
-    scores = np.where(visible, requant(raw, SCORE_MULT, SCORE_SHIFT, 16), 0)
-    probs = softmax(scores, visible).astype(np.int64)
-    return requant(wrap(np.where(visible, probs, 0) @ v), OUT_MULT, OUT_SHIFT, 8)
 
 
 def run_both(case):
@@ -95,7 +82,7 @@ def test_reduced_pass_equals_the_whole_head(seed, kw, mask):
     npu = attention_npu(window=window, length=8)
     case = SplitCase(rng, npu, queries=7, keys=7, shards=[4, 4], d_model=12, col=4, **kw)
     run_both(case)
-    want = reference(case.q[:, case.sl], case.k[:, case.sl], case.v[:, case.sl], mask)
+    want = attention_reference(case.q[:, case.sl], case.k[:, case.sl], case.v[:, case.sl], mask)
     bad = np.argwhere(case.output() != want)
     assert not len(bad), f"query {bad[0][0]} lane {bad[0][1]} differs"
 
@@ -106,7 +93,7 @@ def test_one_shard_is_the_normal_launch():
     npu = attention_npu()
     case = SplitCase(rng, npu, queries=6, keys=6, shards=[8], d_model=8)
     run_both(case)
-    want = reference(case.q, case.k, case.v, attention_mask(6, 0, True))
+    want = attention_reference(case.q, case.k, case.v, attention_mask(6, 0, True))
     assert (case.output() == want).all()
 
 
