@@ -134,6 +134,15 @@ def _score_rows(base, rows, words, stride):
     return Desc(base, (words, rows, 1, 1), (1, stride, 0, 0))
 
 
+def _score_row_words(prw, given, name, what):
+    """The stride of the score rows: ``given`` (at least a row of ``prw`` words) or ``prw``."""
+    if given is None:
+        return prw
+    if given < prw:
+        raise ValueError(f"{name}={given} cannot hold a {what} row of {prw} words")
+    return given
+
+
 def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_base,
                    q_row_words, k_row_words, col=0, q_pos=0, k_pos=0, bidirectional=False,
                    interleaved=False, halo=0, p_row_words=None) -> AttentionLaunch:
@@ -143,9 +152,7 @@ def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_bas
     ``window`` the ring's W). The rows of the head's chips, summed, are the reduced rows of
     :func:`reduced_launch` over the same keys, queries, positions and schedule."""
     prw = partial_row_words(window, size)
-    p_row_words = prw if p_row_words is None else p_row_words
-    if p_row_words < prw:
-        raise ValueError(f"p_row_words={p_row_words} cannot hold a partial row of {prw} words")
+    p_row_words = _score_row_words(prw, p_row_words, "p_row_words", "partial")
     base = attention_launch(
         size=size, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
         v_base=k_base, o_base=p_base, q_row_words=q_row_words, k_row_words=k_row_words,
@@ -168,9 +175,7 @@ def reduced_launch(*, size, window, d_head, queries, keys, v_base, r_base, o_bas
     :func:`attention_launch` (columns ``col .. col + d_head - 1``). ``window_cut`` is
     ``AT_WINDOW``."""
     prw = partial_row_words(window, size)
-    r_row_words = prw if r_row_words is None else r_row_words
-    if r_row_words < prw:
-        raise ValueError(f"r_row_words={r_row_words} cannot hold a reduced row of {prw} words")
+    r_row_words = _score_row_words(prw, r_row_words, "r_row_words", "reduced")
     base = attention_launch(
         size=size, d_head=d_head, queries=queries, keys=keys, q_base=v_base, k_base=v_base,
         v_base=v_base, o_base=o_base, q_row_words=v_row_words, k_row_words=v_row_words,
