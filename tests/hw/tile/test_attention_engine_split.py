@@ -22,9 +22,9 @@ from tests.helpers import (
     assemble,
     assert_memories_equal,
     attention_npu,
+    attention_reference,
     seeded,
 )
-from tests.sim.iss.test_attention_split import reference
 
 
 def engine_for(npu):
@@ -69,7 +69,7 @@ def test_partial_rows_against_golden_split_partials(seed, shards):
         assert (total[t, :6] == wrap(sum(want))).all(), f"query {t}: reduced row"
         for s in range(shards):
             assert (case.partial_rows(s)[t, :6] == want[s]).all(), f"query {t} shard {s}"
-    want = reference(case.q, case.k, case.v, attention_mask(6, 0, True))
+    want = attention_reference(case.q, case.k, case.v, attention_mask(6, 0, True))
     assert (case.output() == want).all()
 
 
@@ -91,7 +91,7 @@ def test_schedules_and_windows(seed, npu_kw, kw, seq, mask):
     both_passes(case, rng)
     if mask is not None:
         sl = case.sl
-        want = reference(case.q[:, sl], case.k[:, sl], case.v[:, sl], mask)
+        want = attention_reference(case.q[:, sl], case.k[:, sl], case.v[:, sl], mask)
         assert (case.output() == want).all()
 
 
