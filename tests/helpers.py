@@ -59,6 +59,12 @@ def run_process(*argv, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def check_report(report, what):
+    """A simulation report equals the golden model bit for bit and stays near float."""
+    assert report.golden_match, f"{what}: first mismatch {report.first_mismatch}"
+    assert report.cosine > 0.99, f"{what}: cosine {report.cosine}"
+
+
 def assert_one_line(err, *fragments):
     assert err.endswith("\n") and err.count("\n") == 1, f"stderr is not one line: {err!r}"
     assert "Traceback" not in err

@@ -151,14 +151,21 @@ def _ranges(widths) -> tuple:
     return tuple((int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True))
 
 
-def _check_widths(widths, total, chips, what):
-    if widths is None:
-        return None
-    widths = [int(w) for w in widths]
-    if len(widths) != chips or min(widths) < 1 or sum(widths) != total:
-        raise ValueError(f"{what} widths {widths} must be {chips} positive widths summing to "
-                         f"{total}")
-    return widths
+def _resolve_widths(cfg: ModelConfig, key: str, widths, chips: int, n: int) -> list[int]:
+    """``widths`` checked (``chips`` positive widths summing to ``cfg.<key>``), or the default
+    :func:`split_widths`; ConfigError naming ``key`` when neither holds."""
+    total = getattr(cfg, key)
+    try:
+        if widths is None:
+            return split_widths(total, chips, n)
+        widths = [int(w) for w in widths]
+        if len(widths) != chips or min(widths) < 1 or sum(widths) != total:
+            raise ValueError(f"{key} widths {widths} must be {chips} positive widths summing "
+                             f"to {total}")
+        return widths
+    except ValueError as exc:
+        raise ConfigError(f"cannot be split over {chips} chips: {exc}", path=cfg.path,
+                          key=key, value=total) from None
 
 
 def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
@@ -167,18 +174,8 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
     d_ff columns per chip; default :func:`split_widths`). ConfigError when a chip's share exceeds
     its datapath: a head's lanes on a chip above ``d_head_max``, a slice above ``d_model_max``."""
     n = npu.array_size
-    try:
-        widths = _check_widths(widths, cfg.d_model, chips, "d_model") or \
-            split_widths(cfg.d_model, chips, n)
-    except ValueError as exc:
-        raise ConfigError(f"cannot be split over {chips} chips: {exc}", path=cfg.path,
-                          key="d_model", value=cfg.d_model) from None
-    try:
-        ffn_widths = _check_widths(ffn_widths, cfg.d_ff, chips, "d_ff") or \
-            split_widths(cfg.d_ff, chips, n)
-    except ValueError as exc:
-        raise ConfigError(f"cannot be split over {chips} chips: {exc}", path=cfg.path,
-                          key="d_ff", value=cfg.d_ff) from None
+    widths = _resolve_widths(cfg, "d_model", widths, chips, n)
+    ffn_widths = _resolve_widths(cfg, "d_ff", ffn_widths, chips, n)
     cols, ffn = _ranges(widths), _ranges(ffn_widths)
     dh = cfg.d_head
     groups = []

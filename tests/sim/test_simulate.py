@@ -17,6 +17,7 @@ from sim.chrome_trace import trace_events
 from sim.errors import BadInput
 from sim.plot import plot_timeline
 from sim.simulate import simulate
+from tests.helpers import check_report
 
 TINY = npu_preset("tiny")
 #: Eight heads and eight layers: head and pipeline parallelism on up to 8 chips.
@@ -27,16 +28,11 @@ SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_le
                     name="small4")
 
 
-def check(report, what):
-    assert report.golden_match, f"{what}: first mismatch {report.first_mismatch}"
-    assert report.cosine > 0.99, f"{what}: cosine {report.cosine}"
-
-
 @pytest.mark.parametrize("chips", range(1, 9))
 @pytest.mark.parametrize("seed", [0, 7])
 def test_head_on_the_iss(chips, seed):
     r = simulate(TINY, WIDE, strategy="head", chips=chips, backend="iss", seed=seed)
-    check(r, f"head on {chips} chips, seed {seed}")
+    check_report(r, f"head on {chips} chips, seed {seed}")
     heads = [c.role["heads"] for c in r.per_chip]
     assert sum(heads, []) == list(range(8))
     kinds = [c["kind"] for c in r.collectives]
@@ -58,7 +54,7 @@ def test_pipeline_on_the_iss(chips, microbatches):
     cfg = WIDE if chips > 1 else SMALL
     r = simulate(TINY, cfg, strategy="pipeline", chips=chips, backend="iss", batch=4,
                  microbatches=microbatches, seed=chips)
-    check(r, f"pipeline on {chips} chips, {microbatches} microbatches")
+    check_report(r, f"pipeline on {chips} chips, {microbatches} microbatches")
     layers = [c.role["layers"] for c in r.per_chip]
     assert sum(layers, []) == list(range(cfg.n_layers))
     assert r.pipeline["microbatches"] == microbatches
@@ -69,12 +65,12 @@ def test_uneven_splits_on_the_iss():
     """4 heads on 3 chips = 2, 1, 1; 4 layers on 3 chips = 2, 1, 1; 5 samples in 3
     microbatches = 2, 2, 1."""
     r = simulate(TINY, SMALL, strategy="head", chips=3, backend="iss", seed=3)
-    check(r, "head 4 heads on 3 chips")
+    check_report(r, "head 4 heads on 3 chips")
     assert [c.role["heads"] for c in r.per_chip] == [[0, 1], [2], [3]]
     assert [c.role["ffn_columns"] for c in r.per_chip] == [11, 11, 10]
     r = simulate(TINY, SMALL, strategy="pipeline", chips=3, backend="iss", batch=5,
                  microbatches=3, seed=4)
-    check(r, "pipeline 4 layers on 3 chips")
+    check_report(r, "pipeline 4 layers on 3 chips")
     assert r.pipeline["layers_per_stage"] == [2, 1, 1]
     assert r.pipeline["microbatch_samples"] == [2, 2, 1]
 
@@ -85,7 +81,7 @@ def test_post_norm_and_windows_on_the_iss(norm, causal, window):
                       norm=norm, causal=causal, window=window, name="variant")
     for strategy, chips in (("head", 4), ("pipeline", 4), ("pipeline", 2)):
         r = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=2)
-        check(r, f"{strategy} on {chips} chips, {norm}-norm, window {window}")
+        check_report(r, f"{strategy} on {chips} chips, {norm}-norm, window {window}")
 
 
 def test_default_microbatches_and_refusals():
@@ -105,7 +101,7 @@ def test_report_json_plot_and_trace(tmp_path):
     report has the documented keys, the PNG and the Chrome trace parse, and the trace has a
     track per chip and unit."""
     r = simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="iss", batch=2)
-    check(r, "pipeline on 2 chips")
+    check_report(r, "pipeline on 2 chips")
     data = json.loads(json.dumps(r.to_json()))
     for key in ("strategy", "chips", "backend", "seed", "cycles", "load_cycles", "golden_match",
                 "float_error", "per_chip", "collectives", "sim", "speedup",
@@ -134,7 +130,7 @@ def test_report_json_plot_and_trace(tmp_path):
 
 def _rtl_equals_iss(rtl, iss, what):
     """Bit-exact, the ISS's outputs, and the ISS's cycle model's cycles and busy counters."""
-    check(rtl, what)
+    check_report(rtl, what)
     assert np.array_equal(rtl.output, iss.output), what
     assert rtl.cycles == iss.cycles, (what, rtl.cycles, iss.cycles)
     for c, (a, b) in enumerate(zip(rtl.per_chip, iss.per_chip, strict=True)):
@@ -168,7 +164,7 @@ def test_link_stalls_change_only_cycles():
     calm = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5)
     stalled = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5,
                        link_stalls=0.3)
-    check(stalled, "head on 2 chips with link stalls")
+    check_report(stalled, "head on 2 chips with link stalls")
     assert np.array_equal(calm.output, stalled.output)
     assert stalled.cycles > calm.cycles, (stalled.cycles, calm.cycles)
 
@@ -177,7 +173,7 @@ def test_link_stalls_change_only_cycles():
 def test_data_on_the_iss(chips):
     """The batch split over full-model replicas (uneven: 9 samples), no communication."""
     r = simulate(TINY, SMALL, strategy="data", chips=chips, backend="iss", batch=9, seed=chips)
-    check(r, f"data on {chips} chips")
+    check_report(r, f"data on {chips} chips")
     assert r.collectives == []
     if chips > 1:
         sizes = [len(p) for p in np.array_split(np.arange(9), chips)]
@@ -194,7 +190,7 @@ def test_grids_on_the_iss(strategy, grid, cfg, batch):
     a, b = (int(v) for v in grid.split("x"))
     r = simulate(TINY, cfg, strategy=strategy, chips=a * b, backend="iss", grid=grid,
                  batch=batch, seed=a + b)
-    check(r, f"{strategy} {grid}")
+    check_report(r, f"{strategy} {grid}")
     first, second = strategy.split("+")
     assert r.grid == {"replicas": {"data": a}.get(first, 1),
                       "stages": {"pipeline": b}.get(second, 1),

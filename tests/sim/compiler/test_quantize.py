@@ -28,7 +28,7 @@ from sim.compiler.quantize import (
 from sim.golden.matmul import LINEAR16_SHIFT_MIN
 from sim.golden.vector import gelu16_knot_shift, relu16_table
 from sim.simulate import simulate
-from tests.helpers import outlier_model
+from tests.helpers import check_report, outlier_model
 
 TINY = npu_preset("tiny")
 #: Four layers, four heads, d_ff 32: every strategy on up to 4 chips (uneven FFN splits on 3).
@@ -96,11 +96,6 @@ def test_relu_under_smooth16():
     assert layer.gelu_g == RELU16_G and np.array_equal(layer.lut16, relu16_table(RELU16_G))
 
 
-def _check(report, what):
-    assert report.golden_match, f"{what}: first mismatch {report.first_mismatch}"
-    assert report.cosine > 0.99, f"{what}: cosine {report.cosine}"
-
-
 #: (strategy, chips, grid) for every built strategy on 1..4 chips.
 MATRIX = [("single", 1, None)]
 MATRIX += [(s, c, None) for s in ("head", "pipeline", "data") for c in range(1, 5)]
@@ -118,7 +113,7 @@ def test_every_strategy_on_the_iss(cfg, strategy, chips, grid):
     batch = np.stack([x] + [x * rng.uniform(0.7, 1.3, x.shape[1]) for _ in range(3)])
     r = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", weights=w, x=batch,
                  grid=grid)
-    _check(r, f"{cfg.name} {strategy} on {chips} chips {grid or ''}")
+    check_report(r, f"{cfg.name} {strategy} on {chips} chips {grid or ''}")
     if "head" in strategy and r.grid["shards"] > 1:
         # Each layer: O, then FFN2's hi and lo passes, reduced on their own (all-reduced, or
         # reduce-scattered when the group splits the rows).
@@ -134,7 +129,7 @@ def test_rtl_equals_the_iss(strategy, chips):
     w, x = outlier_model(cfg, 30)
     iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", weights=w, x=x)
     rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="pysim", weights=w, x=x)
-    _check(rtl, f"{strategy} on {chips} chips (pysim)")
+    check_report(rtl, f"{strategy} on {chips} chips (pysim)")
     assert np.array_equal(rtl.output, iss.output)
     print(f"{strategy} on {chips} chips: {rtl.cycles} cycles")
 
