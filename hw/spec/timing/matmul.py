@@ -7,14 +7,16 @@ from __future__ import annotations
 
 __all__ = ["REQUANT_LATENCY", "array_latency", "unit_latency"]
 
-#: Pipeline stages of the requantiser (bias add, multiply-round, shift-saturate).
-REQUANT_LATENCY = 3
+#: Pipeline stages of the requantiser (bias add; two DSP partial products; their sum plus the
+#: rounding term; shift-saturate). One more than before the FPGA flow pipelined it, and the
+#: array one fewer (its output is its deskew registers): the unit's latency is unchanged.
+REQUANT_LATENCY = 4
 
 
 def array_latency(size: int, k: int) -> int:
     """Cycles from a lone fold's first input beat to its last output row, inclusive, on an
-    N x N output-stationary array: ``K + 3N + 1`` (skew in, K beats, drain and deskew)."""
-    return k + 3 * size + 1
+    N x N output-stationary array: ``K + 3N`` (skew in, K beats, drain and deskew)."""
+    return k + 3 * size
 
 
 def unit_latency(size: int, k: int) -> int:
