@@ -57,7 +57,8 @@ WORKERS  ?= $(JOBS)
 sweep: $(STAMP)
 	$(NPU) sweep $(SPEC) --workers $(WORKERS) --out $(BUILD)/sweep/$(basename $(notdir $(SPEC)))
 
-test: $(STAMP) check-cxx
+# The fpga extra too: the synthesis smoke test and the Yosys regression test run the yowasp tools.
+test: $(FPGASTAMP) check-cxx
 	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) -p no:cacheprovider
 
 test-slow: $(STAMP) check-cxx
@@ -76,13 +77,16 @@ $(FPGASTAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,sweep,fpga]'
 	@touch $@
 
-# Synthesis, place and route of one top (FPGA_TOP=tile for the whole chip) on the ECP5-85k; the
-# first run JIT-compiles the tools (~1 min), the 8x8 matmul unit then takes ~10 min on 2 cores.
-# Writes $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
-FPGA_TOP ?= matmul
+# Synthesis, place and route of one top on the ECP5-85k: by default the fpga preset's whole chip
+# on the ULX3S-85F board top (bitstream $(BUILD)/fpga-board/npu_board.bit); FPGA_TOP=matmul for a
+# unit in the serial shell. The first run JIT-compiles the tools (~1 min). Writes
+# $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
+FPGA_TOP ?= board
 FPGA_NPU ?= constraints/npu/fpga.toml
+# FPGA_MHZ=40: build for another clock than the NPU's clock_mhz (the board's PLL output).
+FPGA_MHZ ?=
 fpga: $(FPGASTAMP)
-	$(NPU) fpga --npu $(FPGA_NPU) --device ecp5-85k --top $(FPGA_TOP) \
+	$(NPU) fpga --npu $(FPGA_NPU) --device ecp5-85k --top $(FPGA_TOP) $(if $(FPGA_MHZ),--clock-mhz $(FPGA_MHZ)) \
 		--build $(BUILD)/fpga-$(FPGA_TOP) --json $(BUILD)/fpga-$(FPGA_TOP).json
 
 clean:

@@ -48,15 +48,18 @@ class ChipSystem(wiring.Component):
     link_stall : In(chips * link_latency_cycles)
         Fault injection: bit ``i * latency + k`` refuses transfers into register ``k`` of the
         link from chip i (tie to 0).
+
+    ``coll_avg=False``: the chips' collective engines without AVG's divider (an FPGA build;
+    :class:`~hw.tile.chip.Chip`).
     """
 
-    def __init__(self, *, npu: NpuConfig, chips: int):
+    def __init__(self, *, npu: NpuConfig, chips: int, coll_avg: bool = True):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         check_chips(chips)
         self.npu = npu
         self.chips = chips
-        self.chip = [Chip(npu=npu) for _ in range(chips)]
+        self.chip = [Chip(npu=npu, coll_avg=coll_avg) for _ in range(chips)]
         super().__init__({
             "start": In(1),
             "done": Out(1),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .fpga.board import DEFAULT_BAUD, BoardTop, baud_divisor
 from .ring.testbed import RingTestbed
 from .spec import NpuConfig
 from .system import ChipSystem
@@ -27,6 +28,9 @@ class Top:
     description: str
     build: Callable[[NpuConfig, int], object] | None  # None: not built yet
     default_chips: int = 1  # chip count when ``--chips`` is not given
+    #: What ``npu fpga`` builds instead of ``build`` (None: the same): the collective engines
+    #: without AVG's divider, which synth_ecp5 cannot synthesise (``CollectiveEngine``'s ``avg``).
+    build_fpga: Callable[[NpuConfig, int], object] | None = None
 
 
 def _matmul(npu: NpuConfig, chips: int):
@@ -45,6 +49,10 @@ def _ring(npu: NpuConfig, chips: int):
     return RingTestbed(npu=npu, chips=chips)
 
 
+def _ring_fpga(npu: NpuConfig, chips: int):
+    return RingTestbed(npu=npu, chips=chips, avg=False)
+
+
 def _vector(npu: NpuConfig, chips: int):
     return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
 
@@ -53,8 +61,20 @@ def _tile(npu: NpuConfig, chips: int):
     return Chip(npu=npu)
 
 
+def _tile_fpga(npu: NpuConfig, chips: int):
+    return Chip(npu=npu, coll_avg=False)
+
+
 def _system(npu: NpuConfig, chips: int):
     return ChipSystem(npu=npu, chips=chips)
+
+
+def _system_fpga(npu: NpuConfig, chips: int):
+    return ChipSystem(npu=npu, chips=chips, coll_avg=False)
+
+
+def _board(npu: NpuConfig, chips: int):
+    return BoardTop(npu=npu, divisor=baud_divisor(npu.clock_mhz, DEFAULT_BAUD))
 
 
 TOPS: dict[str, Top] = {
@@ -64,18 +84,24 @@ TOPS: dict[str, Top] = {
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
                   _vector),
     "ring": Top("ring", "chips' collective engines on the ring, each with a stream DMA", _ring,
-                default_chips=4),
-    "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile),
-    "system": Top("system", "N chips on the ring", _system, default_chips=2),
+                default_chips=4, build_fpga=_ring_fpga),
+    "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile,
+                build_fpga=_tile_fpga),
+    "system": Top("system", "N chips on the ring", _system, default_chips=2,
+                  build_fpga=_system_fpga),
+    "board": Top("board", "one chip on the ULX3S-85F board top (PLL, UART host link, LEDs)",
+                 _board),
 }
 
 
-def build_top(name: str, npu: NpuConfig, chips: int | None = None):
+def build_top(name: str, npu: NpuConfig, chips: int | None = None, *, fpga: bool = False):
     """Build top ``name``; raise KeyError for an unknown one, NotImplementedError if not built.
 
-    ``chips=None`` takes the top's ``default_chips``; a bad count raises ValueError.
+    ``chips=None`` takes the top's ``default_chips``; a bad count raises ValueError. ``fpga``:
+    the top as ``npu fpga`` builds it (``Top.build_fpga``).
     """
     top = TOPS[name]
     if top.build is None:
         raise NotImplementedError(f"--top {name} ({top.description}) is not built yet")
-    return top.build(npu, top.default_chips if chips is None else chips)
+    build = top.build_fpga if fpga and top.build_fpga is not None else top.build
+    return build(npu, top.default_chips if chips is None else chips)

@@ -18,6 +18,7 @@ from hw.spec.config import load_model, load_npu, model_preset, npu_preset
 
 from .accuracy import LayerAccuracy, layer_accuracy
 from .bench import run_benchmarks
+from .board import BoardDriver, SerialTransport, run_board
 from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
 from .collective import CollectiveReport, run_collective
 from .errors import BadInput, NpuError, ToolFailure, Watchdog
@@ -36,6 +37,7 @@ __all__ = [
     "plan", "PlanReport", "StrategyPlan",
     "export_verilog", "Exported",
     "synthesize",
+    "run_board", "BoardDriver", "SerialTransport",
     "run_benchmarks",
     "load_spec", "run_sweep", "SweepSpec", "SweepResult",
     "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",

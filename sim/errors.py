@@ -10,7 +10,7 @@ with :data:`EXIT_MISMATCH`. Configuration files that break a limit raise
 from __future__ import annotations
 
 __all__ = ["EXIT_OK", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_WATCHDOG", "EXIT_TOOL_FAILED",
-           "NpuError", "BadInput", "Watchdog", "ToolFailure"]
+           "NpuError", "BadInput", "Watchdog", "ToolFailure", "TransportTimeout"]
 
 #: Every output equals the golden model bit for bit (``npu fpga``: the design fits).
 EXIT_OK = 0
@@ -47,3 +47,8 @@ class ToolFailure(NpuError):
     """An external tool failed; the message names the tool, its first error and its log."""
 
     exit_code = EXIT_TOOL_FAILED
+
+
+class TransportTimeout(OSError):
+    """A board (``npu board``) sent fewer bytes than a reply needs within the transport's
+    timeout. Not an :class:`NpuError`: :func:`sim.board.run_board` turns it into bad input."""

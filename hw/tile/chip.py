@@ -94,9 +94,12 @@ class Chip(wiring.Component):
     (:class:`~hw.ring.router.Router`) delivers the words for this chip to the collective engine,
     the receive unit or the send unit's clear-to-send flags, and forwards the rest (see
     ``hw.spec.ring``). ``D`` must be a multiple of the scratchpad word.
+
+    ``coll_avg=False`` builds the collective engine without AVG's divider (an FPGA build:
+    :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
     """
 
-    def __init__(self, *, npu: NpuConfig):
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         if npu.vector_lanes != npu.array_size:
@@ -113,6 +116,7 @@ class Chip(wiring.Component):
                              f"must be a multiple of the scratchpad word of {npu.word_bytes} "
                              "bytes (array_size)")
         self._npu = npu
+        self._coll_avg = bool(coll_avg)
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
                          "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
                          "write_ports": len(WRITE_GENS) + 1}
@@ -132,6 +136,11 @@ class Chip(wiring.Component):
     @property
     def npu(self):
         return self._npu
+
+    @property
+    def coll_avg(self) -> bool:
+        """Whether the collective engine has AVG's divider (``coll_avg``)."""
+        return self._coll_avg
 
     @property
     def ring_word_bytes(self) -> int:
@@ -323,7 +332,8 @@ class Chip(wiring.Component):
         ratio = self._coll_bytes // n
         wbits = 8 * n
         m.submodules.collective = co = CollectiveEngine(
-            link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS)
+            link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
+            avg=self._coll_avg)
         co_dest = Signal(CHIP_BITS)
         tx_tag = data.View(tag_layout(), router.i_coll.payload.tag)
         m.d.comb += [

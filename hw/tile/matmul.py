@@ -8,9 +8,14 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ..arith import lut_product
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.matmul import REQUANT_LATENCY, array_latency, unit_latency
+
+#: Low bits of the requantiser's 32-bit operand taken unsigned into the first DSP: 17 + 1 sign
+#: bit fit an 18x18 multiplier, and the high 15 bits (signed) the second.
+LO_BITS = 17
 
 __all__ = ["MatmulArray", "Requantizer", "MatmulUnit", "a_layout", "b_layout", "acc_layout",
            "param_layout"]
@@ -69,10 +74,11 @@ class MatmulArray(wiring.Component):
 
     Timing (no stalls; cycle 0 is the cycle the first beat of the fold is taken)
     -------------------------------------------------------------------------------
-    - Row ``r`` of the tile is on ``o`` in cycle ``K + 2*size + 1 + r``: a lone fold takes
-      ``K + 3*size + 1`` cycles from its first input to its last output row.
+    - Row ``r`` of the tile is on ``o`` in cycle ``K + 2*size + r``: a lone fold takes
+      ``K + 3*size`` cycles from its first input to its last output row (``o`` is driven by the
+      deskew registers directly).
     - Folds overlap completely: fold f + 1 may start the cycle after fold f's last beat, so F
-      back-to-back folds of K beats take ``F*K + 3*size + 1`` cycles (one beat per cycle,
+      back-to-back folds of K beats take ``F*K + 3*size`` cycles (one beat per cycle,
       ``size``² MACs per cycle in steady state).
     - A fold's last beat is taken no earlier than ``size`` cycles after the previous fold's
       last beat (the hold registers and the shift chain must be free): folds with K < ``size``
@@ -172,7 +178,9 @@ class MatmulArray(wiring.Component):
                 acc = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_acc")
                 hold = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_hold")
                 prod = Signal(signed(17), name=f"pe{i}_{j}_prod")
-                m.d.comb += prod.eq(a * b)
+                # LUTs, not a DSP: the chip's other units need the ECP5-85k's 156 DSPs, and a
+                # 9x8 product would take a whole 18x18 one.
+                m.d.comb += prod.eq(lut_product(a, b))
                 with m.If(en):
                     if j + 1 < n:
                         m.d.sync += [a_out.eq(a), v_out.eq(v), l_out.eq(last)]
@@ -215,13 +223,14 @@ class MatmulArray(wiring.Component):
                             delay_line(sv[0], n - 1 - j, f"col{j}_vdeskew"),
                             delay_line(sl[0], n - 1 - j, f"col{j}_ldeskew")))
 
-        with m.If(en):
-            m.d.sync += [
-                self.o.valid.eq(col_out[0][1]),
-                self.o.payload.last.eq(col_out[0][2]),
-            ]
-            for j in range(n):
-                m.d.sync += self.o.payload.data[j].eq(col_out[j][0])
+        # The deskewed columns are registers already: they are the output (an output register
+        # behind them would only add a cycle; the requantiser's DSP stage uses it instead).
+        m.d.comb += [
+            self.o.valid.eq(col_out[0][1]),
+            self.o.payload.last.eq(col_out[0][2]),
+        ]
+        for j in range(n):
+            m.d.comb += self.o.payload.data[j].eq(col_out[j][0])
         return m
 
 
@@ -242,8 +251,10 @@ class Requantizer(wiring.Component):
     One ``i_param`` beat applies to one tile: it must be valid while the tile's rows pass and
     is consumed with the tile's ``last`` row.
 
-    Timing: three pipeline stages (bias add, multiply-round, shift-saturate); one row per cycle;
-    a row taken in cycle t is on ``o`` in cycle t + 3. Backpressure on ``o`` stalls all stages.
+    Timing: four pipeline stages (bias add; the two partial products, one DSP each, with
+    registered inputs and outputs; their sum plus the rounding term; shift and saturate); one
+    row per cycle; a row taken in cycle t is on ``o`` in cycle t + 4
+    (:data:`hw.spec.timing.matmul.REQUANT_LATENCY`). Backpressure on ``o`` stalls all stages.
 
     Members
     -------
@@ -284,17 +295,28 @@ class Requantizer(wiring.Component):
         y1 = [Signal(signed(ACC_BITS), name=f"y1_{j}") for j in range(n)]
         mult1 = [Signal(unsigned(MULT_BITS), name=f"mult1_{j}") for j in range(n)]
         shift1 = [Signal(unsigned(SHIFT_BITS), name=f"shift1_{j}") for j in range(n)]
-        # Stage 2: exact product plus the rounding term (49 + 1 bits).
+        # Stage 2: the two partial products of y * mult, each one 18x18 DSP with registered
+        # inputs and outputs (low 17 bits of y unsigned, high 15 bits signed), and the
+        # rounding term.
         v2, l2 = Signal(), Signal()
         mode2 = Signal(2)
         raw2 = [Signal(signed(ACC_BITS), name=f"raw2_{j}") for j in range(n)]
-        p2 = [Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"p2_{j}") for j in range(n)]
+        lo2 = [Signal(unsigned(LO_BITS + MULT_BITS), name=f"lo2_{j}") for j in range(n)]
+        hi2 = [Signal(signed(ACC_BITS - LO_BITS + MULT_BITS), name=f"hi2_{j}") for j in range(n)]
+        rnd2 = [Signal(unsigned(ACC_BITS + MULT_BITS), name=f"rnd2_{j}") for j in range(n)]
         shift2 = [Signal(unsigned(SHIFT_BITS), name=f"shift2_{j}") for j in range(n)]
+        # Stage 3: the exact product plus the rounding term (49 + 1 bits).
+        v3, l3 = Signal(), Signal()
+        mode3 = Signal(2)
+        raw3 = [Signal(signed(ACC_BITS), name=f"raw3_{j}") for j in range(n)]
+        p3 = [Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"p3_{j}") for j in range(n)]
+        shift3 = [Signal(unsigned(SHIFT_BITS), name=f"shift3_{j}") for j in range(n)]
 
         with m.If(en):
             m.d.sync += [v1.eq(take), l1.eq(self.i.payload.last), mode1.eq(par.mode),
                          v2.eq(v1), l2.eq(l1), mode2.eq(mode1),
-                         self.o.valid.eq(v2), self.o.payload.last.eq(l2)]
+                         v3.eq(v2), l3.eq(l2), mode3.eq(mode2),
+                         self.o.valid.eq(v3), self.o.payload.last.eq(l3)]
             for j in range(n):
                 acc = self.i.payload.data[j]
                 m.d.sync += [
@@ -306,19 +328,26 @@ class Requantizer(wiring.Component):
                     :ACC_BITS + MULT_BITS]
                 m.d.sync += [
                     raw2[j].eq(y1[j]),
-                    p2[j].eq(y1[j] * mult1[j] + rounding),
+                    lo2[j].eq(y1[j][:LO_BITS] * mult1[j]),
+                    hi2[j].eq(y1[j][LO_BITS:].as_signed() * mult1[j]),
+                    rnd2[j].eq(rounding),
                     shift2[j].eq(shift1[j]),
                 ]
+                m.d.sync += [
+                    raw3[j].eq(raw2[j]),
+                    p3[j].eq((hi2[j] << LO_BITS) + lo2[j] + rnd2[j]),
+                    shift3[j].eq(shift2[j]),
+                ]
                 q = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"q_{j}")
-                m.d.comb += q.eq(p2[j] >> shift2[j])
+                m.d.comb += q.eq(p3[j] >> shift3[j])
                 out = Signal(signed(ACC_BITS), name=f"out_{j}")
-                with m.Switch(mode2):
+                with m.Switch(mode3):
                     with m.Case(OutMode.INT8):
                         m.d.comb += out.eq(Mux(q > 127, 127, Mux(q < -128, -128, q)))
                     with m.Case(OutMode.INT16):
                         m.d.comb += out.eq(Mux(q > 32767, 32767, Mux(q < -32768, -32768, q)))
                     with m.Default():
-                        m.d.comb += out.eq(raw2[j])
+                        m.d.comb += out.eq(raw3[j])
                 m.d.sync += self.o.payload.data[j].eq(out)
         return m
 

@@ -5,6 +5,8 @@ Works on vectors streamed ``lanes`` elements per beat; the numeric definitions (
 those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -28,8 +30,18 @@ from ..spec.vector import (
     VectorOp,
     rsqrt_seed_table,
 )
+from .lane_table import LaneTable
 
 __all__ = ["VectorUnit", "cmd_layout", "vec_layout", "out_layout", "stats_layout"]
+
+def _lane_ports(table):
+    """A :class:`LaneTable`'s ports per lane, named like a memory's write and read ports."""
+    writes = [SimpleNamespace(addr=table.w_addr[j], data=table.w_data[j], en=table.w_en[j])
+              for j in range(len(table.w_en))]
+    reads = [SimpleNamespace(addr=table.r_addr[j], data=table.r_data[j])
+             for j in range(len(table.r_addr))]
+    return writes, reads
+
 
 def cmd_layout() -> data.StructLayout:
     """Payload of ``i_cmd`` (fields as in :class:`hw.spec.vector.VectorCmd`)."""
@@ -218,18 +230,20 @@ class VectorUnit(wiring.Component):
         zs = Signal(6)                          # z = (t * Y) >> zs, zs = 23 + h
         step = Signal(range(RSQRT_CYCLES))
 
-        m.submodules.lut = lut = memory.Memory(
-            shape=signed(8), depth=LUT_ENTRIES,
+        # Every lane reads the tables in the same cycle and a load writes a beat of entries:
+        # LaneTable keeps them in distributed RAM (one Memory with a port per lane would be
+        # flip-flops and a 256:1 multiplexer per lane and bit).
+        m.submodules.lut = lut = LaneTable(
+            shape=signed(8), depth=LUT_ENTRIES, lanes=lanes,
             init=[max(i if i < 128 else i - 256, 0) for i in range(LUT_ENTRIES)])
-        lut_w = [lut.write_port() for _ in range(lanes)]
-        lut_r = [lut.read_port(domain="comb") for _ in range(lanes)]
+        lut_w, lut_r = _lane_ports(lut)
 
-        # GELU16 table: entry k = (T[k], T[k+1] - T[k]), the interval starting at knot k.
-        m.submodules.lut16 = lut16 = memory.Memory(
+        # GELU16 table: entry k = (T[k], T[k+1] - T[k]), the interval starting at knot k. A
+        # LOAD16 beat writes entries beat + j - 1: offset -1.
+        m.submodules.lut16 = lut16 = LaneTable(
             shape=data.StructLayout({"base": signed(16), "delta": signed(17)}),
-            depth=GELU16_KNOTS - 1, init=[])
-        lut16_w = [lut16.write_port() for _ in range(lanes)]
-        lut16_r = [lut16.read_port(domain="comb") for _ in range(lanes)]
+            depth=GELU16_KNOTS - 1, lanes=lanes, offset=-1)
+        lut16_w, lut16_r = _lane_ports(lut16)
         knot_prev = Signal(signed(16))          # LOAD_LUT16: the previous beat's last knot
 
         m.submodules.buf = buf = memory.Memory(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
-from ..errors import EXIT_MISMATCH, EXIT_OK
+from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
 from ..fpga import DEVICES, format_table, synthesize
 from .common import load_config, write_json
 
@@ -22,11 +23,17 @@ def add_parser(sub):
     p.add_argument("--json")
     p.add_argument("--build", help="keep the Verilog, netlists, logs and report in this directory")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    p.add_argument("--clock-mhz", type=float,
+                   help="clock target instead of the NPU's clock_mhz (the board's PLL output)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     npu = load_config(args, "npu")
+    if args.clock_mhz is not None:
+        if not 0 < args.clock_mhz <= 400:
+            raise BadInput(f"--clock-mhz {args.clock_mhz:g} is outside (0, 400] MHz")
+        npu = dataclasses.replace(npu, clock_mhz=args.clock_mhz)
     result = synthesize(npu, top=args.top, device=args.device, build_dir=args.build,
                         seed=args.seed)
     print(format_table(result))

@@ -8,14 +8,14 @@ import sys
 from hw.spec import ConfigError
 
 from ..errors import EXIT_BAD_INPUT, NpuError
-from . import bench, collective, export, fpga, import_, plan, simulate, sweep
+from . import bench, board, collective, export, fpga, import_, plan, simulate, sweep
 from .common import Parser
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: The command modules, in ``--help`` order: each has ``add_parser(sub)`` and ``run(args)``.
 COMMANDS = {"sim": simulate, "collective": collective, "plan": plan, "sweep": sweep,
-            "export": export, "fpga": fpga, "bench": bench, "import": import_}
+            "export": export, "fpga": fpga, "board": board, "bench": bench, "import": import_}
 
 
 def build_parser() -> Parser:

@@ -53,7 +53,7 @@ class Allocator:
     Tables that a unit reads while a matmul runs (:data:`BESIDE_MATMUL`: the activation LUT,
     which LOAD_LUT loads during the FFN1 matmul) go in the transfer region too: in the top
     bank they would share a port with the matmul's A and parameter streams, which outrank the
-    vector unit's, and the 64-word load would wait for the matmul (1,300 cycles instead of 69
+    vector unit's, and the 64-word load would wait for the matmul (938 cycles instead of 69
     on the tiny preset)."""
 
     #: Name suffixes of the tables read beside a running matmul (see above).

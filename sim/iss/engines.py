@@ -41,6 +41,7 @@ from hw.spec.timing.chip import (
     SOFTMAX_STAGES,
     VEC_OUT_FIFO_DEPTH,
 )
+from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.spec.timing.vector import RSQRT_CYCLES
 from hw.spec.vector import LUT_ENTRIES, VectorOp
 from hw.spec.vector_engine import VecFlags, stats_words
@@ -53,9 +54,10 @@ class MatmulModel:
     requantiser -> packer -> WR0.
 
     The array moves as a whole on one clock enable, so in *enabled cycles* it is a fixed delay:
-    a fold whose last beat is taken in enabled cycle ``e`` has row ``r`` on its output register
-    in enabled cycle ``e + 2N + 2 + r`` (``hw/tile/matmul.py``); the model keeps those rows in
-    a queue and counts enabled cycles. The requantiser is three valid bits on its own enable.
+    a fold whose last beat is taken in enabled cycle ``e`` has row ``r`` on its output (the
+    deskew registers) in enabled cycle ``e + array_row_delay(N) + r`` (``hw/tile/matmul.py``,
+    :func:`hw.spec.timing.matmul.array_row_delay`); the model keeps those rows in a queue and
+    counts enabled cycles. The requantiser is ``REQUANT_LATENCY`` valid bits on its own enable.
     """
 
     def __init__(self, size: int):
@@ -71,8 +73,8 @@ class MatmulModel:
         self.step_no = 0               # enabled cycles of the array so far
         self.since_last = size
         self.rows = deque()            # (enabled cycle, is the tile's last row)
-        self.r1 = self.r2 = self.ro = False
-        self.l1 = self.l2 = self.lo = False
+        # The requantiser's stages, first to last (the last is its output register).
+        self.rv = [False] * REQUANT_LATENCY
         self.part = self.tile_row = self.fold = 0
 
     def start(self, regs):
@@ -83,10 +85,10 @@ class MatmulModel:
         self.part = self.tile_row = self.fold = 0
 
     def out_valid(self) -> bool:
-        return self.ro
+        return self.rv[-1]
 
     def idle(self) -> bool:
-        return not (self.active or self.ro or self.r1 or self.r2 or self.rows
+        return not (self.active or any(self.rv) or self.rows
                     or self.tfull[0] or self.tfull[1] or self.pfull)
 
     def step(self, rv0, rv1, rv2, wg0):
@@ -96,7 +98,7 @@ class MatmulModel:
         arr_last = arr_valid and rows[0][1]
         # Requantiser and packer: unit.o.ready = o.ready & row_done.
         row_done = self.part == self.nwords - 1
-        en_rq = (not self.ro) or (wg0 and row_done)
+        en_rq = (not self.rv[-1]) or (wg0 and row_done)
         arr_ready = en_rq and self.pfull
         take_rq = arr_ready and arr_valid
         param_xfer = take_rq and arr_last
@@ -125,7 +127,7 @@ class MatmulModel:
                 self.tcol += 1
             if a_last:
                 self.beat = 0
-                first = self.step_no + 2 * n + 2
+                first = self.step_no + array_row_delay(n)
                 for r in range(n):
                     rows.append((first + r, r == n - 1))
             else:
@@ -139,9 +141,7 @@ class MatmulModel:
                 rows.popleft()
             self.step_no += 1
         if en_rq:
-            self.ro, self.lo = self.r2, self.l2
-            self.r2, self.l2 = self.r1, self.l1
-            self.r1, self.l1 = take_rq, arr_last
+            self.rv = [take_rq] + self.rv[:-1]
         if wg0:
             if row_done:
                 self.part = 0

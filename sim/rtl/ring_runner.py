@@ -64,13 +64,14 @@ def _rings(req: CollectiveRequest, npu, inputs):
 
 def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: float = 0.0,
                         seed: int = 0, max_cycles: int = 200_000, vcd: str | None = None,
-                        fifo_words: int | None = None):
+                        fifo_words: int | None = None, avg: bool = True):
     """Simulate ``req`` on a :class:`RingTestbed` built for ``npu`` with pysim.
 
     ``inputs[i]`` is chip ``i``'s local vector (for all-gather, its block). ``stall`` is the
     probability, per cycle and per injection point (every link register, every DMA), of a stall.
     ``fifo_words`` defaults to the largest block (at least 16 words). On a bidirectional ring
-    an all-reduce is split between the two rings (:func:`bidirectional_split`). Returns
+    an all-reduce is split between the two rings (:func:`bidirectional_split`). ``avg=False``
+    builds the engines without AVG's divider, as an FPGA build does (an AVG gives the sum). Returns
     ``{"outputs": [each chip's result, empty outside the group], "cycles", "sim": {...}}``.
     """
     wbytes = word_bytes(npu.link_bytes_per_cycle)
@@ -79,7 +80,8 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
     fifo_words = fifo_words or max(16, *(max_block_words(r, wbytes) for r, _, _ in rings))
     for r, _, _ in rings:
         check_fits(r, wbytes, fifo_words)
-    system = RingTestbed(npu=npu, chips=req.chips, buffer_words=depth, fifo_words=fifo_words)
+    system = RingTestbed(npu=npu, chips=req.chips, buffer_words=depth, fifo_words=fifo_words,
+                         avg=avg)
     dma_sets = [system.dmas, system.rev_dmas][:len(rings)]
     plans = []   # per ring: loads, output word counts, output blocks per chip
     for r, rank, vectors in rings:

@@ -5,9 +5,15 @@ the serial shell, nextpnr-0.11.1 router1, seed 1) with the cell names shortened 
 resource types left out.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
+import hw.tops
+from hw.spec import npu_preset
+from hw.tile.matmul import MatmulUnit
 from sim import fpga
 
 FIXTURE = Path(__file__).with_name("fpga_report_ecp5.json")
@@ -58,3 +64,29 @@ def test_format_table():
     assert lines[3].split() == ["LUT4", "5,949", "83,640", "7.1%"]
     assert lines[5].split() == ["MULT18X18D", "24", "156", "15.4%"]
     assert lines[7] == "fmax 63.6 MHz, target 100.0 MHz (MISSED)"
+
+
+# --- the real tools on a small unit (the fpga extra; a couple of minutes) ------------------------
+
+def _needs_tools():
+    if fpga.tools_missing():
+        pytest.skip("FPGA tools not installed (the fpga extra; make test installs it)")
+
+
+@pytest.mark.fpga
+def test_synthesis_smoke_2x2_matmul_unit(tmp_path, monkeypatch):
+    """Yosys, nextpnr (router2) on a 2x2 matmul unit in the serial shell: it fits, the
+    requantiser's wide products use DSPs, the array's LUTs, and timing is reported."""
+    _needs_tools()
+    monkeypatch.setitem(hw.tops.TOPS, "mm2", hw.tops.Top("mm2", "2x2 matmul unit",
+                                                          lambda n, c: MatmulUnit(size=2)))
+    npu = dataclasses.replace(npu_preset("tiny"), clock_mhz=75.0)
+    result = fpga.synthesize(npu, top="mm2", build_dir=tmp_path)
+    res = result["resources"]
+    assert result["fits"] and result["shell"] and result["bitstream"] is None
+    # Two 18x18 partial products per column of the requantiser; the 9x8 products in LUTs.
+    assert res["MULT18X18D"]["used"] == 4, res
+    assert res["DP16KD"]["used"] == 0 and res["LUT4"]["used"] > 100, res
+    assert 20 < result["fmax_mhz"] < 500 and result["critical_path"]["delay_ns"] > 0
+    assert set(result["wall_s"]) == {"export", "synth", "pnr"}
+    assert "fmax" in fpga.format_table(result)

@@ -1,7 +1,8 @@
 """The chip's pipeline constants and closed forms of whole launches inside the chip.
 
 Plain Python. The constants are the gateware's (``hw/tile/scratchpad.py``,
-``hw/tile/vector_engine.py``, ``hw/tile/softmax.py``, ``hw/tile/attention.py``);
+``hw/tile/vector_engine.py``, ``hw/tile/softmax.py``, ``hw/tile/attention.py``; the matmul
+unit's are in :mod:`hw.spec.timing.matmul`);
 ``tests/sim/iss/test_timing.py`` holds the two in step, and the ISS's cycle model
 (:mod:`sim.iss.timing`) is built on them. The closed forms give a launch's busy cycles in the
 chip, scratchpad ports and all, for the bank layouts they name; ``tests/spec/timing`` checks
@@ -11,8 +12,10 @@ them against the cycle model, which equals the RTL, and the launch-level timing 
 
 from __future__ import annotations
 
+from ..memory import PARAM_WORDS
 from ..vector import VectorOp
 from ..vector_engine import row_words
+from .matmul import REQUANT_LATENCY, unit_latency
 
 __all__ = ["READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
@@ -39,11 +42,30 @@ ATTN_PARTIAL_CYCLES = 4
 ATTN_REDUCED_CYCLES = 2
 
 
+def _matmul_stall(size: int, out_words: int) -> int:
+    """Cycles the array waits per fold while the packer writes ``o`` words per row: ``o - 1``
+    for each row of a tile beyond the ``REQUANT_LATENCY`` the requantiser's stages absorb."""
+    return max(0, size - REQUANT_LATENCY) * (out_words - 1)
+
+
+def _matmul_drain(size: int, out_words: int) -> int:
+    """Fill and drain of a ``MATMUL`` launch: ``4N + 6 + min(N, 4)(o - 1)``: 2 cycles of read
+    latency, N words into the transposer, the unit's latency (skew, shift-out, deskew,
+    requantiser: :func:`hw.spec.timing.matmul.unit_latency`), the last tile's rows in the
+    requantiser written ``o`` words each."""
+    return (READ_LATENCY + size + unit_latency(size, 0)
+            + min(size, REQUANT_LATENCY) * (out_words - 1))
+
+
 def matmul_k_min(size: int, out_words: int) -> int:
-    """Smallest K for which :func:`matmul_cycles` holds: below it the next fold's parameters
-    (7 words, gathered only once the current fold's last row has been requantised) arrive
-    after its first output row and stall the array."""
-    return size + 8 if out_words <= 2 else 2 * size + 8
+    """Smallest K (of the multiples of N) for which :func:`matmul_cycles` holds: ``N + 7``
+    (``N + 15`` for int32 output, ``4N + 3`` when N < 4 too). Below it either the next fold's
+    parameters (``PARAM_WORDS`` words, gathered only once the current fold's last row has
+    entered the requantiser) arrive after the fold's first output row, or that row reaches the
+    requantiser before the previous fold's rows in it have been written out (its stages move on
+    one enable, so the row waits behind them) and the array stalls."""
+    absorbed = min(size, REQUANT_LATENCY) * (out_words - 1)
+    return max(size + PARAM_WORDS, size + absorbed + REQUANT_LATENCY - 1)
 
 
 def matmul_cycles(size: int, k: int, folds: int, out_words: int) -> int:
@@ -51,34 +73,32 @@ def matmul_cycles(size: int, k: int, folds: int, out_words: int) -> int:
     cycle the unit and its generators are idle) when A, B and the parameters stream from
     three different banks and ``k >= matmul_k_min``.
 
-    ``folds * (k + s) + 4N + 6 + 3(o - 1)`` with ``o`` words per output row and
-    ``s = (N - 3)(o - 1)``: a fold takes its K beats, plus the cycles the array waits while the
-    packer writes ``o`` words per row (the requantiser's three stages absorb three rows of a
-    tile, the others wait ``o - 1`` cycles each); ``4N + 6`` is the fill (2 cycles of read
-    latency, N words into the transposer) and drain (skew, shift-out, deskew, requantiser,
-    the last row's words)."""
-    stall = max(0, (size - 3) * (out_words - 1))
-    return folds * (k + stall) + 4 * size + 6 + 3 * (out_words - 1)
+    ``folds * (k + s) + 4N + 6 + min(N, 4)(o - 1)`` with ``o`` words per output row and
+    ``s = max(0, N - 4)(o - 1)``: a fold takes its K beats, plus the cycles the array waits
+    while the packer writes ``o`` words per row (the requantiser's four stages,
+    ``REQUANT_LATENCY``, absorb four rows of a tile, the others wait ``o - 1`` cycles each);
+    ``4N + 6 + min(N, 4)(o - 1)`` is the fill (2 cycles of read latency, N words into the
+    transposer) and drain (skew, shift-out, deskew, requantiser, the last tile's rows)."""
+    return folds * (k + _matmul_stall(size, out_words)) + _matmul_drain(size, out_words)
 
 
 def matmul_approx(size: int, k: int, folds: int, out_words: int, *, shared: bool) -> int:
     """An estimate of a ``MATMUL`` launch's busy cycles outside :func:`matmul_cycles`'s domain
-    (measured on the cycle model for N = 4, 8, 16; within a few cycles per fold):
+    (measured on the cycle model for N = 2 to 16; within a few cycles per fold):
 
     - ``k < matmul_k_min``: a fold takes at least ``N + 7 + s`` cycles (the next fold's
-      parameters are gathered once the current fold's last row is requantised);
+      parameters are gathered once the current fold's last row is in the requantiser) and at
+      least ``N o + 1`` (the packer writes the tile's N rows of ``o`` words);
     - ``shared`` (A and the parameters in one bank, the A stream first): each fold after the
-      first waits ``N + 5`` cycles for its parameters (``N + 4`` with int16 output; with int32
-      output the packer's stalls hide ``s - 3`` of them).
+      first waits ``N + 6`` cycles for its parameters.
     """
-    stall = max(0, (size - 3) * (out_words - 1))
+    stall = _matmul_stall(size, out_words)
     period = k + stall
     if k < matmul_k_min(size, out_words):
-        period = max(period, size + 7 + stall)
-    cycles = folds * period + 4 * size + 6 + 3 * (out_words - 1)
+        period = max(period, size + PARAM_WORDS + stall, size * out_words + 1)
+    cycles = folds * period + _matmul_drain(size, out_words)
     if shared:
-        wait = {1: size + 5, 2: size + 4}.get(out_words, max(0, size + 5 - stall))
-        cycles += (folds - 1) * wait + 5
+        cycles += (folds - 1) * (size + 6) + 5
     return cycles
 
 

@@ -16,7 +16,7 @@ import pytest
 from hw.ring.collective import CollectiveEngine
 from hw.ring.testbed import RingTestbed
 from hw.spec import npu_preset
-from hw.spec.collective import CollectiveRequest
+from hw.spec.collective import CollectiveRequest, ReduceOp
 from hw.spec.timing.collective import predicted_cycles, system_cycles
 from sim.golden import collectives as golden
 from sim.rtl.ring_runner import simulate_collective
@@ -40,10 +40,14 @@ def _inputs(rng, req):
     return out
 
 
-def _run_and_check(req, rng, *, npu=TINY, stall=0.0):
+def _run_and_check(req, rng, *, npu=TINY, stall=0.0, avg=True):
+    """Run ``req`` on random inputs; every chip's output equals the golden one (with
+    ``avg=False``, an engine without AVG's divider, AVG's is the golden SUM's)."""
     inputs = _inputs(rng, req)
-    run = simulate_collective(npu, req, inputs, stall=stall, seed=int(rng.integers(1 << 31)))
-    want = golden.collective(req, inputs)
+    run = simulate_collective(npu, req, inputs, stall=stall, seed=int(rng.integers(1 << 31)),
+                              avg=avg)
+    want = golden.collective(req if avg or req.op != ReduceOp.AVG else
+                             dataclasses.replace(req, op=ReduceOp.SUM), inputs)
     what = (f"{req.kind.name} {req.op.name} int{req.width} N={req.chips} length={req.length} "
             f"group {req.first}:{req.count}")
     for chip, (got, exp) in enumerate(zip(run["outputs"], want, strict=True)):
@@ -103,6 +107,24 @@ def test_stalls_change_cycles_not_data(kind, chips, length, first, count, rng):
     stalled = [_run_and_check(req, rng, stall=p)["cycles"] for p in (0.2, 0.5)]
     assert all(c > clean["cycles"] for c in stalled), \
         f"stalls did not slow the ring: {stalled} vs {clean['cycles']}"
+
+
+@pytest.mark.parametrize("kind, op, width, chips, length, first, count", [
+    ("all_reduce", "avg", 32, 3, 7, 0, None),
+    ("all_reduce", "avg", 64, 4, 9, 1, 3),
+    ("reduce_scatter", "avg", 32, 4, 5, 0, None),
+    ("all_reduce", "max", 64, 3, 4, 0, None),
+    ("reduce_scatter", "min", 32, 2, 3, 0, None),
+    ("all_gather", "sum", 64, 3, 4, 0, None),
+])
+def test_without_the_avg_divider(kind, op, width, chips, length, first, count, rng):
+    """``avg=False`` (the FPGA build): SUM, MAX, MIN and the cycle counts are unchanged, and an
+    AVG gives the wrapped sum."""
+    req = CollectiveRequest(kind=kind, op=op, width=width, length=length, chips=chips,
+                            first=first, count=count)
+    run = _run_and_check(req, rng, avg=False)
+    assert run["cycles"] == predicted_cycles(req, 4, 2), \
+        f"cycles {run['cycles']} != model {predicted_cycles(req, 4, 2)}"
 
 
 def test_wide_link_word_16_bytes(rng):

@@ -6,9 +6,11 @@ from amaranth.back import verilog
 
 from hw.spec import npu_preset
 from hw.spec.formats import OutMode
+from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.tile.matmul import MatmulArray, MatmulUnit, Requantizer
 from sim.golden.matmul import matmul_unit
 from sim.rtl.matmul_driver import MatmulJob, simulate_pysim
+from sim.rtl.pysim import run_sim
 from tests.helpers import exported_verilog, matmul_operands, seeded
 
 
@@ -96,14 +98,14 @@ def test_fold_cycle_count_matches_formula():
 
 
 def test_back_to_back_folds_overlap():
-    # F folds of K >= size beats: F*K + 3*size + 1 (+3 for the requantiser): no gap per fold.
+    # F folds of K >= size beats: F*K + 3*size (+4 for the requantiser): no gap per fold.
     rng = np.random.default_rng(12)
     size, k, m, n = 4, 8, 8, 12
     job = MatmulJob(rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, n)), size)
     folds = len(job.tiles)
     assert folds == 6
     run = simulate_pysim(job)
-    assert run["cycles"] == folds * k + 3 * size + 1 + Requantizer.LATENCY
+    assert run["cycles"] == folds * k + 3 * size + Requantizer.LATENCY
     assert_equal_matrix(run["result"], golden(job), "back to back")
 
 
@@ -116,6 +118,60 @@ def test_short_folds_are_spaced_by_the_interlock():
     folds = len(job.tiles)
     assert run["cycles"] == (folds - 1) * size + MatmulUnit.latency(size, k)
     assert_equal_matrix(run["result"], golden(job), "K=1")
+
+
+@pytest.mark.parametrize("size, k", [(4, 4), (4, 9), (3, 5)])
+def test_array_and_requantiser_latencies_apart(size, k):
+    """The unit's latency split as the cycle model splits it (sim/iss/engines.MatmulModel):
+    row r of a fold on the array's output ``array_row_delay`` + r cycles after its last beat;
+    the requantiser's output REQUANT_LATENCY cycles after it takes a row, also when the row
+    waited for its tile's parameters."""
+    array = MatmulArray(size=size)
+    seen = {}
+
+    async def feed(ctx):
+        ctx.set(array.o.ready, 1)
+        ctx.set(array.i_b.valid, 1)
+        for beat in range(k):
+            ctx.set(array.i_a.valid, 1)
+            ctx.set(array.i_a.payload.last, beat == k - 1)
+            await ctx.tick()
+        ctx.set(array.i_a.valid, 0)
+        ctx.set(array.i_b.valid, 0)
+        for cycle in range(k, k + 4 * size + 4):
+            if ctx.get(array.o.valid):
+                seen.setdefault("first", cycle)
+                if ctx.get(array.o.payload.last):
+                    seen["last"] = cycle
+            await ctx.tick()
+
+    run_sim(array, [feed], max_cycles=200)
+    # Cycle 0 takes the first beat, cycle k - 1 the last.
+    assert seen["first"] == k - 1 + array_row_delay(size)
+    assert seen["last"] + 1 == MatmulArray.latency(size, k)
+
+    for wait in (0, 3):
+        requant = Requantizer(size=size)
+        out = {}
+
+        async def row(ctx, wait=wait, requant=requant, out=out):
+            ctx.set(requant.o.ready, 1)
+            ctx.set(requant.i.valid, 1)
+            ctx.set(requant.i.payload.last, 1)
+            for _ in range(wait):                 # the row waits for its parameter beat
+                await ctx.tick()
+            ctx.set(requant.i_param.valid, 1)
+            ctx.set(requant.i_param.payload.mode, OutMode.RAW)
+            await ctx.tick()
+            ctx.set(requant.i.valid, 0)
+            ctx.set(requant.i_param.valid, 0)
+            for cycle in range(1, 3 * REQUANT_LATENCY):
+                if ctx.get(requant.o.valid):
+                    out.setdefault("cycle", cycle)
+                await ctx.tick()
+
+        run_sim(requant, [row], max_cycles=200)
+        assert out["cycle"] == REQUANT_LATENCY, wait
 
 
 @pytest.mark.parametrize("cls", [MatmulArray, Requantizer, MatmulUnit])

