@@ -42,7 +42,7 @@ check-cxx:
 # data parallelism's: four sequences, so that every replica has one. GRID=AxB replaces CHIPS.
 BATCH    ?= $(if $(findstring pipeline,$(STRATEGY))$(findstring data,$(STRATEGY)),4,)
 GRID     ?=
-TIMED    := $(if $(filter iss,$(BACKEND)),,--plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json)
+TIMED    := --plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json
 
 sim: $(STAMP)
 	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \

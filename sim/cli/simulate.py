@@ -51,9 +51,6 @@ def _weights(path):
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
-    if (args.trace or args.plot) and args.backend == "iss":
-        option = "--trace" if args.trace else "--plot"
-        raise BadInput(f"{option} needs a timed backend (pysim or verilator), not iss")
     weights = _weights(args.weights) if args.weights else None
     x = load_array(args.input, "--input") if args.input else None
     if x is not None and not isinstance(x, np.ndarray):

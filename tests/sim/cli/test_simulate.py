@@ -136,8 +136,6 @@ def test_watchdog_exit_3(tmp_path):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--trace", "t.json", "--backend", "iss"], "--trace needs a timed backend"),
-    (["--plot", "p.png", "--backend", "iss"], "--plot needs a timed backend"),
     (["--microbatches", "4"], "--microbatches applies to strategies with a pipeline"),
     (["--link-stalls", "0.1"], "--link-stalls applies to --backend pysim with --chips > 1"),
     (["--link-stalls", "1.5"], "argument --link-stalls: 1.5 is outside [0, 1)"),
@@ -148,6 +146,18 @@ def test_watchdog_exit_3(tmp_path):
 def test_options_that_do_not_apply_are_refused(capsys, extra, needle):
     status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, *extra)
     assert status == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_iss_writes_the_timeline_and_the_trace(capsys, tmp_path):
+    """The ISS is timed by its cycle model, so --plot and --trace apply to it as to the RTL."""
+    png, trace = tmp_path / "t.png", tmp_path / "t.json"
+    status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL, "--strategy",
+                           "head", "--chips", "2", "--backend", "iss", "--plot", str(png),
+                           "--trace", str(trace))
+    assert status == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
 
 
 def test_every_strategy_is_built():
