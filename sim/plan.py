@@ -49,11 +49,11 @@ from .compiler.grid import compile_grid
 from .compiler.hidden import compile_hidden
 from .compiler.program import SystemProgram
 from .compiler.quantize import QLayer, QLayerNorm, QModel
-from .compiler.strategy import strategy_grid
 from .errors import BadInput
 from .iss.errors import IssError
 from .iss.fast import LaunchTimer, time_programs_fast
 from .iss.timing import time_programs
+from .strategies import get as get_strategy
 
 __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
            "COMPILED", "chip_bytes", "limits", "ring_buildable"]
@@ -604,7 +604,7 @@ def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, 
         return compile_hidden(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide),
                               _dummy_qmodel(cfg), chips, seq=cfg.seq_len, samples=samples,
                               contents=False, check=False)
-    return compile_grid(npu, _dummy_qmodel(cfg), strategy_grid(strategy, chips, grid),
+    return compile_grid(npu, _dummy_qmodel(cfg), get_strategy(strategy).layout(chips, grid),
                         strategy=strategy, seq=cfg.seq_len, samples=samples,
                         microbatches=microbatches, emitter=_ShapeEmitter, check=False)
 

@@ -10,7 +10,6 @@ waiting chips, since the programs themselves cannot meet).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import numpy as np
@@ -19,12 +18,9 @@ from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.timing.collective import ring_bound_cycles
 
-from .compiler.compat import check_single_chip
-from .compiler.hidden import check_hidden, hidden_stats
+from . import strategies
 from .compiler.program import SystemProgram
 from .compiler.quantize import dequantize_residual, quantize_input, quantize_model
-from .compiler.sequence import check_sequence
-from .compiler.strategy import compile_program, parse_grid
 from .errors import BadInput, Watchdog
 from .golden.float_model import check_weights, model_forward, random_weights
 from .golden.layer import model_int
@@ -36,12 +32,12 @@ from .rtl.fast.runner import run_system_verilator
 from .rtl.pysim import SimulationTimeout
 from .rtl.system_runner import run_system_pysim
 from .rtl.verilator import ToolchainMissing
-from .timeline import COMM_UNITS, COMPUTE_UNITS, busy_union, intervals
+from .timeline import intervals
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
 
-STRATEGIES = ("single", "head", "pipeline", "data", "hidden", "sequence", "head+pipeline",
-              "data+head", "data+pipeline")
+#: The strategies' names (``sim.strategies``, the registry).
+STRATEGIES = strategies.NAMES
 BACKENDS = ("pysim", "verilator", "iss")
 DEFAULT_MAX_CYCLES = 5_000_000
 
@@ -195,36 +191,6 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     return out
 
 
-def _stage_spans(chip, span) -> list[tuple[int, int]]:
-    """Each microbatch's ``[start, end)`` on a stage: its first compute launch to its last."""
-    taken = dict.fromkeys(COMPUTE_UNITS, 0)
-    out = []
-    for counts in chip.spans["microbatch_launches"]:
-        ivs = []
-        for unit in COMPUTE_UNITS:
-            ivs += span[unit][taken[unit]:taken[unit] + counts[unit]]
-            taken[unit] += counts[unit]
-        out.append((min(s for s, _ in ivs), max(e for _, e in ivs)))
-    return out
-
-
-def _pipeline_stats(prog: SystemProgram, res, spans) -> dict:
-    """The pipeline's shape and its bubble: the share of the chips' time in which they were
-    not working on a microbatch, ``1 - sum(spans) / (chips * cycles)``, each microbatch's span
-    on a chip running from its first compute launch for it to the end of the last."""
-    stages, m = prog.meta["stages"], prog.meta["microbatches"]
-    info = {"stages": stages, "layers_per_stage": prog.meta["layers_per_stage"],
-            "microbatches": m, "microbatch_samples": prog.meta["microbatch_samples"],
-            "bubble_formula": (stages - 1) / (m + stages - 1), "bubble_fraction": None}
-    if spans is not None:
-        per_stage = [_stage_spans(chip, span) for chip, span in zip(prog.chips, spans,
-                                                                    strict=True)]
-        work = sum(e - s for stage in per_stage for s, e in stage)
-        info["bubble_fraction"] = 1 - work / (len(prog.chips) * res["cycles"])
-        info["stage_cycles"] = [[e - s for s, e in stage] for stage in per_stage]
-    return info
-
-
 def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
              chips: int | None = None,
              backend: str = "pysim", seed: int = 0, weights: dict | None = None, x=None,
@@ -265,10 +231,12 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
     if not isinstance(model, ModelConfig):
         raise TypeError(f"model must be a ModelConfig, not {model!r}")
-    if strategy not in STRATEGIES:
-        raise BadInput(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    try:
+        strat = strategies.get(strategy)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     if backend == "board":
-        if board is None or strategy != "single" or chips not in (None, 1):
+        if board is None or not strat.one_chip or chips not in (None, 1):
             raise BadInput("backend board runs strategy single on one chip, with a board "
                            "driver")
     elif backend not in BACKENDS:
@@ -277,7 +245,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         raise BadInput(f"--vcd needs --backend pysim, not {backend}")
     if chips is None:
         try:
-            chips = math.prod(parse_grid(grid)) if grid is not None else 1
+            chips = strat.chips_of(grid)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
     if not 0.0 <= link_stalls < 1.0:
@@ -290,21 +258,16 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         if quant not in QUANT_SCHEMES:
             raise BadInput(f"--quant {quant!r} is not one of {', '.join(QUANT_SCHEMES)}")
         model = dataclasses.replace(model, quant=quant)
-    if reduce is not None and strategy != "hidden":
-        raise BadInput("reduce applies to --strategy hidden")
-    # Refuse what a chip cannot run before any work (the compiler checks again): under
-    # sequence and hidden parallelism each chip's share.
-    if strategy == "sequence":
-        check_sequence(npu, model, chips)
-    elif strategy == "hidden":
-        try:
-            check_hidden(npu, model, chips)
-        except ValueError as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            raise BadInput(str(exc)) from None
-    else:
-        check_single_chip(npu, model)
+    # Refuse what a chip cannot run before any work (the compiler checks again): the options
+    # the strategy takes, and each chip's share of the model.
+    try:
+        strat.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce)
+        strat.check_quant(model.quant)
+        strat.check(npu, model, chips)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise BadInput(str(exc)) from None
     rng = np.random.default_rng(seed)
     if weights is None:
         weights = random_weights(model, seed)
@@ -323,9 +286,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     qm = quantize_model(model, weights, calib)
     samples = x if x.ndim == 3 else x[None]
     try:
-        prog = compile_program(strategy, npu, qm, chips, seq=samples.shape[1],
-                               samples=len(samples), microbatches=microbatches, grid=grid,
-                               reduce=reduce)
+        prog = strat.compile(npu, qm, chips, seq=samples.shape[1], samples=len(samples),
+                             microbatches=microbatches, grid=grid, reduce=reduce)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -361,51 +323,24 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         collectives=_comms(prog, res, spans), spans=spans, samples=len(samples))
     grid_meta = prog.meta.get("grid")         # the strategies of sim.compiler.grid
     report.grid = dict(grid_meta) if grid_meta else None
-    if "pipeline" in strategy:
-        report.pipeline = _pipeline_stats(prog, res, spans)
-    if strategy == "sequence":
-        report.sequence = _sequence_stats(prog, report.collectives, spans)
-    if strategy == "hidden":
-        report.hidden = hidden_stats(prog, report.collectives)
-    if grid_meta and grid_meta["replicas"] > 1:
-        report.data = {"replicas": grid_meta["replicas"],
-                       "samples_per_replica": prog.meta["replica_samples"]}
+    for section, info in strat.sections(prog, report.collectives, res, spans).items():
+        setattr(report, section, info)
     if reference not in ("auto", "same", "none"):
         raise BadInput(f"reference {reference!r} is not one of auto, same, none")
     if chips > 1 and res["cycles"] is not None and (
             reference == "same" or (reference == "auto" and backend != "pysim")):
-        report.reference = _reference(npu, qm, samples.shape[1], x_ints, backend, max_cycles,
-                                      strategy)
+        report.reference = _reference(strat, npu, qm, samples.shape[1], x_ints, backend,
+                                      max_cycles)
     return report
 
 
-def _sequence_stats(prog: SystemProgram, comms, spans) -> dict:
-    """The chunking and the K/V transfers: bytes, and on a timed backend their cycles (each
-    send's busy interval, summed) and the cycles in which a chip only moved K/V rows."""
-    info = dict(prog.meta)
-    info["halo_cycles"] = None
-    info["halo_exposed_cycles"] = None
-    if spans is not None:
-        info["halo_cycles"] = sum(c.get("cycles", 0) for c in comms if c["kind"] == "send")
-        info["halo_exposed_cycles"] = [
-            busy_union(span, COMPUTE_UNITS + COMM_UNITS) - busy_union(span, COMPUTE_UNITS)
-            for span in spans]
-    return info
-
-
-def _reference(npu, qm, seq, x_ints, backend, max_cycles, strategy="single") -> dict | None:
-    """One chip's cycles for the same model and batch, simulated on ``backend`` (sequence
-    parallelism: in passes on one chip when the sequence exceeds ``max_seq_len``)."""
-    try:
-        prog = compile_program("single", npu, qm, 1, seq=seq, samples=len(x_ints))
-    except ConfigError as exc:
-        if strategy != "sequence":
-            return {"cycles": None, "source": f"does not fit one chip: {exc}"}
-        try:
-            prog = compile_program("sequence", npu, qm, 1, seq=seq, samples=len(x_ints))
-        except ConfigError as exc2:
-            return {"cycles": None, "source": f"does not fit one chip: {exc2}"}
+def _reference(strat, npu, qm, seq, x_ints, backend, max_cycles) -> dict:
+    """One chip's cycles for the same model and batch, simulated on ``backend`` (the program
+    the strategy measures its speed-up against: sequence parallelism's runs in passes on one
+    chip when the sequence exceeds ``max_seq_len``)."""
+    prog, how = strat.reference_program(npu, qm, seq=seq, samples=len(x_ints))
+    if prog is None:
+        return {"cycles": None, "source": how}
     res = _run(backend, prog, x_ints, max_cycles=max_cycles, vcd=None, link_stalls=0.0, seed=0)
-    how = " (sequence in passes)" if prog.strategy == "sequence" else ""
     return {"cycles": res["cycles"],
             "source": f"one chip simulated on {backend} in the same run{how}"}

@@ -45,10 +45,10 @@ from hw.spec.vector_engine import VecFlags
 from ..accuracy import layer_accuracy
 from ..checkpoint import embed, import_checkpoint, tokenize
 from ..compiler.quantize import quantize_input, quantize_model
-from ..compiler.strategy import compile_program
 from ..golden.float_model import random_weights
 from ..iss import Iss
 from ..simulate import simulate
+from ..strategies import compile_program
 
 __all__ = ["SENTENCES", "minilm_checkpoint", "launch_cycles", "run", "main"]
 

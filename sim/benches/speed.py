@@ -22,7 +22,6 @@ from hw.spec import NpuConfig, model_preset, npu_preset
 from hw.system import ChipSystem
 
 from ..compiler.quantize import quantize_input, quantize_model
-from ..compiler.strategy import compile_program
 from ..golden.float_model import random_weights
 from ..rtl.chip_runner import host_load
 from ..rtl.fast.build import ensure_build
@@ -30,6 +29,7 @@ from ..rtl.fast.runner import run_bare_loop, run_system_verilator
 from ..rtl.pysim import run_sim
 from ..rtl.verilator import ToolchainMissing
 from ..simulate import simulate
+from ..strategies import compile_program
 
 #: Cycles after ``start`` that pysim runs in quick mode.
 QUICK_PYSIM_CYCLES = 4000

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import EXIT_OK
 from ..plan import plan
-from ..simulate import STRATEGIES
+from ..strategies import NAMES
 from .common import load_config, positive, write_json
 
 __all__ = ["add_parser", "run"]
@@ -20,7 +20,7 @@ def add_parser(sub):
     group.add_argument("--chips", type=positive)
     group.add_argument("--min-chips", action="store_true",
                        help="plan each strategy on the fewest chips that fit")
-    p.add_argument("--strategy", default="all", choices=("all",) + STRATEGIES)
+    p.add_argument("--strategy", default="all", choices=("all",) + NAMES)
     p.add_argument("--json")
     p.set_defaults(run=run)
 

@@ -9,7 +9,8 @@ from hw.spec import QUANT_SCHEMES
 from ..chrome_trace import write_trace
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
 from ..plot import plot_timeline
-from ..simulate import BACKENDS, STRATEGIES, simulate
+from ..simulate import BACKENDS, simulate
+from ..strategies import NAMES
 from .common import load_array, load_config, positive, probability, progress_bar, write_json
 
 __all__ = ["add_parser", "run"]
@@ -17,7 +18,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub):
     p = sub.add_parser("sim", help="compile a model for N chips and simulate it")
-    p.add_argument("--strategy", default="single", choices=STRATEGIES)
+    p.add_argument("--strategy", default="single", choices=NAMES)
     p.add_argument("--chips", type=positive, help="default: A x B of --grid, else 1")
     p.add_argument("--grid", help="AxB chips for a 2-D strategy")
     p.add_argument("--npu", required=True)

@@ -29,10 +29,10 @@ from typing import Any
 from hw.spec import ConfigError, NpuConfig
 from hw.spec.isa import Insn, Op, encode
 
-from ..compiler.strategy import GRIDS
 from ..errors import BadInput
 from ..rtl.chip_runner import run_chip_verilator
 from ..simulate import simulate
+from ..strategies import GRIDS
 from ..timeline import COMM_UNITS, busy_union
 from .builds import shared_build
 

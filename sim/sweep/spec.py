@@ -32,9 +32,8 @@ from typing import Any
 
 from hw.spec import PRESETS_DIR, ConfigError, ModelConfig, NpuConfig, load_model, load_npu
 
-from ..compiler.strategy import GRIDS, parse_grid
 from ..errors import BadInput
-from ..simulate import STRATEGIES
+from ..strategies import GRIDS, NAMES, parse_grid
 from . import runner
 from .runner import BACKENDS
 
@@ -221,7 +220,7 @@ def parse_spec(data: dict, path: str | Path = "<spec>") -> SweepSpec:
     npu = _typed(path, "npu", get["npu"], text, "str (a file or a preset name)")
     model = _typed(path, "model", get["model"], text, "str (a file or a preset name)")
     strategy = _typed(path, "strategy", get["strategy"], text, "str",
-                      lambda v: v in STRATEGIES, f"is not one of {', '.join(STRATEGIES)}")
+                      lambda v: v in NAMES, f"is not one of {', '.join(NAMES)}")
     chips = _typed(path, "chips", get["chips"], (int,), "int", lambda v: v >= 1,
                    "must be at least 1")
     backend = _typed(path, "backend", get.get("backend", ["iss"]), text, "str",

@@ -17,12 +17,12 @@ from sim.board import BoardDriver, avg_collectives, run_board
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_model
-from sim.compiler.strategy import compile_program
 from sim.golden.float_model import random_weights
 from sim.golden.matmul import matmul_unit
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.uart_model import SimTransport
 from sim.simulate import simulate
+from sim.strategies import compile_program
 from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, run, seeded, small_npu
 
 

@@ -10,13 +10,13 @@ from hw.spec import ModelConfig, model_preset, npu_preset
 from hw.spec.isa import REGS, Op, decode
 from sim.compiler.attention_launch import DATA_REGS as ATTN_DATA
 from sim.compiler.quantize import quantize_model
-from sim.compiler.strategy import compile_program
 from sim.compiler.vector_launch import DATA_REGS as VEC_DATA
 from sim.errors import BadInput
 from sim.golden.float_model import random_weights
 from sim.iss.timing import time_programs
 from sim.plan import COMPILED, ChipBytes, chip_bytes, compile_shapes, limits, plan, ring_buildable
 from sim.plan import _roles as roles_of
+from sim.strategies import compile_program
 
 TINY = npu_preset("tiny")
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.compiler.strategy import BUILT
+from sim.cli.main import build_parser
 from sim.golden.float_model import random_weights
-from sim.simulate import STRATEGIES
+from sim.strategies import NAMES
 from tests.helpers import TINY_MODEL, TINY_NPU, run, run_process, write_model
 
 
@@ -160,8 +160,10 @@ def test_iss_writes_the_timeline_and_the_trace(capsys, tmp_path):
     assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}
 
 
-def test_every_strategy_is_built():
-    assert set(BUILT) == set(STRATEGIES)
+def test_the_strategy_choices_are_the_registry():
+    sim_parser = build_parser()._subparsers._group_actions[0].choices["sim"]
+    choices = next(a.choices for a in sim_parser._actions if a.dest == "strategy")
+    assert tuple(choices) == NAMES
 
 
 

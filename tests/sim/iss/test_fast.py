@@ -11,11 +11,11 @@ from sim.compiler import collective_launch as cl
 from sim.compiler.assembler import Assembler
 from sim.compiler.hidden import compile_hidden
 from sim.compiler.quantize import quantize_model
-from sim.compiler.strategy import compile_program
 from sim.golden.float_model import random_weights
 from sim.iss import IssError
 from sim.iss.fast import LaunchTimer, time_programs_fast
 from sim.iss.timing import time_programs
+from sim.strategies import compile_program
 
 
 def programs(npu, cfg, strategy, chips, samples=1):

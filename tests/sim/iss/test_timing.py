@@ -21,13 +21,13 @@ from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.hidden import compile_hidden
 from sim.compiler.quantize import quantize_input, quantize_model
-from sim.compiler.strategy import compile_program
 from sim.golden.float_model import random_weights
 from sim.iss import IssError
 from sim.iss.timing import time_programs, trace_depth, trace_entries
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.system_runner import run_system_pysim
 from sim.simulate import simulate
+from sim.strategies import compile_program
 from tests.helpers import small_npu
 from tests.hw.test_system import build as build_collectives
 

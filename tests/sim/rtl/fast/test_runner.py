@@ -12,7 +12,6 @@ from sim.compiler.assembler import Assembler
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
 from sim.compiler.quantize import quantize_input, quantize_model
-from sim.compiler.strategy import compile_program
 from sim.errors import Watchdog
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
@@ -21,6 +20,7 @@ from sim.rtl.fast.runner import run_bare_loop, run_system_verilator
 from sim.rtl.pysim import SimulationTimeout
 from sim.rtl.system_runner import run_system_pysim
 from sim.simulate import simulate
+from sim.strategies import compile_program
 
 pytestmark = [pytest.mark.verilator, pytest.mark.usefixtures("verilator_ok")]
 

@@ -1,0 +1,168 @@
+"""What every strategy is: its name, the axes it splits, what it compiles, what it refuses.
+
+A :class:`Strategy` owns, for one way of spreading a model over chips, the decisions that the
+simulator, the planner, the sweeps and the CLI would otherwise each make on its name: the chips
+and grid it runs on (:meth:`Strategy.layout`), the checks a model must pass before it compiles
+(:meth:`Strategy.check`), its compile (:meth:`Strategy.compile`), the quantisation schemes and
+options it takes, the sections it adds to a report (:meth:`Strategy.sections`), the one-chip
+program a run's speed-up is measured against (:meth:`Strategy.reference_program`), and the
+planner's view of it (:meth:`Strategy.split`, :meth:`Strategy.search_limit`). The registry
+(:mod:`sim.strategies`) lists one instance of each.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
+
+from ..compiler.compat import check_single_chip
+from ..compiler.program import SystemProgram
+from ..compiler.quantize import QModel
+
+__all__ = ["Strategy", "Split", "parse_grid", "REGISTRY", "register"]
+
+#: Every strategy by name, in the order users see them (filled by :func:`register`).
+REGISTRY: dict[str, Strategy] = {}
+
+#: The options a strategy may take besides its chips (``Strategy.options``).
+OPTIONS = ("microbatches", "grid", "reduce")
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    """``"2x3"`` -> ``(2, 3)``; ValueError for anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text or "")
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise ValueError(f"--grid {text!r} is not AxB with A, B >= 1 (e.g. 2x2)")
+    return int(match[1]), int(match[2])
+
+
+@dataclass(frozen=True)
+class Split:
+    """How many chips split each thing: heads (or, for hidden, d_model), layers, samples."""
+
+    shards: int = 1
+    stages: int = 1
+    replicas: int = 1
+
+
+class Strategy:
+    """One strategy. Subclasses set the class attributes and override the hooks they need."""
+
+    #: The name users type (``--strategy``).
+    name: str = ""
+    #: What it splits, one line (the CLI's help and the docs' tables).
+    splits: str = ""
+    #: The limits it relieves, one line.
+    relieves: str = ""
+    #: Its parts: the 1-D strategies of a grid (``("head", "pipeline")``), else ``(name,)``.
+    parts: tuple[str, ...] = ()
+    #: Quantisation schemes its compiler emits.
+    quants: tuple[str, ...] = QUANT_SCHEMES
+    #: Options besides ``chips`` it takes (of :data:`OPTIONS`).
+    options: frozenset = frozenset()
+    #: How the planner times it: ``"program"`` (its programs compiled from the shapes) or
+    #: ``"analytic"`` (from the built strategies' timed programs).
+    planned: str = "program"
+    #: It runs on exactly one chip.
+    one_chip: bool = False
+
+    # --- what it runs on --------------------------------------------------------------------
+    @property
+    def is_grid(self) -> bool:
+        """A 2-D strategy: ``--grid AxB`` gives its first part A chips, the second B."""
+        return len(self.parts) > 1
+
+    @property
+    def pipelined(self) -> bool:
+        return "microbatches" in self.options
+
+    def chips_of(self, grid: str | None) -> int:
+        """The chips a run takes when ``--chips`` is not given: A x B of the grid, else 1."""
+        if grid is None:
+            return 1
+        a, b = parse_grid(grid)
+        return a * b
+
+    def check_options(self, *, chips: int, microbatches=None, grid=None, reduce=None):
+        """ValueError for an option this strategy does not take, naming it."""
+        if grid is not None and not self.is_grid:
+            raise ValueError(f"--grid applies to {', '.join(_grid_names())}, not --strategy "
+                             f"{self.name}")
+        if microbatches is not None and "microbatches" not in self.options:
+            raise ValueError("--microbatches applies to strategies with a pipeline")
+        if reduce is not None and "reduce" not in self.options:
+            raise ValueError("reduce applies to --strategy hidden")
+        if self.one_chip and chips != 1:
+            raise ValueError(f"--strategy {self.name} runs on one chip, not --chips {chips}")
+
+    def check_quant(self, quant: str):
+        """ValueError when the compiler emits no programs for ``quant`` under this strategy."""
+        if quant not in self.quants:
+            raise ValueError(f"--strategy {self.name} does not compile quant=\"{quant}\" yet "
+                             f"(strategies that do: {', '.join(_quant_names(quant))}); use "
+                             "--quant int8")
+
+    def split(self, chips: int, grid: tuple[int, int] | None = None) -> Split:
+        """The chips splitting heads, stages and replicas (the planner's counts)."""
+        return Split()
+
+    # --- compile ----------------------------------------------------------------------------
+    def check(self, npu: NpuConfig, cfg: ModelConfig, chips: int):
+        """Refuse (ConfigError, ValueError) a model whose share a chip cannot run, before any
+        work: by default each chip runs whole layers, as one chip would."""
+        check_single_chip(npu, cfg)
+
+    def compile(self, npu: NpuConfig, qm: QModel, chips: int, *, seq: int, samples: int,
+                microbatches: int | None = None, grid: str | None = None,
+                reduce: str | None = None) -> SystemProgram:
+        """Programs for ``chips`` chips; ValueError for an option that does not apply,
+        ConfigError for a model or chip that cannot run it."""
+        self.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce)
+        self.check_quant(qm.quant)
+        return self._compile(npu, qm, chips, seq=seq, samples=samples,
+                             microbatches=microbatches, grid=grid, reduce=reduce)
+
+    def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
+        raise NotImplementedError
+
+    def reference_program(self, npu: NpuConfig, qm: QModel, *, seq: int,
+                          samples: int) -> tuple[SystemProgram | None, str]:
+        """The one-chip program a multi-chip run's speed-up is measured against, and how it
+        was made (or None and why there is none)."""
+        try:
+            return REGISTRY["single"].compile(npu, qm, 1, seq=seq, samples=samples), ""
+        except ConfigError as exc:
+            return None, f"does not fit one chip: {exc}"
+
+    # --- the report -------------------------------------------------------------------------
+    def sections(self, prog: SystemProgram, comms: list[dict], res: dict,
+                 spans: list | None) -> dict[str, dict]:
+        """The report's sections of this strategy (``"pipeline"``, ``"sequence"``, ...),
+        from the program, its collectives and what the run measured."""
+        return {}
+
+    # --- the planner ------------------------------------------------------------------------
+    def search_limit(self, cfg: ModelConfig, npu: NpuConfig) -> int:
+        """The most chips it can use on ``cfg`` (a head, a layer, a sample ... each)."""
+        return 1
+
+    def __repr__(self):
+        return f"<strategy {self.name}>"
+
+
+def register(strategy: Strategy) -> Strategy:
+    """Add ``strategy`` to :data:`REGISTRY` (once per name)."""
+    if not strategy.name or strategy.name in REGISTRY:
+        raise ValueError(f"strategy name {strategy.name!r} is empty or taken")
+    REGISTRY[strategy.name] = strategy
+    return strategy
+
+
+def _grid_names() -> list[str]:
+    return [s.name for s in REGISTRY.values() if s.is_grid]
+
+
+def _quant_names(quant: str) -> list[str]:
+    return [s.name for s in REGISTRY.values() if quant in s.quants]

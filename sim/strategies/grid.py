@@ -1,0 +1,75 @@
+"""The strategies of the grid compiler (:mod:`sim.compiler.grid`): data replicas, pipeline
+stages and head shards, alone or two at a time.
+
+A 1-D strategy puts all of its chips on one axis of the grid; a 2-D one (:class:`Composite`)
+puts ``--grid AxB``'s A chips on its first part's axis and B on its second's, and adds both
+parts' report sections and limits."""
+
+from __future__ import annotations
+
+from ..compiler.grid import Grid, compile_grid
+from .base import Split, Strategy, parse_grid
+
+__all__ = ["GridStrategy", "Composite"]
+
+#: The grid axis of each 1-D part.
+AXES = {"data": "replicas", "pipeline": "stages", "head": "shards"}
+
+
+class GridStrategy(Strategy):
+    """A strategy the grid compiler compiles: its chips on the axes of its :attr:`parts`."""
+
+    def layout(self, chips: int, grid: str | None = None) -> Grid:
+        """The grid it runs on ``chips`` chips (``grid`` "AxB" for the 2-D ones)."""
+        if self.is_grid:
+            if grid is None:
+                raise ValueError(f"--strategy {self.name} needs --grid AxB (A x B = --chips "
+                                 f"{chips})")
+            a, b = parse_grid(grid)
+            if a * b != chips:
+                raise ValueError(f"--grid {grid} is {a * b} chips, not --chips {chips}")
+            sizes = (a, b)
+        else:
+            if grid is not None:
+                self.check_options(chips=chips, grid=grid)
+            if self.one_chip and chips != 1:
+                self.check_options(chips=chips)
+            sizes = (chips,) * len(self.parts)
+        return Grid(**{AXES[p]: size for p, size in zip(self.parts, sizes, strict=True)})
+
+    def split(self, chips: int, grid: tuple[int, int] | None = None) -> Split:
+        sizes = grid if self.is_grid else (chips,) * len(self.parts)
+        axes = {AXES[p]: size for p, size in zip(self.parts, sizes, strict=True)}
+        return Split(axes.get("shards", 1), axes.get("stages", 1), axes.get("replicas", 1))
+
+    def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
+        return compile_grid(npu, qm, self.layout(chips, grid), strategy=self.name, seq=seq,
+                            samples=samples, microbatches=microbatches)
+
+    def part_sections(self, prog, comms, res, spans) -> dict:
+        """The sections this 1-D strategy adds (also inside a grid)."""
+        return {}
+
+    def sections(self, prog, comms, res, spans) -> dict:
+        return self.part_sections(prog, comms, res, spans)
+
+
+class Composite(GridStrategy):
+    """A 2-D grid of two 1-D grid strategies (``first+second``)."""
+
+    def __init__(self, first: GridStrategy, second: GridStrategy):
+        self.first, self.second = first, second
+        self.name = f"{first.name}+{second.name}"
+        self.parts = (first.name, second.name)
+        self.splits = f"{first.name} (A chips) x {second.name} (B chips)"
+        self.relieves = "both parts' limits"
+        self.quants = tuple(q for q in first.quants if q in second.quants)
+        self.options = first.options | second.options | {"grid"}
+        self.planned = "analytic"
+
+    def sections(self, prog, comms, res, spans) -> dict:
+        return {**self.first.part_sections(prog, comms, res, spans),
+                **self.second.part_sections(prog, comms, res, spans)}
+
+    def search_limit(self, cfg, npu) -> int:
+        return self.first.search_limit(cfg, npu) * self.second.search_limit(cfg, npu)

@@ -1,0 +1,65 @@
+"""``sequence``: the tokens in chunks over the chips (``sim.compiler.sequence``): K/V halos
+from the neighbours for windowed attention, K/V chunks around the ring for full attention;
+on one chip, a sequence beyond ``max_seq_len`` in passes."""
+
+from __future__ import annotations
+
+from hw.spec import ConfigError
+
+from ..compiler.program import SystemProgram
+from ..compiler.sequence import check_sequence, compile_sequence
+from ..timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
+from .base import REGISTRY, Split, Strategy, register
+
+__all__ = ["SEQUENCE", "sequence_stats"]
+
+
+def sequence_stats(prog: SystemProgram, comms, spans) -> dict:
+    """The chunking and the K/V transfers: bytes, and on a timed backend their cycles (each
+    send's busy interval, summed) and the cycles in which a chip only moved K/V rows."""
+    info = dict(prog.meta)
+    info["halo_cycles"] = None
+    info["halo_exposed_cycles"] = None
+    if spans is not None:
+        info["halo_cycles"] = sum(c.get("cycles", 0) for c in comms if c["kind"] == "send")
+        info["halo_exposed_cycles"] = [
+            busy_union(span, COMPUTE_UNITS + COMM_UNITS) - busy_union(span, COMPUTE_UNITS)
+            for span in spans]
+    return info
+
+
+class Sequence(Strategy):
+    name = "sequence"
+    splits = "tokens, in chunks (one chip: passes over a sequence beyond max_seq_len)"
+    relieves = "max sequence length"
+    parts = ("sequence",)
+    quants = ("int8",)
+    planned = "analytic"
+
+    def check(self, npu, cfg, chips):
+        check_sequence(npu, cfg, chips)
+
+    def split(self, chips, grid=None):
+        return Split()
+
+    def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
+        return compile_sequence(npu, qm, chips, seq=seq, samples=samples)
+
+    def reference_program(self, npu, qm, *, seq, samples):
+        """One chip, or, when the sequence does not fit one chip's pass, one chip in passes."""
+        prog, why = REGISTRY["single"].reference_program(npu, qm, seq=seq, samples=samples)
+        if prog is not None:
+            return prog, why
+        try:
+            return self.compile(npu, qm, 1, seq=seq, samples=samples), " (sequence in passes)"
+        except ConfigError as exc:
+            return None, f"does not fit one chip: {exc}"
+
+    def sections(self, prog, comms, res, spans) -> dict:
+        return {"sequence": sequence_stats(prog, comms, spans)}
+
+    def search_limit(self, cfg, npu) -> int:
+        return cfg.seq_len                    # a token per chip
+
+
+SEQUENCE = register(Sequence())
