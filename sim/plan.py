@@ -486,60 +486,6 @@ def _features(cfg) -> list[str]:
     return notes
 
 
-# --- communication ------------------------------------------------------------------------
-def _comm(npu, cfg, strategy, chips, grid) -> tuple[int, int, list[str]]:
-    """(bytes a chip sends per layer, collectives per layer, notes)."""
-    n = npu.array_size
-    b, d_pad, seq_pad = cfg.batch, pad_to(cfg.d_model, n), pad_to(cfg.seq_len, n)
-    rows = b * seq_pad
-    group, stages, _replicas = _split_counts(strategy, chips, grid)
-    notes = []
-    sent = colls = 0
-    if strategy in ("head", "head+pipeline", "data+head") and group > 1:
-        if strategy == "data+head":
-            rows = max(len(p) for p in np.array_split(range(b), grid[0])) * seq_pad
-        msg = rows * d_pad * 4
-        if rows % group == 0:
-            # The group splits the row-wise work (sim.compiler.blocks: row_split): reduce-
-            # scatters of the int32 O and FFN2 partial sums, all-gathers of the two int8
-            # LayerNorm outputs; each sends (N-1)/N of its message from each chip.
-            sent += 2 * (group - 1) * (msg + rows * d_pad) // group
-            colls += 4
-        else:
-            # Two all-reduce SUMs of the partial sums; a ring all-reduce sends 2 (N-1)/N.
-            sent += 2 * 2 * (group - 1) * msg // group
-            colls += 2
-    if strategy == "hidden" and chips > 1:
-        d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
-        msgs = [rows * 16, rows * 3 * d * 4, rows * cfg.seq_len * h * 4, rows * d * 4,
-                rows * 16, rows * f * 4, rows * d * 4]
-        kinds = [2, 1, 2, 1, 2, 1, 1]      # all-reduce sends twice a reduce-scatter's share
-        sent += sum(k * (chips - 1) * m // chips for k, m in zip(kinds, msgs, strict=True))
-        colls += len(msgs)
-        notes.append("hidden: 7 collectives per layer: LayerNorm statistics (2), Q.K partial "
-                     "scores per head, and reduce-scatters of the QKV, O, FFN1 and FFN2 "
-                     "partial sums")
-    if strategy in ("pipeline", "head+pipeline", "data+pipeline") and stages > 1:
-        per = seq_pad * row_words(d_pad, 2, n) * n
-        samples = b if strategy != "data+pipeline" else \
-            max(len(p) for p in np.array_split(range(b), grid[0]))
-        sent += (stages - 1) * samples * per // cfg.n_layers
-        notes.append(f"pipeline: {(stages - 1) * samples * per:,} bytes of activations sent "
-                     "between stages per run (point-to-point, per layer: the share shown)")
-    if strategy == "sequence" and chips > 1:
-        w = cfg.window
-        kv = 2 * cfg.d_model * b
-        if w:
-            sent += (w - 1) * kv * (1 if cfg.causal else 2)
-            notes.append("sequence: each chunk receives the K/V of the previous window - 1 "
-                         "tokens" + ("" if cfg.causal else " from both sides"))
-        else:
-            chunk = math.ceil(cfg.seq_len / chips)
-            sent += (chips - 1) * chunk * kv
-            notes.append("sequence: ring attention passes every chunk's K/V around the ring")
-    return int(sent), int(colls), notes
-
-
 # --- shapes-only compile --------------------------------------------------------------------
 def _dummy_qmodel(cfg: ModelConfig) -> QModel:
     """A quantised model with no weights: the compiler's program and layout depend only on
@@ -800,7 +746,7 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
     exact = _hidden_bytes(npu, cfg, chips, per_chip) if name == "hidden" else None
     per_chip = exact or per_chip
     reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
-    comm, colls, notes = _comm(npu, cfg, name, chips, grid)
+    comm, colls, notes = get_strategy(name).comm(npu, cfg, chips, grid)
     if exact:
         notes.append("hidden: per-chip bytes from the shapes-only compile of one layer (the "
                      "allocator's, buffers and padding included), times the layers")

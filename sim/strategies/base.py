@@ -144,6 +144,11 @@ class Strategy:
         return {}
 
     # --- the planner ------------------------------------------------------------------------
+    def comm(self, npu: NpuConfig, cfg: ModelConfig, chips: int,
+             grid: tuple[int, int] | None = None) -> tuple[int, int, list[str]]:
+        """Per layer: (bytes a chip sends, collectives, notes) of the planner's report."""
+        return 0, 0, []
+
     def search_limit(self, cfg: ModelConfig, npu: NpuConfig) -> int:
         """The most chips it can use on ``cfg`` (a head, a layer, a sample ... each)."""
         return 1

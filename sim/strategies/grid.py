@@ -7,6 +7,8 @@ parts' report sections and limits."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..compiler.grid import Grid, compile_grid
 from .base import Split, Strategy, parse_grid
 
@@ -46,6 +48,25 @@ class GridStrategy(Strategy):
         return compile_grid(npu, qm, self.layout(chips, grid), strategy=self.name, seq=seq,
                             samples=samples, microbatches=microbatches)
 
+    def comm(self, npu, cfg, chips, grid=None):
+        split = self.split(chips, grid)
+        # Each replica runs its share of the batch (numpy.array_split: the first the largest).
+        samples = max(len(p) for p in np.array_split(range(cfg.batch), split.replicas))
+        sent = colls = 0
+        notes = []
+        for part in self.parts_of():
+            s, c, n = part.part_comm(npu, cfg, split, samples)
+            sent, colls, notes = sent + s, colls + c, notes + n
+        return sent, colls, notes
+
+    def parts_of(self) -> tuple[GridStrategy, ...]:
+        return (self,)
+
+    def part_comm(self, npu, cfg, split, samples) -> tuple[int, int, list[str]]:
+        """This 1-D part's communication per layer (also inside a grid): bytes a chip sends,
+        collectives, notes; ``samples``: the batch of one replica."""
+        return 0, 0, []
+
     def part_sections(self, prog, comms, res, spans) -> dict:
         """The sections this 1-D strategy adds (also inside a grid)."""
         return {}
@@ -66,6 +87,9 @@ class Composite(GridStrategy):
         self.quants = tuple(q for q in first.quants if q in second.quants)
         self.options = first.options | second.options | {"grid"}
         self.planned = "analytic"
+
+    def parts_of(self):
+        return (self.first, self.second)
 
     def sections(self, prog, comms, res, spans) -> dict:
         return {**self.first.part_sections(prog, comms, res, spans),

@@ -32,6 +32,19 @@ class Hidden(Strategy):
     def sections(self, prog, comms, res, spans) -> dict:
         return {"hidden": hidden_stats(prog, comms)}
 
+    def comm(self, npu, cfg, chips, grid=None):
+        if chips <= 1:
+            return 0, 0, []
+        rows = cfg.batch * pad_to(cfg.seq_len, npu.array_size)
+        d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+        msgs = [rows * 16, rows * 3 * d * 4, rows * cfg.seq_len * h * 4, rows * d * 4,
+                rows * 16, rows * f * 4, rows * d * 4]
+        kinds = [2, 1, 2, 1, 2, 1, 1]      # all-reduce sends twice a reduce-scatter's share
+        sent = sum(k * (chips - 1) * m // chips for k, m in zip(kinds, msgs, strict=True))
+        return sent, len(msgs), [
+            "hidden: 7 collectives per layer: LayerNorm statistics (2), Q.K partial scores "
+            "per head, and reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums"]
+
     def search_limit(self, cfg, npu) -> int:
         return pad_to(cfg.d_model, npu.array_size) // npu.array_size   # a word per chip
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from hw.spec.memory import row_words
+
+from ..compiler.blocks import pad_to
 from ..compiler.program import SystemProgram
 from ..timeline import COMPUTE_UNITS
 from .base import register
@@ -50,6 +53,16 @@ class Pipeline(GridStrategy):
 
     def part_sections(self, prog, comms, res, spans) -> dict:
         return {"pipeline": pipeline_stats(prog, res, spans)}
+
+    def part_comm(self, npu, cfg, split, samples):
+        stages, n = split.stages, npu.array_size
+        if stages <= 1:
+            return 0, 0, []
+        per = pad_to(cfg.seq_len, n) * row_words(pad_to(cfg.d_model, n), 2, n) * n
+        run = (stages - 1) * samples * per
+        return run // cfg.n_layers, 0, [
+            f"pipeline: {run:,} bytes of activations sent between stages per run "
+            "(point-to-point, per layer: the share shown)"]
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.n_layers                   # a layer per stage

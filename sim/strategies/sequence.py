@@ -4,6 +4,8 @@ on one chip, a sequence beyond ``max_seq_len`` in passes."""
 
 from __future__ import annotations
 
+import math
+
 from hw.spec import ConfigError
 
 from ..compiler.program import SystemProgram
@@ -57,6 +59,18 @@ class Sequence(Strategy):
 
     def sections(self, prog, comms, res, spans) -> dict:
         return {"sequence": sequence_stats(prog, comms, spans)}
+
+    def comm(self, npu, cfg, chips, grid=None):
+        if chips <= 1:
+            return 0, 0, []
+        kv = 2 * cfg.d_model * cfg.batch
+        if cfg.window:
+            return (cfg.window - 1) * kv * (1 if cfg.causal else 2), 0, [
+                "sequence: each chunk receives the K/V of the previous window - 1 tokens"
+                + ("" if cfg.causal else " from both sides")]
+        chunk = math.ceil(cfg.seq_len / chips)
+        return (chips - 1) * chunk * kv, 0, [
+            "sequence: ring attention passes every chunk's K/V around the ring"]
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.seq_len                    # a token per chip
