@@ -40,15 +40,15 @@ from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.collective import MAX_CHIPS, elements_per_word, word_bytes
 from hw.spec.memory import PARAM_WORDS, row_words
 from hw.spec.timing.collective import ring_bound_cycles
-from hw.spec.vector import LUT_ENTRIES
+from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES
 
 from . import simulate as _simulate
 from .compiler.attention_launch import plan_schedule
-from .compiler.blocks import BlockEmitter, LayerWeights, Shard, pad_to
+from .compiler.blocks import pad_to
 from .compiler.grid import compile_grid
 from .compiler.hidden import compile_hidden
 from .compiler.program import SystemProgram
-from .compiler.quantize import QLayer, QLayerNorm, QModel
+from .compiler.quantize import RELU16_G, QLayer, QLayerNorm, QModel
 from .errors import BadInput
 from .iss.errors import IssError
 from .iss.fast import LaunchTimer, time_programs_fast
@@ -488,60 +488,39 @@ def _features(cfg) -> list[str]:
 
 # --- shapes-only compile --------------------------------------------------------------------
 def _dummy_qmodel(cfg: ModelConfig) -> QModel:
-    """A quantised model with no weights: the compiler's program and layout depend only on
-    the shapes (``sim.compiler.assembler.Assembler.set`` drops SETs by value *and* source),
+    """A quantised model with no weights, for the emitters' shapes-only mode
+    (``contents=False``): the compiler's program and layout depend only on the shapes and on
+    the scheme's flags (``sim.compiler.quantize.quantize_model``: under ``quant="smooth16"``
+    every layer's FFN hidden is int16, ``ffn16``, with a GELU16 table; post-norm smooth16
+    also has the per-lane requantisations of the QKV and FFN1 inputs, ``qkv_req`` and
+    ``ffn_req``). ``sim.compiler.assembler.Assembler.set`` drops SETs by value *and* source,
     so any integer scales give the same instructions."""
+    smooth16 = cfg.quant == "smooth16"
+    lanes = (None, None) if smooth16 and cfg.norm == "post" else None   # present, not read
     layers = []
     for _ in range(cfg.n_layers):
         layers.append(QLayer(
             ln1=QLayerNorm(None, None, 16, 1 << 15, 16), q=None, k=None, v=None, o=None,
             ln2=QLayerNorm(None, None, 16, 1 << 15, 16), ffn1=None, ffn2=None,
-            score_mult=1 << 15, score_shift=16, out_mult=1 << 15, out_shift=16, lut=None))
-    return QModel(cfg, layers, 1.0, {}, 1 << 15, 16)
-
-
-class _ShapeEmitter(BlockEmitter):
-    """:class:`~sim.compiler.blocks.BlockEmitter` placing a layer's tensors where
-    ``place_layer`` does, sized from the shapes, without their contents."""
-
-    def place_layer(self, i: int, shard: Shard) -> LayerWeights:
-        cfg, n, al = self.cfg, self.n, self.al
-        hcount = len(shard.heads)
-        p = f"layers.{i}."
-
-        def linear(name, k_pad, cols_pad):
-            wt = al.alloc_block(name + ".w", k_pad * cols_pad // n, "weights", low=True)
-            pt = al.alloc_block(name + ".p", PARAM_WORDS * cols_pad // n, "weights")
-            return wt, pt, cols_pad
-
-        d_cols = pad_to(cfg.d_model, n)
-        f_pad = pad_to(len(shard.ffn), n)
-        qkv = linear(p + "qkv", self.d_pad, 3 * hcount * self.dh_pad)
-        o = linear(p + "o", hcount * self.dh_pad, d_cols)
-        ffn1 = linear(p + "ffn1", self.d_pad, f_pad)
-        ffn2 = linear(p + "ffn2", f_pad, d_cols)
-        ln = [al.alloc_block(f"{p}ln{k}.gamma_beta", row_words(cfg.d_model, 4, n), "weights")
-              for k in (1, 2)]
-        lut = al.alloc_block(p + "lut", row_words(LUT_ENTRIES, 1, n), "weights")
-        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut)
-        if shard.group is not None:
-            w.o_req = al.alloc_block(p + "o.requant", row_words(self.d_pad, 4, n), "weights")
-            w.ffn2_req = al.alloc_block(p + "ffn2.requant", row_words(self.d_pad, 4, n),
-                                        "weights")
-        return w
+            score_mult=1 << 15, score_shift=16, out_mult=1 << 15, out_shift=16, lut=None,
+            qkv_req=lanes, ffn_req=lanes,
+            lut16=np.zeros(GELU16_KNOTS, np.int64) if smooth16 else None,
+            gelu_g=RELU16_G if smooth16 else 0))
+    return QModel(cfg, layers, 1.0, {}, 1 << 15, 16, quant=cfg.quant)
 
 
 def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, *,
                    samples: int = 1, microbatches: int | None = None,
-                   grid: str | None = None) -> SystemProgram:
+                   grid: str | None = None, only: set[int] | None = None) -> SystemProgram:
     """The programs and layouts ``sim.compiler.strategy.compile_program`` gives ``cfg`` on
     ``chips`` chips, from the shapes alone (no weights, dummy scales; the SET values of the
-    scales differ, nothing else): the grid compiler itself, with an emitter that places the
-    weights without their contents and none of its checks (the planner makes its own).
+    scales differ, nothing else): the grid compiler itself, its emitter placing the weights
+    without their contents, none of its checks (the planner collects them); ``only``: just
+    those chips' programs (the others None).
     ``ValueError`` when a program cannot be written (attention that fits no schedule).
     Hidden parallelism: its own compiler (``sim.compiler.hidden``), without contents or checks
     either, on datapaths as wide as the model (the planner names the shards' width limits)."""
-    if strategy not in COMPILED:
+    if strategy not in COMPILED + GRIDS:
         raise ValueError(f"no compiler for strategy {strategy!r}")
     if strategy == "hidden":
         if grid is not None or microbatches is not None:
@@ -552,7 +531,7 @@ def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, 
                               contents=False, check=False)
     return compile_grid(npu, _dummy_qmodel(cfg), get_strategy(strategy).layout(chips, grid),
                         strategy=strategy, seq=cfg.seq_len, samples=samples,
-                        microbatches=microbatches, emitter=_ShapeEmitter, check=False)
+                        microbatches=microbatches, contents=False, check=False, only=only)
 
 
 # --- timing ---------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ and a group's share of the vector work (the tiny model on 4 chips: 14,624 cycles
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -72,8 +73,8 @@ from hw.spec import ModelConfig, NpuConfig
 from hw.spec.collective import CollectiveRequest, elements_per_word, word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.isa import COLL_FIFO_WORDS, Unit
-from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, row_words
-from hw.spec.vector import pack_gamma_beta, pack_requant
+from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_blocks, row_words
+from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES, pack_gamma_beta, pack_requant
 
 from . import attention_launch as al_
 from . import collective_launch as cl
@@ -177,6 +178,9 @@ class BlockEmitter:
     #: Bases of the residual tensors whose rows are split over a head group (each chip holds
     #: only its own rows up to date): :meth:`gather_residual` makes them whole again.
     split_residuals: set = field(default_factory=set)
+    #: False: place the weights without their contents (the planner's shapes-only compile:
+    #: the same layout and program, ``qm``'s weight arrays never read).
+    contents: bool = True
 
     def __post_init__(self):
         cfg, n = self.qm.cfg, self.npu.array_size
@@ -187,36 +191,68 @@ class BlockEmitter:
         self.dh_pad = pad_to(cfg.d_head, n)
 
     # --- weights ---------------------------------------------------------------------------
-    def _linear(self, name: str, ql: QLinear, k_pad: int, col_map=None, cols_pad=None,
-                rows=None, bias=True):
-        """Store weights block-major (rows zero-padded to ``k_pad``; ``rows`` selects and
-        places input rows) and per-column parameters; ``col_map`` places output column j at
-        padded column ``col_map[j]``; without ``bias`` the biases are 0."""
-        al, n = self.al, self.n
-        w_in = ql.w if rows is None else rows
-        k, cols = w_in.shape
-        cols_pad = cols_pad or pad_to(cols, n)
-        col_map = np.arange(cols) if col_map is None else np.asarray(col_map)
-        w = np.zeros((k_pad, cols_pad), np.int64)
-        w[:k, col_map] = w_in
-        bias_v = np.zeros(cols_pad, np.int64)
-        mult = np.zeros(cols_pad, np.int64)
-        shift = np.ones(cols_pad, np.int64)
-        if bias:
-            bias_v[col_map] = ql.bias
-        mult[col_map], shift[col_map] = ql.mult, ql.shift
-        wt = al.alloc_words(name + ".w", pack_weight_blocks(w, n), "weights", low=True)
-        pt = al.alloc_words(name + ".p", pack_params(bias_v, mult, shift, n), "weights")
+    def _store(self, name: str, words: int, make, *, low: bool = False) -> Tensor:
+        """Allocate ``words`` words of weights named ``name``; with :attr:`contents`, initialise
+        them with ``make()`` (the packed words, which must be that many), else place them
+        without contents (:meth:`~sim.compiler.alloc.Allocator.alloc_block`): both modes give
+        the same layout because every tensor is sized here, once, from the shapes."""
+        if not self.contents:
+            return self.al.alloc_block(name, words, "weights", low=low)
+        packed = np.asarray(make())
+        if packed.size != words * self.n:
+            raise AssertionError(f"{name}: {packed.size // self.n} words packed, {words} sized")
+        return self.al.alloc_words(name, packed, "weights", low=low)
+
+    def _linear(self, name: str, ql, k_pad: int, cols_pad: int, col_map=None, rows=None,
+                bias=True):
+        """Store weights block-major (``k_pad`` rows: the input rows, zero-padded; ``rows()``
+        selects and places them) and per-column parameters of ``cols_pad`` columns;
+        ``col_map`` places output column j at padded column ``col_map[j]``; without ``bias``
+        the biases are 0. ``ql``, ``rows`` and ``col_map`` are callables, called only with
+        :attr:`contents` (the shapes-only compile reads no weights)."""
+        n = self.n
+        get = functools.cache(ql)
+
+        def placed():
+            w_in = get().w if rows is None else rows()
+            k, cols = w_in.shape
+            return (np.arange(cols) if col_map is None else np.asarray(col_map())), w_in, k
+
+        def weights():
+            cmap, w_in, k = placed()
+            w = np.zeros((k_pad, cols_pad), np.int64)
+            w[:k, cmap] = w_in
+            return pack_weight_blocks(w, n)
+
+        def params():
+            cmap, _, _ = placed()
+            q = get()
+            bias_v = np.zeros(cols_pad, np.int64)
+            mult = np.zeros(cols_pad, np.int64)
+            shift = np.ones(cols_pad, np.int64)
+            if bias:
+                bias_v[cmap] = q.bias
+            mult[cmap], shift[cmap] = q.mult, q.shift
+            return pack_params(bias_v, mult, shift, n)
+
+        wt = self._store(name + ".w", k_pad * cols_pad // n, weights, low=True)
+        pt = self._store(name + ".p", PARAM_WORDS * cols_pad // n, params)
         return wt, pt, cols_pad
 
-    def _requant_params(self, name: str, mult, shift):
-        """Per-lane ``(mult, shift)`` words for a per-channel REQUANT of d_model lanes."""
-        words = np.zeros(self.d_pad, np.int64)
-        words[:self.cfg.d_model] = pack_requant(mult, shift)
-        return self.al.alloc_words(name, pack_rows(words[None, :], 4, self.n), "weights")
+    def _requant_params(self, name: str, params):
+        """Per-lane ``(mult, shift)`` words for a per-channel REQUANT of d_model lanes
+        (``params()`` gives them, called only with :attr:`contents`)."""
+        def make():
+            mult, shift = params()
+            words = np.zeros(self.d_pad, np.int64)
+            words[:self.cfg.d_model] = pack_requant(mult, shift)
+            return pack_rows(words[None, :], 4, self.n)
+        return self._store(name, row_words(self.d_pad, 4, self.n), make)
 
     def place_layer(self, i: int, shard: Shard) -> LayerWeights:
-        """Store layer ``i``'s share ``shard`` of the weights on this chip."""
+        """Store layer ``i``'s share ``shard`` of the weights on this chip (without
+        :attr:`contents`: only the layer's flags are read, ``ffn16`` and whether it has the
+        post-norm smooth16 requantisations)."""
         cfg, n, L = self.cfg, self.n, self.qm.layers[i]
         dh, dh_pad, d = cfg.d_head, self.dh_pad, cfg.d_model
         heads, hcount = list(shard.heads), len(shard.heads)
@@ -224,54 +260,64 @@ class BlockEmitter:
         p = f"layers.{i}."
         # Q, K and V columns of the local heads, each head padded to dh_pad.
         cols = np.concatenate([np.arange(dh) + h * dh for h in heads])
-        qkv_map = np.concatenate([np.arange(dh) + part * hcount * dh_pad + k * dh_pad
-                                  for part in range(3) for k in range(hcount)])
-        pick = (L.q, L.k, L.v)
-        ql = QLinear(np.concatenate([x.w[:, cols] for x in pick], axis=1),
-                     np.concatenate([x.bias[cols] for x in pick]),
-                     np.concatenate([x.mult[cols] for x in pick]),
-                     np.concatenate([x.shift[cols] for x in pick]), OutMode.INT8)
-        qkv = self._linear(p + "qkv", ql, self.d_pad, qkv_map, 3 * hcount * dh_pad)
+
+        def qkv_ql():
+            pick = (L.q, L.k, L.v)
+            return QLinear(np.concatenate([x.w[:, cols] for x in pick], axis=1),
+                           np.concatenate([x.bias[cols] for x in pick]),
+                           np.concatenate([x.mult[cols] for x in pick]),
+                           np.concatenate([x.shift[cols] for x in pick]), OutMode.INT8)
+
+        def qkv_map():
+            return np.concatenate([np.arange(dh) + part * hcount * dh_pad + k * dh_pad
+                                   for part in range(3) for k in range(hcount)])
+        qkv = self._linear(p + "qkv", qkv_ql, self.d_pad, 3 * hcount * dh_pad, qkv_map)
+
         # Wo rows of the local heads (padded rows of zeros between heads).
-        o_map = np.concatenate([np.arange(dh) + k * dh_pad for k in range(hcount)])
-        wo_rows = np.zeros((hcount * dh_pad, d), np.int64)
-        wo_rows[o_map] = L.o.w[cols]
-        o = self._linear(p + "o", L.o, hcount * dh_pad, rows=wo_rows, bias=shard.bias)
+        def wo_rows():
+            o_map = np.concatenate([np.arange(dh) + k * dh_pad for k in range(hcount)])
+            rows = np.zeros((hcount * dh_pad, d), np.int64)
+            rows[o_map] = L.o.w[cols]
+            return rows
+        o = self._linear(p + "o", lambda: L.o, hcount * dh_pad, self.d_pad, rows=wo_rows,
+                         bias=shard.bias)
         # FFN: W1 columns and W2 rows of the local FFN columns.
         fcols = np.asarray(shard.ffn)
         f_pad = pad_to(len(fcols), n)
-        ffn1 = self._linear(p + "ffn1", QLinear(L.ffn1.w[:, fcols], L.ffn1.bias[fcols],
-                                                L.ffn1.mult[fcols], L.ffn1.shift[fcols],
-                                                OutMode.INT8), self.d_pad)
-        ffn2 = self._linear(p + "ffn2", L.ffn2, f_pad, rows=L.ffn2.w[fcols], bias=shard.bias)
+        ffn1 = self._linear(p + "ffn1", lambda: QLinear(
+            L.ffn1.w[:, fcols], L.ffn1.bias[fcols], L.ffn1.mult[fcols], L.ffn1.shift[fcols],
+            OutMode.INT8), self.d_pad, f_pad)
+        ffn2 = self._linear(p + "ffn2", lambda: L.ffn2, f_pad, self.d_pad,
+                            rows=lambda: L.ffn2.w[fcols], bias=shard.bias)
         # LayerNorm parameters and the activation table (smooth16: the GELU16 knots).
-        ln = [self.al.alloc_words(f"{p}ln{k}.gamma_beta",
-                                  pack_rows(pack_gamma_beta(x.gamma, x.beta)[None, :], 4, n),
-                                  "weights") for k, x in ((1, L.ln1), (2, L.ln2))]
+        ln = [self._store(f"{p}ln{k}.gamma_beta", row_words(d, 4, n),
+                          lambda x=x: pack_rows(pack_gamma_beta(x.gamma, x.beta)[None, :], 4, n))
+              for k, x in ((1, L.ln1), (2, L.ln2))]
         if L.ffn16:
-            lut = self.al.alloc_words(p + "gelu16.lut", pack_rows(L.lut16[None, :], 2, n),
-                                      "weights")
+            lut = self._store(p + "gelu16.lut", row_words(GELU16_KNOTS, 2, n),
+                              lambda: pack_rows(L.lut16[None, :], 2, n))
         else:
-            lut = self.al.alloc_words(p + "lut", pack_rows(L.lut[None, :], 1, n), "weights")
+            lut = self._store(p + "lut", row_words(LUT_ENTRIES, 1, n),
+                              lambda: pack_rows(L.lut[None, :], 1, n))
         w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut)
         if L.ffn16:
             # The hi pass: the same weights, (mult, shift - 8) and no bias.
-            cols = ffn2[2]
-            mult, shift = np.zeros(cols, np.int64), np.ones(cols, np.int64)
-            mult[:d], shift[:d] = L.ffn2.mult, L.ffn2.shift - 8
-            w.ffn2_hi = self.al.alloc_words(
-                p + "ffn2_hi.p", pack_params(np.zeros(cols, np.int64), mult, shift, n),
-                "weights")
+            def hi_params():
+                mult, shift = np.zeros(self.d_pad, np.int64), np.ones(self.d_pad, np.int64)
+                mult[:d], shift[:d] = L.ffn2.mult, L.ffn2.shift - 8
+                return pack_params(np.zeros(self.d_pad, np.int64), mult, shift, n)
+            w.ffn2_hi = self._store(p + "ffn2_hi.p", PARAM_WORDS * self.d_pad // n, hi_params)
         if L.qkv_req is not None:
-            w.qkv_req = self._requant_params(p + "qkv.requant", *L.qkv_req)
+            w.qkv_req = self._requant_params(p + "qkv.requant", lambda: L.qkv_req)
         if L.ffn_req is not None:
-            w.ffn_req = self._requant_params(p + "ffn1.requant", *L.ffn_req)
+            w.ffn_req = self._requant_params(p + "ffn1.requant", lambda: L.ffn_req)
         if reduce:
-            w.o_req = self._requant_params(p + "o.requant", L.o.mult, L.o.shift)
-            w.ffn2_req = self._requant_params(p + "ffn2.requant", L.ffn2.mult, L.ffn2.shift)
+            w.o_req = self._requant_params(p + "o.requant", lambda: (L.o.mult, L.o.shift))
+            w.ffn2_req = self._requant_params(p + "ffn2.requant",
+                                              lambda: (L.ffn2.mult, L.ffn2.shift))
             if L.ffn16:
-                w.ffn2_hi_req = self._requant_params(p + "ffn2_hi.requant", L.ffn2.mult,
-                                                     L.ffn2.shift - 8)
+                w.ffn2_hi_req = self._requant_params(p + "ffn2_hi.requant",
+                                                     lambda: (L.ffn2.mult, L.ffn2.shift - 8))
         return w
 
     # --- activations -----------------------------------------------------------------------

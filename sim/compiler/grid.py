@@ -98,21 +98,24 @@ def _launch_counts(asm) -> dict[str, int]:
 
 def compile_grid(npu: NpuConfig, qm: QModel, grid: Grid, *, strategy: str,
                  seq: int | None = None, samples: int = 1, microbatches: int | None = None,
-                 emitter: type[BlockEmitter] = BlockEmitter,
-                 check: bool = True) -> SystemProgram:
+                 contents: bool = True, check: bool = True,
+                 only: set[int] | None = None) -> SystemProgram:
     """Programs for every chip of ``grid``; ``microbatches`` per replica (default
     ``min(its samples, stages)``; 1 without a pipeline). The microbatches' buffers get a bank
     of their own when there is room (:class:`~sim.compiler.alloc.Allocator`).
 
-    ``emitter``: the block emitter (the planner's places weights without their contents);
-    ``check=False`` skips the compatibility, capacity and program-size checks (the planner
-    names every violated limit itself)."""
-    kw = {"emitter": emitter, "check": check}
+    ``contents=False``: the weights placed without their contents (the planner's shapes-only
+    compile: ``qm`` needs no weight arrays; the same layout and program but for the SET
+    values of the scales); ``check=False`` skips the compatibility, capacity and program-size
+    checks (the planner collects every violated limit itself); ``only``: compile just those
+    chips (the others' programs are None: the planner's one chip per distinct share)."""
+    kw = {"contents": contents, "check": check, "only": only}
     if not check:
         prog = _compile(npu, qm, grid, strategy, seq, samples, microbatches,
                         transfer_bank=True, **kw)
-        if any(c.alloc.overflows for c in prog.chips) and \
-                all(c.alloc.next_word <= npu.sram_words for c in prog.chips):
+        chips = [c for c in prog.chips if c is not None]
+        if any(c.alloc.overflows for c in chips) and \
+                all(c.alloc.next_word <= npu.sram_words for c in chips):
             prog = _compile(npu, qm, grid, strategy, seq, samples, microbatches,
                             transfer_bank=False, **kw)
         return prog
@@ -126,8 +129,8 @@ def compile_grid(npu: NpuConfig, qm: QModel, grid: Grid, *, strategy: str,
                         transfer_bank=False, **kw)
 
 
-def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_bank, emitter,
-             check):
+def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_bank, contents,
+             check, only):
     cfg = qm.cfg
     if check:
         check_single_chip(npu, cfg)
@@ -149,11 +152,13 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
             shards = head_shards(cfg, grid.shards, first, grid.chips)
             for h, shard in enumerate(shards):
                 chip = grid.chip(r, s, h)
+                if only is not None and chip not in only:
+                    continue
                 programs[chip], chip_comms = _stage_program(
                     npu, qm, seq, chip, layers, shard, batches, inputs, outputs,
                     prev=grid.chip(r, s - 1, h) if s > 0 else None,
                     nxt=grid.chip(r, s + 1, h) if s + 1 < grid.stages else None,
-                    ratio=ratio, transfer_bank=transfer_bank, emitter=emitter, check=check,
+                    ratio=ratio, transfer_bank=transfer_bank, contents=contents, check=check,
                     role={"replica": r, "stage": s, "shard": h})
                 # Each all-reduce once (from its group's first chip), every send.
                 comms += [c for c in chip_comms if h == 0 or c["kind"] == "send"]
@@ -169,13 +174,13 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
 
 
 def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, *, prev, nxt,
-                   ratio, transfer_bank, emitter, check, role):
+                   ratio, transfer_bank, contents, check, role):
     """One chip's program: its share of its stage's layers over every microbatch of its
     replica; receives from ``prev`` and sends to ``nxt`` (chip ids, None at the ends)."""
     cfg = qm.cfg
     n, link = npu.array_size, npu.link_bytes_per_cycle
     al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
-    em = emitter(npu, qm, asm, al, seq=seq, chip=chip)
+    em = BlockEmitter(npu, qm, asm, al, seq=seq, chip=chip, contents=contents)
     weights = {i: em.place_layer(i, shard) for i in layers}
     piped = prev is not None or nxt is not None
     xs = [em.alloc_residual(f"x{m}", len(b), multiple=ratio, transfer=piped)
