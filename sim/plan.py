@@ -45,8 +45,6 @@ from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES
 from . import simulate as _simulate
 from .compiler.attention_launch import plan_schedule
 from .compiler.blocks import pad_to
-from .compiler.grid import compile_grid
-from .compiler.hidden import compile_hidden
 from .compiler.program import SystemProgram
 from .compiler.quantize import RELU16_G, QLayer, QLayerNorm, QModel
 from .errors import BadInput
@@ -512,7 +510,7 @@ def _dummy_qmodel(cfg: ModelConfig) -> QModel:
 def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, *,
                    samples: int = 1, microbatches: int | None = None,
                    grid: str | None = None, only: set[int] | None = None) -> SystemProgram:
-    """The programs and layouts ``sim.compiler.strategy.compile_program`` gives ``cfg`` on
+    """The programs and layouts ``sim.strategies.compile_program`` gives ``cfg`` on
     ``chips`` chips, from the shapes alone (no weights, dummy scales; the SET values of the
     scales differ, nothing else): the grid compiler itself, its emitter placing the weights
     without their contents, none of its checks (the planner collects them); ``only``: just
@@ -520,18 +518,9 @@ def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, 
     ``ValueError`` when a program cannot be written (attention that fits no schedule).
     Hidden parallelism: its own compiler (``sim.compiler.hidden``), without contents or checks
     either, on datapaths as wide as the model (the planner names the shards' width limits)."""
-    if strategy not in COMPILED + GRIDS:
-        raise ValueError(f"no compiler for strategy {strategy!r}")
-    if strategy == "hidden":
-        if grid is not None or microbatches is not None:
-            raise ValueError("hidden takes no grid and no microbatches")
-        wide = max(npu.d_head_max, npu.d_model_max, cfg.d_model, cfg.d_head)
-        return compile_hidden(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide),
-                              _dummy_qmodel(cfg), chips, seq=cfg.seq_len, samples=samples,
-                              contents=False, check=False)
-    return compile_grid(npu, _dummy_qmodel(cfg), get_strategy(strategy).layout(chips, grid),
-                        strategy=strategy, seq=cfg.seq_len, samples=samples,
-                        microbatches=microbatches, contents=False, check=False, only=only)
+    return get_strategy(strategy).compile_shapes(
+        npu, _dummy_qmodel(cfg), chips, samples=samples, microbatches=microbatches, grid=grid,
+        only=only)
 
 
 # --- timing ---------------------------------------------------------------------------------
@@ -725,6 +714,10 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
     exact = _hidden_bytes(npu, cfg, chips, per_chip) if name == "hidden" else None
     per_chip = exact or per_chip
     reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
+    try:
+        get_strategy(name).check_quant(cfg.quant)
+    except ValueError as exc:
+        reasons.append(Reason("quant", cfg.quant, None, str(exc)))
     comm, colls, notes = get_strategy(name).comm(npu, cfg, chips, grid)
     if exact:
         notes.append("hidden: per-chip bytes from the shapes-only compile of one layer (the "

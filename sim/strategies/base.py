@@ -127,6 +127,17 @@ class Strategy:
     def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
         raise NotImplementedError
 
+    def compile_shapes(self, npu: NpuConfig, qm: QModel, chips: int, *, samples: int,
+                       microbatches: int | None = None, grid: str | None = None,
+                       only: set[int] | None = None) -> SystemProgram:
+        """The planner's compile: the programs and layouts :meth:`compile` gives, from the
+        shapes alone (``qm`` without weights; its emitters place tensors without contents)
+        and without the checks (the planner collects every violated limit itself);
+        ``only``: just those chips' programs where the compiler can (the others None).
+        ValueError for a strategy the planner times analytically."""
+        raise ValueError(f"no shapes-only compile for strategy {self.name!r} (planned "
+                         "analytically)")
+
     def reference_program(self, npu: NpuConfig, qm: QModel, *, seq: int,
                           samples: int) -> tuple[SystemProgram | None, str]:
         """The one-chip program a multi-chip run's speed-up is measured against, and how it

@@ -48,6 +48,12 @@ class GridStrategy(Strategy):
         return compile_grid(npu, qm, self.layout(chips, grid), strategy=self.name, seq=seq,
                             samples=samples, microbatches=microbatches)
 
+    def compile_shapes(self, npu, qm, chips, *, samples, microbatches=None, grid=None,
+                       only=None):
+        return compile_grid(npu, qm, self.layout(chips, grid), strategy=self.name,
+                            seq=qm.cfg.seq_len, samples=samples, microbatches=microbatches,
+                            contents=False, check=False, only=only)
+
     def comm(self, npu, cfg, chips, grid=None):
         split = self.split(chips, grid)
         # Each replica runs its share of the batch (numpy.array_split: the first the largest).

@@ -4,6 +4,8 @@ partial sums reduced over the ring."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..compiler.blocks import pad_to
 from ..compiler.hidden import check_hidden, compile_hidden, hidden_stats
 from .base import Split, Strategy, register
@@ -28,6 +30,17 @@ class Hidden(Strategy):
     def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
         return compile_hidden(npu, qm, chips, seq=seq, samples=samples,
                               reduce=reduce or "reduce_scatter")
+
+    def compile_shapes(self, npu, qm, chips, *, samples, microbatches=None, grid=None,
+                       only=None):
+        """On datapaths as wide as the model: the planner names the shards' width limits."""
+        if grid is not None or microbatches is not None:
+            raise ValueError("hidden takes no grid and no microbatches")
+        cfg = qm.cfg
+        wide = max(npu.d_head_max, npu.d_model_max, cfg.d_model, cfg.d_head)
+        return compile_hidden(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), qm,
+                              chips, seq=cfg.seq_len, samples=samples, contents=False,
+                              check=False)
 
     def sections(self, prog, comms, res, spans) -> dict:
         return {"hidden": hidden_stats(prog, comms)}

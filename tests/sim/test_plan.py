@@ -16,6 +16,7 @@ from sim.golden.float_model import random_weights
 from sim.iss.timing import time_programs
 from sim.plan import COMPILED, ChipBytes, chip_bytes, compile_shapes, limits, plan, ring_buildable
 from sim.plan import _roles as roles_of
+from sim.simulate import simulate
 from sim.strategies import compile_program
 
 TINY = npu_preset("tiny")
@@ -274,3 +275,29 @@ def test_rejections():
         plan(TINY, small(), chips=1, strategy="tensor")
     with pytest.raises(TypeError, match="npu must be an NpuConfig"):
         plan("tiny", small(), chips=1)
+
+
+# A 2-layer d_model 64 model on a tiny chip with room for its int16 FFN hidden.
+S16_NPU = dataclasses.replace(npu_preset("tiny"), sram_bytes=131072)
+S16_MODEL = dataclasses.replace(model_preset("tiny"), n_layers=2, d_model=64, n_heads=8,
+                                d_head=8, d_ff=128)
+
+
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 4),
+                                             ("pipeline", 2)])
+def test_smooth16_is_planned_as_it_is_compiled(strategy, chips):
+    """smooth16's programs (int16 FFN hidden, GELU16, FFN2 in two passes) are planned from
+    the compiler's own shapes-only compile: their cycles differ from int8's and equal the
+    ISS's timed run (pipelines: the launch-level model, within 1%)."""
+    batch = chips if strategy == "pipeline" else 1
+    cycles = {}
+    for quant in ("int8", "smooth16"):
+        model = dataclasses.replace(S16_MODEL, quant=quant, batch=batch)
+        planned = plan(S16_NPU, model, chips=chips, strategy=strategy).strategies[0]
+        ran = simulate(S16_NPU, model, strategy=strategy, chips=chips, backend="iss",
+                       reference="none")
+        assert ran.golden_match
+        assert abs(planned.predicted_cycles / ran.cycles - 1) <= 0.01, \
+            (quant, planned.predicted_cycles, ran.cycles, planned.timing)
+        cycles[quant] = planned.predicted_cycles
+    assert cycles["smooth16"] > cycles["int8"] * 1.1, cycles

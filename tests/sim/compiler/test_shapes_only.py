@@ -11,9 +11,9 @@ from hw.spec.config import load_model, load_npu
 from hw.spec.isa import Op
 from sim.compiler.grid import compile_grid
 from sim.compiler.quantize import quantize_model
-from sim.compiler.strategy import strategy_grid
 from sim.golden.float_model import random_weights
 from sim.plan import _dummy_qmodel
+from sim.strategies import get
 
 NPU = load_npu("constraints/npu/tiny.toml")
 TINY = load_model("constraints/models/tiny.toml")
@@ -36,7 +36,7 @@ def test_shapes_only_compile_is_the_real_one(quant, norm, strategy, chips):
     cfg = dataclasses.replace(TINY, quant=quant, norm=norm, n_layers=2, batch=chips)
     x = np.random.default_rng(1).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, 0), x)
-    grid = strategy_grid(strategy, chips)
+    grid = get(strategy).layout(chips)
     real = compile_grid(NPU, qm, grid, strategy=strategy, samples=cfg.batch)
     shapes = compile_grid(NPU, _dummy_qmodel(cfg), grid, strategy=strategy,
                           samples=cfg.batch, contents=False, check=False)
@@ -54,7 +54,7 @@ def test_shapes_only_compile_is_the_real_one(quant, norm, strategy, chips):
 
 def test_only_compiles_the_chips_asked_for():
     cfg = dataclasses.replace(TINY, n_layers=2)
-    grid = strategy_grid("head", 4)
+    grid = get("head").layout(4)
     whole = compile_grid(NPU, _dummy_qmodel(cfg), grid, strategy="head", contents=False,
                          check=False)
     some = compile_grid(NPU, _dummy_qmodel(cfg), grid, strategy="head", contents=False,

@@ -7,6 +7,7 @@ import pytest
 
 from hw.spec import model_preset, npu_preset
 from sim.errors import BadInput
+from sim.plan import plan
 from sim.simulate import simulate
 from sim.strategies import GRIDS, NAMES, REGISTRY, get
 from sim.strategies.base import Strategy, register
@@ -71,3 +72,12 @@ def test_a_scheme_the_strategy_does_not_compile_is_refused_by_the_registry(name)
 def test_options_a_strategy_does_not_take_are_refused(name, kw, needle):
     with pytest.raises(BadInput, match=needle):
         simulate(TINY, MODEL, strategy=name, backend="iss", batch=4, reference="none", **kw)
+
+
+def test_the_planner_refuses_a_scheme_the_strategy_does_not_compile():
+    model = dataclasses.replace(MODEL, quant="smooth16")
+    hidden = plan(TINY, model, chips=2, strategy="hidden").strategies[0]
+    assert not hidden.fits
+    assert any("--strategy hidden does not compile quant=\"smooth16\"" in str(r)
+               for r in hidden.reasons), hidden.reasons
+    assert plan(TINY, model, chips=2, strategy="head").strategies[0].fits
