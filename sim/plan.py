@@ -1,6 +1,6 @@
 """``npu plan`` as a function: will a model fit N chips, with which strategy, how fast?
 
-:func:`plan` answers, per strategy (``sim.simulate.STRATEGIES``) and chip count, without
+:func:`plan` answers, per strategy (``sim.strategies``) and chip count, without
 running any RTL and without the model's weights:
 
 - **fits** or not, with every violated limit named (:class:`Reason`): each chip's bytes against
@@ -42,7 +42,6 @@ from hw.spec.memory import PARAM_WORDS, row_words
 from hw.spec.timing.collective import ring_bound_cycles
 from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES
 
-from . import simulate as _simulate
 from .compiler.attention_launch import plan_schedule
 from .compiler.blocks import pad_to
 from .compiler.program import SystemProgram
@@ -51,14 +50,14 @@ from .errors import BadInput
 from .iss.errors import IssError
 from .iss.fast import LaunchTimer, time_programs_fast
 from .iss.timing import time_programs
+from .strategies import GRIDS, NAMES, REGISTRY
 from .strategies import get as get_strategy
 
 __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
            "COMPILED", "chip_bytes", "limits", "ring_buildable"]
 
 #: Strategies whose programs the compiler emits (the others are planned analytically).
-COMPILED = ("single", "head", "pipeline", "data", "hidden")
-GRIDS = ("head+pipeline", "data+head", "data+pipeline")
+COMPILED = tuple(s.name for s in REGISTRY.values() if s.planned == "program")
 #: Programs up to this many chip-cycles are timed by the cycle model (equal to the RTL).
 EXACT_CHIP_CYCLES = 150_000
 #: Chips deep enough to be timed on fewer layers and extended (layers per chip).
@@ -456,18 +455,9 @@ def _attention_limits(npu, cfg, strategy, tokens) -> list[Reason]:
 
 
 def _split_counts(strategy, chips, grid):
-    """(chips splitting heads, pipeline stages, data replicas)."""
-    if strategy in ("head", "hidden"):
-        return chips, 1, 1
-    if strategy == "pipeline":
-        return 1, chips, 1
-    if strategy == "data":
-        return 1, 1, chips
-    if strategy in GRIDS:
-        a, b = grid
-        return {"head+pipeline": (a, b, 1), "data+head": (b, 1, a),
-                "data+pipeline": (1, b, a)}[strategy]
-    return 1, 1, 1
+    """(chips splitting heads, pipeline stages, data replicas): the strategy's own split."""
+    split = get_strategy(strategy).split(chips, grid)
+    return split.shards, split.stages, split.replicas
 
 
 def _features(cfg) -> list[str]:
@@ -604,7 +594,7 @@ def plan(npu: NpuConfig, model: ModelConfig, *, chips: int | None = None,
          min_chips: bool = False, strategy: str = "all",
          exact_chip_cycles: int = EXACT_CHIP_CYCLES) -> PlanReport:
     """Plan ``model`` on ``chips`` chips of ``npu`` (or, ``min_chips``, on the fewest that fit)
-    with ``strategy`` (a name of ``sim.simulate.STRATEGIES``, or ``"all"``)."""
+    with ``strategy`` (a name of ``sim.strategies.NAMES``, or ``"all"``)."""
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
     if not isinstance(model, ModelConfig):
@@ -613,11 +603,10 @@ def plan(npu: NpuConfig, model: ModelConfig, *, chips: int | None = None,
         raise BadInput("give either --chips N or --min-chips")
     if chips is not None and (not isinstance(chips, int) or chips < 1):
         raise BadInput(f"--chips {chips} must be a positive integer")
-    names = _simulate.STRATEGIES if strategy == "all" else (strategy,)
+    names = NAMES if strategy == "all" else (strategy,)
     for name in names:
-        if name not in _simulate.STRATEGIES:
-            raise BadInput(f"strategy {name!r} is not one of all, "
-                           f"{', '.join(_simulate.STRATEGIES)}")
+        if name not in REGISTRY:
+            raise BadInput(f"strategy {name!r} is not one of all, {', '.join(NAMES)}")
     start = time.perf_counter()
     timer = _Timer(npu)
     timer.exact_budget = exact_chip_cycles
@@ -643,12 +632,7 @@ def _grids(chips):
 
 def _search_limit(npu, cfg, name) -> int:
     """The most chips a strategy can use: a head, a layer, a sample, a word, a token each."""
-    n_words = pad_to(cfg.d_model, npu.array_size) // npu.array_size
-    return min(MAX_SEARCH, {
-        "single": 1, "data": cfg.batch, "head": cfg.n_heads, "pipeline": cfg.n_layers,
-        "hidden": n_words, "sequence": cfg.seq_len,
-        "head+pipeline": cfg.n_heads * cfg.n_layers, "data+head": cfg.batch * cfg.n_heads,
-        "data+pipeline": cfg.batch * cfg.n_layers}[name])
+    return min(MAX_SEARCH, get_strategy(name).search_limit(cfg, npu))
 
 
 def _fits_per_chip(npu, cfg, name, chips, grid) -> bool:
