@@ -52,6 +52,7 @@ from .iss.fast import LaunchTimer, time_programs_fast
 from .iss.timing import time_programs
 from .strategies import GRIDS, NAMES, REGISTRY
 from .strategies import get as get_strategy
+from .strategies.roles import Role, cut_points
 
 __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
            "COMPILED", "chip_bytes", "limits", "ring_buildable"]
@@ -179,27 +180,6 @@ class PlanReport:
 
 
 # --- what each chip holds -----------------------------------------------------------------
-@dataclass(frozen=True)
-class Role:
-    """One chip's share of a strategy: what it holds and runs."""
-
-    chip: int
-    layers: int                  # transformer blocks it holds
-    heads: int                   # attention heads of each (whole or, for hidden, pieces)
-    head_width: int              # lanes of each head it runs (d_head, or a hidden slice)
-    d_model: int                 # residual columns it holds (hidden: its slice)
-    ffn: int                     # d_ff columns it holds
-    group: int                   # chips that reduce its partial sums (1: none)
-    tokens: int                  # sequence tokens it runs (sequence: its chunk)
-    samples: tuple               # samples per residual buffer (pipeline: one per microbatch)
-    embeddings: float            # share of the token embedding table (and positions)
-    lm_head: float               # share of the LM head (0 when tied and elsewhere)
-    final_norm: bool
-    transfer: bool = False       # residual buffers in the transfer bank (pipeline stages)
-    hidden: bool = False         # a hidden-dimension share (columns of the residual)
-    halo: int = 0                # K/V rows from neighbours (sequence chunks)
-
-
 def _learned_positions(cfg: ModelConfig) -> bool:
     """GPT-2 and BERT learn a position table (``seq_len`` rows counted); the RMSNorm family
     (Llama) rotates its queries and keys instead (RoPE: no table)."""
@@ -266,90 +246,17 @@ def chip_bytes(npu: NpuConfig, cfg: ModelConfig, role: Role, *, tables: bool = T
     return ChipBytes(role.chip, int(weights), int(kv), int(acts))
 
 
-def _part(total: int, parts: int, k: int) -> int:
-    """Size of part ``k`` of ``numpy.array_split(range(total), parts)``."""
-    q, r = divmod(total, parts)
-    return q + (k < r)
-
-
-def _cut_points(total: int, parts: int) -> set:
-    """Parts at which ``_part`` changes (and the ends): every distinct share is among them."""
-    r = total % parts
-    return {0, max(0, r - 1), min(parts - 1, r), parts - 1}
-
-
 def _roles(npu, cfg, strategy, chips, grid, *, only=None) -> list[Role]:
-    """Each chip's :class:`Role` (the compilers' splits: ``numpy.array_split`` everywhere);
+    """Each chip's :class:`Role` (the strategy's split, ``numpy.array_split`` everywhere);
     ``only``: just those chips (``"cuts"``: one of each distinct share, for searches)."""
-    b, L, H, F, S, d = cfg.batch, cfg.n_layers, cfg.n_heads, cfg.d_ff, cfg.seq_len, cfg.d_model
-    tied = cfg.tie_embeddings
     n = npu.array_size
     if only == "cuts":
-        cuts = {c for total in (H, F, L, S, b, pad_to(d, n) // n)
-                for c in _cut_points(total, max(1, chips))}
+        cuts = {c for total in (cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.seq_len, cfg.batch,
+                                pad_to(cfg.d_model, n) // n)
+                for c in cut_points(total, max(1, chips))}
         only = {c for c in cuts if c < chips}
     picks = range(chips) if only is None else sorted(only)
-
-    def whole(chip, samples, layers=L):
-        return Role(chip, layers, H, cfg.d_head, d, F, 1, S, tuple(samples), 1.0,
-                    0.0 if tied else 1.0, True)
-
-    if strategy == "single":
-        return [whole(0, [b])]
-    if strategy == "data":
-        return [whole(c, [max(1, _part(b, chips, c))]) for c in picks]
-    if strategy == "sequence":
-        halo = 0 if chips == 1 else (cfg.window - 1 if cfg.window else
-                                     _part(S, chips, 0))  # ring attention: a passing chunk
-        halo *= 1 if cfg.causal or not cfg.window else 2
-        return [dataclasses.replace(whole(c, [b]), tokens=max(1, _part(S, chips, c)),
-                                    halo=halo) for c in picks]
-    share = 1.0 / chips
-    if strategy == "head":
-        return [Role(c, L, max(1, _part(H, chips, c)), cfg.d_head, d,
-                     max(1, _part(F, chips, c)), chips, S, (b,), share,
-                     0.0 if tied else share, True) for c in picks]
-    if strategy == "hidden":
-        words = pad_to(d, n) // n
-        return [Role(c, L, H, max(1, math.ceil(cfg.d_head / chips)),
-                     max(1, _part(words, chips, c)) * n, max(1, _part(F, chips, c)), chips, S,
-                     (b,), share, 0.0 if tied else share, True, hidden=True) for c in picks]
-    if strategy == "pipeline":
-        return _stage_roles(cfg, chips, 1, b, picks)
-    a, bb = grid
-    if strategy == "head+pipeline":
-        return _stage_roles(cfg, bb, a, b, picks)
-    out = []
-    for c in picks:
-        r, k = divmod(c, bb)
-        per = max(1, _part(b, a, r))
-        inner = dataclasses.replace(cfg, batch=per)
-        if strategy == "data+head":
-            role = _roles(npu, inner, "head", bb, None, only={k})[0]
-        else:
-            role = _stage_roles(inner, bb, 1, per, [k])[0]
-        out.append(dataclasses.replace(role, chip=c))
-    return out
-
-
-def _stage_roles(cfg, count, group, batch, picks) -> list[Role]:
-    """Pipeline stages (``count`` of them), each ``group`` chips splitting heads; the roles of
-    the chips ``picks`` (stage ``c // group``, member ``c % group``)."""
-    micro = min(batch, count)
-    samples = tuple(_part(batch, micro, m) for m in range(micro))
-    tied = cfg.tie_embeddings
-    share = 1.0 / group
-    out = []
-    for c in picks:
-        s, g = divmod(c, group)
-        last = s == count - 1
-        out.append(Role(c, max(1, _part(cfg.n_layers, count, s)),
-                        max(1, _part(cfg.n_heads, group, g)), cfg.d_head, cfg.d_model,
-                        max(1, _part(cfg.d_ff, group, g)), group, cfg.seq_len, samples,
-                        share if s == 0 else 0.0,
-                        share if last and (not tied or count > 1) else 0.0, last,
-                        transfer=count > 1))
-    return out
+    return get_strategy(strategy).roles(npu, cfg, chips, grid, picks)
 
 
 # --- limits -------------------------------------------------------------------------------
@@ -370,9 +277,9 @@ def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
         out.append(Reason("chips", chips, MAX_CHIPS,
                           f"chips={chips} exceeds the {MAX_CHIPS} chips a ring holds "
                           "(hw.spec.collective.MAX_CHIPS)"))
-    if strategy == "single" and chips != 1:
+    if get_strategy(strategy).one_chip and chips != 1:
         out.append(Reason("chips", chips, 1, f"strategy single runs on 1 chip, not {chips}"))
-    if group > cfg.n_heads and strategy != "hidden":
+    if group > cfg.n_heads and "head" in get_strategy(strategy).parts:
         out.append(Reason("n_heads", cfg.n_heads, group,
                           f"n_heads={cfg.n_heads} is less than the {group} chips splitting "
                           "heads: a head per chip"))
@@ -384,27 +291,27 @@ def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
         out.append(Reason("batch", cfg.batch, replicas,
                           f"batch={cfg.batch} is less than the {replicas} data-parallel "
                           "replicas: a sample per replica"))
-    n = npu.array_size
-    if strategy == "hidden" and pad_to(cfg.d_model, n) // n < chips:
-        out.append(Reason("d_model", cfg.d_model, chips * n,
-                          f"d_model={cfg.d_model} is {pad_to(cfg.d_model, n) // n} words of "
-                          f"{n}: fewer than the {chips} chips splitting it (a word each)"))
+    strat = get_strategy(strategy)
+    tokens = max(r.tokens for r in roles)
+    shares = [Reason(*limit) for limit in strat.share_limits(npu, cfg, chips, tokens)]
+    out += [r for r in shares if r.key != "window"]
+    per_chip_note = " (per chip)" if strat.slices_widths else ""
     width = max(r.head_width for r in roles)
     if width > npu.d_head_max:
         out.append(Reason("d_head", width, npu.d_head_max,
                           f"d_head={width} exceeds the attention datapath's d_head_max="
-                          f"{npu.d_head_max}" + (" (per chip)" if strategy == "hidden" else "")))
+                          f"{npu.d_head_max}" + per_chip_note))
     dm = max(r.d_model for r in roles)
     if dm > npu.d_model_max:
         out.append(Reason("d_model", dm, npu.d_model_max,
                           f"d_model={dm} exceeds the vector unit's d_model_max="
-                          f"{npu.d_model_max}" + (" (per chip)" if strategy == "hidden" else "")))
-    tokens = max(r.tokens for r in roles)
+                          f"{npu.d_model_max}" + per_chip_note))
     if tokens > npu.max_seq_len:
         out.append(Reason("seq_len", tokens, npu.max_seq_len,
                           f"seq_len={tokens} tokens per chip exceed max_seq_len="
                           f"{npu.max_seq_len}"))
-    out += _attention_limits(npu, cfg, strategy, tokens)
+    attention = [r for r in shares if r.key == "window"]
+    out += attention or _attention_limits(npu, cfg, strat.attention_keys(cfg, tokens))
     over = {}
     for c in per_chip:
         if c.total > npu.sram_bytes:
@@ -429,18 +336,11 @@ def _chips(which) -> str:
     return ("chip " if len(which) == 1 else "chips ") + ", ".join(runs)
 
 
-def _attention_limits(npu, cfg, strategy, tokens) -> list[Reason]:
-    """What a chip's attention needs of the K/V ring and the softmax."""
+def _attention_limits(npu, cfg, keys) -> list[Reason]:
+    """What a chip's attention needs of the K/V ring and the softmax, reading ``keys`` keys
+    per query row."""
     w, ring, soft = cfg.window, npu.attn_window, npu.softmax_len
     out = []
-    if strategy == "sequence" and w == 0 and cfg.seq_len > tokens:
-        # Full attention across chunks: ring attention merges partial softmaxes.
-        out.append(Reason("window", 0, ring,
-                          "full attention across sequence chunks needs ring attention's "
-                          "merge of partial softmax results, which the attention unit does "
-                          "not provide (window=0)"))
-        return out
-    keys = cfg.seq_len if strategy != "sequence" else tokens
     visible = keys if w == 0 else (w if cfg.causal else 2 * w - 1)
     try:
         plan_schedule(seq=keys, window=w, causal=cfg.causal, ring=ring)
@@ -562,7 +462,8 @@ def _compiled_cycles(timer, npu, cfg, strategy, chips, samples):
 
 
 def _compile_and_time(timer, npu, cfg, strategy, chips, samples):
-    per_chip = cfg.n_layers if strategy != "pipeline" else math.ceil(cfg.n_layers / chips)
+    per_stage = get_strategy(strategy).split(chips).stages
+    per_chip = math.ceil(cfg.n_layers / per_stage)
     notes = []
 
     def run(model):
@@ -575,7 +476,6 @@ def _compile_and_time(timer, npu, cfg, strategy, chips, samples):
         cycles, how, prog, bigger = run(cfg)
         size = max(len(c.program) for c in prog.chips)
     else:
-        per_stage = chips if strategy == "pipeline" else 1
         (c2, how, p2, bigger), (c4, _, p4, _) = (run(dataclasses.replace(cfg, n_layers=k *
                                                                          per_stage))
                                                  for k in (2, 4))

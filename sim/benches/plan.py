@@ -18,6 +18,7 @@ from hw.spec import ModelConfig, model_preset, npu_preset
 
 from ..plan import plan
 from ..simulate import simulate
+from ..strategies import get
 
 #: Shapes the cycle model was not fitted to (it has no fitted constants; these are new).
 UNSEEN = (
@@ -37,7 +38,7 @@ QUICK = [(dataclasses.replace(UNSEEN[1], n_layers=1, seq_len=8, name="window-4-1
 
 
 def _row(npu, cfg, strategy, chips):
-    batch = chips if strategy == "pipeline" else 1
+    batch = chips if get(strategy).pipelined else 1
     model = dataclasses.replace(cfg, batch=batch)
     planned = plan(npu, model, chips=chips, strategy=strategy).strategies[0]
     fast = plan(npu, model, chips=chips, strategy=strategy,

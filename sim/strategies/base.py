@@ -20,6 +20,7 @@ from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from ..compiler.compat import check_single_chip
 from ..compiler.program import SystemProgram
 from ..compiler.quantize import QModel
+from .roles import Role, whole
 
 __all__ = ["Strategy", "Split", "parse_grid", "REGISTRY", "register"]
 
@@ -159,6 +160,25 @@ class Strategy:
              grid: tuple[int, int] | None = None) -> tuple[int, int, list[str]]:
         """Per layer: (bytes a chip sends, collectives, notes) of the planner's report."""
         return 0, 0, []
+
+    def roles(self, npu: NpuConfig, cfg: ModelConfig, chips: int,
+              grid: tuple[int, int] | None, picks) -> list[Role]:
+        """The :class:`~sim.strategies.roles.Role` of each chip of ``picks``."""
+        return [whole(cfg, c, [cfg.batch]) for c in picks]
+
+    #: Its chips hold slices of d_head and d_model (a width limit is then per chip).
+    slices_widths: bool = False
+
+    def share_limits(self, npu: NpuConfig, cfg: ModelConfig, chips: int,
+                     tokens: int) -> list[tuple[str, object, object, str]]:
+        """Limits of this strategy's split beyond a chip's datapath, as ``(key, value, limit,
+        message)``: a word of d_model per chip, attention across chunks ...; ``tokens``: the
+        most a chip runs."""
+        return []
+
+    def attention_keys(self, cfg: ModelConfig, tokens: int) -> int:
+        """The keys one chip's attention reads per query row when it runs ``tokens``."""
+        return cfg.seq_len
 
     def search_limit(self, cfg: ModelConfig, npu: NpuConfig) -> int:
         """The most chips it can use on ``cfg`` (a head, a layer, a sample ... each)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import register
 from .grid import GridStrategy
+from .roles import part, whole
 
 __all__ = ["DATA"]
 
@@ -20,6 +21,9 @@ class Data(GridStrategy):
             return {}
         return {"data": {"replicas": grid["replicas"],
                          "samples_per_replica": prog.meta["replica_samples"]}}
+
+    def roles(self, npu, cfg, chips, grid, picks):
+        return [whole(cfg, c, [max(1, part(cfg.batch, chips, c))]) for c in picks]
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.batch                      # a sample per chip

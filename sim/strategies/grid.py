@@ -7,10 +7,13 @@ parts' report sections and limits."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..compiler.grid import Grid, compile_grid
 from .base import Split, Strategy, parse_grid
+from .roles import part, stage_roles
 
 __all__ = ["GridStrategy", "Composite"]
 
@@ -60,8 +63,8 @@ class GridStrategy(Strategy):
         samples = max(len(p) for p in np.array_split(range(cfg.batch), split.replicas))
         sent = colls = 0
         notes = []
-        for part in self.parts_of():
-            s, c, n = part.part_comm(npu, cfg, split, samples)
+        for one in self.parts_of():
+            s, c, n = one.part_comm(npu, cfg, split, samples)
             sent, colls, notes = sent + s, colls + c, notes + n
         return sent, colls, notes
 
@@ -96,6 +99,20 @@ class Composite(GridStrategy):
 
     def parts_of(self):
         return (self.first, self.second)
+
+    def roles(self, npu, cfg, chips, grid, picks):
+        a, b = grid
+        if self.first.parts == ("head",):
+            # Pipeline stages of head groups: stage c // a, member c % a.
+            return stage_roles(cfg, b, a, cfg.batch, picks)
+        # Data replicas of the second part: replica c // b runs its share of the batch.
+        out = []
+        for c in picks:
+            r, k = divmod(c, b)
+            inner = dataclasses.replace(cfg, batch=max(1, part(cfg.batch, a, r)))
+            role = self.second.roles(npu, inner, b, None, [k])[0]
+            out.append(dataclasses.replace(role, chip=c))
+        return out
 
     def sections(self, prog, comms, res, spans) -> dict:
         return {**self.first.part_sections(prog, comms, res, spans),

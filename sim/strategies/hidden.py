@@ -5,10 +5,12 @@ partial sums reduced over the ring."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..compiler.blocks import pad_to
 from ..compiler.hidden import check_hidden, compile_hidden, hidden_stats
 from .base import Split, Strategy, register
+from .roles import Role, part
 
 __all__ = ["HIDDEN"]
 
@@ -57,6 +59,25 @@ class Hidden(Strategy):
         return sent, len(msgs), [
             "hidden: 7 collectives per layer: LayerNorm statistics (2), Q.K partial scores "
             "per head, and reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums"]
+
+    def roles(self, npu, cfg, chips, grid, picks):
+        n, share, tied = npu.array_size, 1.0 / chips, cfg.tie_embeddings
+        words = pad_to(cfg.d_model, n) // n
+        return [Role(c, cfg.n_layers, cfg.n_heads, max(1, math.ceil(cfg.d_head / chips)),
+                     max(1, part(words, chips, c)) * n, max(1, part(cfg.d_ff, chips, c)),
+                     chips, cfg.seq_len, (cfg.batch,), share, 0.0 if tied else share, True,
+                     hidden=True) for c in picks]
+
+    slices_widths = True
+
+    def share_limits(self, npu, cfg, chips, tokens):
+        n = npu.array_size
+        words = pad_to(cfg.d_model, n) // n
+        if words >= chips:
+            return []
+        return [("d_model", cfg.d_model, chips * n,
+                 f"d_model={cfg.d_model} is {words} words of {n}: fewer than the {chips} "
+                 "chips splitting it (a word each)")]
 
     def search_limit(self, cfg, npu) -> int:
         return pad_to(cfg.d_model, npu.array_size) // npu.array_size   # a word per chip

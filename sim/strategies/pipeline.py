@@ -10,6 +10,7 @@ from ..compiler.program import SystemProgram
 from ..timeline import COMPUTE_UNITS
 from .base import register
 from .grid import GridStrategy
+from .roles import stage_roles
 
 __all__ = ["PIPELINE", "pipeline_stats"]
 
@@ -63,6 +64,9 @@ class Pipeline(GridStrategy):
         return run // cfg.n_layers, 0, [
             f"pipeline: {run:,} bytes of activations sent between stages per run "
             "(point-to-point, per layer: the share shown)"]
+
+    def roles(self, npu, cfg, chips, grid, picks):
+        return stage_roles(cfg, chips, 1, cfg.batch, picks)
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.n_layers                   # a layer per stage

@@ -4,6 +4,7 @@ on one chip, a sequence beyond ``max_seq_len`` in passes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hw.spec import ConfigError
@@ -12,6 +13,7 @@ from ..compiler.program import SystemProgram
 from ..compiler.sequence import check_sequence, compile_sequence
 from ..timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 from .base import REGISTRY, Split, Strategy, register
+from .roles import part, whole
 
 __all__ = ["SEQUENCE", "sequence_stats"]
 
@@ -71,6 +73,26 @@ class Sequence(Strategy):
         chunk = math.ceil(cfg.seq_len / chips)
         return (chips - 1) * chunk * kv, 0, [
             "sequence: ring attention passes every chunk's K/V around the ring"]
+
+    def roles(self, npu, cfg, chips, grid, picks):
+        S = cfg.seq_len
+        halo = 0 if chips == 1 else (cfg.window - 1 if cfg.window else
+                                     part(S, chips, 0))  # ring attention: a passing chunk
+        halo *= 1 if cfg.causal or not cfg.window else 2
+        return [dataclasses.replace(whole(cfg, c, [cfg.batch]), tokens=max(1, part(S, chips, c)),
+                                    halo=halo) for c in picks]
+
+    def share_limits(self, npu, cfg, chips, tokens):
+        if cfg.window or cfg.seq_len <= tokens:
+            return []
+        # Full attention across chunks: ring attention merges partial softmaxes.
+        return [("window", 0, npu.attn_window,
+                 "full attention across sequence chunks needs ring attention's merge of "
+                 "partial softmax results, which the attention unit does not provide "
+                 "(window=0)")]
+
+    def attention_keys(self, cfg, tokens):
+        return tokens
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.seq_len                    # a token per chip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..compiler.grid import Grid
 from .base import Split, register
 from .grid import GridStrategy
+from .roles import whole
 
 __all__ = ["SINGLE"]
 
@@ -22,6 +23,9 @@ class Single(GridStrategy):
 
     def split(self, chips, grid=None):
         return Split()
+
+    def roles(self, npu, cfg, chips, grid, picks):
+        return [whole(cfg, 0, [cfg.batch])]
 
     def search_limit(self, cfg, npu) -> int:
         return 1
