@@ -9,8 +9,9 @@ from hw.spec import model_preset, npu_preset
 from sim.errors import BadInput
 from sim.plan import plan
 from sim.simulate import simulate
-from sim.strategies import GRIDS, NAMES, REGISTRY, get
+from sim.strategies import GRIDS, NAMES, REGISTRY, get, table
 from sim.strategies.base import Strategy, register
+from tests.helpers import ROOT
 
 TINY = npu_preset("tiny")
 MODEL = dataclasses.replace(model_preset("tiny"), n_layers=2)
@@ -81,3 +82,9 @@ def test_the_planner_refuses_a_scheme_the_strategy_does_not_compile():
     assert any("--strategy hidden does not compile quant=\"smooth16\"" in str(r)
                for r in hidden.reasons), hidden.reasons
     assert plan(TINY, model, chips=2, strategy="head").strategies[0].fits
+
+
+def test_the_docs_table_is_the_registry():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    start = text.index("<!-- strategies table -->\n") + len("<!-- strategies table -->\n")
+    assert text[start:text.index("\n<!-- end strategies table -->")] == table()
