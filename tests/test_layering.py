@@ -1,8 +1,9 @@
 """The tree's layers hold: one direction of dependency, no import cycles (docs/architecture.md).
 
 ``hw/spec`` (plain Python) -> ``hw/`` gateware and ``sim/golden`` -> ``sim/compiler``,
-``sim/iss``, ``sim/rtl`` -> the typed API (``sim/api.py``) -> ``sim/cli``. Every import of every
-module of ``hw`` and ``sim`` is parsed with ``ast``, at module level and inside functions.
+``sim/iss``, ``sim/rtl`` -> the typed API (``sim/api.py``) -> ``sim/cli`` (:data:`LAYERS`).
+Every import of every module of ``hw`` and ``sim`` is parsed with ``ast``, at module level and
+inside functions.
 """
 
 import ast
@@ -172,6 +173,86 @@ def test_no_import_cycles():
 
 def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+#: The layers, lowest first: a module is in the layer of the longest entry it is within (a
+#: module within none is unconstrained) and imports only from its own layer and those below.
+LAYERS = (
+    (
+        "hw.spec",
+    ),
+    (
+        "hw",
+        "sim.golden",
+    ),
+    # The compiler, the ISS, the timing models, the RTL runs; the Verilog export, which the
+    # Verilator backend builds; the errors every layer above raises.
+    (
+        "sim.compiler",
+        "sim.iss",
+        "sim.iss.timing",
+        "sim.iss.engines",
+        "sim.iss.fast",
+        "sim.iss.ring",
+        "sim.rtl",
+        "sim.export",
+        "sim.errors",
+    ),
+    # The typed API and what it re-exports: the flows behind the commands, the planner, the
+    # report and its views, checkpoints and accuracy, sweeps and benchmarks.
+    (
+        "sim.api",
+        "sim.simulate",
+        "sim.plan",
+        "sim.report",
+        "sim.timeline",
+        "sim.plot",
+        "sim.chrome_trace",
+        "sim.collective",
+        "sim.fpga",
+        "sim.board",
+        "sim.bench",
+        "sim.benches",
+        "sim.checkpoint",
+        "sim.accuracy",
+        "sim.sweep",
+    ),
+    (
+        "sim.cli",
+        "sim.__main__",
+    ),
+)
+
+#: The timing models import the functional ISS (its errors), never the other way round.
+TIMING_MODELS = (
+    "sim.iss.timing",
+    "sim.iss.engines",
+    "sim.iss.fast",
+    "sim.iss.ring",
+)
+
+
+def _layer(name: str) -> int | None:
+    best = None
+    for k, entries in enumerate(LAYERS):
+        for entry in entries:
+            if _within(name, entry) and (best is None or len(entry) > len(best[1])):
+                best = (k, entry)
+    return None if best is None else best[0]
+
+
+def test_imports_point_down_the_layers():
+    graph = _graph()
+    up = [f"{name} (layer {_layer(name)}) imports {dep} (layer {_layer(dep)})"
+          for name in sorted(graph) for dep in sorted(graph[name])
+          if _layer(name) is not None and _layer(dep) is not None and _layer(dep) > _layer(name)]
+    assert up == []
+
+
+def test_the_functional_iss_never_imports_the_timing_models():
+    def timing(t):
+        return any(_within(t, m) for m in TIMING_MODELS)
+    assert _violations(lambda n, t: _within(n, "sim.iss") and not timing(n) and timing(t)) == []
 
 
 def test_gateware_never_imports_sim():

@@ -4,16 +4,15 @@
 collectives (``system.py``); one module per unit executes that unit's launches. The ISS never
 imports the compiler: word formats and encodings come from :mod:`hw.spec`.
 
-It is also the timing model: :func:`time_programs` (``timing.py``, with the units' handshakes
-in ``engines.py`` and ``ring.py``) runs the same programs cycle by cycle without their data and
-gives the RTL's cycles, busy counters and traces; :func:`time_programs_fast` (``fast.py``)
+The timing models run the same programs without their data and import this package (for
+:class:`IssError`), never the other way round: :func:`sim.iss.timing.time_programs` (with the
+units' handshakes in :mod:`sim.iss.engines` and :mod:`sim.iss.ring`) walks them cycle by cycle
+and gives the RTL's cycles, busy counters and traces; :func:`sim.iss.fast.time_programs_fast`
 times them launch by launch, for programs far too long to walk cycle by cycle.
 """
 
 from .chip import Iss
 from .errors import IssError
-from .fast import time_programs_fast
 from .system import IssSystem
-from .timing import time_programs
 
-__all__ = ["Iss", "IssSystem", "IssError", "time_programs", "time_programs_fast"]
+__all__ = ["Iss", "IssSystem", "IssError"]

