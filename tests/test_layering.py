@@ -198,10 +198,12 @@ LAYERS = (
         "sim.export",
         "sim.errors",
     ),
-    # The typed API and what it re-exports: the flows behind the commands, the planner, the
-    # report and its views, checkpoints and accuracy, sweeps and benchmarks.
+    # The typed API and what it re-exports: the flows behind the commands, the strategy
+    # registry, the planner, the report and its views, checkpoints and accuracy, sweeps and
+    # benchmarks.
     (
         "sim.api",
+        "sim.strategies",
         "sim.simulate",
         "sim.plan",
         "sim.report",
