@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .attention import POS_BITS
+from .collective import word_bytes as ring_word_bytes
+from .vector import LENGTH_BITS as VECTOR_LENGTH_BITS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -204,6 +208,22 @@ class NpuConfig:
                 "sram_bytes", f"is not a multiple of sram_banks * array_size = "
                 f"{self.sram_banks} * {self.array_size} = {self.sram_banks * self.array_size} "
                 f"(one bank word is one array row of {self.array_size} bytes)")
+        bank_words = self.sram_bytes // self.array_size // self.sram_banks
+        if bank_words & (bank_words - 1):
+            raise self._error(
+                "sram_bytes", f"makes banks of sram_bytes / array_size / sram_banks = "
+                f"{self.sram_bytes} / {self.array_size} / {self.sram_banks} = {bank_words} "
+                "words, not a power of two (a word's bank is its address bits above the bank's)")
+        link = self.link_bytes_per_cycle
+        if link & (link - 1):
+            raise self._error("link_bytes_per_cycle",
+                              "is not a power of two: a ring word is whole link flits")
+        if self.attn_window > 1 << POS_BITS:
+            raise self._error("attn_window", f"exceeds the attention buffer's {POS_BITS}-bit "
+                              f"positions ({1 << POS_BITS} keys)")
+        if self.d_model_max >= 1 << VECTOR_LENGTH_BITS:
+            raise self._error("d_model_max", f"exceeds the vector unit's {VECTOR_LENGTH_BITS}-bit "
+                              f"row length ({(1 << VECTOR_LENGTH_BITS) - 1})")
         if self.attn_window > self.max_seq_len:
             raise self._error("attn_window", f"exceeds max_seq_len {self.max_seq_len}")
         if self.softmax_len < self.attn_window:
@@ -251,6 +271,49 @@ class NpuConfig:
     @property
     def peak_macs_per_cycle(self) -> int:
         return self.array_size ** 2
+
+    # --- what the chip's gateware needs beyond a valid file -------------------------------
+    # A file that breaks these still loads: the planner plans chips that are not built (the
+    # lpu-like preset), and one chip runs without a ring port in the models.
+
+    @property
+    def ring_word_bytes(self) -> int:
+        """Bytes of a word on the ring (the collective engine's, ``max(2 * link, 8)``)."""
+        return ring_word_bytes(self.link_bytes_per_cycle)
+
+    def ring_port_error(self) -> ConfigError | None:
+        """Why the chip's ring port (COLL, SEND, RECV; ``hw/tile/chip.py``) cannot be built,
+        or None: its words must be whole scratchpad words of ``array_size`` bytes."""
+        if self.ring_word_bytes % self.word_bytes:
+            return self._error(
+                "link_bytes_per_cycle",
+                f"makes ring words of max(2 * link_bytes_per_cycle, 8) = {self.ring_word_bytes} "
+                f"bytes, not a multiple of the scratchpad word of array_size={self.array_size} "
+                "bytes: the chip's ring port cannot be built")
+        return None
+
+    @property
+    def ring_port_buildable(self) -> bool:
+        """:meth:`ring_port_error` is None: programs of more than one chip can be built."""
+        return self.ring_port_error() is None
+
+    def lanes_error(self) -> ConfigError | None:
+        """Why the chip's word-wide vector path cannot be built, or None."""
+        if self.vector_lanes != self.array_size:
+            return self._error("vector_lanes", f"must equal array_size={self.array_size}: the "
+                               "chip moves one scratchpad word per lane group")
+        return None
+
+    def chip_error(self) -> ConfigError | None:
+        """Why :class:`hw.tile.chip.Chip` cannot be built from this NPU, or None: the vector
+        path (:meth:`lanes_error`), whole-word attention rows, the ring port
+        (:meth:`ring_port_error`)."""
+        if (error := self.lanes_error()) is not None:
+            return error
+        if self.d_head_max % self.array_size:
+            return self._error("d_head_max", f"must be a multiple of array_size="
+                               f"{self.array_size}: attention rows are whole words")
+        return self.ring_port_error()
 
 
 _MODEL_SCHEMA = {

@@ -9,11 +9,28 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["row_words", "pack_rows", "unpack_rows", "pack_params", "pack_weight_blocks",
-           "PARAM_WORDS"]
+__all__ = ["bank_shift", "bank_of", "row_words", "pack_rows", "unpack_rows", "pack_params",
+           "pack_weight_blocks", "PARAM_WORDS"]
 
 PARAM_WORDS = 7
 _DTYPES = {1: np.int8, 2: np.int16, 4: np.int32}
+
+
+def bank_shift(bank_words: int) -> int:
+    """Bits of a word address below its bank number: banks hold contiguous ranges of
+    ``bank_words`` words, a power of two, so word ``addr`` is in bank ``addr >> bank_shift``
+    (:func:`bank_of`) at row ``addr % bank_words`` of it. The scratchpad
+    (``hw/tile/scratchpad.py``) decodes the bank as the address bits from this one up; the
+    cycle models and the allocator call :func:`bank_of`."""
+    if not isinstance(bank_words, int) or bank_words < 1 or bank_words & (bank_words - 1):
+        raise ValueError(f"bank depth words/banks = {bank_words} must be a power of two")
+    return (bank_words - 1).bit_length()
+
+
+def bank_of(addr, bank_words: int):
+    """The bank of word address ``addr`` (an int or a NumPy integer array): ``addr >>
+    bank_shift(bank_words)``."""
+    return addr >> bank_shift(bank_words)
 
 
 def row_words(cols: int, elem_bytes: int, word_bytes: int) -> int:

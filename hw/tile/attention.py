@@ -12,20 +12,24 @@ from ..arith import lut_product, tree_sum
 from ..layouts import lanes_layout
 from ..spec.attention import POS_BITS
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
+from ..spec.timing.chip import (
+    ATTN_DOT_CYCLES,
+    ATTN_PARTIAL_CYCLES,
+    ATTN_PV_CYCLES,
+    ATTN_REDUCED_CYCLES,
+    check_built,
+)
 
 __all__ = ["AttentionBuffer", "kv_layout", "q_layout", "raw_layout", "scores_layout",
-           "probs_layout", "out_layout", "SCORE_LATENCY", "PARTIAL_LATENCY",
-           "REDUCED_LATENCY", "PV_LATENCY"]
+           "probs_layout", "out_layout"]
 
-# Fixed pipeline overheads (cycles) on top of the W-cycle sweeps; see the class docstring.
-#: ``i_q`` transfer to ``o_scores`` transfer, normal mode: ``W + SCORE_LATENCY``.
-SCORE_LATENCY = 5
-#: ``i_q`` transfer to ``o_partial`` transfer, split-score mode: ``W + PARTIAL_LATENCY``.
-PARTIAL_LATENCY = 4
-#: ``i_reduced`` transfer to ``o_scores`` transfer, split-score mode: ``W + REDUCED_LATENCY``.
-REDUCED_LATENCY = 2
-#: ``i_probs`` transfer to ``o_out`` transfer: ``W + PV_LATENCY``.
-PV_LATENCY = 3
+# The pipeline registers behind each sweep (see the class docstring), named in the order a lane
+# passes them. A result is offered one cycle after its last lane leaves them (the FSM's state
+# register); the fixed overheads on top of the W-cycle sweeps are the timing constants of
+# hw.spec.timing.chip, checked against these at construction.
+_DOT_STAGES = ("K read", "products", "dot sum")     # v1, v2, v3
+_REQUANT_STAGES = ("requantiser",)                  # va
+_PV_STAGES = ("V read", "products")                 # pv1, pv2
 
 
 def kv_layout(d_head):
@@ -128,21 +132,26 @@ class AttentionBuffer(wiring.Component):
     per cycle (D unsigned-8 x int8 MACs into D int32 accumulators). Each sweep takes W cycles
     plus a fixed pipeline overhead; with every stream ready (transfer-to-transfer):
 
-    - normal query: ``i_q`` -> ``o_scores`` in ``W + SCORE_LATENCY`` (= W + 5) cycles;
-    - split query: ``i_q`` -> ``o_partial`` in ``W + PARTIAL_LATENCY`` (= W + 4), ``i_reduced``
-      -> ``o_scores`` in ``W + REDUCED_LATENCY`` (= W + 2) (the requantiser sweeps the row);
-    - ``i_probs`` -> ``o_out`` in ``W + PV_LATENCY`` (= W + 3).
+    - normal query: ``i_q`` -> ``o_scores`` in ``W + ATTN_DOT_CYCLES`` (= W + 5) cycles;
+    - split query: ``i_q`` -> ``o_partial`` in ``W + ATTN_PARTIAL_CYCLES`` (= W + 4),
+      ``i_reduced`` -> ``o_scores`` in ``W + ATTN_REDUCED_CYCLES`` (= W + 2) (the requantiser
+      sweeps the row);
+    - ``i_probs`` -> ``o_out`` in ``W + ATTN_PV_CYCLES`` (= W + 3).
+
+    The constants are :mod:`hw.spec.timing.chip`'s: one cycle per pipeline register of the
+    sweep (K read, products, dot sum, requantiser; V read, products) and one for the state that
+    offers the result. The constructor refuses constants that do not match these registers.
 
     The sweeps use different memories, so the score sweep of the next query overlaps the P.V
     sweep of the previous one. Per query, with a softmax that answers the cycle after the score
     row (each cycle it takes longer adds one):
 
     - back-to-back queries (no K/V write between them: bidirectional attention, or queries over
-      already loaded keys): ``W + SCORE_LATENCY + 1`` (= W + 6) cycles; ideal W (two D-wide MAC
+      already loaded keys): ``W + ATTN_DOT_CYCLES + 1`` (= W + 6) cycles; ideal W (two D-wide MAC
       arrays, W*D MACs each);
     - interleaved causal prefill or decode (write token t, query t): the write of token t+1
       overwrites a key that query t sees, so it waits for query t's ``o_out``:
-      ``2W + SCORE_LATENCY + PV_LATENCY + 3`` (= 2W + 11) cycles per token; ideal 2W.
+      ``2W + ATTN_DOT_CYCLES + ATTN_PV_CYCLES + 3`` (= 2W + 11) cycles per token; ideal 2W.
 
     A finished score row waits in the unit while the probabilities of the previous row are
     outstanding (one row in the softmax at a time). ``last`` on ``i_reduced`` and ``i_probs``
@@ -160,6 +169,14 @@ class AttentionBuffer(wiring.Component):
                              f"needs a lane of the score row")
         if window > 1 << POS_BITS:
             raise ValueError(f"window={window} exceeds the {POS_BITS}-bit position range")
+        for name, value, stages in (
+                ("ATTN_DOT_CYCLES", ATTN_DOT_CYCLES, _DOT_STAGES + _REQUANT_STAGES),
+                ("ATTN_PARTIAL_CYCLES", ATTN_PARTIAL_CYCLES, _DOT_STAGES),
+                ("ATTN_REDUCED_CYCLES", ATTN_REDUCED_CYCLES, _REQUANT_STAGES),
+                ("ATTN_PV_CYCLES", ATTN_PV_CYCLES, _PV_STAGES)):
+            check_built(name, value, len(stages) + 1,
+                        f"cycles ({', '.join(stages)}, the offering state)",
+                        "hw/tile/attention.py")
         self._window, self._d_head, self._length = window, d_head, length
         super().__init__({
             "i_kv": In(stream.Signature(kv_layout(d_head))),

@@ -19,7 +19,6 @@ from ..ring.collective import CollectiveEngine
 from ..ring.router import Router, tag_layout
 from ..spec import NpuConfig
 from ..spec.collective import Kind
-from ..spec.collective import word_bytes as coll_word_bytes
 from ..spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
@@ -93,7 +92,9 @@ class Chip(wiring.Component):
     (:class:`hw.system.ChipSystem`), and tie ``chip_id`` to i. A router
     (:class:`~hw.ring.router.Router`) delivers the words for this chip to the collective engine,
     the receive unit or the send unit's clear-to-send flags, and forwards the rest (see
-    ``hw.spec.ring``). ``D`` must be a multiple of the scratchpad word.
+    ``hw.spec.ring``). ``D`` must be a multiple of the scratchpad word
+    (:meth:`~hw.spec.NpuConfig.ring_port_error`; the constructor raises
+    :meth:`~hw.spec.NpuConfig.chip_error`).
 
     ``coll_avg=False`` builds the collective engine without AVG's divider (an FPGA build:
     :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
@@ -102,19 +103,9 @@ class Chip(wiring.Component):
     def __init__(self, *, npu: NpuConfig, coll_avg: bool = True):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
-        if npu.vector_lanes != npu.array_size:
-            raise ValueError(f"vector_lanes={npu.vector_lanes} must equal array_size="
-                             f"{npu.array_size}: the chip moves one scratchpad word per lane "
-                             "group")
-        if npu.d_head_max % npu.array_size:
-            raise ValueError(f"d_head_max={npu.d_head_max} must be a multiple of array_size="
-                             f"{npu.array_size}: attention rows are whole words")
-        self._coll_bytes = coll_word_bytes(npu.link_bytes_per_cycle)
-        if self._coll_bytes % npu.word_bytes:
-            raise ValueError(f"the collective engine's word of {self._coll_bytes} bytes "
-                             f"(max(2 * link_bytes_per_cycle={npu.link_bytes_per_cycle}, 8)) "
-                             f"must be a multiple of the scratchpad word of {npu.word_bytes} "
-                             "bytes (array_size)")
+        if (error := npu.chip_error()) is not None:
+            raise error
+        self._coll_bytes = npu.ring_word_bytes
         self._npu = npu
         self._coll_avg = bool(coll_avg)
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,

@@ -11,6 +11,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from ..arith import lut_product
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
+from ..spec.timing.chip import check_built
 from ..spec.timing.matmul import REQUANT_LATENCY, array_latency, unit_latency
 
 #: Low bits of the requantiser's 32-bit operand taken unsigned into the first DSP: 17 + 1 sign
@@ -264,16 +265,20 @@ class Requantizer(wiring.Component):
         Values within the range of the mode (int32 for RAW).
     """
 
+    #: The pipeline stages :meth:`elaborate` builds, in order: ``REQUANT_LATENCY`` of them
+    #: (checked at construction).
+    _STAGES = ("bias add", "partial products", "sum and rounding", "shift and saturate")
+
     def __init__(self, *, size):
         _check_size(size)
+        check_built("REQUANT_LATENCY", REQUANT_LATENCY, len(self._STAGES),
+                    f"stages ({', '.join(self._STAGES)})", "hw/tile/matmul.py")
         self._size = size
         super().__init__({
             "i": In(stream.Signature(acc_layout(size))),
             "i_param": In(stream.Signature(param_layout(size))),
             "o": Out(stream.Signature(acc_layout(size))),
         })
-
-    LATENCY = REQUANT_LATENCY
 
     def elaborate(self, platform):
         m = Module()

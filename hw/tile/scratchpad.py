@@ -3,7 +3,8 @@
 The scratchpad is ``banks`` banks of :class:`amaranth.lib.memory.Memory`, each with one
 synchronous read port and one write port (simple dual-port block RAM). A word is one row of the
 matmul array (``word_bytes`` = N bytes). Banks hold contiguous address ranges (bank
-``addr >> log2(bank_words)``), so the compiler can keep concurrent streams in different banks.
+``addr >> log2(bank_words)``: :func:`hw.spec.memory.bank_shift`), so the compiler can keep
+concurrent streams in different banks.
 
 Units never see addresses: they are reached through *read ports* (an address stream in, a word
 stream out) and *write ports* (an address-and-word stream in), each fed by an :class:`AddrGen`
@@ -17,6 +18,8 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..spec.isa import ADDR_LEVELS, COUNT_BITS
+from ..spec.memory import bank_shift
+from ..spec.timing.chip import READ_FIFO_DEPTH, READ_LATENCY, check_built
 
 __all__ = ["desc_layout", "addr_layout", "AddrGen", "Scratchpad",
            "ReadPortSignature", "WritePortSignature"]
@@ -187,10 +190,11 @@ class Scratchpad(wiring.Component):
     it; the others wait (``ready`` low). Different banks serve different ports in the same
     cycle. The schedule stays data-independent because addresses are static.
 
-    A read port returns words in request order; a read taken in cycle t is in the port's output
-    FIFO in cycle t + 2 and on ``o_data`` then (FIFO of 4 words per port, so a port keeps one read
-    per cycle under no backpressure). ``last`` travels with the address. A read and a write of
-    the same word in the same cycle read the old word.
+    A read port returns words in request order; a read taken in cycle t is in the port's output FIFO
+    in cycle t + 2 and on ``o_data`` then (``hw.spec.timing.chip.READ_LATENCY``: the bank's read
+    register, then the FIFO; the FIFO holds ``READ_FIFO_DEPTH`` = 4 words per port, counting the
+    read in flight, so a port keeps one read per cycle under no backpressure). ``last`` travels with
+    the address. A read and a write of the same word in the same cycle read the old word.
 
     Members
     -------
@@ -198,7 +202,9 @@ class Scratchpad(wiring.Component):
     wr : ``Out(WritePortSignature(addr_bits, 8*word_bytes)).array(write_ports)``
     """
 
-    FIFO_DEPTH = 4
+    #: The registers between a read's grant and its word on ``o_data``, which make
+    #: ``READ_LATENCY`` (checked at construction).
+    _READ_STAGES = ("bank read", "FIFO write")
 
     def __init__(self, *, words, banks, word_bytes, read_ports, write_ports):
         for name, value in (("words", words), ("banks", banks), ("word_bytes", word_bytes),
@@ -207,8 +213,11 @@ class Scratchpad(wiring.Component):
         if words % banks:
             raise ValueError(f"words={words} is not a multiple of banks={banks}")
         bank_words = words // banks
-        if bank_words & (bank_words - 1):
-            raise ValueError(f"bank depth words/banks = {bank_words} must be a power of two")
+        self._bank_shift = bank_shift(bank_words)
+        check_built("READ_LATENCY", READ_LATENCY, len(self._READ_STAGES),
+                    f"cycles of read latency ({', '.join(self._READ_STAGES)})",
+                    "hw/tile/scratchpad.py")
+        self._fifo_depth = READ_FIFO_DEPTH
         self._words, self._banks, self._bank_words = words, banks, bank_words
         self._word_bits = 8 * word_bytes
         self._addr_bits = max(1, (words - 1).bit_length())
@@ -225,7 +234,7 @@ class Scratchpad(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         nb = self._banks
-        low_bits = (self._bank_words - 1).bit_length()
+        low_bits = self._bank_shift
         mems = []
         for b in range(nb):
             mem = Memory(shape=unsigned(self._word_bits), depth=self._bank_words, init=[])
@@ -241,13 +250,13 @@ class Scratchpad(wiring.Component):
         taken_by = [[Signal(name=f"rd{k}_bank{b}") for b in range(nb)]
                     for k in range(self._read_ports)]
         for k, port in enumerate(self.rd):
-            fifo = SyncFIFO(width=self._word_bits + 1, depth=self.FIFO_DEPTH)
+            fifo = SyncFIFO(width=self._word_bits + 1, depth=self._fifo_depth)
             m.submodules[f"rd{k}_fifo"] = fifo
             inflight = Signal(name=f"rd{k}_inflight")
             inflight_bank = Signal(range(max(nb, 2)), name=f"rd{k}_from")
             inflight_last = Signal(name=f"rd{k}_last")
             room = Signal(name=f"rd{k}_room")
-            m.d.comb += room.eq(fifo.level + inflight < self.FIFO_DEPTH)
+            m.d.comb += room.eq(fifo.level + inflight < self._fifo_depth)
             request = port.i_addr.valid & room
             bank = bank_of(port.i_addr.payload.addr)
             granted = Signal(name=f"rd{k}_granted")

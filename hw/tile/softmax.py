@@ -19,11 +19,13 @@ from ..spec.softmax import (
     max_sum_exponent,
     sum_bits,
 )
+from ..spec.timing.chip import SOFTMAX_STAGES, check_built
 
 __all__ = ["SoftmaxUnit"]
 
-#: Pipeline stages a row passes through (max, log2, exp+sum, reciprocal, normalise).
-STAGES = 5
+#: The row stages :meth:`SoftmaxUnit.elaborate` builds, in order; their count is the spec's
+#: ``SOFTMAX_STAGES``, checked at construction.
+_ROW_STAGES = ("max", "log2", "exp and sum", "reciprocal", "normalise")
 
 
 class SoftmaxUnit(wiring.Component):
@@ -54,9 +56,10 @@ class SoftmaxUnit(wiring.Component):
 
     Micro-architecture and timing
     -----------------------------
-    Five row stages in a lock-step pipeline, each holding one row in a register that rotates
-    ``P`` lanes per cycle (no wide multiplexers, no per-lane dividers; the only per-lane-copy
-    resources are ``P`` exp tables, ``P`` 12x15 and ``P`` 16x13 multipliers):
+    Five row stages (``hw.spec.timing.chip.SOFTMAX_STAGES``) in a lock-step pipeline, each holding
+    one row in a register that rotates ``P`` lanes per cycle (no wide multiplexers, no per-lane
+    dividers; the only per-lane-copy resources are ``P`` exp tables, ``P`` 12x15 and ``P`` 16x13
+    multipliers):
 
     1. running maximum over the visible lanes;
     2. ``y = (M - s) * log2(e)`` per lane, written back in place;
@@ -92,6 +95,8 @@ class SoftmaxUnit(wiring.Component):
                              f"not {lanes_per_cycle}")
         self._length = length
         self._lanes = lanes_per_cycle
+        check_built("SOFTMAX_STAGES", SOFTMAX_STAGES, len(_ROW_STAGES),
+                    f"row stages ({', '.join(_ROW_STAGES)})", "hw/tile/softmax.py")
         super().__init__({
             "i": In(stream.Signature(lanes_layout(signed(SCORE_BITS), length,
                                                   mask=data.ArrayLayout(1, length)))),
@@ -137,8 +142,8 @@ class SoftmaxUnit(wiring.Component):
     @property
     def latency(self) -> int:
         """Cycles from the cycle a row is accepted on ``i`` to the first cycle it is valid on
-        ``o``: ``5 * L / P + 1``."""
-        return STAGES * self.slot_cycles + 1
+        ``o``: ``SOFTMAX_STAGES * L / P + 1`` (= ``5 * L / P + 1``)."""
+        return SOFTMAX_STAGES * self.slot_cycles + 1
 
     def elaborate(self, platform):
         m = Module()
@@ -154,8 +159,8 @@ class SoftmaxUnit(wiring.Component):
         run = Signal()
         step = Signal()     # the lane-serial stages process beat `cnt` in this cycle
         dstep = Signal()    # the divider computes divide_bits quotient bits this cycle
-        v = [Signal(name=f"valid{k}") for k in range(STAGES)]
-        last = [Signal(name=f"last{k}") for k in range(STAGES)]
+        v = [Signal(name=f"valid{k}") for k in range(SOFTMAX_STAGES)]
+        last = [Signal(name=f"last{k}") for k in range(SOFTMAX_STAGES)]
 
         m.d.comb += [
             boundary.eq(cnt == T - 1),
@@ -304,8 +309,8 @@ class SoftmaxUnit(wiring.Component):
                     # taken at once.
                     cnt.eq(Mux(self.i.valid | Cat(v[:-1]).any(), 0, T - 1)),
                 ]
-                m.d.sync += [v[k + 1].eq(v[k]) for k in range(STAGES - 1)]
-                m.d.sync += [last[k + 1].eq(last[k]) for k in range(STAGES - 1)]
+                m.d.sync += [v[k + 1].eq(v[k]) for k in range(SOFTMAX_STAGES - 1)]
+                m.d.sync += [last[k + 1].eq(last[k]) for k in range(SOFTMAX_STAGES - 1)]
                 for j in range(L):
                     m.d.sync += [
                         buf0[j].eq(self.i.payload.data[j]), msk0[j].eq(self.i.payload.mask[j]),

@@ -14,6 +14,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..layouts import spad_word_layout
 from ..spec.isa import COUNT_BITS
+from ..spec.timing.chip import VEC_OUT_FIFO_DEPTH
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
 from ..spec.vector_engine import (
     ELEM_BYTES,
@@ -110,12 +111,6 @@ def _unpack(m, flat, dst, code, lanes):
                         flat[8 * eb * j:8 * eb * (j + 1)].as_signed())
 
 
-#: Result beats buffered between the unit and the packer: the unit's pipeline stalls as a
-#: whole when its output is full, so without this buffer a slow packer (4 words per beat for
-#: int32 data) would also stall the input side and the row period would exceed the slowest
-#: stream's words per row. With it, :func:`hw.spec.timing.vector.launch_cycles` holds exactly.
-OUT_FIFO_DEPTH = 4
-
 
 class VectorEngine(wiring.Component):
     """Launch-configured wrapper of :class:`~hw.tile.vector.VectorUnit` for the chip.
@@ -149,9 +144,13 @@ class VectorEngine(wiring.Component):
 
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
-    while the unit finishes the previous row); results pass an :data:`OUT_FIFO_DEPTH`-beat FIFO to
-    the packer. From the configuration beat the first command is offered the next cycle; the first
-    result word leaves about 7 cycles after the first input word arrives.
+    while the unit finishes the previous row); results pass a FIFO of
+    :data:`hw.spec.timing.chip.VEC_OUT_FIFO_DEPTH` (4) beats to the packer: the unit's pipeline
+    stalls as a whole when its output is full, so without it a slow packer (4 words per beat for
+    int32 data) would also stall the input side and the row period would exceed the slowest stream's
+    words per row. With it, :func:`hw.spec.timing.vector.launch_cycles` holds exactly. From the
+    configuration beat the first command is offered the next cycle; the first result word leaves
+    about 7 cycles after the first input word arrives.
 
     Members
     -------
@@ -166,6 +165,7 @@ class VectorEngine(wiring.Component):
         check_sizes(lanes, d_model_max, min_lanes=2)
         self._lanes = lanes
         self._d_model_max = d_model_max
+        self._out_fifo_depth = VEC_OUT_FIFO_DEPTH
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout())),
             "i_a": In(stream.Signature(spad_word_layout(lanes))),
@@ -288,7 +288,7 @@ class VectorEngine(wiring.Component):
         # ---- results: one unit beat -> d_bytes data words and one q word ------------------
         uo = unit.o_data
         u_valid, u_ready, raw = _fifo(m, "fifo_o", uo.valid, uo.ready, uo.payload.as_value(),
-                                      OUT_FIFO_DEPTH)
+                                      self._out_fifo_depth)
         u_payload = Signal(uo.payload.shape())
         m.d.comb += u_payload.eq(raw)
         beat = Signal(data.ArrayLayout(unsigned(32), n))

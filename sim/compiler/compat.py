@@ -10,7 +10,7 @@ from .attention_launch import plan_schedule
 #: smooth16's FFN2 lo pass sums d_ff products of 255 x (-128..127) in int32: at most this d_ff.
 SMOOTH16_D_FF_MAX = (1 << 16) - 1
 
-__all__ = ["check_single_chip", "SMOOTH16_D_FF_MAX"]
+__all__ = ["check_single_chip", "check_ring_port", "SMOOTH16_D_FF_MAX"]
 
 
 def check_single_chip(npu: NpuConfig, cfg: ModelConfig):
@@ -39,7 +39,12 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig):
     if cfg.quant == "smooth16" and cfg.d_ff > SMOOTH16_D_FF_MAX:
         refuse("d_ff", cfg.d_ff, f"exceeds {SMOOTH16_D_FF_MAX} for quant=\"smooth16\": the FFN2 "
                "lo pass's int32 sum of d_ff products of 255 x 128 would overflow", cfg.path)
-    if npu.vector_lanes != npu.array_size:
-        refuse("vector_lanes", npu.vector_lanes,
-               f"must equal array_size={npu.array_size} for the chip's word-wide vector path",
-               npu.path)
+    if (error := npu.lanes_error()) is not None:
+        raise error
+
+
+def check_ring_port(npu: NpuConfig, chips: int):
+    """A program of ``chips`` chips needs the chip's ring port (COLL, SEND, RECV):
+    :meth:`~hw.spec.NpuConfig.ring_port_error` as a :class:`ConfigError` when ``chips > 1``."""
+    if chips > 1 and (error := npu.ring_port_error()) is not None:
+        raise error

@@ -40,7 +40,7 @@ from . import p2p_launch as pl
 from .alloc import Allocator
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
-from .compat import check_single_chip
+from .compat import check_ring_port, check_single_chip
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QModel
 
@@ -134,6 +134,7 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
     cfg = qm.cfg
     if check:
         check_single_chip(npu, cfg)
+        check_ring_port(npu, grid.chips)
     seq = cfg.seq_len if seq is None else seq
     stages = stage_layers(cfg, grid.stages)
     replica_samples = split_batch(samples, grid.replicas, "replicas (data parallelism)")

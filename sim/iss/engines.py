@@ -324,7 +324,7 @@ class AttentionModel:
         # Softmax.
         if run:
             if boundary:
-                busy = sm_in or smv[0] or smv[1] or smv[2] or smv[3]
+                busy = sm_in or any(smv[:-1])
                 self.sm_cnt = 0 if busy else T - 1
                 if smv[-1]:
                     self.sm_ovalid = True

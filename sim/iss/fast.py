@@ -38,6 +38,7 @@ from hw.spec.isa import (
     Unit,
     decode,
 )
+from hw.spec.memory import bank_of
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import chip as chip_timing
 from hw.spec.timing import vector as vec_timing
@@ -121,8 +122,8 @@ class LaunchTimer:
         lo, hi, _ = _extent(regs, gen)
         if self.npu.sram_banks == 1:
             return (0, 0)
-        bw = self.bank_words
-        return (lo % self.npu.sram_words) // bw, (hi % self.npu.sram_words) // bw
+        words = self.npu.sram_words
+        return bank_of(lo % words, self.bank_words), bank_of(hi % words, self.bank_words)
 
     def _share(self, regs, a, b) -> bool:
         (a0, a1), (b0, b1) = self._banks(regs, a), self._banks(regs, b)

@@ -45,6 +45,7 @@ from hw.spec.isa import (
     Unit,
     decode,
 )
+from hw.spec.memory import bank_of
 from hw.spec.ring import coll_dest
 from hw.spec.timing.chip import READ_FIFO_DEPTH
 
@@ -144,7 +145,7 @@ class ChipModel:
         self.launches = []
         self.issue = []
         self._open = {}                  # unit bit -> index in launches of its running launch
-        self._bank_shift = (npu.bank_words - 1).bit_length() if npu.sram_banks > 1 else None
+        self._bank_words = npu.bank_words if npu.sram_banks > 1 else None
         self._addr_bits = npu.sram_addr_bits
         self._cache = {}
         self._starts = []
@@ -162,10 +163,10 @@ class ChipModel:
                 addrs = addr_sequence(key[0], key[1], key[2], self._addr_bits, *key[3])
             except AddressError as exc:
                 raise IssError(f"chip {self.chip} pc {self.pc}: {gen}: {exc}") from None
-            if self._bank_shift is None:
+            if self._bank_words is None:
                 banks = [0] * len(addrs)
             else:
-                banks = (addrs >> self._bank_shift).tolist()
+                banks = bank_of(addrs, self._bank_words).tolist()
             self._cache[key] = banks
         return banks
 

@@ -189,6 +189,13 @@ def test_imem_words_absurd(tmp_path):
     ({"d_head_max": 128}, ["d_head_max=128 exceeds d_model_max 64"]),
     ({"array_size": 128}, ["array_size=128 exceeds d_model_max 64"]),
     ({"vector_lanes": 128}, ["vector_lanes=128 exceeds d_model_max 64"]),
+    ({"sram_bytes": 49152}, ["sram_bytes=49152 makes banks of sram_bytes / array_size / "
+                             "sram_banks = 49152 / 4 / 4 = 3072 words, not a power of two"]),
+    ({"link_bytes_per_cycle": 6}, ["link_bytes_per_cycle=6 is not a power of two"]),
+    ({"attn_window": 65537}, ["attn_window=65537 exceeds the attention buffer's 16-bit "
+                              "positions (65536 keys)"]),
+    ({"d_model_max": 65536}, ["d_model_max=65536 exceeds the vector unit's 16-bit row length "
+                              "(65535)"]),
     ({"clock_mhz": 0.0}, ["clock_mhz=0.0 must be positive and finite"]),
     ({"clock_mhz": -100.0}, ["clock_mhz=-100.0 must be positive and finite"]),
     ({"clock_mhz": math.nan}, ["clock_mhz=nan must be positive and finite"]),
@@ -257,6 +264,45 @@ def test_direct_construction_is_validated():
 
 NPU_PRESETS = sorted((PRESETS_DIR / "npu").glob("*.toml"))
 MODEL_PRESETS = sorted((PRESETS_DIR / "models").glob("*.toml"))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"array_size": 16, "vector_lanes": 16},
+     r"^link_bytes_per_cycle=4 makes ring words of max\(2 \* link_bytes_per_cycle, 8\) = 8 "
+     r"bytes, not a multiple of the scratchpad word of array_size=16 bytes: the chip's ring "
+     r"port cannot be built \(.*cfg\.toml\)$"),
+])
+def test_ring_port_rule_loads_but_is_reported(tmp_path, overrides, match):
+    """The ring port's rule concerns programs of several chips: such a file loads (the planner
+    plans it), and the rule is the chip's (Chip raises it) and the multi-chip compiler's."""
+    npu = load_npu(write(tmp_path, NPU, **overrides))
+    assert not npu.ring_port_buildable
+    with pytest.raises(ConfigError, match=match):
+        raise npu.ring_port_error()
+    assert npu.chip_error().key == "link_bytes_per_cycle"
+    assert load_npu(write(tmp_path, NPU)).ring_port_buildable
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"vector_lanes": 2}, r"^vector_lanes=2 must equal array_size=4: the chip moves one "
+                          r"scratchpad word per lane group \(.*cfg\.toml\)$"),
+    ({"d_head_max": 6}, r"^d_head_max=6 must be a multiple of array_size=4: attention rows are "
+                        r"whole words \(.*cfg\.toml\)$"),
+])
+def test_chip_rules_load_but_are_reported(tmp_path, overrides, match):
+    npu = load_npu(write(tmp_path, NPU, **overrides))
+    assert npu.ring_port_buildable
+    with pytest.raises(ConfigError, match=match):
+        raise npu.chip_error()
+
+
+def test_planner_only_preset_loads_without_a_ring_port():
+    lpu = npu_preset("lpu-like")
+    assert not lpu.ring_port_buildable
+    assert lpu.ring_port_error().key == "link_bytes_per_cycle"
+    for name in ("tiny", "fpga"):
+        npu = npu_preset(name)
+        assert npu.chip_error() is None and npu.ring_port_buildable, name
 
 
 def test_presets_present():

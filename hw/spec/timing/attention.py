@@ -15,6 +15,13 @@ from ..attention import (
     softmax_lanes,
     split_mode,
 )
+from .chip import (
+    ATTN_DOT_CYCLES,
+    ATTN_PARTIAL_CYCLES,
+    ATTN_PV_CYCLES,
+    ATTN_REDUCED_CYCLES,
+    SOFTMAX_STAGES,
+)
 
 __all__ = ["launch_cycles", "preload_cycles"]
 
@@ -59,9 +66,9 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
         else:
             t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
             q_ready = t + words
-            s = max(t + window + 5, p + 1 if p is not None else 0)
-            p = max(s + 5 * beats + 1, out + 1 if out is not None else 0)
-            out = max(p + window + 3, out + words + 1 if out is not None else 0)
+            s = max(t + window + ATTN_DOT_CYCLES, p + 1 if p is not None else 0)
+            p = max(s + SOFTMAX_STAGES * beats + 1, out + 1 if out is not None else 0)
+            out = max(p + window + ATTN_PV_CYCLES, out + words + 1 if out is not None else 0)
             last_out = out
         prev = t
     return out + words
@@ -94,17 +101,18 @@ def _split_cycles(cmds, split, words, rw, window, beats):
             if split == "partial":
                 t = max(q_ready, prev + 1, after)
                 q_ready = t + words
-                part = max(t + window + 4, part + rw + 1 if part is not None else 0)
-                s = max(part + window + 3, p + 1 if p is not None else 0)
+                part = max(t + window + ATTN_PARTIAL_CYCLES,
+                           part + rw + 1 if part is not None else 0)
+                s = max(part + 1 + window + ATTN_REDUCED_CYCLES, p + 1 if p is not None else 0)
                 p = max(s + 1, out + 1 if out is not None else 0)
-                out = p + window + 3
+                out = p + window + ATTN_PV_CYCLES
             else:
                 t = max(prev + 1, after)
-                red = max(t + window + 5, red_ready)
+                red = max(t + window + ATTN_PARTIAL_CYCLES + 1, red_ready)
                 red_ready = red + rw
-                s = max(red + window + 2, p + 1 if p is not None else 0)
-                p = max(s + 5 * beats + 1, out + 1 if out is not None else 0)
-                out = max(p + window + 3, out + words + 1 if out is not None else 0)
+                s = max(red + window + ATTN_REDUCED_CYCLES, p + 1 if p is not None else 0)
+                p = max(s + SOFTMAX_STAGES * beats + 1, out + 1 if out is not None else 0)
+                out = max(p + window + ATTN_PV_CYCLES, out + words + 1 if out is not None else 0)
             last_out = out
         prev = t
     if split == "partial":

@@ -1,13 +1,14 @@
 """The chip's pipeline constants and closed forms of whole launches inside the chip.
 
-Plain Python. The constants are the gateware's (``hw/tile/scratchpad.py``,
-``hw/tile/vector_engine.py``, ``hw/tile/softmax.py``, ``hw/tile/attention.py``; the matmul
-unit's are in :mod:`hw.spec.timing.matmul`);
-``tests/sim/iss/test_timing.py`` holds the two in step, and the ISS's cycle model
-(:mod:`sim.iss.timing`) is built on them. The closed forms give a launch's busy cycles in the
-chip, scratchpad ports and all, for the bank layouts they name; ``tests/spec/timing`` checks
-them against the cycle model, which equals the RTL, and the launch-level timing model
-(:mod:`sim.iss.fast`) uses them where they hold.
+Plain Python. The constants have their one home here (the matmul unit's in
+:mod:`hw.spec.timing.matmul`): the gateware imports them, sizing its FIFOs from the depths and
+checking at construction (:func:`check_built`) that the registers it builds give the latencies and
+stage counts (``hw/tile/scratchpad.py``, ``hw/tile/vector_engine.py``, ``hw/tile/softmax.py``,
+``hw/tile/attention.py``), and the ISS's cycle model (:mod:`sim.iss.timing`, :mod:`sim.iss.engines`)
+is built on the same names. The closed forms give a launch's busy cycles in the chip, scratchpad
+ports and all, for the bank layouts they name; ``tests/spec/timing`` checks them against the cycle
+model, which equals the RTL, and the launch-level timing model (:mod:`sim.iss.fast`) uses them
+where they hold.
 """
 
 from __future__ import annotations
@@ -17,29 +18,43 @@ from ..vector import VectorOp
 from ..vector_engine import row_words
 from .matmul import REQUANT_LATENCY, unit_latency
 
-__all__ = ["READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
+__all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
            "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
 
 #: Words each scratchpad read port buffers (a read is granted only while there is room for it).
 READ_FIFO_DEPTH = 4
-#: Cycles from a read port's grant to its word being on the port's output.
+#: Cycles from a read port's grant to its word being on the port's output: the bank's read
+#: register, then the port's FIFO.
 READ_LATENCY = 2
 #: Result beats the vector engine buffers between its unit and its packer.
 VEC_OUT_FIFO_DEPTH = 4
 #: Row stages of the softmax unit (latency ``SOFTMAX_STAGES * L / P + 1``).
 SOFTMAX_STAGES = 5
 #: Cycles the attention buffer's score sweep spends after taking a query before its score row
-#: is offered (``W + ATTN_DOT_CYCLES``, the buffer's ``W + SCORE_LATENCY``).
+#: is offered (``W + ATTN_DOT_CYCLES``): K read, products, dot sum, requantiser, the
+#: offering state.
 ATTN_DOT_CYCLES = 5
-#: Cycles from taking a probability row to offering its P.V output (``W + ATTN_PV_CYCLES``).
+#: Cycles from taking a probability row to offering its P.V output (``W + ATTN_PV_CYCLES``):
+#: V read, products, the offering state.
 ATTN_PV_CYCLES = 3
 #: Split-score mode: cycles from taking a query to offering its partial row
-#: (``W + ATTN_PARTIAL_CYCLES``, the buffer's ``W + PARTIAL_LATENCY``), and from taking its
-#: reduced row to offering its score row (``W + ATTN_REDUCED_CYCLES``, ``W + REDUCED_LATENCY``).
+#: (``W + ATTN_PARTIAL_CYCLES``: K read, products, dot sum, the offering state), and from
+#: taking its reduced row to offering its score row (``W + ATTN_REDUCED_CYCLES``: requantiser,
+#: the offering state).
 ATTN_PARTIAL_CYCLES = 4
 ATTN_REDUCED_CYCLES = 2
+
+
+def check_built(name: str, value: int, built: int, what: str, where: str) -> None:
+    """Raise :class:`ValueError` unless the gateware at ``where`` builds ``built`` (a count of
+    ``what``) equal to ``value``, the timing constant ``name`` it was given: a latency or stage
+    count fixed by the registers a unit builds, which the timing models read from the
+    constant."""
+    if value != built:
+        raise ValueError(f"{name}={value} (hw/spec/timing) is not the {built} {what} that "
+                         f"{where} builds: the timing models would not match the gateware")
 
 
 def _matmul_stall(size: int, out_words: int) -> int:

@@ -17,7 +17,7 @@ TINY = npu_preset("tiny")
     (lambda: RingTestbed(npu=TINY, chips=2, buffer_words=0), ValueError,
      r"buffer_words must be a positive integer, not 0"),
     (lambda: RingTestbed(npu=dataclasses.replace(TINY, link_bytes_per_cycle=6), chips=2),
-     ValueError, r"link_bytes_per_cycle must be a power of two, not 6"),
+     ValueError, r"link_bytes_per_cycle=6 is not a power of two"),
     (lambda: StreamDma(word_bytes=8, depth=0), ValueError, r"depth must be a positive integer"),
 ])
 def test_bad_parameters_rejected(build, error, match):

@@ -5,13 +5,13 @@ import pytest
 from amaranth.hdl import Elaboratable, Module, Signal
 
 from hw.spec import npu_preset
-from hw.tile.attention import (
-    PARTIAL_LATENCY,
-    PV_LATENCY,
-    REDUCED_LATENCY,
-    SCORE_LATENCY,
-    AttentionBuffer,
+from hw.spec.timing.chip import (
+    ATTN_DOT_CYCLES,
+    ATTN_PARTIAL_CYCLES,
+    ATTN_PV_CYCLES,
+    ATTN_REDUCED_CYCLES,
 )
+from hw.tile.attention import AttentionBuffer
 from hw.tops import build_top
 from sim.golden.attention import (
     KV,
@@ -314,17 +314,17 @@ def test_cycles_match_documented_formula(rng):
     for i, g in enumerate(got):
         split = i in (5, 6, 7)
         if split:
-            assert g["t_partial"] - g["t_q"] == W + PARTIAL_LATENCY, f"query {i}"
-            assert g["t_scores"] - g["t_reduced"] == W + REDUCED_LATENCY, f"query {i}"
+            assert g["t_partial"] - g["t_q"] == W + ATTN_PARTIAL_CYCLES, f"query {i}"
+            assert g["t_scores"] - g["t_reduced"] == W + ATTN_REDUCED_CYCLES, f"query {i}"
         else:
-            assert g["t_scores"] - g["t_q"] == W + SCORE_LATENCY, f"query {i}"
-        assert g["t_out"] - g["t_probs"] == W + PV_LATENCY, f"query {i}"
+            assert g["t_scores"] - g["t_q"] == W + ATTN_DOT_CYCLES, f"query {i}"
+        assert g["t_out"] - g["t_probs"] == W + ATTN_PV_CYCLES, f"query {i}"
     # Interleaved causal prefill (write t, query t): one token every 2W + 11 cycles.
     periods = [got[i + 1]["t_q"] - got[i]["t_q"] for i in range(4)]
-    assert periods == [2 * W + SCORE_LATENCY + PV_LATENCY + 3] * 4, periods
+    assert periods == [2 * W + ATTN_DOT_CYCLES + ATTN_PV_CYCLES + 3] * 4, periods
     # Back-to-back queries: the next score sweep overlaps this query's P.V sweep.
     periods = [got[i + 1]["t_q"] - got[i]["t_q"] for i in range(8, 11)]
-    assert periods == [W + SCORE_LATENCY + 1] * 3, periods
+    assert periods == [W + ATTN_DOT_CYCLES + 1] * 3, periods
 
 
 # --- constructor ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hw.spec import ModelConfig, npu_preset
+from hw.spec import ConfigError, ModelConfig, npu_preset
 from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
@@ -101,9 +101,14 @@ def test_rejects_bad_config():
 
 def test_rejections():
     wide = dataclasses.replace(small_npu(), array_size=16, vector_lanes=16, d_head_max=16)
-    with pytest.raises(ValueError, match="word of 8 bytes .* must be a multiple of the "
-                                         "scratchpad word of 16 bytes"):
+    with pytest.raises(ConfigError, match=r"^link_bytes_per_cycle=4 makes ring words of .* = 8 "
+                                          r"bytes, not a multiple of the scratchpad word of "
+                                          r"array_size=16 bytes"):
         Chip(npu=wide)
+    with pytest.raises(ConfigError, match=r"^vector_lanes=8 must equal array_size=16"):
+        Chip(npu=dataclasses.replace(wide, vector_lanes=8))
+    with pytest.raises(ConfigError, match=r"^d_head_max=24 must be a multiple of array_size=16"):
+        Chip(npu=dataclasses.replace(wide, d_head_max=24, d_model_max=64))
 
 
 def test_one_chip_collective_rtl_equals_iss():

@@ -105,7 +105,7 @@ def test_back_to_back_folds_overlap():
     folds = len(job.tiles)
     assert folds == 6
     run = simulate_pysim(job)
-    assert run["cycles"] == folds * k + 3 * size + Requantizer.LATENCY
+    assert run["cycles"] == folds * k + 3 * size + REQUANT_LATENCY
     assert_equal_matrix(run["result"], golden(job), "back to back")
 
 

@@ -130,7 +130,8 @@ def test_bad_link_width_exits_2(tmp_path, capsys):
     code = main(["collective", "--npu", str(toml), "--kind", "all_reduce", "--chips", "2"])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT
-    assert "link_bytes_per_cycle must be a power of two, not 3" in err
+    assert err.count("\n") == 1
+    assert "link_bytes_per_cycle=3 is not a power of two: a ring word is whole link flits" in err
 
 
 def test_watchdog_exits_3(capsys):
