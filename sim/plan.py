@@ -674,9 +674,9 @@ def _compatible(npu, cfg, tokens):
 
 
 def ring_buildable(npu: NpuConfig) -> bool:
-    """The chip's ring port exists: the collective engine's word (``D = max(2B, 8)`` bytes) is
-    whole scratchpad words (``hw/tile/chip.py``), so COLL, SEND and RECV can be encoded."""
-    return word_bytes(npu.link_bytes_per_cycle) % npu.array_size == 0
+    """The chip's ring port exists (the configuration's own build rule,
+    :meth:`hw.spec.NpuConfig.ring_port_error`), so COLL, SEND and RECV can be encoded."""
+    return npu.ring_port_buildable
 
 
 def _cycles(timer, npu, cfg, name, chips, grid, reasons):
