@@ -1,6 +1,6 @@
 """N whole chips on the ring: each chip's ring port to the next chip through a RingLink.
 
-Every node is a :class:`~hw.tile.chip.Chip` running its own program from its own sequencer;
+Every node is a :class:`~hw.chip.Chip` running its own program from its own sequencer;
 collectives are COLL launches. (The collective engines alone, with test DMAs in place of chips,
 are :class:`hw.ring.testbed.RingTestbed`.)
 """
@@ -11,12 +11,12 @@ from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from .chip import Chip
 from .ring.link import RingLink
 from .spec import NpuConfig
 from .spec.collective import check_chips
 from .spec.isa import BUSY_COUNTERS, UNIT_BITS
 from .spec.ring import TAG_BITS
-from .tile.chip import Chip
 from .tile.ports import HostSignature
 
 __all__ = ["ChipSystem"]
@@ -50,7 +50,7 @@ class ChipSystem(wiring.Component):
         link from chip i (tie to 0).
 
     ``coll_avg=False``: the chips' collective engines without AVG's divider (an FPGA build;
-    :class:`~hw.tile.chip.Chip`).
+    :class:`~hw.chip.Chip`).
     """
 
     def __init__(self, *, npu: NpuConfig, chips: int, coll_avg: bool = True):

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .chip import Chip
 from .fpga.board import DEFAULT_BAUD, BoardTop, baud_divisor
 from .ring.testbed import RingTestbed
 from .spec import NpuConfig
 from .system import ChipSystem
 from .tile.attention import AttentionBuffer
-from .tile.chip import Chip
 from .tile.matmul import MatmulUnit
 from .tile.softmax import SoftmaxUnit
 from .tile.vector import VectorUnit

@@ -16,17 +16,17 @@ Configurations are the frozen :class:`NpuConfig` / :class:`ModelConfig` (``load_
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.config import load_model, load_npu, model_preset, npu_preset
 
-from .accuracy import LayerAccuracy, layer_accuracy
-from .bench import run_benchmarks
-from .board import BoardDriver, SerialTransport, run_board
-from .checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
-from .collective import CollectiveReport, run_collective
 from .errors import BadInput, NpuError, ToolFailure, Watchdog
-from .export import Exported, export_verilog
-from .fpga import synthesize
-from .plan import PlanReport, StrategyPlan, plan
-from .report import ChipStats, SimReport
-from .simulate import simulate
+from .flows.bench import run_benchmarks
+from .flows.board import BoardDriver, SerialTransport, run_board
+from .flows.collective import CollectiveReport, run_collective
+from .flows.fpga import synthesize
+from .flows.simulate import simulate
+from .models.accuracy import LayerAccuracy, layer_accuracy
+from .models.checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
+from .planner.plan import PlanReport, StrategyPlan, plan
+from .report.core import ChipStats, SimReport
+from .rtl.export import Exported, export_verilog
 from .sweep import SweepResult, SweepSpec, load_spec, run_sweep
 
 __all__ = [

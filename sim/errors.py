@@ -51,4 +51,4 @@ class ToolFailure(NpuError):
 
 class TransportTimeout(OSError):
     """A board (``npu board``) sent fewer bytes than a reply needs within the transport's
-    timeout. Not an :class:`NpuError`: :func:`sim.board.run_board` turns it into bad input."""
+    timeout. Not an :class:`NpuError`: :func:`sim.flows.board.run_board` turns it into bad input."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.rtl.verilator import toolchain_problem
+from sim.rtl.toolchain import toolchain_problem
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ def _violations(rule):
 
 
 def test_the_tree_is_found():
-    assert {"hw.spec", "hw.tile.chip", "sim.iss", "sim.cli", "sim.api"} <= set(MODULES)
+    assert {"hw.spec", "hw.chip", "sim.iss", "sim.cli", "sim.api"} <= set(MODULES)
 
 
 def test_no_import_cycles():
@@ -190,12 +190,12 @@ LAYERS = (
     (
         "sim.compiler",
         "sim.iss",
-        "sim.iss.timing",
-        "sim.iss.engines",
-        "sim.iss.fast",
-        "sim.iss.ring",
+        "sim.timing.cycle",
+        "sim.timing.engines",
+        "sim.timing.launch",
+        "sim.timing.ring",
         "sim.rtl",
-        "sim.export",
+        "sim.rtl.export",
         "sim.errors",
     ),
     # The typed API and what it re-exports: the flows behind the commands, the strategy
@@ -204,19 +204,19 @@ LAYERS = (
     (
         "sim.api",
         "sim.strategies",
-        "sim.simulate",
-        "sim.plan",
-        "sim.report",
-        "sim.timeline",
-        "sim.plot",
-        "sim.chrome_trace",
-        "sim.collective",
-        "sim.fpga",
-        "sim.board",
-        "sim.bench",
+        "sim.flows.simulate",
+        "sim.planner.plan",
+        "sim.report.core",
+        "sim.report.timeline",
+        "sim.report.plot",
+        "sim.report.chrome_trace",
+        "sim.flows.collective",
+        "sim.flows.fpga",
+        "sim.flows.board",
+        "sim.flows.bench",
         "sim.benches",
-        "sim.checkpoint",
-        "sim.accuracy",
+        "sim.models.checkpoint",
+        "sim.models.accuracy",
         "sim.sweep",
     ),
     (
@@ -227,10 +227,10 @@ LAYERS = (
 
 #: The timing models import the functional ISS (its errors), never the other way round.
 TIMING_MODELS = (
-    "sim.iss.timing",
-    "sim.iss.engines",
-    "sim.iss.fast",
-    "sim.iss.ring",
+    "sim.timing.cycle",
+    "sim.timing.engines",
+    "sim.timing.launch",
+    "sim.timing.ring",
 )
 
 
@@ -301,7 +301,7 @@ def test_function_level_imports_defer_only_optional_dependencies():
 
 
 @pytest.mark.parametrize("rule, name, target, broken", [
-    ("hw imports sim", "hw.tile.chip", "sim.iss", True),
+    ("hw imports sim", "hw.chip", "sim.iss", True),
     ("spec imports amaranth", "hw.spec.isa", "amaranth.hdl", True),
     ("iss imports compiler", "sim.iss.chip", "sim.compiler.single", True),
 ])

@@ -1,7 +1,7 @@
 """The board top: one chip on a ULX3S-85F, loaded, run and read back over the FTDI UART.
 
 ``npu fpga --top board`` (``make fpga``) builds it into a bitstream; ``npu board`` drives it
-from the host (``sim/board.py``); ``docs/fpga.md`` describes both.
+from the host (``sim/flows/board.py``); ``docs/fpga.md`` describes both.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out, connect
 
+from ..chip import Chip
 from ..ring.link import RingLink
 from ..spec import NpuConfig
 from ..spec.ring import TAG_BITS
-from ..tile.chip import Chip
 from . import ulx3s
 from .uart import HostLink, UartRx, UartTx
 
@@ -47,7 +47,7 @@ def baud_divisor(clock_mhz: float, baud: int) -> int:
 
 #: The board's chip has no AVG divider in its collective engine (``Chip``'s ``coll_avg``):
 #: synth_ecp5 crashes on its 64-bit signed division, and a one-cycle divider would set the
-#: clock. The board driver refuses programs that run a COLL AVG (``sim/board.py``).
+#: clock. The board driver refuses programs that run a COLL AVG (``sim/flows/board.py``).
 COLL_AVG = False
 
 
@@ -73,7 +73,7 @@ class _ChipOnRing(wiring.Component):
 
 
 class BoardTop(wiring.Component):
-    """One :class:`~hw.tile.chip.Chip` behind a UART :class:`~hw.fpga.uart.HostLink`.
+    """One :class:`~hw.chip.Chip` behind a UART :class:`~hw.fpga.uart.HostLink`.
 
     Parameters (keyword-only): ``npu``; ``divisor``, clocks per UART bit (the baud rate is the
     chip's clock over it: :func:`baud_divisor`); ``sim``: no PLL, the ``sync`` domain comes from

@@ -1,7 +1,7 @@
 """UART receiver and transmitter, and the host link that drives a chip's host port over them.
 
 The link's protocol (framing, commands, replies) is :mod:`hw.spec.hostlink`; the host side is
-``sim/board.py``. 8 data bits, no parity, one stop bit, least significant bit first; the baud
+``sim/flows/board.py``. 8 data bits, no parity, one stop bit, least significant bit first; the baud
 rate is the clock divided by ``divisor`` (clocks per bit).
 """
 

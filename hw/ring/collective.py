@@ -97,7 +97,7 @@ class CollectiveEngine(wiring.Component):
         division (``tests/hw/test_yosys_regressions.py``), and even the 32-bit one, a chain of
         32 subtractors in one cycle, would set the chip's clock. Without it an AVG gives the
         wrapped sum; the compiler emits no AVG, and the board driver refuses a program that
-        runs one (``sim/board.py``).
+        runs one (``sim/flows/board.py``).
 
     Commands are trusted: validate them with :class:`hw.spec.collective.CollectiveRequest`
     before issuing them (zero length, groups outside the ring and the like are rejected there).

@@ -282,7 +282,7 @@ class NpuConfig:
         return ring_word_bytes(self.link_bytes_per_cycle)
 
     def ring_port_error(self) -> ConfigError | None:
-        """Why the chip's ring port (COLL, SEND, RECV; ``hw/tile/chip.py``) cannot be built,
+        """Why the chip's ring port (COLL, SEND, RECV; ``hw/chip.py``) cannot be built,
         or None: its words must be whole scratchpad words of ``array_size`` bytes."""
         if self.ring_word_bytes % self.word_bytes:
             return self._error(
@@ -305,7 +305,7 @@ class NpuConfig:
         return None
 
     def chip_error(self) -> ConfigError | None:
-        """Why :class:`hw.tile.chip.Chip` cannot be built from this NPU, or None: the vector
+        """Why :class:`hw.chip.Chip` cannot be built from this NPU, or None: the vector
         path (:meth:`lanes_error`), whole-word attention rows, the ring port
         (:meth:`ring_port_error`)."""
         if (error := self.lanes_error()) is not None:

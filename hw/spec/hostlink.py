@@ -1,7 +1,7 @@
 """The UART host link's protocol: one encoding for the board's gateware and the host driver.
 
 Plain Python (no Amaranth). The gateware is :class:`hw.fpga.uart.HostLink`, the host side
-``sim/board.py``; ``docs/fpga.md`` describes the protocol for a reader.
+``sim/flows/board.py``; ``docs/fpga.md`` describes the protocol for a reader.
 
 Every request is a fixed 8-byte header, little-endian::
 

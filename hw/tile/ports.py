@@ -1,4 +1,4 @@
-"""The chip's external ports, defined once for :class:`~hw.tile.chip.Chip` and
+"""The chip's external ports, defined once for :class:`~hw.chip.Chip` and
 :class:`~hw.system.ChipSystem`.
 
 ``HostSignature`` is seen from the host (the signature's outputs are the host's): a chip has

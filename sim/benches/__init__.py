@@ -1,1 +1,1 @@
-"""Benchmark modules: each defines `run(quick: bool) -> list[dict]` (see sim.bench)."""
+"""Benchmark modules: each defines `run(quick: bool) -> list[dict]` (see sim.flows.bench)."""

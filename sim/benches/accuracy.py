@@ -6,7 +6,7 @@ For each scheme (``int8``, ``smooth16``; ``docs/formats.md``, Quantisation schem
   slow tests fill; rows are skipped without it), three sentences of 16 to 18 tokens, each
   calibrated on itself as ``npu sim`` does: the worst per-layer cosine of a block alone
   (local), the cosine and max abs error after six layers (chained), against float64
-  (:func:`sim.accuracy.layer_accuracy`, the integer golden model); and the same with each
+  (:func:`sim.models.accuracy.layer_accuracy`, the integer golden model); and the same with each
   sentence calibrated on the next one (``--calib`` data that is not the input);
 - bit-exactness and scratchpad bytes of the six layers on fpga-preset chips with a 16 MiB
   scratchpad (the ISS): one chip, and each of 4 chips of head parallelism;
@@ -42,12 +42,12 @@ from hw.spec.timing.vector import launch_cycles as vector_cycles
 from hw.spec.vector import VectorOp
 from hw.spec.vector_engine import VecFlags
 
-from ..accuracy import layer_accuracy
-from ..checkpoint import embed, import_checkpoint, tokenize
 from ..compiler.quantize import quantize_input, quantize_model
+from ..flows.simulate import simulate
 from ..golden.float_model import random_weights
 from ..iss import Iss
-from ..simulate import simulate
+from ..models.accuracy import layer_accuracy
+from ..models.checkpoint import embed, import_checkpoint, tokenize
 from ..strategies import compile_program
 
 __all__ = ["SENTENCES", "minilm_checkpoint", "launch_cycles", "run", "main"]

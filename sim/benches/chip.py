@@ -10,7 +10,7 @@ import dataclasses
 
 from hw.spec import ModelConfig, npu_preset
 
-from ..simulate import simulate
+from ..flows.simulate import simulate
 
 
 def _run(npu, cfg, backend):

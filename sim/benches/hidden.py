@@ -3,7 +3,7 @@ only communicating, the projections' reduce-scatter against all-reduce, speed-up
 and a model one chip cannot run.
 
 Every point runs the compiled programs on the ISS, timed by its cycle model (equal to the RTL's
-cycles, busy counters and traces: ``tests/sim/iss/test_timing.py``) and, where the model fits
+cycles, busy counters and traces: ``tests/sim/timing/test_cycle.py``) and, where the model fits
 one chip, the same model and batch on one chip in the same run:
 
 - quick: a one-layer model (d_model 16, two heads of 8) on 2 and 4 tiny chips (on 4 chips
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from hw.spec import ModelConfig, npu_preset
 from sim.benches.strategies import transfer_rows
-from sim.simulate import simulate
-from sim.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
+from sim.flows.simulate import simulate
+from sim.report.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 
 _SMALL = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
                      name="h2x8")

@@ -11,8 +11,9 @@ from amaranth.back import verilog
 from hw.spec.formats import OutMode
 from hw.tile.matmul import MatmulUnit
 from sim.golden.matmul import matmul_unit
+from sim.rtl.cocotb_tb import run_cocotb
 from sim.rtl.matmul_driver import MatmulJob, simulate_pysim
-from sim.rtl.verilator import ToolchainMissing, run_cocotb
+from sim.rtl.toolchain import ToolchainMissing
 
 
 def scalesim_os_cycles(m, k, n, size):

@@ -3,8 +3,9 @@
 For every built strategy (single, head, pipeline) at 1-4 chips, on the tiny presets and on
 shapes the timing model was never fitted to (a post-norm bidirectional model with an odd head
 count, a causal-window model that interleaves its attention), each row gives the planner's
-predicted cycles (``sim.plan.plan``: for programs this small the cycle model, which follows the
-RTL's handshakes), with the launch-level model's (``sim.iss.fast``, the planner's engine for
+predicted cycles (``sim.planner.plan.plan``: for programs this small the cycle model, which follows
+the
+RTL's handshakes), with the launch-level model's (``sim.timing.launch``, the planner's engine for
 large programs) in the note, against ``npu sim --backend pysim`` on the same model and batch.
 Pipelines run one microbatch per stage. Target: within 2% (goal: exact). Quick mode runs one
 small shape on 1 and 2 chips; the full table takes about half an hour of pysim.
@@ -16,8 +17,8 @@ import dataclasses
 
 from hw.spec import ModelConfig, model_preset, npu_preset
 
-from ..plan import plan
-from ..simulate import simulate
+from ..flows.simulate import simulate
+from ..planner.plan import plan
 from ..strategies import get
 
 #: Shapes the cycle model was not fitted to (it has no fitted constants; these are new).

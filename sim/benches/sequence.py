@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hw.spec import ModelConfig, npu_preset
-from sim.simulate import simulate
-from sim.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
+from sim.flows.simulate import simulate
+from sim.report.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 
 _SEQ = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=16,
                    window=4, name="seq16")

@@ -1,5 +1,5 @@
 """Simulation speed: simulated cycles per wall second of Amaranth's simulator (pysim), the
-Verilator backend (ChipSystem under its C++ harness, ``sim.rtl.fast``) and the bare C++ clock
+Verilator backend (ChipSystem under its C++ harness, ``sim.rtl.verilator``) and the bare C++ clock
 loop of the same Verilated model, on one tiny chip and on four, and the harness's build time.
 
 The jobs are the tiny model on the tiny NPU: ``--strategy single`` on one chip (one sample) and
@@ -22,13 +22,13 @@ from hw.spec import NpuConfig, model_preset, npu_preset
 from hw.system import ChipSystem
 
 from ..compiler.quantize import quantize_input, quantize_model
+from ..flows.simulate import simulate
 from ..golden.float_model import random_weights
 from ..rtl.chip_runner import host_load
-from ..rtl.fast.build import ensure_build
-from ..rtl.fast.runner import run_bare_loop, run_system_verilator
 from ..rtl.pysim import run_sim
-from ..rtl.verilator import ToolchainMissing
-from ..simulate import simulate
+from ..rtl.toolchain import ToolchainMissing
+from ..rtl.verilator.build import ensure_build
+from ..rtl.verilator.runner import run_bare_loop, run_system_verilator
 from ..strategies import compile_program
 
 #: Cycles after ``start`` that pysim runs in quick mode.

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 
 from hw.spec import ModelConfig, model_preset, npu_preset
-from sim.rtl.verilator import toolchain_problem
-from sim.simulate import simulate
-from sim.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
+from sim.flows.simulate import simulate
+from sim.report.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
+from sim.rtl.toolchain import toolchain_problem
 
 _SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
                      name="small4")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..bench import format_table, run_benchmarks, write_json
 from ..errors import EXIT_OK
+from ..flows.bench import format_table, run_benchmarks, write_json
 
 __all__ = ["add_parser", "run"]
 

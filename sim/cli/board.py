@@ -7,8 +7,8 @@ import numpy as np
 
 from hw.fpga.board import DEFAULT_BAUD
 
-from ..board import BoardDriver, SerialTransport, run_board
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
+from ..flows.board import BoardDriver, SerialTransport, run_board
 from .common import load_array, load_config, positive, write_json
 from .simulate import _weights
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..collective import DEFAULT_MAX_CYCLES, run_collective
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
+from ..flows.collective import DEFAULT_MAX_CYCLES, run_collective
 from .common import load_config, positive, write_json
 
 __all__ = ["add_parser", "run"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import EXIT_OK
-from ..export import export_verilog
+from ..rtl.export import export_verilog
 from .common import load_config, positive
 
 __all__ = ["add_parser", "run"]

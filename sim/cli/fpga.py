@@ -6,7 +6,7 @@ import dataclasses
 import sys
 
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
-from ..fpga import DEVICES, format_table, synthesize
+from ..flows.fpga import DEVICES, format_table, synthesize
 from .common import load_config, write_json
 
 __all__ = ["add_parser", "run"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checkpoint import embed, import_checkpoint, tokenize
 from ..errors import EXIT_OK, BadInput
+from ..models.checkpoint import embed, import_checkpoint, tokenize
 from .common import positive
 
 __all__ = ["add_parser", "run", "INPUT_FILE"]

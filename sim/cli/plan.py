@@ -1,10 +1,10 @@
 """``npu plan``: capacity, compatibility and predicted speed of a model on N chips, per
-strategy (:func:`sim.plan.plan`)."""
+strategy (:func:`sim.planner.plan.plan`)."""
 
 from __future__ import annotations
 
 from ..errors import EXIT_OK
-from ..plan import plan
+from ..planner.plan import plan
 from ..strategies import NAMES
 from .common import load_config, positive, write_json
 

@@ -6,10 +6,10 @@ import numpy as np
 
 from hw.spec import QUANT_SCHEMES
 
-from ..chrome_trace import write_trace
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
-from ..plot import plot_timeline
-from ..simulate import BACKENDS, simulate
+from ..flows.simulate import BACKENDS, simulate
+from ..report.chrome_trace import write_trace
+from ..report.plot import plot_timeline
 from ..strategies import NAMES
 from .common import load_array, load_config, positive, probability, progress_bar, write_json
 

@@ -5,9 +5,9 @@ collectives (``system.py``); one module per unit executes that unit's launches. 
 imports the compiler: word formats and encodings come from :mod:`hw.spec`.
 
 The timing models run the same programs without their data and import this package (for
-:class:`IssError`), never the other way round: :func:`sim.iss.timing.time_programs` (with the
-units' handshakes in :mod:`sim.iss.engines` and :mod:`sim.iss.ring`) walks them cycle by cycle
-and gives the RTL's cycles, busy counters and traces; :func:`sim.iss.fast.time_programs_fast`
+:class:`IssError`), never the other way round: :func:`sim.timing.cycle.time_programs` (with the
+units' handshakes in :mod:`sim.timing.engines` and :mod:`sim.timing.ring`) walks them cycle by cycle
+and gives the RTL's cycles, busy counters and traces; :func:`sim.timing.launch.time_programs_fast`
 times them launch by launch, for programs far too long to walk cycle by cycle.
 """
 

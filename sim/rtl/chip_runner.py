@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 from amaranth.back import verilog
 
+from hw.chip import Chip
 from hw.spec import NpuConfig
 from hw.spec.isa import UNIT_NAMES
-from hw.tile.chip import Chip
 from hw.tile.ports import trace_depth
 
+from .cocotb_tb import run_cocotb
 from .pysim import SimulationTimeout, run_sim
-from .verilator import run_cocotb
 
 __all__ = ["run_chip_pysim", "run_chip_verilator", "words_to_ints", "ints_to_words", "host_load",
            "host_read", "wait_done", "read_trace", "busy_units"]

@@ -1,5 +1,5 @@
 """The board top in Amaranth's simulator behind a bit-level UART model: a transport for
-:class:`sim.board.BoardDriver` that needs no board.
+:class:`sim.flows.board.BoardDriver` that needs no board.
 
 :class:`SimTransport` owns a :class:`~amaranth.sim.Simulator` of
 :class:`hw.fpga.board.BoardTop` (``sim=True``: the simulator's clock instead of the PLL). A
@@ -32,7 +32,7 @@ def uart_frame(byte: int, *, stop: int = 1) -> list[int]:
 class SimTransport:
     """Parameters: ``npu``; ``divisor`` (clocks per bit, small to keep the simulation short);
     ``timeout_cycles``: a read that gets no byte for this many cycles raises
-    :class:`~sim.board.TransportTimeout`. ``cycles`` counts the simulated cycles so far.
+    :class:`~sim.flows.board.TransportTimeout`. ``cycles`` counts the simulated cycles so far.
 
     :meth:`write_levels` puts raw line levels on ``uart_rx`` (a test's malformed character).
     """

@@ -7,7 +7,7 @@ from hw.spec.memory import row_words
 
 from ..compiler.blocks import pad_to
 from ..compiler.program import SystemProgram
-from ..timeline import COMPUTE_UNITS
+from ..report.timeline import COMPUTE_UNITS
 from .base import register
 from .grid import GridStrategy
 from .roles import stage_roles

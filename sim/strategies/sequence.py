@@ -11,7 +11,7 @@ from hw.spec import ConfigError
 
 from ..compiler.program import SystemProgram
 from ..compiler.sequence import check_sequence, compile_sequence
-from ..timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
+from ..report.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 from .base import REGISTRY, Split, Strategy, register
 from .roles import part, whole
 

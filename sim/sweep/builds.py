@@ -8,7 +8,7 @@ another, waits on the lock and then finds the build. The lock is ``fcntl.flock``
 when its holder dies, so a killed worker never blocks the others.
 
 Builds live under ``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale`` (the cache of
-:mod:`sim.rtl.verilator`), in ``sweep/``: ``<key>/`` per build with the build function's record in
+:mod:`sim.rtl.cocotb_tb`), in ``sweep/``: ``<key>/`` per build with the build function's record in
 ``build.json``, ``<key>.lock`` its lock.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rtl.verilator import cache_dir, file_lock
+from ..rtl.toolchain import cache_dir, file_lock
 
 __all__ = ["SharedBuild", "shared_build", "builds_root"]
 

@@ -9,12 +9,12 @@ reason in ``error``; any other exception (a watchdog, a tool that failed, a bug)
 
 Backends (:data:`RUNNERS`):
 
-- ``iss``, ``pysim``: :func:`sim.simulate.simulate` (``reference="none"``: the sweep's own
+- ``iss``, ``pysim``: :func:`sim.flows.simulate.simulate` (``reference="none"``: the sweep's own
   one-chip points are the reference);
 - ``verilator``: the same, after the hardware configuration's Verilator build is made once for
   every point that shares it (:func:`sim.sweep.builds.shared_build` around
   :data:`VERILATOR_BUILD`);
-- ``plan``: the planner (``sim.plan.plan``), no simulation.
+- ``plan``: the planner (``sim.planner.plan.plan``), no simulation.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from hw.spec import ConfigError, NpuConfig
 from hw.spec.isa import Insn, Op, encode
 
 from ..errors import BadInput
+from ..flows.simulate import simulate
+from ..report.timeline import COMM_UNITS, busy_union
 from ..rtl.chip_runner import run_chip_verilator
-from ..simulate import simulate
 from ..strategies import GRIDS
-from ..timeline import COMM_UNITS, busy_union
 from .builds import shared_build
 
-try:  # the planner (sim/plan.py, ``npu plan``) is not in every version of the tree yet
-    from .. import plan as planner
+try:  # the planner (sim/planner/plan.py, ``npu plan``) is not in every version of the tree yet
+    from ..planner import plan as planner
 except ImportError as exc:
     if not str(exc).startswith("cannot import name 'plan' from 'sim'"):
         raise                    # the planner is there but broken: say so, do not hide it

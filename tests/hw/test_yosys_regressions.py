@@ -13,7 +13,7 @@ ones do synthesise. The FPGA build leaves AVG out (``avg=False``; ``hw.tops``' `
 The vector engine of the fpga preset's chip (:class:`hw.tile.vector_engine.VectorEngine`, 8
 lanes): plain ``synth_ecp5`` stops in ABC9's reintegration, ``Assert `GetSize(conn.first) ==
 GetSize(conn.second)' failed in kernel/rtlil.cc:3091``; with ``opt_clean -purge`` before LUT
-mapping (the flow's :func:`sim.fpga.synth_script`) it synthesises (docs/fpga.md).
+mapping (the flow's :func:`sim.flows.fpga.synth_script`) it synthesises (docs/fpga.md).
 
 Behind the ``fpga`` marker (skipped without the fpga extra); the vector engine's run, minutes,
 also behind ``slow``.
@@ -32,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 from hw.ring.collective import CollectiveEngine
 from hw.spec.isa import COLL_FIFO_WORDS
 from hw.tile.vector_engine import VectorEngine
-from sim import fpga
+from sim.flows import fpga
 
 pytestmark = pytest.mark.fpga
 
@@ -52,7 +52,7 @@ class _AvgDivider(wiring.Component):
 
 
 def _synth(tmp_path, design, *, timeout, script=None):
-    """``script`` (default: the FPGA flow's, :func:`sim.fpga.synth_script`) on ``design`` in a
+    """``script`` (default: the FPGA flow's, :func:`sim.flows.fpga.synth_script`) on ``design`` in a
     subprocess: (exit status, the last 2,000 characters of Yosys' own log, which unlike its
     standard output goes on after ABC)."""
     if fpga.tools_missing():

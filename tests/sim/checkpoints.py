@@ -1,4 +1,5 @@
-"""Test support for sim.checkpoint: tiny random Hugging Face checkpoints written with safetensors,
+"""Test support for sim.models.checkpoint: tiny random Hugging Face checkpoints written with
+safetensors,
 and each family's own arithmetic in NumPy, computed from the checkpoint's raw tensors (their
 names, their layouts) independently of the importer's mapping:
 

@@ -4,10 +4,11 @@ Plain Python. The constants have their one home here (the matmul unit's in
 :mod:`hw.spec.timing.matmul`): the gateware imports them, sizing its FIFOs from the depths and
 checking at construction (:func:`check_built`) that the registers it builds give the latencies and
 stage counts (``hw/tile/scratchpad.py``, ``hw/tile/vector_engine.py``, ``hw/tile/softmax.py``,
-``hw/tile/attention.py``), and the ISS's cycle model (:mod:`sim.iss.timing`, :mod:`sim.iss.engines`)
+``hw/tile/attention.py``), and the ISS's cycle model (:mod:`sim.timing.cycle`,
+:mod:`sim.timing.engines`)
 is built on the same names. The closed forms give a launch's busy cycles in the chip, scratchpad
 ports and all, for the bank layouts they name; ``tests/spec/timing`` checks them against the cycle
-model, which equals the RTL, and the launch-level timing model (:mod:`sim.iss.fast`) uses them
+model, which equals the RTL, and the launch-level timing model (:mod:`sim.timing.launch`) uses them
 where they hold.
 """
 

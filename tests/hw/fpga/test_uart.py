@@ -1,7 +1,7 @@
 """UART receiver and transmitter, and the host link (hw.fpga.uart) in Amaranth's simulator.
 
 The link is tested on the board top (hw.fpga.board, ``sim=True``) through the same bit-level
-UART model and driver (sim.rtl.uart_model, sim.board) that ``npu board``'s tests use.
+UART model and driver (sim.rtl.uart_model, sim.flows.board) that ``npu board``'s tests use.
 """
 
 import pytest
@@ -12,8 +12,8 @@ from hw.fpga.uart import HostLink, UartRx, UartTx
 from hw.spec import npu_preset
 from hw.spec.hostlink import SYNC, Cmd, Status
 from hw.spec.isa import Op, Unit
-from sim.board import BoardDriver, BoardError
 from sim.compiler.assembler import Assembler
+from sim.flows.board import BoardDriver, BoardError
 from sim.rtl.pysim import SimulationTimeout, run_sim
 from sim.rtl.uart_model import SimTransport, uart_frame
 from tests.helpers import seeded, small_npu

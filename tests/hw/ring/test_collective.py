@@ -206,8 +206,8 @@ def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
     gives the golden results in exactly the cycles Amaranth's simulator counts."""
     from hw.ring.collective import command_layout
     from hw.spec.collective import local_blocks, output_blocks, pack_blocks, unpack_blocks
+    from sim.rtl.cocotb_tb import run_cocotb
     from sim.rtl.ring_runner import command_value
-    from sim.rtl.verilator import run_cocotb
 
     text = exported_verilog(tmp_path, "ring", TINY)
     req = CollectiveRequest(kind="all_reduce", op="sum", width=32, length=203, chips=4)

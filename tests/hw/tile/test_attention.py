@@ -386,7 +386,7 @@ def _cocotb_data(cmds, exp, probs, max_cycles):
 def test_verilator_matches_golden_and_pysim(verilator_ok, tmp_path):
     """`npu export --top attention` (tiny preset): cocotb + Verilator give the golden results,
     and every transfer lands on the same clock edge as in Amaranth's simulator."""
-    from sim.rtl.verilator import run_cocotb
+    from sim.rtl.cocotb_tb import run_cocotb
 
     npu = npu_preset("tiny")
     window, d_head, length = npu.attn_window, npu.d_head_max, npu.softmax_len

@@ -202,7 +202,7 @@ def test_accumulator_wraps_modulo_2_32():
 def test_verilator_matches_pysim(verilator_ok, tmp_path):
     """`npu export --top matmul` writes Verilog; cocotb + Verilator check it against the golden
     model and against Amaranth's simulator's cycle count."""
-    from sim.rtl.verilator import run_cocotb
+    from sim.rtl.cocotb_tb import run_cocotb
 
     text = exported_verilog(tmp_path, "matmul", npu_preset("tiny"))
     rng = seeded(21)

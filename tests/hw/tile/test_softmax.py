@@ -134,7 +134,7 @@ def stimulus(length: int, seed: int):
 
 @pytest.mark.verilator
 def test_verilator_matches_golden_and_pysim(verilator_ok):
-    from sim.rtl.verilator import run_cocotb
+    from sim.rtl.cocotb_tb import run_cocotb
 
     npu = npu_preset("tiny")
     dut = build_top("softmax", npu)

@@ -11,7 +11,7 @@ import hw.tile.matmul as matmul
 import hw.tile.scratchpad as scratchpad
 import hw.tile.softmax as softmax
 import hw.tile.vector_engine as vector_engine
-import sim.iss.engines as engines
+import sim.timing.engines as engines
 from hw.spec.attention import FLAG_PARTIAL, FLAG_REDUCED, softmax_lanes
 from hw.spec.timing import chip as chip_timing
 from hw.spec.timing import matmul as matmul_timing
@@ -101,7 +101,7 @@ def _grants(depth_patch, monkeypatch):
 
 
 def test_read_fifo_is_sized_by_the_constant(monkeypatch):
-    """The cycle model (sim.iss.timing) grants a read while ``level + in flight <
+    """The cycle model (sim.timing.cycle) grants a read while ``level + in flight <
     READ_FIFO_DEPTH``; so does the gateware, for the real value and for one more."""
     assert _grants(None, monkeypatch) == chip_timing.READ_FIFO_DEPTH
     assert _grants(chip_timing.READ_FIFO_DEPTH + 1, monkeypatch) == \

@@ -265,7 +265,7 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op, golden-exact;
     a lone LayerNorm takes the documented number of cycles, the whole program as many cycles
     as in Amaranth's simulator."""
-    from sim.rtl.verilator import run_cocotb
+    from sim.rtl.cocotb_tb import run_cocotb
 
     npu = npu_preset("tiny")
     lanes = npu.vector_lanes

@@ -73,7 +73,7 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: LOAD_LUT16 and GELU16
     golden-exact, in as many cycles as in Amaranth's simulator."""
     from sim.cli import main
-    from sim.rtl.verilator import run_cocotb
+    from sim.rtl.cocotb_tb import run_cocotb
 
     npu = npu_preset("tiny")
     lanes = npu.vector_lanes

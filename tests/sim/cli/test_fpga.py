@@ -9,7 +9,8 @@ import json
 import pytest
 
 import hw.tops
-from sim import errors, fpga
+from sim import errors
+from sim.flows import fpga
 from tests.helpers import TINY_NPU, FlipFlop, assert_one_line, assert_one_line_error, run
 
 

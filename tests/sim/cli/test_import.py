@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sim import errors
-from sim.checkpoint import embed, load_import, tokenize
 from sim.cli import main
 from sim.cli.main import COMMANDS
+from sim.models.checkpoint import embed, load_import, tokenize
 
 from ..checkpoints import write_bert, write_gpt2
 

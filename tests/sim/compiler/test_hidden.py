@@ -22,12 +22,12 @@ from sim.compiler.hidden import (
 )
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.errors import BadInput
+from sim.flows.simulate import simulate
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.iss import IssSystem
-from sim.iss.timing import time_programs
 from sim.rtl.system_runner import run_system_pysim
-from sim.simulate import simulate
+from sim.timing.cycle import time_programs
 from tests.helpers import (
     TINY_MODEL,
     TINY_NPU,

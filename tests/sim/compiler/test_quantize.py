@@ -25,9 +25,9 @@ from sim.compiler.quantize import (
     quantize_model,
     smoothing_factors,
 )
+from sim.flows.simulate import simulate
 from sim.golden.matmul import LINEAR16_SHIFT_MIN
 from sim.golden.vector import gelu16_knot_shift, relu16_table
-from sim.simulate import simulate
 from tests.helpers import check_report, outlier_model
 
 TINY = npu_preset("tiny")

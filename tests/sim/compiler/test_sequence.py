@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from hw.spec import ConfigError, ModelConfig, npu_preset
-from sim.chrome_trace import trace_events
 from sim.compiler.sequence import key_span, plan_transfers, split_tokens
-from sim.simulate import simulate
+from sim.flows.simulate import simulate
+from sim.report.chrome_trace import trace_events
 from tests.helpers import TINY_NPU, check_report, run, write_model
 
 TINY = npu_preset("tiny")

@@ -12,7 +12,7 @@ from hw.spec.isa import Op
 from sim.compiler.grid import compile_grid
 from sim.compiler.quantize import quantize_model
 from sim.golden.float_model import random_weights
-from sim.plan import _dummy_qmodel
+from sim.planner.plan import _dummy_qmodel
 from sim.strategies import get
 
 NPU = load_npu("constraints/npu/tiny.toml")

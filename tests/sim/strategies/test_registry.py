@@ -7,8 +7,8 @@ import pytest
 
 from hw.spec import model_preset, npu_preset
 from sim.errors import BadInput
-from sim.plan import plan
-from sim.simulate import simulate
+from sim.flows.simulate import simulate
+from sim.planner.plan import plan
 from sim.strategies import GRIDS, NAMES, REGISTRY, get, table
 from sim.strategies.base import Strategy, register
 from tests.helpers import ROOT

@@ -97,7 +97,7 @@ def test_hardware_key_ignores_names_and_follows_the_hardware():
     assert hardware_key(tiny, 1, "verilator") != hardware_key(tiny, 2, "verilator")
 
 
-@pytest.mark.skipif(runner.planner is None, reason="the planner (sim/plan.py) is not built yet")
+@pytest.mark.skipif(runner.planner is None, reason="the planner (sim/planner/) is not built yet")
 def test_the_plan_backend_on_the_real_planner():
     row = run_point(_point(backend="plan"))
     assert (row["status"], row["fits"], row["golden_match"]) == ("ok", True, None)

@@ -13,8 +13,8 @@ from sim.compiler import attention_launch as al
 from sim.compiler import vector_launch as vl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
-from sim.iss.timing import time_programs
-from sim.timeline import intervals
+from sim.report.timeline import intervals
+from sim.timing.cycle import time_programs
 
 
 def npu_of(size, **changes):

@@ -1,0 +1,484 @@
+"""One NPU chip: sequencer, scratchpad with address generators, units, host port, ring port.
+
+Every unit follows one pattern: a launch copies the configuration registers into the unit's
+``i_cfg`` and descriptors into the address generators it owns; the generators stream words
+between the scratchpad and the unit. The attention engine and the vector engine share RD3-RD5
+and WR1-WR2 (an ``owner`` register, set at launch, routes them); they never run at once.
+The collective engine reads its local input through RD6 and writes its output through WR3,
+via a word gearbox (its words are ``D = max(2B, 8)`` bytes, ``D/N`` scratchpad words each), and
+owns the chip's ring port (``ring_tx``, ``ring_rx``).
+"""
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out, connect, flipped
+
+from .ring.collective import CollectiveEngine
+from .ring.router import Router, tag_layout
+from .spec import NpuConfig
+from .spec.collective import Kind
+from .spec.isa import (
+    ADDR_LEVELS,
+    BUSY_COUNTERS,
+    COLL_FIFO_WORDS,
+    INSN_BITS,
+    READ_GENS,
+    RECV_FIFO_WORDS,
+    REG_INDEX,
+    UNIT_BITS,
+    WRAP_GENS,
+    WRITE_GENS,
+    Op,
+    Unit,
+)
+from .spec.ring import CHAN_COLL, CHAN_P2P, CHIP_BITS
+from .tile.attention_engine import AttentionEngine
+from .tile.gearbox import WordPacker, WordUnpacker
+from .tile.matmul_engine import MatmulEngine
+from .tile.ports import HostSignature, RingPortSignature, trace_depth
+from .tile.scratchpad import AddrGen, Scratchpad
+from .tile.sequencer import LAUNCH_OPS, Sequencer
+from .tile.trace import TraceBuffer
+from .tile.vector_engine import CFG_REGS as VEC_CFG_REGS
+from .tile.vector_engine import VectorEngine
+
+__all__ = ["Chip"]
+
+# Scratchpad port numbers follow hw.spec.isa.READ_GENS and WRITE_GENS; the host has the last
+# (lowest-priority) read and write ports.
+#: Generators the attention and vector engines share (an attention launch uses RD3-RD5 and
+#: WR1, less RD4 or RD3 in the split-score passes: the engine's ``uses``).
+SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
+#: Which configuration register feeds each field of the attention engine's ``i_cfg``.
+ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
+                 "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
+                 "score_mult": "AT_SCORE_MULT", "score_shift": "AT_SCORE_SHIFT",
+                 "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD"}
+
+
+def _write(m, addr, wp, src):
+    """Join a write generator's addresses ``addr`` with a unit's words ``src`` into the
+    scratchpad write port ``wp``: a word is written when both are there and the port is free."""
+    m.d.comb += [
+        wp.valid.eq(addr.valid & src.valid),
+        wp.payload.addr.eq(addr.payload.addr),
+        wp.payload.data.eq(src.payload.data),
+        addr.ready.eq(wp.ready & src.valid),
+        src.ready.eq(wp.ready & addr.valid),
+    ]
+
+
+class Chip(wiring.Component):
+    """One NPU chip sized by an :class:`~hw.spec.NpuConfig`.
+
+    Host side (used while the chip is stopped; loading time is reported separately):
+
+    - ``host`` (:class:`~hw.tile.ports.HostSignature`): ``imem`` writes one 64-bit instruction
+      (always ready), ``wr`` one scratchpad word; ``rd_addr`` / ``rd_data`` read one back;
+    - ``start`` runs the program from pc 0; ``done`` rises at ``HALT`` (``error`` on an unknown
+      opcode); ``cycles`` counts from start to done; ``busy_cycles[k]`` counts the cycles in
+      which counter ``hw.spec.isa.BUSY_COUNTERS[k]`` was busy: each unit (matmul, attention,
+      vector, collective, send, recv), then ``any`` unit, then ``compute`` (matmul, attention
+      or vector); the trace buffer (:mod:`hw.tile.trace`, read through ``host``) holds every
+      change of the busy vector;
+    - ``busy`` (the units busy now, ``hw.spec.isa.Unit`` bits) and ``pc``: what a watchdog
+      reports about a chip that never halts.
+
+    Ring port ``ring`` (:class:`~hw.tile.ports.RingPortSignature`): ``ring.tx`` and ``ring.rx``
+    carry tagged words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes; join chip i's
+    ``ring.tx`` to chip (i + 1) mod N's ``ring.rx`` through a :class:`~hw.ring.link.RingLink`
+    (:class:`hw.system.ChipSystem`), and tie ``chip_id`` to i. A router
+    (:class:`~hw.ring.router.Router`) delivers the words for this chip to the collective engine,
+    the receive unit or the send unit's clear-to-send flags, and forwards the rest (see
+    ``hw.spec.ring``). ``D`` must be a multiple of the scratchpad word
+    (:meth:`~hw.spec.NpuConfig.ring_port_error`; the constructor raises
+    :meth:`~hw.spec.NpuConfig.chip_error`).
+
+    ``coll_avg=False`` builds the collective engine without AVG's divider (an FPGA build:
+    :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
+    """
+
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True):
+        if not isinstance(npu, NpuConfig):
+            raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+        if (error := npu.chip_error()) is not None:
+            raise error
+        self._coll_bytes = npu.ring_word_bytes
+        self._npu = npu
+        self._coll_avg = bool(coll_avg)
+        self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
+                         "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
+                         "write_ports": len(WRITE_GENS) + 1}
+        super().__init__({
+            "start": In(1),
+            "done": Out(1),
+            "error": Out(1),
+            "cycles": Out(32),
+            "busy_cycles": Out(32).array(len(BUSY_COUNTERS)),
+            "busy": Out(UNIT_BITS),
+            "pc": Out(range(npu.imem_words)),
+            "chip_id": In(CHIP_BITS),
+            "host": In(HostSignature(npu)),
+            "ring": Out(RingPortSignature(self._coll_bytes)),
+        })
+
+    @property
+    def npu(self):
+        return self._npu
+
+    @property
+    def coll_avg(self) -> bool:
+        """Whether the collective engine has AVG's divider (``coll_avg``)."""
+        return self._coll_avg
+
+    @property
+    def ring_word_bytes(self) -> int:
+        """Bytes of the words on the ring port (the collective engine's ``D``)."""
+        return self._coll_bytes
+
+    def elaborate(self, platform):
+        m = Module()
+        npu = self._npu
+        n = npu.array_size
+        ab = npu.sram_addr_bits
+        host = self.host
+
+        m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
+        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words)
+        m.submodules.spad = spad = Scratchpad(**self._sp_args)
+        imem_rd = imem.read_port()
+        imem_wr = imem.write_port()
+        m.d.comb += [
+            imem_rd.addr.eq(seq.imem_addr),
+            seq.imem_data.eq(imem_rd.data),
+            imem_wr.en.eq(host.imem.valid),
+            imem_wr.addr.eq(host.imem.payload.addr),
+            imem_wr.data.eq(host.imem.payload.data),
+            host.imem.ready.eq(1),
+            seq.start.eq(self.start),
+            self.done.eq(seq.done),
+            self.error.eq(seq.error),
+            self.cycles.eq(seq.cycles),
+            self.pc.eq(seq.pc),
+        ]
+
+        # Host access through the last (lowest-priority) scratchpad ports.
+        host_rp = spad.rd[len(READ_GENS)]
+        connect(m, flipped(host.rd_addr), host_rp.i_addr)
+        connect(m, host_rp.o_data, flipped(host.rd_data))
+        host_wp = spad.wr[len(WRITE_GENS)]
+        m.d.comb += [
+            host_wp.i.valid.eq(host.wr.valid),
+            host_wp.i.payload.addr.eq(host.wr.payload.addr),
+            host_wp.i.payload.data.eq(host.wr.payload.data),
+            host.wr.ready.eq(host_wp.i.ready),
+        ]
+
+        def reg(name):
+            return seq.regs[REG_INDEX[name]]
+
+        gens = {}
+        for name in READ_GENS + WRITE_GENS:
+            gen = AddrGen(addr_bits=ab, wrap=name in WRAP_GENS)
+            m.submodules[f"gen_{name.lower()}"] = gen
+            gens[name] = gen
+            m.d.comb += gen.i.payload.base.eq(reg(f"{name}.base"))
+            if name in WRAP_GENS:
+                m.d.comb += [gen.i.payload.wrap.eq(reg(f"{name}.wrap")),
+                             gen.i.payload.off.eq(reg(f"{name}.off"))]
+            for lv in range(ADDR_LEVELS):
+                m.d.comb += [gen.i.payload.n[lv].eq(reg(f"{name}.n{lv}")),
+                             gen.i.payload.s[lv].eq(reg(f"{name}.s{lv}"))]
+        for k, name in enumerate(READ_GENS):
+            connect(m, gens[name].o, spad.rd[k].i_addr)
+
+        def idle(names):
+            # An address generator is idle when it holds no address (its state, not `ready`).
+            return ~Cat(*[gens[g].o.valid for g in names]).any()
+
+        # Matmul unit: A via RD0, B via RD1, parameters via RD2, results via WR0.
+        m.submodules.matmul = mm = MatmulEngine(size=n)
+        for k, port in enumerate((mm.i_a, mm.i_b, mm.i_p)):
+            rd = spad.rd[k].o_data
+            m.d.comb += [port.valid.eq(rd.valid), rd.ready.eq(port.ready),
+                         port.payload.data.eq(rd.payload.data),
+                         port.payload.last.eq(rd.payload.last)]
+        _write(m, gens["WR0"].o, spad.wr[0].i, mm.o)
+        mm_gens = ("RD0", "RD1", "RD2", "WR0")
+        mm_busy = mm.busy | ~idle(mm_gens)
+        mm_bit = LAUNCH_OPS.index(Op.MATMUL)
+        go = seq.launch[mm_bit] & seq.can_launch[mm_bit]
+        m.d.comb += [
+            seq.can_launch[mm_bit].eq(~mm_busy),
+            mm.i_cfg.valid.eq(go),
+            mm.i_cfg.payload.k.eq(reg("MM_K")),
+            mm.i_cfg.payload.folds.eq(reg("MM_FOLDS")),
+            mm.i_cfg.payload.mode.eq(reg("MM_MODE")),
+            mm.i_cfg.payload.a_unsigned.eq(reg("MM_A_UNSIGNED")),
+        ]
+        for g in mm_gens:
+            m.d.comb += gens[g].i.valid.eq(go)
+
+        # Attention (RD3 K, RD4 V, RD5 Q, WR1 out) and vector unit (RD3 A, RD4 B, RD5 stats,
+        # WR1 data, WR2 q) share generators; `owner_attn` (set at launch) routes their streams.
+        m.submodules.attention = at = AttentionEngine(
+            window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len, size=n)
+        m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max)
+        owner_attn = Signal()
+        shared_idle = idle(SHARED_GENS)
+        rd_index = {name: k for k, name in enumerate(READ_GENS)}
+        for gen, at_port, vu_port in (("RD3", at.i_k, vu.i_a), ("RD4", at.i_v, vu.i_b),
+                                      ("RD5", at.i_q, vu.i_stats)):
+            rd = spad.rd[rd_index[gen]].o_data
+            for port, mine in ((at_port, owner_attn), (vu_port, ~owner_attn)):
+                m.d.comb += [port.valid.eq(rd.valid & mine),
+                             port.payload.data.eq(rd.payload.data),
+                             port.payload.last.eq(rd.payload.last)]
+            m.d.comb += rd.ready.eq(Mux(owner_attn, at_port.ready, vu_port.ready))
+        wr_index = {name: k for k, name in enumerate(WRITE_GENS)}
+        for gen, at_port, vu_port in (("WR1", at.o, vu.o_data), ("WR2", None, vu.o_q)):
+            addr, wp = gens[gen].o, spad.wr[wr_index[gen]].i
+            if at_port is not None:
+                src_valid = Mux(owner_attn, at_port.valid, vu_port.valid)
+                src_data = Mux(owner_attn, at_port.payload.data.as_value(),
+                               vu_port.payload.data.as_value())
+                m.d.comb += at_port.ready.eq(owner_attn & wp.ready & addr.valid)
+            else:
+                src_valid = ~owner_attn & vu_port.valid
+                src_data = vu_port.payload.data.as_value()
+            m.d.comb += [
+                wp.valid.eq(addr.valid & src_valid),
+                wp.payload.addr.eq(addr.payload.addr),
+                wp.payload.data.eq(src_data),
+                addr.ready.eq(wp.ready & src_valid),
+                vu_port.ready.eq(~owner_attn & wp.ready & addr.valid),
+            ]
+
+        at_bit, vu_bit = LAUNCH_OPS.index(Op.ATTN), LAUNCH_OPS.index(Op.VEC)
+        free = ~at.busy & ~vu.busy & shared_idle
+        at_go = seq.launch[at_bit] & seq.can_launch[at_bit]
+        vu_go = seq.launch[vu_bit] & seq.can_launch[vu_bit]
+        m.d.comb += [seq.can_launch[at_bit].eq(free), seq.can_launch[vu_bit].eq(free),
+                     at.i_cfg.valid.eq(at_go), vu.i_cfg.valid.eq(vu_go)]
+        for field, name in ATTN_CFG_REGS.items():
+            m.d.comb += getattr(at.i_cfg.payload, field).eq(reg(name))
+        for field, name in VEC_CFG_REGS.items():
+            m.d.comb += getattr(vu.i_cfg.payload, field).eq(reg(name))
+        with m.If(at_go):
+            m.d.sync += owner_attn.eq(1)
+        with m.If(vu_go):
+            m.d.sync += owner_attn.eq(0)
+        # A launch starts only the generators its unit will use: an unused generator would
+        # still walk one address and never finish.
+        vu_uses = {"RD3": 1, "RD4": vu.uses.b, "RD5": vu.uses.stats, "WR1": vu.uses.data,
+                   "WR2": vu.uses.q}
+        # The split-score passes read no V (partial) or no K (reduced).
+        at_uses = {"RD3": at.uses.k, "RD4": at.uses.v, "RD5": 1, "WR1": 1, "WR2": 0}
+        for g in SHARED_GENS:
+            m.d.comb += gens[g].i.valid.eq((at_go & at_uses[g]) | (vu_go & vu_uses[g]))
+        at_busy = at.busy | (owner_attn & ~shared_idle)
+        vu_busy = vu.busy | (~owner_attn & ~shared_idle)
+
+        m.submodules.router = router = Router(word_bytes=self._coll_bytes)
+        connect(m, router.o_link, flipped(self.ring.tx))
+        connect(m, flipped(self.ring.rx), router.i_link)
+        m.d.comb += router.chip_id.eq(self.chip_id)
+        co_busy = self._collective(m, seq, spad, gens, reg, idle, router)
+        send_busy = self._send(m, seq, spad, gens, reg, idle, router)
+        recv_busy = self._recv(m, seq, spad, gens, reg, idle, router)
+
+        busy = Cat(mm_busy, at_busy, vu_busy, co_busy, send_busy, recv_busy)
+        m.d.comb += [seq.busy.eq(busy), self.busy.eq(busy)]
+        # `any` counts the cycles in which some unit is busy: the sum of the per-unit counts
+        # minus it is how much the units overlapped. `compute`: matmul, attention or vector.
+        compute = (busy & (Unit.MATMUL | Unit.ATTN | Unit.VEC)).any()
+        flags = [busy[u] for u in range(UNIT_BITS)] + [busy.any(), compute]
+        assert len(flags) == len(BUSY_COUNTERS)
+        for u, flag in enumerate(flags):
+            with m.If(seq.running & flag):
+                m.d.sync += self.busy_cycles[u].eq(self.busy_cycles[u] + 1)
+        launch = self.start & ~seq.running
+        with m.If(launch):
+            m.d.sync += [c.eq(0) for c in self.busy_cycles]
+
+        m.submodules.trace = trace = TraceBuffer(depth=trace_depth(npu))
+        m.d.comb += [
+            trace.running.eq(seq.running), trace.start.eq(launch), trace.cycle.eq(seq.cycles),
+            trace.busy.eq(busy), trace.rd_addr.eq(host.trace_addr),
+            host.trace_data.eq(trace.rd_data), host.trace_count.eq(trace.count),
+            host.trace_overflow.eq(trace.overflow),
+        ]
+        return m
+
+    def _collective(self, m, seq, spad, gens, reg, idle, router):
+        """Collective engine: RD6 -> gearbox -> ``i_local``, ``o_local`` -> gearbox -> WR3;
+        ``o_tx`` and ``i_rx`` through the router (words tagged for the next group member).
+
+        Returns its busy flag: the engine is busy, RD6/WR3 hold an address, or the read gearbox
+        holds a partial word.
+        """
+        n = self._npu.word_bytes
+        ratio = self._coll_bytes // n
+        wbits = 8 * n
+        m.submodules.collective = co = CollectiveEngine(
+            link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
+            avg=self._coll_avg)
+        co_dest = Signal(CHIP_BITS)
+        tx_tag = data.View(tag_layout(), router.i_coll.payload.tag)
+        m.d.comb += [
+            router.i_coll.valid.eq(co.o_tx.valid),
+            router.i_coll.payload.data.eq(co.o_tx.payload.data),
+            router.i_coll.payload.last.eq(co.o_tx.payload.last),
+            tx_tag.dest.eq(co_dest), tx_tag.src.eq(self.chip_id), tx_tag.chan.eq(CHAN_COLL),
+            co.o_tx.ready.eq(router.i_coll.ready),
+        ]
+        connect(m, router.o_coll, co.i_rx)
+
+        # RD6 -> packer -> i_local: `ratio` scratchpad words make one engine word.
+        m.submodules.co_pack = pack = WordPacker(narrow_bits=wbits, ratio=ratio)
+        rd = spad.rd[READ_GENS.index("RD6")].o_data
+        m.d.comb += [
+            pack.i.valid.eq(rd.valid),
+            pack.i.payload.data.eq(rd.payload.data),
+            pack.i.payload.last.eq(rd.payload.last),
+            rd.ready.eq(pack.i.ready),
+            co.i_local.valid.eq(pack.o.valid),
+            co.i_local.payload.data.eq(pack.o.payload.data),
+            co.i_local.payload.last.eq(0),
+            pack.o.ready.eq(co.i_local.ready),
+        ]
+        # o_local -> unpacker -> WR3: each engine word leaves as `ratio` scratchpad words.
+        m.submodules.co_unpack = unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
+        out = co.o_local
+        m.d.comb += [
+            unpack.i.valid.eq(out.valid),
+            unpack.i.payload.data.eq(out.payload.data),
+            unpack.i.payload.last.eq(out.payload.last),
+            out.ready.eq(unpack.i.ready),
+        ]
+        _write(m, gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i, unpack.o)
+
+        # Launch: the CO_* registers become the engine's command. A chip outside the group
+        # takes no part (its router forwards the group's words): its COLL is a no-op. A
+        # member's schedule uses the local input (RD6) in a reduction or an all-gather, or as
+        # the sender of a send/recv; it produces output (WR3) as such a member, or the receiver.
+        # Only those generators start: a started generator that is never drained would hang.
+        bit = LAUNCH_OPS.index(Op.COLL)
+        co_busy = Signal()
+        m.d.comb += co_busy.eq(co.busy | ~idle(("RD6", "WR3")) | pack.busy)
+        go = seq.launch[bit] & seq.can_launch[bit]
+        cmd = co.i_cmd.payload
+        kind = Signal(3)
+        rank, first = Signal(4), Signal(4)
+        chips, count = Signal(5), Signal(5)
+        diff = Signal(range(-16, 16))
+        pos = Signal(range(16))
+        m.d.comb += [
+            kind.eq(reg("CO_KIND")),
+            rank.eq(reg("CO_RANK")), first.eq(reg("CO_FIRST")),
+            chips.eq(reg("CO_CHIPS")), count.eq(reg("CO_COUNT")),
+            seq.can_launch[bit].eq(~co_busy),
+            cmd.kind.eq(kind),
+            cmd.op.eq(reg("CO_OP")),
+            cmd.wide.eq(reg("CO_WIDTH") == 64),
+            cmd.length.eq(reg("CO_LEN")),
+            cmd.chips.eq(chips),
+            cmd.rank.eq(rank),
+            cmd.first.eq(first),
+            cmd.count.eq(count),
+            diff.eq(rank - first),
+            pos.eq(Mux(diff < 0, diff + chips, diff)),
+        ]
+        member = pos < count
+        # The next member's chip: (first + (pos + 1) mod count) mod chips.
+        nxt = Signal(range(16))
+        dest = Signal(range(32))
+        m.d.comb += [
+            co.i_cmd.valid.eq(go & member),
+            nxt.eq(Mux(pos + 1 == count, 0, pos + 1)),
+            dest.eq(first + nxt),
+        ]
+        with m.If(go):
+            m.d.sync += co_dest.eq(Mux(dest >= chips, dest - chips, dest))
+        data_kind = (kind == Kind.ALL_REDUCE) | (kind == Kind.REDUCE_SCATTER) | \
+            (kind == Kind.ALL_GATHER)
+        send_recv = kind == Kind.SEND_RECV
+        m.d.comb += [
+            gens["RD6"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 0)))),
+            gens["WR3"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 1)))),
+        ]
+        return co_busy
+
+    def _send(self, m, seq, spad, gens, reg, idle, router):
+        """The send unit: RD7 -> packer -> the router, to chip ``SR_DEST``, once a clear-to-send
+        from that chip has arrived. Returns its busy flag."""
+        ratio = self._coll_bytes // self._npu.word_bytes
+        m.submodules.send_pack = pack = WordPacker(narrow_bits=8 * self._npu.word_bytes,
+                                                   ratio=ratio)
+        rd = spad.rd[READ_GENS.index("RD7")].o_data
+        connect(m, rd, pack.i)
+        active, clear = Signal(), Signal()
+        dest = Signal(CHIP_BITS)
+        cts = Signal(1 << CHIP_BITS)      # clear-to-send tokens held, by source chip
+        tag = data.View(tag_layout(), router.i_p2p.payload.tag)
+        m.d.comb += [
+            router.i_p2p.valid.eq(pack.o.valid & clear),
+            router.i_p2p.payload.data.eq(pack.o.payload.data),
+            router.i_p2p.payload.last.eq(pack.o.payload.last),
+            tag.dest.eq(dest), tag.src.eq(self.chip_id), tag.chan.eq(CHAN_P2P),
+            pack.o.ready.eq(router.i_p2p.ready & clear),
+        ]
+        take = active & ~clear & cts.bit_select(dest, 1)
+        consumed = Signal(1 << CHIP_BITS)
+        with m.If(take):
+            m.d.comb += consumed.eq(1 << dest)
+            m.d.sync += clear.eq(1)
+        m.d.sync += cts.eq((cts | router.cts_set) & ~consumed)
+        with m.If(router.i_p2p.valid & router.i_p2p.ready & pack.o.payload.last):
+            m.d.sync += [active.eq(0), clear.eq(0)]
+        bit = LAUNCH_OPS.index(Op.SEND)
+        busy = Signal()
+        m.d.comb += busy.eq(active | ~idle(("RD7",)) | pack.busy)
+        go = seq.launch[bit] & seq.can_launch[bit]
+        m.d.comb += [seq.can_launch[bit].eq(~busy), gens["RD7"].i.valid.eq(go)]
+        with m.If(go):
+            m.d.sync += [active.eq(1), clear.eq(0), dest.eq(reg("SR_DEST"))]
+        return busy
+
+    def _recv(self, m, seq, spad, gens, reg, idle, router):
+        """The receive unit: a clear-to-send to chip ``SR_SRC``, then that chip's message words
+        from the router -> FIFO -> unpacker -> WR4, until ``last``. Returns its busy flag."""
+        ratio = self._coll_bytes // self._npu.word_bytes
+        wbits = 8 * self._npu.word_bytes
+        m.submodules.recv_fifo = fifo = SyncFIFO(width=8 * self._coll_bytes + 1,
+                                                 depth=RECV_FIFO_WORDS)
+        m.submodules.recv_unpack = unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
+        open_, cts_due = Signal(), Signal()
+        src = Signal(CHIP_BITS)
+        inw = router.o_p2p
+        m.d.comb += [
+            router.p2p_open.eq(open_), router.p2p_src.eq(src),
+            router.i_cts.valid.eq(cts_due), router.i_cts.payload.dest.eq(src),
+            fifo.w_data.eq(Cat(inw.payload.data, inw.payload.last)),
+            fifo.w_en.eq(inw.valid),
+            inw.ready.eq(fifo.w_rdy),
+            unpack.i.valid.eq(fifo.r_rdy),
+            unpack.i.payload.data.eq(fifo.r_data[:8 * self._coll_bytes]),
+            unpack.i.payload.last.eq(fifo.r_data[-1]),
+            fifo.r_en.eq(unpack.i.ready),
+        ]
+        with m.If(router.i_cts.valid & router.i_cts.ready):
+            m.d.sync += cts_due.eq(0)
+        with m.If(inw.valid & inw.ready & inw.payload.last):
+            m.d.sync += open_.eq(0)
+        _write(m, gens["WR4"].o, spad.wr[WRITE_GENS.index("WR4")].i, unpack.o)
+        busy = Signal()
+        m.d.comb += busy.eq(open_ | cts_due | fifo.r_rdy | ~idle(("WR4",)))
+        bit = LAUNCH_OPS.index(Op.RECV)
+        go = seq.launch[bit] & seq.can_launch[bit]
+        m.d.comb += [seq.can_launch[bit].eq(~busy), gens["WR4"].i.valid.eq(go)]
+        with m.If(go):
+            m.d.sync += [open_.eq(1), cts_due.eq(1), src.eq(reg("SR_SRC"))]
+        return busy

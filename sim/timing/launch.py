@@ -1,0 +1,635 @@
+"""A launch-level timing model: the cycles of programs far too long for the cycle model.
+
+:func:`time_programs_fast` follows the sequencer's rules (one instruction per cycle; a launch
+waits for its unit, ATTN and VEC for each other; ``WAIT``; ``HALT``) with one duration per
+launch instead of a cycle-by-cycle walk, so its cost grows with the number of instructions,
+not of cycles: a Llama-2-7B-sized program on the ``lpu-like`` preset takes well under a second.
+
+A launch's duration (busy cycles, from the cycle after the launch to the cycle its unit is idle)
+comes from the chip-context closed forms of :mod:`hw.spec.timing.chip` when they are exact
+(every stream of the launch in a bank of its own, or the same-bank cases they model), and
+otherwise from the cycle model (:mod:`sim.timing.cycle`) run on the launch alone: exactly when the
+launch is short, or on the launch cut to a few repeats (folds, rows, queries, message words)
+and extrapolated along its steady state. Collectives start when the last member of the group
+has launched (they are timed alone by the cycle model, all members starting together); a
+SEND/RECV pair when both sides have launched.
+
+What it leaves out is what happens *between* launches on different units: a launch that runs
+beside another (LOAD_LUT beside the FFN1 matmul, a SEND/RECV beside a stage's compute) is timed
+as if it had the scratchpad's banks to itself, and a collective as if every member started in
+the same cycle. On the programs the compiler emits this costs a few cycles per such overlap;
+``sim/benches/plan.py`` measures it against the cycle model and the RTL.
+"""
+
+from __future__ import annotations
+
+from hw.spec import NpuConfig
+from hw.spec.attention import FLAG_INTERLEAVED, flags_halo
+from hw.spec.collective import CollectiveRequest, word_bytes
+from hw.spec.formats import OutMode, out_words
+from hw.spec.isa import (
+    ADDR_LEVELS,
+    BUSY_COUNTERS,
+    REG_INDEX,
+    REGS,
+    WRAP_GENS,
+    IsaError,
+    Op,
+    Unit,
+    decode,
+)
+from hw.spec.memory import bank_of
+from hw.spec.timing import attention as attn_timing
+from hw.spec.timing import chip as chip_timing
+from hw.spec.timing import vector as vec_timing
+from hw.spec.vector import VectorOp
+from hw.spec.vector_engine import VecFlags, uses_b
+
+from ..iss.errors import IssError
+from .cycle import ChipTiming, SystemTiming, time_programs
+
+__all__ = ["LaunchTimer", "time_programs_fast"]
+
+_UNIT_BIT = {Op.MATMUL: 0, Op.ATTN: 1, Op.VEC: 2, Op.COLL: 3, Op.SEND: 4, Op.RECV: 5}
+_GENS_OF = {Op.MATMUL: ("RD0", "RD1", "RD2", "WR0"), Op.ATTN: ("RD3", "RD4", "RD5", "WR1"),
+            Op.VEC: ("RD3", "RD4", "RD5", "WR1", "WR2"), Op.COLL: ("RD6", "WR3"),
+            Op.SEND: ("RD7",), Op.RECV: ("WR4",)}
+_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED"),
+              Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_Q_POS", "AT_K_POS", "AT_WINDOW",
+                        "AT_FLAGS", "AT_D_HEAD"),
+              Op.VEC: ("VU_OP", "VU_ROWS", "VU_LEN", "VU_N", "VU_FLAGS"),
+              Op.COLL: ("CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_CHIPS", "CO_RANK",
+                        "CO_FIRST", "CO_COUNT"),
+              Op.SEND: ("SR_DEST",), Op.RECV: ("SR_SRC",)}
+#: Launches shorter than this many cycles are timed exactly, by the cycle model alone.
+EXACT_CYCLES = 4000
+#: Longer launches outside the exact closed forms are cut to a few repeats and simulated up
+#: to this many cycles; beyond, approximated (:meth:`LaunchTimer.approximate`).
+EXTRAPOLATE_CYCLES = 100_000
+
+
+def _gen_regs(gen):
+    names = [f"{gen}.base"] + [f"{gen}.{x}{lv}" for x in "ns" for lv in range(ADDR_LEVELS)]
+    if gen in WRAP_GENS:
+        names += [f"{gen}.wrap", f"{gen}.off"]
+    return names
+
+
+_REGS_OF = {op: tuple(r for g in _GENS_OF[op] for r in _gen_regs(g)) + _UNIT_REGS[op]
+            for op in _GENS_OF}
+
+
+def _extent(regs, gen):
+    """(first word, last word, words) a generator's descriptor covers (wrap: its buffer)."""
+    base = regs.get(f"{gen}.base", 0)
+    lo = hi = 0
+    words = 1
+    for lv in range(ADDR_LEVELS):
+        count = max(1, regs.get(f"{gen}.n{lv}", 0))
+        step = regs.get(f"{gen}.s{lv}", 0) * (count - 1)
+        lo, hi = lo + min(0, step), hi + max(0, step)
+        words *= count
+    if gen in WRAP_GENS and regs.get(f"{gen}.wrap", 0):
+        return base, base + regs[f"{gen}.wrap"] - 1, words
+    return base + lo, base + hi, words
+
+
+class LaunchTimer:
+    """Busy cycles of single launches in a chip of ``npu`` (memoised by their registers)."""
+
+    def __init__(self, npu: NpuConfig):
+        self.npu = npu
+        self.n = npu.array_size
+        self._cache = {}
+        self.bank_words = npu.bank_words
+
+    # --- exact: the cycle model on the launch alone ---------------------------------------
+    def _program(self, op, regs):
+        words = []
+        for name in _REGS_OF[op]:
+            words.append(_set(name, regs.get(name, 0)))
+        words.append(Op(op) | 0)
+        words.append(int(Op.HALT))
+        return words
+
+    def simulate(self, op, regs) -> int:
+        """Busy cycles of the launch with ``regs`` run alone (the cycle model)."""
+        t = time_programs(self.npu, [self._program(op, regs)], ring=False)
+        return _busy_span(t.chips[0].trace, _UNIT_BIT[op], t.chips[0].cycles)
+
+    # --- the launch's banks ---------------------------------------------------------------
+    def _banks(self, regs, gen):
+        lo, hi, _ = _extent(regs, gen)
+        if self.npu.sram_banks == 1:
+            return (0, 0)
+        words = self.npu.sram_words
+        return bank_of(lo % words, self.bank_words), bank_of(hi % words, self.bank_words)
+
+    def _share(self, regs, a, b) -> bool:
+        (a0, a1), (b0, b1) = self._banks(regs, a), self._banks(regs, b)
+        return a0 <= b1 and b0 <= a1
+
+    # --- durations ------------------------------------------------------------------------
+    def duration(self, op, regs: dict) -> int:
+        key = (op,) + tuple(regs.get(name, 0) for name in _REGS_OF[op])
+        got = self._cache.get(key)
+        if got is None:
+            est = self.estimate(op, regs)
+            if est is not None and est > EXACT_CYCLES:
+                # Long launches by shape and relative bank layout: every layer's copy of a
+                # launch is timed once.
+                shape = self._signature(op, regs)
+                got = self._cache.get(shape)
+                if got is None:
+                    got = self._cache[shape] = self._duration(op, regs)
+            else:
+                got = self._duration(op, regs)
+            self._cache[key] = got
+        return got
+
+    def _signature(self, op, regs):
+        gens = [g for g in _GENS_OF[op] if regs.get(f"{g}.n0")]
+        banks = {g: self._banks(regs, g) for g in gens}
+        ref = min((b[0] for b in banks.values()), default=0)
+        parts = [("sig", op)] + [regs.get(name, 0) for name in _UNIT_REGS[op]]
+        for g in gens:
+            parts.append((g, tuple(regs.get(f"{g}.{x}{lv}", 0) for x in "ns"
+                                   for lv in range(ADDR_LEVELS)),
+                          banks[g][0] - ref, banks[g][1] - ref))
+        return tuple(parts)
+
+    def _duration(self, op, regs) -> int:
+        est = self.estimate(op, regs)
+        if est is None or est <= EXACT_CYCLES:
+            return self.simulate(op, regs)
+        closed = self.closed_form(op, regs)
+        if closed is not None:
+            return closed
+        if est > EXTRAPOLATE_CYCLES:
+            approx = self.approximate(op, regs)
+            if approx is not None:
+                return approx
+        return self._extrapolate(op, regs)
+
+    def approximate(self, op, regs) -> int | None:
+        """Launches too long to cut and simulate, outside the exact closed forms' domain: a
+        matmul whose A and parameters share a bank, or whose K is so short that the next
+        fold's parameters stall the array (:func:`hw.spec.timing.chip.matmul_approx`)."""
+        if op is not Op.MATMUL:
+            return None
+        ow = out_words(OutMode(regs["MM_MODE"]))
+        shared = self._share(regs, "RD0", "RD2") or self._share(regs, "RD1", "RD2") or \
+            self._share(regs, "RD0", "RD1")
+        return chip_timing.matmul_approx(self.n, regs["MM_K"], regs["MM_FOLDS"], ow,
+                                         shared=shared)
+
+    def estimate(self, op, regs) -> int | None:
+        """Roughly the launch's cycles (to choose how to time it)."""
+        if op is Op.MATMUL:
+            return regs["MM_K"] * regs["MM_FOLDS"]
+        if op is Op.VEC:
+            lanes = self.n
+            return regs["VU_ROWS"] * (4 * -(-regs["VU_LEN"] // lanes) + 12)
+        if op is Op.ATTN:
+            return attn_timing.launch_cycles(regs, window=self.npu.attn_window,
+                                             length=self.npu.softmax_len, size=self.n) \
+                if regs["AT_QUERIES"] + regs["AT_KEYS"] < 4096 else \
+                regs["AT_QUERIES"] * (2 * self.npu.attn_window + 5 * self.npu.softmax_len)
+        if op in (Op.SEND, Op.RECV):
+            return None
+        return None
+
+    def closed_form(self, op, regs) -> int | None:
+        """The chip-context closed form when it is exact for these registers, else None."""
+        n = self.n
+        if op is Op.MATMUL:
+            k, folds = regs["MM_K"], regs["MM_FOLDS"]
+            ow = out_words(OutMode(regs["MM_MODE"]))
+            if self._share(regs, "RD0", "RD2") or self._share(regs, "RD1", "RD2") or \
+                    self._share(regs, "RD0", "RD1"):
+                return None
+            if k < chip_timing.matmul_k_min(n, ow):
+                return None
+            return chip_timing.matmul_cycles(n, k, folds, ow)
+        if op is Op.VEC:
+            vop = VectorOp(regs["VU_OP"])
+            flags = VecFlags.decode(regs["VU_FLAGS"])
+            base = vec_timing.launch_cycles(vop, rows=regs["VU_ROWS"], length=regs["VU_LEN"],
+                                            lanes=n, flags=flags)
+            shared = uses_b(vop, flags.per_channel) and self._share(regs, "RD3", "RD4")
+            both = flags.wr_data and flags.wr_q and vop in (VectorOp.LN, VectorOp.LN_APPLY)
+            if vop not in (VectorOp.LN, VectorOp.LN_APPLY, VectorOp.ADD, VectorOp.BIAS,
+                           VectorOp.REQUANT, VectorOp.RELU, VectorOp.LUT):
+                return None
+            return chip_timing.vector_cycles(
+                vop, base, rows=regs["VU_ROWS"], length=regs["VU_LEN"], lanes=n, flags=flags,
+                shared=shared, outputs_shared=both and self._share(regs, "WR1", "WR2"))
+        if op is Op.ATTN:
+            flags = regs["AT_FLAGS"]
+            shared = self._share(regs, "RD3", "RD4") or self._share(regs, "RD4", "RD5") or \
+                self._share(regs, "RD3", "RD5")
+            if flags & FLAG_INTERLEAVED and shared != (
+                    self._share(regs, "RD3", "RD4") and self._share(regs, "RD4", "RD5")):
+                return None                 # two of the three share a bank: not modelled
+            base = attn_timing.preload_cycles(regs, window=self.npu.attn_window,
+                                              length=self.npu.softmax_len, size=n)
+            return chip_timing.attention_cycles(
+                base, keys=regs["AT_KEYS"], words=regs["AT_D_HEAD"] // n, shared=shared,
+                interleaved=bool(flags & FLAG_INTERLEAVED), halo=flags_halo(flags))
+        return None
+
+    def _extrapolate(self, op, regs) -> int:
+        """The launch cut to a few repeats, timed by the cycle model, extended linearly."""
+        points = []
+        for r in (4, 6, 8):
+            cut = _cut(op, regs, r)
+            if cut is None:
+                break
+            reps, cregs = cut
+            if points and reps <= points[-1][0]:
+                continue
+            points.append((reps, self.simulate(op, cregs)))
+        full = _repeats(op, regs)
+        if len(points) < 2 or full <= points[-1][0]:
+            return self.simulate(op, regs)
+        (r1, d1), (r2, d2) = points[-2], points[-1]
+        slope = (d2 - d1) / (r2 - r1)
+        return round(d2 + slope * (full - r2))
+
+
+def _set(name, value):
+    return int(Op.SET) | REG_INDEX[name] << 6 | (int(value) & ((1 << 48) - 1)) << 16
+
+
+def _busy_span(trace, bit, end) -> int:
+    """Cycles unit ``bit`` was busy (the launch's one interval) in a trace."""
+    start = None
+    for cycle, busy in list(trace) + [(end, 0)]:
+        on = busy >> bit & 1
+        if on and start is None:
+            start = cycle
+        elif not on and start is not None:
+            return cycle - start
+    return 0
+
+
+def _repeats(op, regs) -> int:
+    if op is Op.MATMUL:
+        return regs["MM_FOLDS"]
+    if op is Op.VEC:
+        return regs["VU_ROWS"]
+    if op is Op.ATTN:
+        return regs["AT_QUERIES"]
+    return 1
+
+
+def _cut(op, regs, r):
+    """``regs`` with the launch cut to about ``r`` repeats: ``(repeats, regs)`` or None."""
+    out = dict(regs)
+    if op is Op.MATMUL:
+        folds = regs["MM_FOLDS"]
+        nb, mb = max(1, regs["RD1.n1"]), max(1, regs["RD1.n2"])
+        if folds <= r:
+            return None
+        if nb >= r:
+            nb2, mb2 = r, 1
+        else:
+            nb2, mb2 = nb, min(mb, -(-r // nb))
+        f2 = nb2 * mb2
+        for gen, lv_nb, lv_mb in (("RD0", 2, 3), ("RD1", 1, 2), ("RD2", 1, 2), ("WR0", 2, 3)):
+            out[f"{gen}.n{lv_nb}"] = nb2
+            out[f"{gen}.n{lv_mb}"] = mb2
+        out["MM_FOLDS"] = f2
+        return f2, out
+    if op is Op.VEC:
+        rows = regs["VU_ROWS"]
+        if rows <= r:
+            return None
+        for gen in ("RD3", "RD4", "RD5", "WR1", "WR2"):
+            if regs.get(f"{gen}.n1", 0) == rows:
+                out[f"{gen}.n1"] = r
+        out["VU_ROWS"] = r
+        return r, out
+    if op is Op.ATTN:
+        q, s = regs["AT_QUERIES"], regs["AT_KEYS"]
+        if q <= r:
+            return None
+        halo = flags_halo(regs["AT_FLAGS"]) if regs["AT_FLAGS"] & FLAG_INTERLEAVED else 0
+        s2 = min(s, halo + r) if regs["AT_FLAGS"] & FLAG_INTERLEAVED else min(s, r)
+        out["AT_QUERIES"], out["AT_KEYS"] = r, s2
+        out["RD3.n1"] = out["RD4.n1"] = s2
+        out["RD5.n1"] = out["WR1.n1"] = r
+        return r, out
+    return None
+
+
+class _Chip:
+    """One chip's walk through its program at launch level."""
+
+    def __init__(self, program, chip):
+        try:
+            self.program = [decode(int(w)) for w in program]
+        except IsaError as exc:
+            raise IssError(f"chip {chip}: {exc}") from None
+        self.chip = chip
+        self.pc = 0
+        self.t = 0                       # the cycle the next instruction may issue in
+        self.free = [0] * 6              # first cycle each unit is idle (None: pending)
+        self.spans = [[] for _ in range(6)]
+        self.regs = {}
+        self.launches = []
+        self.cycles = None
+        self.pending = {}                # unit bit -> posted operation
+
+    def done_launch(self, bit, end):
+        """The unit's posted launch (the last of its unit still open) ends at ``end``."""
+        name = {3: "COLL", 4: "SEND", 5: "RECV"}[bit]
+        for launch in reversed(self.launches):
+            if launch[1] == name and launch[3] is None:
+                launch[3] = end
+                return
+
+
+def time_programs_fast(npu: NpuConfig, programs, *, timer: LaunchTimer | None = None
+                       ) -> SystemTiming:
+    """Cycles of ``programs`` at launch level (see the module docstring); per chip the busy
+    counters and the trace are built from the launches' busy intervals."""
+    timer = timer or LaunchTimer(npu)
+    chips = [_Chip(p, i) for i, p in enumerate(programs)]
+    comm = _Comm(npu, timer, len(programs))
+    while True:
+        moved = False
+        for c in chips:
+            moved |= _advance(c, timer, comm)
+        met = comm.meet(chips)
+        if all(c.cycles is not None for c in chips):
+            break
+        if not moved and not met:
+            waiting = [f"chip {c.chip} at pc {c.pc}" for c in chips if c.cycles is None]
+            raise IssError(f"timing: the programs cannot go on ({', '.join(waiting)})")
+    out = [_chip_result(c) for c in chips]
+    return SystemTiming(max(c.cycles for c in chips), out)
+
+
+def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
+    moved = False
+    prog = c.program
+    while c.cycles is None:
+        if c.pc >= len(prog):
+            raise IssError(f"chip {c.chip}: program ended without HALT")
+        insn = prog[c.pc]
+        op = insn.op
+        if op is Op.SET:
+            if insn.reg < len(REGS):
+                c.regs[REGS[insn.reg]] = insn.value
+            c.t += 1
+        elif op is Op.NOP:
+            c.t += 1
+        elif op in (Op.WAIT, Op.HALT):
+            mask = int(Unit.ALL) if op is Op.HALT else insn.value
+            units = [u for u in range(6) if mask >> u & 1]
+            if any(c.free[u] is None for u in units):
+                return moved
+            at = max([c.t] + [c.free[u] for u in units])
+            if op is Op.HALT:
+                c.cycles = at + 1
+            c.t = at + 1
+        elif op in _UNIT_BIT:
+            bit = _UNIT_BIT[op]
+            deps = (1, 2) if op in (Op.ATTN, Op.VEC) else (bit,)
+            if any(c.free[u] is None for u in deps):
+                return moved
+            at = max([c.t] + [c.free[u] for u in deps])
+            c.launches.append([c.pc, op.name, at, None])
+            if op in (Op.MATMUL, Op.ATTN, Op.VEC):
+                dur = timer.duration(op, c.regs)
+                c.spans[bit].append((at + 1, at + 1 + dur))
+                c.free[bit] = at + 1 + dur
+                c.launches[-1][3] = at + 1 + dur
+            else:
+                comm.post(c, op, at)
+            c.t = at + 1
+        else:
+            raise IssError(f"chip {c.chip} pc {c.pc}: {op.name} cannot be timed")
+        c.pc += 1
+        moved = True
+    return moved
+
+
+class _Comm:
+    """Posted COLL, SEND and RECV launches; they meet like the ISS's scheduler's."""
+
+    def __init__(self, npu, timer, chips):
+        self.npu = npu
+        self.timer = timer
+        self.chips = chips
+        self._coll_cache = {}
+        self._p2p_cache = {}
+
+    def post(self, c: _Chip, op, at):
+        bit = _UNIT_BIT[op]
+        r = c.regs
+        if op is Op.COLL:
+            req = CollectiveRequest(kind=r["CO_KIND"], op=r["CO_OP"], width=r["CO_WIDTH"],
+                                    length=r["CO_LEN"], chips=r["CO_CHIPS"],
+                                    first=r["CO_FIRST"], count=r["CO_COUNT"])
+            if req.position(r["CO_RANK"]) is None:
+                c.launches[-1][3] = at + 1  # outside the group: a no-op, never busy
+                return
+            c.pending[bit] = ("coll", req, at, dict(r))
+        elif op is Op.SEND:
+            words = _extent(r, "RD7")[2]
+            c.pending[bit] = ("send", r["SR_DEST"], at, words)
+        else:
+            words = _extent(r, "WR4")[2]
+            c.pending[bit] = ("recv", r["SR_SRC"], at, words)
+        c.free[bit] = None
+
+    def meet(self, chips) -> bool:
+        met = self._meet_collectives(chips)
+        for c in chips:
+            send = c.pending.get(4)
+            if send is not None:
+                dest = chips[send[1]]
+                recv = dest.pending.get(5)
+                if recv is not None and recv[1] == c.chip:
+                    s_dur, r_dur, lag = self._p2p(c.chip, dest.chip, send[3])
+                    # The message streams once both have launched and the clear-to-send
+                    # token has reached the sender (``lag`` cycles after the RECV).
+                    t0 = max(send[2], recv[2] + lag)
+                    c.spans[4].append((send[2] + 1, t0 + 1 + s_dur))
+                    c.free[4] = t0 + 1 + s_dur
+                    c.done_launch(4, t0 + 1 + s_dur)
+                    dest.spans[5].append((recv[2] + 1, t0 + 1 + r_dur))
+                    dest.free[5] = t0 + 1 + r_dur
+                    dest.done_launch(5, t0 + 1 + r_dur)
+                    del c.pending[4]
+                    del dest.pending[5]
+                    met = True
+        return met
+
+    def _meet_collectives(self, chips) -> bool:
+        """Time every collective whose members have all launched, each member from its own
+        launch (the early members' words move before the last member launches). Those whose
+        groups run at the same time (their intervals overlap) share the ring's links, the
+        routers forwarding each group's words past the others: they are timed together."""
+        ready, seen = [], set()
+        for c in chips:
+            coll = c.pending.get(3)
+            if coll is None or c.chip in seen:
+                continue
+            req = coll[1]
+            posts = [chips[m].pending.get(3) for m in req.members]
+            if all(p is not None and p[1] == req for p in posts):
+                seen.update(req.members)
+                regs = [p[3] for p in posts]
+                alone = self._coll(req, regs)       # every member starting with the last
+                last = max(p[2] for p in posts)
+                ready.append((req, posts, min(p[2] for p in posts),
+                              last + 1 + max(alone.values())))
+        if not ready:
+            return False
+        # Clusters of overlapping intervals (by first launch, each joining the previous
+        # cluster while it starts before that cluster's last end).
+        ready.sort(key=lambda r: r[2])
+        clusters = []
+        for item in ready:
+            if clusters and item[2] < max(x[3] for x in clusters[-1]):
+                clusters[-1].append(item)
+            else:
+                clusters.append([item])
+        for cluster in clusters:
+            for (req, posts, _, _), dur in zip(cluster, self._colls(cluster), strict=True):
+                for m, p in zip(req.members, posts, strict=True):
+                    chip = chips[m]
+                    end = p[2] + 1 + dur[m]
+                    chip.spans[3].append((p[2] + 1, end))
+                    chip.free[3] = end
+                    chip.done_launch(3, end)
+                    del chip.pending[3]
+        return True
+
+    def _colls(self, cluster) -> list[dict]:
+        """Each member's busy cycles of collectives on disjoint groups, every member launching
+        in its own cycle (the cycle model on them together)."""
+        t0 = min(x[2] for x in cluster)
+        key = tuple((x[0],) + tuple((p[2] - t0,) + tuple(p[3].get(name, 0)
+                                                         for name in _REGS_OF[Op.COLL])
+                                    for p in x[1]) for x in cluster)
+        if key in self._coll_cache:
+            return self._coll_cache[key]
+        chips = cluster[0][0].chips
+        programs = [[int(Op.HALT)] for _ in range(chips)]
+        for req, posts, _, _ in cluster:
+            for m, p in zip(req.members, posts, strict=True):
+                words = [int(Op.NOP)] * (p[2] - t0)
+                words += [_set(name, p[3].get(name, 0)) for name in _REGS_OF[Op.COLL]]
+                words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
+                programs[m] = words
+        t = time_programs(self.npu, programs, ring=chips > 1)
+        out = [{m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in x[0].members}
+               for x in cluster]
+        self._coll_cache[key] = out
+        return out
+
+    def _coll(self, req, member_regs) -> dict:
+        """Each member's busy cycles when every member launches in the same cycle (the cycle
+        model on the collective alone, with each member's own RD6/WR3 descriptors)."""
+        descs = tuple(tuple(r.get(name, 0) for name in _REGS_OF[Op.COLL]) for r in member_regs)
+        key = (req, descs)
+        if key in self._coll_cache:
+            return self._coll_cache[key]
+        by_chip = dict(zip(req.members, member_regs, strict=True))
+        programs = []
+        for chip in range(req.chips):
+            regs = by_chip.get(chip)
+            if regs is None:            # outside the group: its router forwards
+                programs.append([int(Op.HALT)])
+                continue
+            words = [_set(name, regs.get(name, 0)) for name in _REGS_OF[Op.COLL]]
+            words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
+            programs.append(words)
+        # Members start together: pad the shorter programs with NOPs before the COLL.
+        longest = max(len(p) for p in programs)
+        programs = [p if len(p) == 1 else [int(Op.NOP)] * (longest - len(p)) + p
+                    for p in programs]
+        t = time_programs(self.npu, programs, ring=req.chips > 1)
+        out = {m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in req.members}
+        self._coll_cache[key] = out
+        return out
+
+    def _p2p(self, src, dest, words):
+        """``(send busy, recv busy, lag)`` of ``words`` scratchpad words from ``src`` to
+        ``dest`` when the SEND launches ``lag`` or more cycles after the RECV (the
+        clear-to-send token is then already there): the cycle model on the pair alone,
+        extended linearly for long messages."""
+        key = (src, dest, words)
+        if key in self._p2p_cache:
+            return self._p2p_cache[key]
+        ratio = word_bytes(self.npu.link_bytes_per_cycle) // self.npu.array_size
+
+        def run(w, delay):
+            programs = []
+            for chip in range(self.chips):
+                prog = []
+                if chip == src:
+                    prog += [int(Op.NOP)] * delay + [
+                        _set("RD7.base", 0), _set("RD7.n0", w), _set("RD7.s0", 1),
+                        _set("SR_DEST", dest), int(Op.SEND)]
+                if chip == dest:
+                    prog += [_set("WR4.base", self.npu.bank_words), _set("WR4.n0", w),
+                             _set("WR4.s0", 1), _set("SR_SRC", src), int(Op.RECV)]
+                prog += [int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
+                programs.append(prog)
+            t = time_programs(self.npu, programs, ring=True)
+            s = _busy_span(t.chips[src].trace, 4, t.chips[src].cycles)
+            r = _busy_span(t.chips[dest].trace, 5, t.chips[dest].cycles)
+            return s, r - delay
+
+        delay = 4 * (self.npu.link_latency_cycles + ratio + 2) * self.chips
+        if words <= 64 * ratio:
+            s, r = run(words, delay)
+        else:
+            w1, w2 = 32 * ratio, 64 * ratio
+            (s1, r1), (s2, r2) = run(w1, delay), run(w2, delay)
+            s = round(s2 + (s2 - s1) * (words - w2) / (w2 - w1))
+            r = round(r2 + (r2 - r1) * (words - w2) / (w2 - w1))
+        # Launched together, the SEND waits for the token: the lag is what it waited.
+        s0, _ = run(min(words, 2 * ratio), 0)
+        s1, _ = run(min(words, 2 * ratio), delay)
+        out = (s, r, s0 - s1)
+        self._p2p_cache[key] = out
+        return out
+
+
+def _chip_result(c: _Chip) -> ChipTiming:
+    """Busy counters and the busy-vector trace from the launches' intervals."""
+    end = c.cycles
+    events = {}
+    for u, spans in enumerate(c.spans):
+        for s, e in spans:
+            if e > s:
+                events.setdefault(s, []).append((u, 1))
+                events.setdefault(e, []).append((u, -1))
+    depth = [0] * 6
+    trace = []
+    busy = 0
+    counters = [0] * len(BUSY_COUNTERS)
+    prev_t = 0
+    for t in sorted(events):
+        span = min(t, end) - prev_t
+        if span > 0 and busy:
+            for u in range(6):
+                if busy >> u & 1:
+                    counters[u] += span
+            counters[6] += span
+            if busy & 7:
+                counters[7] += span
+        for u, d in events[t]:
+            depth[u] += d
+        new = sum(1 << u for u in range(6) if depth[u] > 0)
+        if new != busy:
+            trace.append((t, new))
+            busy = new
+        prev_t = t
+    return ChipTiming(c.chip, end, counters, trace, c.launches, [])

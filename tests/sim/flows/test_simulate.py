@@ -1,0 +1,218 @@
+"""sim.flows.simulate: every strategy on N chips equals the single-chip golden model bit for bit.
+
+The broad matrix (strategies x chip counts x seeds x microbatches) runs on the ISS; the RTL runs
+(pysim) cover each multi-chip strategy on 3 and 4 chips, one of them with link stalls.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hw.spec import ModelConfig, npu_preset
+from hw.spec.isa import UNIT_NAMES
+from sim.errors import BadInput
+from sim.flows.simulate import simulate
+from sim.report.chrome_trace import trace_events
+from sim.report.plot import plot_timeline
+from tests.helpers import check_report
+
+TINY = npu_preset("tiny")
+#: Eight heads and eight layers: head and pipeline parallelism on up to 8 chips.
+WIDE = ModelConfig(n_layers=8, d_model=32, n_heads=8, d_head=4, d_ff=32, seq_len=4,
+                   name="wide8")
+#: Small enough for pysim on 4 chips in about a minute.
+SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
+                    name="small4")
+
+
+@pytest.mark.parametrize("chips", range(1, 9))
+@pytest.mark.parametrize("seed", [0, 7])
+def test_head_on_the_iss(chips, seed):
+    r = simulate(TINY, WIDE, strategy="head", chips=chips, backend="iss", seed=seed)
+    check_report(r, f"head on {chips} chips, seed {seed}")
+    heads = [c.role["heads"] for c in r.per_chip]
+    assert sum(heads, []) == list(range(8))
+    kinds = [c["kind"] for c in r.collectives]
+    L = WIDE.n_layers
+    if chips > 1 and WIDE.seq_len % chips == 0:
+        # Rows split over the group: per layer two reduce-scatters, the LayerNorm outputs
+        # gathered (all but the first LN1), and the residual gathered at the end.
+        assert kinds.count("reduce_scatter") == 2 * L and kinds.count("all_gather") == 2 * L
+        assert "all_reduce" not in kinds
+    else:
+        assert kinds == ["all_reduce"] * 2 * L * (chips > 1)
+
+
+@pytest.mark.parametrize("chips", range(1, 9))
+@pytest.mark.parametrize("microbatches", [1, 2, 4])
+def test_pipeline_on_the_iss(chips, microbatches):
+    """WIDE's 64,000 bytes of weights do not fit one 64 KiB chip with a batch of 4: on one
+    chip the same check runs on SMALL."""
+    cfg = WIDE if chips > 1 else SMALL
+    r = simulate(TINY, cfg, strategy="pipeline", chips=chips, backend="iss", batch=4,
+                 microbatches=microbatches, seed=chips)
+    check_report(r, f"pipeline on {chips} chips, {microbatches} microbatches")
+    layers = [c.role["layers"] for c in r.per_chip]
+    assert sum(layers, []) == list(range(cfg.n_layers))
+    assert r.pipeline["microbatches"] == microbatches
+    assert sum(1 for c in r.collectives if c["kind"] == "send") == (chips - 1) * microbatches
+
+
+def test_uneven_splits_on_the_iss():
+    """4 heads on 3 chips = 2, 1, 1; 4 layers on 3 chips = 2, 1, 1; 5 samples in 3
+    microbatches = 2, 2, 1."""
+    r = simulate(TINY, SMALL, strategy="head", chips=3, backend="iss", seed=3)
+    check_report(r, "head 4 heads on 3 chips")
+    assert [c.role["heads"] for c in r.per_chip] == [[0, 1], [2], [3]]
+    assert [c.role["ffn_columns"] for c in r.per_chip] == [11, 11, 10]
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=3, backend="iss", batch=5,
+                 microbatches=3, seed=4)
+    check_report(r, "pipeline 4 layers on 3 chips")
+    assert r.pipeline["layers_per_stage"] == [2, 1, 1]
+    assert r.pipeline["microbatch_samples"] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("norm, causal, window", [("post", False, 0), ("pre", True, 3)])
+def test_post_norm_and_windows_on_the_iss(norm, causal, window):
+    cfg = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=6,
+                      norm=norm, causal=causal, window=window, name="variant")
+    for strategy, chips in (("head", 4), ("pipeline", 4), ("pipeline", 2)):
+        r = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=2)
+        check_report(r, f"{strategy} on {chips} chips, {norm}-norm, window {window}")
+
+
+def test_default_microbatches_and_refusals():
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=4, backend="iss", batch=2)
+    assert r.pipeline["microbatches"] == 2      # min(batch, chips)
+    with pytest.raises(Exception, match=r"n_heads=4 is less than the 5 chips: head "):
+        simulate(TINY, SMALL, strategy="head", chips=5, backend="iss")
+    with pytest.raises(Exception, match=r"n_layers=4 is less than the 5 chips: pipeline"):
+        simulate(TINY, SMALL, strategy="pipeline", chips=5, backend="iss")
+    with pytest.raises(BadInput, match=r"microbatches=3 must be 1\.\.2"):
+        simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="iss", batch=2,
+                 microbatches=3)
+
+
+def test_report_json_plot_and_trace(tmp_path):
+    """A pipeline timed by the ISS's cycle model (the RTL's cycles and traces): the JSON
+    report has the documented keys, the PNG and the Chrome trace parse, and the trace has a
+    track per chip and unit."""
+    r = simulate(TINY, SMALL, strategy="pipeline", chips=2, backend="iss", batch=2)
+    check_report(r, "pipeline on 2 chips")
+    data = json.loads(json.dumps(r.to_json()))
+    for key in ("strategy", "chips", "backend", "seed", "cycles", "load_cycles", "golden_match",
+                "float_error", "per_chip", "collectives", "sim", "speedup",
+                "scaling_efficiency", "pipeline"):
+        assert key in data, key
+    assert set(data["pipeline"]) >= {"stages", "layers_per_stage", "microbatches",
+                                     "bubble_fraction", "bubble_formula"}
+    assert 0 < data["pipeline"]["bubble_fraction"] < 1
+    for chip in data["per_chip"]:
+        assert set(chip["busy"]) == {"matmul", "attention", "vector", "collective", "send",
+                                     "recv", "idle"}
+        assert sum(v for k, v in chip["busy"].items() if k != "idle") >= chip["compute_cycles"]
+    sends = [c for c in data["collectives"] if c["kind"] == "send"]
+    assert len(sends) == 2 and all(c["cycles"] >= c["bound_cycles"] * 0.5 for c in sends)
+    png = plot_timeline(r, tmp_path / "t.png")
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size[0] > 800
+    events = trace_events(r)["traceEvents"]
+    chips = {e["pid"] for e in events if e["ph"] == "X"}
+    assert chips == {0, 1}
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert names == {(c, u) for c in (0, 1) for u in UNIT_NAMES}
+    spans = [e for e in events if e["ph"] == "X" and e["cat"] == "send"]
+    assert len(spans) == 2 and all(e["args"]["bytes"] > 0 for e in spans)
+
+
+def _rtl_equals_iss(rtl, iss, what):
+    """Bit-exact, the ISS's outputs, and the ISS's cycle model's cycles and busy counters."""
+    check_report(rtl, what)
+    assert np.array_equal(rtl.output, iss.output), what
+    assert rtl.cycles == iss.cycles, (what, rtl.cycles, iss.cycles)
+    for c, (a, b) in enumerate(zip(rtl.per_chip, iss.per_chip, strict=True)):
+        assert a.busy == b.busy, (what, c, a.busy, b.busy)
+
+
+@pytest.mark.parametrize("strategy, chips, batch, backend", [
+    ("head", 3, 1, "pysim"), ("head", 4, 1, "pysim"), ("pipeline", 3, 3, "pysim"),
+    ("pipeline", 4, 4, "verilator"),
+    pytest.param("pipeline", 4, 4, "pysim", marks=pytest.mark.slow)])
+def test_rtl_equals_the_iss(strategy, chips, batch, backend, request):
+    """Each multi-chip strategy on the RTL: bit-exact, the same outputs, cycles and busy
+    counters as the ISS."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
+    iss = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend="iss", batch=batch,
+                   seed=2)
+    rtl = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend=backend, batch=batch,
+                   seed=2)
+    _rtl_equals_iss(rtl, iss, f"{strategy} on {chips} chips ({backend})")
+    assert rtl.cycles > 0 and len(rtl.per_chip) == chips
+    if strategy == "pipeline" and len(set(rtl.pipeline["layers_per_stage"])) == 1:
+        # The formula holds for equal stages (3 stages of 4 layers are 2, 1, 1).
+        bubble, formula = rtl.pipeline["bubble_fraction"], rtl.pipeline["bubble_formula"]
+        print(f"bubble {bubble:.3f} vs formula {formula:.3f}")
+        assert abs(bubble - formula) < 0.03, (bubble, formula)
+
+
+def test_link_stalls_change_only_cycles():
+    cfg = dataclasses.replace(SMALL, n_layers=1)
+    calm = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5)
+    stalled = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5,
+                       link_stalls=0.3)
+    check_report(stalled, "head on 2 chips with link stalls")
+    assert np.array_equal(calm.output, stalled.output)
+    assert stalled.cycles > calm.cycles, (stalled.cycles, calm.cycles)
+
+
+@pytest.mark.parametrize("chips", range(1, 9))
+def test_data_on_the_iss(chips):
+    """The batch split over full-model replicas (uneven: 9 samples), no communication."""
+    r = simulate(TINY, SMALL, strategy="data", chips=chips, backend="iss", batch=9, seed=chips)
+    check_report(r, f"data on {chips} chips")
+    assert r.collectives == []
+    if chips > 1:
+        sizes = [len(p) for p in np.array_split(np.arange(9), chips)]
+        assert r.data["samples_per_replica"] == sizes
+
+
+@pytest.mark.parametrize("strategy, grid, cfg, batch", [
+    ("head+pipeline", "2x2", WIDE, 2), ("head+pipeline", "4x2", WIDE, 3),
+    ("head+pipeline", "2x3", WIDE, 3), ("data+head", "2x2", SMALL, 3),
+    ("data+head", "3x2", SMALL, 4), ("data+pipeline", "2x2", SMALL, 4),
+    ("data+pipeline", "2x4", WIDE, 5),
+])
+def test_grids_on_the_iss(strategy, grid, cfg, batch):
+    a, b = (int(v) for v in grid.split("x"))
+    r = simulate(TINY, cfg, strategy=strategy, chips=a * b, backend="iss", grid=grid,
+                 batch=batch, seed=a + b)
+    check_report(r, f"{strategy} {grid}")
+    first, second = strategy.split("+")
+    assert r.grid == {"replicas": {"data": a}.get(first, 1),
+                      "stages": {"pipeline": b}.get(second, 1),
+                      "shards": a if first == "head" else b if second == "head" else 1}
+
+
+GRID_POINTS = [("data", None, SMALL, 4), ("head+pipeline", "2x2", SMALL, 2),
+               ("data+head", "2x2", SMALL, 2), ("data+pipeline", "2x2", SMALL, 4)]
+
+
+@pytest.mark.parametrize("strategy, grid, cfg, batch, backend",
+                         [(*p, "verilator") for p in GRID_POINTS] +
+                         [pytest.param(*p, "pysim", marks=pytest.mark.slow)
+                          for p in GRID_POINTS])
+def test_rtl_grids_equal_the_iss(strategy, grid, cfg, batch, backend, request):
+    """Data parallelism and each 2-D grid on 4 chips of RTL (Verilator; Amaranth's simulator
+    in the slow suite): bit-exact, the ISS's outputs, cycles and busy counters."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
+    kwargs = {"grid": grid} if grid else {}
+    iss = simulate(TINY, cfg, strategy=strategy, chips=4, backend="iss", batch=batch, seed=6,
+                   **kwargs)
+    rtl = simulate(TINY, cfg, strategy=strategy, chips=4, backend=backend, batch=batch, seed=6,
+                   **kwargs)
+    _rtl_equals_iss(rtl, iss, f"{strategy} {grid} ({backend})")

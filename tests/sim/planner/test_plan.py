@@ -1,0 +1,311 @@
+"""The planner (sim.planner.plan): verdicts at each limit, bytes, programs and cycles."""
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+from hw.spec import ModelConfig, model_preset, npu_preset
+from hw.spec.isa import REGS, Op, decode
+from sim.compiler.attention_launch import DATA_REGS as ATTN_DATA
+from sim.compiler.quantize import quantize_model
+from sim.compiler.vector_launch import DATA_REGS as VEC_DATA
+from sim.errors import BadInput
+from sim.flows.simulate import simulate
+from sim.golden.float_model import random_weights
+from sim.planner.plan import (
+    COMPILED,
+    ChipBytes,
+    chip_bytes,
+    compile_shapes,
+    limits,
+    plan,
+    ring_buildable,
+)
+from sim.planner.plan import _roles as roles_of
+from sim.strategies import compile_program
+from sim.timing.cycle import time_programs
+
+TINY = npu_preset("tiny")
+
+
+def small(**changes):
+    fields = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32,
+              "seq_len": 8, "name": "small"}
+    return ModelConfig(**(fields | changes))
+
+
+def keys(reasons):
+    return [r.key for r in reasons]
+
+
+def one(reasons, key):
+    hits = [r for r in reasons if r.key == key]
+    assert len(hits) == 1, reasons
+    return str(hits[0])
+
+
+# --- limits, at and just past each edge -------------------------------------------------------
+def test_sram_one_byte_under_and_over():
+    cfg = small()
+    need = chip_bytes(TINY, cfg, roles_of(TINY, cfg, "single", 1, None)[0])
+    at = [ChipBytes(0, need.weights, need.kv_cache, TINY.sram_bytes - need.weights
+                    - need.kv_cache)]
+    over = [dataclasses.replace(at[0], activations=at[0].activations + 1)]
+    under = [dataclasses.replace(at[0], activations=at[0].activations - 1)]
+    assert "sram_bytes" not in keys(limits(TINY, cfg, "single", 1, per_chip=under))
+    assert "sram_bytes" not in keys(limits(TINY, cfg, "single", 1, per_chip=at))
+    msg = one(limits(TINY, cfg, "single", 1, per_chip=over), "sram_bytes")
+    assert f"chip 0 needs {TINY.sram_bytes + 1:,} bytes" in msg
+    assert f"of sram_bytes={TINY.sram_bytes:,}" in msg and "kv_cache" in msg
+
+
+def test_sram_at_the_real_boundary():
+    """A scratchpad of exactly the model's bytes fits; one bank row (the smallest step a
+    configuration can take) less does not, and the message gives every category."""
+    cfg = small(vocab_size=0)
+    need = chip_bytes(TINY, cfg, roles_of(TINY, cfg, "single", 1, None)[0]).total
+    step = TINY.sram_banks * TINY.array_size
+    exact = -(-need // step) * step
+    fits = dataclasses.replace(TINY, sram_bytes=exact)
+    short = dataclasses.replace(TINY, sram_bytes=exact - step)
+    if exact == need:
+        assert plan(fits, cfg, chips=1, strategy="single").strategies[0].fits
+    p = plan(short, cfg, chips=1, strategy="single").strategies[0]
+    assert not p.fits and keys(p.reasons) == ["sram_bytes"]
+    assert "weights" in str(p.reasons[0]) and "activations" in str(p.reasons[0])
+
+
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2)])
+def test_d_head_at_and_above_the_datapath(strategy, chips):
+    at = small(d_model=32, d_head=16)                   # d_head_max 16
+    assert "d_head" not in keys(limits(TINY, at, strategy, chips))
+    above = small(d_model=40, d_head=20)
+    msg = one(limits(TINY, above, strategy, chips), "d_head")
+    assert "d_head=20 exceeds the attention datapath's d_head_max=16" in msg
+
+
+def test_hidden_relieves_d_head():
+    wide = small(d_model=40, d_head=20, n_heads=2)
+    assert "d_head" in keys(limits(TINY, wide, "single", 1))
+    assert "d_head" not in keys(limits(TINY, wide, "hidden", 2))
+
+
+def test_seq_at_and_above_max_seq_len():
+    at = small(seq_len=TINY.max_seq_len, window=8)
+    assert "seq_len" not in keys(limits(TINY, at, "single", 1))
+    above = small(seq_len=TINY.max_seq_len + 1, window=8)
+    msg = one(limits(TINY, above, "single", 1), "seq_len")
+    assert f"seq_len={TINY.max_seq_len + 1} tokens per chip exceed max_seq_len=" \
+        f"{TINY.max_seq_len}" in msg
+    # Sequence parallelism relieves it: half the tokens per chip.
+    assert "seq_len" not in keys(limits(TINY, above, "sequence", 2))
+
+
+def test_attention_window_and_softmax():
+    ring = TINY.attn_window
+    full = small(seq_len=ring)
+    assert not {"seq_len", "window"} & set(keys(limits(TINY, full, "single", 1)))
+    msg = one(limits(TINY, small(seq_len=ring + 1), "single", 1), "seq_len")
+    assert "does not fit one chip's K/V ring" in msg and f"attn_window={ring}" in msg
+    causal = small(seq_len=40, window=ring + 1)
+    assert "window" in keys(limits(TINY, causal, "single", 1))
+    narrow = dataclasses.replace(TINY, attn_window=8, softmax_len=8)
+    assert "softmax_len" not in keys(limits(narrow, small(seq_len=8), "single", 1))
+    bidir = small(seq_len=20, window=5, causal=False)      # sees 2w - 1 = 9 keys > 8
+    found = limits(narrow, bidir, "single", 1)
+    assert "window" in keys(found) and "softmax_len" in keys(found)
+    assert "9 keys: more than softmax_len=8" in one(found, "softmax_len")
+
+
+def test_divisibility():
+    cfg = small(batch=2)
+    assert "n_heads" not in keys(limits(TINY, cfg, "head", 2))
+    assert "n_heads=2 is less than the 3 chips" in one(limits(TINY, cfg, "head", 3), "n_heads")
+    assert "n_layers=2 is less than the 3 pipeline" in one(limits(TINY, cfg, "pipeline", 3),
+                                                             "n_layers")
+    assert "batch" not in keys(limits(TINY, cfg, "data", 2))
+    assert "batch=2 is less than the 3 data-parallel" in one(limits(TINY, cfg, "data", 3),
+                                                              "batch")
+    assert "4 words of 4: fewer than the 5 chips" in one(limits(TINY, cfg, "hidden", 5),
+                                                         "d_model")
+
+
+def test_ring_and_program_limits():
+    cfg = small()
+    assert "chips" not in keys(limits(TINY, cfg, "pipeline", 2))
+    msg = one(limits(TINY, small(n_layers=9), "pipeline", 9), "chips")
+    assert "chips=9 exceeds the 8 chips a ring holds" in msg
+    tight = dataclasses.replace(TINY, imem_words=64)
+    p = plan(tight, cfg, chips=1, strategy="single").strategies[0]
+    assert "imem_words" in keys(p.reasons)
+    assert "exceed imem_words=64" in str(p.reasons[keys(p.reasons).index("imem_words")])
+
+
+def test_unsupported_features_are_planned_with_notes():
+    cfg = small(norm_kind="rmsnorm", activation="silu", ffn="gated")
+    p = plan(TINY, cfg, chips=1, strategy="single").strategies[0]
+    assert p.fits and p.predicted_cycles
+    text = " ".join(p.notes)
+    assert "rmsnorm" in text and "silu" in text and "gated" in text
+    plain = plan(TINY, small(), chips=1, strategy="single").strategies[0]
+    assert p.predicted_cycles > plain.predicted_cycles      # the gate's matmul
+    assert p.per_chip[0].weights > plain.per_chip[0].weights
+
+
+def test_grids_need_two_sides():
+    p = plan(TINY, small(), chips=2, strategy="head+pipeline").strategies[0]
+    assert not p.fits and "makes no A x B grid" in str(p.reasons[0])
+    p = plan(TINY, small(n_layers=2, n_heads=2), chips=4, strategy="head+pipeline")
+    assert p.strategies[0].grid == "2x2"
+
+
+# --- bytes ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, published", [("gpt2-small", 124_439_808),
+                                             ("minilm-l6", 22_700_000),
+                                             ("llama2-7b", 6_738_415_616)])
+def test_weights_equal_published_parameter_counts(name, published):
+    """int8 weights (one byte a parameter) plus per-column requantisation and LayerNorm
+    parameters, embeddings, positions and LM head, on a chip whose words divide the model
+    (the fpga preset: no padding)."""
+    p = plan(npu_preset("fpga"), model_preset(name), chips=1, strategy="single").strategies[0]
+    weights = sum(c.weights for c in p.per_chip)
+    assert abs(weights - published) / published < 0.01, (weights, published)
+
+
+def strip(program):
+    """Instructions with the data-derived SET values blanked (they depend on the scales)."""
+    data = set(ATTN_DATA) | set(VEC_DATA)
+    out = []
+    for word in program:
+        i = decode(word)
+        out.append((i.op, i.reg, None if i.op is Op.SET and REGS[i.reg] in data else i.value))
+    return out
+
+
+@pytest.mark.parametrize("cfg", [model_preset("tiny"),
+                                 small(n_layers=3, d_model=24, n_heads=3, d_ff=40, seq_len=6,
+                                       norm="post", causal=False),
+                                 small(d_model=12, n_heads=3, d_head=4, d_ff=20, seq_len=5,
+                                       batch=3)], ids=["tiny", "post", "batch3"])
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 3),
+                                             ("pipeline", 2), ("hidden", 2), ("hidden", 3)])
+def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
+    """Same instructions (but the scales' values), same tensors at the same addresses, and
+    the planner's bytes per category are the allocator's (hidden: its plan's, which come from
+    the shapes-only compile of one layer)."""
+    if chips > cfg.n_heads and strategy != "hidden":
+        pytest.skip("fewer heads than chips")
+    x = np.random.default_rng(0).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 0), x)
+    real = compile_program(strategy, TINY, qm, chips, seq=cfg.seq_len, samples=cfg.batch)
+    shapes = compile_shapes(strategy, TINY, cfg, chips, samples=cfg.batch)
+    for a, b in zip(real.chips, shapes.chips, strict=True):
+        assert strip(a.program) == strip(b.program)
+        assert a.alloc.tensors == b.alloc.tensors
+    if strategy == "hidden":
+        got = plan(TINY, cfg, chips=chips, strategy="hidden").strategies[0].per_chip
+        roles = roles_of(TINY, cfg, strategy, chips, None)
+        # The tables the planner adds where they live (embeddings, positions, final norm).
+        tables = [chip_bytes(TINY, cfg, r).weights - chip_bytes(TINY, cfg, r, tables=False).weights
+                  for r in roles]
+        assert [(c.weights, c.kv_cache, c.activations) for c in got] == \
+            [(c.alloc.used["weights"] + t, c.alloc.used["kv_cache"], c.alloc.used["activations"])
+             for c, t in zip(real.chips, tables, strict=True)]
+        return
+    for role, chip in zip(roles_of(TINY, cfg, strategy, chips, None), real.chips, strict=True):
+        got = chip_bytes(TINY, cfg, role, tables=False)
+        used = chip.alloc.used
+        assert (got.weights, got.kv_cache, got.activations) == \
+            (used["weights"], used["kv_cache"], used["activations"])
+
+
+# --- cycles and the report ----------------------------------------------------------------------
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2),
+                                             ("hidden", 2), ("hidden", 3)])
+def test_predicted_cycles_are_the_cycle_models(strategy, chips):
+    """On small programs the planner's engine is the cycle model, equal to the RTL."""
+    cfg = dataclasses.replace(model_preset("tiny"), batch=chips if strategy == "pipeline"
+                              else 1)
+    p = plan(TINY, cfg, chips=chips, strategy=strategy).strategies[0]
+    assert p.timing == "cycle model"
+    x = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 3), x)
+    prog = compile_program(strategy, TINY, qm, chips, seq=cfg.seq_len, samples=cfg.batch)
+    assert p.predicted_cycles == time_programs(TINY, [c.program for c in prog.chips]).cycles
+    assert p.latency_ms == pytest.approx(p.predicted_cycles / (TINY.clock_mhz * 1e3))
+    assert p.tokens_per_s == pytest.approx(cfg.batch * cfg.seq_len / (p.latency_ms / 1e3))
+
+
+def test_min_chips_and_the_json_shape():
+    cfg = dataclasses.replace(model_preset("tiny"), n_layers=8)
+    report = plan(TINY, cfg, min_chips=True, strategy="all", exact_chip_cycles=0)
+    data = report.to_json()
+    assert set(data) == {"npu", "model", "strategies"}
+    entry = {"strategy", "grid", "chips", "fits", "reasons", "per_chip",
+             "comm_bytes_per_layer", "collectives_per_layer", "predicted_cycles",
+             "latency_ms", "tokens_per_s", "min_chips", "notes", "timing"}
+    for s in data["strategies"]:
+        assert set(s) == entry
+        assert all(set(c) == {"chip", "weights", "kv_cache", "activations"}
+                   for c in s["per_chip"])
+    by = {s.strategy: s for s in report.strategies}
+    assert not by["single"].fits and by["single"].min_chips is None
+    assert by["pipeline"].fits and by["pipeline"].chips == by["pipeline"].min_chips == 2
+    assert by["head"].fits and by["head"].min_chips == 2
+    # 8 rows split by 2 chips: reduce-scatters of O and FFN2, all-gathers of both LayerNorms.
+    assert by["head"].collectives_per_layer == 4 and by["head"].comm_bytes_per_layer > 0
+    for s in report.strategies:
+        if s.strategy not in COMPILED and s.notes:
+            assert "analytic" in s.timing or s.predicted_cycles is None
+    table = report.table()
+    assert table.splitlines()[2].startswith("*")       # the best, first
+    assert "does not fit" in table
+
+
+def test_llama_on_lpu_like_in_seconds():
+    start = time.process_time()
+    report = plan(npu_preset("lpu-like"), model_preset("llama2-7b"), min_chips=True)
+    assert time.process_time() - start < 20
+    by = {s.strategy: s for s in report.strategies}
+    assert not ring_buildable(npu_preset("lpu-like"))
+    single = by["single"]
+    assert not single.fits and single.predicted_cycles > 0
+    assert "rmsnorm" in " ".join(single.notes)
+    assert by["head+pipeline"].min_chips is not None
+
+
+def test_rejections():
+    with pytest.raises(BadInput, match="either --chips N or --min-chips"):
+        plan(TINY, small())
+    with pytest.raises(BadInput, match="strategy 'tensor' is not one of all, single"):
+        plan(TINY, small(), chips=1, strategy="tensor")
+    with pytest.raises(TypeError, match="npu must be an NpuConfig"):
+        plan("tiny", small(), chips=1)
+
+
+# A 2-layer d_model 64 model on a tiny chip with room for its int16 FFN hidden.
+S16_NPU = dataclasses.replace(npu_preset("tiny"), sram_bytes=131072)
+S16_MODEL = dataclasses.replace(model_preset("tiny"), n_layers=2, d_model=64, n_heads=8,
+                                d_head=8, d_ff=128)
+
+
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 4),
+                                             ("pipeline", 2)])
+def test_smooth16_is_planned_as_it_is_compiled(strategy, chips):
+    """smooth16's programs (int16 FFN hidden, GELU16, FFN2 in two passes) are planned from
+    the compiler's own shapes-only compile: their cycles differ from int8's and equal the
+    ISS's timed run (pipelines: the launch-level model, within 1%)."""
+    batch = chips if strategy == "pipeline" else 1
+    cycles = {}
+    for quant in ("int8", "smooth16"):
+        model = dataclasses.replace(S16_MODEL, quant=quant, batch=batch)
+        planned = plan(S16_NPU, model, chips=chips, strategy=strategy).strategies[0]
+        ran = simulate(S16_NPU, model, strategy=strategy, chips=chips, backend="iss",
+                       reference="none")
+        assert ran.golden_match
+        assert abs(planned.predicted_cycles / ran.cycles - 1) <= 0.01, \
+            (quant, planned.predicted_cycles, ran.cycles, planned.timing)
+        cycles[quant] = planned.predicted_cycles
+    assert cycles["smooth16"] > cycles["int8"] * 1.1, cycles

@@ -1,0 +1,145 @@
+"""sim.rtl.verilator.build: one build per hardware configuration, cached outside the clone, safe
+when
+several processes want it at once; the generated wrapper and port bindings."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from hw.spec import npu_preset
+from sim.rtl.verilator import build
+from sim.rtl.verilator.build import (
+    MODEL,
+    builds_made,
+    config_key,
+    ensure_build,
+    ports_header,
+    top_ports,
+    wrapper,
+)
+from sim.rtl.verilator.runner import run_system_verilator
+from tests.helpers import ROOT
+from tests.sim.rtl.verilator.test_runner import SMALL, compiled
+
+MINI = """// a header comment
+module npu_system(clk, rst, host__0__imem__payload, done, link_stall);
+  input clk;
+  input rst;
+  input [75:0] host__0__imem__payload;
+  output done;
+  input [1:0] link_stall;
+endmodule
+"""
+
+
+def test_top_ports_and_the_wrapper():
+    assert top_ports(MINI) == {"clk": ("input", 1), "rst": ("input", 1),
+                               "host__0__imem__payload": ("input", 76),
+                               "done": ("output", 1), "link_stall": ("input", 2)}
+    text = wrapper(MINI)
+    assert text.startswith(f"module {MODEL}(clk, host__0__imem__payload, done, link_stall);")
+    assert "  input [75:0] host__0__imem__payload;" in text and "input rst" not in text
+    assert ".rst(1'b0)" in text and ".link_stall(link_stall)," in text
+
+
+def test_ports_header_names_the_mangled_ports():
+    """Verilator spells each "__" of a port's name "___05F"; payloads above 64 bits are
+    VlWide (``.data()``)."""
+    npu = npu_preset("tiny")
+    lines = ["module npu_system(" + ");"]
+    for name, width in [("link_stall", 2), ("host__0__imem__payload", 76),
+                        ("host__0__wr__payload", 46)]:
+        lines.append(f"  input [{width - 1}:0] {name};")
+    names = ["imem__valid", "wr__valid", "wr__ready", "rd_addr__valid", "rd_addr__ready",
+             "rd_addr__payload", "rd_data__valid", "rd_data__ready", "rd_data__payload",
+             "trace_addr", "trace_data", "trace_count", "trace_overflow"]
+    lines += [f"  input host__0__{n};" for n in names]
+    lines += [f"  output chip_{n}__0;" for n in ("cycles", "busy", "pc")]
+    lines += [f"  output chip_busy_cycles__{k};" for k in range(8)]
+    header = ports_header(npu, 1, "\n".join(lines + ["endmodule"]))
+    assert "#define NPU_CHIPS 1" in header and "#define NPU_WORD_BYTES 4" in header
+    assert "#define NPU_IMEM_DATA_OFF 12" in header and "#define NPU_WR_DATA_BITS 32" in header
+    assert ("chip[0].imem_payload = Port{t->host___05F0___05Fimem___05Fpayload.data(), 76};"
+            in header)
+    assert "chip[0].wr_payload = Port{&t->host___05F0___05Fwr___05Fpayload, 46};" in header
+    assert "chip[0].busy_cycles[7] = Port{&t->chip_busy_cycles___05F7, 1};" in header
+
+
+def test_config_key_is_the_hardware():
+    tiny = npu_preset("tiny")
+    renamed = dataclasses.replace(tiny, name="other", description="the same hardware")
+    assert config_key(renamed, 2) == config_key(tiny, 2)
+    assert config_key(tiny, 3) != config_key(tiny, 2)
+    assert config_key(dataclasses.replace(tiny, link_latency_cycles=3), 2) != \
+        config_key(tiny, 2)
+
+
+def test_config_key_is_the_gateware_this_process_holds(monkeypatch):
+    """The key hashes the gateware modules as they were loaded: the files edited on disk
+    afterwards (a run that outlives an edit of hw/) must not give their key to the Verilog of
+    the old modules in memory."""
+    tiny = npu_preset("tiny")
+    before = config_key(tiny, 2)
+    real = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes",
+                        lambda self: real(self) + b"# edited" if "hw" in self.parts else real(self))
+    assert build._gateware_digest() != build._GATEWARE   # the files on disk did change
+    assert config_key(tiny, 2) == before
+
+
+def test_rejections():
+    with pytest.raises(ValueError, match="threads must be a positive integer, not 0"):
+        ensure_build(npu_preset("tiny"), 1, threads=0)
+
+
+@pytest.mark.verilator
+def test_other_weights_do_not_rebuild(verilator_ok, rng):
+    """A second run with other weights and inputs takes the cached executable: no new build,
+    the executable untouched."""
+    npu, prog, images, _ = compiled(rng, "single", 1, cfg=SMALL)
+    first = run_system_verilator(npu, [prog.chips[0].program], images, prog.reads())
+    build = ensure_build(npu, 1)
+    made, mtime = len(builds_made()), build.binary.stat().st_mtime_ns
+    npu, prog, images, _ = compiled(rng, "single", 1, cfg=SMALL)
+    second = run_system_verilator(npu, [prog.chips[0].program], images, prog.reads())
+    assert second["build_cached"], "the second run rebuilt"
+    assert len(builds_made()) == made and build.binary.stat().st_mtime_ns == mtime
+    assert second["build_s"] < 1.0, f"a cached build took {second['build_s']:.2f} s"
+    assert first["regions"][0][0].shape == second["regions"][0][0].shape
+
+
+BUILD_ONE = """
+import json, sys
+from sim.rtl.verilator.build import ensure_build
+from tests.helpers import small_npu
+b = ensure_build(small_npu(), 1)
+print(json.dumps({"cached": b.cached, "binary": str(b.binary), "build_s": b.build_s}))
+"""
+
+
+@pytest.mark.verilator
+def test_two_processes_build_a_new_configuration_once(verilator_ok, tmp_path):
+    """Two processes want the same configuration, new to an empty cache, at once: both get the
+    executable, one build happens (the other waits on the lock and finds it)."""
+    env = {**os.environ, "NPU_SCALE_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r["cached"] for r in results) == [False, True]
+    assert results[0]["binary"] == results[1]["binary"]
+    made = [json.loads(line) for line in (tmp_path / "fast" / "builds.log").read_text()
+            .splitlines()]
+    assert len(made) == 1, made
+    leftovers = [p.name for p in (tmp_path / "fast").iterdir() if p.name.startswith("tmp-")]
+    assert leftovers == []
+    print(f"cold build of small_npu x 1: {made[0]['build_s']} s")

@@ -1,0 +1,206 @@
+"""sim.rtl.verilator.runner: ChipSystem under Verilator from the C++ harness gives what Amaranth's
+simulator gives (output integers, cycles, busy counters, traces) and names hung chips."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hw.spec import ModelConfig, npu_preset
+from hw.spec.collective import CollectiveRequest
+from sim.compiler.assembler import Assembler
+from sim.compiler.collective_launch import coll_launch
+from sim.compiler.collective_launch import emit as emit_collective
+from sim.compiler.quantize import quantize_input, quantize_model
+from sim.errors import Watchdog
+from sim.flows.simulate import simulate
+from sim.golden.float_model import random_weights
+from sim.golden.layer import model_int
+from sim.rtl.chip_runner import run_chip_pysim
+from sim.rtl.pysim import SimulationTimeout
+from sim.rtl.system_runner import run_system_pysim
+from sim.rtl.verilator.runner import run_bare_loop, run_system_verilator
+from sim.strategies import compile_program
+
+pytestmark = [pytest.mark.verilator, pytest.mark.usefixtures("verilator_ok")]
+
+#: One pre-norm block of d_model 16 over 4 tokens: a pysim run of 2 chips stays well under 40 s.
+SMALL = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
+                    name="small")
+
+
+def compiled(rng, strategy, chips, *, cfg=SMALL, samples=1):
+    """``(npu, program, input images per chip, golden outputs)`` for ``strategy``."""
+    npu = npu_preset("tiny")
+    x = rng.standard_normal((samples, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, int(rng.integers(1 << 30))), x)
+    prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
+    x_ints = [quantize_input(qm, s) for s in x]
+    return npu, prog, prog.images(x_ints), [model_int(qm, xi) for xi in x_ints]
+
+
+def outputs(prog, regions):
+    taken = [0] * len(prog.chips)
+    out = []
+    for place in prog.outputs:
+        out.append(place.read(regions[place.chip][taken[place.chip]], prog.seq,
+                              prog.cfg.d_model))
+        taken[place.chip] += 1
+    return out
+
+
+def assert_same(fast, ref, chips):
+    """Every integer, cycle count, counter and trace entry of ``fast`` equals ``ref``'s."""
+    for c in range(chips):
+        for r, (a, b) in enumerate(zip(fast["regions"][c], ref["regions"][c], strict=True)):
+            bad = np.argwhere(a != b)
+            assert not len(bad), f"chip {c} region {r}: word {bad[0][0]} byte {bad[0][1]} " \
+                f"{a[tuple(bad[0])]} != pysim {b[tuple(bad[0])]}"
+    for key in ("cycles", "chip_cycles", "busy_cycles", "errors"):
+        assert fast[key] == ref[key], f"{key}: verilator {fast[key]} != pysim {ref[key]}"
+    for c in range(chips):
+        got, want = fast["traces"][c], ref["traces"][c]
+        assert got["overflow"] == want["overflow"], f"chip {c} trace overflow"
+        assert len(got["entries"]) == len(want["entries"]), f"chip {c}: trace lengths " \
+            f"{len(got['entries'])} != {len(want['entries'])}"
+        for k, (a, b) in enumerate(zip(got["entries"], want["entries"], strict=True)):
+            assert a == b, f"chip {c} trace entry {k}: {a} != pysim {b}"
+
+
+def check_types(out, chips, word_bytes):
+    """The keys and types of run_system_pysim's contract, plus this runner's own."""
+    assert isinstance(out["cycles"], int) and len(out["chip_cycles"]) == chips
+    for regions in out["regions"]:
+        for words in regions:
+            assert words.dtype == np.uint8 and words.ndim == 2 and words.shape[1] == word_bytes
+    for trace in out["traces"]:
+        assert isinstance(trace["overflow"], bool)
+        assert all(isinstance(e, tuple) and len(e) == 2 and all(isinstance(v, int) for v in e)
+                   for e in trace["entries"])
+    assert all(isinstance(e, bool) for e in out["errors"])
+    for key in ("load_cycles", "wall_s", "cycles_per_s", "build_s", "build_cached",
+                "run_wall_s", "run_cycles_per_s"):
+        assert key in out, key
+
+
+def test_single_chip_equals_pysim(rng):
+    """--strategy single: ChipSystem(1) under Verilator == Chip in pysim (the path simulate()
+    takes for pysim on one chip)."""
+    npu, prog, images, want = compiled(rng, "single", 1, cfg=ModelConfig(
+        n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=6, norm="post",
+        name="small2"))
+    program, reads = prog.chips[0].program, prog.reads()
+    fast = run_system_verilator(npu, [program], images, reads, max_cycles=200_000)
+    ref = run_chip_pysim(npu, program, images[0], reads[0], max_cycles=200_000)
+    check_types(fast, 1, npu.word_bytes)
+    ref = {"regions": [ref["regions"]], "cycles": ref["cycles"], "chip_cycles": [ref["cycles"]],
+           "busy_cycles": [ref["busy_cycles"]], "errors": [ref["error"]],
+           "traces": [ref["trace"]]}
+    assert_same(fast, ref, 1)
+    assert all((g == w).all() for g, w in zip(outputs(prog, fast["regions"]), want,
+                                              strict=True))
+    print(f"{fast['cycles']} cycles: verilator {fast['run_cycles_per_s']:.0f} cycles/s")
+
+
+@pytest.mark.parametrize("strategy", ["head", "pipeline"])
+def test_two_chips_equal_pysim(rng, strategy):
+    """--strategy head / pipeline on 2 chips (the pipeline with 2 samples in 2 microbatches):
+    identical integers, cycles, busy counters and traces."""
+    samples = 2 if strategy == "pipeline" else 1
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
+                      name="small2") if strategy == "pipeline" else SMALL
+    npu, prog, images, want = compiled(rng, strategy, 2, cfg=cfg, samples=samples)
+    programs, reads = [c.program for c in prog.chips], prog.reads()
+    fast = run_system_verilator(npu, programs, images, reads, max_cycles=200_000)
+    ref = run_system_pysim(npu, programs, images, reads, max_cycles=200_000)
+    check_types(fast, 2, npu.word_bytes)
+    assert_same(fast, ref, 2)
+    assert max(fast["busy_cycles"][c][4] + fast["busy_cycles"][c][3] for c in range(2)) > 0, \
+        "no chip ever sent or joined a collective"
+    assert all((g == w).all() for g, w in zip(outputs(prog, fast["regions"]), want,
+                                              strict=True))
+    print(f"{fast['cycles']} cycles: verilator {fast['run_cycles_per_s']:.0f} cycles/s, "
+          f"pysim {ref['cycles_per_s']:.0f}")
+
+
+def test_link_stalls_change_cycles_not_integers(rng):
+    """Stalls from the harness's generator: the same outputs, more cycles, one seed one
+    pattern. A pipeline: its sends sit on the critical path (a head group's short
+    reduce-scatters and all-gathers can absorb a stall pattern)."""
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
+                      name="small2")
+    npu, prog, images, want = compiled(rng, "pipeline", 2, cfg=cfg, samples=2)
+    programs, reads = [c.program for c in prog.chips], prog.reads()
+    calm = run_system_verilator(npu, programs, images, reads)
+    runs = [run_system_verilator(npu, programs, images, reads, link_stalls=0.3, seed=s)
+            for s in (1, 1, 2, 3)]
+    for out in runs:
+        assert all((g == w).all() for g, w in zip(outputs(prog, out["regions"]), want,
+                                                  strict=True))
+        assert out["cycles"] > calm["cycles"]
+    assert runs[0]["cycles"] == runs[1]["cycles"] and runs[0]["traces"] == runs[1]["traces"]
+    # Other seeds, other patterns (two seeds' totals can coincide; their traces rarely do).
+    assert any((r["cycles"], r["traces"]) != (runs[0]["cycles"], runs[0]["traces"])
+               for r in runs[2:]), [r["cycles"] for r in runs]
+
+
+def test_watchdog_names_the_hung_chip():
+    """Chip 0 joins an all-reduce that chip 1 never starts: SimulationTimeout names chip 0's pc
+    and busy unit (and not the halted chip 1), in pysim's words."""
+    npu = npu_preset("tiny")
+    req = CollectiveRequest("all_reduce", "sum", 32, 8, 2)
+    launch = coll_launch(req, 0, in_base=0, out_base=64, size=npu.array_size,
+                         link_bytes=npu.link_bytes_per_cycle)
+    asm, halt = Assembler(), Assembler()
+    emit_collective(asm, launch)
+    asm.halt()
+    halt.halt()
+    programs = [asm.words(), halt.words()]
+    images = [{0: launch.pack_input(np.arange(8))}, {}]
+    messages = []
+    for run in (run_system_verilator, run_system_pysim):
+        with pytest.raises(SimulationTimeout, match="max_cycles=500: chip 0 at pc") as info:
+            run(npu, programs, images, [[], []], max_cycles=500)
+        messages.append(str(info.value))
+    assert "busy with collective" in messages[0] and "chip 1" not in messages[0]
+    assert messages[0] == messages[1]
+
+
+def test_bare_loop_is_the_same_model():
+    """The bare loop clocks the runner's own build: after the runner has run (and built, in a
+    fresh cache) one chip, the loop finds that build cached."""
+    npu = npu_preset("tiny")
+    halt = Assembler()
+    halt.halt()
+    run_system_verilator(npu, [halt.words()], [{}], [[]], max_cycles=100)
+    out = run_bare_loop(npu, 1, 20_000)
+    assert out["cycles"] == 20_000 and out["build_cached"] and out["cycles_per_s"] > 0
+
+
+def test_rejections():
+    npu = npu_preset("tiny")
+    with pytest.raises(ValueError, match="2 programs but 1 images and 2 reads"):
+        run_system_verilator(npu, [[], []], [{}], [[], []])
+    with pytest.raises(ValueError, match="chip 0's program of 4097 instructions exceeds"):
+        run_system_verilator(npu, [[0] * 4097], [{}], [[]])
+    with pytest.raises(ValueError, match=r"link_stalls 1.0 is outside \[0, 1\)"):
+        run_system_verilator(npu, [[]], [{}], [[]], link_stalls=1.0)
+    with pytest.raises(ValueError, match="chips must be 1..8, not 9"):
+        run_system_verilator(npu, [[]] * 9, [{}] * 9, [[]] * 9)
+
+
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2)])
+def test_simulate_runs_every_chip_count_on_verilator(strategy, chips):
+    """sim.flows.simulate dispatches --backend verilator to this runner for any chip count (link
+    stalls too, on several chips): bit-exact with the golden model, cycles and traces there."""
+    stalls = 0.2 if chips > 1 else 0.0
+    report = simulate(npu_preset("tiny"), dataclasses.replace(SMALL, n_layers=2),
+                      strategy=strategy, chips=chips, batch=2, backend="verilator",
+                      link_stalls=stalls)
+    assert report.golden_match and report.cycles > 0
+    assert all(span is not None for span in report.spans)
+
+
+def test_simulate_watchdog_on_verilator():
+    with pytest.raises(Watchdog, match=r"within max_cycles=50: chip 0 at pc \d+ busy with"):
+        simulate(npu_preset("tiny"), SMALL, backend="verilator", max_cycles=50)

@@ -1,0 +1,249 @@
+"""The ISS's cycle model (sim.timing.cycle): the RTL's cycles, busy counters and traces."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import hw.tile.ports as ports
+from hw.spec import ModelConfig, model_preset, npu_preset
+from hw.spec.collective import CollectiveRequest
+from hw.spec.formats import OutMode
+from hw.spec.isa import BUSY_COUNTERS, Op, Unit
+from sim.compiler import collective_launch as cl
+from sim.compiler import p2p_launch as pl
+from sim.compiler.assembler import Assembler
+from sim.compiler.descriptors import emit_matmul, matmul_launch
+from sim.compiler.hidden import compile_hidden
+from sim.compiler.quantize import quantize_input, quantize_model
+from sim.flows.simulate import simulate
+from sim.golden.float_model import random_weights
+from sim.iss import IssError
+from sim.rtl.chip_runner import run_chip_pysim
+from sim.rtl.system_runner import run_system_pysim
+from sim.strategies import compile_program
+from sim.timing.cycle import time_programs, trace_depth, trace_entries
+from tests.helpers import small_npu
+from tests.hw.test_system import build as build_collectives
+
+
+def test_trace_depth_follows_the_gateware():
+    npu = npu_preset("tiny")
+    assert trace_depth(npu) == ports.trace_depth(npu)
+
+
+def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
+    """A small model compiled for the tiny chip: the system program and its images."""
+    fields = {"n_layers": n_layers, "d_model": 8, "n_heads": 2, "d_head": 4, "d_ff": 16,
+              "seq_len": 4, "name": "small"} | model
+    cfg = ModelConfig(**fields)
+    npu = npu_preset("tiny")
+    x = np.random.default_rng(seed).standard_normal((samples, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, seed), x)
+    prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
+    return npu, prog, prog.images([quantize_input(qm, s) for s in x])
+
+
+def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000):
+    """The cycle model and pysim agree on cycles, busy counters and every trace entry."""
+    model = time_programs(npu, programs, ring=ring)
+    if len(programs) == 1 and not ring:
+        out = run_chip_pysim(npu, programs[0], images[0], [], max_cycles=max_cycles)
+        rtl = [(out["cycles"], out["busy_cycles"], out["trace"])]
+        cycles = out["cycles"]
+    else:
+        out = run_system_pysim(npu, programs, images, [[] for _ in programs],
+                               max_cycles=max_cycles)
+        rtl = list(zip(out["chip_cycles"], out["busy_cycles"], out["traces"], strict=True))
+        cycles = out["cycles"]
+    assert model.cycles == cycles, (model.cycles, cycles)
+    for c, (chip, (cyc, busy, trace)) in enumerate(zip(model.chips, rtl, strict=True)):
+        assert chip.cycles == cyc, f"chip {c}: {chip.cycles} cycles, RTL {cyc}"
+        assert chip.busy == busy, \
+            f"chip {c}: busy {dict(zip(BUSY_COUNTERS, chip.busy, strict=True))}, RTL " \
+            f"{dict(zip(BUSY_COUNTERS, busy, strict=True))}"
+        entries = trace_entries(npu, chip.trace)
+        for k, (got, want) in enumerate(zip(entries["entries"], trace["entries"],
+                                                   strict=False)):
+            assert got == want, f"chip {c} trace entry {k}: {got}, RTL {want}"
+        assert entries == trace
+    print(f"cycles={cycles}")
+    return model
+
+
+@pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
+def test_one_block_on_one_chip(norm, causal):
+    """LN, matmuls (int8, int16 out), attention (causal, bidirectional), LUT, residual adds,
+    post-norm's input requant: every launch of a block."""
+    npu, prog, images = compiled("single", 1, norm=norm, causal=causal, d_model=16, d_head=8,
+                                 d_ff=32, seq_len=6)
+    assert_rtl_equal(npu, [prog.chips[0].program], images)
+
+
+def test_head_parallel_on_two_chips():
+    """Partial sums, ring all-reduces, per-channel requant, on ChipSystem."""
+    npu, prog, images = compiled("head", 2)
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+
+
+def test_hidden_split_head_on_two_chips():
+    """Hidden-dimension parallelism, one head of 8 lanes split over 2 chips: both
+    split-score passes (the partial pass without V, the reduced pass without K), the scores'
+    all-reduce between them, the LayerNorm statistics' all-reduces and the projections'
+    pipelined reduce-scatters."""
+    npu, prog, images = compiled("hidden", 2, n_heads=1, d_head=8, seed=3)
+    assert prog.meta["split_heads"] == [0]
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+
+
+def test_hidden_uneven_shards_on_three_chips():
+    """Columns 4, 6, 6 of four heads of 4: head 2 split over chips 1 and 2 (a group that is
+    not the whole ring, beside chips that each hold whole heads), the ordering tokens."""
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
+                      name="h4x4")
+    npu = npu_preset("tiny")
+    x = np.random.default_rng(3).standard_normal((1, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 3), x)
+    prog = compile_hidden(npu, qm, 3, widths=[4, 6, 6])
+    assert prog.meta["split_heads"] == [2]
+    images = prog.images([quantize_input(qm, s) for s in x])
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+
+
+def test_pipeline_on_two_chips():
+    """SEND/RECV with clear-to-send tokens while the stages compute (two microbatches)."""
+    npu, prog, images = compiled("pipeline", 2, n_layers=2, samples=2)
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+
+
+@pytest.mark.parametrize("case", ["matmul+collectives", "group", "send_recv+barrier"])
+def test_collective_programs(case):
+    """The ChipSystem test programs: all-gather of matmul results, all-reduce (int32, int64),
+    reduce-scatter MAX; a group of two with a chip that only forwards; reduce-scatter AVG,
+    a group all-gather, a send over the ring's wrap and a barrier."""
+    reqs = {
+        "matmul+collectives": (2, [CollectiveRequest("all_gather", "sum", 32, 32, 2),
+                                   CollectiveRequest("all_reduce", "sum", 32, 10, 2),
+                                   CollectiveRequest("reduce_scatter", "max", 32, 9, 2),
+                                   CollectiveRequest("all_reduce", "sum", 64, 5, 2)], True),
+        "group": (3, [CollectiveRequest("all_reduce", "sum", 32, 7, 3),
+                      CollectiveRequest("all_reduce", "min", 32, 6, 3, first=2, count=2)],
+                  False),
+        "send_recv+barrier": (4, [
+            CollectiveRequest("reduce_scatter", "avg", 64, 7, 4),
+            CollectiveRequest("all_gather", "sum", 32, 7, 4, first=1, count=3),
+            CollectiveRequest("send_recv", "sum", 32, 5, 4, first=3, count=2),
+            CollectiveRequest("barrier", "sum", 32, 1, 4)], False),
+    }
+    chips, req, matmul = reqs[case]
+    npu = small_npu()
+    programs, images, _, _, _ = build_collectives(npu, chips, req, np.random.default_rng(1),
+                                                  matmul=matmul)
+    assert_rtl_equal(npu, programs, images)
+
+
+def test_point_to_point_through_other_chips_beside_collectives():
+    """Chip 0 sends to chip 2 and chip 3 to chip 1 (each through a forwarding chip) while the
+    groups {0, 1} and {2, 3} all-reduce at the same time."""
+    npu = small_npu()
+    n = npu.array_size
+    rng = np.random.default_rng(1)
+    programs, images = [], []
+    for c in range(4):
+        asm = Assembler()
+        if c in (0, 3):
+            pl.emit(asm, pl.send_launch(dest=(c + 2) % 4, desc=pl.contiguous(0, 16), size=n,
+                                        link_bytes=npu.link_bytes_per_cycle))
+        else:
+            pl.emit(asm, pl.recv_launch(src=(c + 2) % 4, desc=pl.contiguous(40, 16), size=n,
+                                        link_bytes=npu.link_bytes_per_cycle))
+        req = CollectiveRequest("all_reduce", "sum", 32, 64, 4, first=0 if c < 2 else 2,
+                                count=2)
+        cl.emit(asm, cl.coll_launch_natural(req, c, base=100, size=n,
+                                            link_bytes=npu.link_bytes_per_cycle))
+        asm.wait(Unit.ALL)
+        asm.halt()
+        programs.append(asm.words())
+        images.append({0: rng.integers(0, 256, (16, n), dtype=np.uint8)})
+    assert_rtl_equal(npu, programs, images)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, chips, samples", [("single", 1, 1), ("head", 2, 1),
+                                                      ("head", 4, 1), ("pipeline", 4, 4)])
+def test_tiny_model_every_strategy(strategy, chips, samples):
+    """The tiny preset model (4 layers, d_model 32) as `npu sim` runs it."""
+    cfg = model_preset("tiny")
+    npu = npu_preset("tiny")
+    x = np.random.default_rng(0).standard_normal((samples, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 0), x)
+    prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
+    images = prog.images([quantize_input(qm, s) for s in x])
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images, max_cycles=1_000_000)
+
+
+#: Hidden parallelism on 2..4 chips: 16 columns, heads of 4 split on 3 chips.
+HIDDEN16 = {"d_model": 16, "n_heads": 4, "d_head": 4, "d_ff": 32}
+
+
+@pytest.mark.parametrize("strategy, chips, samples, model", [
+    ("single", 1, 1, {}), ("head", 2, 1, {}), ("pipeline", 2, 2, {}),
+    ("hidden", 2, 1, {"n_heads": 1, "d_head": 8}), ("hidden", 3, 1, HIDDEN16),
+    ("hidden", 4, 2, HIDDEN16)])
+def test_cycles_do_not_depend_on_the_data(strategy, chips, samples, model):
+    """Different weights and inputs (so different scales) give the same program shape and the
+    same cycles: the compiler drops a SET only when its value and its source repeat."""
+    runs = []
+    for seed in (0, 2, 5):
+        npu, prog, _ = compiled(strategy, chips, n_layers=2, samples=samples, seed=seed,
+                                **model)
+        programs = [c.program for c in prog.chips]
+        runs.append(([len(p) for p in programs], time_programs(npu, programs).cycles))
+        print(f"seed={seed}: instructions {runs[-1][0]}, cycles {runs[-1][1]}")
+    assert runs[0] == runs[1] == runs[2], runs
+
+
+def test_a_chip_that_never_halts_is_reported():
+    npu = small_npu()
+    req = CollectiveRequest("all_reduce", "sum", 32, 4, 2)
+    launch = cl.coll_launch(req, 0, in_base=0, out_base=64, size=npu.array_size,
+                            link_bytes=npu.link_bytes_per_cycle)
+    asm = Assembler()
+    cl.emit(asm, launch)
+    asm.halt()
+    other = Assembler()
+    other.halt()
+    with pytest.raises(IssError, match="did not all halt within 500 cycles .*chip 0 at pc"):
+        time_programs(npu, [asm.words(), other.words()], max_cycles=500)
+
+
+def test_lone_chip_and_matmul_chain():
+    """Two matmuls, the second reading what the first wrote (WAIT between), one chip."""
+    npu = dataclasses.replace(small_npu(), sram_bytes=4096)
+    asm = Assembler()
+    emit_matmul(asm, matmul_launch(size=4, m=8, k=8, n=12, a_base=0, a_row_words=2,
+                                   b_base=16, p_base=64, c_base=200, c_row_words=3,
+                                   mode=OutMode.INT8))
+    asm.wait(Unit.MATMUL)
+    emit_matmul(asm, matmul_launch(size=4, m=8, k=12, n=4, a_base=200, a_row_words=3,
+                                   b_base=100, p_base=150, c_base=300, c_row_words=2,
+                                   mode=OutMode.INT16))
+    asm.launch(Op.NOP)
+    asm.halt()
+    assert_rtl_equal(npu, [asm.words()], [{}])
+
+
+@pytest.mark.parametrize("strategy, heads", [("head", 2), ("hidden", 1)])
+def test_iss_reports_what_pysim_reports(strategy, heads):
+    """`npu sim --backend iss`: the same cycles, per-chip busy and idle counts and collective
+    cycles as `--backend pysim` on the same model (head-parallel, two chips; hidden, two chips
+    sharing one head)."""
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=heads, d_head=8 // heads, d_ff=16,
+                      seq_len=4, name="small")
+    npu = npu_preset("tiny")
+    iss = simulate(npu, cfg, strategy=strategy, chips=2, backend="iss").to_json()
+    rtl = simulate(npu, cfg, strategy=strategy, chips=2, backend="pysim").to_json()
+    assert iss["cycles"] == rtl["cycles"] and iss["golden_match"] and rtl["golden_match"]
+    assert [c["busy"] for c in iss["per_chip"]] == [c["busy"] for c in rtl["per_chip"]]
+    assert iss["collectives"] == rtl["collectives"]
+    assert iss.get("hidden") == rtl.get("hidden")
