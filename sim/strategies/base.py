@@ -69,6 +69,16 @@ class Strategy:
     #: It runs on exactly one chip.
     one_chip: bool = False
 
+    def __init_subclass__(cls, **attributes):
+        """``class Head(GridStrategy, name="head", parts=("head",), ...)``: a subclass sets the
+        attributes above in its header (TypeError for a name that is not one of them)."""
+        super().__init_subclass__()
+        for key, value in attributes.items():
+            if key.startswith("_") or not hasattr(Strategy, key) or callable(getattr(Strategy,
+                                                                                   key)):
+                raise TypeError(f"{key!r} is not a strategy attribute")
+            setattr(cls, key, value)
+
     # --- what it runs on --------------------------------------------------------------------
     @property
     def is_grid(self) -> bool:

@@ -9,12 +9,8 @@ from .roles import part, whole
 __all__ = ["DATA"]
 
 
-class Data(GridStrategy):
-    name = "data"
-    splits = "batch samples (the whole model on every chip)"
-    relieves = "throughput only"
-    parts = ("data",)
-
+class Data(GridStrategy, name="data", splits="batch samples (the whole model on every chip)",
+           relieves="throughput only", parts=("data",)):
     def part_sections(self, prog, comms, res, spans) -> dict:
         grid = prog.meta["grid"]
         if grid["replicas"] <= 1:

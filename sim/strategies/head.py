@@ -11,12 +11,9 @@ from .roles import Role, part
 __all__ = ["HEAD"]
 
 
-class Head(GridStrategy):
-    name = "head"
-    splits = "attention heads and FFN columns (uneven allowed: 4 heads on 3 chips = 2, 1, 1)"
-    relieves = "weight capacity"
-    parts = ("head",)
-
+class Head(GridStrategy, name="head",
+           splits="attention heads and FFN columns (uneven allowed: 4 heads on 3 chips = 2, 1, 1)",
+           relieves="weight capacity", parts=("head",)):
     def part_comm(self, npu, cfg, split, samples):
         group = split.shards
         if group <= 1:

@@ -15,14 +15,10 @@ from .roles import Role, part
 __all__ = ["HIDDEN"]
 
 
-class Hidden(Strategy):
-    name = "hidden"
-    splits = "d_model columns, cutting across heads (uneven allowed)"
-    relieves = "d_head and d_model wider than the datapath"
-    parts = ("hidden",)
-    quants = ("int8",)
-    options = frozenset({"reduce"})
-
+class Hidden(Strategy, name="hidden",
+             splits="d_model columns, cutting across heads (uneven allowed)",
+             relieves="d_head and d_model wider than the datapath", parts=("hidden",),
+             quants=("int8",), options=frozenset({"reduce"})):
     def check(self, npu, cfg, chips):
         check_hidden(npu, cfg, chips)
 

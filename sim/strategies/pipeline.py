@@ -45,13 +45,10 @@ def pipeline_stats(prog: SystemProgram, res, spans) -> dict:
     return info
 
 
-class Pipeline(GridStrategy):
-    name = "pipeline"
-    splits = "layers in stages (uneven allowed), the batch in microbatches"
-    relieves = "weight capacity"
-    parts = ("pipeline",)
-    options = frozenset({"microbatches"})
-
+class Pipeline(GridStrategy, name="pipeline",
+               splits="layers in stages (uneven allowed), the batch in microbatches",
+               relieves="weight capacity", parts=("pipeline",),
+               options=frozenset({"microbatches"})):
     def part_sections(self, prog, comms, res, spans) -> dict:
         return {"pipeline": pipeline_stats(prog, res, spans)}
 

@@ -32,14 +32,10 @@ def sequence_stats(prog: SystemProgram, comms, spans) -> dict:
     return info
 
 
-class Sequence(Strategy):
-    name = "sequence"
-    splits = "tokens, in chunks (one chip: passes over a sequence beyond max_seq_len)"
-    relieves = "max sequence length"
-    parts = ("sequence",)
-    quants = ("int8",)
-    planned = "analytic"
-
+class Sequence(Strategy, name="sequence",
+               splits="tokens, in chunks (one chip: passes over a sequence beyond max_seq_len)",
+               relieves="max sequence length", parts=("sequence",), quants=("int8",),
+               planned="analytic"):
     def check(self, npu, cfg, chips):
         check_sequence(npu, cfg, chips)
 

@@ -10,13 +10,8 @@ from .roles import whole
 __all__ = ["SINGLE"]
 
 
-class Single(GridStrategy):
-    name = "single"
-    splits = "nothing: the whole model on one chip"
-    relieves = "nothing (the reference)"
-    parts = ("single",)
-    one_chip = True
-
+class Single(GridStrategy, name="single", splits="nothing: the whole model on one chip",
+             relieves="nothing (the reference)", parts=("single",), one_chip=True):
     def layout(self, chips, grid=None):
         self.check_options(chips=chips, grid=grid)
         return Grid()
