@@ -73,8 +73,10 @@ def _fpga_16m() -> NpuConfig:
                                name="fpga-16MiB")
 
 
-class _LaunchTimer(Iss):
-    """An ISS that adds up the closed-form cycles of every launch it executes, per unit."""
+class _SerialSum(Iss):
+    """An ISS that adds up the closed-form cycles of every launch it executes, per unit: the
+    program as if nothing overlapped (a bound to set the timing models against, not one of
+    them: :class:`sim.timing.launch.LaunchTimer` is the launch-level timer)."""
 
     def __init__(self, npu: NpuConfig):
         super().__init__(npu)
@@ -102,7 +104,7 @@ def launch_cycles(npu: NpuConfig, cfg: ModelConfig, weights: dict, x) -> dict:
     program run serially, one cycle per instruction besides)."""
     qm = quantize_model(cfg, weights, x)
     prog = compile_program("single", npu, qm, 1, seq=len(x), samples=1)
-    iss = _LaunchTimer(npu)
+    iss = _SerialSum(npu)
     for base, words in prog.images([quantize_input(qm, x)])[0].items():
         iss.write_words(base, words)
     program = prog.chips[0].program
