@@ -139,7 +139,8 @@ def test_capacity_refusal_names_the_int16_hidden():
     scratchpad's size, every category and the int16 hidden's share."""
     cfg = ModelConfig(n_layers=1, d_model=16, n_heads=4, d_ff=64, seq_len=64, window=8, name="long",
                       quant="smooth16")
-    npu = dataclasses.replace(TINY, sram_bytes=20480)
+    # Five banks of 1,024 words (a bank's depth is a power of two).
+    npu = dataclasses.replace(TINY, sram_bytes=20480, sram_banks=5)
     w, x = outlier_model(cfg, 31)
     r = simulate(npu, dataclasses.replace(cfg, quant="int8"), backend="iss", weights=w, x=x)
     assert r.golden_match

@@ -62,16 +62,16 @@ def test_sram_one_byte_under_and_over():
 
 
 def test_sram_at_the_real_boundary():
-    """A scratchpad of exactly the model's bytes fits; one bank row (the smallest step a
-    configuration can take) less does not, and the message gives every category."""
+    """A scratchpad of the fewest banks that hold the model's bytes fits; one bank less (the
+    smallest step a configuration can take: a bank's depth is a power of two) does not, and
+    the message gives every category."""
     cfg = small(vocab_size=0)
     need = chip_bytes(TINY, cfg, roles_of(TINY, cfg, "single", 1, None)[0]).total
-    step = TINY.sram_banks * TINY.array_size
-    exact = -(-need // step) * step
-    fits = dataclasses.replace(TINY, sram_bytes=exact)
-    short = dataclasses.replace(TINY, sram_bytes=exact - step)
-    if exact == need:
-        assert plan(fits, cfg, chips=1, strategy="single").strategies[0].fits
+    bank = 64 * TINY.array_size                 # 64 words a bank
+    banks = -(-need // bank)
+    fits = dataclasses.replace(TINY, sram_bytes=banks * bank, sram_banks=banks)
+    short = dataclasses.replace(TINY, sram_bytes=(banks - 1) * bank, sram_banks=banks - 1)
+    assert plan(fits, cfg, chips=1, strategy="single").strategies[0].fits
     p = plan(short, cfg, chips=1, strategy="single").strategies[0]
     assert not p.fits and keys(p.reasons) == ["sram_bytes"]
     assert "weights" in str(p.reasons[0]) and "activations" in str(p.reasons[0])
