@@ -293,8 +293,7 @@ def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
                           "replicas: a sample per replica"))
     strat = get_strategy(strategy)
     tokens = max(r.tokens for r in roles)
-    shares = [Reason(*limit) for limit in strat.share_limits(npu, cfg, chips, tokens)]
-    out += [r for r in shares if r.key != "window"]
+    out += [Reason(*limit) for limit in strat.share_limits(npu, cfg, chips, tokens)]
     per_chip_note = " (per chip)" if strat.slices_widths else ""
     width = max(r.head_width for r in roles)
     if width > npu.d_head_max:
@@ -310,8 +309,9 @@ def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
         out.append(Reason("seq_len", tokens, npu.max_seq_len,
                           f"seq_len={tokens} tokens per chip exceed max_seq_len="
                           f"{npu.max_seq_len}"))
-    attention = [r for r in shares if r.key == "window"]
-    out += attention or _attention_limits(npu, cfg, strat.attention_keys(cfg, tokens))
+    refusal = strat.attention_refusal(npu, cfg, tokens)
+    out += [Reason(*refusal)] if refusal else _attention_limits(
+        npu, cfg, strat.attention_keys(cfg, tokens))
     over = {}
     for c in per_chip:
         if c.total > npu.sram_bytes:

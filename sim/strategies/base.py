@@ -182,9 +182,14 @@ class Strategy:
     def share_limits(self, npu: NpuConfig, cfg: ModelConfig, chips: int,
                      tokens: int) -> list[tuple[str, object, object, str]]:
         """Limits of this strategy's split beyond a chip's datapath, as ``(key, value, limit,
-        message)``: a word of d_model per chip, attention across chunks ...; ``tokens``: the
-        most a chip runs."""
+        message)`` (a word of d_model per chip ...); ``tokens``: the most a chip runs."""
         return []
+
+    def attention_refusal(self, npu: NpuConfig, cfg: ModelConfig,
+                          tokens: int) -> tuple[str, object, object, str] | None:
+        """Why no chip's attention can run this split at all (``(key, value, limit,
+        message)``), before the K/V ring's and the softmax's own limits; None: it can."""
+        return None
 
     def attention_keys(self, cfg: ModelConfig, tokens: int) -> int:
         """The keys one chip's attention reads per query row when it runs ``tokens``."""

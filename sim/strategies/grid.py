@@ -37,8 +37,6 @@ class GridStrategy(Strategy):
         else:
             if grid is not None:
                 self.check_options(chips=chips, grid=grid)
-            if self.one_chip and chips != 1:
-                self.check_options(chips=chips)
             sizes = (chips,) * len(self.parts)
         return Grid(**{AXES[p]: size for p, size in zip(self.parts, sizes, strict=True)})
 

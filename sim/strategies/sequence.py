@@ -78,14 +78,14 @@ class Sequence(Strategy, name="sequence",
         return [dataclasses.replace(whole(cfg, c, [cfg.batch]), tokens=max(1, part(S, chips, c)),
                                     halo=halo) for c in picks]
 
-    def share_limits(self, npu, cfg, chips, tokens):
+    def attention_refusal(self, npu, cfg, tokens):
         if cfg.window or cfg.seq_len <= tokens:
-            return []
+            return None
         # Full attention across chunks: ring attention merges partial softmaxes.
-        return [("window", 0, npu.attn_window,
-                 "full attention across sequence chunks needs ring attention's merge of "
-                 "partial softmax results, which the attention unit does not provide "
-                 "(window=0)")]
+        return ("window", 0, npu.attn_window,
+                "full attention across sequence chunks needs ring attention's merge of "
+                "partial softmax results, which the attention unit does not provide "
+                "(window=0)")
 
     def attention_keys(self, cfg, tokens):
         return tokens
