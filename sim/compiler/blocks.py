@@ -65,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,14 +105,14 @@ class Shard:
     whole layer and no reduction runs); ``bias``: this chip adds the O and FFN2 biases.
     """
 
-    heads: tuple[int, ...]
-    ffn: tuple[int, ...]
+    heads: Sequence[int]
+    ffn: Sequence[int]
     group: tuple[int, int, int] | None = None
     bias: bool = True
 
     @classmethod
     def whole(cls, cfg: ModelConfig) -> Shard:
-        return cls(tuple(range(cfg.n_heads)), tuple(range(cfg.d_ff)))
+        return cls(range(cfg.n_heads), range(cfg.d_ff))
 
 
 @dataclass
@@ -258,10 +259,13 @@ class BlockEmitter:
         heads, hcount = list(shard.heads), len(shard.heads)
         reduce = shard.group is not None
         p = f"layers.{i}."
-        # Q, K and V columns of the local heads, each head padded to dh_pad.
-        cols = np.concatenate([np.arange(dh) + h * dh for h in heads])
+        @functools.cache
+        def q_cols():
+            """Q, K and V columns of the local heads (read only with contents)."""
+            return np.concatenate([np.arange(dh) + h * dh for h in heads])
 
         def qkv_ql():
+            cols = q_cols()
             pick = (L.q, L.k, L.v)
             return QLinear(np.concatenate([x.w[:, cols] for x in pick], axis=1),
                            np.concatenate([x.bias[cols] for x in pick]),
@@ -277,18 +281,20 @@ class BlockEmitter:
         def wo_rows():
             o_map = np.concatenate([np.arange(dh) + k * dh_pad for k in range(hcount)])
             rows = np.zeros((hcount * dh_pad, d), np.int64)
-            rows[o_map] = L.o.w[cols]
+            rows[o_map] = L.o.w[q_cols()]
             return rows
         o = self._linear(p + "o", lambda: L.o, hcount * dh_pad, self.d_pad, rows=wo_rows,
                          bias=shard.bias)
         # FFN: W1 columns and W2 rows of the local FFN columns.
-        fcols = np.asarray(shard.ffn)
-        f_pad = pad_to(len(fcols), n)
-        ffn1 = self._linear(p + "ffn1", lambda: QLinear(
-            L.ffn1.w[:, fcols], L.ffn1.bias[fcols], L.ffn1.mult[fcols], L.ffn1.shift[fcols],
-            OutMode.INT8), self.d_pad, f_pad)
+        f_pad = pad_to(len(shard.ffn), n)
+
+        def ffn1_ql():
+            fcols = np.asarray(shard.ffn)
+            return QLinear(L.ffn1.w[:, fcols], L.ffn1.bias[fcols], L.ffn1.mult[fcols],
+                           L.ffn1.shift[fcols], OutMode.INT8)
+        ffn1 = self._linear(p + "ffn1", ffn1_ql, self.d_pad, f_pad)
         ffn2 = self._linear(p + "ffn2", lambda: L.ffn2, f_pad, self.d_pad,
-                            rows=lambda: L.ffn2.w[fcols], bias=shard.bias)
+                            rows=lambda: L.ffn2.w[np.asarray(shard.ffn)], bias=shard.bias)
         # LayerNorm parameters and the activation table (smooth16: the GELU16 knots).
         ln = [self._store(f"{p}ln{k}.gamma_beta", row_words(d, 4, n),
                           lambda x=x: pack_rows(pack_gamma_beta(x.gamma, x.beta)[None, :], 4, n))

@@ -40,7 +40,7 @@ from . import p2p_launch as pl
 from .alloc import Allocator
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
-from .compat import check_ring_port, check_single_chip
+from .compat import Limit, check_ring_port, check_single_chip
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QModel
 
@@ -66,21 +66,26 @@ def head_shards(cfg, shards: int, first: int = 0, chips: int | None = None) -> l
     of chips ``first .. first + shards - 1`` of a ring of ``chips``; ConfigError when there are
     more shards than heads."""
     if shards > cfg.n_heads:
-        raise ConfigError(f"is less than the {shards} chips: head parallelism needs a head per "
-                          "chip", path=cfg.path, key="n_heads", value=cfg.n_heads)
+        raise Limit(f"is less than the {shards} chips: head parallelism needs a head per chip",
+                    path=cfg.path, key="n_heads", value=cfg.n_heads, limit=shards)
     chips = shards if chips is None else chips
-    heads = np.array_split(np.arange(cfg.n_heads), shards)
-    ffn = np.array_split(np.arange(cfg.d_ff), shards)
+    heads, ffn = _split_ranges(cfg.n_heads, shards), _split_ranges(cfg.d_ff, shards)
     group = (first, shards, chips) if shards > 1 else None
-    return [Shard(tuple(int(h) for h in heads[c]), tuple(int(f) for f in ffn[c]), group,
-                  bias=c == 0) for c in range(shards)]
+    return [Shard(heads[c], ffn[c], group, bias=c == 0) for c in range(shards)]
+
+
+def _split_ranges(total: int, parts: int) -> list[range]:
+    """``numpy.array_split(range(total), parts)`` as ranges (the first parts one longer)."""
+    q, r = divmod(total, parts)
+    edges = [k * q + min(k, r) for k in range(parts + 1)]
+    return [range(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
 def stage_layers(cfg, stages: int) -> list[list[int]]:
     """The layers of each stage; ConfigError when there are more stages than layers."""
     if stages > cfg.n_layers:
-        raise ConfigError(f"is less than the {stages} chips: pipeline parallelism needs a layer "
-                          "per chip", path=cfg.path, key="n_layers", value=cfg.n_layers)
+        raise Limit(f"is less than the {stages} chips: pipeline parallelism needs a layer per "
+                    "chip", path=cfg.path, key="n_layers", value=cfg.n_layers, limit=stages)
     return [[int(i) for i in part] for part in np.array_split(np.arange(cfg.n_layers), stages)]
 
 
@@ -99,7 +104,7 @@ def _launch_counts(asm) -> dict[str, int]:
 def compile_grid(npu: NpuConfig, qm: QModel, grid: Grid, *, strategy: str,
                  seq: int | None = None, samples: int = 1, microbatches: int | None = None,
                  contents: bool = True, check: bool = True,
-                 only: set[int] | None = None) -> SystemProgram:
+                 only: set[int] | None = None, emit: bool = True) -> SystemProgram:
     """Programs for every chip of ``grid``; ``microbatches`` per replica (default
     ``min(its samples, stages)``; 1 without a pipeline). The microbatches' buffers get a bank
     of their own when there is room (:class:`~sim.compiler.alloc.Allocator`).
@@ -108,8 +113,10 @@ def compile_grid(npu: NpuConfig, qm: QModel, grid: Grid, *, strategy: str,
     compile: ``qm`` needs no weight arrays; the same layout and program but for the SET
     values of the scales); ``check=False`` skips the compatibility, capacity and program-size
     checks (the planner collects every violated limit itself); ``only``: compile just those
-    chips (the others' programs are None: the planner's one chip per distinct share)."""
-    kw = {"contents": contents, "check": check, "only": only}
+    chips (the others' programs are None: the planner's one chip per distinct share);
+    ``emit=False``: lay out each chip's scratchpad and stop (empty programs: the planner's
+    capacity, which needs no instruction and so no ring port, on any number of chips)."""
+    kw = {"contents": contents, "check": check, "only": only, "emit": emit}
     if not check:
         prog = _compile(npu, qm, grid, strategy, seq, samples, microbatches,
                         transfer_bank=True, **kw)
@@ -130,7 +137,7 @@ def compile_grid(npu: NpuConfig, qm: QModel, grid: Grid, *, strategy: str,
 
 
 def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_bank, contents,
-             check, only):
+             check, only, emit):
     cfg = qm.cfg
     if check:
         check_single_chip(npu, cfg)
@@ -160,7 +167,7 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
                     prev=grid.chip(r, s - 1, h) if s > 0 else None,
                     nxt=grid.chip(r, s + 1, h) if s + 1 < grid.stages else None,
                     ratio=ratio, transfer_bank=transfer_bank, contents=contents, check=check,
-                    role={"replica": r, "stage": s, "shard": h})
+                    emit=emit, role={"replica": r, "stage": s, "shard": h})
                 # Each all-reduce once (from its group's first chip), every send.
                 comms += [c for c in chip_comms if h == 0 or c["kind"] == "send"]
     meta = {"grid": {"replicas": grid.replicas, "stages": grid.stages, "shards": grid.shards},
@@ -175,7 +182,7 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
 
 
 def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, *, prev, nxt,
-                   ratio, transfer_bank, contents, check, role):
+                   ratio, transfer_bank, contents, check, emit, role):
     """One chip's program: its share of its stage's layers over every microbatch of its
     replica; receives from ``prev`` and sends to ``nxt`` (chip ids, None at the ends)."""
     cfg = qm.cfg
@@ -189,6 +196,10 @@ def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, 
     acts = em.alloc_activations(max(x.rows for x in xs), shard)
     if check:
         al.check_capacity()
+    role = {**role, "layers": list(layers), "heads": list(shard.heads),
+            "ffn_columns": len(shard.ffn)}
+    if not emit:
+        return ChipProgram(chip, asm, al, role=role), []
     comms = []
 
     def message(x):
@@ -226,8 +237,6 @@ def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, 
                 inputs[sample].append(place)       # every shard of the first stage holds it
             if nxt is None and shard.bias:         # the group's first shard gives the output
                 outputs[sample] = place
-    role = {**role, "layers": list(layers), "heads": list(shard.heads),
-            "ffn_columns": len(shard.ffn)}
     program = finish(npu, ChipProgram(chip, asm, al, role=role,
                                       spans={"microbatch_launches": per_batch}), check=check)
     return program, em.comms + comms

@@ -53,13 +53,14 @@ matmul computes block mb + 1 and the vector unit requantises block mb - 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.attention import partial_row_words
-from hw.spec.collective import CollectiveRequest, check_chips, elements_per_word, word_bytes
+from hw.spec.collective import CollectiveRequest, elements_per_word, word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.isa import COLL_FIFO_WORDS, Unit
 from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_blocks, row_words
@@ -72,7 +73,7 @@ from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import cdiv, pad_to
-from .compat import check_single_chip
+from .compat import Limits, check_ring_size, check_single_chip
 from .descriptors import Desc, emit_matmul, matmul_launch
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QLinear, QModel
@@ -205,13 +206,16 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
     return HiddenPlan(chips, n, cfg.d_model, cols, ffn, tuple(pieces), tuple(groups))
 
 
-def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, **kw) -> HiddenPlan:
+def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, limits: Limits | None = None,
+                 **kw) -> HiddenPlan | None:
     """Compatibility of ``cfg`` with ``chips`` chips under hidden parallelism: every check of
-    :func:`check_single_chip` but the widths, which are checked per shard (:func:`hidden_plan`)."""
-    check_chips(chips)
+    :func:`check_single_chip` but the widths, which are checked per shard (:func:`hidden_plan`);
+    ConfigError, or each refusal reported to ``limits`` (then None when a shard refused)."""
+    limits = Limits() if limits is None else limits
+    check_ring_size(chips, limits)
     wide = max(npu.d_model_max, cfg.d_model, npu.d_head_max, cfg.d_head)
-    check_single_chip(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), cfg)
-    return hidden_plan(npu, cfg, chips, **kw)
+    check_single_chip(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), cfg, limits)
+    return limits.run(hidden_plan, npu, cfg, chips, **kw)
 
 
 # --- the reduction of one projection's partial sums ---------------------------------------------
@@ -366,8 +370,6 @@ class _Compiler:
         self.prw = partial_row_words(npu.attn_window, n)
         #: Words of one split head's partial (or reduced) score rows, every sample's.
         self.score_slot = samples * seq * self.prw
-        self.sched = al_.plan_schedule(seq=seq, window=self.cfg.window, causal=self.cfg.causal,
-                                       ring=npu.attn_window)
         self.ch = [_Chip(c, Assembler(), Allocator(npu)) for c in range(self.chips)]
         cfg = self.cfg
         d = cfg.d_model
@@ -399,6 +401,12 @@ class _Compiler:
                 self.red[name] = Reduction(widths=[len(x) for x in self.dest[name]],
                                            rows=self.rows, size=n, link_bytes=self.link,
                                            mode=reduce)
+
+    @functools.cached_property
+    def sched(self):
+        """The attention's schedule (emitting only: a layout needs none)."""
+        return al_.plan_schedule(seq=self.seq, window=self.cfg.window, causal=self.cfg.causal,
+                                 ring=self.npu.attn_window)
 
     # --- weights ------------------------------------------------------------------------------
     def _qlinear(self, layer, name) -> QLinear:
@@ -812,7 +820,7 @@ class _Compiler:
 def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
                    samples: int = 1, widths=None, ffn_widths=None,
                    reduce: str = "reduce_scatter", contents: bool = True,
-                   check: bool = True) -> SystemProgram:
+                   check: bool = True, emit: bool = True) -> SystemProgram:
     """Programs for ``chips`` chips that split d_model (and d_ff) of every layer of ``qm``
     (``widths``/``ffn_widths``: explicit columns per chip; ``reduce``: how the projections'
     partial sums are reduced, ``REDUCE_MODES``).
@@ -820,7 +828,8 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
     ``contents=False`` places the weights without their contents (``qm`` needs only its
     scales: the planner's shapes-only compile); ``check=False`` skips the compatibility,
     capacity and program-size checks (the planner names every violated limit itself) but
-    the shards' own (:func:`hidden_plan`)."""
+    the shards' own (:func:`hidden_plan`); ``emit=False`` lays out the scratchpads and
+    stops (empty programs: the planner's capacity)."""
     cfg = qm.cfg
     if getattr(qm, "quant", "int8") != "int8":
         raise ValueError(f"--strategy hidden does not compile quant={qm.quant!r} yet (only "
@@ -836,6 +845,10 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
     for ch in comp.ch:
         if check:
             ch.al.check_capacity()
+    if not emit:
+        return SystemProgram(npu, cfg, "hidden", [ChipProgram(ch.c, ch.asm, ch.al)
+                                                  for ch in comp.ch], seq, comp.seq_pad,
+                             [], [], {}, [])
     if cfg.norm == "post":
         for ch in comp.ch:
             vl.emit(ch.asm, vl.requant_launch(size=comp.n, length=plan.width(ch.c),

@@ -56,6 +56,7 @@ from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
+from .compat import Limits
 from .descriptors import Desc
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QModel
@@ -134,41 +135,44 @@ def plan_transfers(chunks: list[tuple[int, int]], seq: int, window: int,
     return [sorted(by_phase[k], key=lambda t: t.src) for k in sorted(by_phase)]
 
 
-def _refuse(key, value, problem, path):
-    raise ConfigError(problem, path=path, key=key, value=value)
-
-
-def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None = None):
-    """Compatibility of a model with sequence parallelism on ``chips`` chips (ConfigError):
-    every chunk within ``max_seq_len`` (one chip: passes, causal windows only) and each chunk's
-    keys within the K/V ring."""
+def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None = None,
+                   limits: Limits | None = None):
+    """Compatibility of a model with sequence parallelism on ``chips`` chips (ConfigError, or
+    each refusal reported to ``limits``): every chunk within ``max_seq_len`` (one chip:
+    passes, causal windows only) and each chunk's keys within the K/V ring."""
     seq = cfg.seq_len if seq is None else seq
+    limits = Limits() if limits is None else limits
     # What does not depend on the sequence: the model as one token would run it.
-    check_single_chip(npu, replace(cfg, seq_len=1, window=min(cfg.window, 1)))
+    check_single_chip(npu, replace(cfg, seq_len=1, window=min(cfg.window, 1)), limits)
+
+    def _refuse(key, value, problem, path, limit=None):
+        limits.refuse(problem, path=path, key=key, value=value, limit=limit)
+
     ring, w = npu.attn_window, cfg.window
     if seq < chips:
         _refuse("seq_len", seq, f"is less than the {chips} chips: sequence parallelism needs a "
-                "token per chip", cfg.path)
+                "token per chip", cfg.path, chips)
+        return
     if seq > 1 << POS_BITS:
         _refuse("seq_len", seq, f"exceeds {1 << POS_BITS}: token positions are {POS_BITS}-bit "
-                "(AT_Q_POS, AT_K_POS)", cfg.path)
+                "(AT_Q_POS, AT_K_POS)", cfg.path, 1 << POS_BITS)
     passes = _passes(npu, cfg, chips, seq)
     if chips > 1 and max(b - a for a, b in split_tokens(seq, chips)) > npu.max_seq_len:
         _refuse("max_seq_len", npu.max_seq_len, f"is less than a chunk of "
                 f"{math.ceil(seq / chips)} tokens ({seq} tokens on {chips} chips): use at least "
-                f"{math.ceil(seq / npu.max_seq_len)} chips", npu.path)
+                f"{math.ceil(seq / npu.max_seq_len)} chips", npu.path, math.ceil(seq / chips))
     if len(passes) > 1 and not (cfg.causal and w):
         kind = "full attention" if not w else "a bidirectional window"
         _refuse("seq_len", seq, f"exceeds max_seq_len={npu.max_seq_len}: one chip runs longer "
                 f"sequences in passes only for causal windowed attention ({kind} needs keys of "
                 f"tokens after the pass, or every earlier one); use at least "
-                f"{math.ceil(seq / npu.max_seq_len)} chips", npu.path)
+                f"{math.ceil(seq / npu.max_seq_len)} chips", npu.path, npu.max_seq_len)
     if w and cfg.causal and w > ring:
         _refuse("window", w, f"exceeds attn_window={ring}: a causal window must fit the K/V "
-                "ring", npu.path)
+                "ring", npu.path, ring)
     if w and not cfg.causal and 2 * w - 1 > ring:
         _refuse("window", w, f"does not fit attn_window={ring}: a bidirectional window needs "
-                f"2 window - 1 <= {ring}", npu.path)
+                f"2 window - 1 <= {ring}", npu.path, ring)
     if not w:
         widest = max(hi - lo for lo, hi in (key_span(c, seq, 0, cfg.causal)
                                             for c in split_tokens(seq, chips)))
@@ -176,7 +180,7 @@ def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None
             _refuse("seq_len", seq, f"does not fit attn_window={ring}: full attention needs "
                     f"each query's {widest} keys in one K/V ring (its score row is one softmax "
                     f"of softmax_len={npu.softmax_len} lanes); merging partial softmaxes "
-                    "exactly needs softmax max/sum modes the chip lacks", npu.path)
+                    "exactly needs softmax max/sum modes the chip lacks", npu.path, ring)
 
 
 def _passes(npu, cfg, chips, seq) -> list[tuple[int, int]]:
@@ -186,24 +190,41 @@ def _passes(npu, cfg, chips, seq) -> list[tuple[int, int]]:
 
 
 def compile_sequence(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
-                     samples: int = 1) -> SystemProgram:
+                     samples: int = 1, contents: bool = True, check: bool = True,
+                     emit: bool = True, only: set[int] | None = None) -> SystemProgram:
     """Programs for ``chips`` chips that split the tokens of each of ``samples`` sequences
-    (one chip: passes of at most ``max_seq_len`` tokens)."""
+    (one chip: passes of at most ``max_seq_len`` tokens). ``contents=False``, ``check=False``
+    and ``emit=False`` as for :func:`~sim.compiler.grid.compile_grid`: the planner's layout of
+    each chip's scratchpad from the shapes alone, without the checks and the programs (and
+    ``only``: of just those chips)."""
     cfg = qm.cfg
     seq = cfg.seq_len if seq is None else seq
-    check_sequence(npu, cfg, chips, seq)
+    if check:
+        check_sequence(npu, cfg, chips, seq)
+    if emit and only is not None:
+        raise ValueError("only= lays out some chips (emit=False); a program needs every chip")
+    kw = {"contents": contents, "check": check, "emit": emit}
     if chips == 1:
-        return _compile_passes(npu, qm, seq, samples)
-    return _compile_chips(npu, qm, chips, seq, samples)
+        return _compile_passes(npu, qm, seq, samples, **kw)
+    return _compile_chips(npu, qm, chips, seq, samples, only=only, **kw)
+
+
+def _layout(npu, cfg, chips, seq, states):
+    """The scratchpads alone (``emit=False``; None for the chips not laid out)."""
+    return SystemProgram(npu, cfg, "sequence", [None if st is None else
+                                                ChipProgram(c, st.asm, st.al)
+                                                for c, st in enumerate(states)], seq,
+                         max(st.em.seq_pad for st in states if st is not None), [], [], {}, [])
 
 
 class _Chip:
     """One chip's compiler state: emitter, weights, tensors."""
 
-    def __init__(self, npu, qm, c, tokens, *, kv_rows, transfer):
+    def __init__(self, npu, qm, c, tokens, *, kv_rows, transfer, contents=True):
         cfg = qm.cfg
         self.al, self.asm = Allocator(npu, transfer_bank=transfer), Assembler()
-        self.em = BlockEmitter(npu, qm, self.asm, self.al, seq=tokens, chip=c)
+        self.em = BlockEmitter(npu, qm, self.asm, self.al, seq=tokens, chip=c,
+                               contents=contents)
         self.shard = Shard.whole(cfg)
         self.weights = [self.em.place_layer(i, self.shard) for i in range(cfg.n_layers)]
         n, em = npu.array_size, self.em
@@ -258,30 +279,37 @@ def _check_message(npu, words, what):
                           key="link_bytes_per_cycle", value=npu.link_bytes_per_cycle)
 
 
-def _compile_chips(npu, qm, chips, seq, samples):
+def _compile_chips(npu, qm, chips, seq, samples, **kw):
     try:
-        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=True)
+        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=True, **kw)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
-        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=False)
+        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=False, **kw)
 
 
-def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer):
+def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check, emit,
+                      only=None):
     cfg, n = qm.cfg, npu.array_size
     chunks = split_tokens(seq, chips)
     spans = [key_span(c, seq, cfg.window, cfg.causal) for c in chunks]
-    phases = plan_transfers(chunks, seq, cfg.window, cfg.causal)
     link = npu.link_bytes_per_cycle
     states = []
     for c, ((start, stop), (lo, hi)) in enumerate(zip(chunks, spans, strict=True)):
+        if only is not None and c not in only:
+            states.append(None)
+            continue
         tokens = stop - start
         st = _Chip(npu, qm, c, tokens, kv_rows=max(hi - lo, start - lo + pad_to(tokens, n)),
-                   transfer=transfer)
+                   transfer=transfer, contents=contents)
         st.xs = [st.em.alloc_residual(f"x{s}", 1) for s in range(samples)]
         st.activations(st.em.seq_pad)
-        st.al.check_capacity()
+        if check:
+            st.al.check_capacity()
         states.append(st)
+    if not emit:
+        return _layout(npu, cfg, chips, seq, states)
+    phases = plan_transfers(chunks, seq, cfg.window, cfg.causal)
     for t in (t for phase in phases for t in phase):
         _check_message(npu, states[t.src].part * 2 * t.rows,
                        f"the K/V rows of tokens {t.start}..{t.stop - 1}")
@@ -327,7 +355,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer):
         lo, hi = spans[c]
         programs.append(finish(npu, ChipProgram(c, st.asm, st.al, role={
             "layers": list(range(cfg.n_layers)), "tokens": list(chunks[c]),
-            "keys": [lo, hi]})))
+            "keys": [lo, hi]}), check=check))
         for s, x in enumerate(st.xs):
             place = Placement(c, x.base, st.em.seq_pad, x.cols, x.row_words, tokens=chunks[c])
             inputs[s].append(place)
@@ -364,13 +392,14 @@ def _meta(npu, cfg, chips, chunks, spans, passes, phases, comms, samples):
             "max_seq_len": npu.max_seq_len, "attn_window": npu.attn_window}
 
 
-def _compile_passes(npu, qm, seq, samples):
+def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
     """One chip: passes of at most ``max_seq_len`` tokens, a halo store per layer."""
     cfg, n = qm.cfg, npu.array_size
     passes = _passes(npu, cfg, 1, seq)
     halo = max(cfg.window - 1, 0) if len(passes) > 1 else 0
     longest = max(b - a for a, b in passes)
-    st = _Chip(npu, qm, 0, longest, kv_rows=halo + pad_to(longest, n), transfer=False)
+    st = _Chip(npu, qm, 0, longest, kv_rows=halo + pad_to(longest, n), transfer=False,
+               contents=contents)
     em = st.em
     # The pass residuals of every sample (each a tensor of one pass, padded to N rows).
     xs = [[em.alloc_residual(f"x{s}.{j}", 1) for j in range(len(passes))]
@@ -378,7 +407,10 @@ def _compile_passes(npu, qm, seq, samples):
     stores = [st.al.alloc(f"layers.{i}.kv_halo", halo, 2 * cfg.n_heads * em.dh_pad, 1,
                           "kv_cache") for i in range(cfg.n_layers)] if halo else []
     st.activations(em.seq_pad)
-    st.al.check_capacity()
+    if check:
+        st.al.check_capacity()
+    if not emit:
+        return _layout(npu, cfg, 1, seq, [st])
     copy_len = 2 * cfg.n_heads * em.dh_pad
     comms, copied = [], [0]
 
@@ -414,7 +446,8 @@ def _compile_passes(npu, qm, seq, samples):
                 em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1,
                               qkv_out=_rows_view(st.kv, ahead), attend=attend)
     chip = finish(npu, ChipProgram(0, st.asm, st.al, role={
-        "layers": list(range(cfg.n_layers)), "tokens": [0, seq], "passes": len(passes)}))
+        "layers": list(range(cfg.n_layers)), "tokens": [0, seq], "passes": len(passes)}),
+                  check=check)
     inputs, outputs = [], []
     for s in range(samples):
         places = [Placement(0, x.base, em.seq_pad, x.cols, x.row_words, tokens=p)

@@ -263,7 +263,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     try:
         strat.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce)
         strat.check_quant(model.quant)
-        strat.check(npu, model, chips)
+        strat.check(npu, model, chips, grid)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise

@@ -3,25 +3,23 @@
 :func:`plan` answers, per strategy (``sim.strategies``) and chip count, without
 running any RTL and without the model's weights:
 
-- **fits** or not, with every violated limit named (:class:`Reason`): each chip's bytes against
-  ``sram_bytes`` (per category), ``d_head`` against ``d_head_max``, ``d_model`` against
-  ``d_model_max``, the tokens a chip runs against ``max_seq_len``, the attention a chip runs
-  against the K/V ring (``attn_window``) and the softmax (``softmax_len``), divisibility (a
-  head, a layer, a sample or a word per chip), the ring's chip count, the program against
+- **fits** or not, with every violated limit named (:class:`Reason`): the strategy's own
+  checks (:meth:`~sim.strategies.base.Strategy.limits`: what ``npu sim`` would refuse, every
+  refusal collected), then each chip's bytes against ``sram_bytes``, the program against
   ``imem_words``. Model features the simulator does not run (RMSNorm, SiLU, a gated FFN) are
   planned anyway, as their nearest built equivalent, with a note.
-- **per-chip bytes**: ``weights`` (matmul weights and parameters, LayerNorm parameters,
-  activation tables, and the embeddings, final norm and LM head on the chips where they live),
-  ``kv_cache`` and ``activations``, exactly as the compiler's allocator (``sim/compiler``)
-  lays them out;
+- **per-chip bytes**: ``weights``, ``kv_cache`` and ``activations`` as the compiler's
+  allocator lays them out, from the strategy's own compile of the shapes stopped after the
+  layout (:func:`per_chip_bytes`), plus the tables it does not place (embeddings, positions,
+  final norm and LM head, where they live);
 - **communication** per layer (bytes a chip sends, collectives);
 - **predicted cycles**, latency and tokens/s at ``clock_mhz``: the strategy's programs
   compiled from the model's shape alone (:func:`compile_shapes`: the compiler's layout and
   program with dummy integer parameters) and timed by the ISS's timing model, the cycle model
   (:mod:`sim.timing.cycle`, equal to the RTL) when the programs are short enough, else the
   launch-level model (:mod:`sim.timing.launch`); deep models are timed on two and four layers per
-  chip and extended along their layers. Strategies without a shapes-only compile yet
-  (sequence, the 2-D grids) are planned analytically from the built ones, marked as such;
+  chip and extended along their layers. The strategies timed from other programs (sequence
+  and the 2-D grids: :data:`COMPILED` lists the others) are marked analytic;
 - the **smallest chip count** that fits.
 
 The JSON form is :meth:`PlanReport.to_json` (``docs/formats.md``, ``npu plan --json``).
@@ -37,10 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
-from hw.spec.collective import MAX_CHIPS, elements_per_word, word_bytes
-from hw.spec.memory import PARAM_WORDS, row_words
+from hw.spec.collective import MAX_CHIPS, word_bytes
+from hw.spec.memory import row_words
 from hw.spec.timing.collective import ring_bound_cycles
-from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES
+from hw.spec.vector import GELU16_KNOTS
 
 from ..compiler.attention_launch import plan_schedule
 from ..compiler.blocks import pad_to
@@ -55,7 +53,7 @@ from ..timing.cycle import time_programs
 from ..timing.launch import LaunchTimer, time_programs_fast
 
 __all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
-           "COMPILED", "chip_bytes", "limits", "ring_buildable"]
+           "COMPILED", "per_chip_bytes", "limits", "ring_buildable"]
 
 #: Strategies whose programs the compiler emits (the others are planned analytically).
 COMPILED = tuple(s.name for s in REGISTRY.values() if s.planned == "program")
@@ -158,9 +156,10 @@ class PlanReport:
                 "coll/layer", "cycles", "latency ms", "tokens/s", "min chips", "timing")
         rows = []
         for p in self.ranked():
-            peak = max((c.total for c in p.per_chip), default=0)
+            peak = max((c.total for c in p.per_chip), default=None)
             rows.append(("*" if p is best else "", p.strategy, p.grid or "-", str(p.chips),
-                         "yes" if p.fits else "no", f"{peak:,}", f"{p.comm_bytes_per_layer:,}",
+                         "yes" if p.fits else "no", "-" if peak is None else f"{peak:,}",
+                         f"{p.comm_bytes_per_layer:,}",
                          str(p.collectives_per_layer),
                          "-" if p.predicted_cycles is None else f"{p.predicted_cycles:,}",
                          "-" if p.latency_ms is None else f"{p.latency_ms:.4g}",
@@ -186,64 +185,17 @@ def _learned_positions(cfg: ModelConfig) -> bool:
     return cfg.norm_kind != "rmsnorm"
 
 
-def chip_bytes(npu: NpuConfig, cfg: ModelConfig, role: Role, *, tables: bool = True
-               ) -> ChipBytes:
-    """Bytes per category the compiler's allocator gives ``role`` (``sim/compiler/blocks.py``:
-    every tensor padded to whole words, heads to whole words each), plus the embedding tables
-    (int8 per element) and the final norm the planner adds where they live. A hidden-dimension
-    share (``role.hidden``) holds the rows of every matrix that its columns of the residual
-    multiply, and its columns of every activation. ``tables=False``: the allocator's bytes
-    alone (without the embeddings and final norm)."""
-    n = npu.array_size
-
-    def words(cols, eb=1):
-        return row_words(cols, eb, n)
-
-    d_pad = pad_to(role.d_model, n)
-    f_pad = pad_to(role.ffn, n)
-    gated = cfg.ffn == "gated"
-    rows = max(role.samples) * pad_to(role.tokens, n)
-    if role.hidden:
-        d_all, f_all = pad_to(cfg.d_model, n), pad_to(cfg.d_ff, n)
-        per_layer = (d_pad * 3 * d_all + d_pad * d_all + (1 + gated) * d_pad * f_all
-                     + f_pad * d_all) // n + PARAM_WORDS * (5 * d_all + (1 + gated) * f_all) // n
-        per_layer += 2 * words(role.d_model, 4) + words(LUT_ENTRIES)
-        c_qkv = 3 * d_pad
-        heads_cols = d_pad
-        # Partial sums are reduce-scattered a block of N rows at a time.
-        partial = n * words(3 * d_all, 4)
-    else:
-        dh_pad = pad_to(role.head_width, n)
-        c_qkv = 3 * role.heads * dh_pad
-        heads_cols = role.heads * dh_pad
-        o_cols = pad_to(cfg.d_model, n)
-        per_layer = (d_pad * c_qkv + PARAM_WORDS * c_qkv
-                     + heads_cols * o_cols + PARAM_WORDS * o_cols
-                     + (1 + gated) * (d_pad * f_pad + PARAM_WORDS * f_pad)
-                     + f_pad * o_cols + PARAM_WORDS * o_cols) // n
-        per_layer += 2 * words(cfg.d_model, 4) + words(LUT_ENTRIES)
-        partial = 0
-        if role.group > 1:
-            per_layer += 2 * words(d_pad, 4)
-            epw = elements_per_word(word_bytes(npu.link_bytes_per_cycle), 32)
-            partial = words(pad_to(rows * d_pad, role.group * epw), 4)
-    weights = role.layers * per_layer * n
-    if tables:
-        table = cfg.vocab_size * cfg.d_model
-        pos = cfg.seq_len * cfg.d_model if _learned_positions(cfg) else 0
-        head = role.lm_head if cfg.causal else 0.0      # an encoder has no LM head
-        weights += math.ceil((table + pos) * role.embeddings) + math.ceil(table * head)
-        if role.final_norm:
-            weights += words(cfg.d_model, 4) * n
-    kv_rows = rows + max(role.samples) * role.halo
-    kv = kv_rows * words(c_qkv) * n
-    acts = rows * (words(d_pad) + words(heads_cols) + words(d_pad, 2) + words(f_pad)
-                   + (words(d_pad) if cfg.norm == "post" else 0)) * n + partial * n
-    ratio = max(1, word_bytes(npu.link_bytes_per_cycle) // n)
-    for count in role.samples:
-        w = count * pad_to(role.tokens, n) * words(d_pad, 2)
-        acts += (pad_to(w, ratio) if role.transfer else w) * n
-    return ChipBytes(role.chip, int(weights), int(kv), int(acts))
+def _table_bytes(npu: NpuConfig, cfg: ModelConfig, role: Role) -> int:
+    """What the compiler does not place and a chip still holds: its share of the token
+    embedding table (and of the learned positions) and of the LM head, int8 per element, and
+    the final norm's parameters where they live."""
+    table = cfg.vocab_size * cfg.d_model
+    pos = cfg.seq_len * cfg.d_model if _learned_positions(cfg) else 0
+    head = role.lm_head if cfg.causal else 0.0      # an encoder has no LM head
+    out = math.ceil((table + pos) * role.embeddings) + math.ceil(table * head)
+    if role.final_norm:
+        out += row_words(cfg.d_model, 4, npu.array_size) * npu.array_size
+    return out
 
 
 def _roles(npu, cfg, strategy, chips, grid, *, only=None) -> list[Role]:
@@ -259,59 +211,73 @@ def _roles(npu, cfg, strategy, chips, grid, *, only=None) -> list[Role]:
     return get_strategy(strategy).roles(npu, cfg, chips, grid, picks)
 
 
-# --- limits -------------------------------------------------------------------------------
-def limits(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=None, *,
-           per_chip: list[ChipBytes] | None = None) -> list[Reason]:
-    """Every limit ``strategy`` on ``chips`` chips (``grid``: ``(A, B)``) violates; the
-    chips' bytes are the planner's unless ``per_chip`` gives them."""
-    roles = _roles(npu, cfg, strategy, chips, grid)
-    if per_chip is None:
-        per_chip = [chip_bytes(npu, cfg, r) for r in roles]
-    return _limits(npu, cfg, strategy, chips, grid, roles, per_chip)
+def _cut_chips(npu, cfg, strategy, chips, grid=None) -> list[int]:
+    return [r.chip for r in _roles(npu, cfg, strategy, chips, grid, only="cuts")]
 
 
-def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
+def _grid_text(grid) -> str | None:
+    return None if grid is None else f"{grid[0]}x{grid[1]}"
+
+
+def _layout(npu, cfg, strategy, chips, grid, picks) -> dict[int, tuple[dict, int]]:
+    """Per chip of ``picks``: the allocator's bytes per category and the gate's (a gated
+    FFN's second FFN1-shaped matrix, which the compiler does not build: FFN1's words again),
+    from the strategy's own compile of ``cfg``'s shapes stopped after its layout
+    (``emit=False``: no program, so on any chip count and without a ring port)."""
+    prog = get_strategy(strategy).compile_shapes(
+        npu, _dummy_qmodel(_built_model(cfg)), chips, samples=cfg.batch,
+        grid=_grid_text(grid), only=set(picks), emit=False)
+    out = {}
+    for c in picks:
+        al = prog.chips[c].alloc
+        gate = 0
+        if cfg.ffn == "gated":
+            gate = sum(t.words for name, t in al.tensors.items()
+                       if name.endswith((".ffn1.w", ".ffn1.p"))) * npu.array_size
+        out[c] = dict(al.used), gate
+    return out
+
+
+#: Chips holding more layers than this are laid out with 1 and 2 layers per stage and their
+#: weights extended along the layers (each layer's weights are the same size).
+LAID_OUT_LAYERS = 2
+
+
+def per_chip_bytes(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=None, *,
+                   only=None) -> list[ChipBytes]:
+    """Each chip's bytes (``only``: those chips, or ``"cuts"``): the compiler's allocator
+    (:func:`_layout`) plus what it does not place (:func:`_table_bytes`). ValueError when the
+    compiler cannot lay the share out (its message says why)."""
+    roles = _roles(npu, cfg, strategy, chips, grid, only=only)
+    picks = [r.chip for r in roles]
+    stages = get_strategy(strategy).split(chips, grid).stages
+    deep = max(r.layers for r in roles) > LAID_OUT_LAYERS
+    if not deep:
+        one, two = _layout(npu, cfg, strategy, chips, grid, picks), None
+    else:
+        one, two = (_layout(npu, dataclasses.replace(cfg, n_layers=k * stages), strategy,
+                            chips, grid, picks) for k in (1, 2))
     out = []
-    group, stages, replicas = _split_counts(strategy, chips, grid)
-    if chips > MAX_CHIPS:
-        out.append(Reason("chips", chips, MAX_CHIPS,
-                          f"chips={chips} exceeds the {MAX_CHIPS} chips a ring holds "
-                          "(hw.spec.collective.MAX_CHIPS)"))
-    if get_strategy(strategy).one_chip and chips != 1:
-        out.append(Reason("chips", chips, 1, f"strategy single runs on 1 chip, not {chips}"))
-    if group > cfg.n_heads and "head" in get_strategy(strategy).parts:
-        out.append(Reason("n_heads", cfg.n_heads, group,
-                          f"n_heads={cfg.n_heads} is less than the {group} chips splitting "
-                          "heads: a head per chip"))
-    if stages > cfg.n_layers:
-        out.append(Reason("n_layers", cfg.n_layers, stages,
-                          f"n_layers={cfg.n_layers} is less than the {stages} pipeline "
-                          "stages: a layer per stage"))
-    if replicas > cfg.batch:
-        out.append(Reason("batch", cfg.batch, replicas,
-                          f"batch={cfg.batch} is less than the {replicas} data-parallel "
-                          "replicas: a sample per replica"))
-    strat = get_strategy(strategy)
-    tokens = max(r.tokens for r in roles)
-    out += [Reason(*limit) for limit in strat.share_limits(npu, cfg, chips, tokens)]
-    per_chip_note = " (per chip)" if strat.slices_widths else ""
-    width = max(r.head_width for r in roles)
-    if width > npu.d_head_max:
-        out.append(Reason("d_head", width, npu.d_head_max,
-                          f"d_head={width} exceeds the attention datapath's d_head_max="
-                          f"{npu.d_head_max}" + per_chip_note))
-    dm = max(r.d_model for r in roles)
-    if dm > npu.d_model_max:
-        out.append(Reason("d_model", dm, npu.d_model_max,
-                          f"d_model={dm} exceeds the vector unit's d_model_max="
-                          f"{npu.d_model_max}" + per_chip_note))
-    if tokens > npu.max_seq_len:
-        out.append(Reason("seq_len", tokens, npu.max_seq_len,
-                          f"seq_len={tokens} tokens per chip exceed max_seq_len="
-                          f"{npu.max_seq_len}"))
-    refusal = strat.attention_refusal(npu, cfg, tokens)
-    out += [Reason(*refusal)] if refusal else _attention_limits(
-        npu, cfg, strat.attention_keys(cfg, tokens))
+    for r in roles:
+        used, gate = one[r.chip]
+        weights = used["weights"] + gate
+        if two is not None:
+            used2, gate2 = two[r.chip]
+            weights += (r.layers - 1) * (used2["weights"] + gate2 - weights)
+        out.append(ChipBytes(r.chip, weights + _table_bytes(npu, cfg, r), used["kv_cache"],
+                             used["activations"]))
+    return out
+
+
+# --- limits -------------------------------------------------------------------------------
+def _reasons(npu, cfg, strategy, chips, grid, per_chip) -> list[Reason]:
+    """Every constraint ``strategy``'s own checks refuse (:meth:`Strategy.limits`: on the
+    model as it is built, its unbuilt features planned as their nearest built ones, with a
+    note), then each chip whose bytes exceed the scratchpad (chips with the same bytes named
+    together)."""
+    out = [Reason(e.key, e.value, e.limit, str(e)) for e in
+           get_strategy(strategy).limits(npu, _built_model(cfg), chips, grid,
+                                         samples=cfg.batch)]
     over = {}
     for c in per_chip:
         if c.total > npu.sram_bytes:
@@ -324,6 +290,28 @@ def _limits(npu, cfg, strategy, chips, grid, roles, per_chip) -> list[Reason]:
     return out
 
 
+def limits(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=None, *,
+           per_chip: list[ChipBytes] | None = None) -> list[Reason]:
+    """Every limit ``strategy`` on ``chips`` chips (``grid``: ``(A, B)``) violates; the
+    chips' bytes are :func:`per_chip_bytes` unless ``per_chip`` gives them."""
+    if per_chip is None:
+        return _bytes_and_reasons(npu, cfg, strategy, chips, grid)[1]
+    return _reasons(npu, cfg, strategy, chips, grid, per_chip)
+
+
+def _bytes_and_reasons(npu, cfg, name, chips, grid, only=None):
+    """(per-chip bytes, reasons); no bytes and the compiler's refusal as a reason when it
+    cannot lay the share out."""
+    try:
+        per_chip = per_chip_bytes(npu, cfg, name, chips, grid, only=only)
+    except ValueError as exc:
+        reasons = _reasons(npu, cfg, name, chips, grid, [])
+        if not reasons:
+            reasons.append(Reason("layout", None, None, f"no scratchpad layout: {exc}"))
+        return [], reasons
+    return per_chip, _reasons(npu, cfg, name, chips, grid, per_chip)
+
+
 def _chips(which) -> str:
     """``chip 3`` or ``chips 0-2, 5``."""
     runs, start = [], None
@@ -334,30 +322,6 @@ def _chips(which) -> str:
             runs.append(f"{start}" if start == c else f"{start}-{c}")
             start = None
     return ("chip " if len(which) == 1 else "chips ") + ", ".join(runs)
-
-
-def _attention_limits(npu, cfg, keys) -> list[Reason]:
-    """What a chip's attention needs of the K/V ring and the softmax, reading ``keys`` keys
-    per query row."""
-    w, ring, soft = cfg.window, npu.attn_window, npu.softmax_len
-    out = []
-    visible = keys if w == 0 else (w if cfg.causal else 2 * w - 1)
-    try:
-        plan_schedule(seq=keys, window=w, causal=cfg.causal, ring=ring)
-    except ValueError as exc:
-        key, value = ("window", w) if w else ("seq_len", keys)
-        out.append(Reason(key, value, ring, f"{key}={value}: {exc} (attn_window={ring})"))
-    if min(visible, keys) > soft:
-        out.append(Reason("softmax_len", min(visible, keys), soft,
-                          f"a query sees {min(visible, keys)} keys: more than softmax_len="
-                          f"{soft} lanes of the softmax"))
-    return out
-
-
-def _split_counts(strategy, chips, grid):
-    """(chips splitting heads, pipeline stages, data replicas): the strategy's own split."""
-    split = get_strategy(strategy).split(chips, grid)
-    return split.shards, split.stages, split.replicas
 
 
 def _features(cfg) -> list[str]:
@@ -437,12 +401,15 @@ class _Timer:
         return fast, "launch-level model"
 
 
-def _fit_npu(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int) -> NpuConfig:
+def _fit_npu(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int,
+             samples: int) -> NpuConfig:
     """``npu`` with an instruction memory large enough for any program, and, when a chip's
-    share of ``cfg`` does not fit its scratchpad, a larger one (the same banks, each a power
-    of two words) on which the compiled addresses are valid."""
-    roles = _roles(npu, cfg, strategy, chips, None, only="cuts")
-    need = max(chip_bytes(npu, cfg, r, tables=False).total for r in roles)
+    share of ``cfg`` (its layout, :func:`_layout`) does not fit its scratchpad, a larger one
+    (the same banks, each a power of two words) on which the compiled addresses are valid."""
+    prog = get_strategy(strategy).compile_shapes(
+        npu, _dummy_qmodel(cfg), chips, samples=samples,
+        only=set(_cut_chips(npu, cfg, strategy, chips)), emit=False)
+    need = max(sum(c.alloc.used.values()) for c in prog.chips if c is not None)
     big = dataclasses.replace(npu, imem_words=1 << 20)
     if need <= npu.sram_bytes // 2:
         return big
@@ -467,7 +434,7 @@ def _compile_and_time(timer, npu, cfg, strategy, chips, samples):
     notes = []
 
     def run(model):
-        fit = _fit_npu(npu, model, strategy, chips)
+        fit = _fit_npu(npu, model, strategy, chips, samples)
         prog = compile_shapes(strategy, fit, model, chips, samples=samples)
         cycles, how = timer.time(fit, [c.program for c in prog.chips])
         return cycles, how, prog, fit is not npu
@@ -538,9 +505,7 @@ def _search_limit(npu, cfg, name) -> int:
 def _fits_per_chip(npu, cfg, name, chips, grid) -> bool:
     """Every per-chip limit holds (the ring's chip count aside). Chips with the same share
     are checked once."""
-    roles = _roles(npu, cfg, name, chips, grid, only="cuts")
-    per_chip = [chip_bytes(npu, cfg, r) for r in roles]
-    reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
+    _, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid, only="cuts")
     return not [r for r in reasons if r.key != "chips"]
 
 
@@ -593,19 +558,8 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
         def key(p):
             return p.latency_ms if p.latency_ms is not None else math.inf
         return min(fitting, key=key)
-    roles = _roles(npu, cfg, name, chips, grid)
-    per_chip = [chip_bytes(npu, cfg, r) for r in roles]
-    exact = _hidden_bytes(npu, cfg, chips, per_chip) if name == "hidden" else None
-    per_chip = exact or per_chip
-    reasons = _limits(npu, cfg, name, chips, grid, roles, per_chip)
-    try:
-        get_strategy(name).check_quant(cfg.quant)
-    except ValueError as exc:
-        reasons.append(Reason("quant", cfg.quant, None, str(exc)))
+    per_chip, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid)
     comm, colls, notes = get_strategy(name).comm(npu, cfg, chips, grid)
-    if exact:
-        notes.append("hidden: per-chip bytes from the shapes-only compile of one layer (the "
-                     "allocator's, buffers and padding included), times the layers")
     notes = _features(cfg) + notes
     cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
     notes += more
@@ -636,32 +590,6 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
         collectives_per_layer=colls, predicted_cycles=cycles, latency_ms=latency,
         tokens_per_s=tokens, min_chips=smallest, notes=notes,
         timing=how)
-
-
-def _hidden_bytes(npu, cfg, chips, estimate) -> list[ChipBytes] | None:
-    """Hidden parallelism's per-chip bytes as its allocator lays them out: one layer compiled
-    from the shapes (its weights times the layers; the buffers are per chip, not per layer),
-    plus the tables the planner adds (their share in ``estimate``, :func:`chip_bytes`). None
-    when no program can be written (more chips than the ring or than d_model's words, an
-    attention schedule that does not exist) and for a gated FFN (not compiled: its gate is
-    only in the estimate)."""
-    n = npu.array_size
-    if cfg.ffn == "gated" or chips > MAX_CHIPS or pad_to(cfg.d_model, n) // n < chips or \
-            not _compatible(npu, cfg, cfg.seq_len) or (chips > 1 and not ring_buildable(npu)):
-        return None
-    one = dataclasses.replace(_built_model(cfg), n_layers=1)
-    try:
-        prog = compile_shapes("hidden", npu, one, chips, samples=cfg.batch)
-    except (ValueError, ConfigError):
-        return None
-    out = []
-    for chip, est in zip(prog.chips, estimate, strict=True):
-        used = chip.alloc.used
-        tables = est.weights - chip_bytes(npu, cfg, dataclasses.replace(
-            _roles(npu, cfg, "hidden", chips, None, only={chip.chip})[0]), tables=False).weights
-        out.append(ChipBytes(chip.chip, cfg.n_layers * used["weights"] + tables,
-                             used["kv_cache"], used["activations"]))
-    return out
 
 
 def _compatible(npu, cfg, tokens):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 
-from ..compiler.compat import check_single_chip
+from ..compiler.compat import Limit, Limits, check_ring_size, check_single_chip
 from ..compiler.program import SystemProgram
 from ..compiler.quantize import QModel
 from .roles import Role, whole
@@ -120,10 +120,31 @@ class Strategy:
         return Split()
 
     # --- compile ----------------------------------------------------------------------------
-    def check(self, npu: NpuConfig, cfg: ModelConfig, chips: int):
+    def check(self, npu: NpuConfig, cfg: ModelConfig, chips: int, grid=None):
         """Refuse (ConfigError, ValueError) a model whose share a chip cannot run, before any
-        work: by default each chip runs whole layers, as one chip would."""
-        check_single_chip(npu, cfg)
+        work: the first of :meth:`limits`."""
+        self.report_limits(npu, cfg, chips, grid, Limits())
+
+    def limits(self, npu: NpuConfig, cfg: ModelConfig, chips: int, grid=None, *,
+               samples: int | None = None) -> list[Limit]:
+        """Every constraint :meth:`check` refuses ``cfg`` on ``chips`` chips for, in its
+        order (the planner's reasons); ``samples``: the batch the run splits (the planner's
+        ``cfg.batch``; a simulation's batch is checked when it compiles)."""
+        found = Limits(collect=True)
+        self.report_limits(npu, cfg, chips, grid, found, samples=samples)
+        return found.found
+
+    def report_limits(self, npu: NpuConfig, cfg: ModelConfig, chips: int, grid,
+                      limits: Limits, *, samples: int | None = None):
+        """Report each constraint broken to ``limits`` (:meth:`check` and :meth:`limits`
+        share it): by default the chips a run takes, the ring's size, the scheme, and each
+        chip running whole layers as one chip would."""
+        if self.one_chip and chips != 1:
+            limits.refuse(f"is not 1: --strategy {self.name} runs on one chip", key="chips",
+                          value=chips, limit=1)
+        check_ring_size(chips, limits)
+        limits.run(self.check_quant, cfg.quant)
+        check_single_chip(npu, cfg, limits)
 
     def compile(self, npu: NpuConfig, qm: QModel, chips: int, *, seq: int, samples: int,
                 microbatches: int | None = None, grid: str | None = None,
@@ -140,14 +161,14 @@ class Strategy:
 
     def compile_shapes(self, npu: NpuConfig, qm: QModel, chips: int, *, samples: int,
                        microbatches: int | None = None, grid: str | None = None,
-                       only: set[int] | None = None) -> SystemProgram:
+                       only: set[int] | None = None, emit: bool = True) -> SystemProgram:
         """The planner's compile: the programs and layouts :meth:`compile` gives, from the
         shapes alone (``qm`` without weights; its emitters place tensors without contents)
         and without the checks (the planner collects every violated limit itself);
-        ``only``: just those chips' programs where the compiler can (the others None).
-        ValueError for a strategy the planner times analytically."""
-        raise ValueError(f"no shapes-only compile for strategy {self.name!r} (planned "
-                         "analytically)")
+        ``only``: just those chips' programs where the compiler can (the others None);
+        ``emit=False``: the scratchpads' layout alone (the planner's capacity, on any
+        number of chips and on chips without a ring port)."""
+        raise NotImplementedError
 
     def reference_program(self, npu: NpuConfig, qm: QModel, *, seq: int,
                           samples: int) -> tuple[SystemProgram | None, str]:
@@ -174,26 +195,7 @@ class Strategy:
     def roles(self, npu: NpuConfig, cfg: ModelConfig, chips: int,
               grid: tuple[int, int] | None, picks) -> list[Role]:
         """The :class:`~sim.strategies.roles.Role` of each chip of ``picks``."""
-        return [whole(cfg, c, [cfg.batch]) for c in picks]
-
-    #: Its chips hold slices of d_head and d_model (a width limit is then per chip).
-    slices_widths: bool = False
-
-    def share_limits(self, npu: NpuConfig, cfg: ModelConfig, chips: int,
-                     tokens: int) -> list[tuple[str, object, object, str]]:
-        """Limits of this strategy's split beyond a chip's datapath, as ``(key, value, limit,
-        message)`` (a word of d_model per chip ...); ``tokens``: the most a chip runs."""
-        return []
-
-    def attention_refusal(self, npu: NpuConfig, cfg: ModelConfig,
-                          tokens: int) -> tuple[str, object, object, str] | None:
-        """Why no chip's attention can run this split at all (``(key, value, limit,
-        message)``), before the K/V ring's and the softmax's own limits; None: it can."""
-        return None
-
-    def attention_keys(self, cfg: ModelConfig, tokens: int) -> int:
-        """The keys one chip's attention reads per query row when it runs ``tokens``."""
-        return cfg.seq_len
+        return [whole(cfg, c) for c in picks]
 
     def search_limit(self, cfg: ModelConfig, npu: NpuConfig) -> int:
         """The most chips it can use on ``cfg`` (a head, a layer, a sample ... each)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import register
 from .grid import GridStrategy
-from .roles import part, whole
+from .roles import whole
 
 __all__ = ["DATA"]
 
@@ -19,7 +19,7 @@ class Data(GridStrategy, name="data", splits="batch samples (the whole model on 
                          "samples_per_replica": prog.meta["replica_samples"]}}
 
     def roles(self, npu, cfg, chips, grid, picks):
-        return [whole(cfg, c, [max(1, part(cfg.batch, chips, c))]) for c in picks]
+        return [whole(cfg, c) for c in picks]
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.batch                      # a sample per chip

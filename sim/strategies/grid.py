@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from ..compiler.grid import Grid, compile_grid
+from ..compiler.grid import Grid, compile_grid, head_shards, stage_layers
 from .base import Split, Strategy, parse_grid
 from .roles import part, stage_roles
 
@@ -45,15 +45,27 @@ class GridStrategy(Strategy):
         axes = {AXES[p]: size for p, size in zip(self.parts, sizes, strict=True)}
         return Split(axes.get("shards", 1), axes.get("stages", 1), axes.get("replicas", 1))
 
+    def report_limits(self, npu, cfg, chips, grid, limits, *, samples=None):
+        """And a head, a layer and (``samples``) a sample for each chip splitting them."""
+        super().report_limits(npu, cfg, chips, grid, limits, samples=samples)
+        split = self.split(chips, parse_grid(grid) if isinstance(grid, str) else grid) \
+            if grid is not None or not self.is_grid else Split()
+        limits.run(head_shards, cfg, split.shards)
+        limits.run(stage_layers, cfg, split.stages)
+        if samples is not None and split.replicas > samples:
+            limits.refuse(f"is less than the {split.replicas} data-parallel replicas: data "
+                          "parallelism needs a sample per replica", path=cfg.path, key="batch",
+                          value=samples, limit=split.replicas)
+
     def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
         return compile_grid(npu, qm, self.layout(chips, grid), strategy=self.name, seq=seq,
                             samples=samples, microbatches=microbatches)
 
     def compile_shapes(self, npu, qm, chips, *, samples, microbatches=None, grid=None,
-                       only=None):
+                       only=None, emit=True):
         return compile_grid(npu, qm, self.layout(chips, grid), strategy=self.name,
                             seq=qm.cfg.seq_len, samples=samples, microbatches=microbatches,
-                            contents=False, check=False, only=only)
+                            contents=False, check=False, only=only, emit=emit)
 
     def comm(self, npu, cfg, chips, grid=None):
         split = self.split(chips, grid)
@@ -102,7 +114,7 @@ class Composite(GridStrategy):
         a, b = grid
         if self.first.parts == ("head",):
             # Pipeline stages of head groups: stage c // a, member c % a.
-            return stage_roles(cfg, b, a, cfg.batch, picks)
+            return stage_roles(cfg, b, a, picks)
         # Data replicas of the second part: replica c // b runs its share of the batch.
         out = []
         for c in picks:

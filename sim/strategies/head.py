@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..compiler.blocks import pad_to
 from .base import register
 from .grid import GridStrategy
-from .roles import Role, part
+from .roles import whole
 
 __all__ = ["HEAD"]
 
@@ -30,10 +30,7 @@ class Head(GridStrategy, name="head",
         return 2 * 2 * (group - 1) * msg // group, 2, []
 
     def roles(self, npu, cfg, chips, grid, picks):
-        share, tied = 1.0 / chips, cfg.tie_embeddings
-        return [Role(c, cfg.n_layers, max(1, part(cfg.n_heads, chips, c)), cfg.d_head,
-                     cfg.d_model, max(1, part(cfg.d_ff, chips, c)), chips, cfg.seq_len,
-                     (cfg.batch,), share, 0.0 if tied else share, True) for c in picks]
+        return [whole(cfg, c, 1.0 / chips) for c in picks]
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.n_heads                    # a head per chip

@@ -5,12 +5,11 @@ partial sums reduced over the ring."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from ..compiler.blocks import pad_to
 from ..compiler.hidden import check_hidden, compile_hidden, hidden_stats
 from .base import Split, Strategy, register
-from .roles import Role, part
+from .roles import whole
 
 __all__ = ["HIDDEN"]
 
@@ -19,8 +18,10 @@ class Hidden(Strategy, name="hidden",
              splits="d_model columns, cutting across heads (uneven allowed)",
              relieves="d_head and d_model wider than the datapath", parts=("hidden",),
              quants=("int8",), options=frozenset({"reduce"})):
-    def check(self, npu, cfg, chips):
-        check_hidden(npu, cfg, chips)
+    def report_limits(self, npu, cfg, chips, grid, limits, *, samples=None):
+        """The ring, the scheme, and each chip's slice of the widths (:func:`check_hidden`)."""
+        limits.run(self.check_quant, cfg.quant)
+        check_hidden(npu, cfg, chips, limits)
 
     def split(self, chips, grid=None):
         return Split(shards=chips)
@@ -30,7 +31,7 @@ class Hidden(Strategy, name="hidden",
                               reduce=reduce or "reduce_scatter")
 
     def compile_shapes(self, npu, qm, chips, *, samples, microbatches=None, grid=None,
-                       only=None):
+                       only=None, emit=True):
         """On datapaths as wide as the model: the planner names the shards' width limits."""
         if grid is not None or microbatches is not None:
             raise ValueError("hidden takes no grid and no microbatches")
@@ -38,7 +39,7 @@ class Hidden(Strategy, name="hidden",
         wide = max(npu.d_head_max, npu.d_model_max, cfg.d_model, cfg.d_head)
         return compile_hidden(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), qm,
                               chips, seq=cfg.seq_len, samples=samples, contents=False,
-                              check=False)
+                              check=False, emit=emit)
 
     def sections(self, prog, comms, res, spans) -> dict:
         return {"hidden": hidden_stats(prog, comms)}
@@ -57,23 +58,7 @@ class Hidden(Strategy, name="hidden",
             "per head, and reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums"]
 
     def roles(self, npu, cfg, chips, grid, picks):
-        n, share, tied = npu.array_size, 1.0 / chips, cfg.tie_embeddings
-        words = pad_to(cfg.d_model, n) // n
-        return [Role(c, cfg.n_layers, cfg.n_heads, max(1, math.ceil(cfg.d_head / chips)),
-                     max(1, part(words, chips, c)) * n, max(1, part(cfg.d_ff, chips, c)),
-                     chips, cfg.seq_len, (cfg.batch,), share, 0.0 if tied else share, True,
-                     hidden=True) for c in picks]
-
-    slices_widths = True
-
-    def share_limits(self, npu, cfg, chips, tokens):
-        n = npu.array_size
-        words = pad_to(cfg.d_model, n) // n
-        if words >= chips:
-            return []
-        return [("d_model", cfg.d_model, chips * n,
-                 f"d_model={cfg.d_model} is {words} words of {n}: fewer than the {chips} "
-                 "chips splitting it (a word each)")]
+        return [whole(cfg, c, 1.0 / chips) for c in picks]
 
     def search_limit(self, cfg, npu) -> int:
         return pad_to(cfg.d_model, npu.array_size) // npu.array_size   # a word per chip

@@ -63,7 +63,7 @@ class Pipeline(GridStrategy, name="pipeline",
             "(point-to-point, per layer: the share shown)"]
 
     def roles(self, npu, cfg, chips, grid, picks):
-        return stage_roles(cfg, chips, 1, cfg.batch, picks)
+        return stage_roles(cfg, chips, 1, picks)
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.n_layers                   # a layer per stage

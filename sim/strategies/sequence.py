@@ -4,16 +4,16 @@ on one chip, a sequence beyond ``max_seq_len`` in passes."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from hw.spec import ConfigError
 
+from ..compiler.compat import check_ring_size
 from ..compiler.program import SystemProgram
 from ..compiler.sequence import check_sequence, compile_sequence
 from ..report.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 from .base import REGISTRY, Split, Strategy, register
-from .roles import part, whole
+from .roles import whole
 
 __all__ = ["SEQUENCE", "sequence_stats"]
 
@@ -36,14 +36,25 @@ class Sequence(Strategy, name="sequence",
                splits="tokens, in chunks (one chip: passes over a sequence beyond max_seq_len)",
                relieves="max sequence length", parts=("sequence",), quants=("int8",),
                planned="analytic"):
-    def check(self, npu, cfg, chips):
-        check_sequence(npu, cfg, chips)
+    def report_limits(self, npu, cfg, chips, grid, limits, *, samples=None):
+        """The ring, the scheme, and each chunk's tokens and keys (:func:`check_sequence`)."""
+        check_ring_size(chips, limits)
+        limits.run(self.check_quant, cfg.quant)
+        check_sequence(npu, cfg, chips, limits=limits)
 
     def split(self, chips, grid=None):
         return Split()
 
     def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
         return compile_sequence(npu, qm, chips, seq=seq, samples=samples)
+
+    def compile_shapes(self, npu, qm, chips, *, samples, microbatches=None, grid=None,
+                       only=None, emit=True):
+        if grid is not None or microbatches is not None:
+            raise ValueError("sequence takes no grid and no microbatches")
+        return compile_sequence(npu, qm, chips, seq=qm.cfg.seq_len, samples=samples,
+                                contents=False, check=False, emit=emit,
+                                only=None if emit else only)
 
     def reference_program(self, npu, qm, *, seq, samples):
         """One chip, or, when the sequence does not fit one chip's pass, one chip in passes."""
@@ -71,24 +82,7 @@ class Sequence(Strategy, name="sequence",
             "sequence: ring attention passes every chunk's K/V around the ring"]
 
     def roles(self, npu, cfg, chips, grid, picks):
-        S = cfg.seq_len
-        halo = 0 if chips == 1 else (cfg.window - 1 if cfg.window else
-                                     part(S, chips, 0))  # ring attention: a passing chunk
-        halo *= 1 if cfg.causal or not cfg.window else 2
-        return [dataclasses.replace(whole(cfg, c, [cfg.batch]), tokens=max(1, part(S, chips, c)),
-                                    halo=halo) for c in picks]
-
-    def attention_refusal(self, npu, cfg, tokens):
-        if cfg.window or cfg.seq_len <= tokens:
-            return None
-        # Full attention across chunks: ring attention merges partial softmaxes.
-        return ("window", 0, npu.attn_window,
-                "full attention across sequence chunks needs ring attention's merge of "
-                "partial softmax results, which the attention unit does not provide "
-                "(window=0)")
-
-    def attention_keys(self, cfg, tokens):
-        return tokens
+        return [whole(cfg, c) for c in picks]        # every chunk looks up its tokens
 
     def search_limit(self, cfg, npu) -> int:
         return cfg.seq_len                    # a token per chip

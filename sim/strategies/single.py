@@ -20,7 +20,7 @@ class Single(GridStrategy, name="single", splits="nothing: the whole model on on
         return Split()
 
     def roles(self, npu, cfg, chips, grid, picks):
-        return [whole(cfg, 0, [cfg.batch])]
+        return [whole(cfg, 0)]
 
     def search_limit(self, cfg, npu) -> int:
         return 1

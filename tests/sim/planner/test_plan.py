@@ -17,13 +17,14 @@ from sim.golden.float_model import random_weights
 from sim.planner.plan import (
     COMPILED,
     ChipBytes,
-    chip_bytes,
     compile_shapes,
     limits,
+    per_chip_bytes,
     plan,
     ring_buildable,
 )
 from sim.planner.plan import _roles as roles_of
+from sim.planner.plan import _table_bytes as table_bytes
 from sim.strategies import compile_program
 from sim.timing.cycle import time_programs
 
@@ -49,7 +50,7 @@ def one(reasons, key):
 # --- limits, at and just past each edge -------------------------------------------------------
 def test_sram_one_byte_under_and_over():
     cfg = small()
-    need = chip_bytes(TINY, cfg, roles_of(TINY, cfg, "single", 1, None)[0])
+    need = per_chip_bytes(TINY, cfg, "single", 1)[0]
     at = [ChipBytes(0, need.weights, need.kv_cache, TINY.sram_bytes - need.weights
                     - need.kv_cache)]
     over = [dataclasses.replace(at[0], activations=at[0].activations + 1)]
@@ -66,7 +67,7 @@ def test_sram_at_the_real_boundary():
     smallest step a configuration can take: a bank's depth is a power of two) does not, and
     the message gives every category."""
     cfg = small(vocab_size=0)
-    need = chip_bytes(TINY, cfg, roles_of(TINY, cfg, "single", 1, None)[0]).total
+    need = per_chip_bytes(TINY, cfg, "single", 1)[0].total
     bank = 64 * TINY.array_size                 # 64 words a bank
     banks = -(-need // bank)
     fits = dataclasses.replace(TINY, sram_bytes=banks * bank, sram_banks=banks)
@@ -83,13 +84,17 @@ def test_d_head_at_and_above_the_datapath(strategy, chips):
     assert "d_head" not in keys(limits(TINY, at, strategy, chips))
     above = small(d_model=40, d_head=20)
     msg = one(limits(TINY, above, strategy, chips), "d_head")
-    assert "d_head=20 exceeds the attention datapath's d_head_max=16" in msg
+    assert "d_head=20 exceeds datapath width d_head_max=16 (" in msg
 
 
 def test_hidden_relieves_d_head():
     wide = small(d_model=40, d_head=20, n_heads=2)
     assert "d_head" in keys(limits(TINY, wide, "single", 1))
-    assert "d_head" not in keys(limits(TINY, wide, "hidden", 2))
+    # The compiler splits d_model's words evenly: on 2 chips head 0's 20 lanes all land on
+    # chip 0 (5 words of 4 each); on 4 (3, 3, 2, 2 words) no chip holds more than 12.
+    assert "on chip 0 of 2: it holds 20 lanes of head 0" in one(
+        limits(TINY, wide, "hidden", 2), "d_head")
+    assert "d_head" not in keys(limits(TINY, wide, "hidden", 4))
 
 
 def test_seq_at_and_above_max_seq_len():
@@ -97,13 +102,12 @@ def test_seq_at_and_above_max_seq_len():
     assert "seq_len" not in keys(limits(TINY, at, "single", 1))
     above = small(seq_len=TINY.max_seq_len + 1, window=8)
     msg = one(limits(TINY, above, "single", 1), "seq_len")
-    assert f"seq_len={TINY.max_seq_len + 1} tokens per chip exceed max_seq_len=" \
-        f"{TINY.max_seq_len}" in msg
+    assert f"seq_len={TINY.max_seq_len + 1} exceeds max_seq_len={TINY.max_seq_len}" in msg
     # Sequence parallelism relieves it: half the tokens per chip.
     assert "seq_len" not in keys(limits(TINY, above, "sequence", 2))
 
 
-def test_attention_window_and_softmax():
+def test_attention_window():
     ring = TINY.attn_window
     full = small(seq_len=ring)
     assert not {"seq_len", "window"} & set(keys(limits(TINY, full, "single", 1)))
@@ -112,24 +116,22 @@ def test_attention_window_and_softmax():
     causal = small(seq_len=40, window=ring + 1)
     assert "window" in keys(limits(TINY, causal, "single", 1))
     narrow = dataclasses.replace(TINY, attn_window=8, softmax_len=8)
-    assert "softmax_len" not in keys(limits(narrow, small(seq_len=8), "single", 1))
+    assert not {"seq_len", "window"} & set(keys(limits(narrow, small(seq_len=8), "single", 1)))
     bidir = small(seq_len=20, window=5, causal=False)      # sees 2w - 1 = 9 keys > 8
-    found = limits(narrow, bidir, "single", 1)
-    assert "window" in keys(found) and "softmax_len" in keys(found)
-    assert "9 keys: more than softmax_len=8" in one(found, "softmax_len")
+    msg = one(limits(narrow, bidir, "single", 1), "window")
+    assert "window=5 does not fit attn_window=8" in msg
 
 
 def test_divisibility():
     cfg = small(batch=2)
     assert "n_heads" not in keys(limits(TINY, cfg, "head", 2))
     assert "n_heads=2 is less than the 3 chips" in one(limits(TINY, cfg, "head", 3), "n_heads")
-    assert "n_layers=2 is less than the 3 pipeline" in one(limits(TINY, cfg, "pipeline", 3),
-                                                             "n_layers")
+    assert "n_layers=2 is less than the 3 chips: pipeline parallelism" in one(
+        limits(TINY, cfg, "pipeline", 3), "n_layers")
     assert "batch" not in keys(limits(TINY, cfg, "data", 2))
     assert "batch=2 is less than the 3 data-parallel" in one(limits(TINY, cfg, "data", 3),
                                                               "batch")
-    assert "4 words of 4: fewer than the 5 chips" in one(limits(TINY, cfg, "hidden", 5),
-                                                         "d_model")
+    assert "4 words of 4: fewer than 5 chips" in one(limits(TINY, cfg, "hidden", 5), "d_model")
 
 
 def test_ring_and_program_limits():
@@ -204,21 +206,18 @@ def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
     for a, b in zip(real.chips, shapes.chips, strict=True):
         assert strip(a.program) == strip(b.program)
         assert a.alloc.tensors == b.alloc.tensors
-    if strategy == "hidden":
-        got = plan(TINY, cfg, chips=chips, strategy="hidden").strategies[0].per_chip
-        roles = roles_of(TINY, cfg, strategy, chips, None)
-        # The tables the planner adds where they live (embeddings, positions, final norm).
-        tables = [chip_bytes(TINY, cfg, r).weights - chip_bytes(TINY, cfg, r, tables=False).weights
-                  for r in roles]
-        assert [(c.weights, c.kv_cache, c.activations) for c in got] == \
-            [(c.alloc.used["weights"] + t, c.alloc.used["kv_cache"], c.alloc.used["activations"])
-             for c, t in zip(real.chips, tables, strict=True)]
-        return
-    for role, chip in zip(roles_of(TINY, cfg, strategy, chips, None), real.chips, strict=True):
-        got = chip_bytes(TINY, cfg, role, tables=False)
-        used = chip.alloc.used
-        assert (got.weights, got.kv_cache, got.activations) == \
-            (used["weights"], used["kv_cache"], used["activations"])
+    # The planner's bytes are the allocator's, plus the tables the compiler does not place
+    # (the embeddings and positions on the first chips, the final norm on the last).
+    got = plan(TINY, cfg, chips=chips, strategy=strategy).strategies[0].per_chip
+    tables = [c.weights - chip.alloc.used["weights"] for c, chip in zip(got, real.chips,
+                                                                        strict=True)]
+    roles = roles_of(TINY, cfg, strategy, chips, None)
+    assert tables == [table_bytes(TINY, cfg, r) for r in roles]
+    # Every element of the embeddings and positions is on some chip, once.
+    emb = cfg.vocab_size * cfg.d_model + cfg.seq_len * cfg.d_model
+    assert sum(r.embeddings for r in roles) == pytest.approx(1.0) and sum(tables) >= emb
+    assert [(c.kv_cache, c.activations) for c in got] == \
+        [(c.alloc.used["kv_cache"], c.alloc.used["activations"]) for c in real.chips]
 
 
 # --- cycles and the report ----------------------------------------------------------------------
