@@ -24,23 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from hw.spec.formats import ACC_BITS, PROB_BITS, SCORE_BITS
-from hw.spec.softmax import (
-    D_MAX,
-    EXP_BITS,
-    EXP_FRAC_BITS,
-    EXP_LUT,
-    LOG2E_MULT,
-    LOG2E_SHIFT,
-    RECIP_BITS,
-)
+from hw.spec.formats import ACC_BITS, SCORE_BITS
 
 from .matmul import wrap
+from .softmax import exponentials, normalise
 
 __all__ = ["chunk_max", "chunk_exp_sum", "chunk_pv", "merged_pv"]
 
 _SCORE_MIN = -(1 << (SCORE_BITS - 1))
-_LUT = np.array(EXP_LUT, dtype=np.int64)
 
 
 def chunk_max(scores, mask) -> np.ndarray:
@@ -51,10 +42,7 @@ def chunk_max(scores, mask) -> np.ndarray:
 
 def _exp(scores, mask, top):
     s, m = np.asarray(scores, np.int64), np.asarray(mask, bool)
-    top = np.asarray(top, np.int64)[..., None]
-    d = np.minimum(np.where(m, top - s, 0), D_MAX)
-    y = (d * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT
-    return np.where(m, _LUT[y & ((1 << EXP_FRAC_BITS) - 1)] >> (y >> EXP_FRAC_BITS), 0)
+    return exponentials(s, m, np.asarray(top, np.int64)[..., None])
 
 
 def chunk_exp_sum(scores, mask, top) -> np.ndarray:
@@ -66,11 +54,7 @@ def chunk_pv(scores, mask, top, total, values) -> np.ndarray:
     """Pass 3: the chunk's int32 ``sum_j p_j v_j`` per row, with the probabilities of the global
     max ``top`` and exponential sum ``total``; ``values`` [keys, D] int8."""
     e = _exp(scores, mask, top)
-    total = np.asarray(total, np.int64)[..., None]
-    z = np.where(total > 0, np.frexp(total.astype(np.float64))[1].astype(np.int64) - 1, EXP_BITS)
-    recip = np.where(total > 0, (np.int64(1) << (z + RECIP_BITS)) // np.maximum(total, 1), 0)
-    sh = z + RECIP_BITS - PROB_BITS
-    p = np.minimum((e * recip + (np.int64(1) << (sh - 1))) >> sh, (1 << PROB_BITS) - 1)
+    p = normalise(e, np.asarray(total, np.int64)[..., None])["p"]
     p = np.where(np.asarray(mask, bool), p, 0)
     return wrap(p @ np.asarray(values, np.int64), ACC_BITS)
 

@@ -23,7 +23,7 @@ from hw.spec.softmax import (
     RECIP_BITS,
 )
 
-__all__ = ["softmax", "softmax_parts", "softmax_float"]
+__all__ = ["softmax", "softmax_parts", "softmax_float", "exponentials", "normalise"]
 
 _SCORE_MIN = -(1 << (SCORE_BITS - 1))
 _SCORE_MAX = (1 << (SCORE_BITS - 1)) - 1
@@ -46,22 +46,36 @@ def _check(scores, mask):
     return scores.astype(np.int64), mask.astype(bool)
 
 
-def softmax_parts(scores, mask=None) -> dict:
-    """Every intermediate of the integer algorithm: ``max``, ``e``, ``sum``, ``z``, ``recip``,
-    ``p`` (row quantities keep a trailing axis of 1)."""
-    s, m = _check(scores, mask)
-    top = np.max(np.where(m, s, _SCORE_MIN), axis=-1, keepdims=True)
+def exponentials(s, m, top) -> np.ndarray:
+    """Each visible lane's base-2 exponential against the row maximum ``top`` (a trailing
+    axis of 1): the difference saturated at ``D_MAX``, times log2(e) rounded, the fraction
+    looked up and shifted by the integer part; 0 for masked lanes."""
     d = np.minimum(np.where(m, top - s, 0), D_MAX)
     y = (d * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT
-    e = np.where(m, _LUT[y & ((1 << EXP_FRAC_BITS) - 1)] >> (y >> EXP_FRAC_BITS), 0)
-    total = e.sum(axis=-1, keepdims=True)
+    return np.where(m, _LUT[y & ((1 << EXP_FRAC_BITS) - 1)] >> (y >> EXP_FRAC_BITS), 0)
+
+
+def normalise(e, total) -> dict:
+    """The probabilities of exponentials ``e`` whose row sum is ``total`` (a trailing axis of
+    1): one normalised reciprocal per row, by long division, then multiply, round half up and
+    saturate; ``z``, ``recip`` and ``p``."""
     # frexp's exponent is the bit length, exactly, for integers below 2**53.
     z = np.frexp(total.astype(np.float64))[1].astype(np.int64) - 1
     z = np.where(total > 0, z, EXP_BITS)
     recip = np.where(total > 0, (np.int64(1) << (z + RECIP_BITS)) // np.maximum(total, 1), 0)
     sh = z + RECIP_BITS - PROB_BITS
     p = np.minimum((e * recip + (np.int64(1) << (sh - 1))) >> sh, (1 << PROB_BITS) - 1)
-    return {"max": top, "e": e, "sum": total, "z": z, "recip": recip, "p": p}
+    return {"z": z, "recip": recip, "p": p}
+
+
+def softmax_parts(scores, mask=None) -> dict:
+    """Every intermediate of the integer algorithm: ``max``, ``e``, ``sum``, ``z``, ``recip``,
+    ``p`` (row quantities keep a trailing axis of 1)."""
+    s, m = _check(scores, mask)
+    top = np.max(np.where(m, s, _SCORE_MIN), axis=-1, keepdims=True)
+    e = exponentials(s, m, top)
+    total = e.sum(axis=-1, keepdims=True)
+    return {"max": top, "e": e, "sum": total, **normalise(e, total)}
 
 
 def softmax(scores, mask=None) -> np.ndarray:
