@@ -743,18 +743,10 @@ def _analytic(timer, npu, cfg, base, name, chips, grid, notes):
         return _gated(timer, npu, cfg, "head", a, cycles), "analytic", notes + more
     if name == "hidden":
         one, _, more = _analytic_from(timer, npu, base, "single", 1)
-        n = npu.array_size
-        rows = b * pad_to(cfg.seq_len, n)
         link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
         per_layer = 0
         if chips > 1:
-            for kind, msg in (("all_reduce", rows * 16), ("reduce_scatter", rows * 3 *
-                              cfg.d_model * 4),
-                              ("all_reduce", rows * cfg.seq_len * cfg.n_heads * 4),
-                              ("reduce_scatter", rows * cfg.d_model * 4),
-                              ("all_reduce", rows * 16),
-                              ("reduce_scatter", rows * cfg.d_ff * 4),
-                              ("reduce_scatter", rows * cfg.d_model * 4)):
+            for kind, msg in get_strategy("hidden").collectives(npu, cfg):
                 per_layer += ring_bound_cycles(kind, msg, chips, link, lat)
         cycles = math.ceil(one / chips) + cfg.n_layers * per_layer
         return _gated(timer, npu, cfg, "head", chips, cycles), "analytic", notes + more

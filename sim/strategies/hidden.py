@@ -44,16 +44,25 @@ class Hidden(Strategy, name="hidden",
     def sections(self, prog, comms, res, spans) -> dict:
         return {"hidden": hidden_stats(prog, comms)}
 
+    def collectives(self, npu, cfg) -> list[tuple[str, int]]:
+        """One layer's collectives, ``(kind, message bytes)`` in program order: the two
+        LayerNorms' statistics (all-reduces), the Q.K partial scores of split heads
+        (all-reduce) and the reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums."""
+        rows = cfg.batch * pad_to(cfg.seq_len, npu.array_size)
+        d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+        return [("all_reduce", rows * 16), ("reduce_scatter", rows * 3 * d * 4),
+                ("all_reduce", rows * cfg.seq_len * h * 4), ("reduce_scatter", rows * d * 4),
+                ("all_reduce", rows * 16), ("reduce_scatter", rows * f * 4),
+                ("reduce_scatter", rows * d * 4)]
+
     def comm(self, npu, cfg, chips, grid=None):
         if chips <= 1:
             return 0, 0, []
-        rows = cfg.batch * pad_to(cfg.seq_len, npu.array_size)
-        d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
-        msgs = [rows * 16, rows * 3 * d * 4, rows * cfg.seq_len * h * 4, rows * d * 4,
-                rows * 16, rows * f * 4, rows * d * 4]
-        kinds = [2, 1, 2, 1, 2, 1, 1]      # all-reduce sends twice a reduce-scatter's share
-        sent = sum(k * (chips - 1) * m // chips for k, m in zip(kinds, msgs, strict=True))
-        return sent, len(msgs), [
+        colls = self.collectives(npu, cfg)
+        # An all-reduce sends twice a reduce-scatter's share.
+        sent = sum((2 if kind == "all_reduce" else 1) * (chips - 1) * msg // chips
+                   for kind, msg in colls)
+        return sent, len(colls), [
             "hidden: 7 collectives per layer: LayerNorm statistics (2), Q.K partial scores "
             "per head, and reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums"]
 
