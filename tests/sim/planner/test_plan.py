@@ -164,6 +164,34 @@ def test_grids_need_two_sides():
 
 
 # --- bytes ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("pipeline", 2), ("head", 2),
+                                             ("sequence", 2), ("hidden", 2)])
+def test_deep_models_are_laid_out_on_two_layers_and_extended(strategy, chips, monkeypatch):
+    """7 layers (4 and 3 a stage): the bytes from layouts of 1 and 2 layers a stage, extended,
+    equal the layout of every layer."""
+    cfg = small(n_layers=7, vocab_size=50)
+    extended = per_chip_bytes(TINY, cfg, strategy, chips)
+    monkeypatch.setattr("sim.planner.plan.LAID_OUT_LAYERS", 7)
+    assert extended == per_chip_bytes(TINY, cfg, strategy, chips)
+
+
+def test_capacity_beyond_the_ring_and_without_a_ring_port():
+    """The layout needs no instruction: 16 head shards (a ring holds 8), and chips whose ring
+    port cannot be built (lpu-like), still get the allocator's bytes, and the plan names the
+    ring's limit."""
+    cfg = small(n_heads=16, d_model=64, d_head=4, d_ff=64)
+    got = per_chip_bytes(TINY, cfg, "head", 16)
+    assert len(got) == 16 and all(c.total > 0 for c in got)
+    assert got[0].weights < per_chip_bytes(TINY, cfg, "head", 8)[0].weights
+    assert "chips=16 exceeds the 8 chips a ring holds" in one(limits(TINY, cfg, "head", 16),
+                                                              "chips")
+    lpu = npu_preset("lpu-like")
+    assert not lpu.ring_port_buildable
+    two = per_chip_bytes(lpu, model_preset("llama2-7b"), "head", 2)
+    one_chip = per_chip_bytes(lpu, model_preset("llama2-7b"), "single", 1)
+    assert two[0].weights < one_chip[0].weights < 2 * two[0].weights + two[0].weights // 10
+
+
 @pytest.mark.parametrize("name, published", [("gpt2-small", 124_439_808),
                                              ("minilm-l6", 22_700_000),
                                              ("llama2-7b", 6_738_415_616)])
