@@ -2,7 +2,8 @@
 
 Plain Python (and NumPy), no Amaranth: the opcode values, the command fields and their widths,
 how per-lane parameters are packed into the 32-bit ``i_b`` lanes, the fixed-point constants
-of the LayerNorm datapath (its rsqrt seed table included) and the shape of the int16 GELU
+of the LayerNorm datapath (its rsqrt seed table included; RMSNorm's ops share it, with
+``sum x`` taken as 0: :data:`RMS_OPS`, :func:`layernorm_of`) and the shape of the int16 GELU
 table (GELU16). The numeric definitions themselves
 are in :mod:`sim.golden.vector` (the reference) and :mod:`hw.tile.vector` (the gateware).
 """
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "VectorOp", "VectorCmd", "LENGTH_BITS", "N_BITS", "GSHIFT_BITS", "LUT_ENTRIES",
+    "VectorOp", "RMS_OPS", "layernorm_of", "VectorCmd", "LENGTH_BITS", "N_BITS", "GSHIFT_BITS",
+    "LUT_ENTRIES",
     "LN_Z_FRAC_BITS", "LN_Z_BITS", "LN_D_MAX", "RSQRT_FRAC_BITS", "RSQRT_NEWTON_STEPS",
     "RSQRT_SEED_SHIFT", "RSQRT_SEED_BASE", "rsqrt_seed_table", "pack_requant", "pack_gamma_beta",
     "lut_beats", "lut16_beats", "beats", "GELU16_KNOTS", "GELU16_ZERO", "GELU16_G_MIN",
@@ -38,11 +40,29 @@ class VectorOp(enum.IntEnum):
     LN_APPLY = 8  #: normalise with global (sum x, sum x^2) from i_stats and global count n
     GELU16 = 9    #: interpolated int16 GELU (257 knots): data = y >> 8 (or y), q = y & 0xFF
     LOAD_LUT16 = 10  #: load the 257 int16 knots of the GELU16 table from i_a
+    RMS = 11      #: full RMSNorm of one vector: LN with sum x taken as 0 (no centring)
+    RMS_APPLY = 12  #: LN_APPLY with sum x taken as 0: global sum x^2 from i_stats, global n
+
+
+#: RMSNorm's ops: the LayerNorm datapath with ``sum x`` taken as 0, both in
+#: ``D = n * sum(x^2) - sum(x)^2`` and in the centring ``n * x - sum(x)``. Their partial
+#: statistics are LN_STATS's (whose ``sum x`` RMS_APPLY ignores).
+RMS_OPS = (VectorOp.RMS, VectorOp.RMS_APPLY)
+
+_LAYERNORM_OF = {VectorOp.RMS: VectorOp.LN, VectorOp.RMS_APPLY: VectorOp.LN_APPLY}
+
+
+def layernorm_of(op) -> VectorOp:
+    """The op whose streams, pipeline and cycles ``op`` has: LN for RMS, LN_APPLY for
+    RMS_APPLY, every other op itself. Everything that dispatches on the op but not on its
+    arithmetic (the engine's streams, the timing models, the ISS's checks) reads this."""
+    op = VectorOp(op)
+    return _LAYERNORM_OF.get(op, op)
 
 
 #: Width of the command's ``length`` field (elements of this vector on this chip).
 LENGTH_BITS = 16
-#: Width of the command's ``n`` field (LayerNorm element count over all chips, LN_APPLY).
+#: Width of the command's ``n`` field (element count over all chips, LN_APPLY and RMS_APPLY).
 N_BITS = 16
 #: Width of the command's ``gshift`` field (LayerNorm gamma shift, 0..63).
 GSHIFT_BITS = 6
@@ -79,12 +99,13 @@ class VectorCmd:
 
     ``length`` is the number of elements of this vector on this chip (``1..d_model_max``;
     ignored by LOAD_LUT and LOAD_LUT16, which always read 256 and 257 entries). ``n`` is the
-    LayerNorm element count of the whole vector across chips, used by LN_APPLY only (LN uses
-    ``length``). ``mult``/``shift`` requantise (REQUANT without ``per_channel``, and the int8
-    output of LN/LN_APPLY); for GELU16 ``shift`` is the knot spacing g
-    (:data:`GELU16_G_MIN`..:data:`GELU16_G_MAX`). ``out16`` selects int16 rather than int8 for
-    REQUANT, and the whole int16 y rather than its high byte for GELU16. ``gshift`` is the
-    LayerNorm gamma shift.
+    LayerNorm element count of the whole vector across chips, used by LN_APPLY and RMS_APPLY
+    only (LN and RMS use ``length``). ``mult``/``shift`` requantise (REQUANT without
+    ``per_channel``, and the int8 output of the LayerNorm and RMSNorm ops); for GELU16
+    ``shift`` is the knot spacing g (:data:`GELU16_G_MIN`..:data:`GELU16_G_MAX`). ``out16``
+    selects int16 rather than int8 for REQUANT, and the whole int16 y rather than its high
+    byte for GELU16. ``gshift`` is the
+    LayerNorm (and RMSNorm) gamma shift.
     """
 
     op: VectorOp

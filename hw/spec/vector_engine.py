@@ -14,10 +14,10 @@ written (``docs/isa.md``, section VEC)::
 
 Bits 10 and up must be 0; a 2-bit width code of 3 is invalid.
 
-LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY reads them through RD5) are
-one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16 bytes, ``sum x`` the
-unit's int32 sign-extended), padded to ``ceil(16 / N)`` words, so that an int64 SUM
-all-reduce of the records gives the global statistics.
+LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY and RMS_APPLY read them
+through RD5) are one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16
+bytes, ``sum x`` the unit's int32 sign-extended), padded to ``ceil(16 / N)`` words, so that an
+int64 SUM all-reduce of the records gives the global statistics.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .memory import row_words
-from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp
+from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, layernorm_of
 
-__all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "Q_OPS", "uses_b",
-           "row_words", "row_beats", "table_entries", "STATS_BYTES", "stats_words"]
+__all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "Q_OPS", "B_OPS",
+           "STATS_IN_OPS", "uses_b", "row_words", "row_beats", "table_entries", "STATS_BYTES",
+           "stats_words"]
 
 #: Bytes of one LayerNorm statistics record: int64 sum x, int64 sum x^2.
 STATS_BYTES = 16
@@ -41,8 +42,19 @@ ELEM_BYTES = (1, 2, 4)
 SUPPORTED_OPS = tuple(VectorOp)
 #: Ops that load a table (one row of exactly :func:`table_entries` elements) and write nothing.
 LOAD_OPS = (VectorOp.LOAD_LUT, VectorOp.LOAD_LUT16)
+
+
+def _like(*ops) -> tuple[VectorOp, ...]:
+    """Every op that has the streams of one of ``ops`` (:func:`hw.spec.vector.layernorm_of`)."""
+    return tuple(op for op in VectorOp if layernorm_of(op) in ops)
+
+
 #: Ops with a ``q`` output (written through WR2 when ``wr_q``).
-Q_OPS = (VectorOp.LN, VectorOp.LN_APPLY, VectorOp.GELU16)
+Q_OPS = _like(VectorOp.LN, VectorOp.LN_APPLY, VectorOp.GELU16)
+#: Ops that always read operand B (RD4); REQUANT reads it when ``per_channel``.
+B_OPS = _like(VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY)
+#: Ops that read one statistics record per row (RD5).
+STATS_IN_OPS = _like(VectorOp.LN_APPLY)
 
 
 def _code(name: str, nbytes: int) -> int:
@@ -91,10 +103,9 @@ class VecFlags:
 
 
 def uses_b(op: VectorOp, per_channel: bool) -> bool:
-    """Whether the op reads operand B (RD4): ADD, BIAS, LN, per-channel REQUANT."""
+    """Whether the op reads operand B (RD4): :data:`B_OPS`, per-channel REQUANT."""
     op = VectorOp(op)
-    return op in (VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY) or (
-        op is VectorOp.REQUANT and bool(per_channel))
+    return op in B_OPS or (op is VectorOp.REQUANT and bool(per_channel))
 
 
 def table_entries(op: VectorOp) -> int | None:

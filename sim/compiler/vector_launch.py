@@ -24,6 +24,7 @@ from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, GELU16_KNOTS, LUT_ENTRIES
 from hw.spec.vector_engine import (
     LOAD_OPS,
     Q_OPS,
+    STATS_IN_OPS,
     VecFlags,
     row_words,
     stats_words,
@@ -100,14 +101,16 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     """``a.rows`` commands of ``op`` over rows of ``length`` elements.
 
     ``b`` (when the op reads B) has one row per row of ``a`` or a single row shared by all; ``data``
-    (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8: LN and LN_APPLY's
-    output, GELU16's low byte) have ``a.rows`` rows. REQUANT's ``out16`` follows ``data.eb`` (2:
-    int16, 1: int8), and so does GELU16's (2: y, 1: y >> 8); GELU16's knot spacing g is ``shift``.
+    (written through WR1 with ``data.eb`` bytes per element) and ``q`` (int8: the LayerNorm and
+    RMSNorm ops' output, GELU16's low byte) have ``a.rows`` rows. REQUANT's ``out16`` follows
+    ``data.eb`` (2: int16, 1: int8), and so does GELU16's (2: y, 1: y >> 8); GELU16's knot
+    spacing g is ``shift``.
     ``stats_base``: the statistics records (``hw.spec.vector_engine``), one per row, contiguous:
-    LN_STATS writes them (WR2), LN_APPLY reads them (RD5) and takes ``n``, the element count over
-    all chips.
+    LN_STATS writes them (WR2), LN_APPLY and RMS_APPLY read them (RD5) and take ``n``, the
+    element count over all chips.
     """
     op = VectorOp(op)
+    apply = op in STATS_IN_OPS
     if not isinstance(size, int) or size < 2:
         raise ValueError(f"size must be an integer of at least 2, not {size!r}")
     rows = a.rows
@@ -127,18 +130,17 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     if b is not None and b.rows not in (1, rows):
         raise ValueError(f"b.rows={b.rows} must be 1 (shared) or a.rows={rows}")
     if q is not None and (op not in Q_OPS or q.eb != 1):
-        raise ValueError("q is LN's int8 output: only for LN and LN_APPLY (and GELU16's low "
-                         "byte), with eb=1")
+        raise ValueError("q is LN's int8 output: only for LN, LN_APPLY, RMS, RMS_APPLY (and "
+                         "GELU16's low byte), with eb=1")
     if op is VectorOp.GELU16 and not (isinstance(shift, int)
                                       and GELU16_G_MIN <= shift <= GELU16_G_MAX):
         raise ValueError(f"GELU16 knot spacing g (shift) must be in {GELU16_G_MIN}.."
                          f"{GELU16_G_MAX}, not {shift!r}")
-    stats_ops = (VectorOp.LN_STATS, VectorOp.LN_APPLY)
-    if (stats_base is not None) != (op in stats_ops):
+    if (stats_base is not None) != (op is VectorOp.LN_STATS or apply):
         raise ValueError(f"stats_base is {'required' if stats_base is None else 'only'} for "
-                         f"LN_STATS and LN_APPLY")
-    if op is VectorOp.LN_APPLY and not (isinstance(n, int) and 1 <= n <= MAX_COUNT):
-        raise ValueError(f"LN_APPLY needs n (the count over all chips) in 1..{MAX_COUNT}, "
+                         f"LN_STATS, LN_APPLY and RMS_APPLY")
+    if apply and not (isinstance(n, int) and 1 <= n <= MAX_COUNT):
+        raise ValueError(f"{op.name} needs n (the count over all chips) in 1..{MAX_COUNT}, "
                          f"not {n!r}")
     if op is VectorOp.LN_STATS and (data is not None or q is not None):
         raise ValueError("LN_STATS writes only its statistics (stats_base)")
@@ -159,28 +161,32 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     rec = stats_words(size)
     stats = None if stats_base is None else Desc(stats_base, (rec, rows, 1, 1), (1, rec, 0, 0))
     regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length,
-            "VU_N": n if op is VectorOp.LN_APPLY else length,
+            "VU_N": n if apply else length,
             "VU_MULT": int(mult), "VU_SHIFT": int(shift), "VU_GSHIFT": int(gshift),
             "VU_FLAGS": flags.encode()}
     return VectorLaunch(
         op=op, rows=rows, length=length, flags=flags, regs=regs,
         rd3=_walk(a, rows, length, size, "a"),
         rd4=_walk(b, rows, length, size, "b") if b is not None else None,
-        rd5=stats if op is VectorOp.LN_APPLY else None,
+        rd5=stats if apply else None,
         wr1=_walk(data, rows, length, size, "data") if data is not None else None,
         wr2=stats if op is VectorOp.LN_STATS else (
             _walk(q, rows, length, size, "q") if q is not None else None))
 
 
 def ln_launch(*, size, length, x: Rows, gamma_beta_base: int, q: Rows | None = None,
-              y: Rows | None = None, gshift: int, mult: int, shift: int) -> VectorLaunch:
-    """LayerNorm of int16 rows ``x``: int8 ``q`` and/or int16 ``y`` rows out.
+              y: Rows | None = None, gshift: int, mult: int, shift: int,
+              rms: bool = False) -> VectorLaunch:
+    """LayerNorm (``rms``: RMSNorm, VectorOp.RMS) of int16 rows ``x``: int8 ``q`` and/or int16
+    ``y`` rows out.
 
     Gamma/beta are ``length`` words of ``hw.spec.vector.pack_gamma_beta`` (int32 elements) at
-    ``gamma_beta_base``, shared by all rows. Post-norm takes both outputs from one launch.
+    ``gamma_beta_base``, shared by all rows (RMSNorm's beta is 0). Post-norm takes both outputs
+    from one launch.
     """
     gb = Rows(gamma_beta_base, 1, row_words(length, 4, size), 4)
-    return vector_launch(size=size, op=VectorOp.LN, length=length, a=x, b=gb, data=y, q=q,
+    op = VectorOp.RMS if rms else VectorOp.LN
+    return vector_launch(size=size, op=op, length=length, a=x, b=gb, data=y, q=q,
                          mult=mult, shift=shift, gshift=gshift)
 
 
@@ -194,11 +200,13 @@ def ln_stats_launch(*, size, length, x: Rows, stats_base: int) -> VectorLaunch:
 
 def ln_apply_launch(*, size, length, n: int, x: Rows, gamma_beta_base: int, stats_base: int,
                     q: Rows | None = None, y: Rows | None = None, gshift: int, mult: int,
-                    shift: int) -> VectorLaunch:
+                    shift: int, rms: bool = False) -> VectorLaunch:
     """Normalise int16 rows ``x`` (``length`` local elements) with the global statistics
-    records at ``stats_base`` and the global count ``n``; outputs as :func:`ln_launch`."""
+    records at ``stats_base`` and the global count ``n``; outputs as :func:`ln_launch`.
+    ``rms``: RMSNorm (RMS_APPLY, which ignores the records' ``sum x``)."""
     gb = Rows(gamma_beta_base, 1, row_words(length, 4, size), 4)
-    return vector_launch(size=size, op=VectorOp.LN_APPLY, length=length, a=x, b=gb, data=y,
+    op = VectorOp.RMS_APPLY if rms else VectorOp.LN_APPLY
+    return vector_launch(size=size, op=op, length=length, a=x, b=gb, data=y,
                          q=q, mult=mult, shift=shift, gshift=gshift, stats_base=stats_base,
                          n=n)
 

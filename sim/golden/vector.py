@@ -1,4 +1,5 @@
-"""Golden model of the vector unit: residual/bias add, requantisation, ReLU, LUT, LayerNorm.
+"""Golden model of the vector unit: residual/bias add, requantisation, ReLU, LUT, LayerNorm,
+RMSNorm.
 
 Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, NumPy and
 :mod:`sim.golden.matmul`. Integer semantics (all shifts are arithmetic, i.e. floor):
@@ -41,6 +42,11 @@ Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, Num
 
 Since the normalisation depends only on (x, S1, S2, n), partial statistics summed over chips
 give the full LayerNorm bit for bit.
+
+- RMSNorm (``VectorOp.RMS``, ``RMS_APPLY``) is the same datapath with S1 taken as 0 (the
+  ``rms`` flag of :func:`ln_normalise`): ``D = n * S2`` (= n^2 * mean(x^2)) and ``t = n * x``,
+  so ``z = x / sqrt(mean(x^2))`` and ``y = z * gamma + beta`` as above (the compiler's RMSNorm
+  has beta = 0). An all-zero vector gives beta, and ``|z| <= sqrt(n) < 256``.
 """
 
 from __future__ import annotations
@@ -58,12 +64,14 @@ from hw.spec.vector import (
     LN_Z_BITS,
     LN_Z_FRAC_BITS,
     LUT_ENTRIES,
+    RMS_OPS,
     RSQRT_FRAC_BITS,
     RSQRT_NEWTON_STEPS,
     RSQRT_SEED_BASE,
     RSQRT_SEED_SHIFT,
     VectorCmd,
     VectorOp,
+    layernorm_of,
     rsqrt_seed_table,
 )
 
@@ -72,7 +80,8 @@ from .matmul import bias_add, requant, wrap
 __all__ = [
     "residual_add", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
     "gelu16_knot_shift", "gelu16_table", "relu16_table", "gelu16_apply", "split16",
-    "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float",
+    "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
+    "rmsnorm_float",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
 
@@ -226,10 +235,12 @@ def ln_stats(x) -> tuple[int, int]:
     return int(wrap(x.sum(), 32)), int((x * x).sum())
 
 
-def ln_normalise(x, s1: int, s2: int, n: int, gamma, beta, gshift: int, mult: int, shift: int):
-    """Normalise int16 ``x`` with statistics (s1, s2, n); return ``(y16, q8)``."""
+def ln_normalise(x, s1: int, s2: int, n: int, gamma, beta, gshift: int, mult: int, shift: int,
+                 *, rms: bool = False):
+    """Normalise int16 ``x`` with statistics (s1, s2, n); return ``(y16, q8)``. ``rms``:
+    RMSNorm, s1 taken as 0 (whatever is passed)."""
     x = wrap(_int(x), 16)
-    s1 = int(wrap(s1, 32))
+    s1 = 0 if rms else int(wrap(s1, 32))
     d = max(0, min(n * int(s2) - s1 * s1, LN_D_MAX))
     y_r, h = rsqrt_fixed(d)
     t = n * x - s1
@@ -263,6 +274,23 @@ def layernorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
             + np.asarray(beta, dtype=np.float64))
 
 
+def rmsnorm(x, gamma, beta, gshift: int, mult: int, shift: int):
+    """Full RMSNorm of one vector (``VectorOp.RMS``): :func:`ln_normalise` with ``rms``."""
+    x = _int(x)
+    _, s2 = ln_stats(x)
+    return ln_normalise(x, 0, s2, len(x), gamma, beta, gshift, mult, shift, rms=True)
+
+
+def rmsnorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
+    """Float64 RMSNorm (eps = 0, as :func:`layernorm_float`) in output LSBs:
+    ``x / sqrt(mean(x^2)) * gamma * 2**(16-gshift) + beta``; an all-zero vector gives beta."""
+    x = np.asarray(x, dtype=np.float64)
+    rms = math.sqrt(float(np.mean(x * x)))
+    z = np.zeros_like(x) if rms == 0 else x / rms
+    return (z * np.asarray(gamma, dtype=np.float64) * 2.0 ** (LN_Z_FRAC_BITS - gshift)
+            + np.asarray(beta, dtype=np.float64))
+
+
 def unpack_requant(words) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of :func:`hw.spec.vector.pack_requant`: ``(mult, shift)``."""
     words = _int(words)
@@ -282,7 +310,7 @@ class VectorUnitModel:
     ``i_b`` words and ``i_stats`` pair, and returns what the unit emits:
     ``{"data": int64[length], "q": int64[length]}`` on ``o``, ``{"stats": (s1, s2)}`` on
     ``o_stats``, or ``{}`` for LOAD_LUT and LOAD_LUT16. ``q`` is zero except for the LayerNorm
-    ops (int8 output) and GELU16 (the low byte of y as an int8 container).
+    and RMSNorm ops (int8 output) and GELU16 (the low byte of y as an int8 container).
     The LUT resets to ReLU at unchanged scale, the GELU16 table to all zeros.
     """
 
@@ -303,11 +331,13 @@ class VectorUnitModel:
         zeros = np.zeros(cmd.length, dtype=np.int64)
         if op is VectorOp.LN_STATS:
             return {"stats": ln_stats(a)}
-        if op in (VectorOp.LN, VectorOp.LN_APPLY):
+        if layernorm_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
             gamma, beta = unpack_gamma_beta(b)
-            s1, s2 = ln_stats(a) if op is VectorOp.LN else stats
-            n = cmd.length if op is VectorOp.LN else cmd.n
-            y16, q8 = ln_normalise(a, s1, s2, n, gamma, beta, cmd.gshift, cmd.mult, cmd.shift)
+            full = layernorm_of(op) is VectorOp.LN
+            s1, s2 = ln_stats(a) if full else stats
+            n = cmd.length if full else cmd.n
+            y16, q8 = ln_normalise(a, s1, s2, n, gamma, beta, cmd.gshift, cmd.mult, cmd.shift,
+                                   rms=op in RMS_OPS)
             return {"data": y16, "q": q8}
         if op is VectorOp.ADD:
             data = residual_add(a, b)

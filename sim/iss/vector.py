@@ -3,9 +3,9 @@
 Same semantics as :class:`hw.tile.vector_engine.VectorEngine`: ``VU_ROWS`` commands of the
 vector unit (:class:`sim.golden.vector.VectorUnitModel`), one per row of ``VU_LEN`` elements;
 operand A words from RD3, operand B words from RD4 (only for the ops that read B), statistics
-records from RD5 (LN_APPLY), ``data`` words to WR1 (if ``wr_data``), ``q`` words (LN's int8
-output, GELU16's low byte) or statistics records (LN_STATS) to WR2 (if ``wr_q``); see
-``docs/isa.md``, VEC.
+records from RD5 (LN_APPLY, RMS_APPLY), ``data`` words to WR1 (if ``wr_data``), ``q`` words
+(the LayerNorm and RMSNorm ops' int8 output, GELU16's low byte) or statistics records
+(LN_STATS) to WR2 (if ``wr_q``); see ``docs/isa.md``, VEC.
 The activation LUT and the GELU16 table are chip state: they live on the :class:`~sim.iss.Iss`
 as ``vector_unit`` (created on first use, with the unit's reset contents).
 """
@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec.memory import pack_rows, unpack_rows
-from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp
+from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp, layernorm_of
 from hw.spec.vector_engine import (
     LOAD_OPS,
     Q_OPS,
     STATS_BYTES,
+    STATS_IN_OPS,
     VecFlags,
     row_words,
     stats_words,
@@ -63,6 +64,7 @@ def exec_vector(iss):
         flags = VecFlags.decode(r("VU_FLAGS"))
     except ValueError as exc:
         raise IssError(f"VEC: {exc}") from None
+    like = layernorm_of(op)             # RMS and RMS_APPLY are checked as LN and LN_APPLY
     rows, length = r("VU_ROWS"), r("VU_LEN")
     if not 1 <= rows < 1 << 16:
         raise IssError(f"VEC with VU_ROWS={rows}: must be in 1..65535")
@@ -71,12 +73,12 @@ def exec_vector(iss):
             raise IssError(f"VEC {op.name} with VU_LEN={length}: must be {table_entries(op)}")
         if flags.wr_data or flags.wr_q:
             raise IssError(f"VEC {op.name} writes nothing: clear wr_data and wr_q in VU_FLAGS")
-    elif op is VectorOp.LN and not 1 <= length <= iss.npu.d_model_max:
-        raise IssError(f"VEC LN with VU_LEN={length}: must be in 1..{iss.npu.d_model_max} "
+    elif like is VectorOp.LN and not 1 <= length <= iss.npu.d_model_max:
+        raise IssError(f"VEC {op.name} with VU_LEN={length}: must be in 1..{iss.npu.d_model_max} "
                        "(d_model_max, the unit's buffer)")
     elif not 1 <= length < 1 << 16:
         raise IssError(f"VEC with VU_LEN={length}: must be in 1..65535")
-    ln = op in (VectorOp.LN, VectorOp.LN_APPLY)
+    ln = like in (VectorOp.LN, VectorOp.LN_APPLY)
     if op is VectorOp.LN_STATS:
         if flags.wr_data or not flags.wr_q:
             raise IssError("VEC LN_STATS writes its statistics through WR2: set wr_q and clear "
@@ -88,8 +90,8 @@ def exec_vector(iss):
     if op is VectorOp.GELU16 and not GELU16_G_MIN <= r("VU_SHIFT") <= GELU16_G_MAX:
         raise IssError(f"VEC GELU16 with VU_SHIFT={r('VU_SHIFT')}: the knot spacing g must be "
                        f"in {GELU16_G_MIN}..{GELU16_G_MAX}")
-    if op is VectorOp.LN_APPLY and not 1 <= r("VU_N") < 1 << 16:
-        raise IssError(f"VEC LN_APPLY with VU_N={r('VU_N')}: must be in 1..65535 (the count "
+    if op in STATS_IN_OPS and not 1 <= r("VU_N") < 1 << 16:
+        raise IssError(f"VEC {op.name} with VU_N={r('VU_N')}: must be in 1..65535 (the count "
                        "over all chips)")
     needs_shift = ln or (op is VectorOp.REQUANT and not flags.per_channel)
     if needs_shift and not 1 <= r("VU_SHIFT") <= 47:
@@ -112,11 +114,11 @@ def exec_vector(iss):
                 raise IssError(f"VEC REQUANT per-channel shift {shifts[tuple(bad)]} at row "
                                f"{bad[0]} element {bad[1]} outside 1..47")
     stats = [None] * rows
-    if op is VectorOp.LN_APPLY:
+    if op in STATS_IN_OPS:
         rec = stats_words(iss.n)
         words = iss._gather("RD5")
         if len(words) != rows * rec:
-            raise IssError(f"VEC LN_APPLY statistics via RD5 walk {len(words)} words, but "
+            raise IssError(f"VEC {op.name} statistics via RD5 walk {len(words)} words, but "
                            f"{rows} records are {rows * rec} words")
         raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :STATS_BYTES])
         pairs = raw.view("<i8").astype(np.int64)

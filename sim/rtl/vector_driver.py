@@ -3,13 +3,15 @@
 A program is a list of ``(cmd, a, b, stats)``: a :class:`~hw.spec.vector.VectorCmd`, the
 elements it reads from ``i_a`` (a vector of ``cmd.length``, or the 256 LUT entries for
 LOAD_LUT), the words it reads from ``i_b`` (or None) and the ``(sum x, sum x^2)`` pair it reads
-from ``i_stats`` (LN_APPLY only). :func:`prepare` turns it into the beats of every input stream
-and the golden outputs; the same beat lists feed Amaranth's simulator and the cocotb testbench.
+from ``i_stats`` (LN_APPLY and RMS_APPLY only). :func:`prepare` turns it into the beats of every
+input stream and the golden outputs; the same beat lists feed Amaranth's simulator and the
+cocotb testbench.
 """
 
 from __future__ import annotations
 
-from hw.spec.vector import VectorCmd, VectorOp, beats
+from hw.spec.vector import VectorCmd, beats
+from hw.spec.vector_engine import STATS_IN_OPS, uses_b
 from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import VectorUnitModel
 from sim.rtl.pysim import collect, run_sim, send_all
@@ -30,11 +32,9 @@ def command_beats(cmd: VectorCmd, a, b, stats, lanes: int):
     """The beats one command consumes on ``i_a``, ``i_b`` and ``i_stats``."""
     op = cmd.op
     a_beats = vector_beats(a, lanes) if a is not None else []
-    uses_b = op in (VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY) or (
-        op is VectorOp.REQUANT and cmd.per_channel)
-    b_beats = vector_beats(b, lanes) if uses_b else []
+    b_beats = vector_beats(b, lanes) if uses_b(op, cmd.per_channel) else []
     s_beats = [{"data": [int(stats[0]), int(stats[1])], "last": 1}] if (
-        op is VectorOp.LN_APPLY) else []
+        op in STATS_IN_OPS) else []
     return a_beats, b_beats, s_beats
 
 

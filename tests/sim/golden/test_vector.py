@@ -10,6 +10,8 @@ Error bounds asserted here (measured values in the comments, from the fixed seed
   two-valued full scale, Gaussian with outliers), d_model 2..512, gamma any int16, beta in
   [-4096, 4095] and gshift in [16, 24] (a gain gamma * 2**(16 - gshift) of at most 2**15 output
   LSBs per standard deviation). The float reference uses the same integer gamma and beta, eps=0.
+- RMSNorm (the same datapath with sum x taken as 0): the same bound on the same inputs against
+  float64 RMSNorm re-quantised (measured: 1 LSB).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from sim.golden.vector import (
     relu,
     relu_table,
     residual_add,
+    rmsnorm,
+    rmsnorm_float,
     rsqrt_fixed,
     unpack_gamma_beta,
     unpack_requant,
@@ -245,6 +249,102 @@ def test_layernorm_z_format():
     assert list(y16) == [round(-2**14 / math.sqrt(3))] * 3 + [round(math.sqrt(3) * 2**14)]
 
 
+# ---- RMSNorm ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["uniform", "narrow", "two-valued", "outliers"])
+def test_rmsnorm_error_within_two_lsb(rng, kind):
+    worst = 0
+    for _ in range(60):
+        length = int(rng.integers(1, 513))
+        x, gamma, beta, gshift = _ln_case(rng, length, kind)
+        y16, q8 = rmsnorm(x, gamma, beta, gshift, 1 << 15, 23)
+        ref = _requantised(rmsnorm_float(x, gamma, beta, gshift))
+        err = np.abs(y16 - ref)
+        worst = max(worst, int(err.max()))
+        assert err.max() <= 2, (f"length {length}: RMSNorm error {err.max()} LSB at element "
+                                f"{err.argmax()} (x={x[err.argmax()]})")
+        assert np.array_equal(q8, requant(y16, 1 << 15, 23, 8))
+    print(f"{kind}: max RMSNorm error {worst} LSB")
+
+
+def test_rmsnorm_is_layernorm_datapath_without_sum():
+    """RMSNorm is ln_normalise with s1 taken as 0 (whatever is passed), not a copy: on a
+    zero-mean vector LayerNorm and RMSNorm agree bit for bit."""
+    x = np.array([-300, -100, 100, 300, -7, 7])
+    gamma, beta = np.full(6, 12345), np.arange(6) - 3
+    s1, s2 = ln_stats(x)
+    assert s1 == 0
+    for key in range(2):
+        assert np.array_equal(rmsnorm(x, gamma, beta, 17, 30000, 22)[key],
+                              layernorm(x, gamma, beta, 17, 30000, 22)[key])
+    shifted = x + 1000
+    s1, s2 = ln_stats(shifted)
+    for key in range(2):
+        assert np.array_equal(
+            ln_normalise(shifted, 123456, s2, 6, gamma, beta, 17, 30000, 22, rms=True)[key],
+            rmsnorm(shifted, gamma, beta, 17, 30000, 22)[key])
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 512])
+def test_rmsnorm_zero_vector_gives_beta(rng, length):
+    """mean(x^2) = 0: D = 0, rsqrt defined as 0, so the output is beta (0 in the compiler)."""
+    x = np.zeros(length, dtype=np.int64)
+    gamma = rng.integers(*I16, length, endpoint=True)
+    beta = rng.integers(*I16, length, endpoint=True)
+    y16, q8 = rmsnorm(x, gamma, beta, 16, 40000, 22)
+    assert np.array_equal(y16, beta)
+    assert np.array_equal(q8, requant(beta, 40000, 22, 8))
+    assert np.array_equal(rmsnorm_float(x, gamma, beta, 16), beta)
+
+
+def test_rmsnorm_constant_vector_is_sign():
+    """A constant vector's RMS is |x|: z = sign(x), exactly representable (no centring)."""
+    for value in (-32768, -3, 5, 32767):
+        y16, _ = rmsnorm(np.full(9, value), np.full(9, 1 << 14), np.zeros(9), 16, 1, 1)
+        assert list(y16) == [int(np.sign(value)) << 14] * 9
+
+
+@pytest.mark.parametrize("length", [512, (1 << 16) - 1])
+def test_rmsnorm_widest_z_at_extreme_counts(length):
+    """One full-scale element among zeros: z = sqrt(n), the widest RMSNorm value, below the
+    25-bit z's 256 even at the largest count (n < 2**16); D = n * S2 stays below 2**62."""
+    x = np.zeros(length, dtype=np.int64)
+    x[3] = -32768
+    s1, s2 = ln_stats(x)
+    assert length * s2 <= (1 << 62) - 1
+    gamma = np.full(length, 1 << 7)
+    y16, _ = rmsnorm(x, gamma, np.zeros(length), 16, 1 << 15, 23)
+    assert abs(int(y16[3]) + round(math.sqrt(length) * 2**7)) <= 1
+    assert not y16[np.arange(length) != 3].any()
+    ref = _requantised(rmsnorm_float(x, gamma, np.zeros(length), 16))
+    assert np.abs(y16 - ref).max() <= 1
+    full = np.full(length, -32768)
+    assert length * ln_stats(full)[1] <= (1 << 62) - 1
+    y16, _ = rmsnorm(full, gamma, np.zeros(length), 16, 1 << 15, 23)
+    assert (y16 == -(1 << 7)).all()
+
+
+@pytest.mark.parametrize("shards", [2, 3, 4])
+def test_partial_statistics_equal_full_rmsnorm(rng, shards):
+    """LN_STATS on uneven shards, summed, then normalised with rms: RMS bit for bit."""
+    length = 97
+    for trial in range(4):
+        x = rng.integers(*I16, length, endpoint=True) if trial % 2 else (
+            rng.integers(-50, 50, length) + 20000)
+        gamma = rng.integers(*I16, length, endpoint=True)
+        beta = np.zeros(length, dtype=np.int64)
+        cuts = np.sort(rng.choice(np.arange(1, length), shards - 1, replace=False))
+        parts = np.split(np.arange(length), cuts)
+        stats = [ln_stats(x[p]) for p in parts]
+        s1, s2 = sum(s for s, _ in stats), sum(s for _, s in stats)
+        full = rmsnorm(x, gamma, beta, 18, 30000, 22)
+        for key in range(2):
+            merged = np.concatenate([
+                ln_normalise(x[p], s1, s2, length, gamma[p], beta[p], 18, 30000, 22,
+                             rms=True)[key] for p in parts])
+            assert np.array_equal(merged, full[key]), f"cuts {cuts}: output {key} differs"
+
+
 # ---- the command interpreter --------------------------------------------------------------
 
 def test_model_executes_every_op(rng):
@@ -262,5 +362,10 @@ def test_model_executes_every_op(rng):
     full = unit.execute(VectorCmd(VectorOp.LN, 20, gshift=17, mult=30000, shift=22), x, words)
     stats = unit.execute(VectorCmd(VectorOp.LN_STATS, 20), x)["stats"]
     applied = unit.execute(VectorCmd(VectorOp.LN_APPLY, 20, n=20, gshift=17, mult=30000,
+                                     shift=22), x, words, stats)
+    assert all(np.array_equal(full[k], applied[k]) for k in ("data", "q"))
+    full = unit.execute(VectorCmd(VectorOp.RMS, 20, gshift=17, mult=30000, shift=22), x, words)
+    assert np.array_equal(full["data"], rmsnorm(x, *unpack_gamma_beta(words), 17, 30000, 22)[0])
+    applied = unit.execute(VectorCmd(VectorOp.RMS_APPLY, 20, n=20, gshift=17, mult=30000,
                                      shift=22), x, words, stats)
     assert all(np.array_equal(full[k], applied[k]) for k in ("data", "q"))

@@ -29,6 +29,9 @@ def cycles(model, step, regs, limit=100_000):
     (VecFlags(a_bytes=1, d_bytes=1), VectorOp.LUT, 20),
     (VecFlags(a_bytes=4, b_bytes=4, d_bytes=2, per_channel=True), VectorOp.REQUANT, 12),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN, 32),
+    (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.RMS, 32),
+    (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN_APPLY, 24),
+    (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.RMS_APPLY, 24),
     (VecFlags(a_bytes=1, wr_data=False), VectorOp.LOAD_LUT, 256),
 ])
 @pytest.mark.parametrize("rows", [1, 5])

@@ -92,6 +92,9 @@ def test_vector_launches(size, rows, length):
         (vl.ln_launch(size=size, length=length, x=x, gamma_beta_base=bw,
                       q=r(2 * bw, rows, rw1, 1), y=None, gshift=16, mult=1, shift=1),
          False, False),
+        (vl.ln_launch(size=size, length=length, x=x, gamma_beta_base=rows * rw2,
+                      q=r(2 * bw, rows, rw1, 1), y=r(2 * bw + 512, rows, rw2, 2), gshift=16,
+                      mult=1, shift=1, rms=True), True, True),
     ]
     for launch, shared, outputs in cases:
         asm = Assembler()
