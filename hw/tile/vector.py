@@ -1,5 +1,5 @@
-"""Vector unit: residual add, bias add, requantisation, ReLU, activation LUT, LayerNorm, int16
-GELU.
+"""Vector unit: residual add, bias add, requantisation, ReLU, activation LUT, LayerNorm,
+RMSNorm, int16 GELU.
 
 Works on vectors streamed ``lanes`` elements per beat; the numeric definitions (bit-exact) are
 those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
@@ -23,11 +23,13 @@ from ..spec.vector import (
     LN_Z_FRAC_BITS,
     LUT_ENTRIES,
     N_BITS,
+    RMS_OPS,
     RSQRT_FRAC_BITS,
     RSQRT_NEWTON_STEPS,
     RSQRT_SEED_BASE,
     RSQRT_SEED_SHIFT,
     VectorOp,
+    layernorm_of,
     rsqrt_seed_table,
 )
 from .lane_table import LaneTable
@@ -121,7 +123,8 @@ class VectorUnit(wiring.Component):
     ``out16``, ``per_channel``), see :class:`hw.spec.vector.VectorCmd`.
     ``i_a``: ``lanes`` x signed(32): the operand vector.
     ``i_b``: ``lanes`` x signed(32): second operand or per-lane parameters.
-    ``i_stats``: 2 x signed(64): global ``[sum x (int32 range), sum x^2]`` for LN_APPLY.
+    ``i_stats``: 2 x signed(64): global ``[sum x (int32 range), sum x^2]`` for LN_APPLY and
+    RMS_APPLY.
     ``o_data``: ``lanes`` x signed(32) ``data`` plus ``q``: ``lanes`` x signed(8).
     ``o_stats``: 2 x signed(64): local ``[sum x, sum x^2]`` from LN_STATS, ``last`` = 1.
 
@@ -142,6 +145,8 @@ class VectorUnit(wiring.Component):
     LN          int16 x               gamma (0-15), beta (16-31)    data = y16, q = q8
     LN_STATS    int16 x               --                            o_stats (1 beat)
     LN_APPLY    int16 x               gamma, beta                   data = y16, q = q8
+    RMS         int16 x               gamma, beta (0)               data = y16, q = q8
+    RMS_APPLY   int16 x               gamma, beta (0)               data = y16, q = q8
     ==========  ====================  ============================  ======================
 
     ADD takes the exact sum of its operands (int32 allowed) and saturates it to int16; the LN
@@ -156,6 +161,11 @@ class VectorUnit(wiring.Component):
     is the int8 input of the next matmul, emitted in the same beat as the int16 ``y16``:
     post-norm (ADD, then LN) gets the new int16 residual and the int8 matmul input at once;
     pre-norm keeps ADD's output as the residual and uses LN's ``q``.
+
+    RMS and RMS_APPLY are LN and LN_APPLY with S1 taken as 0 (RMSNorm: D = n*S2, z = n*x *
+    rsqrt(D)): the unit accepts them as LN and LN_APPLY (:func:`hw.spec.vector.layernorm_of`)
+    with a flag that keeps S1 at 0 (RMS does not accumulate it, RMS_APPLY does not load it from
+    ``i_stats``), so they take the same streams, pipeline and cycles.
 
     The activation LUT (256 x int8, indexed by the input's low byte) is programmable at run
     time by LOAD_LUT, as a compiler loads GELU for its scales; it resets to ReLU at unchanged
@@ -218,7 +228,8 @@ class VectorUnit(wiring.Component):
         lane_ok = [Signal(name=f"lane_ok{j}") for j in range(lanes)]
         m.d.comb += [ok.eq(remaining > j) for j, ok in enumerate(lane_ok)]
 
-        # LayerNorm state: statistics, count, rsqrt result.
+        # LayerNorm state: statistics, count, rsqrt result; `rms`: S1 stays 0 (RMSNorm).
+        rms = Signal()
         s1 = Signal(signed(32))
         s2 = Signal(signed(64))
         n = Signal(N_BITS)
@@ -393,9 +404,16 @@ class VectorUnit(wiring.Component):
                 m.d.comb += self.i_cmd.ready.eq(1)
                 with m.If(self.i_cmd.valid):
                     p = self.i_cmd.payload
-                    m.d.sync += [cmd.eq(p), beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
+                    # RMSNorm's ops run as LayerNorm's (layernorm_of), with S1 held at 0.
+                    like = Signal(4)
+                    m.d.comb += like.eq(p.op)
+                    for rms_op in RMS_OPS:
+                        with m.If(p.op == rms_op):
+                            m.d.comb += like.eq(layernorm_of(rms_op))
+                    m.d.sync += [cmd.eq(p), cmd.op.eq(like), rms.eq(p.op.matches(*RMS_OPS)),
+                                 beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
                                  remaining.eq(p.length)]
-                    with m.Switch(p.op):
+                    with m.Switch(like):
                         with m.Case(VectorOp.LOAD_LUT):
                             m.d.sync += remaining.eq(LUT_ENTRIES)
                             m.next = "LOAD"
@@ -453,7 +471,7 @@ class VectorUnit(wiring.Component):
                 m.d.comb += self.i_a.ready.eq(1)
                 with m.If(self.i_a.valid):
                     m.d.comb += buf_w.en.eq(op == VectorOp.LN)
-                    m.d.sync += [s1.eq(s1 + beat_s1), s2.eq(s2 + beat_s2),
+                    m.d.sync += [s1.eq(Mux(rms, 0, s1 + beat_s1)), s2.eq(s2 + beat_s2),
                                  beat.eq(beat + 1), remaining.eq(remaining - lanes)]
                     with m.If(last_beat):
                         with m.If(op == VectorOp.LN):
@@ -473,7 +491,7 @@ class VectorUnit(wiring.Component):
             with m.State("GET_STATS"):
                 m.d.comb += self.i_stats.ready.eq(1)
                 with m.If(self.i_stats.valid):
-                    m.d.sync += [s1.eq(self.i_stats.payload.data[0][0:32]),
+                    m.d.sync += [s1.eq(Mux(rms, 0, self.i_stats.payload.data[0][0:32])),
                                  s2.eq(self.i_stats.payload.data[1]),
                                  step.eq(0)]
                     m.next = "RSQRT"

@@ -17,7 +17,9 @@ from ..spec.isa import COUNT_BITS
 from ..spec.timing.chip import VEC_OUT_FIFO_DEPTH
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
 from ..spec.vector_engine import (
+    B_OPS,
     ELEM_BYTES,
+    STATS_IN_OPS,
     stats_words,
 )
 from .vector import VectorUnit, check_sizes
@@ -135,12 +137,12 @@ class VectorEngine(wiring.Component):
     the ``i_cfg`` payload (combinationally, before the transfer), which generators to start with the
     launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1 iff
     ``wr_data`` (not for LN_STATS), WR2 iff ``wr_q`` (neither for LOAD_LUT and LOAD_LUT16), RD5 iff
-    LN_APPLY.
+    LN_APPLY or RMS_APPLY (:data:`hw.spec.vector_engine.STATS_IN_OPS`).
 
     LayerNorm statistics travel through the scratchpad as records of
     :data:`hw.spec.vector_engine.STATS_BYTES` bytes (int64 ``sum x``, int64 ``sum x^2``,
     little-endian, ``stats_words(N)`` words): LN_STATS writes one per row on ``o_q`` (WR2;
-    ``wr_q`` must be set), LN_APPLY reads one per row on ``i_stats`` (RD5).
+    ``wr_q`` must be set), LN_APPLY and RMS_APPLY read one per row on ``i_stats`` (RD5).
 
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
@@ -196,11 +198,10 @@ class VectorEngine(wiring.Component):
 
         # Which streams a launch uses, from the payload the chip is offering.
         p = self.i_cfg.payload
-        b_ops = (p.op == VectorOp.ADD) | (p.op == VectorOp.BIAS) | (p.op == VectorOp.LN) | \
-            (p.op == VectorOp.LN_APPLY) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
+        b_ops = p.op.matches(*B_OPS) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
         writes = (p.op != VectorOp.LOAD_LUT) & (p.op != VectorOp.LOAD_LUT16)
         m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
-                     self.uses.stats.eq(p.op == VectorOp.LN_APPLY),
+                     self.uses.stats.eq(p.op.matches(*STATS_IN_OPS)),
                      self.uses.data.eq(p.flags.wr_data & writes & (p.op != VectorOp.LN_STATS)),
                      self.uses.q.eq(p.flags.wr_q & writes)]
 
@@ -224,7 +225,7 @@ class VectorEngine(wiring.Component):
         with m.If(start):
             m.d.sync += issued.eq(0)
 
-        # ---- statistics records: RD5 words -> i_stats (LN_APPLY) ---------------------------
+        # ---- statistics records: RD5 words -> i_stats (LN_APPLY, RMS_APPLY) ----------------
         rec = stats_words(n)
         rec_bits = 8 * n * rec
         s_words = [Signal(8 * n, name=f"gs_w{k}") for k in range(rec)]

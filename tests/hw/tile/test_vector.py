@@ -182,6 +182,71 @@ def test_partial_statistics_uneven_shards(rng, cuts):
         assert np.array_equal(merged, expected[0][key]), key
 
 
+# ---- RMSNorm -------------------------------------------------------------------------------
+
+def test_rmsnorm_random_and_edges(rng):
+    """RMS and RMS_APPLY (S1 taken as 0) on random vectors, an all-zero vector, full-scale and
+    saturating values, interleaved with LN and LN_APPLY back to back (the flag must not leak
+    into the next command: a LayerNorm of a vector with a large mean differs from its RMSNorm)."""
+    program = []
+    cases = [
+        (5, rng.integers(-(1 << 15), 1 << 15, 5)),
+        (8, rng.integers(-300, 300, 8) + 20000),                    # large mean
+        (13, np.zeros(13, dtype=np.int64)),                         # D = 0: y16 = beta
+        (16, rng.choice([-(1 << 15), (1 << 15) - 1], 16)),          # full scale
+        (11, np.full(11, -(1 << 15))),                              # constant: z = -1
+        (1, np.array([7])),
+    ]
+    for length, x in cases:
+        knobs = {"gshift": int(rng.integers(14, 22)), "mult": int(rng.integers(1 << 14, 1 << 16)),
+                 "shift": 23}
+        params = _ln_params(rng, length)
+        program.append((VectorCmd(VectorOp.RMS, length, **knobs), x, params, None))
+        program.append((VectorCmd(VectorOp.LN, length, **knobs), x, params, None))
+        # Global statistics whose sum x RMS_APPLY must ignore (LN_APPLY uses it).
+        stats = ln_stats(x)
+        program.append((VectorCmd(VectorOp.RMS_APPLY, length, n=length, **knobs), x, params,
+                        stats))
+        program.append((VectorCmd(VectorOp.LN_APPLY, length, n=length, **knobs), x, params,
+                        stats))
+    # gamma = 2**15 - 1, gshift 12: |y| up to 8 * 32767 * sqrt(n): saturates int16 and int8.
+    x = rng.choice([-(1 << 15), (1 << 15) - 1], 9)
+    program.append((VectorCmd(VectorOp.RMS, 9, gshift=12, mult=65535, shift=8), x,
+                    pack_gamma_beta(np.full(9, (1 << 15) - 1), 0), None))
+    expected, _ = run_program(program, rng=rng)
+    for k in range(len(cases)):
+        rms, ln, rms_apply, ln_apply = expected[4 * k:4 * k + 4]
+        for key in ("data", "q"):
+            assert np.array_equal(rms[key], rms_apply[key])
+            assert np.array_equal(ln[key], ln_apply[key])
+    assert not np.array_equal(expected[4]["data"], expected[5]["data"]), "mean must matter"
+    beta = program[8][2] >> 16
+    assert np.array_equal(expected[8]["data"], beta), "zero vector: y16 must equal beta"
+    assert set(expected[-1]["data"]) <= {-32768, 32767}, "int16 saturates"
+    assert set(expected[-1]["q"]) <= {-128, 127}
+
+
+@pytest.mark.parametrize("cuts", [[0, 7, 18], [0, 1, 6, 14, 18]])
+def test_rms_partial_statistics_uneven_shards(rng, cuts):
+    """LN_STATS on uneven shards, summed, then RMS_APPLY == full RMS bit for bit."""
+    x = rng.integers(-(1 << 15), 1 << 15, 18)
+    params = pack_gamma_beta(rng.integers(-(1 << 15), 1 << 15, 18), 0)
+    knobs = {"gshift": 18, "mult": 40000, "shift": 24}
+    shards = [slice(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
+    stats = [ln_stats(x[s]) for s in shards]
+    total = (sum(s for s, _ in stats), sum(s for _, s in stats))
+    program = [(VectorCmd(VectorOp.RMS, 18, **knobs), x, params, None)]
+    program += [(VectorCmd(VectorOp.LN_STATS, s.stop - s.start), x[s], None, None)
+                for s in shards]
+    program += [(VectorCmd(VectorOp.RMS_APPLY, s.stop - s.start, n=18, **knobs), x[s],
+                 params[s], total) for s in shards]
+    expected, _ = run_program(program, rng=rng)
+    k = len(shards)
+    for key in ("data", "q"):
+        merged = np.concatenate([expected[1 + k + i][key] for i in range(k)])
+        assert np.array_equal(merged, expected[0][key]), key
+
+
 def test_layernorm_tiny_preset_full_scale(rng):
     """Full-scale int16 at the tiny preset's d_model_max (64), its lanes, back to back with a
     post-norm residual add: ADD then LN emitting the int16 residual and the int8 input."""
@@ -204,6 +269,7 @@ def test_layernorm_tiny_preset_full_scale(rng):
 @pytest.mark.parametrize("op, length, repeat", [
     (VectorOp.ADD, 13, 1), (VectorOp.REQUANT, 8, 1), (VectorOp.LUT, 3, 1), (VectorOp.LN, 10, 1),
     (VectorOp.LN_STATS, 9, 1), (VectorOp.LN_APPLY, 10, 1), (VectorOp.LOAD_LUT, 0, 1),
+    (VectorOp.RMS, 10, 1), (VectorOp.RMS_APPLY, 10, 1),
     (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4), (VectorOp.GELU16, 13, 1),
     (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1), (VectorOp.LOAD_LUT16, 0, 2),
 ])
@@ -262,7 +328,8 @@ def test_cycles_match_formula(rng, op, length, repeat):
 
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
-    """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op, golden-exact;
+    """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op (RMSNorm's
+    too), golden-exact;
     a lone LayerNorm takes the documented number of cycles, the whole program as many cycles
     as in Amaranth's simulator."""
     from sim.rtl.cocotb_tb import run_cocotb
@@ -294,6 +361,11 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
         (VectorCmd(VectorOp.LN_STATS, len(x) - half), x[half:], None, None),
         (VectorCmd(VectorOp.LN_APPLY, half, n=len(x), **knobs), x[:half], params[:half], total),
         (VectorCmd(VectorOp.LN_APPLY, len(x) - half, n=len(x), **knobs), x[half:],
+         params[half:], total),
+        (VectorCmd(VectorOp.RMS, npu.d_model_max, **knobs), x, params, None),
+        (VectorCmd(VectorOp.RMS_APPLY, half, n=len(x), **knobs), x[:half], params[:half],
+         total),
+        (VectorCmd(VectorOp.RMS_APPLY, len(x) - half, n=len(x), **knobs), x[half:],
          params[half:], total),
     ]
     results = {}

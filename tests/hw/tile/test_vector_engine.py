@@ -8,7 +8,7 @@ import pytest
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
-from hw.spec.vector_engine import VecFlags
+from hw.spec.vector_engine import STATS_IN_OPS, VecFlags
 from hw.tile.vector_engine import VectorEngine
 from sim.compiler.vector_launch import (
     Rows,
@@ -103,23 +103,26 @@ def test_add_in_place(seed, size, rows, length):
     check_case(iss, [launch], [(ta, length, want)], rng)
 
 
-@pytest.mark.parametrize("seed, rows, length, with_y", [(3, 2, 10, True), (4, 3, 7, False)])
-def test_layernorm_y_and_q(seed, rows, length, with_y):
+@pytest.mark.parametrize("seed, rows, length, with_y, rms", [
+    (3, 2, 10, True, False), (4, 3, 7, False, False), (13, 2, 10, True, True)])
+def test_layernorm_y_and_q(seed, rows, length, with_y, rms):
+    """LN (``rms``: RMS, its gamma/beta words with beta = 0 as the compiler stores them)."""
     rng = seeded(seed)
     size = 4
     iss = vector_iss(size)
     fill(iss, rng)
     x = rng.integers(-3000, 3000, (rows, length))
     gamma = rng.integers(-(1 << 15), 1 << 15, length)
-    beta = rng.integers(-(1 << 12), 1 << 12, length)
+    beta = 0 if rms else rng.integers(-(1 << 12), 1 << 12, length)
     tx = place(iss, 0, x, 2)
     gb = pack_gamma_beta(gamma, beta)[None, :]
     place(iss, 30, gb, 4)
     tq = Rows(60, rows, row_words(length, 1, size), 1)
     ty = Rows(80, rows, row_words(length, 2, size) + 1, 2) if with_y else None
     launch = ln_launch(size=size, length=length, x=tx, gamma_beta_base=30, q=tq, y=ty,
-                       gshift=17, mult=20000, shift=20)
-    y, q = golden_rows(VectorOp.LN, x, np.repeat(gb, rows, 0), gshift=17, mult=20000, shift=20)
+                       gshift=17, mult=20000, shift=20, rms=rms)
+    assert launch.op is (VectorOp.RMS if rms else VectorOp.LN)
+    y, q = golden_rows(launch.op, x, np.repeat(gb, rows, 0), gshift=17, mult=20000, shift=20)
     expect = [(tq, length, q)] + ([(ty, length, y)] if with_y else [])
     check_case(iss, [launch], expect, rng)
 
@@ -207,11 +210,12 @@ def test_post_norm_residual_block():
     check_case(iss, launches, [(th, length, y), (tq, length, q)], rng, max_cycles=30_000)
 
 
-@pytest.mark.parametrize("seed, size, cut", [(11, 4, 5), (12, 2, 8)])
-def test_distributed_layernorm_equals_full(seed, size, cut):
+@pytest.mark.parametrize("seed, size, cut, rms", [(11, 4, 5, False), (12, 2, 8, False),
+                                                  (14, 4, 5, True)])
+def test_distributed_layernorm_equals_full(seed, size, cut, rms):
     """Hidden-dimension LayerNorm: each "chip" (a column slice of x) runs LN_STATS, the
     records are summed as an int64 all-reduce would, then LN_APPLY with the global count gives
-    exactly the full LN's y and q, on the ISS and on the engine."""
+    exactly the full LN's y and q, on the ISS and on the engine; ``rms``: RMS_APPLY and RMS."""
     from hw.spec.vector_engine import stats_words
     from sim.compiler.vector_launch import ln_apply_launch, ln_stats_launch
     rng = seeded(seed)
@@ -240,14 +244,14 @@ def test_distributed_layernorm_equals_full(seed, size, cut):
     for base in stats:
         iss.write_words(base, words.reshape(-1, size))
     launches, expect = [], []
-    y_full, q_full = golden_rows(VectorOp.LN, x, np.repeat(gb, rows, 0), gshift=16, mult=9000,
-                                 shift=18)
+    y_full, q_full = golden_rows(VectorOp.RMS if rms else VectorOp.LN, x,
+                                 np.repeat(gb, rows, 0), gshift=16, mult=9000, shift=18)
     for k, (lo, hi) in enumerate(parts):
         ty = Rows(200 * k + 110, rows, row_words(hi - lo, 2, size), 2)
         tq = Rows(200 * k + 140, rows, row_words(hi - lo, 1, size), 1)
         launches.append(ln_apply_launch(size=size, length=hi - lo, n=length, x=xs[k],
                                         gamma_beta_base=200 * k + 50, stats_base=stats[k],
-                                        q=tq, y=ty, gshift=16, mult=9000, shift=18))
+                                        q=tq, y=ty, gshift=16, mult=9000, shift=18, rms=rms))
         expect += [(ty, hi - lo, y_full[:, lo:hi]), (tq, hi - lo, q_full[:, lo:hi])]
     check_case(iss, launches, expect, rng)
 
@@ -302,12 +306,12 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
         b = place(iss, 100, words[None, :], b_eb)
     data = Rows(200, rows, row_words(length, d_eb, size), d_eb) if d_eb else None
     tq = Rows(300, rows, row_words(length, 1, size), 1) if q else None
-    stats_ops = (VectorOp.LN_STATS, VectorOp.LN_APPLY)
+    stats_ops = (VectorOp.LN_STATS, *STATS_IN_OPS)
     return vector_launch(size=size, op=op, length=length, a=ta, b=b, data=data, q=tq,
                          mult=int(rng.integers(0, 1 << 16)), shift=int(rng.integers(8, 30)),
                          gshift=16, per_channel=op is VectorOp.REQUANT and b is not None,
                          stats_base=400 if op in stats_ops else None,
-                         n=3 * length if op is VectorOp.LN_APPLY else None)
+                         n=3 * length if op in STATS_IN_OPS else None)
 
 
 @pytest.mark.parametrize("seed, size, op, rows, length, a_eb, b_eb, d_eb, q", [
@@ -324,6 +328,8 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     (31, 8, VectorOp.LN_STATS, 3, 40, 2, 0, 0, False),
     (32, 4, VectorOp.LN_APPLY, 3, 11, 2, 4, 2, True),
     (33, 8, VectorOp.LN_APPLY, 2, 20, 2, 4, 0, True),
+    (34, 4, VectorOp.RMS, 4, 16, 2, 4, 2, True),
+    (35, 4, VectorOp.RMS_APPLY, 3, 11, 2, 4, 2, True),
 ])
 def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
     """With every input valid and every output ready, a launch takes exactly
