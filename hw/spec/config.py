@@ -394,6 +394,12 @@ class ModelConfig:
                               value=self.smooth_alpha)
 
     @property
+    def rmsnorm(self) -> bool:
+        """Whether the blocks normalise by RMSNorm (``norm_kind = "rmsnorm"``: no mean, no
+        beta) rather than LayerNorm."""
+        return self.norm_kind == "rmsnorm"
+
+    @property
     def attn_span(self) -> int:
         """Keys one query can see: the window, or the whole sequence for full attention."""
         return self.window if self.window else self.seq_len

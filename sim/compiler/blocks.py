@@ -18,9 +18,10 @@ attention once per sequence and head. Per block (pre-norm)::
     MM   FFN2    f @ W2           -> a (int16)
     VEC  ADD     x + a            -> x
 
-Post-norm reads an int8 copy of the residual (from the previous LayerNorm, or a REQUANT at the
-first block a chip runs) and normalises after each residual add, writing both the int16
-residual and the int8 copy.
+With ``norm_kind = "rmsnorm"`` every LN is an RMS launch (the same streams and cycles, its
+gamma/beta words with beta = 0). Post-norm reads an int8 copy of the residual (from the
+previous LayerNorm, or a REQUANT at the first block a chip runs) and normalises after each
+residual add, writing both the int16 residual and the int8 copy.
 
 Under ``quant = "smooth16"`` (``sim.compiler.quantize``) the FFN hidden is int16 and FFN2 runs
 as two int8 passes (``sim.golden.matmul.linear16``)::
@@ -391,7 +392,8 @@ class BlockEmitter:
         self._vec(vl.ln_launch(size=self.n, length=self.cfg.d_model, x=_rows(src),
                                gamma_beta_base=gb.base, q=_rows(q) if q is not None else None,
                                y=_rows(y) if y is not None else None, gshift=ql.gshift,
-                               mult=ql.mult, shift=ql.shift), tag=("ln", id(ql)))
+                               mult=ql.mult, shift=ql.shift, rms=self.cfg.rmsnorm),
+                  tag=("ln", id(ql)))
         self.asm.wait(Unit.VEC)
 
     def _add(self, x: Tensor, delta: Tensor):

@@ -64,8 +64,7 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
     """Compatibility of a model with one chip's datapath: :class:`ConfigError` otherwise (or
     each refusal reported to ``limits``)."""
     limits = Limits() if limits is None else limits
-    for key, bad, what in (("norm_kind", "rmsnorm", "the vector unit has LayerNorm only"),
-                           ("ffn", "gated", "the compiler maps two-matrix MLP FFNs only"),
+    for key, bad, what in (("ffn", "gated", "the compiler maps two-matrix MLP FFNs only"),
                            ("activation", "silu", "the activation LUT is built for GELU/ReLU")):
         if getattr(cfg, key) == bad:
             limits.refuse(f"is not supported by the simulator: {what}", path=cfg.path, key=key,

@@ -10,7 +10,8 @@ statistic, every attention score of a split head a partial dot product:
 - **LayerNorm** (partial-statistics mode): each chip runs LN_STATS over its slice of each row,
   an int64 SUM all-reduce of the ``[sum x, sum x^2]`` records over all chips gives the global
   statistics, and LN_APPLY with the global n = d_model normalises the slice: the same integers
-  as one chip's LayerNorm (the formula depends only on x, the sums and n).
+  as one chip's LayerNorm (the formula depends only on x, the sums and n). RMSNorm is the same
+  with RMS_APPLY, which takes the records' ``sum x`` as 0.
 - **Projections** (QKV, O, FFN1, FFN2): the input is sharded by columns, so chip c computes
   ``X[:, cols_c] @ W[rows_c, :]``: int32 partial sums of the *whole* output (a RAW matmul; chip
   0 adds the biases). Each chip needs only its own columns of the output, so a SUM
@@ -581,7 +582,8 @@ class _Compiler:
 
     def layernorm(self, which: int, q: str | None, y: str | None):
         """LayerNorm ``which`` (1 or 2) of every chip's slice of ``x``: LN_STATS, an int64
-        all-reduce of the records over all chips, LN_APPLY into ``q`` (int8) / ``y`` (int16)."""
+        all-reduce of the records over all chips, LN_APPLY into ``q`` (int8) / ``y`` (int16);
+        RMSNorm: the same with RMS_APPLY (which ignores the records' ``sum x``)."""
         n, i, d = self.n, self.layer, self.cfg.d_model
         ln = getattr(self.qm.layers[i], f"ln{which}")
         for ch in self.ch:
@@ -599,7 +601,8 @@ class _Compiler:
                 size=n, length=self.plan.width(ch.c), n=d, x=self._rows(ch.t["x"]),
                 gamma_beta_base=ch.layers[i][f"ln{which}"].base, stats_base=ch.t["stats"].base,
                 q=self._rows(ch.t[q]) if q else None, y=self._rows(ch.t[y]) if y else None,
-                gshift=ln.gshift, mult=ln.mult, shift=ln.shift), ("ln", i, which))
+                gshift=ln.gshift, mult=ln.mult, shift=ln.shift, rms=self.cfg.rmsnorm),
+                ("ln", i, which))
             ch.asm.wait(Unit.VEC)
 
     def project(self, name: str, src: str, dst: str, *, lut: bool = False):

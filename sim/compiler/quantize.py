@@ -13,6 +13,7 @@ The formats are those of ``docs/formats.md``:
   ``s_q * s_k * 256 / sqrt(d_head)``; the P.V sum (scale ``s_v / 256``) becomes int8 ``s_o``.
 - LayerNorm (``sim.golden.vector``): int16 gamma with a shift, int16 beta, output int16 at
   ``s_y`` then int8 at ``s_h``. Post-norm keeps ``s_y = s_r`` (the output is the residual).
+  RMSNorm (``norm_kind = "rmsnorm"``) is calibrated the same way, with beta = 0.
 - GELU/ReLU: a 256-entry table from the int8 input scale to the int8 output scale.
 
 ``quant = "smooth16"`` (the model's scheme, ``docs/formats.md``, Quantisation schemes) changes
@@ -292,7 +293,9 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
     out_mult, out_shift = quantize_multiplier(s_v / 256 / s_o)
 
     def ln(k, s_y, s_h, t):
-        g, b = (np.asarray(w[p + f"ln{k}.{n}"], np.float64) for n in ("weight", "bias"))
+        g = np.asarray(w[p + f"ln{k}.weight"], np.float64)
+        # RMSNorm has no beta: the unit adds beta = 0 (the words keep LayerNorm's layout).
+        b = np.zeros_like(g) if cfg.rmsnorm else np.asarray(w[p + f"ln{k}.bias"], np.float64)
         if t is not None:
             g, b = g / t, b / t
         return _layernorm(g, b, s_y, s_h)

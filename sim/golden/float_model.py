@@ -8,7 +8,9 @@
 and for ``norm = "post"``: ``x = LN1(x + MHA(x) Wo + bo)``, ``x = LN2(x + FFN(x))``.
 Attention masks: causal with window W sees keys ``i - W < j <= i`` (W = 0: all ``j <= i``);
 bidirectional sees ``|i - j| < W`` (W = 0: every key). LayerNorm has epsilon 0 to match the
-integer unit (``sim.golden.vector``); a constant row normalises to ``beta``.
+integer unit (``sim.golden.vector``); a constant row normalises to ``beta``. With
+``norm_kind = "rmsnorm"`` each LN is RMSNorm, ``x / sqrt(mean(x^2)) * gamma``: no mean, no
+beta (the weights have no ``ln*.bias``), epsilon 0 likewise (an all-zero row gives 0).
 
 ``record`` (a dict) collects every intermediate tensor by name; the quantiser calibrates
 activation scales from it.
@@ -22,7 +24,7 @@ import numpy as np
 
 from hw.spec import ModelConfig
 
-__all__ = ["attention_mask", "layernorm", "gelu", "block_forward", "model_forward",
+__all__ = ["attention_mask", "layernorm", "rmsnorm", "gelu", "block_forward", "model_forward",
            "random_weights", "weight_names", "check_weights"]
 
 
@@ -47,6 +49,20 @@ def layernorm(x, gamma, beta):
     return z * gamma + beta
 
 
+def rmsnorm(x, gamma):
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(ms > 0, x / np.sqrt(ms), 0.0)
+    return z * gamma
+
+
+def _norm(cfg: ModelConfig, w: dict, p: str, k: int, x):
+    """LN ``k`` (1 or 2) of block ``p``: LayerNorm or RMSNorm by ``cfg.norm_kind``."""
+    if cfg.rmsnorm:
+        return rmsnorm(x, w[p + f"ln{k}.weight"])
+    return layernorm(x, w[p + f"ln{k}.weight"], w[p + f"ln{k}.bias"])
+
+
 def gelu(x):
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
@@ -64,8 +80,10 @@ def weight_names(cfg: ModelConfig, layer: int) -> dict[str, tuple]:
     d, f = cfg.d_model, cfg.d_ff
     p = f"layers.{layer}."
     names = {p + f"attn.{w}": (d, d) for w in ("wq", "wk", "wv", "wo")}
-    names.update({p + "ln1.weight": (d,), p + "ln1.bias": (d,), p + "ln2.weight": (d,),
-                  p + "ln2.bias": (d,), p + "ffn.w1": (d, f), p + "ffn.w2": (f, d)})
+    names.update({p + "ln1.weight": (d,), p + "ln2.weight": (d,), p + "ffn.w1": (d, f),
+                  p + "ffn.w2": (f, d)})
+    if not cfg.rmsnorm:                 # RMSNorm has no beta
+        names.update({p + "ln1.bias": (d,), p + "ln2.bias": (d,)})
     if cfg.bias:
         names.update({p + f"attn.{b}": (d,) for b in ("bq", "bk", "bv", "bo")})
         names.update({p + "ffn.b1": (f,), p + "ffn.b2": (d,)})
@@ -141,24 +159,22 @@ def block_forward(cfg: ModelConfig, w: dict, layer: int, x, record: dict | None 
     record = {} if record is None else record
     p = f"layers.{layer}."
     record[p + "in"] = x
-    ln1 = (w[p + "ln1.weight"], w[p + "ln1.bias"])
-    ln2 = (w[p + "ln2.weight"], w[p + "ln2.bias"])
     if cfg.norm == "pre":
-        h = layernorm(x, *ln1)
+        h = _norm(cfg, w, p, 1, x)
         record[p + "ln1_out"] = h
         x = x + _mha(cfg, w, p, h, record, pos_base)
         record[p + "mid"] = x
-        h = layernorm(x, *ln2)
+        h = _norm(cfg, w, p, 2, x)
         record[p + "ln2_out"] = h
         x = x + _ffn(cfg, w, p, h, record)
     else:
         r = x + _mha(cfg, w, p, x, record, pos_base)
         record[p + "mid_pre"] = r
-        x = layernorm(r, *ln1)
+        x = _norm(cfg, w, p, 1, r)
         record[p + "mid"] = x
         r = x + _ffn(cfg, w, p, x, record)
         record[p + "out_pre"] = r
-        x = layernorm(r, *ln2)
+        x = _norm(cfg, w, p, 2, r)
     record[p + "out"] = x
     return x
 

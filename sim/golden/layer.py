@@ -4,7 +4,8 @@ This is what the chip computes, bit for bit, for any strategy and chip count: in
 stream in, int16 residual stream out (``sim.compiler.quantize`` supplies the integer
 parameters). Attention sees keys by absolute position (``sim.golden.float_model.attention_mask``);
 softmax and P.V do not depend on the order of the keys, so the attention buffer's ring order
-gives the same integers.
+gives the same integers. With ``norm_kind = "rmsnorm"`` every LayerNorm is RMSNorm
+(``sim.golden.vector.rmsnorm``: the unit's RMS op, beta 0 from the quantiser).
 
 Under ``quant = "smooth16"`` (``sim.compiler.quantize``) a post-norm block makes its int8 QKV
 and FFN1 inputs with a per-lane requantisation of the int16 LayerNorm output (the smoothing),
@@ -22,7 +23,7 @@ import numpy as np
 from .float_model import attention_mask
 from .matmul import linear16, matmul_unit, requant, wrap
 from .softmax import softmax
-from .vector import gelu16_apply, layernorm, lut_apply, residual_add
+from .vector import gelu16_apply, layernorm, lut_apply, residual_add, rmsnorm
 
 __all__ = ["linear", "layernorm_rows", "attention_int", "ffn_int", "layer_int", "model_int"]
 
@@ -31,9 +32,10 @@ def linear(x, ql):
     return matmul_unit(x, ql.w, ql.bias, ql.mult, ql.shift, ql.mode)
 
 
-def layernorm_rows(x, ln):
-    """LayerNorm of every row: ``(y16, q8)``."""
-    out = [layernorm(row, ln.gamma, ln.beta, ln.gshift, ln.mult, ln.shift) for row in x]
+def layernorm_rows(x, ln, rms: bool = False):
+    """LayerNorm (``rms``: RMSNorm) of every row: ``(y16, q8)``."""
+    norm = rmsnorm if rms else layernorm
+    out = [norm(row, ln.gamma, ln.beta, ln.gshift, ln.mult, ln.shift) for row in x]
     return (np.array([o[0] for o in out], np.int64), np.array([o[1] for o in out], np.int64))
 
 
@@ -74,14 +76,15 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
     and under smooth16, where each block requantises the residual per lane itself).
     """
     cfg, L = qm.cfg, qm.layers[i]
+    rms = cfg.rmsnorm
     record = {} if record is None else record
     p = f"layers.{i}."
     if cfg.norm == "pre":
-        _, h = layernorm_rows(x, L.ln1)
+        _, h = layernorm_rows(x, L.ln1, rms)
         q, k, v = linear(h, L.q), linear(h, L.k), linear(h, L.v)
         o = attention_int(cfg, L, q, k, v)
         x = residual_add(x, linear(o, L.o))
-        _, h2 = layernorm_rows(x, L.ln2)
+        _, h2 = layernorm_rows(x, L.ln2, rms)
         x = ffn_int(L, x, h2, record, p)
         x8 = None
     else:
@@ -91,10 +94,10 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
             x8 = requant(x, qm.in_mult, qm.in_shift, 8)
         q, k, v = linear(x8, L.q), linear(x8, L.k), linear(x8, L.v)
         o = attention_int(cfg, L, q, k, v)
-        x, h = layernorm_rows(residual_add(x, linear(o, L.o)), L.ln1)
+        x, h = layernorm_rows(residual_add(x, linear(o, L.o)), L.ln1, rms)
         if L.ffn_req is not None:
             h = requant(x, *L.ffn_req, 8)
-        x, x8 = layernorm_rows(ffn_int(L, x, h, record, p), L.ln2)
+        x, x8 = layernorm_rows(ffn_int(L, x, h, record, p), L.ln2, rms)
         if L.qkv_req is not None:
             x8 = None
     record.update({p + "q": q, p + "k": k, p + "v": v, p + "attn_o": o, p + "out": x})

@@ -61,8 +61,10 @@ def test_pysim_equals_golden_small_model(capsys, tmp_path, norm, causal):
     assert busy["matmul"] > 0 and busy["attention"] > 0 and busy["vector"] > 0
 
 
-def test_weights_and_input_files(capsys, tmp_path):
-    model = write_model(tmp_path, n_layers=2)
+@pytest.mark.parametrize("norm_kind", ["layernorm", "rmsnorm"])
+def test_weights_and_input_files(capsys, tmp_path, norm_kind):
+    """A weights file of the model's tensors (an RMSNorm model's has no ln*.bias)."""
+    model = write_model(tmp_path, n_layers=2, norm_kind=norm_kind)
     from hw.spec import load_model
     cfg = load_model(model)
     w = random_weights(cfg, 11)
@@ -74,10 +76,10 @@ def test_weights_and_input_files(capsys, tmp_path):
                            str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"))
     assert status == 0, err
     assert np.load(tmp_path / "y.npy").shape == (5, 16)
+    assert ("layers.0.ln1.bias" in w) == (norm_kind == "layernorm")
 
 
 @pytest.mark.parametrize("over, needle", [
-    ({"norm_kind": "rmsnorm"}, "norm_kind='rmsnorm' is not supported"),
     ({"ffn": "gated"}, "ffn='gated' is not supported"),
     ({"activation": "silu"}, "activation='silu' is not supported"),
     ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "

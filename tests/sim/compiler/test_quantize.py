@@ -49,6 +49,23 @@ def test_smoothing_factors():
     assert np.allclose(flat, flat[0])
 
 
+@pytest.mark.parametrize("norm, quant", [("pre", "int8"), ("post", "int8"),
+                                         ("pre", "smooth16")])
+def test_rmsnorm_parameters(norm, quant):
+    """RMSNorm is calibrated as LayerNorm is (gamma, gshift and the int8 requantisation from
+    the norms' float outputs), with beta = 0; its weights have no ln*.bias to read."""
+    from sim.golden.float_model import random_weights
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, seq_len=4, norm=norm,
+                      quant=quant, norm_kind="rmsnorm", name="rms")
+    w = random_weights(cfg, 3)
+    assert "layers.0.ln1.bias" not in w
+    x = np.random.default_rng(3).standard_normal((cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, w, x)
+    for layer in qm.layers:
+        for ln in (layer.ln1, layer.ln2):
+            assert not ln.beta.any() and ln.gamma.any() and 0 <= ln.gshift <= 63
+
+
 def test_two_pass_params():
     ratio = np.array([1e-3, 100.0])
     mult, shift = np.array([32768, 51200]), np.array([25, 6])

@@ -37,6 +37,20 @@ def test_tiny_model_cosine(seed):
     assert cosine(got, ref) >= 0.99, cosine(got, ref)
 
 
+@pytest.mark.parametrize("norm, quant", [("pre", "int8"), ("post", "int8"),
+                                         ("pre", "smooth16"), ("post", "smooth16")])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rmsnorm_cosine(norm, quant, seed):
+    """The tiny model with RMSNorm (no mean, beta 0 in the unit) against the float64 RMSNorm
+    model: the quantisation error is LayerNorm's (cosine >= 0.99; measured >= 0.9995)."""
+    print(f"seed={seed}")
+    cfg = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", norm=norm, quant=quant)
+    x = np.random.default_rng(100 + seed).standard_normal((cfg.seq_len, cfg.d_model))
+    got, ref = quantised_vs_float(cfg, seed, x)
+    print(f"cosine {cosine(got, ref):.5f}")
+    assert cosine(got, ref) >= 0.99, cosine(got, ref)
+
+
 def test_bert_style_post_norm_with_outlier_channels():
     cfg = ModelConfig(n_layers=1, d_model=64, n_heads=4, d_ff=256, seq_len=16, causal=False,
                       norm="post", name="bert-style")

@@ -71,12 +71,14 @@ def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000):
     return model
 
 
-@pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
-def test_one_block_on_one_chip(norm, causal):
-    """LN, matmuls (int8, int16 out), attention (causal, bidirectional), LUT, residual adds,
-    post-norm's input requant: every launch of a block."""
+@pytest.mark.parametrize("norm, causal, norm_kind", [("pre", True, "layernorm"),
+                                                     ("post", False, "layernorm"),
+                                                     ("pre", True, "rmsnorm")])
+def test_one_block_on_one_chip(norm, causal, norm_kind):
+    """LN (RMS for RMSNorm), matmuls (int8, int16 out), attention (causal, bidirectional), LUT,
+    residual adds, post-norm's input requant: every launch of a block."""
     npu, prog, images = compiled("single", 1, norm=norm, causal=causal, d_model=16, d_head=8,
-                                 d_ff=32, seq_len=6)
+                                 d_ff=32, seq_len=6, norm_kind=norm_kind)
     assert_rtl_equal(npu, [prog.chips[0].program], images)
 
 
