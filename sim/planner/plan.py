@@ -6,7 +6,7 @@ running any RTL and without the model's weights:
 - **fits** or not, with every violated limit named (:class:`Reason`): the strategy's own
   checks (:meth:`~sim.strategies.base.Strategy.limits`: what ``npu sim`` would refuse, every
   refusal collected), then each chip's bytes against ``sram_bytes``, the program against
-  ``imem_words``. Model features the simulator does not run (RMSNorm, SiLU, a gated FFN) are
+  ``imem_words``. Model features the simulator does not run (SiLU, a gated FFN) are
   planned anyway, as their nearest built equivalent, with a note.
 - **per-chip bytes**: ``weights``, ``kv_cache`` and ``activations`` as the compiler's
   allocator lays them out, from the strategy's own compile of the shapes stopped after the
@@ -326,9 +326,6 @@ def _chips(which) -> str:
 
 def _features(cfg) -> list[str]:
     notes = []
-    if cfg.norm_kind == "rmsnorm":
-        notes.append("norm_kind=rmsnorm is not built: planned as LayerNorm (the same "
-                     "vector-unit launch; weights count gamma and beta)")
     if cfg.activation == "silu":
         notes.append("activation=silu is not built: planned as a GELU table (the same "
                      "LUT launch)")
@@ -644,8 +641,9 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
 
 
 def _built_model(cfg):
-    """The model as the compiler builds it: LayerNorm, GELU, a two-matrix MLP."""
-    return dataclasses.replace(cfg, norm_kind="layernorm", ffn="mlp",
+    """The model as the compiler builds it: its norm (LayerNorm or RMSNorm), GELU for SiLU,
+    a two-matrix MLP for a gated FFN."""
+    return dataclasses.replace(cfg, ffn="mlp",
                                activation="gelu" if cfg.activation == "silu" else
                                cfg.activation)
 
