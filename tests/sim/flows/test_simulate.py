@@ -1,7 +1,8 @@
 """sim.flows.simulate: every strategy on N chips equals the single-chip golden model bit for bit.
 
 The broad matrix (strategies x chip counts x seeds x microbatches) runs on the ISS; the RTL runs
-(pysim) cover each multi-chip strategy on 3 and 4 chips, one of them with link stalls.
+cover each multi-chip strategy against the ISS (head on 3 chips on pysim, head, pipeline and data
+on 2 chips on Verilator; 3 and 4 chips of each in the slow suite), and pysim's link stalls.
 """
 
 import dataclasses
@@ -150,24 +151,33 @@ def _rtl_equals_iss(rtl, iss, what):
         assert a.busy == b.busy, (what, c, a.busy, b.busy)
 
 
-# Amaranth's simulator runs head on 3 chips (the all-reduce path: 8 rows do not split by 3);
-# the 4-chip runs share one Verilator build; the longer pysim runs are in the slow suite.
-@pytest.mark.parametrize("strategy, chips, batch, backend", [
-    ("head", 3, 1, "pysim"), ("head", 4, 1, "verilator"), ("pipeline", 4, 4, "verilator"),
-    pytest.param("head", 4, 1, "pysim", marks=pytest.mark.slow),
-    pytest.param("pipeline", 3, 3, "pysim", marks=pytest.mark.slow),
-    pytest.param("pipeline", 4, 4, "pysim", marks=pytest.mark.slow)])
-def test_rtl_equals_the_iss(strategy, chips, batch, backend, request):
-    """Each multi-chip strategy on the RTL: bit-exact, the same outputs, cycles and busy
-    counters as the ISS."""
+# Amaranth's simulator runs head on 3 chips (the all-reduce path: 4 rows do not split by 3), on
+# one layer; Verilator runs head, pipeline and data on 2 chips, sharing one build with the other
+# 2-chip Verilator tests. The 4-layer and 4-chip runs (a 4-chip build of their own, or minutes
+# of pysim) are in the slow suite.
+@pytest.mark.parametrize("strategy, chips, batch, backend, n_layers", [
+    ("head", 3, 1, "pysim", 1), ("head", 2, 1, "verilator", 4),
+    ("pipeline", 2, 2, "verilator", 4), ("data", 2, 2, "verilator", 4),
+    pytest.param("head", 3, 1, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("head", 4, 1, "verilator", 4, marks=pytest.mark.slow),
+    pytest.param("pipeline", 4, 4, "verilator", 4, marks=pytest.mark.slow),
+    pytest.param("head", 4, 1, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("pipeline", 3, 3, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("pipeline", 4, 4, "pysim", 4, marks=pytest.mark.slow)])
+def test_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
+    """Each multi-chip strategy on the RTL: bit-exact, the same outputs, cycles, busy
+    counters and collectives as the ISS."""
     if backend == "verilator":
         request.getfixturevalue("verilator_ok")
-    iss = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend="iss", batch=batch,
+    cfg = dataclasses.replace(SMALL, n_layers=n_layers)
+    iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=batch,
                    seed=2)
-    rtl = simulate(TINY, SMALL, strategy=strategy, chips=chips, backend=backend, batch=batch,
+    rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend=backend, batch=batch,
                    seed=2)
-    _rtl_equals_iss(rtl, iss, f"{strategy} on {chips} chips ({backend})")
+    what = f"{strategy} on {chips} chips ({backend})"
+    _rtl_equals_iss(rtl, iss, what)
     assert rtl.cycles > 0 and len(rtl.per_chip) == chips
+    assert rtl.collectives == iss.collectives, what
     if strategy == "pipeline" and len(set(rtl.pipeline["layers_per_stage"])) == 1:
         # The formula holds for equal stages (3 stages of 4 layers are 2, 1, 1).
         bubble, formula = rtl.pipeline["bubble_fraction"], rtl.pipeline["bubble_formula"]
@@ -185,8 +195,10 @@ def test_rmsnorm_rtl_equals_the_iss():
 
 
 def test_link_stalls_change_only_cycles():
+    """pysim's stalls on the link registers: the outputs of a calm run (the ISS's, whose cycles
+    are the RTL's), more cycles."""
     cfg = dataclasses.replace(SMALL, n_layers=1)
-    calm = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5)
+    calm = simulate(TINY, cfg, strategy="head", chips=2, backend="iss", seed=5)
     stalled = simulate(TINY, cfg, strategy="head", chips=2, backend="pysim", seed=5,
                        link_stalls=0.3)
     check_report(stalled, "head on 2 chips with link stalls")
