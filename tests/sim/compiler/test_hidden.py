@@ -2,8 +2,10 @@
 every layer bit-exact with the single-chip golden model.
 
 The matrix (chip counts x seeds, norms, windows, batches, uneven shards, both reductions) runs
-on the ISS (timed by its cycle model, so a deadlock of the RTL shows there too); pysim runs 3
-chips with uneven shards and a split head and 4 chips with two split heads.
+on the ISS (timed by its cycle model, so a deadlock of the RTL shows there too). The RTL runs of
+`make test` are in tests/sim/timing/test_cycle.py (a split head on 2 chips on Verilator; this
+file's 3 chips with uneven shards and a split head on pysim, also bit-exact there); the slow suite
+runs those 3 chips here and 4 chips with two split heads on pysim.
 """
 
 import json
@@ -263,6 +265,7 @@ def test_every_collective_is_over_all_chips(cfg, chips, widths):
 
 # --- the RTL ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pysim_uneven_shards_with_a_split_head():
     """3 chips, columns 4, 6, 6: head 2 split over chips 1 and 2, chip 0 with the least work.
     Bit-exact and equal to the ISS."""
@@ -274,6 +277,7 @@ def test_pysim_uneven_shards_with_a_split_head():
     assert np.array_equal(got, run_iss(prog, x_ints))
 
 
+@pytest.mark.slow
 def test_pysim_two_split_heads():
     """4 chips, two heads each split over two chips: both heads' partial scores in one
     all-reduce over all chips; the ISS's report (its cycle model) is pysim's."""

@@ -14,17 +14,18 @@ from sim.compiler import collective_launch as cl
 from sim.compiler import p2p_launch as pl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
-from sim.compiler.hidden import compile_hidden
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.flows.simulate import simulate
 from sim.golden.float_model import random_weights
 from sim.iss import IssError
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.system_runner import run_system_pysim
+from sim.rtl.verilator.runner import run_system_verilator
 from sim.strategies import compile_program
 from sim.timing.cycle import time_programs, trace_depth, trace_entries
 from tests.helpers import small_npu
 from tests.hw.test_system import build as build_collectives
+from tests.sim.compiler import test_hidden as hidden
 
 
 def test_trace_depth_follows_the_gateware():
@@ -44,16 +45,29 @@ def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
     return npu, prog, prog.images([quantize_input(qm, s) for s in x])
 
 
-def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000):
-    """The cycle model and pysim agree on cycles, busy counters and every trace entry."""
+def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
+                     backend="pysim", reads=None):
+    """The cycle model and the RTL agree on cycles, busy counters and every trace entry.
+
+    ``backend="verilator"``: ChipSystem under Verilator (whose every integer, cycle and trace
+    entry tests/sim/rtl/verilator/test_runner.py checks against pysim), on the tiny preset's
+    1- and 2-chip builds that the other Verilator tests share; otherwise Amaranth's simulator
+    (the lone Chip for one program, ChipSystem for several). ``reads``: per chip, the
+    ``(base, words)`` regions to read back; returns the RTL run's regions."""
     model = time_programs(npu, programs, ring=ring)
-    if len(programs) == 1 and not ring:
-        out = run_chip_pysim(npu, programs[0], images[0], [], max_cycles=max_cycles)
+    reads = reads or [[] for _ in programs]
+    if backend == "verilator":
+        assert not ring or len(programs) > 1, "ChipSystem(1) has no ring"
+        out = run_system_verilator(npu, programs, images, reads, max_cycles=max_cycles)
+        rtl = list(zip(out["chip_cycles"], out["busy_cycles"], out["traces"], strict=True))
+        cycles = out["cycles"]
+    elif len(programs) == 1 and not ring:
+        out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles)
         rtl = [(out["cycles"], out["busy_cycles"], out["trace"])]
+        out["regions"] = [out["regions"]]
         cycles = out["cycles"]
     else:
-        out = run_system_pysim(npu, programs, images, [[] for _ in programs],
-                               max_cycles=max_cycles)
+        out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles)
         rtl = list(zip(out["chip_cycles"], out["busy_cycles"], out["traces"], strict=True))
         cycles = out["cycles"]
     assert model.cycles == cycles, (model.cycles, cycles)
@@ -68,26 +82,32 @@ def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000):
             assert got == want, f"chip {c} trace entry {k}: {got}, RTL {want}"
         assert entries == trace
     print(f"cycles={cycles}")
-    return model
+    return out["regions"]
 
 
 @pytest.mark.parametrize("norm, causal, norm_kind", [("pre", True, "layernorm"),
                                                      ("post", False, "layernorm"),
                                                      ("pre", True, "rmsnorm")])
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
 def test_one_block_on_one_chip(norm, causal, norm_kind):
     """LN (RMS for RMSNorm), matmuls (int8, int16 out), attention (causal, bidirectional), LUT,
     residual adds, post-norm's input requant: every launch of a block."""
     npu, prog, images = compiled("single", 1, norm=norm, causal=causal, d_model=16, d_head=8,
                                  d_ff=32, seq_len=6, norm_kind=norm_kind)
-    assert_rtl_equal(npu, [prog.chips[0].program], images)
+    assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator")
 
 
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
 def test_head_parallel_on_two_chips():
     """Partial sums, ring all-reduces, per-channel requant, on ChipSystem."""
     npu, prog, images = compiled("head", 2)
-    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
 def test_hidden_split_head_on_two_chips():
     """Hidden-dimension parallelism, one head of 8 lanes split over 2 chips: both
     split-score passes (the partial pass without V, the reduced pass without K), the scores'
@@ -95,27 +115,28 @@ def test_hidden_split_head_on_two_chips():
     pipelined reduce-scatters."""
     npu, prog, images = compiled("hidden", 2, n_heads=1, d_head=8, seed=3)
     assert prog.meta["split_heads"] == [0]
-    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
 def test_hidden_uneven_shards_on_three_chips():
     """Columns 4, 6, 6 of four heads of 4: head 2 split over chips 1 and 2 (a group that is
-    not the whole ring, beside chips that each hold whole heads), the ordering tokens."""
-    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
-                      name="h4x4")
-    npu = npu_preset("tiny")
-    x = np.random.default_rng(3).standard_normal((1, cfg.seq_len, cfg.d_model))
-    qm = quantize_model(cfg, random_weights(cfg, 3), x)
-    prog = compile_hidden(npu, qm, 3, widths=[4, 6, 6])
+    not the whole ring, beside chips that each hold whole heads), the ordering tokens. On
+    pysim: bit-exact with the golden model and the ISS, too."""
+    qm, x_ints, prog = hidden.compiled(hidden.FOUR_HEADS, 3, seed=3, widths=[4, 6, 6])
     assert prog.meta["split_heads"] == [2]
-    images = prog.images([quantize_input(qm, s) for s in x])
-    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+    regions = assert_rtl_equal(prog.npu, [c.program for c in prog.chips], prog.images(x_ints),
+                               reads=prog.reads(), max_cycles=50_000)
+    got = hidden.outputs(prog, regions)
+    hidden.assert_golden(qm, x_ints, got, "pysim, widths 4, 6, 6")
+    assert np.array_equal(got, hidden.run_iss(prog, x_ints))
 
 
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
 def test_pipeline_on_two_chips():
     """SEND/RECV with clear-to-send tokens while the stages compute (two microbatches)."""
     npu, prog, images = compiled("pipeline", 2, n_layers=2, samples=2)
-    assert_rtl_equal(npu, [c.program for c in prog.chips], images)
+    assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
 @pytest.mark.parametrize("case", ["matmul+collectives", "group", "send_recv+barrier"])
@@ -235,16 +256,20 @@ def test_lone_chip_and_matmul_chain():
     assert_rtl_equal(npu, [asm.words()], [{}])
 
 
-@pytest.mark.parametrize("strategy, heads", [("head", 2), ("hidden", 1)])
-def test_iss_reports_what_pysim_reports(strategy, heads):
+@pytest.mark.parametrize("strategy, heads, backend", [
+    ("head", 2, "pysim"),
+    pytest.param("hidden", 1, "verilator", marks=pytest.mark.verilator)])
+def test_iss_reports_what_the_rtl_reports(strategy, heads, backend, request):
     """`npu sim --backend iss`: the same cycles, per-chip busy and idle counts and collective
-    cycles as `--backend pysim` on the same model (head-parallel, two chips; hidden, two chips
-    sharing one head)."""
+    cycles as `--backend pysim` or `--backend verilator` on the same model (head-parallel, two
+    chips, on pysim; hidden, two chips sharing one head, on Verilator's shared 2-chip build)."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
     cfg = ModelConfig(n_layers=1, d_model=8, n_heads=heads, d_head=8 // heads, d_ff=16,
                       seq_len=4, name="small")
     npu = npu_preset("tiny")
     iss = simulate(npu, cfg, strategy=strategy, chips=2, backend="iss").to_json()
-    rtl = simulate(npu, cfg, strategy=strategy, chips=2, backend="pysim").to_json()
+    rtl = simulate(npu, cfg, strategy=strategy, chips=2, backend=backend).to_json()
     assert iss["cycles"] == rtl["cycles"] and iss["golden_match"] and rtl["golden_match"]
     assert [c["busy"] for c in iss["per_chip"]] == [c["busy"] for c in rtl["per_chip"]]
     assert iss["collectives"] == rtl["collectives"]
