@@ -1,8 +1,9 @@
 """sim.compiler.sequence: sequence parallelism equals the single-chip golden bit for bit.
 
 The broad matrix (1..8 chips, causal and bidirectional windows, full attention, chunks shorter
-and longer than the window, uneven chunks, one chip in passes) runs on the ISS; pysim runs 3
-and 4 chips.
+and longer than the window, uneven chunks, one chip in passes) runs on the ISS; the RTL runs 2
+chips on Verilator (the 2-chip build the other Verilator tests share), and 3 and 4 chips on pysim
+in the slow suite.
 """
 
 import dataclasses
@@ -185,14 +186,22 @@ def test_cli_runs_a_long_sequence_on_one_chip(capsys, tmp_path):
     assert "seq_len=80 exceeds max_seq_len=64" in err and "use at least 2 chips" in err, err
 
 
-@pytest.mark.parametrize("chips, window, causal", [(3, 3, True), (4, 0, False)])
-def test_pysim_equals_the_iss(chips, window, causal):
-    """The RTL of 3 and 4 chips: bit-exact, the ISS's outputs, the K/V sends timed."""
-    cfg = dataclasses.replace(model(window=window, causal=causal), n_layers=1, seq_len=8)
+@pytest.mark.parametrize("chips, seq, window, causal, backend", [
+    pytest.param(2, 9, 3, True, "verilator", marks=pytest.mark.verilator),
+    pytest.param(2, 8, 0, False, "verilator", marks=pytest.mark.verilator),
+    pytest.param(3, 8, 3, True, "pysim", marks=pytest.mark.slow),
+    pytest.param(4, 8, 0, False, "pysim", marks=pytest.mark.slow)])
+def test_rtl_equals_the_iss(chips, seq, window, causal, backend, request):
+    """The RTL: bit-exact, the ISS's outputs and cycles, the K/V sends timed (uneven chunks
+    longer than a causal window; full attention)."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
+    cfg = dataclasses.replace(model(window=window, causal=causal), n_layers=1, seq_len=seq)
     iss = simulate(TINY, cfg, strategy="sequence", chips=chips, backend="iss", seed=3)
-    rtl = simulate(TINY, cfg, strategy="sequence", chips=chips, backend="pysim", seed=3)
-    check_report(rtl, f"sequence on {chips} chips (pysim)")
+    rtl = simulate(TINY, cfg, strategy="sequence", chips=chips, backend=backend, seed=3)
+    check_report(rtl, f"sequence on {chips} chips ({backend})")
     assert np.array_equal(rtl.output, iss.output)
+    assert rtl.cycles == iss.cycles and rtl.collectives == iss.collectives
     q = rtl.sequence
     assert q["halo_cycles"] > 0 and len(q["halo_exposed_cycles"]) == chips
     assert all("cycles" in c for c in rtl.collectives)
