@@ -3,10 +3,11 @@ on how the work is split.
 
 Every built strategy on 1..4 chips runs a model with outlier channels and massive activations
 (``tests.helpers.outlier_model``, seeds printed) on the ISS and must equal the single-chip
-golden model bit for bit; the RTL (Amaranth's simulator) runs each new operation path once on
-a one-layer model: per-lane REQUANTs of the int16 LayerNorm outputs, GELU16 writing its two
-planes over the int16 hidden, the two FFN2 passes, and (head parallelism on 2 chips) each
-pass's partial sums all-reduced and requantised on their own.
+golden model bit for bit; the RTL runs each new operation path once on a one-layer model:
+per-lane REQUANTs of the int16 LayerNorm outputs, GELU16 writing its two planes over the int16
+hidden, the two FFN2 passes (one chip, Amaranth's simulator), and (head parallelism on 2 chips,
+on the 2-chip Verilator build the other Verilator tests share) each pass's partial sums
+all-reduced and requantised on their own.
 """
 
 from __future__ import annotations
@@ -140,13 +141,18 @@ def test_every_strategy_on_the_iss(cfg, strategy, chips, grid):
                                            "FFN output (lo pass)"] * (len(per_layer) // 3)
 
 
-@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2)])
-def test_rtl_equals_the_iss(strategy, chips):
+@pytest.mark.parametrize("strategy, chips, backend", [
+    ("single", 1, "pysim"),
+    pytest.param("head", 2, "verilator", marks=pytest.mark.verilator),
+    pytest.param("head", 2, "pysim", marks=pytest.mark.slow)])
+def test_rtl_equals_the_iss(strategy, chips, backend, request):
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
     cfg = dataclasses.replace(POST, n_layers=1)
     w, x = outlier_model(cfg, 30)
     iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", weights=w, x=x)
-    rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="pysim", weights=w, x=x)
-    check_report(rtl, f"{strategy} on {chips} chips (pysim)")
+    rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend=backend, weights=w, x=x)
+    check_report(rtl, f"{strategy} on {chips} chips ({backend})")
     assert np.array_equal(rtl.output, iss.output)
     print(f"{strategy} on {chips} chips: {rtl.cycles} cycles")
 
