@@ -114,20 +114,31 @@ def test_other_weights_do_not_rebuild(verilator_ok, rng):
 
 
 BUILD_ONE = """
-import json, sys
-from sim.rtl.verilator.build import ensure_build
+import json, sys, time
+from sim.rtl.verilator import build
 from tests.helpers import small_npu
-b = ensure_build(small_npu(), 1)
+if sys.argv[1] == "stub":
+    def compile_stub(work, text, header, threads):
+        time.sleep(2.0)     # the other process reaches the lock meanwhile
+        (work / "harness").write_text("a stand-in for the executable")
+    build._compile = compile_stub
+b = build.ensure_build(small_npu(), 1)
 print(json.dumps({"cached": b.cached, "binary": str(b.binary), "build_s": b.build_s}))
 """
 
 
 @pytest.mark.verilator
-def test_two_processes_build_a_new_configuration_once(verilator_ok, tmp_path):
+@pytest.mark.parametrize("compiler", ["stub", pytest.param("verilator", marks=pytest.mark.slow)])
+def test_two_processes_build_a_new_configuration_once(verilator_ok, tmp_path, compiler):
     """Two processes want the same configuration, new to an empty cache, at once: both get the
-    executable, one build happens (the other waits on the lock and finds it)."""
+    executable, one build happens (the other waits on the lock and finds it).
+
+    ``stub``: the real export, lock, index, rename and build log around a compile step that
+    only waits and writes a stand-in executable (the real compile of a cold configuration,
+    about 50 s, is the slow suite's ``verilator`` case; the cached one is
+    test_other_weights_do_not_rebuild's)."""
     env = {**os.environ, "NPU_SCALE_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE], cwd=ROOT, env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_ONE, compiler], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     results = []
@@ -142,4 +153,4 @@ def test_two_processes_build_a_new_configuration_once(verilator_ok, tmp_path):
     assert len(made) == 1, made
     leftovers = [p.name for p in (tmp_path / "fast").iterdir() if p.name.startswith("tmp-")]
     assert leftovers == []
-    print(f"cold build of small_npu x 1: {made[0]['build_s']} s")
+    print(f"cold build of small_npu x 1 ({compiler}): {made[0]['build_s']} s")
