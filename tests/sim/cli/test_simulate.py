@@ -48,12 +48,18 @@ def test_quant_option_and_model_key(capsys, tmp_path):
     assert status == 0 and json.loads(report.read_text())["quant"] == "int8"
 
 
-@pytest.mark.parametrize("norm, causal", [("pre", True), ("post", False)])
-def test_pysim_equals_golden_small_model(capsys, tmp_path, norm, causal):
+@pytest.mark.parametrize("norm, causal, backend", [
+    ("pre", True, "pysim"),
+    pytest.param("post", False, "verilator", marks=pytest.mark.verilator),
+    pytest.param("post", False, "pysim", marks=pytest.mark.slow)])
+def test_rtl_equals_golden_small_model(capsys, tmp_path, norm, causal, backend, request):
+    """`npu sim` on the RTL (Verilator: the one-chip build the other Verilator tests share)."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
     model = write_model(tmp_path, norm=norm, causal=causal)
     report = tmp_path / "r.json"
     status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model, "--backend",
-                           "pysim", "--json", str(report), "--seed", "1")
+                           backend, "--json", str(report), "--seed", "1")
     assert status == 0, out + err
     r = json.loads(report.read_text())
     assert r["golden_match"] and r["cycles"] > 0 and r["load_cycles"] > 0
