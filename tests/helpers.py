@@ -17,6 +17,7 @@ from amaranth.lib.wiring import In, Out
 from hw.spec import PRESETS_DIR, npu_preset
 from hw.spec.attention import partial_row_words
 from hw.spec.collective import CollectiveRequest, Kind
+from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from sim import errors
 from sim.cli import main
@@ -31,6 +32,7 @@ from sim.golden.scratchpad import addr_sequence
 from sim.golden.softmax import softmax
 from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all
+from sim.timing.cycle import time_programs, trace_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_NPU = str(PRESETS_DIR / "npu" / "tiny.toml")
@@ -243,6 +245,24 @@ def beat_rows(beats, width):
     if not beats:
         return np.zeros((0, width + 1), dtype=np.int64)
     return np.array([list(b["data"]) + [b["last"]] for b in beats], dtype=np.int64)
+
+
+def assert_cycle_model(npu, programs, rtl, *, ring=None):
+    """The ISS's cycle model agrees with an RTL run of ``programs`` (``rtl``: per chip
+    ``(cycles, busy counters, trace)``) on cycles, busy counters and every trace entry;
+    returns the model's timing."""
+    model = time_programs(npu, programs, ring=ring)
+    for c, (chip, (cyc, busy, trace)) in enumerate(zip(model.chips, rtl, strict=True)):
+        assert chip.cycles == cyc, f"chip {c}: {chip.cycles} cycles, RTL {cyc}"
+        assert chip.busy == busy, \
+            f"chip {c}: busy {dict(zip(BUSY_COUNTERS, chip.busy, strict=True))}, RTL " \
+            f"{dict(zip(BUSY_COUNTERS, busy, strict=True))}"
+        entries = trace_entries(npu, chip.trace)
+        for k, (got, want) in enumerate(zip(entries["entries"], trace["entries"],
+                                                   strict=False)):
+            assert got == want, f"chip {c} trace entry {k}: {got}, RTL {want}"
+        assert entries == trace
+    return model
 
 
 def assert_memories_equal(rtl, iss):

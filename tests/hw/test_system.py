@@ -1,4 +1,5 @@
-"""ChipSystem (hw.system): chips on a ring running COLL launches, RTL == IssSystem == golden."""
+"""ChipSystem (hw.system): chips on a ring running COLL launches, RTL == IssSystem == golden,
+and the ISS's cycle model gives the RTL's cycles, busy counters and traces."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from sim.golden.collectives import collective
 from sim.golden.matmul import matmul_unit
 from sim.iss import IssSystem
 from sim.rtl.system_runner import run_system_pysim
-from tests.helpers import input_length, seeded, small_npu
+from tests.helpers import assert_cycle_model, input_length, seeded, small_npu
 
 
 def random_input(rng, req, chip):
@@ -74,6 +75,13 @@ def build(npu, chips, reqs, rng, *, matmul=False):
     return programs, images, reads, launches, want
 
 
+def assert_timed(npu, programs, rtl):
+    """The cycle model (sim.timing.cycle) agrees with the pysim run ``rtl`` of ``programs``."""
+    model = assert_cycle_model(npu, programs, list(zip(
+        rtl["chip_cycles"], rtl["busy_cycles"], rtl["traces"], strict=True)))
+    assert model.cycles == rtl["cycles"], (model.cycles, rtl["cycles"])
+
+
 def run_case(chips, reqs, seed, *, matmul=False, max_cycles=3000):
     npu = small_npu()
     rng = seeded(seed)
@@ -107,6 +115,7 @@ def run_case(chips, reqs, seed, *, matmul=False, max_cycles=3000):
     assert rtl["cycles"] >= max(rtl["chip_cycles"])
     for c in range(chips):
         assert rtl["busy_cycles"][c][3] > 0, f"chip {c}'s collective unit never busy"
+    assert_timed(npu, programs, rtl)
     print(f"cycles={rtl['cycles']} chip_cycles={rtl['chip_cycles']} "
           f"busy={rtl['busy_cycles']} wall={rtl['wall_s']:.1f}s")
 
@@ -206,6 +215,7 @@ def test_routed_transfers_and_concurrent_groups(chips, transfers, groups):
     for c, trace in enumerate(rtl["traces"]):
         assert trace["entries"] and not trace["overflow"], c
         assert trace["entries"][-1][1] == 0, f"chip {c} ends busy"
+    assert_timed(npu, programs, rtl)
 
 
 def test_a_send_nobody_receives_hits_the_watchdog_naming_the_chip():

@@ -9,7 +9,7 @@ import hw.tile.ports as ports
 from hw.spec import ModelConfig, model_preset, npu_preset
 from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode
-from hw.spec.isa import BUSY_COUNTERS, Op, Unit
+from hw.spec.isa import Op, Unit
 from sim.compiler import collective_launch as cl
 from sim.compiler import p2p_launch as pl
 from sim.compiler.assembler import Assembler
@@ -22,8 +22,8 @@ from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.system_runner import run_system_pysim
 from sim.rtl.verilator.runner import run_system_verilator
 from sim.strategies import compile_program
-from sim.timing.cycle import time_programs, trace_depth, trace_entries
-from tests.helpers import small_npu
+from sim.timing.cycle import time_programs, trace_depth
+from tests.helpers import assert_cycle_model, small_npu
 from tests.hw.test_system import build as build_collectives
 from tests.sim.compiler import test_hidden as hidden
 
@@ -54,7 +54,6 @@ def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
     1- and 2-chip builds that the other Verilator tests share; otherwise Amaranth's simulator
     (the lone Chip for one program, ChipSystem for several). ``reads``: per chip, the
     ``(base, words)`` regions to read back; returns the RTL run's regions."""
-    model = time_programs(npu, programs, ring=ring)
     reads = reads or [[] for _ in programs]
     if backend == "verilator":
         assert not ring or len(programs) > 1, "ChipSystem(1) has no ring"
@@ -70,17 +69,8 @@ def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
         out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles)
         rtl = list(zip(out["chip_cycles"], out["busy_cycles"], out["traces"], strict=True))
         cycles = out["cycles"]
+    model = assert_cycle_model(npu, programs, rtl, ring=ring)
     assert model.cycles == cycles, (model.cycles, cycles)
-    for c, (chip, (cyc, busy, trace)) in enumerate(zip(model.chips, rtl, strict=True)):
-        assert chip.cycles == cyc, f"chip {c}: {chip.cycles} cycles, RTL {cyc}"
-        assert chip.busy == busy, \
-            f"chip {c}: busy {dict(zip(BUSY_COUNTERS, chip.busy, strict=True))}, RTL " \
-            f"{dict(zip(BUSY_COUNTERS, busy, strict=True))}"
-        entries = trace_entries(npu, chip.trace)
-        for k, (got, want) in enumerate(zip(entries["entries"], trace["entries"],
-                                                   strict=False)):
-            assert got == want, f"chip {c} trace entry {k}: {got}, RTL {want}"
-        assert entries == trace
     print(f"cycles={cycles}")
     return out["regions"]
 
@@ -139,6 +129,9 @@ def test_pipeline_on_two_chips():
     assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
+# The ChipSystem tests of tests/hw/test_system.py hold the cycle model to their pysim runs of
+# these programs (with other data) in make test; these copies run in the slow suite.
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["matmul+collectives", "group", "send_recv+barrier"])
 def test_collective_programs(case):
     """The ChipSystem test programs: all-gather of matmul results, all-reduce (int32, int64),
@@ -165,6 +158,7 @@ def test_collective_programs(case):
     assert_rtl_equal(npu, programs, images)
 
 
+@pytest.mark.slow
 def test_point_to_point_through_other_chips_beside_collectives():
     """Chip 0 sends to chip 2 and chip 3 to chip 1 (each through a forwarding chip) while the
     groups {0, 1} and {2, 3} all-reduce at the same time."""
