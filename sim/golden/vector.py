@@ -6,8 +6,12 @@ Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, Num
 
 - ``residual_add(a, b) = clamp(a + b, int16)``: saturates, never wraps.
 - ``bias_add`` (int32 + int32 wrapping mod 2**32) and ``requant`` are those of the matmul unit.
+- ``gated_mul(a, b, mult, shift) = requant(int8(a) * int8(b), mult, shift, 8)`` (MUL): the
+  exact int16 product of the operands' low bytes, requantised per tensor with round-half-up
+  and saturation like REQUANT (to int16 with ``out16``): the gated FFN's silu(gate) * up.
 - ``relu(a) = max(a, 0)``; ``lut_apply(table, a) = table[a & 0xFF]`` where ``table[i]`` holds
-  f(int8(i)); :func:`gelu_table` and :func:`relu_table` build tables from input/output scales.
+  f(int8(i)); :func:`gelu_table`, :func:`silu_table` and :func:`relu_table` build tables
+  from input/output scales.
 - GELU16 (:func:`gelu16_apply`), int16 in and out at one scale, from a table T of 257 int16
   knots ``T[k] ~ gelu((k - 128) * 2**g)`` (:func:`gelu16_table`) with ``1 <= g <= 8``::
 
@@ -71,14 +75,15 @@ from hw.spec.vector import (
     RSQRT_SEED_SHIFT,
     VectorCmd,
     VectorOp,
-    layernorm_of,
     rsqrt_seed_table,
+    twin_of,
 )
 
 from .matmul import bias_add, requant, wrap
 
 __all__ = [
-    "residual_add", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
+    "residual_add", "gated_mul", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
+    "silu_float", "silu_table",
     "gelu16_knot_shift", "gelu16_table", "relu16_table", "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
@@ -99,6 +104,11 @@ def _round_half_up(v) -> np.ndarray:
 def residual_add(a, b) -> np.ndarray:
     """``clamp(a + b, -32768, 32767)`` (int32 operands allowed; the sum is exact first)."""
     return np.clip(_int(a) + _int(b), -(1 << 15), (1 << 15) - 1)
+
+
+def gated_mul(a, b, mult: int, shift: int, bits: int = 8) -> np.ndarray:
+    """MUL: ``requant(int8(a) * int8(b), mult, shift, bits)`` (the operands' low bytes)."""
+    return requant(wrap(_int(a), 8) * wrap(_int(b), 8), mult, shift, bits)
 
 
 def relu(a) -> np.ndarray:
@@ -136,6 +146,18 @@ def gelu_table(in_scale: float, out_scale: float) -> np.ndarray:
     GELU re-quantised, so the unit's GELU error is that of this rounding (<= 1/2 LSB).
     """
     return _table(gelu_float, in_scale, out_scale)
+
+
+def silu_float(x) -> np.ndarray:
+    """Exact SiLU (swish), ``x * sigmoid(x) = x / (1 + exp(-x))``, in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    return x / (1.0 + np.exp(-x))
+
+
+def silu_table(in_scale: float, out_scale: float) -> np.ndarray:
+    """LUT for SiLU (same construction as :func:`gelu_table`): entry i =
+    clamp(round_half_up(silu(int8(i) * in_scale) / out_scale))."""
+    return _table(silu_float, in_scale, out_scale)
 
 
 def relu_table(in_scale: float, out_scale: float) -> np.ndarray:
@@ -331,9 +353,9 @@ class VectorUnitModel:
         zeros = np.zeros(cmd.length, dtype=np.int64)
         if op is VectorOp.LN_STATS:
             return {"stats": ln_stats(a)}
-        if layernorm_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
+        if twin_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
             gamma, beta = unpack_gamma_beta(b)
-            full = layernorm_of(op) is VectorOp.LN
+            full = twin_of(op) is VectorOp.LN
             s1, s2 = ln_stats(a) if full else stats
             n = cmd.length if full else cmd.n
             y16, q8 = ln_normalise(a, s1, s2, n, gamma, beta, cmd.gshift, cmd.mult, cmd.shift,
@@ -341,6 +363,8 @@ class VectorUnitModel:
             return {"data": y16, "q": q8}
         if op is VectorOp.ADD:
             data = residual_add(a, b)
+        elif op is VectorOp.MUL:
+            data = gated_mul(a, b, cmd.mult, cmd.shift, 16 if cmd.out16 else 8)
         elif op is VectorOp.BIAS:
             data = bias_add(a, b)
         elif op is VectorOp.REQUANT:
