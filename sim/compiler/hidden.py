@@ -216,6 +216,10 @@ def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, limits: Limits | 
     check_ring_size(chips, limits)
     wide = max(npu.d_model_max, cfg.d_model, npu.d_head_max, cfg.d_head)
     check_single_chip(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), cfg, limits)
+    if cfg.ffn == "gated":
+        limits.refuse("is not built for hidden parallelism (its FFN1 reduction has no gate "
+                      "beside it); use single, head, pipeline, data or sequence", path=cfg.path,
+                      key="ffn", value=cfg.ffn)
     return limits.run(hidden_plan, npu, cfg, chips, **kw)
 
 
