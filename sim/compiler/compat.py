@@ -64,15 +64,11 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
     """Compatibility of a model with one chip's datapath: :class:`ConfigError` otherwise (or
     each refusal reported to ``limits``)."""
     limits = Limits() if limits is None else limits
-    if cfg.quant == "smooth16":
-        # smooth16's FFN hidden is int16: GELU16 has GELU and ReLU knots only, and MUL
-        # multiplies int8 operands.
-        for key, bad, what in (("ffn", "gated", "MUL multiplies int8 operands"),
-                               ("activation", "silu", "GELU16 is built for GELU and ReLU")):
-            if getattr(cfg, key) == bad:
-                limits.refuse(f"is not supported with quant=\"smooth16\" (an int16 FFN "
-                              f"hidden): {what}; use quant=\"int8\"", path=cfg.path, key=key,
-                              value=bad)
+    if cfg.quant == "smooth16" and cfg.ffn == "gated":
+        # smooth16's FFN hidden is int16, and MUL multiplies int8 operands.
+        limits.refuse("is not supported with quant=\"smooth16\" (an int16 FFN hidden): the "
+                      "vector unit's MUL multiplies int8 operands; use quant=\"int8\"",
+                      path=cfg.path, key="ffn", value=cfg.ffn)
     if cfg.d_head > npu.d_head_max:
         limits.refuse(f"exceeds datapath width d_head_max={npu.d_head_max}", path=npu.path,
                       key="d_head", value=cfg.d_head, limit=npu.d_head_max)

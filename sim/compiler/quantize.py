@@ -19,7 +19,8 @@ The formats are those of ``docs/formats.md``:
   per column from the LayerNorm output), the table maps the gate's int8 scale ``s_g`` to the
   activated gate's ``s_a``, and MUL requantises the int16 product to the FFN2 input's ``s_m``
   with ``(mult, shift) = quantize_multiplier(s_a * s_u / s_m)`` (``s_u``: FFN1's output).
-  Not under smooth16 (``sim.compiler.compat`` refuses it: the hidden would be int16).
+  Not under smooth16 (``sim.compiler.compat`` refuses it: the hidden would be int16; a SiLU
+  MLP is fine there, with SiLU's GELU16 knots, :func:`~sim.golden.vector.silu16_table`).
 
 ``quant = "smooth16"`` (the model's scheme, ``docs/formats.md``, Quantisation schemes) changes
 three things, every one a static scale computed here from the whole calibration run, so the
@@ -34,8 +35,9 @@ integers still do not depend on how the work is split:
   quantize_multiplier(s_res / (t_j s_x))``; ``t_j`` is raised where that ratio would exceed
   2**14.
 - **FFN1 output int16** at ``s_p = max|ffn_pre| / 32767``, activated by GELU16 (257 knots at
-  ``s_p``, :func:`sim.golden.vector.gelu16_table`; ReLU: :func:`~sim.golden.vector.relu16_table`,
-  exact) into int16 at the same scale.
+  ``s_p``, :func:`sim.golden.vector.gelu16_table`; SiLU: :func:`~sim.golden.vector.silu16_table`
+  over twice GELU's span; ReLU: :func:`~sim.golden.vector.relu16_table`, exact) into int16 at
+  the same scale.
 - **FFN2 over the int16 hidden** as two int8 passes (:func:`sim.golden.matmul.linear16`): the
   per-column ``(mult, shift)`` requantises the whole product (``s_p s_w[c] / s_res``, shift at
   least 9, the hi pass using ``shift - 8``).
@@ -54,11 +56,13 @@ from hw.spec.formats import OutMode, quantize_multiplier
 from ..golden.float_model import model_forward
 from ..golden.matmul import LINEAR16_SHIFT_MIN
 from ..golden.vector import (
+    SILU16_SPAN,
     gelu16_knot_shift,
     gelu16_table,
     gelu_table,
     relu16_table,
     relu_table,
+    silu16_table,
     silu_table,
 )
 
@@ -327,6 +331,9 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         if cfg.activation == "gelu":
             g = gelu16_knot_shift(s_p)
             lut16 = gelu16_table(s_p, g)
+        elif cfg.activation == "silu":
+            g = gelu16_knot_shift(s_p, SILU16_SPAN)
+            lut16 = silu16_table(s_p, g)
         else:
             g, lut16 = RELU16_G, relu16_table(RELU16_G)
         lut = None

@@ -71,7 +71,8 @@ def gelu(x):
 
 
 def silu(x):
-    return x / (1.0 + np.exp(-x))
+    e = np.exp(-np.abs(x))                 # x * sigmoid(x), without overflow
+    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _act(cfg: ModelConfig, x):

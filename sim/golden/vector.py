@@ -84,7 +84,8 @@ from .matmul import bias_add, requant, wrap
 __all__ = [
     "residual_add", "gated_mul", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
     "silu_float", "silu_table",
-    "gelu16_knot_shift", "gelu16_table", "relu16_table", "gelu16_apply", "split16",
+    "gelu16_knot_shift", "gelu16_table", "silu16_table", "SILU16_SPAN", "relu16_table",
+    "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
@@ -151,7 +152,8 @@ def gelu_table(in_scale: float, out_scale: float) -> np.ndarray:
 def silu_float(x) -> np.ndarray:
     """Exact SiLU (swish), ``x * sigmoid(x) = x / (1 + exp(-x))``, in float64."""
     x = np.asarray(x, dtype=np.float64)
-    return x / (1.0 + np.exp(-x))
+    e = np.exp(-np.abs(x))                 # never overflows: sigmoid from e**-|x|
+    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def silu_table(in_scale: float, out_scale: float) -> np.ndarray:
@@ -188,14 +190,31 @@ def _check_g(g) -> int:
     return int(g)
 
 
-def gelu16_table(scale: float, g: int) -> np.ndarray:
-    """The 257 int16 knots of GELU16 for int16 inputs and outputs of ``scale``, knots 2**g
-    apart: ``T[k] = clamp16(round_half_up(gelu((k - 128) * 2**g * scale) / scale))``."""
+def _table16(f, scale: float, g: int) -> np.ndarray:
     g = _check_g(g)
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be positive and finite, not {scale!r}")
     x = (np.arange(GELU16_KNOTS) - GELU16_ZERO) * float(2 ** g) * float(scale)
-    return np.clip(_round_half_up(gelu_float(x) / scale), -(1 << 15), (1 << 15) - 1)
+    return np.clip(_round_half_up(f(x) / scale), -(1 << 15), (1 << 15) - 1)
+
+
+def gelu16_table(scale: float, g: int) -> np.ndarray:
+    """The 257 int16 knots of GELU16 for int16 inputs and outputs of ``scale``, knots 2**g
+    apart: ``T[k] = clamp16(round_half_up(gelu((k - 128) * 2**g * scale) / scale))``."""
+    return _table16(gelu_float, scale, g)
+
+
+#: The span SiLU's GELU16 knots cover (``gelu16_knot_shift(scale, SILU16_SPAN)``): the op
+#: takes y = x above its table and 0 below, and SiLU is within 16 / (1 + e**16) = 1.8e-6 of
+#: that beyond 16 (beyond GELU's 8 it would still be 2.7e-3 away).
+SILU16_SPAN = 16.0
+
+
+def silu16_table(scale: float, g: int) -> np.ndarray:
+    """GELU16 knots for SiLU (the op interpolates any table; above and below it y = x and 0,
+    SiLU's limits): ``T[k] = clamp16(round_half_up(silu((k - 128) * 2**g * scale) / scale))``;
+    pick g with ``gelu16_knot_shift(scale, SILU16_SPAN)``."""
+    return _table16(silu_float, scale, g)
 
 
 def relu16_table(g: int) -> np.ndarray:

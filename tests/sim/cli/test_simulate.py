@@ -92,8 +92,6 @@ def test_weights_and_input_files(capsys, tmp_path, norm_kind, ffn):
 @pytest.mark.parametrize("over, needle", [
     ({"ffn": "gated", "activation": "silu", "quant": "smooth16"},
      "ffn='gated' is not supported with quant=\"smooth16\""),
-    ({"activation": "silu", "quant": "smooth16"},
-     "activation='silu' is not supported with quant=\"smooth16\""),
     ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "
                                                   "d_head_max=16"),
     ({"seq_len": 40}, "seq_len=40 does not fit attn_window=16: causal attention over 40 "
