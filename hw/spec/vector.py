@@ -3,7 +3,8 @@
 Plain Python (and NumPy), no Amaranth: the opcode values, the command fields and their widths,
 how per-lane parameters are packed into the 32-bit ``i_b`` lanes, the fixed-point constants
 of the LayerNorm datapath (its rsqrt seed table included; RMSNorm's ops share it, with
-``sum x`` taken as 0: :data:`RMS_OPS`, :func:`layernorm_of`) and the shape of the int16 GELU
+``sum x`` taken as 0: :data:`RMS_OPS`, :func:`twin_of`; MUL has ADD's streams and cycles)
+and the shape of the int16 GELU
 table (GELU16). The numeric definitions themselves
 are in :mod:`sim.golden.vector` (the reference) and :mod:`hw.tile.vector` (the gateware).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "VectorOp", "RMS_OPS", "layernorm_of", "VectorCmd", "LENGTH_BITS", "N_BITS", "GSHIFT_BITS",
+    "VectorOp", "RMS_OPS", "twin_of", "VectorCmd", "LENGTH_BITS", "N_BITS", "GSHIFT_BITS",
     "LUT_ENTRIES",
     "LN_Z_FRAC_BITS", "LN_Z_BITS", "LN_D_MAX", "RSQRT_FRAC_BITS", "RSQRT_NEWTON_STEPS",
     "RSQRT_SEED_SHIFT", "RSQRT_SEED_BASE", "rsqrt_seed_table", "pack_requant", "pack_gamma_beta",
@@ -42,6 +43,7 @@ class VectorOp(enum.IntEnum):
     LOAD_LUT16 = 10  #: load the 257 int16 knots of the GELU16 table from i_a
     RMS = 11      #: full RMSNorm of one vector: LN with sum x taken as 0 (no centring)
     RMS_APPLY = 12  #: LN_APPLY with sum x taken as 0: global sum x^2 from i_stats, global n
+    MUL = 13      #: requant(int8(a) * int8(b), mult, shift) to int8 (int16 if out16): gated FFN
 
 
 #: RMSNorm's ops: the LayerNorm datapath with ``sum x`` taken as 0, both in
@@ -49,15 +51,17 @@ class VectorOp(enum.IntEnum):
 #: statistics are LN_STATS's (whose ``sum x`` RMS_APPLY ignores).
 RMS_OPS = (VectorOp.RMS, VectorOp.RMS_APPLY)
 
-_LAYERNORM_OF = {VectorOp.RMS: VectorOp.LN, VectorOp.RMS_APPLY: VectorOp.LN_APPLY}
+_TWIN = {VectorOp.RMS: VectorOp.LN, VectorOp.RMS_APPLY: VectorOp.LN_APPLY,
+         VectorOp.MUL: VectorOp.ADD}
 
 
-def layernorm_of(op) -> VectorOp:
+def twin_of(op) -> VectorOp:
     """The op whose streams, pipeline and cycles ``op`` has: LN for RMS, LN_APPLY for
-    RMS_APPLY, every other op itself. Everything that dispatches on the op but not on its
-    arithmetic (the engine's streams, the timing models, the ISS's checks) reads this."""
+    RMS_APPLY, ADD for MUL (two operand streams, one beat per cycle), every other op itself.
+    Everything that dispatches on the op but not on its arithmetic (the engine's streams, the
+    timing models, the ISS's checks) reads this."""
     op = VectorOp(op)
-    return _LAYERNORM_OF.get(op, op)
+    return _TWIN.get(op, op)
 
 
 #: Width of the command's ``length`` field (elements of this vector on this chip).
@@ -101,9 +105,10 @@ class VectorCmd:
     ignored by LOAD_LUT and LOAD_LUT16, which always read 256 and 257 entries). ``n`` is the
     LayerNorm element count of the whole vector across chips, used by LN_APPLY and RMS_APPLY
     only (LN and RMS use ``length``). ``mult``/``shift`` requantise (REQUANT without
-    ``per_channel``, and the int8 output of the LayerNorm and RMSNorm ops); for GELU16
+    ``per_channel``, MUL's product, and the int8 output of the LayerNorm and RMSNorm ops);
+    for GELU16
     ``shift`` is the knot spacing g (:data:`GELU16_G_MIN`..:data:`GELU16_G_MAX`). ``out16``
-    selects int16 rather than int8 for REQUANT, and the whole int16 y rather than its high
+    selects int16 rather than int8 for REQUANT and MUL, and the whole int16 y rather than its high
     byte for GELU16. ``gshift`` is the
     LayerNorm (and RMSNorm) gamma shift.
     """

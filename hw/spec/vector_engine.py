@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .memory import row_words
-from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, layernorm_of
+from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, twin_of
 
 __all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "Q_OPS", "B_OPS",
            "STATS_IN_OPS", "uses_b", "row_words", "row_beats", "table_entries", "STATS_BYTES",
@@ -45,8 +45,8 @@ LOAD_OPS = (VectorOp.LOAD_LUT, VectorOp.LOAD_LUT16)
 
 
 def _like(*ops) -> tuple[VectorOp, ...]:
-    """Every op that has the streams of one of ``ops`` (:func:`hw.spec.vector.layernorm_of`)."""
-    return tuple(op for op in VectorOp if layernorm_of(op) in ops)
+    """Every op that has the streams of one of ``ops`` (:func:`hw.spec.vector.twin_of`)."""
+    return tuple(op for op in VectorOp if twin_of(op) in ops)
 
 
 #: Ops with a ``q`` output (written through WR2 when ``wr_q``).

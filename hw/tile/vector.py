@@ -29,8 +29,8 @@ from ..spec.vector import (
     RSQRT_SEED_BASE,
     RSQRT_SEED_SHIFT,
     VectorOp,
-    layernorm_of,
     rsqrt_seed_table,
+    twin_of,
 )
 from .lane_table import LaneTable
 
@@ -132,6 +132,8 @@ class VectorUnit(wiring.Component):
     op          i_a (B beats)         i_b (B beats)                 output
     ==========  ====================  ============================  ======================
     ADD         int16 residual        int16 residual                data = clamp16(a + b)
+    MUL         int8 (low byte used)  int8 (low byte used)          data = requant(a * b) to
+                                                                    int8, or int16 if out16
     BIAS        int32 accumulator     int32 bias                    data = wrap32(a + b)
     REQUANT     int8/int16/int32      only if per_channel: packed   data = requant(a) to
                                       mult (bits 0-15), shift       int8, or int16 if
@@ -162,8 +164,13 @@ class VectorUnit(wiring.Component):
     post-norm (ADD, then LN) gets the new int16 residual and the int8 matmul input at once;
     pre-norm keeps ADD's output as the residual and uses LN's ``q``.
 
+    MUL multiplies the operands' low bytes as int8 (an exact int16 product), then requantises
+    it per tensor with the command's ``mult`` and ``shift`` as REQUANT does (the same stage 1
+    rounding and clamp): the gated FFN's ``silu(gate) * up``. It has ADD's streams and cycles
+    (:func:`hw.spec.vector.twin_of`).
+
     RMS and RMS_APPLY are LN and LN_APPLY with S1 taken as 0 (RMSNorm: D = n*S2, z = n*x *
-    rsqrt(D)): the unit accepts them as LN and LN_APPLY (:func:`hw.spec.vector.layernorm_of`)
+    rsqrt(D)): the unit accepts them as LN and LN_APPLY (:func:`hw.spec.vector.twin_of`)
     with a flag that keeps S1 at 0 (RMS does not accumulate it, RMS_APPLY does not load it from
     ``i_stats``), so they take the same streams, pipeline and cycles.
 
@@ -332,6 +339,11 @@ class VectorUnit(wiring.Component):
                     m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
                 with m.Case(VectorOp.REQUANT):
                     m.d.comb += lane.val.eq(a[j] * mult)
+                with m.Case(VectorOp.MUL):
+                    # int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32.
+                    prod = Signal(signed(16), name=f"mul{j}")
+                    m.d.comb += [prod.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed()),
+                                 lane.val.eq(prod * mult)]
                 with m.Case(VectorOp.RELU):
                     m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
                 with m.Case(VectorOp.LUT):
@@ -353,7 +365,7 @@ class VectorUnit(wiring.Component):
             # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
             t = pl[j].val[0:34].as_signed()
             z = _clamp(m, _round_shift(t * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
-            with m.If(adv & (pb.op == VectorOp.REQUANT)):
+            with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL))):
                 m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
             with m.If(adv & (pb.op == VectorOp.GELU16)):
                 # Between two int16 knots (or x itself): int16 without a clamp.
@@ -394,7 +406,7 @@ class VectorUnit(wiring.Component):
         beat_s2 = sum((x * x for x in xa[1:]), xa[0] * xa[0])
 
         need_b = Signal()
-        m.d.comb += need_b.eq((op == VectorOp.ADD) | (op == VectorOp.BIAS)
+        m.d.comb += need_b.eq((op == VectorOp.ADD) | (op == VectorOp.BIAS) | (op == VectorOp.MUL)
                               | ((op == VectorOp.REQUANT) & cmd.per_channel))
         m.d.comb += [buf_w.addr.eq(beat), buf_r.addr.eq(beat)]
         m.d.comb += [buf_w.data[j].eq(xa[j]) for j in range(lanes)]
@@ -404,12 +416,12 @@ class VectorUnit(wiring.Component):
                 m.d.comb += self.i_cmd.ready.eq(1)
                 with m.If(self.i_cmd.valid):
                     p = self.i_cmd.payload
-                    # RMSNorm's ops run as LayerNorm's (layernorm_of), with S1 held at 0.
+                    # RMSNorm's ops run as LayerNorm's (twin_of), with S1 held at 0.
                     like = Signal(4)
                     m.d.comb += like.eq(p.op)
                     for rms_op in RMS_OPS:
                         with m.If(p.op == rms_op):
-                            m.d.comb += like.eq(layernorm_of(rms_op))
+                            m.d.comb += like.eq(twin_of(rms_op))
                     m.d.sync += [cmd.eq(p), cmd.op.eq(like), rms.eq(p.op.matches(*RMS_OPS)),
                                  beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
                                  remaining.eq(p.length)]

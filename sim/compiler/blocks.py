@@ -18,6 +18,15 @@ attention once per sequence and head. Per block (pre-norm)::
     MM   FFN2    f @ W2           -> a (int16)
     VEC  ADD     x + a            -> x
 
+A gated FFN (``ffn = "gated"``, SwiGLU: FFN1 is the up matrix, the gate matrix has its shape
+and columns, the LUT holds SiLU) replaces FFN1 and the LUT with::
+
+    MM   GATE    h @ Wg           -> g (int8)
+    VEC  LOAD_LUT (overlaps the gate matmul)
+    MM   FFN1    h @ W1           -> f (int8, up)
+    VEC  LUT     g                -> g (overlaps the up matmul)
+    VEC  MUL     f * g            -> f (int8: requant(silu(gate) * up), per tensor)
+
 With ``norm_kind = "rmsnorm"`` every LN is an RMS launch (the same streams and cycles, its
 gamma/beta words with beta = 0). Post-norm reads an int8 copy of the residual (from the
 previous LayerNorm, or a REQUANT at the first block a chip runs) and normalises after each
@@ -43,7 +52,8 @@ the int16 LayerNorm output (the smoothing); each block makes its own, so the Lay
 the int16 residual only.
 
 A chip may hold a **shard** of a layer (:class:`Shard`): some heads (their Q/K/V columns and
-the matching rows of Wo) and some FFN columns (of W1, and the rows of W2). Then O and FFN2 give
+the matching rows of Wo) and some FFN columns (of W1 and the gate, and the rows of W2: the
+gated product is column-wise, so it needs no communication). Then O and FFN2 give
 int32 partial sums (raw matmul output, the biases added on one chip only), an all-reduce SUM
 over the chips of the shard's group adds them, wrapping modulo 2**32 like one chip's
 accumulator would, and a per-channel REQUANT makes the int16 ``a``: the same integers as one
@@ -133,6 +143,7 @@ class LayerWeights:
     ffn2_hi_req: Tensor | None = None  # ... and its reduced sum's requantisation
     qkv_req: Tensor | None = None    # smooth16 post-norm: per-lane REQUANT to the QKV input
     ffn_req: Tensor | None = None    # ... and to the FFN1 input
+    gate: tuple | None = None        # a gated FFN's gate matrix (FFN1's shape and columns)
 
 
 @dataclass
@@ -146,6 +157,7 @@ class Activations:
     f: Tensor                        # the FFN hidden: int8, or int16 under smooth16
     x8: Tensor | None
     p: Tensor | None                 # int32 partial sums (sharded layers)
+    g: Tensor | None = None          # a gated FFN's int8 gate (FFN1's shape)
 
 
 def _rows(t: Tensor) -> vl.Rows:
@@ -294,6 +306,13 @@ class BlockEmitter:
             return QLinear(L.ffn1.w[:, fcols], L.ffn1.bias[fcols], L.ffn1.mult[fcols],
                            L.ffn1.shift[fcols], OutMode.INT8)
         ffn1 = self._linear(p + "ffn1", ffn1_ql, self.d_pad, f_pad)
+        gate = None
+        if L.gate is not None:
+            def gate_ql():
+                fcols = np.asarray(shard.ffn)
+                return QLinear(L.gate.w[:, fcols], L.gate.bias[fcols], L.gate.mult[fcols],
+                               L.gate.shift[fcols], OutMode.INT8)
+            gate = self._linear(p + "gate", gate_ql, self.d_pad, f_pad)
         ffn2 = self._linear(p + "ffn2", lambda: L.ffn2, f_pad, self.d_pad,
                             rows=lambda: L.ffn2.w[np.asarray(shard.ffn)], bias=shard.bias)
         # LayerNorm parameters and the activation table (smooth16: the GELU16 knots).
@@ -306,7 +325,7 @@ class BlockEmitter:
         else:
             lut = self._store(p + "lut", row_words(LUT_ENTRIES, 1, n),
                               lambda: pack_rows(L.lut[None, :], 1, n))
-        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut)
+        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate)
         if L.ffn16:
             # The hi pass: the same weights, (mult, shift - 8) and no bias.
             def hi_params():
@@ -352,6 +371,7 @@ class BlockEmitter:
         else:
             f = al.alloc("f", rows, f_pad, 1, "activations")
         x8 = al.alloc("x8", rows, self.d_pad, 1, "activations") if cfg.norm == "post" else None
+        g = al.alloc("g", rows, f_pad, 1, "activations") if cfg.ffn == "gated" else None
         p = None
         if shard.group is not None:
             # The flat int32 sums, padded to whole blocks of the all-reduce.
@@ -359,7 +379,7 @@ class BlockEmitter:
             unit = count * elements_per_word(word_bytes(self.npu.link_bytes_per_cycle), 32)
             elems = pad_to(rows * self.d_pad, unit)
             p = al.alloc("p", 1, elems, 4, "activations")
-        return Activations(h, qkv, o, a, f, x8, p)
+        return Activations(h, qkv, o, a, f, x8, p, g)
 
     def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
                        transfer: bool = False) -> Tensor:
@@ -605,10 +625,27 @@ class BlockEmitter:
         def ffn_block(h_in):
             if L.ffn16:
                 return ffn16_block(h_in)
+            if w.gate is not None:
+                return gated_block(h_in)
             self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT8)
             self._vec(vl.load_lut_launch(size=n, base=w.lut.base))   # overlaps FFN1
             asm.wait(Unit.MATMUL | Unit.VEC)
             self._vec(vl.lut_launch(size=n, length=len(shard.ffn), a=_rows(f), out=_rows(f)))
+            asm.wait(Unit.VEC)
+            linear_out(f, w.ffn2, f.cols, w.ffn2_req, "FFN output")
+            add()
+
+        def gated_block(h_in):
+            g = _view(acts.g, rows)
+            cols = len(shard.ffn)
+            self._matmul(h_in, w.gate, g, self.d_pad, OutMode.INT8)
+            self._vec(vl.load_lut_launch(size=n, base=w.lut.base))   # overlaps the gate
+            asm.wait(Unit.MATMUL | Unit.VEC)
+            self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT8)
+            self._vec(vl.lut_launch(size=n, length=cols, a=_rows(g), out=_rows(g)))  # overlaps
+            asm.wait(Unit.MATMUL | Unit.VEC)
+            self._vec(vl.mul_launch(size=n, length=cols, a=_rows(f), b=_rows(g), out=_rows(f),
+                                    mult=L.mul_mult, shift=L.mul_shift), tag=("mul", i))
             asm.wait(Unit.VEC)
             linear_out(f, w.ffn2, f.cols, w.ffn2_req, "FFN output")
             add()

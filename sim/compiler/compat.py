@@ -64,11 +64,11 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
     """Compatibility of a model with one chip's datapath: :class:`ConfigError` otherwise (or
     each refusal reported to ``limits``)."""
     limits = Limits() if limits is None else limits
-    for key, bad, what in (("ffn", "gated", "the compiler maps two-matrix MLP FFNs only"),
-                           ("activation", "silu", "the activation LUT is built for GELU/ReLU")):
-        if getattr(cfg, key) == bad:
-            limits.refuse(f"is not supported by the simulator: {what}", path=cfg.path, key=key,
-                          value=bad)
+    if cfg.quant == "smooth16" and cfg.ffn == "gated":
+        # smooth16's FFN hidden is int16, and MUL multiplies int8 operands.
+        limits.refuse("is not supported with quant=\"smooth16\" (an int16 FFN hidden): the "
+                      "vector unit's MUL multiplies int8 operands; use quant=\"int8\"",
+                      path=cfg.path, key="ffn", value=cfg.ffn)
     if cfg.d_head > npu.d_head_max:
         limits.refuse(f"exceeds datapath width d_head_max={npu.d_head_max}", path=npu.path,
                       key="d_head", value=cfg.d_head, limit=npu.d_head_max)

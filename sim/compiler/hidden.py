@@ -18,7 +18,9 @@ statistic, every attention score of a split head a partial dot product:
   **reduce-scatter** delivers them (``reduce="reduce_scatter"``, the default), or an
   **all-reduce** delivers everything and each chip keeps its columns (``reduce="all_reduce"``,
   twice the bytes); a per-channel REQUANT makes the int8 (QKV, FFN1) or int16 (O, FFN2)
-  outputs. int32 sums wrap modulo 2**32 in any order, so the result is one chip's.
+  outputs. int32 sums wrap modulo 2**32 in any order, so the result is one chip's. A gated
+  FFN's gate is one more projection with FFN1's columns on every chip, so the activation LUT
+  on it and MUL into FFN1's output run on each chip's own columns.
 - **Attention**: a head on one chip runs as usual. A split head runs the attention buffer's
   split-score mode on each of its chips over that chip's lanes of Q and K: pass 1 (ATTN
   partial) writes the raw int32 partial score rows, an int32 SUM all-reduce adds them, pass 2
@@ -388,12 +390,17 @@ class _Compiler:
             flo, fhi = plan.ffn[c]
             self.dest["ffn1"].append(list(range(flo, fhi)) +
                                      [-1] * (pad_to(fhi - flo, n) - fhi + flo))
+        if cfg.ffn == "gated":
+            # The gate has FFN1's columns on every chip (the product is column-wise).
+            self.dest["gate"] = self.dest["ffn1"]
         # Input rows of each projection's weights on each chip (-1: zero rows).
         self.inputs = {"qkv": [], "o": [], "ffn1": [], "ffn2": []}
         for c in range(self.chips):
             self.inputs["qkv"].append(self.dest["o"][c])
             self.inputs["ffn1"].append(self.dest["o"][c])
             self.inputs["ffn2"].append(self.dest["ffn1"][c])
+            if cfg.ffn == "gated":
+                self.inputs.setdefault("gate", []).append(self.dest["o"][c])
             self.inputs["o"].append([g for p in plan.pieces[c] for g in
                                      list(range(p.lo, p.hi)) + [-1] * (p.width - p.hi + p.lo)])
         self.red = {}
@@ -466,7 +473,7 @@ class _Compiler:
             lo, hi = self.plan.cols[ch.c]
             for i in range(cfg.n_layers):
                 L = self.qm.layers[i]
-                lw = {name: self._place(ch, i, name) for name in ("qkv", "o", "ffn1", "ffn2")}
+                lw = {name: self._place(ch, i, name) for name in self.dest}
                 if not self.contents:
                     for k in (1, 2):
                         lw[f"ln{k}"] = ch.al.alloc_block(f"layers.{i}.ln{k}.gamma_beta",
@@ -498,6 +505,8 @@ class _Compiler:
             t["o"] = al.alloc("o", rows, plan.q_width(c), 1, "activations")
             t["a"] = al.alloc("a", rows, wpad, 2, "activations")
             t["f"] = al.alloc("f", rows, pad_to(plan.ffn_width(c), n), 1, "activations")
+            if self.cfg.ffn == "gated":
+                t["g"] = al.alloc("g", rows, pad_to(plan.ffn_width(c), n), 1, "activations")
             if self.chips == 1:
                 t["stats"] = al.alloc("stats", rows * rec, n, 1, "activations", row_words_=1)
                 continue
@@ -714,10 +723,29 @@ class _Compiler:
                                           out=self._rows(ch.t["x"])))
             ch.asm.wait(Unit.VEC)
 
-    def lut(self):
+    def lut(self, t: str = "f"):
         for ch in self.ch:
             vl.emit(ch.asm, vl.lut_launch(size=self.n, length=self.plan.ffn_width(ch.c),
-                                          a=self._rows(ch.t["f"]), out=self._rows(ch.t["f"])))
+                                          a=self._rows(ch.t[t]), out=self._rows(ch.t[t])))
+            ch.asm.wait(Unit.VEC)
+
+    def ffn_hidden(self, src: str):
+        """The FFN hidden "f" from ``src``: FFN1 and the LUT, or a gated FFN's gate
+        projection, the LUT on it, FFN1 (up) and MUL of the two into "f" (column-wise: every
+        chip its own columns, no collective beyond the projections')."""
+        if self.cfg.ffn != "gated":
+            self.project("ffn1", src, "f", lut=True)
+            self.lut()
+            return
+        L = self.qm.layers[self.layer]
+        self.project("gate", src, "g", lut=True)
+        self.lut("g")
+        self.project("ffn1", src, "f")
+        for ch in self.ch:
+            f, g = self._rows(ch.t["f"]), self._rows(ch.t["g"])
+            vl.emit(ch.asm, vl.mul_launch(size=self.n, length=self.plan.ffn_width(ch.c), a=f,
+                                          b=g, out=f, mult=L.mul_mult, shift=L.mul_shift),
+                    ("mul", self.layer))
             ch.asm.wait(Unit.VEC)
 
     def attention(self):
@@ -803,8 +831,7 @@ class _Compiler:
             self.project("o", "o", "a")
             self.add()
             self.layernorm(2, "h", None)
-            self.project("ffn1", "h", "f", lut=True)
-            self.lut()
+            self.ffn_hidden("h")
             self.project("ffn2", "f", "a")
             self.add()
         else:
@@ -813,8 +840,7 @@ class _Compiler:
             self.project("o", "o", "a")
             self.add()
             self.layernorm(1, "h", "x")
-            self.project("ffn1", "h", "f", lut=True)
-            self.lut()
+            self.ffn_hidden("h")
             self.project("ffn2", "f", "a")
             self.add()
             self.layernorm(2, "x8", "x")

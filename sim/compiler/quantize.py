@@ -14,7 +14,13 @@ The formats are those of ``docs/formats.md``:
 - LayerNorm (``sim.golden.vector``): int16 gamma with a shift, int16 beta, output int16 at
   ``s_y`` then int8 at ``s_h``. Post-norm keeps ``s_y = s_r`` (the output is the residual).
   RMSNorm (``norm_kind = "rmsnorm"``) is calibrated the same way, with beta = 0.
-- GELU/ReLU: a 256-entry table from the int8 input scale to the int8 output scale.
+- GELU/ReLU/SiLU: a 256-entry table from the int8 input scale to the int8 output scale.
+- A gated FFN (``ffn = "gated"``): the gate is calibrated like FFN1 (the up matrix; both
+  per column from the LayerNorm output), the table maps the gate's int8 scale ``s_g`` to the
+  activated gate's ``s_a``, and MUL requantises the int16 product to the FFN2 input's ``s_m``
+  with ``(mult, shift) = quantize_multiplier(s_a * s_u / s_m)`` (``s_u``: FFN1's output).
+  Not under smooth16 (``sim.compiler.compat`` refuses it: the hidden would be int16; a SiLU
+  MLP is fine there, with SiLU's GELU16 knots, :func:`~sim.golden.vector.silu16_table`).
 
 ``quant = "smooth16"`` (the model's scheme, ``docs/formats.md``, Quantisation schemes) changes
 three things, every one a static scale computed here from the whole calibration run, so the
@@ -29,8 +35,9 @@ integers still do not depend on how the work is split:
   quantize_multiplier(s_res / (t_j s_x))``; ``t_j`` is raised where that ratio would exceed
   2**14.
 - **FFN1 output int16** at ``s_p = max|ffn_pre| / 32767``, activated by GELU16 (257 knots at
-  ``s_p``, :func:`sim.golden.vector.gelu16_table`; ReLU: :func:`~sim.golden.vector.relu16_table`,
-  exact) into int16 at the same scale.
+  ``s_p``, :func:`sim.golden.vector.gelu16_table`; SiLU: :func:`~sim.golden.vector.silu16_table`
+  over twice GELU's span; ReLU: :func:`~sim.golden.vector.relu16_table`, exact) into int16 at
+  the same scale.
 - **FFN2 over the int16 hidden** as two int8 passes (:func:`sim.golden.matmul.linear16`): the
   per-column ``(mult, shift)`` requantises the whole product (``s_p s_w[c] / s_res``, shift at
   least 9, the hi pass using ``shift - 8``).
@@ -48,7 +55,16 @@ from hw.spec.formats import OutMode, quantize_multiplier
 
 from ..golden.float_model import model_forward
 from ..golden.matmul import LINEAR16_SHIFT_MIN
-from ..golden.vector import gelu16_knot_shift, gelu16_table, gelu_table, relu16_table, relu_table
+from ..golden.vector import (
+    SILU16_SPAN,
+    gelu16_knot_shift,
+    gelu16_table,
+    gelu_table,
+    relu16_table,
+    relu_table,
+    silu16_table,
+    silu_table,
+)
 
 __all__ = ["QLinear", "QLayerNorm", "QLayer", "QModel", "quantize_model", "quantize_input",
            "dequantize_residual", "smoothing_factors", "RELU16_G", "LANE_RATIO_MAX"]
@@ -121,6 +137,11 @@ class QLayer:
     gelu_g: int = 0
     #: smooth16: the smoothing factors t by the matmuls they feed (``"qkv"``, ``"ffn1"``).
     smooth: dict = field(default_factory=dict)
+    #: A gated FFN: the gate matrix (FFN1's shape; ``lut`` activates it) and MUL's per-tensor
+    #: requantisation of activated gate x FFN1 output into the FFN2 input (None: an MLP).
+    gate: QLinear | None = None
+    mul_mult: int = 1
+    mul_shift: int = 1
 
     @property
     def ffn16(self) -> bool:
@@ -300,6 +321,7 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
             g, b = g / t, b / t
         return _layernorm(g, b, s_y, s_h)
 
+    gate, mul_mult, mul_shift = None, 1, 1
     if smooth16:
         s_p = cal.scales[p + "ffn_pre16"] = cal.maxima[p + "ffn_pre"] / _I16
         ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_p, OutMode.INT16,
@@ -309,6 +331,9 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         if cfg.activation == "gelu":
             g = gelu16_knot_shift(s_p)
             lut16 = gelu16_table(s_p, g)
+        elif cfg.activation == "silu":
+            g = gelu16_knot_shift(s_p, SILU16_SPAN)
+            lut16 = silu16_table(s_p, g)
         else:
             g, lut16 = RELU16_G, relu16_table(RELU16_G)
         lut = None
@@ -316,8 +341,16 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         s_f1, s_f2 = cal.s8(p + "ffn_pre"), cal.s8(p + "ffn_act")
         ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_f1, OutMode.INT8)
         ffn2 = _linear(w[p + "ffn.w2"], w.get(p + "ffn.b2"), s_f2, s_res, OutMode.INT16)
-        act_table = gelu_table if cfg.activation == "gelu" else relu_table
-        lut, lut16, g = act_table(s_f1, s_f2).astype(np.int64), None, 0
+        act_table = {"gelu": gelu_table, "relu": relu_table, "silu": silu_table}[cfg.activation]
+        if cfg.ffn == "gated":
+            # FFN1 is the up matrix (s_f1), the product silu(gate) * up the FFN2 input (s_f2).
+            s_g, s_a = cal.s8(p + "ffn_gate"), cal.s8(p + "ffn_gact")
+            gate = _linear(w[p + "ffn.wg"], w.get(p + "ffn.bg"), s_in_ffn, s_g, OutMode.INT8)
+            mul_mult, mul_shift = quantize_multiplier(s_a * s_f1 / s_f2)
+            lut = act_table(s_g, s_a).astype(np.int64)
+        else:
+            lut = act_table(s_f1, s_f2).astype(np.int64)
+        lut16, g = None, 0
     q, k, v = (_linear(w[p + f"attn.w{c}"], w.get(p + f"attn.b{c}"), s_in_attn, s_out,
                        OutMode.INT8, row_scale=smooth.get("qkv"))
                for c, s_out in (("q", s_q), ("k", s_k), ("v", s_v)))
@@ -327,7 +360,7 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         ln2=ln(2, s_y2, s_h2, fold.get("ffn1")), ffn1=ffn1, ffn2=ffn2,
         score_mult=score_mult, score_shift=score_shift, out_mult=out_mult, out_shift=out_shift,
         lut=lut, qkv_req=lane.get("qkv"), ffn_req=lane.get("ffn1"), lut16=lut16, gelu_g=g,
-        smooth=smooth)
+        smooth=smooth, gate=gate, mul_mult=mul_mult, mul_shift=mul_shift)
 
 
 def quantize_input(qm: QModel, x) -> np.ndarray:

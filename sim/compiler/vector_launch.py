@@ -35,7 +35,7 @@ from hw.spec.vector_engine import (
 from .descriptors import Desc
 
 __all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
-           "ln_apply_launch", "add_launch", "lut_launch",
+           "ln_apply_launch", "add_launch", "mul_launch", "lut_launch",
            "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "gelu16_launch",
            "load_lut16_launch", "emit"]
 
@@ -149,7 +149,7 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     for name, t in (("data", data), ("q", q)):
         if t is not None and t.rows != rows:
             raise ValueError(f"{name}.rows={t.rows} must equal a.rows={rows}")
-    narrowing = (VectorOp.REQUANT, VectorOp.GELU16)
+    narrowing = (VectorOp.REQUANT, VectorOp.GELU16, VectorOp.MUL)
     out16 = op in narrowing and data is not None and data.eb == 2
     if op in narrowing and data is not None and data.eb == 4:
         raise ValueError(f"{op.name} data must be int8 (eb=1) or int16 (eb=2)")
@@ -214,6 +214,14 @@ def ln_apply_launch(*, size, length, n: int, x: Rows, gamma_beta_base: int, stat
 def add_launch(*, size, length, a: Rows, b: Rows, out: Rows) -> VectorLaunch:
     """Residual add ``out = clamp16(a + b)`` (``out`` may be ``a``: in place)."""
     return vector_launch(size=size, op=VectorOp.ADD, length=length, a=a, b=b, data=out)
+
+
+def mul_launch(*, size, length, a: Rows, b: Rows, out: Rows, mult: int,
+               shift: int) -> VectorLaunch:
+    """``out = requant(a * b, mult, shift)``: the element-wise product of int8 rows ``a`` and
+    ``b`` requantised per tensor to int8 (``out.eb`` 1) or int16 (2): the gated FFN's product."""
+    return vector_launch(size=size, op=VectorOp.MUL, length=length, a=a, b=b, data=out,
+                         mult=mult, shift=shift)
 
 
 def lut_launch(*, size, length, a: Rows, out: Rows) -> VectorLaunch:

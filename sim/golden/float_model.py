@@ -5,6 +5,9 @@
     h = LN1(x);  a = MHA(h) Wo + bo;  x = x + a
     h = LN2(x);  f = act(h W1 + b1) W2 + b2;  x = x + f
 
+``ffn = "gated"`` (SwiGLU with ``activation = "silu"``): ``f = (act(h Wg + bg) * (h W1 + b1))
+W2 + b2``, the gate ``Wg`` beside the up matrix ``W1`` (``ffn.wg``, ``ffn.bg``), ``W2`` down.
+
 and for ``norm = "post"``: ``x = LN1(x + MHA(x) Wo + bo)``, ``x = LN2(x + FFN(x))``.
 Attention masks: causal with window W sees keys ``i - W < j <= i`` (W = 0: all ``j <= i``);
 bidirectional sees ``|i - j| < W`` (W = 0: every key). LayerNorm has epsilon 0 to match the
@@ -24,8 +27,8 @@ import numpy as np
 
 from hw.spec import ModelConfig
 
-__all__ = ["attention_mask", "layernorm", "rmsnorm", "gelu", "block_forward", "model_forward",
-           "random_weights", "weight_names", "check_weights"]
+__all__ = ["attention_mask", "layernorm", "rmsnorm", "gelu", "silu", "block_forward",
+           "model_forward", "random_weights", "weight_names", "check_weights"]
 
 
 def attention_mask(seq: int, window: int, causal: bool, pos_base: int = 0) -> np.ndarray:
@@ -67,11 +70,18 @@ def gelu(x):
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
 
+def silu(x):
+    e = np.exp(-np.abs(x))                 # x * sigmoid(x), without overflow
+    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
 def _act(cfg: ModelConfig, x):
     if cfg.activation == "gelu":
         return gelu(x)
     if cfg.activation == "relu":
         return np.maximum(x, 0.0)
+    if cfg.activation == "silu":
+        return silu(x)
     raise ValueError(f"activation={cfg.activation!r} is not simulated")
 
 
@@ -82,6 +92,10 @@ def weight_names(cfg: ModelConfig, layer: int) -> dict[str, tuple]:
     names = {p + f"attn.{w}": (d, d) for w in ("wq", "wk", "wv", "wo")}
     names.update({p + "ln1.weight": (d,), p + "ln2.weight": (d,), p + "ffn.w1": (d, f),
                   p + "ffn.w2": (f, d)})
+    if cfg.ffn == "gated":              # the gate, beside the up matrix w1
+        names[p + "ffn.wg"] = (d, f)
+        if cfg.bias:
+            names[p + "ffn.bg"] = (f,)
     if not cfg.rmsnorm:                 # RMSNorm has no beta
         names.update({p + "ln1.bias": (d,), p + "ln2.bias": (d,)})
     if cfg.bias:
@@ -147,7 +161,13 @@ def _mha(cfg, w, p, h, record, pos_base):
 
 def _ffn(cfg, w, p, h, record):
     pre = h @ w[p + "ffn.w1"] + w.get(p + "ffn.b1", 0.0)
-    act = _act(cfg, pre)
+    if cfg.ffn == "gated":
+        gate = h @ w[p + "ffn.wg"] + w.get(p + "ffn.bg", 0.0)
+        gact = _act(cfg, gate)
+        record.update({p + "ffn_gate": gate, p + "ffn_gact": gact})
+        act = gact * pre
+    else:
+        act = _act(cfg, pre)
     f = act @ w[p + "ffn.w2"] + w.get(p + "ffn.b2", 0.0)
     record.update({p + "ffn_pre": pre, p + "ffn_act": act, p + "ffn_out": f})
     return f

@@ -14,6 +14,12 @@ and every block's FFN keeps its hidden in int16::
     pre16 = requant16(h @ W1 + b1)                    (matmul, int16 out)
     act16 = GELU16(pre16)                             (sim.golden.vector.gelu16_apply)
     x     = linear16(act16, W2, b2, x)                (two int8 passes, two residual adds)
+
+A gated FFN (``ffn = "gated"``, int8 only) runs the gate and the up matmul on the same input,
+the activation LUT (SiLU) on the gate and the vector unit's MUL on the two::
+
+    act = gated_mul(lut[h @ Wg + bg], requant8(h @ W1 + b1), mul_mult, mul_shift)
+    x   = x + requant16(act @ W2 + b2)
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 from .float_model import attention_mask
 from .matmul import linear16, matmul_unit, requant, wrap
 from .softmax import softmax
-from .vector import gelu16_apply, layernorm, lut_apply, residual_add, rmsnorm
+from .vector import gated_mul, gelu16_apply, layernorm, lut_apply, residual_add, rmsnorm
 
 __all__ = ["linear", "layernorm_rows", "attention_int", "ffn_int", "layer_int", "model_int"]
 
@@ -56,9 +62,16 @@ def attention_int(cfg, layer, q, k, v, pos_base: int = 0):
 
 def ffn_int(L, x, h, record: dict | None = None, prefix: str = ""):
     """The FFN on the int8 input ``h`` added into the int16 residual ``x``: int8 hidden and
-    the activation LUT, or (``L.ffn16``) the int16 hidden, GELU16 and two FFN2 passes."""
+    the activation LUT, or (``L.ffn16``) the int16 hidden, GELU16 and two FFN2 passes; a
+    gated FFN (``L.gate``) multiplies the activated gate into FFN1's output (MUL)."""
     pre = linear(h, L.ffn1)
-    if L.ffn16:
+    if L.gate is not None:
+        gact = lut_apply(L.lut, linear(h, L.gate))
+        act = gated_mul(gact, pre, L.mul_mult, L.mul_shift)
+        out = residual_add(x, linear(act, L.ffn2))
+        if record is not None:
+            record[prefix + "ffn_gact"] = gact
+    elif L.ffn16:
         act = gelu16_apply(L.lut16, pre, L.gelu_g)
         out = linear16(act, L.ffn2.w, L.ffn2.bias, L.ffn2.mult, L.ffn2.shift, x)
     else:

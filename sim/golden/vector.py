@@ -6,8 +6,12 @@ Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, Num
 
 - ``residual_add(a, b) = clamp(a + b, int16)``: saturates, never wraps.
 - ``bias_add`` (int32 + int32 wrapping mod 2**32) and ``requant`` are those of the matmul unit.
+- ``gated_mul(a, b, mult, shift) = requant(int8(a) * int8(b), mult, shift, 8)`` (MUL): the
+  exact int16 product of the operands' low bytes, requantised per tensor with round-half-up
+  and saturation like REQUANT (to int16 with ``out16``): the gated FFN's silu(gate) * up.
 - ``relu(a) = max(a, 0)``; ``lut_apply(table, a) = table[a & 0xFF]`` where ``table[i]`` holds
-  f(int8(i)); :func:`gelu_table` and :func:`relu_table` build tables from input/output scales.
+  f(int8(i)); :func:`gelu_table`, :func:`silu_table` and :func:`relu_table` build tables
+  from input/output scales.
 - GELU16 (:func:`gelu16_apply`), int16 in and out at one scale, from a table T of 257 int16
   knots ``T[k] ~ gelu((k - 128) * 2**g)`` (:func:`gelu16_table`) with ``1 <= g <= 8``::
 
@@ -71,15 +75,17 @@ from hw.spec.vector import (
     RSQRT_SEED_SHIFT,
     VectorCmd,
     VectorOp,
-    layernorm_of,
     rsqrt_seed_table,
+    twin_of,
 )
 
 from .matmul import bias_add, requant, wrap
 
 __all__ = [
-    "residual_add", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
-    "gelu16_knot_shift", "gelu16_table", "relu16_table", "gelu16_apply", "split16",
+    "residual_add", "gated_mul", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
+    "silu_float", "silu_table",
+    "gelu16_knot_shift", "gelu16_table", "silu16_table", "SILU16_SPAN", "relu16_table",
+    "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
@@ -99,6 +105,11 @@ def _round_half_up(v) -> np.ndarray:
 def residual_add(a, b) -> np.ndarray:
     """``clamp(a + b, -32768, 32767)`` (int32 operands allowed; the sum is exact first)."""
     return np.clip(_int(a) + _int(b), -(1 << 15), (1 << 15) - 1)
+
+
+def gated_mul(a, b, mult: int, shift: int, bits: int = 8) -> np.ndarray:
+    """MUL: ``requant(int8(a) * int8(b), mult, shift, bits)`` (the operands' low bytes)."""
+    return requant(wrap(_int(a), 8) * wrap(_int(b), 8), mult, shift, bits)
 
 
 def relu(a) -> np.ndarray:
@@ -138,6 +149,19 @@ def gelu_table(in_scale: float, out_scale: float) -> np.ndarray:
     return _table(gelu_float, in_scale, out_scale)
 
 
+def silu_float(x) -> np.ndarray:
+    """Exact SiLU (swish), ``x * sigmoid(x) = x / (1 + exp(-x))``, in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(-np.abs(x))                 # never overflows: sigmoid from e**-|x|
+    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def silu_table(in_scale: float, out_scale: float) -> np.ndarray:
+    """LUT for SiLU (same construction as :func:`gelu_table`): entry i =
+    clamp(round_half_up(silu(int8(i) * in_scale) / out_scale))."""
+    return _table(silu_float, in_scale, out_scale)
+
+
 def relu_table(in_scale: float, out_scale: float) -> np.ndarray:
     """LUT for ReLU with a change of scale (same construction as :func:`gelu_table`)."""
     return _table(lambda v: np.maximum(v, 0.0), in_scale, out_scale)
@@ -166,14 +190,31 @@ def _check_g(g) -> int:
     return int(g)
 
 
-def gelu16_table(scale: float, g: int) -> np.ndarray:
-    """The 257 int16 knots of GELU16 for int16 inputs and outputs of ``scale``, knots 2**g
-    apart: ``T[k] = clamp16(round_half_up(gelu((k - 128) * 2**g * scale) / scale))``."""
+def _table16(f, scale: float, g: int) -> np.ndarray:
     g = _check_g(g)
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be positive and finite, not {scale!r}")
     x = (np.arange(GELU16_KNOTS) - GELU16_ZERO) * float(2 ** g) * float(scale)
-    return np.clip(_round_half_up(gelu_float(x) / scale), -(1 << 15), (1 << 15) - 1)
+    return np.clip(_round_half_up(f(x) / scale), -(1 << 15), (1 << 15) - 1)
+
+
+def gelu16_table(scale: float, g: int) -> np.ndarray:
+    """The 257 int16 knots of GELU16 for int16 inputs and outputs of ``scale``, knots 2**g
+    apart: ``T[k] = clamp16(round_half_up(gelu((k - 128) * 2**g * scale) / scale))``."""
+    return _table16(gelu_float, scale, g)
+
+
+#: The span SiLU's GELU16 knots cover (``gelu16_knot_shift(scale, SILU16_SPAN)``): the op
+#: takes y = x above its table and 0 below, and SiLU is within 16 / (1 + e**16) = 1.8e-6 of
+#: that beyond 16 (beyond GELU's 8 it would still be 2.7e-3 away).
+SILU16_SPAN = 16.0
+
+
+def silu16_table(scale: float, g: int) -> np.ndarray:
+    """GELU16 knots for SiLU (the op interpolates any table; above and below it y = x and 0,
+    SiLU's limits): ``T[k] = clamp16(round_half_up(silu((k - 128) * 2**g * scale) / scale))``;
+    pick g with ``gelu16_knot_shift(scale, SILU16_SPAN)``."""
+    return _table16(silu_float, scale, g)
 
 
 def relu16_table(g: int) -> np.ndarray:
@@ -331,9 +372,9 @@ class VectorUnitModel:
         zeros = np.zeros(cmd.length, dtype=np.int64)
         if op is VectorOp.LN_STATS:
             return {"stats": ln_stats(a)}
-        if layernorm_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
+        if twin_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
             gamma, beta = unpack_gamma_beta(b)
-            full = layernorm_of(op) is VectorOp.LN
+            full = twin_of(op) is VectorOp.LN
             s1, s2 = ln_stats(a) if full else stats
             n = cmd.length if full else cmd.n
             y16, q8 = ln_normalise(a, s1, s2, n, gamma, beta, cmd.gshift, cmd.mult, cmd.shift,
@@ -341,6 +382,8 @@ class VectorUnitModel:
             return {"data": y16, "q": q8}
         if op is VectorOp.ADD:
             data = residual_add(a, b)
+        elif op is VectorOp.MUL:
+            data = gated_mul(a, b, cmd.mult, cmd.shift, 16 if cmd.out16 else 8)
         elif op is VectorOp.BIAS:
             data = bias_add(a, b)
         elif op is VectorOp.REQUANT:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec.memory import pack_rows, unpack_rows
-from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp, layernorm_of
+from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp, twin_of
 from hw.spec.vector_engine import (
     LOAD_OPS,
     Q_OPS,
@@ -64,7 +64,7 @@ def exec_vector(iss):
         flags = VecFlags.decode(r("VU_FLAGS"))
     except ValueError as exc:
         raise IssError(f"VEC: {exc}") from None
-    like = layernorm_of(op)             # RMS and RMS_APPLY are checked as LN and LN_APPLY
+    like = twin_of(op)             # RMS and RMS_APPLY are checked as LN and LN_APPLY
     rows, length = r("VU_ROWS"), r("VU_LEN")
     if not 1 <= rows < 1 << 16:
         raise IssError(f"VEC with VU_ROWS={rows}: must be in 1..65535")
@@ -93,7 +93,8 @@ def exec_vector(iss):
     if op in STATS_IN_OPS and not 1 <= r("VU_N") < 1 << 16:
         raise IssError(f"VEC {op.name} with VU_N={r('VU_N')}: must be in 1..65535 (the count "
                        "over all chips)")
-    needs_shift = ln or (op is VectorOp.REQUANT and not flags.per_channel)
+    needs_shift = ln or op is VectorOp.MUL or (op is VectorOp.REQUANT
+                                               and not flags.per_channel)
     if needs_shift and not 1 <= r("VU_SHIFT") <= 47:
         raise IssError(f"VEC {op.name} with VU_SHIFT={r('VU_SHIFT')}: must be in 1..47")
     try:

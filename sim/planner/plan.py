@@ -6,8 +6,9 @@ running any RTL and without the model's weights:
 - **fits** or not, with every violated limit named (:class:`Reason`): the strategy's own
   checks (:meth:`~sim.strategies.base.Strategy.limits`: what ``npu sim`` would refuse, every
   refusal collected), then each chip's bytes against ``sram_bytes``, the program against
-  ``imem_words``. Model features the simulator does not run (SiLU, a gated FFN) are
-  planned anyway, as their nearest built equivalent, with a note.
+  ``imem_words``. Every model feature is planned as the strategy compiles it (RMSNorm,
+  SiLU and a gated FFN included: the gate is a tensor of the layout, its matmul and MUL are
+  in the programs).
 - **per-chip bytes**: ``weights``, ``kv_cache`` and ``activations`` as the compiler's
   allocator lays them out, from the strategy's own compile of the shapes stopped after the
   layout (:func:`per_chip_bytes`), plus the tables it does not place (embeddings, positions,
@@ -36,6 +37,7 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.collective import MAX_CHIPS, word_bytes
+from hw.spec.formats import OutMode
 from hw.spec.memory import row_words
 from hw.spec.timing.collective import ring_bound_cycles
 from hw.spec.vector import GELU16_KNOTS
@@ -43,7 +45,7 @@ from hw.spec.vector import GELU16_KNOTS
 from ..compiler.attention_launch import plan_schedule
 from ..compiler.blocks import pad_to
 from ..compiler.program import SystemProgram
-from ..compiler.quantize import RELU16_G, QLayer, QLayerNorm, QModel
+from ..compiler.quantize import RELU16_G, QLayer, QLayerNorm, QLinear, QModel
 from ..errors import BadInput
 from ..iss.errors import IssError
 from ..strategies import GRIDS, NAMES, REGISTRY
@@ -219,23 +221,14 @@ def _grid_text(grid) -> str | None:
     return None if grid is None else f"{grid[0]}x{grid[1]}"
 
 
-def _layout(npu, cfg, strategy, chips, grid, picks) -> dict[int, tuple[dict, int]]:
-    """Per chip of ``picks``: the allocator's bytes per category and the gate's (a gated
-    FFN's second FFN1-shaped matrix, which the compiler does not build: FFN1's words again),
-    from the strategy's own compile of ``cfg``'s shapes stopped after its layout
+def _layout(npu, cfg, strategy, chips, grid, picks) -> dict[int, dict]:
+    """Per chip of ``picks``: the allocator's bytes per category (a gated FFN's gate is one of
+    its tensors), from the strategy's own compile of ``cfg``'s shapes stopped after its layout
     (``emit=False``: no program, so on any chip count and without a ring port)."""
     prog = get_strategy(strategy).compile_shapes(
-        npu, _dummy_qmodel(_built_model(cfg)), chips, samples=cfg.batch,
+        npu, _dummy_qmodel(cfg), chips, samples=cfg.batch,
         grid=_grid_text(grid), only=set(picks), emit=False)
-    out = {}
-    for c in picks:
-        al = prog.chips[c].alloc
-        gate = 0
-        if cfg.ffn == "gated":
-            gate = sum(t.words for name, t in al.tensors.items()
-                       if name.endswith((".ffn1.w", ".ffn1.p"))) * npu.array_size
-        out[c] = dict(al.used), gate
-    return out
+    return {c: dict(prog.chips[c].alloc.used) for c in picks}
 
 
 #: Chips holding more layers than this are laid out with 1 and 2 layers per stage and their
@@ -259,11 +252,10 @@ def per_chip_bytes(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, 
                             chips, grid, picks) for k in (1, 2))
     out = []
     for r in roles:
-        used, gate = one[r.chip]
-        weights = used["weights"] + gate
+        used = one[r.chip]
+        weights = used["weights"]
         if two is not None:
-            used2, gate2 = two[r.chip]
-            weights += (r.layers - 1) * (used2["weights"] + gate2 - weights)
+            weights += (r.layers - 1) * (two[r.chip]["weights"] - weights)
         out.append(ChipBytes(r.chip, weights + _table_bytes(npu, cfg, r), used["kv_cache"],
                              used["activations"]))
     return out
@@ -271,13 +263,11 @@ def per_chip_bytes(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, 
 
 # --- limits -------------------------------------------------------------------------------
 def _reasons(npu, cfg, strategy, chips, grid, per_chip) -> list[Reason]:
-    """Every constraint ``strategy``'s own checks refuse (:meth:`Strategy.limits`: on the
-    model as it is built, its unbuilt features planned as their nearest built ones, with a
-    note), then each chip whose bytes exceed the scratchpad (chips with the same bytes named
-    together)."""
+    """Every constraint ``strategy``'s own checks refuse (:meth:`Strategy.limits` on the
+    model itself: a feature it does not build is one of them), then each chip whose bytes
+    exceed the scratchpad (chips with the same bytes named together)."""
     out = [Reason(e.key, e.value, e.limit, str(e)) for e in
-           get_strategy(strategy).limits(npu, _built_model(cfg), chips, grid,
-                                         samples=cfg.batch)]
+           get_strategy(strategy).limits(npu, cfg, chips, grid, samples=cfg.batch)]
     over = {}
     for c in per_chip:
         if c.total > npu.sram_bytes:
@@ -324,17 +314,6 @@ def _chips(which) -> str:
     return ("chip " if len(which) == 1 else "chips ") + ", ".join(runs)
 
 
-def _features(cfg) -> list[str]:
-    notes = []
-    if cfg.activation == "silu":
-        notes.append("activation=silu is not built: planned as a GELU table (the same "
-                     "LUT launch)")
-    if cfg.ffn == "gated":
-        notes.append("ffn=gated is not built: the gate matrix is counted in the weights and "
-                     "its matmul (FFN1's shape) added to each layer's cycles")
-    return notes
-
-
 # --- shapes-only compile --------------------------------------------------------------------
 def _dummy_qmodel(cfg: ModelConfig) -> QModel:
     """A quantised model with no weights, for the emitters' shapes-only mode
@@ -354,7 +333,9 @@ def _dummy_qmodel(cfg: ModelConfig) -> QModel:
             score_mult=1 << 15, score_shift=16, out_mult=1 << 15, out_shift=16, lut=None,
             qkv_req=lanes, ffn_req=lanes,
             lut16=np.zeros(GELU16_KNOTS, np.int64) if smooth16 else None,
-            gelu_g=RELU16_G if smooth16 else 0))
+            gelu_g=RELU16_G if smooth16 else 0,
+            gate=QLinear(None, None, None, None, OutMode.INT8) if cfg.ffn == "gated" else
+            None))
     return QModel(cfg, layers, 1.0, {}, 1 << 15, 16, quant=cfg.quant)
 
 
@@ -557,7 +538,6 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
         return min(fitting, key=key)
     per_chip, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid)
     comm, colls, notes = get_strategy(name).comm(npu, cfg, chips, grid)
-    notes = _features(cfg) + notes
     cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
     notes += more
     if cycles is not None and cycles < 0:
@@ -606,7 +586,6 @@ def ring_buildable(npu: NpuConfig) -> bool:
 
 def _cycles(timer, npu, cfg, name, chips, grid, reasons):
     """(cycles, how, notes); cycles None when no program can be written for the plan."""
-    base = _built_model(cfg)
     b = cfg.batch
     ring_ok = chips <= MAX_CHIPS and (chips == 1 or ring_buildable(npu))
     notes = []
@@ -621,54 +600,30 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
             # No program for this ring (or fewer words of d_model than chips): analytic.
             if not _compatible(npu, cfg, cfg.seq_len):
                 return None, None, notes
-            return _analytic(timer, npu, cfg, base, name, chips, grid, notes)
+            return _analytic(timer, npu, cfg, name, chips, grid, notes)
         if name in COMPILED:
             if not ring_ok or any(r.key in ("n_heads", "n_layers", "chips") for r in reasons):
                 return _scaled(timer, npu, cfg, name, chips, notes)
             if not _compatible(npu, cfg, cfg.seq_len):
                 return None, None, notes
-            cycles, how, size, more = _compiled_cycles(timer, npu, base, name, chips, b)
+            cycles, how, size, more = _compiled_cycles(timer, npu, cfg, name, chips, b)
             if size > npu.imem_words:
                 more.append(f"program of {size:,} instructions")
-            return _gated(timer, npu, cfg, name, chips, cycles), how, more
+            return cycles, how, more
         if not _compatible(npu, cfg, min(cfg.seq_len, npu.attn_window) if name == "sequence"
                            else cfg.seq_len):
             return None, None, notes
-        return _analytic(timer, npu, cfg, base, name, chips, grid, notes)
+        return _analytic(timer, npu, cfg, name, chips, grid, notes)
     except (ValueError, ConfigError) as exc:
         notes.append(f"not timed: {exc}")
         return None, None, notes
-
-
-def _built_model(cfg):
-    """The model as the compiler builds it: its norm (LayerNorm or RMSNorm), GELU for SiLU,
-    a two-matrix MLP for a gated FFN."""
-    return dataclasses.replace(cfg, ffn="mlp",
-                               activation="gelu" if cfg.activation == "silu" else
-                               cfg.activation)
-
-
-def _gated(timer, npu, cfg, name, chips, cycles):
-    """A gated FFN adds a matmul of FFN1's shape per layer (on the chips' critical path)."""
-    if cfg.ffn != "gated":
-        return cycles
-    n = npu.array_size
-    rows = pad_to(cfg.seq_len, n) * cfg.batch
-    cols = pad_to(math.ceil(cfg.d_ff / (chips if name == "head" else 1)), n)
-    k = pad_to(cfg.d_model, n)
-    folds = (rows // n) * (cols // n)
-    extra = folds * k + 4 * n + 6
-    layers = cfg.n_layers if name != "pipeline" else math.ceil(cfg.n_layers / chips)
-    if name == "pipeline":
-        layers *= min(cfg.batch, chips) + chips - 1
-    return cycles + layers * extra
 
 
 def _scaled(timer, npu, cfg, name, chips, notes):
     """A compiled strategy beyond what can be compiled (more chips than the ring or than the
     split allows): its per-chip work from one chip's share, analytically."""
     if name == "head" and chips <= cfg.n_heads:
-        share = dataclasses.replace(_built_model(cfg), n_heads=max(1, cfg.n_heads // chips),
+        share = dataclasses.replace(cfg, n_heads=max(1, cfg.n_heads // chips),
                                     d_model=max(1, cfg.n_heads // chips) * cfg.d_head,
                                     d_ff=max(1, math.ceil(cfg.d_ff / chips)))
         cycles, how, notes2 = _analytic_from(timer, npu, share, "single", 1)
@@ -679,7 +634,7 @@ def _scaled(timer, npu, cfg, name, chips, notes):
         return cycles + comm, "analytic", notes + notes2
     if name == "pipeline" and chips <= cfg.n_layers:
         per = math.ceil(cfg.n_layers / chips)
-        stage = dataclasses.replace(_built_model(cfg), n_layers=per)
+        stage = dataclasses.replace(cfg, n_layers=per)
         cycles, how, notes2 = _analytic_from(timer, npu, stage, "single", 1)
         m = min(cfg.batch, chips)
         notes.append("analytic: no program for this ring; one stage timed and the "
@@ -702,12 +657,12 @@ def _ring_cycles(npu, cfg, chips, count):
                                      npu.link_latency_cycles)
 
 
-def _analytic(timer, npu, cfg, base, name, chips, grid, notes):
+def _analytic(timer, npu, cfg, name, chips, grid, notes):
     b = cfg.batch
     if name == "data":
         per = max(len(p) for p in np.array_split(range(b), chips)) or 1
-        cycles, _, more = _analytic_from(timer, npu, base, "single", 1, per)
-        return _gated(timer, npu, cfg, "single", 1, cycles), "analytic", notes + more
+        cycles, _, more = _analytic_from(timer, npu, cfg, "single", 1, per)
+        return cycles, "analytic", notes + more
     if name in ("data+head", "data+pipeline"):
         a, bb = grid
         per = max(1, max(len(p) for p in np.array_split(range(b), a)))
@@ -718,15 +673,15 @@ def _analytic(timer, npu, cfg, base, name, chips, grid, notes):
             inner_cfg = dataclasses.replace(cfg, batch=per)
             cycles, how, more = _scaled(timer, npu, inner_cfg, inner, bb, [])
             return cycles, "analytic", notes + more
-        cycles, _, more = _analytic_from(timer, npu, dataclasses.replace(base, batch=per),
+        cycles, _, more = _analytic_from(timer, npu, dataclasses.replace(cfg, batch=per),
                                          inner, bb, per)
-        return _gated(timer, npu, cfg, inner, bb, cycles), "analytic", notes + more
+        return cycles, "analytic", notes + more
     if name == "head+pipeline":
         a, bb = grid
         per = math.ceil(cfg.n_layers / bb)
         if a > cfg.n_heads or bb > cfg.n_layers:
             return None, None, notes
-        stage = dataclasses.replace(base, n_layers=per)
+        stage = dataclasses.replace(cfg, n_layers=per)
         m = min(b, bb)
         mb = max(1, math.ceil(b / m))
         if a <= MAX_CHIPS and ring_buildable(npu):
@@ -738,22 +693,22 @@ def _analytic(timer, npu, cfg, base, name, chips, grid, notes):
         send = math.ceil(mb * pad_to(cfg.seq_len, npu.array_size) *
                          pad_to(cfg.d_model, npu.array_size) * 2 / npu.link_bytes_per_cycle)
         cycles = (m + bb - 1) * t_stage + (bb - 1) * (send + npu.link_latency_cycles)
-        return _gated(timer, npu, cfg, "head", a, cycles), "analytic", notes + more
+        return cycles, "analytic", notes + more
     if name == "hidden":
-        one, _, more = _analytic_from(timer, npu, base, "single", 1)
+        one, _, more = _analytic_from(timer, npu, cfg, "single", 1)
         link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
         per_layer = 0
         if chips > 1:
             for kind, msg in get_strategy("hidden").collectives(npu, cfg):
                 per_layer += ring_bound_cycles(kind, msg, chips, link, lat)
         cycles = math.ceil(one / chips) + cfg.n_layers * per_layer
-        return _gated(timer, npu, cfg, "head", chips, cycles), "analytic", notes + more
+        return cycles, "analytic", notes + more
     if name == "sequence":
         chunk = math.ceil(cfg.seq_len / chips)
-        model = dataclasses.replace(base, seq_len=chunk, window=min(cfg.window, chunk))
+        model = dataclasses.replace(cfg, seq_len=chunk, window=min(cfg.window, chunk))
         cycles, _, more = _analytic_from(timer, npu, model, "single", 1)
         kv = b * max(cfg.window - 1, 0) * 2 * cfg.d_model
         cycles += cfg.n_layers * (math.ceil(kv / npu.link_bytes_per_cycle) +
                                   npu.link_latency_cycles) if chips > 1 else 0
-        return _gated(timer, npu, cfg, "single", 1, cycles), "analytic", notes + more
+        return cycles, "analytic", notes + more
     return None, None, notes

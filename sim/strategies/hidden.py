@@ -47,12 +47,14 @@ class Hidden(Strategy, name="hidden",
     def collectives(self, npu, cfg) -> list[tuple[str, int]]:
         """One layer's collectives, ``(kind, message bytes)`` in program order: the two
         LayerNorms' statistics (all-reduces), the Q.K partial scores of split heads
-        (all-reduce) and the reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums."""
+        (all-reduce) and the reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums (a
+        gated FFN: the gate's before FFN1's)."""
         rows = cfg.batch * pad_to(cfg.seq_len, npu.array_size)
         d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+        gate = [("reduce_scatter", rows * f * 4)] if cfg.ffn == "gated" else []
         return [("all_reduce", rows * 16), ("reduce_scatter", rows * 3 * d * 4),
                 ("all_reduce", rows * cfg.seq_len * h * 4), ("reduce_scatter", rows * d * 4),
-                ("all_reduce", rows * 16), ("reduce_scatter", rows * f * 4),
+                ("all_reduce", rows * 16), *gate, ("reduce_scatter", rows * f * 4),
                 ("reduce_scatter", rows * d * 4)]
 
     def comm(self, npu, cfg, chips, grid=None):
@@ -63,8 +65,9 @@ class Hidden(Strategy, name="hidden",
         sent = sum((2 if kind == "all_reduce" else 1) * (chips - 1) * msg // chips
                    for kind, msg in colls)
         return sent, len(colls), [
-            "hidden: 7 collectives per layer: LayerNorm statistics (2), Q.K partial scores "
-            "per head, and reduce-scatters of the QKV, O, FFN1 and FFN2 partial sums"]
+            f"hidden: {len(colls)} collectives per layer: LayerNorm statistics (2), Q.K "
+            "partial scores per head, and reduce-scatters of the QKV, O, "
+            f"{'gate, ' if cfg.ffn == 'gated' else ''}FFN1 and FFN2 partial sums"]
 
     def roles(self, npu, cfg, chips, grid, picks):
         return [whole(cfg, c, 1.0 / chips) for c in picks]

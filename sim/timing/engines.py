@@ -43,7 +43,7 @@ from hw.spec.timing.chip import (
 )
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.spec.timing.vector import RSQRT_CYCLES
-from hw.spec.vector import LUT_ENTRIES, VectorOp, layernorm_of
+from hw.spec.vector import LUT_ENTRIES, VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, stats_words, uses_b
 
 __all__ = ["MatmulModel", "AttentionModel", "VectorModel"]
@@ -477,7 +477,7 @@ class VectorModel:
 
     def start(self, regs):
         self.active = True
-        self.op = layernorm_of(regs["VU_OP"])     # RMSNorm's ops run as LayerNorm's
+        self.op = twin_of(regs["VU_OP"])     # RMSNorm's ops run as LayerNorm's
         self.rows = regs["VU_ROWS"]
         self.length = regs["VU_LEN"]
         self.flags = f = VecFlags.decode(regs["VU_FLAGS"])
@@ -495,7 +495,7 @@ class VectorModel:
 
     def uses(self, regs) -> dict:
         """Which shared generators a launch with ``regs`` starts (the engine's ``uses``)."""
-        op = layernorm_of(regs["VU_OP"])
+        op = twin_of(regs["VU_OP"])
         f = VecFlags.decode(regs["VU_FLAGS"])
         b = uses_b(op, f.per_channel)
         writes = op is not VectorOp.LOAD_LUT

@@ -42,7 +42,7 @@ from hw.spec.memory import bank_of
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import chip as chip_timing
 from hw.spec.timing import vector as vec_timing
-from hw.spec.vector import VectorOp, layernorm_of
+from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, uses_b
 
 from ..iss.errors import IssError
@@ -212,7 +212,7 @@ class LaunchTimer:
                 return None
             return chip_timing.matmul_cycles(n, k, folds, ow)
         if op is Op.VEC:
-            vop = layernorm_of(regs["VU_OP"])     # RMSNorm's ops are LayerNorm's
+            vop = twin_of(regs["VU_OP"])     # RMSNorm's ops are LayerNorm's
             flags = VecFlags.decode(regs["VU_FLAGS"])
             base = vec_timing.launch_cycles(vop, rows=regs["VU_ROWS"], length=regs["VU_LEN"],
                                             lanes=n, flags=flags)

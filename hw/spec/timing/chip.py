@@ -15,7 +15,7 @@ where they hold.
 from __future__ import annotations
 
 from ..memory import PARAM_WORDS
-from ..vector import VectorOp, layernorm_of
+from ..vector import VectorOp, twin_of
 from ..vector_engine import row_words
 from .matmul import REQUANT_LATENCY, unit_latency
 
@@ -129,9 +129,9 @@ def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int,
     (``rows (W_a + W_b) + 6 + w_dl`` when that is its slowest stream); LayerNorm reads A and B
     in separate passes and loses one cycle (when it has more than one row).
     ``outputs_shared``: LayerNorm's two outputs (``data`` and ``q``) in one bank: one cycle.
-    RMSNorm's ops are LayerNorm's (:func:`hw.spec.vector.layernorm_of`).
+    RMSNorm's ops are LayerNorm's (:func:`hw.spec.vector.twin_of`).
     """
-    op = layernorm_of(op)
+    op = twin_of(op)
     cycles = engine_cycles + READ_LATENCY
     if op in (VectorOp.LN, VectorOp.LN_APPLY) and outputs_shared:
         cycles += 1

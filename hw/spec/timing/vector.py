@@ -6,7 +6,7 @@ Plain Python: the gateware, the tests and the ISS's timing model read the same f
 
 from __future__ import annotations
 
-from ..vector import GELU16_KNOTS, LUT_ENTRIES, RSQRT_NEWTON_STEPS, VectorOp, layernorm_of
+from ..vector import GELU16_KNOTS, LUT_ENTRIES, RSQRT_NEWTON_STEPS, VectorOp, twin_of
 from ..vector_engine import (
     LOAD_OPS,
     VecFlags,
@@ -37,9 +37,9 @@ def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
     ceil(256 / lanes), LOAD_LUT16 ceil(257 / lanes). The
     pipeline is not drained between commands: the next command is accepted the cycle after
     the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
-    RMS and RMS_APPLY take LN's and LN_APPLY's cycles (:func:`hw.spec.vector.layernorm_of`).
+    RMS and RMS_APPLY take LN's and LN_APPLY's cycles (:func:`hw.spec.vector.twin_of`).
     """
-    op = layernorm_of(op)
+    op = twin_of(op)
     b = -(-length // lanes)
     if op is VectorOp.LOAD_LUT:
         return -(-LUT_ENTRIES // lanes)
@@ -97,9 +97,9 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
       during the command cycle); LOAD_LUT of int8 entries is ``rows * (256 / lanes + 1) + 1``,
       LOAD_LUT16 of int16 knots ``rows * W_a + 2``.
 
-    RMS and RMS_APPLY are LN and LN_APPLY (:func:`hw.spec.vector.layernorm_of`).
+    RMS and RMS_APPLY are LN and LN_APPLY (:func:`hw.spec.vector.twin_of`).
     """
-    op = layernorm_of(op)
+    op = twin_of(op)
     length = table_entries(op) or length
     beats = row_beats(op, length, lanes)
     wa = row_words(length, flags.a_bytes, lanes)

@@ -124,6 +124,38 @@ def test_saturation(rng):
     assert list(expected[5]["data"]) == [127, -128, 0, 0]
 
 
+# ---- MUL (the gated FFN's product) ---------------------------------------------------------
+
+def test_mul_random_and_saturating(rng):
+    """MUL: the int8 product of the operands' low bytes, requantised per tensor (int8, or
+    int16 with out16), on random vectors (operands wider than int8 too: only the low byte
+    counts), interleaved with ADD back to back, and at the extremes: (-128)^2 with a gain
+    saturates int8 and int16 at both ends, and a small gain rounds half up."""
+    program = []
+    for length in (1, 5, 8, 13):
+        a8, b8 = rng.integers(-128, 128, length), rng.integers(-128, 128, length)
+        program.append((VectorCmd(VectorOp.MUL, length, mult=int(rng.integers(1, 1 << 16)),
+                                  shift=int(rng.integers(14, 24))), a8, b8, None))
+        program.append((VectorCmd(VectorOp.ADD, length), a8, b8, None))
+        program.append((VectorCmd(VectorOp.MUL, length, out16=True,
+                                  mult=int(rng.integers(1, 1 << 16)),
+                                  shift=int(rng.integers(8, 16))),
+                        rng.integers(-(1 << 31), 1 << 31, length),
+                        rng.integers(-(1 << 15), 1 << 15, length), None))
+    ext = np.array([-128, -128, 127, 127, -128, 1, 0, -1])
+    other = np.array([-128, 127, 127, -128, 1, -1, -128, -1])
+    program += [
+        (VectorCmd(VectorOp.MUL, 8, mult=1 << 15, shift=15), ext, other, None),   # gain 1
+        (VectorCmd(VectorOp.MUL, 8, mult=65535, shift=1, out16=True), ext, other, None),
+        (VectorCmd(VectorOp.MUL, 8, mult=1, shift=1), ext, other, None),          # a*b/2
+    ]
+    expected, _ = run_program(program, rng=rng)
+    products = ext * other
+    assert list(expected[-3]["data"]) == list(np.clip(products, -128, 127))
+    assert set(expected[-2]["data"][:5]) <= {-32768, 32767}
+    assert list(expected[-1]["data"]) == list(np.clip((products + 1) >> 1, -128, 127))
+
+
 def test_lut_load_then_apply(rng):
     """The LUT resets to ReLU, is reloaded at run time (GELU), and applies per lane."""
     x = rng.integers(-128, 128, 11)
@@ -269,8 +301,8 @@ def test_layernorm_tiny_preset_full_scale(rng):
 @pytest.mark.parametrize("op, length, repeat", [
     (VectorOp.ADD, 13, 1), (VectorOp.REQUANT, 8, 1), (VectorOp.LUT, 3, 1), (VectorOp.LN, 10, 1),
     (VectorOp.LN_STATS, 9, 1), (VectorOp.LN_APPLY, 10, 1), (VectorOp.LOAD_LUT, 0, 1),
-    (VectorOp.RMS, 10, 1), (VectorOp.RMS_APPLY, 10, 1),
-    (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4), (VectorOp.GELU16, 13, 1),
+    (VectorOp.RMS, 10, 1), (VectorOp.RMS_APPLY, 10, 1), (VectorOp.MUL, 13, 1),
+    (VectorOp.MUL, 8, 3), (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4), (VectorOp.GELU16, 13, 1),
     (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1), (VectorOp.LOAD_LUT16, 0, 2),
 ])
 def test_cycles_match_formula(rng, op, length, repeat):
@@ -329,7 +361,7 @@ def test_cycles_match_formula(rng, op, length, repeat):
 @pytest.mark.verilator
 def test_verilator_matches_golden(verilator_ok, tmp_path):
     """`npu export --top vector` (tiny preset) under cocotb + Verilator: every op (RMSNorm's
-    too), golden-exact;
+    and MUL too), golden-exact;
     a lone LayerNorm takes the documented number of cycles, the whole program as many cycles
     as in Amaranth's simulator."""
     from sim.rtl.cocotb_tb import run_cocotb
@@ -355,6 +387,8 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
          rng.integers(-(1 << 31), 1 << 31, 6),
          pack_requant(rng.integers(0, 1 << 16, 6), rng.integers(1, 48, 6)), None),
         (VectorCmd(VectorOp.RELU, 3), rng.integers(-100, 100, 3), None, None),
+        (VectorCmd(VectorOp.MUL, 11, mult=30000, shift=14), rng.integers(-128, 128, 11),
+         rng.integers(-128, 128, 11), None),
         (VectorCmd(VectorOp.LOAD_LUT, 0), gelu_table(0.04, 0.03), None, None),
         (VectorCmd(VectorOp.LUT, 9), rng.integers(-128, 128, 9), None, None),
         (VectorCmd(VectorOp.LN_STATS, half), x[:half], None, None),

@@ -296,8 +296,9 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     hi = 1 << (8 * a_eb - 1)
     ta = place(iss, 0, rng.integers(-hi, hi, (rows, length)), a_eb)
     b = None
-    if op is VectorOp.ADD:
-        b = place(iss, 100, rng.integers(-(1 << 15), 1 << 15, (rows, length)), b_eb)
+    if op in (VectorOp.ADD, VectorOp.MUL):
+        hb = 1 << (8 * b_eb - 1)
+        b = place(iss, 100, rng.integers(-hb, hb, (rows, length)), b_eb)
     elif b_eb:
         if op is VectorOp.REQUANT:
             words = pack_requant(rng.integers(0, 1 << 16, length), rng.integers(1, 48, length))
@@ -330,6 +331,8 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     (33, 8, VectorOp.LN_APPLY, 2, 20, 2, 4, 0, True),
     (34, 4, VectorOp.RMS, 4, 16, 2, 4, 2, True),
     (35, 4, VectorOp.RMS_APPLY, 3, 11, 2, 4, 2, True),
+    (36, 4, VectorOp.MUL, 5, 7, 1, 1, 1, False),
+    (37, 8, VectorOp.MUL, 3, 20, 1, 1, 2, False),
 ])
 def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
     """With every input valid and every output ready, a launch takes exactly

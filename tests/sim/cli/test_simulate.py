@@ -67,10 +67,13 @@ def test_rtl_equals_golden_small_model(capsys, tmp_path, norm, causal, backend, 
     assert busy["matmul"] > 0 and busy["attention"] > 0 and busy["vector"] > 0
 
 
-@pytest.mark.parametrize("norm_kind", ["layernorm", "rmsnorm"])
-def test_weights_and_input_files(capsys, tmp_path, norm_kind):
-    """A weights file of the model's tensors (an RMSNorm model's has no ln*.bias)."""
-    model = write_model(tmp_path, n_layers=2, norm_kind=norm_kind)
+@pytest.mark.parametrize("norm_kind, ffn", [("layernorm", "mlp"), ("rmsnorm", "mlp"),
+                                           ("rmsnorm", "gated")])
+def test_weights_and_input_files(capsys, tmp_path, norm_kind, ffn):
+    """A weights file of the model's tensors (an RMSNorm model's has no ln*.bias, a gated
+    FFN's has the gate ffn.wg)."""
+    model = write_model(tmp_path, n_layers=2, norm_kind=norm_kind, ffn=ffn,
+                        activation="silu" if ffn == "gated" else "gelu")
     from hw.spec import load_model
     cfg = load_model(model)
     w = random_weights(cfg, 11)
@@ -83,11 +86,18 @@ def test_weights_and_input_files(capsys, tmp_path, norm_kind):
     assert status == 0, err
     assert np.load(tmp_path / "y.npy").shape == (5, 16)
     assert ("layers.0.ln1.bias" in w) == (norm_kind == "layernorm")
+    assert ("layers.1.ffn.wg" in w) == (ffn == "gated")
+    if ffn == "gated":
+        # The gate is required: a file without it is bad input.
+        np.savez(tmp_path / "w.npz", **{k: v for k, v in w.items() if ".wg" not in k})
+        status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", model,
+                               "--backend", "iss", "--weights", str(tmp_path / "w.npz"))
+        assert status == 2 and "layers.0.ffn.wg missing" in err, err
 
 
 @pytest.mark.parametrize("over, needle", [
-    ({"ffn": "gated"}, "ffn='gated' is not supported"),
-    ({"activation": "silu"}, "activation='silu' is not supported"),
+    ({"ffn": "gated", "activation": "silu", "quant": "smooth16"},
+     "ffn='gated' is not supported with quant=\"smooth16\""),
     ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "
                                                   "d_head_max=16"),
     ({"seq_len": 40}, "seq_len=40 does not fit attn_window=16: causal attention over 40 "

@@ -52,3 +52,29 @@ def test_norm_kind_picks_the_launches(strategy, chips, norm):
         assert not layernorm_ops & set(rms), rms
         # The same launches, RMSNorm's in place of LayerNorm's.
         assert rms == Counter({rms_op if op is ln_op else op: k for op, k in ln.items()})
+
+
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2),
+                                             ("sequence", 2)])
+def test_gated_ffn_launches(strategy, chips):
+    """A gated FFN adds one matmul (the gate) and one MUL per layer to the MLP's program, and
+    no collective: the gate's columns are split with FFN1's."""
+    base = dataclasses.replace(model_preset("tiny"), n_layers=2, norm_kind="rmsnorm",
+                               activation="silu", bias=False)
+    x = np.random.default_rng(0).standard_normal((1, base.seq_len, base.d_model))
+    progs = {}
+    for ffn in ("mlp", "gated"):
+        cfg = dataclasses.replace(base, ffn=ffn)
+        qm = quantize_model(cfg, random_weights(cfg, 0), x)
+        progs[ffn] = compile_program(strategy, TINY, qm, chips, seq=cfg.seq_len, samples=1)
+    for mlp, gated in zip(progs["mlp"].chips, progs["gated"].chips, strict=True):
+        m, g = vec_ops(mlp.program), vec_ops(gated.program)
+        layers = len(gated.role.get("layers", range(2))) if strategy == "pipeline" else 2
+        assert g[VectorOp.MUL] == layers and VectorOp.MUL not in m
+        assert g - Counter({VectorOp.MUL: layers}) == m
+        assert launches(gated.program, Op.MATMUL) == launches(mlp.program, Op.MATMUL) + layers
+        assert launches(gated.program, Op.COLL) == launches(mlp.program, Op.COLL)
+
+
+def launches(words, op) -> int:
+    return sum(1 for word in words if decode(int(word)).op is op)

@@ -8,6 +8,7 @@ file's 3 chips with uneven shards and a split head on pysim, also bit-exact ther
 runs those 3 chips here and 4 chips with two split heads on pysim.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -198,6 +199,28 @@ def test_norms_windows_and_batches_on_the_iss(norm, causal, window, chips, reduc
     r = simulate(TINY, cfg, strategy="hidden", chips=chips, backend="iss", batch=2,
                  reduce=reduce)
     check_report(r, f"{norm}-norm, causal {causal}, window {window} on {chips} chips ({reduce})")
+
+
+@pytest.mark.parametrize("chips", [1, 2, 3])
+@pytest.mark.parametrize("reduce", REDUCE_MODES)
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_swiglu_on_the_iss(chips, reduce, norm):
+    """A gated FFN (SiLU, RMSNorm, no biases): the gate's partial sums are reduced like
+    FFN1's onto the same columns, so MUL runs on each chip's own columns; bit-exact, with one
+    collective per layer more than the MLP (the gate's), as the strategy's list says."""
+    from sim.strategies import get as get_strategy
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_ff=64, seq_len=8,
+                      norm=norm, norm_kind="rmsnorm", activation="silu", ffn="gated",
+                      bias=False, name="swiglu")
+    r = simulate(TINY, cfg, strategy="hidden", chips=chips, backend="iss", reduce=reduce,
+                 seed=4)
+    check_report(r, f"swiglu {norm}-norm on {chips} chips ({reduce})")
+    if chips > 1:
+        mlp = simulate(TINY, dataclasses.replace(cfg, ffn="mlp"), strategy="hidden",
+                       chips=chips, backend="iss", reduce=reduce, seed=4)
+        assert r.hidden["collectives_per_layer"] == mlp.hidden["collectives_per_layer"] + 1
+        assert len(get_strategy("hidden").collectives(TINY, cfg)) == \
+            r.hidden["collectives_per_layer"] - bool(r.hidden["split_heads"]) + 1
 
 
 @pytest.mark.parametrize("cfg, chips, widths, ffn_widths", [

@@ -173,3 +173,25 @@ def test_capacity_refusal_names_the_int16_hidden():
                        r"takes 8,256 bytes of the activations \(64 rows of 64 int16 and half "
                        r"a row\)"):
         simulate(npu, cfg, backend="iss", weights=w, x=x)
+
+
+def test_gated_ffn_parameters():
+    """A gated FFN: the gate is quantised like FFN1 (int8 per column, FFN1's shape), the LUT
+    is SiLU from the gate's scale to the activated gate's, and MUL's per-tensor (mult, shift)
+    is s_a * s_u / s_m; the MLP's layers have none of it."""
+    from sim.golden.float_model import random_weights
+    from sim.golden.vector import silu_table
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32, seq_len=4,
+                      activation="silu", ffn="gated", norm_kind="rmsnorm", bias=False,
+                      name="llama")
+    w = random_weights(cfg, 3)
+    x = np.random.default_rng(3).standard_normal((cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, w, x)
+    L, s = qm.layers[0], qm.scales
+    assert L.gate.w.shape == L.ffn1.w.shape == (16, 32) and not L.gate.bias.any()
+    assert np.array_equal(L.lut, silu_table(s["layers.0.ffn_gate"], s["layers.0.ffn_gact"]))
+    ratio = s["layers.0.ffn_gact"] * s["layers.0.ffn_pre"] / s["layers.0.ffn_act"]
+    assert abs(L.mul_mult / 2.0 ** L.mul_shift / ratio - 1) < 2.0 ** -15
+    mlp = quantize_model(dataclasses.replace(cfg, ffn="mlp"),
+                         {k: v for k, v in w.items() if ".wg" not in k}, x)
+    assert mlp.layers[0].gate is None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hw.spec import ModelConfig, model_preset, npu_preset
+from hw.spec import ConfigError, ModelConfig, model_preset, npu_preset
 from hw.spec.isa import UNIT_NAMES
 from sim.errors import BadInput
 from sim.flows.simulate import simulate
@@ -29,6 +29,9 @@ SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_le
                     name="small4")
 #: The tiny model with Llama's normalisation, RMSNorm.
 TINY_RMS = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", name="tiny-rms")
+#: The tiny model shaped like Llama: RMSNorm, SwiGLU (a SiLU-gated FFN), no biases.
+TINY_LLAMA = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", activation="silu",
+                                 ffn="gated", bias=False, name="tiny-llama")
 
 
 @pytest.mark.parametrize("chips", range(1, 9))
@@ -101,6 +104,33 @@ def test_rmsnorm_on_the_iss(strategy, chips):
     r = simulate(TINY, TINY_RMS, strategy=strategy, chips=chips, backend="iss", seed=1)
     check_report(r, f"rmsnorm, {strategy} on {chips} chips")
     print(f"{strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+
+
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2),
+                                             ("sequence", 2), ("data", 2), ("hidden", 2),
+                                             ("hidden", 3)])
+def test_swiglu_on_the_iss(strategy, chips):
+    """A Llama-shaped model (RMSNorm, SiLU-gated FFN, no biases) end to end (the gate matmul,
+    the SiLU table, MUL; hidden: the gate's projection reduce-scattered like FFN1's, MUL on
+    each chip's columns): the golden integer model bit for bit, the float64 model within the
+    usual quantisation error (cosine > 0.99)."""
+    r = simulate(TINY, TINY_LLAMA, strategy=strategy, chips=chips, backend="iss", seed=1,
+                 batch=2 if strategy == "data" else 1)
+    check_report(r, f"swiglu, {strategy} on {chips} chips")
+    print(f"{strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+
+
+def test_swiglu_refusals():
+    """smooth16's int16 hidden does not take the gate (MUL is int8): a ConfigError naming the
+    key. A SiLU MLP under smooth16 runs, with SiLU's GELU16 knots, bit-exact."""
+    with pytest.raises(ConfigError, match="ffn.*smooth16"):
+        simulate(TINY, dataclasses.replace(TINY_LLAMA, quant="smooth16"), strategy="single",
+                 chips=1, backend="iss")
+    silu16 = dataclasses.replace(TINY_LLAMA, ffn="mlp", quant="smooth16")
+    for strategy, chips in (("single", 1), ("head", 2), ("pipeline", 2)):
+        r = simulate(TINY, silu16, strategy=strategy, chips=chips, backend="iss", seed=1)
+        check_report(r, f"silu smooth16, {strategy} on {chips} chips")
+        print(f"silu smooth16 {strategy} on {chips}: cosine {r.cosine:.5f}")
 
 
 def test_default_microbatches_and_refusals():
@@ -197,6 +227,15 @@ def test_rmsnorm_rtl_equals_the_iss():
     iss = simulate(TINY, TINY_RMS, strategy="single", chips=1, backend="iss", seed=1)
     rtl = simulate(TINY, TINY_RMS, strategy="single", chips=1, backend="pysim", seed=1)
     _rtl_equals_iss(rtl, iss, "rmsnorm, single (pysim)")
+
+
+@pytest.mark.slow
+def test_swiglu_rtl_equals_the_iss():
+    """The whole tiny Llama-shaped model (RMSNorm, SwiGLU) on one chip of RTL (Amaranth's
+    simulator, minutes): bit-exact, the ISS's outputs, cycles and busy counters."""
+    iss = simulate(TINY, TINY_LLAMA, strategy="single", chips=1, backend="iss", seed=1)
+    rtl = simulate(TINY, TINY_LLAMA, strategy="single", chips=1, backend="pysim", seed=1)
+    _rtl_equals_iss(rtl, iss, "swiglu, single (pysim)")
 
 
 def test_link_stalls_change_only_cycles():

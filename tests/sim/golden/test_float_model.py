@@ -11,6 +11,7 @@ from sim.golden.float_model import (
     layernorm,
     random_weights,
     rmsnorm,
+    silu,
     weight_names,
 )
 
@@ -53,3 +54,26 @@ def test_rmsnorm_model_reads_no_norm_bias():
     assert np.allclose(record["layers.0.ln1_out"], rmsnorm(x, w["layers.0.ln1.weight"]))
     assert np.allclose(record["layers.0.ln2_out"],
                        rmsnorm(record["layers.0.mid"], w["layers.0.ln2.weight"]))
+
+
+def test_gated_ffn_is_silu_gate_times_up():
+    """ffn = "gated": the weights gain the gate (ffn.wg, and ffn.bg with biases), and the FFN
+    is (silu(h Wg + bg) * (h W1 + b1)) W2 + b2 with SiLU x / (1 + e^-x)."""
+    base = dataclasses.replace(model_preset("tiny"), n_layers=1, activation="silu")
+    cfg = dataclasses.replace(base, ffn="gated")
+    assert set(weight_names(cfg, 0)) - set(weight_names(base, 0)) == {"layers.0.ffn.wg",
+                                                                       "layers.0.ffn.bg"}
+    nobias = dataclasses.replace(cfg, bias=False)
+    assert "layers.0.ffn.wg" in weight_names(nobias, 0)
+    assert "layers.0.ffn.bg" not in weight_names(nobias, 0)
+    assert weight_names(cfg, 0)["layers.0.ffn.wg"] == (cfg.d_model, cfg.d_ff)
+    w = random_weights(cfg, 5)
+    x = np.random.default_rng(5).standard_normal((cfg.seq_len, cfg.d_model))
+    record = {}
+    block_forward(cfg, w, 0, x, record)
+    h = record["layers.0.ln2_out"]
+    p = "layers.0.ffn."
+    gate, up = h @ w[p + "wg"] + w[p + "bg"], h @ w[p + "w1"] + w[p + "b1"]
+    want = (gate / (1 + np.exp(-gate)) * up) @ w[p + "w2"] + w[p + "b2"]
+    assert np.allclose(record["layers.0.ffn_out"], want)
+    assert np.allclose(silu(np.array([0.0, 1.0])), [0.0, 1 / (1 + np.exp(-1.0))])

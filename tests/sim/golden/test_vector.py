@@ -10,6 +10,8 @@ Error bounds asserted here (measured values in the comments, from the fixed seed
   two-valued full scale, Gaussian with outliers), d_model 2..512, gamma any int16, beta in
   [-4096, 4095] and gshift in [16, 24] (a gain gamma * 2**(16 - gshift) of at most 2**15 output
   LSBs per standard deviation). The float reference uses the same integer gamma and beta, eps=0.
+- SiLU via the LUT: the same construction as GELU's (measured: 0 LSB from float64 SiLU
+  re-quantised).
 - RMSNorm (the same datapath with sum x taken as 0): the same bound on the same inputs against
   float64 RMSNorm re-quantised (measured: 1 LSB).
 """
@@ -33,6 +35,7 @@ from sim.golden.matmul import requant
 from sim.golden.vector import (
     VectorUnitModel,
     bias_add,
+    gated_mul,
     gelu_float,
     gelu_table,
     layernorm,
@@ -46,6 +49,8 @@ from sim.golden.vector import (
     rmsnorm,
     rmsnorm_float,
     rsqrt_fixed,
+    silu_float,
+    silu_table,
     unpack_gamma_beta,
     unpack_requant,
 )
@@ -110,6 +115,32 @@ def test_gelu_within_one_lsb(in_scale, out_scale):
     exact = gelu_float(x * in_scale) / out_scale
     inside = (exact > -128) & (exact < 127)
     assert np.abs(got - exact)[inside].max() <= 0.5
+
+
+@pytest.mark.parametrize("in_scale, out_scale", [(4 / 128, 4 / 128), (8 / 128, 6 / 128)])
+def test_silu_table_is_silu_requantised(in_scale, out_scale):
+    """Every int8 input: the SiLU LUT is float64 SiLU re-quantised (0 LSB), within half an
+    LSB of the exact value wherever it does not saturate."""
+    x = np.arange(-128, 128)
+    got = lut_apply(silu_table(in_scale, out_scale), x)
+    exact = silu_float(x * in_scale) / out_scale
+    assert np.array_equal(got, np.clip(np.floor(exact + 0.5), -128, 127))
+    inside = (exact > -128) & (exact < 127)
+    assert np.abs(got - exact)[inside].max() <= 0.5
+    assert silu_float([0.0])[0] == 0.0
+    assert abs(silu_float([1.0])[0] - 1 / (1 + math.exp(-1))) < 1e-15
+
+
+def test_gated_mul_is_requantised_product(rng):
+    """MUL: requant(int8(a) * int8(b)) with round-half-up and saturation, only low bytes."""
+    a, b = rng.integers(-128, 128, 50), rng.integers(-128, 128, 50)
+    assert np.array_equal(gated_mul(a, b, 20000, 15), requant(a * b, 20000, 15, 8))
+    assert np.array_equal(gated_mul(a + 256, b - 512, 20000, 15), gated_mul(a, b, 20000, 15))
+    assert list(gated_mul([-128, -128, 3], [-128, 127, 1], 1, 1)) == [127, -128, 2]
+    assert list(gated_mul([-128, -128], [-128, 127], 65535, 1, 16)) == [32767, -32768]
+    out = VectorUnitModel().execute(VectorCmd(VectorOp.MUL, 3, mult=1 << 15, shift=15),
+                                    [5, -7, 127], [3, 3, -128])
+    assert list(out["data"]) == [15, -21, -128] and list(out["q"]) == [0, 0, 0]
 
 
 def test_gelu_float_reference():

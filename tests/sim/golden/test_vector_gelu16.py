@@ -23,12 +23,15 @@ import pytest
 
 from hw.spec.vector import GELU16_KNOTS, VectorCmd, VectorOp
 from sim.golden.vector import (
+    SILU16_SPAN,
     VectorUnitModel,
     gelu16_apply,
     gelu16_knot_shift,
     gelu16_table,
     gelu_float,
     relu16_table,
+    silu16_table,
+    silu_float,
     split16,
 )
 
@@ -48,6 +51,20 @@ def test_error_bound_over_every_int16(scale):
     err, g = _error(scale)
     h = 2.0 ** g * scale
     bound = h * h / 10 + scale
+    print(f"s={scale:.2e} g={g}: max error {err:.3e} ({err / scale:.2f} LSB), bound {bound:.3e}")
+    assert err <= bound
+
+
+@pytest.mark.parametrize("scale", np.geomspace(1e-5, 0.2, 8))
+def test_silu16_error_bound_over_every_int16(scale):
+    """SiLU's knots (the same op, twice GELU's span): |silu''| <= 1/2, so the interpolation
+    is within h**2 / 16, plus the rounding s and SiLU's distance from x or 0 beyond 16."""
+    g = gelu16_knot_shift(scale, SILU16_SPAN)
+    assert 128 * 2 ** g * scale >= SILU16_SPAN or g == 8
+    y = gelu16_apply(silu16_table(scale, g), X16, g)
+    err = float(np.abs(y * scale - silu_float(X16 * scale)).max())
+    h = 2.0 ** g * scale
+    bound = h * h / 16 + scale + 2e-6
     print(f"s={scale:.2e} g={g}: max error {err:.3e} ({err / scale:.2f} LSB), bound {bound:.3e}")
     assert err <= bound
 

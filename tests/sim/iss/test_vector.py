@@ -38,7 +38,7 @@ def _good_add(size=4):
                                                    r"1\.\.65535"),
     ({"VU_OP": int(VectorOp.RMS_APPLY), "VU_N": 0}, r"RMS_APPLY with VU_N=0: must be in "
                                                     r"1\.\.65535"),
-    ({"VU_OP": 13}, r"VU_OP=13: not a vector-unit op"),
+    ({"VU_OP": 14}, r"VU_OP=14: not a vector-unit op"),
     ({"VU_FLAGS": 1 << 10}, r"sets bits outside 0\.\.9"),
     ({"VU_FLAGS": 3 << 2}, r"a_bytes code 3 is invalid"),
     ({"VU_ROWS": 0}, r"VU_ROWS=0: must be in 1\.\.65535"),
@@ -73,6 +73,7 @@ def test_iss_rejects_inconsistent_registers(change, match):
     (VectorOp.LN, {"VU_LEN": 65}, r"LN with VU_LEN=65: must be in 1\.\.64"),
     (VectorOp.RMS, {"VU_LEN": 65}, r"RMS with VU_LEN=65: must be in 1\.\.64"),
     (VectorOp.RMS_APPLY, {"VU_SHIFT": 0}, r"RMS_APPLY with VU_SHIFT=0: must be in 1\.\.47"),
+    (VectorOp.MUL, {"VU_SHIFT": 0}, r"MUL with VU_SHIFT=0: must be in 1\.\.47"),
     (VectorOp.REQUANT, {"VU_SHIFT": 0}, r"REQUANT with VU_SHIFT=0: must be in 1\.\.47"),
     (VectorOp.LN, {"VU_SHIFT": 48}, r"LN with VU_SHIFT=48: must be in 1\.\.47"),
 ])

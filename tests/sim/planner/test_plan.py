@@ -146,16 +146,32 @@ def test_ring_and_program_limits():
 
 
 def test_unsupported_features_are_planned_with_notes():
-    """SiLU and a gated FFN are not built: planned with notes. RMSNorm is built: planned as
-    itself, with no note (the same launches' cycles as LayerNorm, its gamma/beta words)."""
+    """SiLU, RMSNorm and a gated FFN are built by every strategy: planned as compiled, with no
+    note (the gate a tensor of the layout, its matmul and MUL in the programs)."""
     cfg = small(norm_kind="rmsnorm", activation="silu", ffn="gated")
     p = plan(TINY, cfg, chips=1, strategy="single").strategies[0]
     assert p.fits and p.predicted_cycles
     text = " ".join(p.notes)
-    assert "silu" in text and "gated" in text and "rmsnorm" not in text
+    assert "silu" not in text and "gated" not in text and "rmsnorm" not in text
     plain = plan(TINY, small(), chips=1, strategy="single").strategies[0]
-    assert p.predicted_cycles > plain.predicted_cycles      # the gate's matmul
+    assert p.predicted_cycles > plain.predicted_cycles      # the gate's matmul and MUL
     assert p.per_chip[0].weights > plain.per_chip[0].weights
+    # The gate is a tensor of the layout the planner reads (the shapes-only compile).
+    shapes = compile_shapes("single", TINY, cfg, 1, samples=cfg.batch)
+    assert any(".gate.w" in name for name in shapes.chips[0].alloc.tensors)
+    for strategy in ("head", "pipeline", "sequence", "hidden"):
+        q = plan(TINY, cfg, chips=2, strategy=strategy).strategies[0]
+        assert q.fits and not any("gated" in n or "silu" in n for n in q.notes), q.notes
+    hidden = plan(TINY, cfg, chips=2, strategy="hidden").strategies[0]
+    mlp = plan(TINY, dataclasses.replace(cfg, ffn="mlp"), chips=2, strategy="hidden")
+    assert hidden.per_chip[0].weights > mlp.strategies[0].per_chip[0].weights
+    assert hidden.collectives_per_layer == mlp.strategies[0].collectives_per_layer + 1
+    # The predicted cycles are the cycle model's on the compiler's own SwiGLU program.
+    x = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 3), x)
+    prog = compile_program("single", TINY, qm, 1, seq=cfg.seq_len, samples=cfg.batch)
+    assert p.timing == "cycle model"
+    assert p.predicted_cycles == time_programs(TINY, [c.program for c in prog.chips]).cycles
     rms = plan(TINY, small(norm_kind="rmsnorm"), chips=1, strategy="single").strategies[0]
     assert rms.fits and rms.notes == plain.notes and "rmsnorm" not in " ".join(rms.notes)
     assert rms.predicted_cycles == plain.predicted_cycles
@@ -226,7 +242,9 @@ def strip(program):
                                  small(n_layers=3, d_model=24, n_heads=3, d_ff=40, seq_len=6,
                                        norm="post", causal=False),
                                  small(d_model=12, n_heads=3, d_head=4, d_ff=20, seq_len=5,
-                                       batch=3)], ids=["tiny", "post", "batch3"])
+                                       batch=3),
+                                 small(activation="silu", ffn="gated")],
+                         ids=["tiny", "post", "batch3", "swiglu"])
 @pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 3),
                                              ("pipeline", 2), ("hidden", 2), ("hidden", 3)])
 def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
@@ -307,7 +325,8 @@ def test_llama_on_lpu_like_in_seconds():
     assert not ring_buildable(npu_preset("lpu-like"))
     single = by["single"]
     assert not single.fits and single.predicted_cycles > 0
-    assert "silu" in " ".join(single.notes) and "rmsnorm" not in " ".join(single.notes)
+    text = " ".join(single.notes)
+    assert "silu" not in text and "rmsnorm" not in text and "gated" not in text
     assert by["head+pipeline"].min_chips is not None
 
 

@@ -90,6 +90,17 @@ def test_one_block_on_one_chip(norm, causal, norm_kind):
 
 @pytest.mark.verilator
 @pytest.mark.usefixtures("verilator_ok")
+def test_swiglu_block_on_one_chip():
+    """A Llama-shaped block (RMSNorm, the gate and up matmuls, the SiLU LUT overlapping the up
+    matmul, MUL, no biases): the cycle model equals the RTL on every launch, MUL's included."""
+    npu, prog, images = compiled("single", 1, d_model=16, d_head=8, d_ff=32, seq_len=6,
+                                 norm_kind="rmsnorm", activation="silu", ffn="gated",
+                                 bias=False)
+    assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator")
+
+
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
 def test_head_parallel_on_two_chips():
     """Partial sums, ring all-reduces, per-channel requant, on ChipSystem."""
     npu, prog, images = compiled("head", 2)

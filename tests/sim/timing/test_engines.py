@@ -26,6 +26,7 @@ def cycles(model, step, regs, limit=100_000):
 
 @pytest.mark.parametrize("flags, op, length", [
     (VecFlags(a_bytes=2, b_bytes=2, d_bytes=2), VectorOp.ADD, 32),
+    (VecFlags(a_bytes=1, b_bytes=1, d_bytes=1), VectorOp.MUL, 32),
     (VecFlags(a_bytes=1, d_bytes=1), VectorOp.LUT, 20),
     (VecFlags(a_bytes=4, b_bytes=4, d_bytes=2, per_channel=True), VectorOp.REQUANT, 12),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN, 32),

@@ -82,6 +82,8 @@ def test_vector_launches(size, rows, length):
                        out=r(2 * bw, rows, rw2, 2)), False, False),
         (vl.add_launch(size=size, length=length, a=x, b=r(rows * rw2, rows, rw2, 2), out=x),
          True, False),
+        (vl.mul_launch(size=size, length=length, a=r(0, rows, rw1, 1), b=r(bw, rows, rw1, 1),
+                       out=r(2 * bw, rows, rw1, 1), mult=3000, shift=12), False, False),
         (vl.requant_launch(size=size, length=length, a=r(0, rows, rw4, 4),
                            out=r(bw, rows, rw2, 2), params_base=rows * rw4), True, False),
         (vl.lut_launch(size=size, length=length, a=r(0, rows, rw1, 1),
