@@ -119,6 +119,10 @@ def test_hidden_split_head_on_two_chips():
     assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
+# Three ChipSystem chips on pysim, about 40 s: in the slow suite. Sub-ring groups beside other
+# chips are held to the cycle model on pysim in tests/hw/test_system.py, this program to the ISS
+# (bit-exact) and the cycle model in tests/sim/compiler/test_hidden.py.
+@pytest.mark.slow
 def test_hidden_uneven_shards_on_three_chips():
     """Columns 4, 6, 6 of four heads of 4: head 2 split over chips 1 and 2 (a group that is
     not the whole ring, beside chips that each hold whole heads), the ordering tokens. On
