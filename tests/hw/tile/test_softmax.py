@@ -132,6 +132,10 @@ def stimulus(length: int, seed: int):
     }
 
 
+# The softmax unit runs under Verilator in make test inside the chip (every attention of the
+# Verilator backend's runs and of the cocotb chip test); this cocotb build of the exported
+# softmax top alone is in the slow suite.
+@pytest.mark.slow
 @pytest.mark.verilator
 def test_verilator_matches_golden_and_pysim(verilator_ok):
     from sim.rtl.cocotb_tb import run_cocotb
