@@ -207,8 +207,8 @@ def test_iss_rejects(op, regs, match):
                                                         r"not both"),
     ({"hi": Rows(50, 2, 2, 2)}, r"GELU16 hi is int8 \(eb=1\), not eb=2"),
     ({"y": Rows(50, 2, 1, 1)}, r"GELU16 y is int16 \(eb=2\), not eb=1"),
-    ({"lo": Rows(50, 2, 2, 2)}, r"q is LN's int8 output: only for LN and LN_APPLY \(and "
-                                r"GELU16's low byte\), with eb=1"),
+    ({"lo": Rows(50, 2, 2, 2)}, r"q is LN's int8 output: only for LN, LN_APPLY, RMS, "
+                                r"RMS_APPLY \(and GELU16's low byte\), with eb=1"),
     ({}, r"GELU16 needs an output \(data and/or q\)"),
 ])
 def test_builder_rejects(kwargs, match):
