@@ -192,26 +192,30 @@ def test_layernorm_random_and_edges(rng):
 
 
 @pytest.mark.parametrize("cuts", [[0, 7, 18], [0, 7, 9, 18], [0, 1, 6, 14, 18]])
-def test_partial_statistics_uneven_shards(rng, cuts):
-    """LN_STATS on 2, 3 and 4 uneven shards, summed, then LN_APPLY == full LN bit for bit."""
+@pytest.mark.parametrize("full, apply", [(VectorOp.LN, VectorOp.LN_APPLY),
+                                         (VectorOp.RMS, VectorOp.RMS_APPLY)])
+def test_partial_statistics_uneven_shards(rng, cuts, full, apply):
+    """LN_STATS on 2, 3 and 4 uneven shards, summed, then LN_APPLY (RMS_APPLY) == the full LN
+    (RMS) bit for bit; RMSNorm's parameters have no beta."""
     x = rng.integers(-(1 << 15), 1 << 15, 18)
-    params = _ln_params(rng, 18)
+    params = _ln_params(rng, 18) if full is VectorOp.LN else \
+        pack_gamma_beta(rng.integers(-(1 << 15), 1 << 15, 18), 0)
     knobs = {"gshift": 18, "mult": 40000, "shift": 24}
     shards = [slice(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
     stats = [ln_stats(x[s]) for s in shards]
     total = (sum(s for s, _ in stats), sum(s for _, s in stats))
-    program = [(VectorCmd(VectorOp.LN, 18, **knobs), x, params, None)]
+    program = [(VectorCmd(full, 18, **knobs), x, params, None)]
     program += [(VectorCmd(VectorOp.LN_STATS, s.stop - s.start), x[s], None, None)
                 for s in shards]
-    program += [(VectorCmd(VectorOp.LN_APPLY, s.stop - s.start, n=18, **knobs), x[s], params[s],
-                 total) for s in shards]
+    program += [(VectorCmd(apply, s.stop - s.start, n=18, **knobs), x[s], params[s], total)
+                for s in shards]
     expected, _ = run_program(program, rng=rng)
     k = len(shards)
     for i in range(k):
         assert tuple(expected[1 + i]["stats"]) == stats[i]
     for key in ("data", "q"):
         merged = np.concatenate([expected[1 + k + i][key] for i in range(k)])
-        assert np.array_equal(merged, expected[0][key]), key
+        assert np.array_equal(merged, expected[0][key]), (apply.name, key)
 
 
 # ---- RMSNorm -------------------------------------------------------------------------------
@@ -256,27 +260,6 @@ def test_rmsnorm_random_and_edges(rng):
     assert np.array_equal(expected[8]["data"], beta), "zero vector: y16 must equal beta"
     assert set(expected[-1]["data"]) <= {-32768, 32767}, "int16 saturates"
     assert set(expected[-1]["q"]) <= {-128, 127}
-
-
-@pytest.mark.parametrize("cuts", [[0, 7, 18], [0, 1, 6, 14, 18]])
-def test_rms_partial_statistics_uneven_shards(rng, cuts):
-    """LN_STATS on uneven shards, summed, then RMS_APPLY == full RMS bit for bit."""
-    x = rng.integers(-(1 << 15), 1 << 15, 18)
-    params = pack_gamma_beta(rng.integers(-(1 << 15), 1 << 15, 18), 0)
-    knobs = {"gshift": 18, "mult": 40000, "shift": 24}
-    shards = [slice(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
-    stats = [ln_stats(x[s]) for s in shards]
-    total = (sum(s for s, _ in stats), sum(s for _, s in stats))
-    program = [(VectorCmd(VectorOp.RMS, 18, **knobs), x, params, None)]
-    program += [(VectorCmd(VectorOp.LN_STATS, s.stop - s.start), x[s], None, None)
-                for s in shards]
-    program += [(VectorCmd(VectorOp.RMS_APPLY, s.stop - s.start, n=18, **knobs), x[s],
-                 params[s], total) for s in shards]
-    expected, _ = run_program(program, rng=rng)
-    k = len(shards)
-    for key in ("data", "q"):
-        merged = np.concatenate([expected[1 + k + i][key] for i in range(k)])
-        assert np.array_equal(merged, expected[0][key]), key
 
 
 def test_layernorm_tiny_preset_full_scale(rng):
