@@ -12,6 +12,12 @@ import pytest
 
 from sim.rtl.toolchain import toolchain_problem
 
+# The Verilator backend's builds of the suite compile their per-cycle C++ at -O1 (half the
+# compile time of -O3; the suite's programs are short; sim.rtl.verilator.build.OPT_ENV): set
+# $NPU_SCALE_VERILATOR_OPT to test another level. tests/sim/rtl/verilator/test_build.py's slow
+# suite compares a -O3 build with the suite's.
+os.environ.setdefault("NPU_SCALE_VERILATOR_OPT", "1")
+
 
 @pytest.fixture
 def rng(request):

