@@ -2,10 +2,11 @@
 every layer bit-exact with the single-chip golden model.
 
 The matrix (chip counts x seeds, norms, windows, batches, uneven shards, both reductions) runs
-on the ISS (timed by its cycle model, so a deadlock of the RTL shows there too). The RTL run of
-`make test` is in tests/sim/timing/test_cycle.py (a split head on 2 chips on Verilator); the slow
-suite runs 3 chips with uneven shards and a split head (here, and held to the cycle model there)
-and 4 chips with two split heads on pysim.
+on the ISS (timed by its cycle model, so a deadlock of the RTL shows there too). The RTL runs of
+`make test` are in tests/sim/timing/test_cycle.py (two heads each split over 2 of 4 chips on
+Verilator, held to the cycle model and, in the report, the ISS); the slow suite runs 3 chips with
+uneven shards and a split head (here, and held to the cycle model there) and 4 chips with two
+split heads on pysim.
 """
 
 import dataclasses

@@ -1,8 +1,8 @@
 """sim.compiler.sequence: sequence parallelism equals the single-chip golden bit for bit.
 
 The broad matrix (1..8 chips, causal and bidirectional windows, full attention, chunks shorter
-and longer than the window, uneven chunks, one chip in passes) runs on the ISS; the RTL runs 2
-chips on Verilator (the 2-chip build the other Verilator tests share), and 3 and 4 chips on pysim
+and longer than the window, uneven chunks, one chip in passes) runs on the ISS; the RTL runs 4
+chips on Verilator (the 4-chip build the other Verilator tests share), and 3 and 4 chips on pysim
 in the slow suite.
 """
 
@@ -187,13 +187,13 @@ def test_cli_runs_a_long_sequence_on_one_chip(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("chips, seq, window, causal, backend", [
-    pytest.param(2, 9, 3, True, "verilator", marks=pytest.mark.verilator),
-    pytest.param(2, 8, 0, False, "verilator", marks=pytest.mark.verilator),
+    pytest.param(4, 10, 3, True, "verilator", marks=pytest.mark.verilator),
+    pytest.param(4, 8, 0, False, "verilator", marks=pytest.mark.verilator),
     pytest.param(3, 8, 3, True, "pysim", marks=pytest.mark.slow),
     pytest.param(4, 8, 0, False, "pysim", marks=pytest.mark.slow)])
 def test_rtl_equals_the_iss(chips, seq, window, causal, backend, request):
-    """The RTL: bit-exact, the ISS's outputs and cycles, the K/V sends timed (uneven chunks
-    longer than a causal window; full attention)."""
+    """The RTL: bit-exact, the ISS's outputs and cycles, the K/V sends timed (uneven chunks of
+    3 and 2 tokens under a causal window of 3; full attention)."""
     if backend == "verilator":
         request.getfixturevalue("verilator_ok")
     cfg = dataclasses.replace(model(window=window, causal=causal), n_layers=1, seq_len=seq)

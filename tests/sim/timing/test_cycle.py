@@ -50,10 +50,10 @@ def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
     """The cycle model and the RTL agree on cycles, busy counters and every trace entry.
 
     ``backend="verilator"``: ChipSystem under Verilator (whose every integer, cycle and trace
-    entry tests/sim/rtl/verilator/test_runner.py checks against pysim), on the tiny preset's
-    1- and 2-chip builds that the other Verilator tests share; otherwise Amaranth's simulator
-    (the lone Chip for one program, ChipSystem for several). ``reads``: per chip, the
-    ``(base, words)`` regions to read back; returns the RTL run's regions."""
+    entry tests/sim/rtl/verilator/test_runner.py holds to pysim's and the cycle model's), on
+    the tiny preset's 1- and 4-chip builds that the other Verilator tests share; otherwise
+    Amaranth's simulator (the lone Chip for one program, ChipSystem for several). ``reads``:
+    per chip, the ``(base, words)`` regions to read back; returns the RTL run's regions."""
     reads = reads or [[] for _ in programs]
     if backend == "verilator":
         assert not ring or len(programs) > 1, "ChipSystem(1) has no ring"
@@ -101,21 +101,21 @@ def test_swiglu_block_on_one_chip():
 
 @pytest.mark.verilator
 @pytest.mark.usefixtures("verilator_ok")
-def test_head_parallel_on_two_chips():
-    """Partial sums, ring all-reduces, per-channel requant, on ChipSystem."""
-    npu, prog, images = compiled("head", 2)
+def test_head_parallel_on_four_chips():
+    """Partial sums, ring reduce-scatters and all-gathers, per-channel requant, on ChipSystem."""
+    npu, prog, images = compiled("head", 4, **HIDDEN16)
     assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
 @pytest.mark.verilator
 @pytest.mark.usefixtures("verilator_ok")
-def test_hidden_split_head_on_two_chips():
-    """Hidden-dimension parallelism, one head of 8 lanes split over 2 chips: both
+def test_hidden_split_heads_on_four_chips():
+    """Hidden-dimension parallelism, two heads of 8 lanes each split over 2 of 4 chips: both
     split-score passes (the partial pass without V, the reduced pass without K), the scores'
     all-reduce between them, the LayerNorm statistics' all-reduces and the projections'
     pipelined reduce-scatters."""
-    npu, prog, images = compiled("hidden", 2, n_heads=1, d_head=8, seed=3)
-    assert prog.meta["split_heads"] == [0]
+    npu, prog, images = compiled("hidden", 4, d_model=16, n_heads=2, d_head=8, d_ff=32, seed=3)
+    assert prog.meta["split_heads"] == [0, 1]
     assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
@@ -138,9 +138,9 @@ def test_hidden_uneven_shards_on_three_chips():
 
 @pytest.mark.verilator
 @pytest.mark.usefixtures("verilator_ok")
-def test_pipeline_on_two_chips():
+def test_pipeline_on_four_chips():
     """SEND/RECV with clear-to-send tokens while the stages compute (two microbatches)."""
-    npu, prog, images = compiled("pipeline", 2, n_layers=2, samples=2)
+    npu, prog, images = compiled("pipeline", 4, n_layers=4, samples=2)
     assert_rtl_equal(npu, [c.program for c in prog.chips], images, backend="verilator")
 
 
@@ -265,23 +265,26 @@ def test_lone_chip_and_matmul_chain():
     assert_rtl_equal(npu, [asm.words()], [{}])
 
 
-@pytest.mark.parametrize("strategy, heads, backend", [
-    pytest.param("head", 2, "verilator", marks=pytest.mark.verilator),
-    pytest.param("hidden", 1, "verilator", marks=pytest.mark.verilator),
-    pytest.param("head", 2, "pysim", marks=pytest.mark.slow)])
-def test_iss_reports_what_the_rtl_reports(strategy, heads, backend, request):
+@pytest.mark.parametrize("strategy, chips, d_model, heads, backend", [
+    pytest.param("head", 4, 16, 4, "verilator", marks=pytest.mark.verilator),
+    pytest.param("hidden", 4, 16, 2, "verilator", marks=pytest.mark.verilator),
+    pytest.param("head", 2, 8, 2, "pysim", marks=pytest.mark.slow),
+    pytest.param("hidden", 2, 8, 1, "pysim", marks=pytest.mark.slow)])
+def test_iss_reports_what_the_rtl_reports(strategy, chips, d_model, heads, backend, request):
     """`npu sim --backend iss`: the same cycles, per-chip busy and idle counts and collective
-    cycles as `--backend verilator` (the shared 2-chip build) or `--backend pysim` on the same
-    model (head-parallel, two chips; hidden, two chips sharing one head). The pysim report is
-    held to the ISS's in make test by tests/sim/flows/test_simulate.py's head on 3 chips."""
+    cycles as `--backend verilator` (the shared 4-chip build) or `--backend pysim` on the same
+    model (head-parallel; hidden, chips sharing heads). The pysim report is held to the ISS's
+    in make test by tests/sim/flows/test_simulate.py's head on 3 chips."""
     if backend == "verilator":
         request.getfixturevalue("verilator_ok")
-    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=heads, d_head=8 // heads, d_ff=16,
-                      seq_len=4, name="small")
+    cfg = ModelConfig(n_layers=1, d_model=d_model, n_heads=heads, d_head=d_model // heads,
+                      d_ff=2 * d_model, seq_len=4, name="small")
     npu = npu_preset("tiny")
-    iss = simulate(npu, cfg, strategy=strategy, chips=2, backend="iss").to_json()
-    rtl = simulate(npu, cfg, strategy=strategy, chips=2, backend=backend).to_json()
+    iss = simulate(npu, cfg, strategy=strategy, chips=chips, backend="iss").to_json()
+    rtl = simulate(npu, cfg, strategy=strategy, chips=chips, backend=backend).to_json()
     assert iss["cycles"] == rtl["cycles"] and iss["golden_match"] and rtl["golden_match"]
     assert [c["busy"] for c in iss["per_chip"]] == [c["busy"] for c in rtl["per_chip"]]
     assert iss["collectives"] == rtl["collectives"]
     assert iss.get("hidden") == rtl.get("hidden")
+    if strategy == "hidden":
+        assert rtl["hidden"]["split_heads"], rtl["hidden"]

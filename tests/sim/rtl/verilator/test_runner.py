@@ -1,8 +1,9 @@
 """sim.rtl.verilator.runner: ChipSystem under Verilator from the C++ harness gives what Amaranth's
 simulator gives (output integers, cycles, busy counters, traces) and names hung chips.
 
-One chip is compared with pysim directly; two chips with the ISS and its cycle model (which
-the pysim tests hold to Amaranth's simulator), so that no 2-chip pysim run is repeated here."""
+One chip is compared with pysim directly; four chips (the build that the 4-chip Verilator tests
+elsewhere share) with the ISS and its cycle model, which the pysim tests hold to Amaranth's
+simulator."""
 
 import dataclasses
 
@@ -29,9 +30,12 @@ from sim.timing.cycle import time_programs, trace_entries
 
 pytestmark = [pytest.mark.verilator, pytest.mark.usefixtures("verilator_ok")]
 
-#: One pre-norm block of d_model 16 over 4 tokens: a pysim run of 2 chips stays well under 40 s.
+#: One pre-norm block of d_model 16 over 4 tokens.
 SMALL = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
                     name="small")
+#: Four heads and four layers, for head and pipeline parallelism on 4 chips.
+FOUR = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
+                   name="small4")
 
 
 def compiled(rng, strategy, chips, *, cfg=SMALL, samples=1):
@@ -124,18 +128,17 @@ def test_single_chip_equals_pysim(rng):
 
 
 @pytest.mark.parametrize("strategy", ["head", "pipeline"])
-def test_two_chips_equal_the_iss(rng, strategy):
-    """--strategy head / pipeline on 2 chips (the pipeline with 2 samples in 2 microbatches):
-    the ISS's integers, its cycle model's cycles, busy counters and traces."""
+def test_four_chips_equal_the_iss(rng, strategy):
+    """--strategy head (one layer) / pipeline on 4 chips (the pipeline with 2 samples in 2
+    microbatches): the ISS's integers, its cycle model's cycles, busy counters and traces."""
     samples = 2 if strategy == "pipeline" else 1
-    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
-                      name="small2") if strategy == "pipeline" else SMALL
-    npu, prog, images, want = compiled(rng, strategy, 2, cfg=cfg, samples=samples)
+    cfg = FOUR if strategy == "pipeline" else dataclasses.replace(FOUR, n_layers=1)
+    npu, prog, images, want = compiled(rng, strategy, 4, cfg=cfg, samples=samples)
     programs, reads = [c.program for c in prog.chips], prog.reads()
     fast = run_system_verilator(npu, programs, images, reads, max_cycles=200_000)
-    check_types(fast, 2, npu.word_bytes)
-    assert_same(fast, iss_reference(npu, programs, images, reads), 2, "the ISS")
-    assert max(fast["busy_cycles"][c][4] + fast["busy_cycles"][c][3] for c in range(2)) > 0, \
+    check_types(fast, 4, npu.word_bytes)
+    assert_same(fast, iss_reference(npu, programs, images, reads), 4, "the ISS")
+    assert max(fast["busy_cycles"][c][4] + fast["busy_cycles"][c][3] for c in range(4)) > 0, \
         "no chip ever sent or joined a collective"
     assert all((g == w).all() for g, w in zip(outputs(prog, fast["regions"]), want,
                                               strict=True))
@@ -146,9 +149,7 @@ def test_link_stalls_change_cycles_not_integers(rng):
     """Stalls from the harness's generator: the same outputs, more cycles, one seed one
     pattern. A pipeline: its sends sit on the critical path (a head group's short
     reduce-scatters and all-gathers can absorb a stall pattern)."""
-    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=4,
-                      name="small2")
-    npu, prog, images, want = compiled(rng, "pipeline", 2, cfg=cfg, samples=2)
+    npu, prog, images, want = compiled(rng, "pipeline", 4, cfg=FOUR, samples=2)
     programs, reads = [c.program for c in prog.chips], prog.reads()
     calm = run_system_verilator(npu, programs, images, reads)
     runs = [run_system_verilator(npu, programs, images, reads, link_stalls=0.3, seed=s)
@@ -165,7 +166,8 @@ def test_link_stalls_change_cycles_not_integers(rng):
 
 def test_watchdog_names_the_hung_chip():
     """Chip 0 joins an all-reduce that chip 1 never starts: SimulationTimeout names chip 0's pc
-    and busy unit (and not the halted chip 1), in pysim's words."""
+    and busy unit (and not the halted chips), in the words of pysim's 2-chip system (Verilator
+    runs the 4-chip build the other tests share: chips 2 and 3 halt too)."""
     npu = npu_preset("tiny")
     req = CollectiveRequest("all_reduce", "sum", 32, 8, 2)
     launch = coll_launch(req, 0, in_base=0, out_base=64, size=npu.array_size,
@@ -177,9 +179,11 @@ def test_watchdog_names_the_hung_chip():
     programs = [asm.words(), halt.words()]
     images = [{0: launch.pack_input(np.arange(8))}, {}]
     messages = []
-    for run in (run_system_verilator, run_system_pysim):
+    for run, chips in ((run_system_verilator, 4), (run_system_pysim, 2)):
+        extra = chips - len(programs)
         with pytest.raises(SimulationTimeout, match="max_cycles=500: chip 0 at pc") as info:
-            run(npu, programs, images, [[], []], max_cycles=500)
+            run(npu, programs + [halt.words()] * extra, images + [{}] * extra, [[]] * chips,
+                max_cycles=500)
         messages.append(str(info.value))
     assert "busy with collective" in messages[0] and "chip 1" not in messages[0]
     assert messages[0] == messages[1]
@@ -208,14 +212,13 @@ def test_rejections():
         run_system_verilator(npu, [[]] * 9, [{}] * 9, [[]] * 9)
 
 
-@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("pipeline", 2)])
+@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 4), ("pipeline", 4)])
 def test_simulate_runs_every_chip_count_on_verilator(strategy, chips):
     """sim.flows.simulate dispatches --backend verilator to this runner for any chip count (link
     stalls too, on several chips): bit-exact with the golden model, cycles and traces there."""
     stalls = 0.2 if chips > 1 else 0.0
-    report = simulate(npu_preset("tiny"), dataclasses.replace(SMALL, n_layers=2),
-                      strategy=strategy, chips=chips, batch=2, backend="verilator",
-                      link_stalls=stalls)
+    report = simulate(npu_preset("tiny"), FOUR, strategy=strategy, chips=chips, batch=2,
+                      backend="verilator", link_stalls=stalls)
     assert report.golden_match and report.cycles > 0
     assert all(span is not None for span in report.spans)
 
