@@ -547,8 +547,9 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
                         "than chips); one chip's program timed and split, the collectives "
                         "added from the ring's cost")
     elif how == "analytic" and name not in COMPILED:
-        notes.insert(0, f"analytic: no compiler for {name} yet; cycles estimated from the "
-                        "built strategies' timed programs")
+        notes.insert(0, f"analytic: {name}'s own programs are not timed by the planner yet "
+                        "(its layout is its compiler's); cycles estimated from the 1-D "
+                        "strategies' timed programs")
     dh_pad = pad_to(cfg.d_head, npu.array_size)
     if dh_pad > cfg.d_head and name != "hidden":
         notes.append(f"d_head={cfg.d_head} is padded to {dh_pad} lanes (whole words of the "
