@@ -27,6 +27,8 @@ import numpy as np
 
 from hw.spec import ModelConfig
 
+from .vector import silu_float
+
 __all__ = ["attention_mask", "layernorm", "rmsnorm", "gelu", "silu", "block_forward",
            "model_forward", "random_weights", "weight_names", "check_weights"]
 
@@ -71,8 +73,8 @@ def gelu(x):
 
 
 def silu(x):
-    e = np.exp(-np.abs(x))                 # x * sigmoid(x), without overflow
-    return x * np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    """x * sigmoid(x): the table's own float64 SiLU (:func:`sim.golden.vector.silu_float`)."""
+    return silu_float(x)
 
 
 def _act(cfg: ModelConfig, x):

@@ -310,7 +310,12 @@ def layernorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     std = x.std()
-    z = np.zeros_like(x) if std == 0 else (x - x.mean()) / std
+    return _scaled_float(np.zeros_like(x) if std == 0 else (x - x.mean()) / std, gamma, beta,
+                         gshift)
+
+
+def _scaled_float(z, gamma, beta, gshift: int) -> np.ndarray:
+    """``z * gamma * 2**(16-gshift) + beta``: a float64 normalised vector in output LSBs."""
     return (z * np.asarray(gamma, dtype=np.float64) * 2.0 ** (LN_Z_FRAC_BITS - gshift)
             + np.asarray(beta, dtype=np.float64))
 
@@ -327,9 +332,7 @@ def rmsnorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
     ``x / sqrt(mean(x^2)) * gamma * 2**(16-gshift) + beta``; an all-zero vector gives beta."""
     x = np.asarray(x, dtype=np.float64)
     rms = math.sqrt(float(np.mean(x * x)))
-    z = np.zeros_like(x) if rms == 0 else x / rms
-    return (z * np.asarray(gamma, dtype=np.float64) * 2.0 ** (LN_Z_FRAC_BITS - gshift)
-            + np.asarray(beta, dtype=np.float64))
+    return _scaled_float(np.zeros_like(x) if rms == 0 else x / rms, gamma, beta, gshift)
 
 
 def unpack_requant(words) -> tuple[np.ndarray, np.ndarray]:
