@@ -301,18 +301,15 @@ class BlockEmitter:
         # FFN: W1 columns and W2 rows of the local FFN columns.
         f_pad = pad_to(len(shard.ffn), n)
 
-        def ffn1_ql():
+        def ffn_columns(ql):
+            """``ql`` (FFN1 or the gate) on this shard's FFN columns (read only with
+            contents)."""
             fcols = np.asarray(shard.ffn)
-            return QLinear(L.ffn1.w[:, fcols], L.ffn1.bias[fcols], L.ffn1.mult[fcols],
-                           L.ffn1.shift[fcols], OutMode.INT8)
-        ffn1 = self._linear(p + "ffn1", ffn1_ql, self.d_pad, f_pad)
-        gate = None
-        if L.gate is not None:
-            def gate_ql():
-                fcols = np.asarray(shard.ffn)
-                return QLinear(L.gate.w[:, fcols], L.gate.bias[fcols], L.gate.mult[fcols],
-                               L.gate.shift[fcols], OutMode.INT8)
-            gate = self._linear(p + "gate", gate_ql, self.d_pad, f_pad)
+            return QLinear(ql.w[:, fcols], ql.bias[fcols], ql.mult[fcols], ql.shift[fcols],
+                           OutMode.INT8)
+        ffn1 = self._linear(p + "ffn1", lambda: ffn_columns(L.ffn1), self.d_pad, f_pad)
+        gate = None if L.gate is None else self._linear(
+            p + "gate", lambda: ffn_columns(L.gate), self.d_pad, f_pad)
         ffn2 = self._linear(p + "ffn2", lambda: L.ffn2, f_pad, self.d_pad,
                             rows=lambda: L.ffn2.w[np.asarray(shard.ffn)], bias=shard.bias)
         # LayerNorm parameters and the activation table (smooth16: the GELU16 knots).
