@@ -221,12 +221,13 @@ def _grid_text(grid) -> str | None:
     return None if grid is None else f"{grid[0]}x{grid[1]}"
 
 
-def _layout(npu, cfg, strategy, chips, grid, picks) -> dict[int, dict]:
+def _layout(npu, cfg, strategy, chips, grid, picks, samples=None) -> dict[int, dict]:
     """Per chip of ``picks``: the allocator's bytes per category (a gated FFN's gate is one of
-    its tensors), from the strategy's own compile of ``cfg``'s shapes stopped after its layout
-    (``emit=False``: no program, so on any chip count and without a ring port)."""
+    its tensors), from the strategy's own compile of ``cfg``'s shapes (``samples``: default
+    ``cfg.batch``) stopped after its layout (``emit=False``: no program, so on any chip count
+    and without a ring port)."""
     prog = get_strategy(strategy).compile_shapes(
-        npu, _dummy_qmodel(cfg), chips, samples=cfg.batch,
+        npu, _dummy_qmodel(cfg), chips, samples=cfg.batch if samples is None else samples,
         grid=_grid_text(grid), only=set(picks), emit=False)
     return {c: dict(prog.chips[c].alloc.used) for c in picks}
 
@@ -384,10 +385,9 @@ def _fit_npu(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int,
     """``npu`` with an instruction memory large enough for any program, and, when a chip's
     share of ``cfg`` (its layout, :func:`_layout`) does not fit its scratchpad, a larger one
     (the same banks, each a power of two words) on which the compiled addresses are valid."""
-    prog = get_strategy(strategy).compile_shapes(
-        npu, _dummy_qmodel(cfg), chips, samples=samples,
-        only=set(_cut_chips(npu, cfg, strategy, chips)), emit=False)
-    need = max(sum(c.alloc.used.values()) for c in prog.chips if c is not None)
+    laid = _layout(npu, cfg, strategy, chips, None, _cut_chips(npu, cfg, strategy, chips),
+                   samples)
+    need = max(sum(used.values()) for used in laid.values())
     big = dataclasses.replace(npu, imem_words=1 << 20)
     if need <= npu.sram_bytes // 2:
         return big
