@@ -323,6 +323,10 @@ _MODEL_SCHEMA = {
     "n_layers": _Key(int, minimum=1, doc="transformer blocks"),
     "d_model": _Key(int, minimum=1, doc="hidden size"),
     "n_heads": _Key(int, minimum=1, doc="attention heads"),
+    "n_kv_heads": _Key(int, 0, minimum=0, doc="K/V heads shared by groups of query heads "
+                       "(grouped-query attention; 0 = n_heads)"),
+    "rope_theta": _Key(float, 0.0, minimum=0, doc="rotary position embedding base (HF "
+                       "half-rotation layout; 0 = no RoPE)"),
     "d_head": _Key(int, 0, minimum=0, doc="head width (0 = d_model // n_heads)"),
     "d_ff": _Key(int, minimum=1, doc="feed-forward inner size"),
     "seq_len": _Key(int, minimum=1, doc="tokens per sequence"),
@@ -353,6 +357,8 @@ class ModelConfig:
     d_ff: int
     seq_len: int
     d_head: int = 0
+    n_kv_heads: int = 0
+    rope_theta: float = 0.0
     window: int = 0
     causal: bool = True
     norm: str = "pre"
@@ -384,6 +390,15 @@ class ModelConfig:
                 f"is not n_heads * d_head = {self.n_heads} * {self.d_head} = "
                 f"{self.n_heads * self.d_head}", path=self.path, key="d_model",
                 value=self.d_model)
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"must divide n_heads {self.n_heads}", path=self.path,
+                              key="n_kv_heads", value=self.n_kv_heads)
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        if self.rope_theta and (self.rope_theta <= 1.0 or self.d_head % 2):
+            raise ConfigError(f"needs a base above 1 and an even d_head (d_head={self.d_head})",
+                              path=self.path, key="rope_theta", value=self.rope_theta)
         if self.window > self.seq_len:
             raise ConfigError(f"exceeds seq_len {self.seq_len} (use 0 for full attention)",
                               path=self.path, key="window", value=self.window)
@@ -400,6 +415,21 @@ class ModelConfig:
         return self.norm_kind == "rmsnorm"
 
     @property
+    def kv_group(self) -> int:
+        """Query heads per K/V head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def d_kv(self) -> int:
+        """Width of K and of V: ``n_kv_heads * d_head``."""
+        return self.n_kv_heads * self.d_head
+
+    @property
+    def rope(self) -> bool:
+        """Whether Q and K are rotated by position (RoPE, ``rope_theta`` > 0)."""
+        return self.rope_theta > 0
+
+    @property
     def attn_span(self) -> int:
         """Keys one query can see: the window, or the whole sequence for full attention."""
         return self.window if self.window else self.seq_len
@@ -408,7 +438,8 @@ class ModelConfig:
     def weights_per_layer(self) -> int:
         """int8 weight elements in one block (attention projections and FFN)."""
         ffn_mats = 3 if self.ffn == "gated" else 2
-        return 4 * self.d_model * self.d_model + ffn_mats * self.d_model * self.d_ff
+        d = self.d_model
+        return 2 * d * d + 2 * d * self.d_kv + ffn_mats * d * self.d_ff
 
     @property
     def biases_per_layer(self) -> int:
@@ -416,14 +447,14 @@ class ModelConfig:
         if not self.bias:
             return 0
         ffn_bias = self.d_ff * (2 if self.ffn == "gated" else 1)
-        return 4 * self.d_model + ffn_bias + self.d_model
+        return 2 * self.d_model + 2 * self.d_kv + ffn_bias + self.d_model
 
     @property
     def macs_per_layer(self) -> int:
         """Multiply-accumulates of one block for one sequence (projections, scores, FFN)."""
         s, d = self.seq_len, self.d_model
         ffn_mats = 3 if self.ffn == "gated" else 2
-        proj = 4 * s * d * d + ffn_mats * s * d * self.d_ff
+        proj = 2 * s * d * (d + self.d_kv) + ffn_mats * s * d * self.d_ff
         span = self.attn_span
         attn = 2 * s * span * d
         return proj + attn

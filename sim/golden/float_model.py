@@ -15,6 +15,13 @@ integer unit (``sim.golden.vector``); a constant row normalises to ``beta``. Wit
 ``norm_kind = "rmsnorm"`` each LN is RMSNorm, ``x / sqrt(mean(x^2)) * gamma``: no mean, no
 beta (the weights have no ``ln*.bias``), epsilon 0 likewise (an all-zero row gives 0).
 
+Grouped-query attention (``n_kv_heads`` < ``n_heads``): ``Wk`` and ``Wv`` are ``[d_model,
+n_kv_heads * d_head]`` and query head ``h`` reads K/V head ``h // (n_heads / n_kv_heads)``.
+RoPE (``rope_theta`` > 0, Hugging Face's half-rotation layout): each head's q and k at
+position ``p`` become ``x * cos(p w) + rotate_half(x) * sin(p w)`` with ``w_i =
+theta**(-2 i / d_head)`` for the two halves alike and ``rotate_half([x1, x2]) = [-x2, x1]``
+(:func:`rope_angles`, :func:`rotate_half`).
+
 ``record`` (a dict) collects every intermediate tensor by name; the quantiser calibrates
 activation scales from it.
 """
@@ -29,7 +36,7 @@ from hw.spec import ModelConfig
 
 from .vector import silu_float
 
-__all__ = ["attention_mask", "layernorm", "rmsnorm", "gelu", "silu", "block_forward",
+__all__ = ["attention_mask", "rope_angles", "rotate_half", "apply_rope", "layernorm", "rmsnorm", "gelu", "silu", "block_forward",
            "model_forward", "random_weights", "weight_names", "check_weights"]
 
 
@@ -44,6 +51,29 @@ def attention_mask(seq: int, window: int, causal: bool, pos_base: int = 0) -> np
     else:
         mask = np.ones((seq, seq), bool) if not window else np.abs(i - j) < window
     return mask
+
+
+def rope_angles(d_head: int, theta: float, positions) -> tuple[np.ndarray, np.ndarray]:
+    """``(cos, sin)`` [len(positions), d_head] of RoPE at ``positions`` (HF layout: the
+    frequencies of the first half repeated for the second)."""
+    inv = theta ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+    ang = np.asarray(positions, np.float64)[:, None] * inv[None, :]
+    ang = np.concatenate([ang, ang], axis=1)
+    return np.cos(ang), np.sin(ang)
+
+
+def rotate_half(x):
+    """``[x1, x2] -> [-x2, x1]`` over the last axis (each head's two halves)."""
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(cfg: ModelConfig, x, pos_base: int = 0):
+    """RoPE of every head of ``x`` [seq, heads * d_head] at positions ``pos_base + row``."""
+    seq, dh = x.shape[0], cfg.d_head
+    cos, sin = rope_angles(dh, cfg.rope_theta, pos_base + np.arange(seq))
+    heads = x.reshape(seq, -1, dh)
+    return (heads * cos[:, None, :] + rotate_half(heads) * sin[:, None, :]).reshape(x.shape)
 
 
 def layernorm(x, gamma, beta):
@@ -89,9 +119,10 @@ def _act(cfg: ModelConfig, x):
 
 def weight_names(cfg: ModelConfig, layer: int) -> dict[str, tuple]:
     """Names and shapes of one block's tensors in the weights file."""
-    d, f = cfg.d_model, cfg.d_ff
+    d, f, kv = cfg.d_model, cfg.d_ff, cfg.d_kv
     p = f"layers.{layer}."
-    names = {p + f"attn.{w}": (d, d) for w in ("wq", "wk", "wv", "wo")}
+    names = {p + "attn.wq": (d, d), p + "attn.wk": (d, kv), p + "attn.wv": (d, kv),
+             p + "attn.wo": (d, d)}
     names.update({p + "ln1.weight": (d,), p + "ln2.weight": (d,), p + "ffn.w1": (d, f),
                   p + "ffn.w2": (f, d)})
     if cfg.ffn == "gated":              # the gate, beside the up matrix w1
@@ -101,7 +132,8 @@ def weight_names(cfg: ModelConfig, layer: int) -> dict[str, tuple]:
     if not cfg.rmsnorm:                 # RMSNorm has no beta
         names.update({p + "ln1.bias": (d,), p + "ln2.bias": (d,)})
     if cfg.bias:
-        names.update({p + f"attn.{b}": (d,) for b in ("bq", "bk", "bv", "bo")})
+        names.update({p + "attn.bq": (d,), p + "attn.bk": (kv,), p + "attn.bv": (kv,),
+                      p + "attn.bo": (d,)})
         names.update({p + "ffn.b1": (f,), p + "ffn.b2": (d,)})
     return names
 
@@ -143,20 +175,26 @@ def _mha(cfg, w, p, h, record, pos_base):
     q = h @ w[p + "attn.wq"] + w.get(p + "attn.bq", 0.0)
     k = h @ w[p + "attn.wk"] + w.get(p + "attn.bk", 0.0)
     v = h @ w[p + "attn.wv"] + w.get(p + "attn.bv", 0.0)
+    record.update({p + "q": q, p + "k": k})
+    if cfg.rope:
+        q, k = apply_rope(cfg, q, pos_base), apply_rope(cfg, k, pos_base)
+        record.update({p + "q_rope": q, p + "k_rope": k})
     mask = attention_mask(s, cfg.window, cfg.causal, pos_base)
     o = np.zeros((s, d))
     scores_max = 0.0
     for hd in range(cfg.n_heads):
         sl = slice(hd * dh, (hd + 1) * dh)
-        sc = q[:, sl] @ k[:, sl].T / math.sqrt(dh)
+        kv = hd // cfg.kv_group
+        kvs = slice(kv * dh, (kv + 1) * dh)
+        sc = q[:, sl] @ k[:, kvs].T / math.sqrt(dh)
         scores_max = max(scores_max, float(np.abs(np.where(mask, sc, 0)).max(initial=0)))
         sc = np.where(mask, sc, -np.inf)
         sc = sc - sc.max(axis=1, keepdims=True)
         e = np.exp(sc)
         pr = e / e.sum(axis=1, keepdims=True)
-        o[:, sl] = pr @ v[:, sl]
+        o[:, sl] = pr @ v[:, kvs]
     a = o @ w[p + "attn.wo"] + w.get(p + "attn.bo", 0.0)
-    record.update({p + "q": q, p + "k": k, p + "v": v, p + "attn_o": o, p + "attn_out": a,
+    record.update({p + "v": v, p + "attn_o": o, p + "attn_out": a,
                    p + "scores_absmax": scores_max})
     return a
 
