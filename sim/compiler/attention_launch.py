@@ -42,14 +42,16 @@ class Schedule:
 
 
 def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_base,
-                     q_row_words, k_row_words, v_row_words, o_row_words, col=0, q_pos=0,
-                     k_pos=0, bidirectional=False, interleaved=False, halo=0, window=0,
+                     q_row_words, k_row_words, v_row_words, o_row_words, col=0, kv_col=None,
+                     q_pos=0, k_pos=0, bidirectional=False, interleaved=False, halo=0, window=0,
                      score_mult, score_shift, out_mult, out_shift) -> AttentionLaunch:
     """One head over ``queries`` query rows and ``keys`` key/value rows.
 
     Tensors are int8 token-major (``hw.spec.memory``); row r of Q is at ``q_base + r*q_row_words``
     (likewise K, V, O); the head's slice is columns ``col .. col + d_head - 1`` (``col`` and
-    ``d_head`` multiples of ``size``). Key n has absolute position ``k_pos + n``, query t
+    ``d_head`` multiples of ``size``) of Q and O, and columns from ``kv_col`` (default ``col``)
+    of K and V (grouped-query attention: the query head's K/V head). Key n has absolute
+    position ``k_pos + n``, query t
     ``q_pos + t``. ``halo`` keys are written before the interleaving starts.
     """
     if d_head < size or d_head % size or col % size:
@@ -61,22 +63,26 @@ def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_b
         raise ValueError(f"halo={halo} must be in 0..keys={keys}, and only with interleaved")
     if interleaved and keys > halo + queries:
         raise ValueError(f"interleaved: keys={keys} exceeds halo={halo} + queries={queries}")
+    kv_col = col if kv_col is None else kv_col
+    if kv_col % size or kv_col < 0:
+        raise ValueError(f"kv_col={kv_col} must be a non-negative multiple of the word size "
+                         f"{size}")
     hw = d_head // size
-    cw = col // size
-    for name, rw in (("q", q_row_words), ("k", k_row_words), ("v", v_row_words),
-                     ("o", o_row_words)):
-        if rw < cw + hw:
-            raise ValueError(f"{name}_row_words={rw} cannot hold columns up to {col + d_head}")
+    for name, rw, c in (("q", q_row_words, col), ("k", k_row_words, kv_col),
+                        ("v", v_row_words, kv_col), ("o", o_row_words, col)):
+        if rw < c // size + hw:
+            raise ValueError(f"{name}_row_words={rw} cannot hold columns up to {c + d_head}")
 
-    def rows(base, rw, count):
-        return Desc(base + cw, (hw, count, 1, 1), (1, rw, 0, 0))
+    def rows(base, rw, count, c=col):
+        return Desc(base + c // size, (hw, count, 1, 1), (1, rw, 0, 0))
 
     flags = flags_value(bidirectional=bidirectional, interleaved=interleaved, halo=halo)
     regs = {"AT_QUERIES": queries, "AT_KEYS": keys, "AT_Q_POS": q_pos, "AT_K_POS": k_pos,
             "AT_WINDOW": window, "AT_FLAGS": flags, "AT_SCORE_MULT": score_mult,
             "AT_SCORE_SHIFT": score_shift, "AT_OUT_MULT": out_mult, "AT_OUT_SHIFT": out_shift,
             "AT_D_HEAD": d_head}
-    return AttentionLaunch(rd3=rows(k_base, k_row_words, keys), rd4=rows(v_base, v_row_words, keys),
+    return AttentionLaunch(rd3=rows(k_base, k_row_words, keys, kv_col),
+                           rd4=rows(v_base, v_row_words, keys, kv_col),
                            rd5=rows(q_base, q_row_words, queries),
                            wr1=rows(o_base, o_row_words, queries), regs=regs)
 

@@ -88,6 +88,7 @@ from hw.spec.isa import COLL_FIFO_WORDS, Unit
 from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_blocks, row_words
 from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES, pack_gamma_beta, pack_requant
 
+from ..golden.rope import ROPE_MUL, rope_tables
 from . import attention_launch as al_
 from . import collective_launch as cl
 from . import vector_launch as vl
@@ -144,6 +145,7 @@ class LayerWeights:
     qkv_req: Tensor | None = None    # smooth16 post-norm: per-lane REQUANT to the QKV input
     ffn_req: Tensor | None = None    # ... and to the FFN1 input
     gate: tuple | None = None        # a gated FFN's gate matrix (FFN1's shape and columns)
+    rope_req: Tensor | None = None   # RoPE: per-lane REQUANT of Q's and K's lanes
 
 
 @dataclass
@@ -158,6 +160,7 @@ class Activations:
     x8: Tensor | None
     p: Tensor | None                 # int32 partial sums (sharded layers)
     g: Tensor | None = None          # a gated FFN's int8 gate (FFN1's shape)
+    rope: tuple[Tensor, Tensor] | None = None   # RoPE: int16 q C and q' S over Q's, K's lanes
 
 
 def _rows(t: Tensor) -> vl.Rows:
@@ -263,6 +266,45 @@ class BlockEmitter:
             return pack_rows(words[None, :], 4, self.n)
         return self._store(name, row_words(self.d_pad, 4, self.n), make)
 
+    def kv_heads(self, shard: Shard) -> list[int]:
+        """The K/V heads the shard's query heads read (grouped-query attention: a K/V head
+        whose query heads lie on several chips is held by each of them)."""
+        return sorted({h // self.cfg.kv_group for h in shard.heads})
+
+    def rope_tables(self) -> tuple[Tensor, Tensor]:
+        """RoPE's int8 tables ``C`` and ``S`` (:func:`sim.golden.rope.rope_tables`): one row of
+        ``d_head`` lanes per position of the sequence, placed once per chip and read by every
+        layer and head."""
+        if getattr(self, "_rope", None) is None:
+            cfg, n = self.cfg, self.n
+            words = self.seq_pad * row_words(self.dh_pad, 1, n)
+
+            def table(k):
+                def make():
+                    rows = np.zeros((self.seq_pad, self.dh_pad), np.int64)
+                    rows[:self.seq, :cfg.d_head] = rope_tables(
+                        cfg.d_head, cfg.rope_theta, np.arange(self.seq))[k]
+                    return pack_rows(rows, 1, n)
+                return make
+            self._rope = tuple(self._store(f"rope.{name}", words, table(k))
+                               for k, name in enumerate(("cos", "sin")))
+        return self._rope
+
+    def _rope_params(self, name: str, L, hcount: int, kvcount: int) -> Tensor:
+        """Per-lane ``(mult, shift)`` words of RoPE's REQUANT over the Q and K lanes of a QKV
+        row (``hcount`` and ``kvcount`` heads of ``dh_pad`` lanes; the padding lanes 0)."""
+        lanes = (hcount + kvcount) * self.dh_pad
+        dh = self.cfg.d_head
+
+        def make():
+            mult, shift = np.zeros(lanes, np.int64), np.ones(lanes, np.int64)
+            for k in range(hcount + kvcount):
+                m, sh = L.rope.q_req if k < hcount else L.rope.k_req
+                mult[k * self.dh_pad:k * self.dh_pad + dh] = m
+                shift[k * self.dh_pad:k * self.dh_pad + dh] = sh
+            return pack_rows(pack_requant(mult, shift)[None, :], 4, self.n)
+        return self._store(name, row_words(lanes, 4, self.n), make)
+
     def place_layer(self, i: int, shard: Shard) -> LayerWeights:
         """Store layer ``i``'s share ``shard`` of the weights on this chip (without
         :attr:`contents`: only the layer's flags are read, ``ffn16`` and whether it has the
@@ -272,23 +314,35 @@ class BlockEmitter:
         heads, hcount = list(shard.heads), len(shard.heads)
         reduce = shard.group is not None
         p = f"layers.{i}."
+        kvs = self.kv_heads(shard)
+
+        def cols(hs):
+            return np.concatenate([np.arange(dh) + h * dh for h in hs])
+
         @functools.cache
         def q_cols():
-            """Q, K and V columns of the local heads (read only with contents)."""
-            return np.concatenate([np.arange(dh) + h * dh for h in heads])
+            """The Q columns of the local heads (read only with contents)."""
+            return cols(heads)
+
+        # The QKV row: Q of the local heads, K and V of their K/V heads, and under RoPE the
+        # rotated projections Q' and K' (sim.golden.rope).
+        parts = [(lambda: L.q, heads), (lambda: L.k, kvs), (lambda: L.v, kvs)]
+        if cfg.rope:
+            parts += [(lambda: L.rope.qr, heads), (lambda: L.rope.kr, kvs)]
 
         def qkv_ql():
-            cols = q_cols()
-            pick = (L.q, L.k, L.v)
-            return QLinear(np.concatenate([x.w[:, cols] for x in pick], axis=1),
-                           np.concatenate([x.bias[cols] for x in pick]),
-                           np.concatenate([x.mult[cols] for x in pick]),
-                           np.concatenate([x.shift[cols] for x in pick]), OutMode.INT8)
+            pick = [(get(), cols(hs)) for get, hs in parts]
+            return QLinear(*(np.concatenate([getattr(x, f)[..., c] for x, c in pick], axis=-1)
+                             for f in ("w", "bias", "mult", "shift")), OutMode.INT8)
 
         def qkv_map():
-            return np.concatenate([np.arange(dh) + part * hcount * dh_pad + k * dh_pad
-                                   for part in range(3) for k in range(hcount)])
-        qkv = self._linear(p + "qkv", qkv_ql, self.d_pad, 3 * hcount * dh_pad, qkv_map)
+            out, at = [], 0
+            for _, hs in parts:
+                out += [np.arange(dh) + at + k * dh_pad for k in range(len(hs))]
+                at += len(hs) * dh_pad
+            return np.concatenate(out)
+        qkv_width = sum(len(hs) for _, hs in parts) * dh_pad
+        qkv = self._linear(p + "qkv", qkv_ql, self.d_pad, qkv_width, qkv_map)
 
         # Wo rows of the local heads (padded rows of zeros between heads).
         def wo_rows():
@@ -323,6 +377,8 @@ class BlockEmitter:
             lut = self._store(p + "lut", row_words(LUT_ENTRIES, 1, n),
                               lambda: pack_rows(L.lut[None, :], 1, n))
         w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate)
+        if cfg.rope:
+            w.rope_req = self._rope_params(p + "rope.requant", L, hcount, len(kvs))
         if L.ffn16:
             # The hi pass: the same weights, (mult, shift - 8) and no bias.
             def hi_params():
@@ -350,11 +406,12 @@ class BlockEmitter:
         widest shard sizes them); ``qkv``: a Q/K/V tensor the caller allocated (sequence
         parallelism: with rows for the neighbours' keys) instead of one of ``rows`` rows."""
         al, cfg = self.al, self.cfg
-        hcount = len(shard.heads)
+        hcount, kvcount = len(shard.heads), len(self.kv_heads(shard))
         f_pad = pad_to(len(shard.ffn), self.n)
         h = al.alloc("h", rows, self.d_pad, 1, "activations")
         if qkv is None:
-            qkv = al.alloc("qkv", rows, 3 * hcount * self.dh_pad, 1, "kv_cache")
+            width = (hcount + 2 * kvcount + (hcount + kvcount if cfg.rope else 0)) * self.dh_pad
+            qkv = al.alloc("qkv", rows, width, 1, "kv_cache")
         o = al.alloc("o", rows, hcount * self.dh_pad, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
         if self.qm.quant == "smooth16":
@@ -376,7 +433,11 @@ class BlockEmitter:
             unit = count * elements_per_word(word_bytes(self.npu.link_bytes_per_cycle), 32)
             elems = pad_to(rows * self.d_pad, unit)
             p = al.alloc("p", 1, elems, 4, "activations")
-        return Activations(h, qkv, o, a, f, x8, p, g)
+        rope = None
+        if cfg.rope:
+            rope = tuple(al.alloc(f"rope.t{k}", rows, (hcount + kvcount) * self.dh_pad, 2,
+                                  "activations") for k in (1, 2))
+        return Activations(h, qkv, o, a, f, x8, p, g, rope)
 
     def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
                        transfer: bool = False) -> Tensor:
@@ -591,20 +652,45 @@ class BlockEmitter:
             self._requant_lanes(_part(x, own), _part(out, own), params)
             self._row_collective("all_gather", shard, out, rows, i, "LayerNorm output")
 
+        kvs = self.kv_heads(shard)
+        dh_w = self.dh_pad // n
+        q_words, kv_words = hcount * dh_w, len(kvs) * dh_w     # of Q, and of K or V, in a row
+
+        def rope():
+            """RoPE of Q and K in place (sim.golden.rope): MUL by C, MUL of Q', K' by S, ADD,
+            per-lane REQUANT."""
+            t1, t2 = (_view(t, rows) for t in acts.rope)
+            lanes = (hcount + len(kvs)) * self.dh_pad
+            qk = vl.Rows(qkv.base, rows, qkv.row_words, 1)
+            qkr = vl.Rows(qkv.base + q_words + 2 * kv_words, rows, qkv.row_words, 1)
+            cos, sin = (vl.Tiled(t.base, self.seq_pad, dh_w, 1, hcount + len(kvs))
+                        for t in self.rope_tables())
+            for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
+                self._vec(vl.mul_launch(size=n, length=lanes, a=src, b=table, out=_rows(out),
+                                        mult=ROPE_MUL[0], shift=ROPE_MUL[1]), tag=("rope", i))
+                asm.wait(Unit.VEC)
+            self._vec(vl.add_launch(size=n, length=lanes, a=_rows(t1), b=_rows(t2),
+                                    out=_rows(t1)))
+            asm.wait(Unit.VEC)
+            self._vec(vl.requant_launch(size=n, length=lanes, a=_rows(t1), out=qk,
+                                        params_base=w.rope_req.base))
+            asm.wait(Unit.VEC)
+
         def attention():
-            part = hcount * self.dh_pad // n          # words of one of Q, K, V in a qkv row
             sched = al_.plan_schedule(seq=self.seq, window=cfg.window, causal=cfg.causal,
                                       ring=self.npu.attn_window)
             for s in range(nseq):
                 row0 = s * self.seq_pad
                 for k in range(hcount):
                     base = qkv.base + row0 * qkv.row_words
+                    g = kvs.index(shard.heads[k] // cfg.kv_group)
                     al_.emit(asm, al_.attention_launch(
                         size=n, d_head=self.dh_pad, queries=self.seq, keys=self.seq,
-                        q_base=base, k_base=base + part, v_base=base + 2 * part,
+                        q_base=base, k_base=base + q_words, v_base=base + q_words + kv_words,
                         o_base=o.base + row0 * o.row_words, q_row_words=qkv.row_words,
                         k_row_words=qkv.row_words, v_row_words=qkv.row_words,
-                        o_row_words=o.row_words, col=k * self.dh_pad, q_pos=pos_base,
+                        o_row_words=o.row_words, col=k * self.dh_pad,
+                        kv_col=g * self.dh_pad, q_pos=pos_base,
                         k_pos=pos_base, bidirectional=not cfg.causal,
                         interleaved=sched.interleaved, halo=sched.halo, window=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
@@ -614,6 +700,8 @@ class BlockEmitter:
             self._matmul(h_in, w.qkv, qkv if qkv_out is None else qkv_out, self.d_pad,
                          OutMode.INT8)
             asm.wait(Unit.MATMUL)
+            if w.rope_req is not None:
+                rope()
             (attention if attend is None else attend)()
             asm.wait(Unit.ATTN)
             linear_out(o, w.o, hcount * self.dh_pad, w.o_req, "attention output")

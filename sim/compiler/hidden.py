@@ -76,7 +76,7 @@ from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import cdiv, pad_to
-from .compat import Limits, check_ring_size, check_single_chip
+from .compat import Limits, check_attention_kind, check_ring_size, check_single_chip
 from .descriptors import Desc, emit_matmul, matmul_launch
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QLinear, QModel
@@ -216,6 +216,7 @@ def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, limits: Limits | 
     ConfigError, or each refusal reported to ``limits`` (then None when a shard refused)."""
     limits = Limits() if limits is None else limits
     check_ring_size(chips, limits)
+    check_attention_kind(cfg, "hidden", limits)
     wide = max(npu.d_model_max, cfg.d_model, npu.d_head_max, cfg.d_head)
     check_single_chip(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), cfg, limits)
     return limits.run(hidden_plan, npu, cfg, chips, **kw)

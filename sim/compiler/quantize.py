@@ -14,6 +14,11 @@ The formats are those of ``docs/formats.md``:
 - LayerNorm (``sim.golden.vector``): int16 gamma with a shift, int16 beta, output int16 at
   ``s_y`` then int8 at ``s_h``. Post-norm keeps ``s_y = s_r`` (the output is the residual).
   RMSNorm (``norm_kind = "rmsnorm"``) is calibrated the same way, with beta = 0.
+- RoPE (``rope_theta`` > 0, :mod:`sim.golden.rope`): the rotated copies ``q'``, ``k'`` are Q's
+  and K's integer columns permuted and negated (the same requantisation), and the rotated Q
+  and K are int8 at ``s_qr = max|q_rope| / 127`` (likewise K), made by REQUANT with
+  ``quantize_multiplier(s_q / (127 s_qr))``; the score scale is then ``s_qr * s_kr``.
+  Grouped-query attention changes only K's and V's widths.
 - GELU/ReLU/SiLU: a 256-entry table from the int8 input scale to the int8 output scale.
 - A gated FFN (``ffn = "gated"``): the gate is calibrated like FFN1 (the up matrix; both
   per column from the LayerNorm output), the table maps the gate's int8 scale ``s_g`` to the
@@ -55,6 +60,7 @@ from hw.spec.formats import OutMode, quantize_multiplier
 
 from ..golden.float_model import model_forward
 from ..golden.matmul import LINEAR16_SHIFT_MIN
+from ..golden.rope import ROPE_ONE, rotation
 from ..golden.vector import (
     SILU16_SPAN,
     gelu16_knot_shift,
@@ -66,7 +72,7 @@ from ..golden.vector import (
     silu_table,
 )
 
-__all__ = ["QLinear", "QLayerNorm", "QLayer", "QModel", "quantize_model", "quantize_input",
+__all__ = ["QLinear", "QLayerNorm", "QRope", "QLayer", "QModel", "quantize_model", "quantize_input",
            "dequantize_residual", "smoothing_factors", "RELU16_G", "LANE_RATIO_MAX"]
 
 _I8, _I16, _I32 = 127, 32767, 2**31 - 1
@@ -113,6 +119,26 @@ class QLayerNorm:
 
 
 @dataclass
+class QRope:
+    """RoPE of one layer: the rotated projections ``q' = h @ (Wq P)`` and ``k'`` (Q's and K's
+    integers, columns permuted and negated), and the per-tensor ``(mult, shift)`` of the
+    int16 ``q C + q' S`` (and K's) into the rotated int8 Q (K)."""
+
+    qr: QLinear
+    kr: QLinear
+    q_req: tuple[int, int]
+    k_req: tuple[int, int]
+
+
+def _rotated(ql: QLinear, d_head: int, heads: int) -> QLinear:
+    """``ql`` with ``rotate_half`` on its output columns: ``-col[j + d/2]``, ``col[j - d/2]``
+    (the weights are at most 127 in magnitude, so negating them stays int8)."""
+    src, sign = rotation(d_head, heads)
+    return QLinear(ql.w[:, src] * sign, ql.bias[src] * sign, ql.mult[src], ql.shift[src],
+                   ql.mode)
+
+
+@dataclass
 class QLayer:
     ln1: QLayerNorm
     q: QLinear
@@ -142,6 +168,8 @@ class QLayer:
     gate: QLinear | None = None
     mul_mult: int = 1
     mul_shift: int = 1
+    #: RoPE (``rope_theta`` > 0): the rotated projections and requantisations (None: none).
+    rope: QRope | None = None
 
     @property
     def ffn16(self) -> bool:
@@ -310,7 +338,9 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
                     cal.channels[p + src], wmax[what], cfg.smooth_alpha, s_res)
         s_in_attn, s_in_ffn = cal.scales[p + "in8"], cal.scales[p + "mid8"]
     s_q, s_k, s_v, s_o = (cal.s8(p + n) for n in ("q", "k", "v", "attn_o"))
-    score_mult, score_shift = quantize_multiplier(s_q * s_k * 256 / math.sqrt(cfg.d_head))
+    # The scores read the rotated Q and K under RoPE.
+    s_sq, s_sk = (cal.s8(p + "q_rope"), cal.s8(p + "k_rope")) if cfg.rope else (s_q, s_k)
+    score_mult, score_shift = quantize_multiplier(s_sq * s_sk * 256 / math.sqrt(cfg.d_head))
     out_mult, out_shift = quantize_multiplier(s_v / 256 / s_o)
 
     def ln(k, s_y, s_h, t):
@@ -354,13 +384,18 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
     q, k, v = (_linear(w[p + f"attn.w{c}"], w.get(p + f"attn.b{c}"), s_in_attn, s_out,
                        OutMode.INT8, row_scale=smooth.get("qkv"))
                for c, s_out in (("q", s_q), ("k", s_k), ("v", s_v)))
+    rope = None
+    if cfg.rope:
+        rope = QRope(_rotated(q, cfg.d_head, cfg.n_heads), _rotated(k, cfg.d_head, cfg.n_kv_heads),
+                     quantize_multiplier(s_q / (ROPE_ONE * s_sq)),
+                     quantize_multiplier(s_k / (ROPE_ONE * s_sk)))
     return QLayer(
         ln1=ln(1, s_y1, s_h1, fold.get("qkv")), q=q, k=k, v=v,
         o=_linear(w[p + "attn.wo"], w.get(p + "attn.bo"), s_o, s_res, OutMode.INT16),
         ln2=ln(2, s_y2, s_h2, fold.get("ffn1")), ffn1=ffn1, ffn2=ffn2,
         score_mult=score_mult, score_shift=score_shift, out_mult=out_mult, out_shift=out_shift,
         lut=lut, qkv_req=lane.get("qkv"), ffn_req=lane.get("ffn1"), lut16=lut16, gelu_g=g,
-        smooth=smooth, gate=gate, mul_mult=mul_mult, mul_shift=mul_shift)
+        smooth=smooth, gate=gate, mul_mult=mul_mult, mul_shift=mul_shift, rope=rope)
 
 
 def quantize_input(qm: QModel, x) -> np.ndarray:

@@ -56,7 +56,7 @@ from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
-from .compat import Limits
+from .compat import Limits, check_attention_kind
 from .descriptors import Desc
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QModel
@@ -142,6 +142,7 @@ def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None
     passes, causal windows only) and each chunk's keys within the K/V ring."""
     seq = cfg.seq_len if seq is None else seq
     limits = Limits() if limits is None else limits
+    check_attention_kind(cfg, "sequence", limits)
     # What does not depend on the sequence: the model as one token would run it.
     check_single_chip(npu, replace(cfg, seq_len=1, window=min(cfg.window, 1)), limits)
 

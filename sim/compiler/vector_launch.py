@@ -34,7 +34,7 @@ from hw.spec.vector_engine import (
 
 from .descriptors import Desc
 
-__all__ = ["Rows", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
+__all__ = ["Rows", "Tiled", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
            "ln_apply_launch", "add_launch", "mul_launch", "lut_launch",
            "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "gelu16_launch",
            "load_lut16_launch", "emit"]
@@ -56,6 +56,39 @@ class Rows:
                 raise ValueError(f"Rows {name} must be a non-negative integer, not {value!r}")
         if self.eb not in (1, 2, 4):
             raise ValueError(f"Rows eb must be 1, 2 or 4 bytes, not {self.eb!r}")
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """A B operand of ``period`` rows of ``row_words`` words at word ``base`` (elements of ``eb``
+    bytes), each read ``repeat`` times side by side to make one row of the launch, and the
+    ``period`` rows again for each further ``period`` rows of the launch (RoPE's tables: one
+    row per position, repeated for every head and every sequence). One descriptor does it:
+    counts ``(row words, repeat, period, rows / period)``, strides ``(1, 0, row_words, 0)``."""
+
+    base: int
+    period: int
+    row_words: int
+    eb: int
+    repeat: int
+
+    @property
+    def rows(self) -> int:
+        return self.period
+
+    def desc(self, rows: int, length: int, size: int) -> Desc:
+        if self.repeat < 1 or self.period < 1 or rows % self.period:
+            raise ValueError(f"b: {rows} rows are not whole periods of {self.period} rows "
+                             f"(repeat={self.repeat})")
+        rw = row_words(length, self.eb, size)
+        if rw % self.repeat or rw // self.repeat > self.row_words:
+            raise ValueError(f"b: a row of {rw} words is not {self.repeat} copies of at most "
+                             f"{self.row_words} words")
+        if rw // self.repeat > MAX_COUNT or max(self.repeat, self.period,
+                                                rows // self.period) > MAX_COUNT:
+            raise ValueError("b: the tiling exceeds a generator's 16-bit counts")
+        return Desc(self.base, (rw // self.repeat, self.repeat, self.period,
+                                rows // self.period), (1, 0, self.row_words, 0))
 
 
 @dataclass(frozen=True)
@@ -94,7 +127,7 @@ def _walk(t: Rows, rows: int, length: int, size: int, what: str) -> Desc:
     return Desc(t.base, (rw, rows, 1, 1), (1, step, 0, 0))
 
 
-def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
+def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | Tiled | None = None,
                   data: Rows | None = None, q: Rows | None = None, mult: int = 1,
                   shift: int = 1, gshift: int = 16, per_channel: bool = False,
                   stats_base: int | None = None, n: int | None = None) -> VectorLaunch:
@@ -127,7 +160,7 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     if uses_b(op, per_channel) != (b is not None):
         raise ValueError(f"{op.name}{' per-channel' if per_channel else ''} "
                          f"{'needs' if b is None else 'takes no'} operand b")
-    if b is not None and b.rows not in (1, rows):
+    if isinstance(b, Rows) and b.rows not in (1, rows):
         raise ValueError(f"b.rows={b.rows} must be 1 (shared) or a.rows={rows}")
     if q is not None and (op not in Q_OPS or q.eb != 1):
         raise ValueError("q is LN's int8 output: only for LN, LN_APPLY, RMS, RMS_APPLY (and "
@@ -167,7 +200,8 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | None = None,
     return VectorLaunch(
         op=op, rows=rows, length=length, flags=flags, regs=regs,
         rd3=_walk(a, rows, length, size, "a"),
-        rd4=_walk(b, rows, length, size, "b") if b is not None else None,
+        rd4=(None if b is None else b.desc(rows, length, size) if isinstance(b, Tiled)
+             else _walk(b, rows, length, size, "b")),
         rd5=stats if apply else None,
         wr1=_walk(data, rows, length, size, "data") if data is not None else None,
         wr2=stats if op is VectorOp.LN_STATS else (
@@ -216,7 +250,7 @@ def add_launch(*, size, length, a: Rows, b: Rows, out: Rows) -> VectorLaunch:
     return vector_launch(size=size, op=VectorOp.ADD, length=length, a=a, b=b, data=out)
 
 
-def mul_launch(*, size, length, a: Rows, b: Rows, out: Rows, mult: int,
+def mul_launch(*, size, length, a: Rows, b: Rows | Tiled, out: Rows, mult: int,
                shift: int) -> VectorLaunch:
     """``out = requant(a * b, mult, shift)``: the element-wise product of int8 rows ``a`` and
     ``b`` requantised per tensor to int8 (``out.eb`` 1) or int16 (2): the gated FFN's product."""

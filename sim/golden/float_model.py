@@ -36,7 +36,8 @@ from hw.spec import ModelConfig
 
 from .vector import silu_float
 
-__all__ = ["attention_mask", "rope_angles", "rotate_half", "apply_rope", "layernorm", "rmsnorm", "gelu", "silu", "block_forward",
+__all__ = ["attention_mask", "rope_angles", "rotate_half", "apply_rope", "layernorm", "rmsnorm",
+           "gelu", "silu", "block_forward",
            "model_forward", "random_weights", "weight_names", "check_weights"]
 
 

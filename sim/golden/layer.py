@@ -15,6 +15,10 @@ and every block's FFN keeps its hidden in int16::
     act16 = GELU16(pre16)                             (sim.golden.vector.gelu16_apply)
     x     = linear16(act16, W2, b2, x)                (two int8 passes, two residual adds)
 
+Grouped-query attention: query head ``h`` reads K/V head ``h // kv_group``. RoPE
+(``rope_theta`` > 0) rotates Q and K after the projection at positions ``pos_base + row``
+(:func:`sim.golden.rope.rope_int`, from the rotated projections ``L.rope.qr``, ``L.rope.kr``).
+
 A gated FFN (``ffn = "gated"``, int8 only) runs the gate and the up matmul on the same input,
 the activation LUT (SiLU) on the gate and the vector unit's MUL on the two::
 
@@ -28,10 +32,12 @@ import numpy as np
 
 from .float_model import attention_mask
 from .matmul import linear16, matmul_unit, requant, wrap
+from .rope import rope_int, rope_tables
 from .softmax import softmax
 from .vector import gated_mul, gelu16_apply, layernorm, lut_apply, residual_add, rmsnorm
 
-__all__ = ["linear", "layernorm_rows", "attention_int", "ffn_int", "layer_int", "model_int"]
+__all__ = ["linear", "layernorm_rows", "qkv_int", "attention_int", "ffn_int", "layer_int",
+           "model_int"]
 
 
 def linear(x, ql):
@@ -45,17 +51,34 @@ def layernorm_rows(x, ln, rms: bool = False):
     return (np.array([o[0] for o in out], np.int64), np.array([o[1] for o in out], np.int64))
 
 
+def qkv_int(cfg, layer, h, pos_base: int = 0, record: dict | None = None):
+    """The int8 Q [seq, d_model], K and V [seq, d_kv] of the int8 input ``h``: the projections,
+    then RoPE of Q and K (``record`` keeps the unrotated ones as ``q_proj``, ``k_proj``)."""
+    q, k, v = linear(h, layer.q), linear(h, layer.k), linear(h, layer.v)
+    if layer.rope is not None:
+        r = layer.rope
+        cos8, sin8 = rope_tables(cfg.d_head, cfg.rope_theta, pos_base + np.arange(h.shape[0]))
+        if record is not None:
+            record.update(q_proj=q, k_proj=k)
+        q = rope_int(q, linear(h, r.qr), cos8, sin8, *r.q_req)
+        k = rope_int(k, linear(h, r.kr), cos8, sin8, *r.k_req)
+    return q, k, v
+
+
 def attention_int(cfg, layer, q, k, v, pos_base: int = 0):
-    """Multi-head attention on int8 Q, K, V [seq, d_model] -> int8 [seq, d_model]."""
+    """Multi-head attention on int8 Q [seq, d_model], K, V [seq, d_kv] -> int8 [seq, d_model]
+    (query head ``h`` on K/V head ``h // kv_group``)."""
     seq, dh = q.shape[0], cfg.d_head
     mask = attention_mask(seq, cfg.window, cfg.causal, pos_base)
     out = np.zeros(q.shape, np.int64)
     for h in range(cfg.n_heads):
         sl = slice(h * dh, (h + 1) * dh)
-        raw = wrap(q[:, sl] @ k[:, sl].T)
+        g = h // cfg.kv_group
+        kvs = slice(g * dh, (g + 1) * dh)
+        raw = wrap(q[:, sl] @ k[:, kvs].T)
         scores = np.where(mask, requant(raw, layer.score_mult, layer.score_shift, 16), 0)
         probs = softmax(scores, mask).astype(np.int64)
-        acc = wrap(np.where(mask, probs, 0) @ v[:, sl])
+        acc = wrap(np.where(mask, probs, 0) @ v[:, kvs])
         out[:, sl] = requant(acc, layer.out_mult, layer.out_shift, 8)
     return out
 
@@ -94,7 +117,7 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
     p = f"layers.{i}."
     if cfg.norm == "pre":
         _, h = layernorm_rows(x, L.ln1, rms)
-        q, k, v = linear(h, L.q), linear(h, L.k), linear(h, L.v)
+        q, k, v = qkv_int(cfg, L, h)
         o = attention_int(cfg, L, q, k, v)
         x = residual_add(x, linear(o, L.o))
         _, h2 = layernorm_rows(x, L.ln2, rms)
@@ -105,7 +128,7 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
             x8 = requant(x, *L.qkv_req, 8)
         elif x8 is None:
             x8 = requant(x, qm.in_mult, qm.in_shift, 8)
-        q, k, v = linear(x8, L.q), linear(x8, L.k), linear(x8, L.v)
+        q, k, v = qkv_int(cfg, L, x8)
         o = attention_int(cfg, L, q, k, v)
         x, h = layernorm_rows(residual_add(x, linear(o, L.o)), L.ln1, rms)
         if L.ffn_req is not None:

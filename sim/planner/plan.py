@@ -182,9 +182,10 @@ class PlanReport:
 
 # --- what each chip holds -----------------------------------------------------------------
 def _learned_positions(cfg: ModelConfig) -> bool:
-    """GPT-2 and BERT learn a position table (``seq_len`` rows counted); the RMSNorm family
-    (Llama) rotates its queries and keys instead (RoPE: no table)."""
-    return cfg.norm_kind != "rmsnorm"
+    """GPT-2 and BERT learn a position table (``seq_len`` rows counted); a RoPE model
+    (``rope_theta`` > 0, Llama) rotates its queries and keys instead: its tables are the
+    compiler's (``rope.cos``, ``rope.sin``, counted with the weights)."""
+    return not cfg.rope
 
 
 def _table_bytes(npu: NpuConfig, cfg: ModelConfig, role: Role) -> int:

@@ -218,6 +218,11 @@ def test_npu_impossible_values(tmp_path, overrides, fragments):
     ({"ffn": "moe"}, ["ffn='moe' is not one of 'mlp', 'gated'"]),
     ({"norm": "Pre"}, ["norm='Pre' is not one of"]),
     ({"quant": "int4"}, ["quant='int4' is not one of 'int8', 'smooth16'"]),
+    ({"n_kv_heads": 3}, ["n_kv_heads=3 must divide n_heads 4"]),
+    ({"n_kv_heads": 8}, ["n_kv_heads=8 must divide n_heads 4"]),
+    ({"rope_theta": 1.0}, ["rope_theta=1.0 needs a base above 1 and an even d_head (d_head=8)"]),
+    ({"rope_theta": 10000.0, "d_model": 36, "n_heads": 4, "d_head": 9},
+     ["rope_theta=10000.0 needs a base above 1 and an even d_head (d_head=9)"]),
     ({"smooth_alpha": 1.5}, ["smooth_alpha=1.5 is outside [0, 1]"]),
     ({"smooth_alpha": -0.1}, ["smooth_alpha=-0.1 is outside [0, 1]"]),
     ({"smooth_alpha": "high"}, ["smooth_alpha='high' has type str, expected float"]),
@@ -307,7 +312,8 @@ def test_planner_only_preset_loads_without_a_ring_port():
 
 def test_presets_present():
     assert {p.stem for p in NPU_PRESETS} >= {"tiny", "fpga", "lpu-like"}
-    assert {p.stem for p in MODEL_PRESETS} >= {"tiny", "gpt2-small", "minilm-l6", "llama2-7b"}
+    assert {p.stem for p in MODEL_PRESETS} >= {"tiny", "gpt2-small", "minilm-l6", "llama2-7b",
+                                               "llama2-70b", "tiny-llama"}
 
 
 def _round_trip(loader, path, tmp_path):
@@ -403,6 +409,13 @@ def test_model_defaults_and_derived(tmp_path):
     assert gated.biases_per_layer == 0
     assert gated.macs_per_layer == 4 * (256 + 3 * 128) + 256
     assert dataclasses.replace(model, ffn="gated").biases_per_layer == 32 + 2 * 16 + 8
+    # Grouped-query attention: one K/V head of 4 for the 2 query heads (K, V are 8 x 4).
+    gqa = dataclasses.replace(model, n_kv_heads=1)
+    assert (model.n_kv_heads, model.kv_group, model.rope) == (2, 1, False)
+    assert (gqa.kv_group, gqa.d_kv) == (2, 4)
+    assert gqa.weights_per_layer == 2 * 64 + 2 * 32 + 256
+    assert gqa.biases_per_layer == 2 * 8 + 2 * 4 + 16 + 8
+    assert gqa.macs_per_layer == 4 * (2 * 64 + 2 * 32 + 256) + 256
 
 
 def test_published_shapes():
@@ -413,3 +426,10 @@ def test_published_shapes():
     llama = model_preset("llama2-7b")
     assert llama.weights_per_layer == 4 * 4096**2 + 3 * 4096 * 11008
     assert llama.n_layers * llama.weights_per_layer == 6_476_005_376
+    # Llama-2-70B: 64 query heads on 8 K/V heads of 128; with both 32000 x 8192 tables and
+    # the 161 RMSNorm gains, the published 68,976,648,192 parameters.
+    big = model_preset("llama2-70b")
+    assert (big.kv_group, big.d_kv, big.rope) == (8, 1024, True)
+    assert big.weights_per_layer == 2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672
+    assert big.n_layers * big.weights_per_layer + 2 * 32000 * 8192 + 161 * 8192 == \
+        68_976_648_192

@@ -32,7 +32,9 @@ SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_le
 TINY_RMS = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", name="tiny-rms")
 #: The tiny model shaped like Llama: RMSNorm, SwiGLU (a SiLU-gated FFN), no biases.
 TINY_LLAMA = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", activation="silu",
-                                 ffn="gated", bias=False, name="tiny-llama")
+                                 ffn="gated", bias=False, name="tiny-llama-mha")
+#: The Llama-shaped preset: also RoPE and 4 query heads on 2 K/V heads.
+LLAMA = model_preset("tiny-llama")
 
 
 @pytest.mark.parametrize("chips", range(1, 9))
@@ -123,6 +125,31 @@ def test_swiglu_on_the_iss(strategy, chips):
                  batch=2 if strategy == "data" else 1)
     check_report(r, f"swiglu, {strategy} on {chips} chips")
     print(f"{strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+
+
+@pytest.mark.parametrize("strategy, chips, grid, batch", [
+    ("single", 1, None, 1), ("head", 2, None, 1), ("head", 3, None, 1), ("head", 4, None, 1),
+    ("pipeline", 2, None, 2), ("pipeline", 4, None, 4), ("data", 2, None, 2),
+    ("data+head", 4, "2x2", 2), ("head+pipeline", 4, "2x2", 2)])
+def test_llama_on_the_iss(strategy, chips, grid, batch):
+    """RoPE (the rotated projections beside QKV, MUL by the tables, ADD, per-lane REQUANT) and
+    grouped-query attention (each query head on its K/V head; head on 4 chips holds each K/V
+    head twice) end to end: the golden integer model bit for bit, near float64."""
+    kw = {"grid": grid} if grid else {}
+    r = simulate(TINY, LLAMA, strategy=strategy, chips=chips, backend="iss", seed=1,
+                 batch=batch, **kw)
+    check_report(r, f"llama, {strategy} on {chips} chips")
+    print(f"{strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+
+
+@pytest.mark.parametrize("strategy, key", [("hidden", "rope_theta"), ("sequence", "rope_theta")])
+def test_llama_refusals(strategy, key):
+    """Where RoPE and grouped-query attention are not compiled, a refusal naming the key."""
+    with pytest.raises(ConfigError, match=f"{key}=10000.0 is not supported under {strategy}"):
+        simulate(TINY, LLAMA, strategy=strategy, chips=2, backend="iss")
+    gqa = dataclasses.replace(LLAMA, rope_theta=0.0)
+    with pytest.raises(ConfigError, match=f"n_kv_heads=2 is not supported under {strategy}"):
+        simulate(TINY, gqa, strategy=strategy, chips=2, backend="iss")
 
 
 def test_swiglu_refusals():
@@ -220,6 +247,25 @@ def test_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
         bubble, formula = rtl.pipeline["bubble_fraction"], rtl.pipeline["bubble_formula"]
         print(f"bubble {bubble:.3f} vs formula {formula:.3f}")
         assert abs(bubble - formula) < 0.03, (bubble, formula)
+
+
+@pytest.mark.parametrize("strategy, chips, batch, backend, n_layers", [
+    ("single", 1, 1, "pysim", 1), ("head", 4, 1, "verilator", 4),
+    ("pipeline", 4, 4, "verilator", 4),
+    pytest.param("head", 2, 1, "pysim", 4, marks=pytest.mark.slow)])
+def test_llama_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
+    """The Llama-shaped model (RoPE, grouped-query attention, RMSNorm, SwiGLU) on RTL:
+    bit-exact, the ISS's outputs, cycles and busy counters (Verilator shares the 4-chip
+    build)."""
+    if backend == "verilator":
+        request.getfixturevalue("verilator_ok")
+    cfg = dataclasses.replace(LLAMA, n_layers=n_layers)
+    iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=batch,
+                   seed=3)
+    rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend=backend, batch=batch,
+                   seed=3)
+    _rtl_equals_iss(rtl, iss, f"llama, {strategy} on {chips} chips ({backend})")
+    assert rtl.collectives == iss.collectives
 
 
 @pytest.mark.slow
