@@ -14,7 +14,7 @@ hyperparameters and ``tokenizer.ggml.*``) and tensors in GGML's block formats, r
   SentencePiece-style BPE (``tokenizer.ggml.model = "llama"``: merges by the merged piece's
   score, byte fallback, the ``▁`` space prefix) or byte-level BPE (``"gpt2"``, with
   ``tokenizer.ggml.merges`` and the pre-tokeniser of ``tokenizer.ggml.pre``: ``default``,
-  ``llama-bpe``, ``qwen2``).
+  ``gpt-2``, ``llama-bpe``, ``qwen2``, ``smollm``, ``starcoder``).
 """
 
 from __future__ import annotations
@@ -48,11 +48,16 @@ TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 # SentencePiece token types (tokenizer.ggml.token_type).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
-#: Pre-tokeniser regular expressions of byte-level BPE, by ``tokenizer.ggml.pre``
-#: (None: GPT-2's own, the ``ByteLevel`` pre-tokeniser's default).
+#: Pre-tokeniser regular expressions of byte-level BPE, by ``tokenizer.ggml.pre`` (as
+#: llama.cpp's llama-vocab.cpp splits): None is GPT-2's own, the ``ByteLevel`` pre-tokeniser's
+#: default; ``DIGITS`` is each digit alone first, then GPT-2's (llama.cpp's SMOLLM and
+#: STARCODER, Hugging Face's ``Digits(individual_digits=True)`` before ``ByteLevel``).
+DIGITS = "digits"
 _PRE = {
     "default": None,
     "gpt-2": None,
+    "smollm": DIGITS,
+    "starcoder": DIGITS,
     "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}"
                  r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
@@ -296,6 +301,10 @@ def gguf_tokenizer(ckpt: GgufCheckpoint):
             m.refuse("tokenizer.ggml.pre", pre, f"known: {', '.join(sorted(_PRE))}")
         if _PRE[pre] is None:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        elif _PRE[pre] == DIGITS:
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False)])
         else:
             tok.pre_tokenizer = pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(_PRE[pre]), behavior="isolated"),

@@ -356,9 +356,14 @@ def test_gguf_sentencepiece_tokenizer(tmp_path):
                           exact["model.embed_tokens.weight"][[1, 275, 278]])
 
 
-def _byte_level_bpe():
+def _byte_level_bpe(digits=False):
+    """A byte-level BPE trained here: GPT-2's pre-tokeniser, or (``digits``) SmolLM's, each
+    digit alone first."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -366,10 +371,12 @@ def _byte_level_bpe():
     return tok
 
 
-def test_gguf_byte_level_tokenizer(tmp_path):
+@pytest.mark.parametrize("pre", ["default", "smollm"])
+def test_gguf_byte_level_tokenizer(tmp_path, pre):
     """tokenizer.ggml.model gpt2: tokens and merges of a byte-level BPE (trained here) give the
-    same ids as that BPE; an unknown tokenizer.ggml.pre is refused for --text, naming it."""
-    bpe = _byte_level_bpe()
+    same ids as that BPE, with tokenizer.ggml.pre default (GPT-2's split) or smollm (digits
+    apart first); an unknown tokenizer.ggml.pre is refused for --text, naming it."""
+    bpe = _byte_level_bpe(digits=pre == "smollm")
     spec = json.loads(bpe.to_str())["model"]
     vocab = spec["vocab"]
     tokens = sorted(vocab, key=vocab.get)
@@ -378,10 +385,10 @@ def test_gguf_byte_level_tokenizer(tmp_path):
     config = llama_config(vocab=len(tokens))
     fields = {"add_tokenizer_model": "gpt2", "add_token_list": tokens,
               "add_token_merges": merges, "add_token_types": [3] + [1] * (len(tokens) - 1),
-              "add_tokenizer_pre": "default"}
+              "add_tokenizer_pre": pre}
     write_gguf(tmp_path / "b.gguf", raw, config, tokenizer=fields)
     result = import_checkpoint(tmp_path / "b.gguf", tmp_path / "out")
-    for text in SENTENCES + ["new words: zebra 123"]:
+    for text in SENTENCES + ["new words: zebra 123", "12 guitars and 345 men"]:
         assert tokenize(result, text).ids == tuple(bpe.encode(text).ids), text
     fields["add_tokenizer_pre"] = "deepseek-coder"
     write_gguf(tmp_path / "c.gguf", raw, config, tokenizer=fields)
