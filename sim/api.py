@@ -23,7 +23,15 @@ from .flows.collective import CollectiveReport, run_collective
 from .flows.fpga import synthesize
 from .flows.simulate import simulate
 from .models.accuracy import LayerAccuracy, layer_accuracy
-from .models.checkpoint import ImportResult, Tokens, embed, import_checkpoint, load_import, tokenize
+from .models.checkpoint import (
+    ImportResult,
+    Tokens,
+    embed,
+    import_checkpoint,
+    load_import,
+    logits,
+    tokenize,
+)
 from .planner.plan import PlanReport, StrategyPlan, plan
 from .report.core import ChipStats, SimReport
 from .rtl.export import Exported, export_verilog
@@ -40,7 +48,7 @@ __all__ = [
     "run_board", "BoardDriver", "SerialTransport",
     "run_benchmarks",
     "load_spec", "run_sweep", "SweepSpec", "SweepResult",
-    "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed",
+    "import_checkpoint", "load_import", "ImportResult", "tokenize", "Tokens", "embed", "logits",
     "layer_accuracy", "LayerAccuracy",
     "NpuError", "BadInput", "Watchdog", "ToolFailure",
 ]

@@ -216,6 +216,7 @@ LAYERS = (
         "sim.flows.bench",
         "sim.benches",
         "sim.models.checkpoint",
+        "sim.models.gguf_file",
         "sim.models.accuracy",
         "sim.sweep",
     ),

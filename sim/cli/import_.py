@@ -1,5 +1,5 @@
-"""``npu import``: a Hugging Face checkpoint as the simulator's files
-(:func:`sim.api.import_checkpoint`), and optionally a sentence as its ``--input``."""
+"""``npu import``: a Hugging Face checkpoint folder or a llama.cpp GGUF file as the simulator's
+files (:func:`sim.api.import_checkpoint`), and optionally a sentence as its ``--input``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ INPUT_FILE = "input.npy"
 
 def add_parser(sub):
     p = sub.add_parser("import", help="convert a Hugging Face checkpoint (config.json + "
-                                      "model.safetensors) into model, weights and embeddings")
-    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+                                      "model.safetensors) or a GGUF file into model, weights "
+                                      "and embeddings")
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR|FILE.gguf")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR")
     p.add_argument("--name", help="the model's name (default: OUT_DIR's name)")
     p.add_argument("--seq-len", type=positive,
@@ -40,10 +41,12 @@ def run(args) -> int:
         if len(tokens.ids) > cfg.seq_len:
             raise BadInput(f"--text: {len(tokens.ids)} tokens exceed seq_len {cfg.seq_len}")
         x = embed(result, tokens.ids)
+    kv = f" ({cfg.n_kv_heads} K/V)" if cfg.n_kv_heads != cfg.n_heads else ""
+    rope = f", RoPE theta {cfg.rope_theta:g}" if cfg.rope else ""
     print(f"{result.model_path}: {cfg.name} ({result.architecture}: {cfg.n_layers} layers, "
-          f"d_model {cfg.d_model}, {cfg.n_heads} heads of {cfg.d_head}, d_ff {cfg.d_ff}, "
+          f"d_model {cfg.d_model}, {cfg.n_heads} heads of {cfg.d_head}{kv}, d_ff {cfg.d_ff}, "
           f"seq_len {cfg.seq_len}, {cfg.norm}-norm, {'causal' if cfg.causal else 'bidirectional'}"
-          f", {result.activation})")
+          f"{rope}, {result.activation})")
     with np.load(result.weights_path) as npz:
         print(f"{result.weights_path}: {len(npz.files)} tensors (float32, x @ W)")
     with np.load(result.embeddings_path) as npz:

@@ -73,7 +73,8 @@ def assert_one_line_error(status, out, err, *fragments):
 
 @pytest.mark.parametrize("break_it, fragments", [
     (lambda src: (src / "config.json").write_text(json.dumps({"model_type": "t5"})),
-     ["config.json: field model_type='t5' is not supported (supported: bert, gpt2)"]),
+     ["config.json: field model_type='t5' is not supported (supported: bert, gpt2, llama, "
+      "mistral, qwen2)"]),
     (lambda src: (src / "model.safetensors").unlink(), ["model.safetensors: file not found"]),
     (lambda src: (src / "config.json").write_text(json.dumps(dict(json.loads(
         (src / "config.json").read_text()), num_hidden_layers=4))),
@@ -90,7 +91,7 @@ def test_text_refusals(capsys, tmp_path):
     src = tmp_path / "ckpt"
     write_gpt2(src)
     assert_one_line_error(*run(capsys, "import", src, "-o", tmp_path / "out", "--text", "hi"),
-                          "no WordPiece vocabulary")
+                          "no tokeniser (a BERT vocab.txt or a tokenizer.json)")
     bert = tmp_path / "bert"
     write_bert(bert, sentence_config={"max_seq_length": 4})
     assert_one_line_error(*run(capsys, "import", bert, "-o", tmp_path / "out2", "--text",

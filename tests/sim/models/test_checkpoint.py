@@ -217,8 +217,8 @@ def test_gpt2_without_tokenizer(tmp_path):
     result = import_checkpoint(src, tmp_path / "out")
     assert result.model.activation == "relu" and not result.model.tie_embeddings
     assert not any("gelu_new" in n for n in result.notes)
-    with pytest.raises(BadInput, match=r"no WordPiece vocabulary \(vocab\.txt\); only BERT "
-                                       r"checkpoints bring one"):
+    with pytest.raises(BadInput, match=r"no tokeniser \(a BERT vocab\.txt or a tokenizer\.json\)"
+                                       r"; give token ids to embed\(\) instead"):
         tokenize(result, "hello")
     with pytest.raises(BadInput, match=r"gpt2 has no token type embeddings"):
         embed(result, [1, 2], token_type_ids=[0, 0])
@@ -237,8 +237,8 @@ def _edit_config(src, **changes):
 
 
 @pytest.mark.parametrize("family, changes, match", [
-    ("bert", {"model_type": "llama"}, r"config\.json: field model_type='llama' is not supported "
-                                      r"\(supported: bert, gpt2\)"),
+    ("bert", {"model_type": "t5"}, r"config\.json: field model_type='t5' is not supported "
+                                   r"\(supported: bert, gpt2, llama, mistral, qwen2\)"),
     ("bert", {"model_type": None}, r"field model_type=None is not supported"),
     ("bert", {"num_hidden_layers": None}, r"config\.json: missing field num_hidden_layers "
                                           r"\(needed for bert\)"),
