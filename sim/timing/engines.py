@@ -43,8 +43,8 @@ from hw.spec.timing.chip import (
 )
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.spec.timing.vector import RSQRT_CYCLES
-from hw.spec.vector import LUT_ENTRIES, VectorOp, twin_of
-from hw.spec.vector_engine import VecFlags, stats_words, uses_b
+from hw.spec.vector import VectorOp, twin_of
+from hw.spec.vector_engine import LOAD_OPS, VecFlags, stats_words, table_entries, uses_b
 
 __all__ = ["MatmulModel", "AttentionModel", "VectorModel"]
 
@@ -498,7 +498,7 @@ class VectorModel:
         op = twin_of(regs["VU_OP"])
         f = VecFlags.decode(regs["VU_FLAGS"])
         b = uses_b(op, f.per_channel)
-        writes = op is not VectorOp.LOAD_LUT
+        writes = op not in LOAD_OPS
         return {"RD3": True, "RD4": b, "RD5": op is VectorOp.LN_APPLY,
                 "WR1": f.wr_data and writes and op is not VectorOp.LN_STATS,
                 "WR2": f.wr_q and writes}
@@ -558,7 +558,7 @@ class VectorModel:
         load = u_valid and u_ready
         last_beat = self.remaining <= n
         so_fire = is_stats and self.so_full and wg2
-        lut_end = (active and self.op is VectorOp.LOAD_LUT and self.issued == self.rows
+        lut_end = (active and self.op in LOAD_OPS and self.issued == self.rows
                    and state == _V_IDLE)
 
         # Unit FSM.
@@ -567,8 +567,10 @@ class VectorModel:
                 op = self.op
                 self.u_op = op
                 self.u_pc = f.per_channel
-                self.remaining = LUT_ENTRIES if op is VectorOp.LOAD_LUT else self.length
-                if op is VectorOp.LOAD_LUT:
+                self.remaining = table_entries(op) if op in LOAD_OPS else self.length
+                if op in LOAD_OPS:
+                    # LOAD_LUT and LOAD_LUT16 take a word every cycle it is offered and emit
+                    # nothing (the gateware's LOAD and LOAD16 states).
                     self.state = _V_LOAD
                 elif op in (VectorOp.LN, VectorOp.LN_STATS):
                     self.state = _V_ACC
@@ -665,7 +667,7 @@ class VectorModel:
             self.part = 0
             self.d_done = not f.wr_data
             self.q_done = not f.wr_q
-        # LOAD_LUT writes nothing: the launch ends when the unit is back for a command.
+        # LOAD_LUT(16) writes nothing: the launch ends when the unit is back for a command.
         if lut_end:
             self.active = False
         return p3, p4, p5
