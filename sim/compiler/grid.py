@@ -198,6 +198,10 @@ def _stage_program(npu, qm, seq, chip, layers, shard, batches, inputs, outputs, 
         al.check_capacity()
     role = {**role, "layers": list(layers), "heads": list(shard.heads),
             "ffn_columns": len(shard.ffn)}
+    if cfg.n_kv_heads != cfg.n_heads:
+        # Grouped-query attention: the K/V heads this chip projects and holds (a K/V head
+        # whose query heads lie on several chips is held by each of them).
+        role["kv_heads"] = em.kv_heads(shard)
     if not emit:
         return ChipProgram(chip, asm, al, role=role), []
     comms = []

@@ -140,6 +140,11 @@ def test_llama_on_the_iss(strategy, chips, grid, batch):
                  batch=batch, **kw)
     check_report(r, f"llama, {strategy} on {chips} chips")
     print(f"{strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+    # Each chip holds the K/V heads of its query heads (2 query heads per K/V head).
+    for c in r.per_chip:
+        assert c.role["kv_heads"] == sorted({h // 2 for h in c.role["heads"]}), c.role
+    if strategy == "head" and chips == 4:
+        assert [c.role["kv_heads"] for c in r.per_chip] == [[0], [0], [1], [1]]
 
 
 @pytest.mark.parametrize("strategy, key", [("hidden", "rope_theta"), ("sequence", "rope_theta")])
