@@ -60,7 +60,7 @@ from hw.spec import ConfigError, ModelConfig, load_model
 
 from ..errors import BadInput
 from ..golden.float_model import check_weights
-from .gguf_file import gguf_tokenizer, read_gguf
+from .gguf_file import checked_value, gguf_tokenizer, read_gguf
 
 __all__ = ["ARCHITECTURES", "IMPORT_QUANT", "ImportResult", "Tokens", "import_checkpoint",
            "load_import", "load_vocab", "wordpiece", "tokenize", "embed", "logits", "MODEL_FILE",
@@ -194,16 +194,7 @@ class _Config:
             if default is _REQUIRED:
                 raise BadInput(f"{self.path}: missing field {key} (needed for {self.family})")
             return default
-        value = self.data[key]
-        ok = (isinstance(value, bool) if kind is bool else
-              isinstance(value, int) and not isinstance(value, bool) if kind is int else
-              isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
-              else isinstance(value, kind))
-        if not ok:
-            raise BadInput(f"{self.path}: field {key}={value!r} must be {kind.__name__}")
-        if kind is int and value < 1:
-            raise BadInput(f"{self.path}: field {key}={value!r} must be at least 1")
-        return value
+        return checked_value(self.path, "field", key, self.data[key], kind)
 
     def refuse(self, key, value, why):
         raise BadInput(f"{self.path}: field {key}={value!r} is not supported ({why})")

@@ -142,6 +142,20 @@ def _fields(reader) -> dict:
     return out
 
 
+def checked_value(path, word: str, key: str, value, kind):
+    """``value`` of the metadata ``word`` (key, field) ``key`` if it is a ``kind`` (bool, int
+    at least 1, float (an int too), or another type); else one line naming the file."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = (isinstance(value, bool) if kind is bool else
+          number and isinstance(value, int) if kind is int else
+          number if kind is float else isinstance(value, kind))
+    if not ok:
+        raise BadInput(f"{path}: {word} {key}={value!r} must be {kind.__name__}")
+    if kind is int and value < 1:
+        raise BadInput(f"{path}: {word} {key}={value!r} must be at least 1")
+    return value
+
+
 class _Meta:
     """GGUF metadata keys, each refused with one line naming the file and the key."""
 
@@ -153,15 +167,7 @@ class _Meta:
             if default is None:
                 raise BadInput(f"{self.path}: missing key {key}")
             return default
-        value = self.fields[key]
-        ok = (isinstance(value, int) and not isinstance(value, bool) if kind is int else
-              isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float
-              else isinstance(value, kind))
-        if not ok:
-            raise BadInput(f"{self.path}: key {key}={value!r} must be {kind.__name__}")
-        if kind is int and value < 1:
-            raise BadInput(f"{self.path}: key {key}={value!r} must be at least 1")
-        return value
+        return checked_value(self.path, "key", key, self.fields[key], kind)
 
     def refuse(self, key, value, why):
         raise BadInput(f"{self.path}: key {key}={value!r} is not supported ({why})")
