@@ -35,6 +35,11 @@ TINY_LLAMA = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", acti
                                  ffn="gated", bias=False, name="tiny-llama-mha")
 #: The Llama-shaped preset: also RoPE and 4 query heads on 2 K/V heads.
 LLAMA = model_preset("tiny-llama")
+#: Its grouped-query attention without RoPE, and its RoPE without grouped-query attention
+#: (two layers: under sequence parallelism every chip holds every layer, and four layers of
+#: full-width K, V and K' exceed the tiny chip's scratchpad).
+LLAMA_GQA = dataclasses.replace(LLAMA, rope_theta=0.0, name="tiny-llama-gqa")
+LLAMA_ROPE = dataclasses.replace(LLAMA, n_kv_heads=4, n_layers=2, name="tiny-llama-rope")
 
 
 @pytest.mark.parametrize("chips", range(1, 9))
@@ -142,7 +147,18 @@ def test_llama_on_the_iss(strategy, chips, grid, batch):
     print(f"{strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
 
 
-@pytest.mark.parametrize("strategy, key", [("hidden", "rope_theta"), ("sequence", "rope_theta")])
+@pytest.mark.parametrize("cfg", [LLAMA, LLAMA_GQA, LLAMA_ROPE], ids=["llama", "gqa", "rope"])
+@pytest.mark.parametrize("strategy, chips", [("sequence", 2), ("sequence", 4)])
+def test_llama_tokens_split_on_the_iss(strategy, chips, cfg):
+    """RoPE and grouped-query attention under sequence parallelism: each chip rotates its
+    chunk's Q and K at the chunk's own positions before the K/V rows go round the ring, and
+    the rows carry the K/V heads only; bit for bit the golden, near float64."""
+    r = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", seed=1)
+    check_report(r, f"{cfg.name}, {strategy} on {chips} chips")
+    print(f"{cfg.name} {strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+
+
+@pytest.mark.parametrize("strategy, key", [("hidden", "rope_theta")])
 def test_llama_refusals(strategy, key):
     """Where RoPE and grouped-query attention are not compiled, a refusal naming the key."""
     with pytest.raises(ConfigError, match=f"{key}=10000.0 is not supported under {strategy}"):
