@@ -263,6 +263,7 @@ def test_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
 
 @pytest.mark.parametrize("strategy, chips, batch, backend, n_layers", [
     ("head", 4, 1, "verilator", 4), ("pipeline", 4, 4, "verilator", 4),
+    ("sequence", 4, 1, "verilator", 4), ("hidden", 4, 1, "verilator", 4),
     pytest.param("single", 1, 1, "pysim", 1, marks=pytest.mark.slow),
     pytest.param("head", 2, 1, "pysim", 4, marks=pytest.mark.slow)])
 def test_llama_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
