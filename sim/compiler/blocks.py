@@ -677,9 +677,9 @@ class BlockEmitter:
             per-lane REQUANT; the tables' rows from position ``pos_base``."""
             t1, t2 = (_view(t, rows) for t in acts.rope)
             lanes = (hcount + len(kvs)) * self.dh_pad
-            out = qkv if qkv_out is None else qkv_out
-            qk = vl.Rows(out.base, rows, out.row_words, 1)
-            qkr = vl.Rows(out.base + q_words + 2 * kv_words, rows, out.row_words, 1)
+            rot = qkv if qkv_out is None else qkv_out       # where the QKV matmul wrote
+            qk = vl.Rows(rot.base, rows, rot.row_words, 1)
+            qkr = vl.Rows(rot.base + q_words + 2 * kv_words, rows, rot.row_words, 1)
             first, count = self.rope_span or (0, self.seq_pad)
             row0 = pos_base - first
             if row0 < 0 or row0 + self.seq_pad > count or (nseq > 1 and row0):
