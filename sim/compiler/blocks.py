@@ -198,6 +198,10 @@ class BlockEmitter:
     #: False: place the weights without their contents (the planner's shapes-only compile:
     #: the same layout and program, ``qm``'s weight arrays never read).
     contents: bool = True
+    #: RoPE: ``(first, rows)``, the positions of the tables' rows (default ``(0, seq_pad)``):
+    #: a block at ``pos_base`` reads rows from ``pos_base - first`` (sequence parallelism: a
+    #: chunk's own positions; one chip's passes: every pass's).
+    rope_span: tuple[int, int] | None = None
 
     def __post_init__(self):
         cfg, n = self.qm.cfg, self.npu.array_size
@@ -271,19 +275,28 @@ class BlockEmitter:
         whose query heads lie on several chips is held by each of them)."""
         return sorted({h // self.cfg.kv_group for h in shard.heads})
 
+    def qkv_width(self, shard: Shard) -> int:
+        """Columns of a QKV row of ``shard``: ``[Q | K | V]`` of its heads and K/V heads
+        (``dh_pad`` each), and under RoPE the rotated projections ``[Q' | K']`` after them."""
+        hcount, kvcount = len(shard.heads), len(self.kv_heads(shard))
+        rope = hcount + kvcount if self.cfg.rope else 0
+        return (hcount + 2 * kvcount + rope) * self.dh_pad
+
     def rope_tables(self) -> tuple[Tensor, Tensor]:
         """RoPE's int8 tables ``C`` and ``S`` (:func:`sim.golden.rope.rope_tables`): one row of
-        ``d_head`` lanes per position of the sequence, placed once per chip and read by every
-        layer and head."""
+        ``d_head`` lanes per position of :attr:`rope_span` (default the sequence's, rows past
+        its end zero), placed once per chip and read by every layer and head."""
         if getattr(self, "_rope", None) is None:
             cfg, n = self.cfg, self.n
-            words = self.seq_pad * row_words(self.dh_pad, 1, n)
+            first, count = self.rope_span or (0, self.seq_pad)
+            valid = count if self.rope_span else self.seq
+            words = count * row_words(self.dh_pad, 1, n)
 
             def table(k):
                 def make():
-                    rows = np.zeros((self.seq_pad, self.dh_pad), np.int64)
-                    rows[:self.seq, :cfg.d_head] = rope_tables(
-                        cfg.d_head, cfg.rope_theta, np.arange(self.seq))[k]
+                    rows = np.zeros((count, self.dh_pad), np.int64)
+                    rows[:valid, :cfg.d_head] = rope_tables(
+                        cfg.d_head, cfg.rope_theta, first + np.arange(valid))[k]
                     return pack_rows(rows, 1, n)
                 return make
             self._rope = tuple(self._store(f"rope.{name}", words, table(k))
@@ -315,6 +328,8 @@ class BlockEmitter:
         reduce = shard.group is not None
         p = f"layers.{i}."
         kvs = self.kv_heads(shard)
+        if cfg.rope:
+            self.rope_tables()     # placed with the first layer: the layout and capacity see it
 
         def cols(hs):
             return np.concatenate([np.arange(dh) + h * dh for h in hs])
@@ -410,8 +425,7 @@ class BlockEmitter:
         f_pad = pad_to(len(shard.ffn), self.n)
         h = al.alloc("h", rows, self.d_pad, 1, "activations")
         if qkv is None:
-            width = (hcount + 2 * kvcount + (hcount + kvcount if cfg.rope else 0)) * self.dh_pad
-            qkv = al.alloc("qkv", rows, width, 1, "kv_cache")
+            qkv = al.alloc("qkv", rows, self.qkv_width(shard), 1, "kv_cache")
         o = al.alloc("o", rows, hcount * self.dh_pad, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
         if self.qm.quant == "smooth16":
@@ -590,9 +604,11 @@ class BlockEmitter:
                    attend=None):
         """Block ``i`` on the ``nseq`` sequences of the residual ``x`` (in place).
 
-        ``qkv_out``: where the QKV matmul writes (default: ``acts.qkv``); ``attend()``: emits
-        the layer's attention launches in place of the default ones over ``qkv`` (sequence
-        parallelism: K/V exchanges, then windows over the neighbours' keys).
+        ``qkv_out``: where the QKV matmul writes (default: ``acts.qkv``; RoPE rotates Q and
+        K there); ``attend()``: emits the layer's attention launches in place of the default
+        ones over ``qkv`` (sequence parallelism: K/V exchanges, then windows over the
+        neighbours' keys); ``pos_base``: the position of the first row (RoPE's tables, the
+        default attention's).
         """
         asm, cfg, qm, n = self.asm, self.cfg, self.qm, self.n
         L = qm.layers[i]
@@ -658,13 +674,19 @@ class BlockEmitter:
 
         def rope():
             """RoPE of Q and K in place (sim.golden.rope): MUL by C, MUL of Q', K' by S, ADD,
-            per-lane REQUANT."""
+            per-lane REQUANT; the tables' rows from position ``pos_base``."""
             t1, t2 = (_view(t, rows) for t in acts.rope)
             lanes = (hcount + len(kvs)) * self.dh_pad
-            qk = vl.Rows(qkv.base, rows, qkv.row_words, 1)
-            qkr = vl.Rows(qkv.base + q_words + 2 * kv_words, rows, qkv.row_words, 1)
-            cos, sin = (vl.Tiled(t.base, self.seq_pad, dh_w, 1, hcount + len(kvs))
-                        for t in self.rope_tables())
+            rot = qkv if qkv_out is None else qkv_out       # where the QKV matmul wrote
+            qk = vl.Rows(rot.base, rows, rot.row_words, 1)
+            qkr = vl.Rows(rot.base + q_words + 2 * kv_words, rows, rot.row_words, 1)
+            first, count = self.rope_span or (0, self.seq_pad)
+            row0 = pos_base - first
+            if row0 < 0 or row0 + self.seq_pad > count or (nseq > 1 and row0):
+                raise AssertionError(f"RoPE tables of positions {first}..{first + count - 1} "
+                                     f"do not hold {nseq} x {self.seq_pad} rows from {pos_base}")
+            cos, sin = (vl.Tiled(t.base + row0 * dh_w, self.seq_pad, dh_w, 1,
+                                 hcount + len(kvs)) for t in self.rope_tables())
             for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
                 self._vec(vl.mul_launch(size=n, length=lanes, a=src, b=table, out=_rows(out),
                                         mult=ROPE_MUL[0], shift=ROPE_MUL[1]), tag=("rope", i))

@@ -15,8 +15,7 @@ from .attention_launch import plan_schedule
 #: smooth16's FFN2 lo pass sums d_ff products of 255 x (-128..127) in int32: at most this d_ff.
 SMOOTH16_D_FF_MAX = (1 << 16) - 1
 
-__all__ = ["Limit", "Limits", "check_single_chip", "check_attention_kind", "check_ring_size",
-           "check_ring_port",
+__all__ = ["Limit", "Limits", "check_single_chip", "check_ring_size", "check_ring_port",
            "SMOOTH16_D_FF_MAX"]
 
 
@@ -92,21 +91,6 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
                       key="d_ff", value=cfg.d_ff, limit=SMOOTH16_D_FF_MAX)
     if (error := npu.lanes_error()) is not None:
         limits.add(error)
-
-
-def check_attention_kind(cfg: ModelConfig, strategy: str, limits: Limits | None = None):
-    """RoPE and grouped-query attention are compiled by the block emitter (single, head,
-    pipeline, data and their grids); ``strategy`` (hidden, sequence) refuses them here."""
-    limits = Limits() if limits is None else limits
-    if cfg.rope:
-        limits.refuse(f"is not supported under {strategy} parallelism yet (RoPE is compiled "
-                      "for single, head, pipeline, data and their grids)", path=cfg.path,
-                      key="rope_theta", value=cfg.rope_theta)
-    if cfg.n_kv_heads != cfg.n_heads:
-        limits.refuse(f"is not supported under {strategy} parallelism yet (grouped-query "
-                      f"attention, n_heads={cfg.n_heads}, is compiled for single, head, "
-                      "pipeline, data and their grids)", path=cfg.path, key="n_kv_heads",
-                      value=cfg.n_kv_heads)
 
 
 def check_ring_size(chips: int, limits: Limits | None = None):

@@ -31,6 +31,23 @@ statistic, every attention score of a split head a partial dot product:
   output buffer is written by the ring), reduced by **one all-reduce over all chips** per layer,
   which runs while the chips attend their whole heads.
 
+**Grouped-query attention**: a chip's K and V layouts hold the lanes of the K/V heads its query
+pieces read (:class:`KvPiece`: query head h reads K/V head ``h // kv_group`` at the same lanes;
+the pieces of one K/V head with the same lanes share one, so whole query heads of a group on a
+chip share their K/V head), and each ATTN (whole, partial or reduced) reads them at the piece's
+``kv_off``. The QKV reduction delivers those K and V columns to every chip that needs them: a
+column wanted by several chips is in the weight matrix once per destination.
+
+**RoPE** (``sim.golden.rope``): the QKV projection also computes the rotated projections
+``q' = h (Wq P)`` and ``k' = h (Wk P)``, columns like any other, so the reduction's ownership
+puts q' and k' of lane j on the chip that owns q and k of lane j, wherever lane j's
+rotate-half partner lives: a split head needs no exchange, since the rotation is in the
+weights. Each chip then rotates its own lanes with the vector unit (MUL by its cos table, MUL
+of q', k' by its sin table, ADD, per-lane REQUANT), which is lane-wise, so a split head's
+partial scores of rotated lanes sum to the rotated head's. A chip's tables are rows of its
+``[Q | K]`` lanes per position: one piece's lanes read for every piece when all hold the same
+lanes (whole heads), else the whole row.
+
 Per layer that is 2 LayerNorm all-reduces, 4 projection reductions and, when a head is split,
 one all-reduce of the partial scores: every collective over all chips in the same order on
 every chip. Why not one all-reduce per head within the head's chips (fewer bytes, disjoint
@@ -70,20 +87,21 @@ from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_bloc
 from hw.spec.vector import LUT_ENTRIES, pack_gamma_beta, pack_requant
 from hw.spec.vector_engine import stats_words
 
+from ..golden.rope import ROPE_MUL, rope_tables
 from . import attention_launch as al_
 from . import collective_launch as cl
 from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import cdiv, pad_to
-from .compat import Limits, check_attention_kind, check_ring_size, check_single_chip
+from .compat import Limits, check_ring_size, check_single_chip
 from .descriptors import Desc, emit_matmul, matmul_launch
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QLinear, QModel
 from .vector_launch import Rows
 
-__all__ = ["Piece", "HiddenPlan", "split_widths", "hidden_plan", "check_hidden", "Reduction",
-           "compile_hidden", "hidden_stats", "REDUCE_MODES", "SEED_COLLECTIVES"]
+__all__ = ["Piece", "KvPiece", "HiddenPlan", "split_widths", "hidden_plan", "check_hidden",
+           "Reduction", "compile_hidden", "hidden_stats", "REDUCE_MODES", "SEED_COLLECTIVES"]
 
 #: How the projections' partial sums are reduced.
 REDUCE_MODES = ("reduce_scatter", "all_reduce")
@@ -94,8 +112,10 @@ SEED_COLLECTIVES = "3-4"
 @dataclass(frozen=True)
 class Piece:
     """The lanes of head ``head`` on one chip: d_model columns ``lo .. hi - 1``, at column
-    ``off`` of the chip's Q (K, V, attention output) layout, ``width`` = ``hi - lo`` padded to
-    whole words (its ``AT_D_HEAD``); ``group`` = ``(first, count)`` of the head's chips."""
+    ``off`` of the chip's Q (and attention output) layout, ``width`` = ``hi - lo`` padded to
+    whole words (its ``AT_D_HEAD``); ``group`` = ``(first, count)`` of the head's chips;
+    ``kv_off``: the column of the same lanes of its K/V head in the chip's K (and V) layout
+    (:class:`KvPiece`)."""
 
     head: int
     lo: int
@@ -103,6 +123,7 @@ class Piece:
     off: int
     width: int
     group: tuple[int, int]
+    kv_off: int = 0
 
     @property
     def split(self) -> bool:
@@ -110,9 +131,24 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class KvPiece:
+    """The lanes of K/V head ``head`` that a chip's query pieces read: K (and V) columns
+    ``lo .. hi - 1`` (of ``d_kv``), at column ``off`` of the chip's K and V layout, ``width``
+    padded like the pieces'. Without grouped-query attention one per piece, at its ``off``;
+    with it, the query pieces of one K/V head with the same lanes share one."""
+
+    head: int
+    lo: int
+    hi: int
+    off: int
+    width: int
+
+
+@dataclass(frozen=True)
 class HiddenPlan:
     """Who holds what: per chip its d_model columns ``cols[c] = (lo, hi)``, its d_ff columns
-    ``ffn[c]`` and its head pieces; per head its group ``(first, count)``."""
+    ``ffn[c]``, its head pieces and the K/V pieces they read; per head its group ``(first,
+    count)``."""
 
     chips: int
     size: int
@@ -121,6 +157,7 @@ class HiddenPlan:
     ffn: tuple
     pieces: tuple
     groups: tuple
+    kv_pieces: tuple = ()
 
     def width(self, c: int) -> int:
         lo, hi = self.cols[c]
@@ -131,8 +168,12 @@ class HiddenPlan:
         return hi - lo
 
     def q_width(self, c: int) -> int:
-        """Columns of chip c's Q (and K, V, attention output) layout."""
+        """Columns of chip c's Q (and attention output) layout."""
         return sum(p.width for p in self.pieces[c])
+
+    def kv_width(self, c: int) -> int:
+        """Columns of chip c's K (and V) layout (its Q's without grouped-query attention)."""
+        return sum(p.width for p in self.kv_pieces[c])
 
     @property
     def split_heads(self) -> list[int]:
@@ -186,15 +227,22 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
     for h in range(cfg.n_heads):
         on = [c for c, (lo, hi) in enumerate(cols) if lo < (h + 1) * dh and hi > h * dh]
         groups.append((on[0], len(on)))
-    pieces = []
+    pieces, kv_pieces = [], []
     for lo, hi in cols:
         mine, off = [], 0
+        kvs, kv_at = {}, 0        # (K/V head, first lane, last lane) -> its KvPiece
         for h in range(lo // dh, cdiv(hi, dh)):
             a, b = max(lo, h * dh), min(hi, (h + 1) * dh)
             width = pad_to(b - a, n)
-            mine.append(Piece(h, a, b, off, width, groups[h]))
+            g = h // cfg.kv_group
+            lanes = (g, a - h * dh, b - h * dh)
+            if lanes not in kvs:
+                kvs[lanes] = KvPiece(g, g * dh + lanes[1], g * dh + lanes[2], kv_at, width)
+                kv_at += width
+            mine.append(Piece(h, a, b, off, width, groups[h], kvs[lanes].off))
             off += width
         pieces.append(tuple(mine))
+        kv_pieces.append(tuple(kvs.values()))
     for c, mine in enumerate(pieces):
         for p in mine:
             if p.width > npu.d_head_max:
@@ -206,7 +254,8 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
             raise ConfigError(f"exceeds d_model_max={npu.d_model_max} on chip {c} of {chips}: "
                               f"its slice has {widths[c]} columns", path=npu.path,
                               key="d_model", value=cfg.d_model)
-    return HiddenPlan(chips, n, cfg.d_model, cols, ffn, tuple(pieces), tuple(groups))
+    return HiddenPlan(chips, n, cfg.d_model, cols, ffn, tuple(pieces), tuple(groups),
+                      tuple(kv_pieces))
 
 
 def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, limits: Limits | None = None,
@@ -216,7 +265,6 @@ def check_hidden(npu: NpuConfig, cfg: ModelConfig, chips: int, limits: Limits | 
     ConfigError, or each refusal reported to ``limits`` (then None when a shard refused)."""
     limits = Limits() if limits is None else limits
     check_ring_size(chips, limits)
-    check_attention_kind(cfg, "hidden", limits)
     wide = max(npu.d_model_max, cfg.d_model, npu.d_head_max, cfg.d_head)
     check_single_chip(dataclasses.replace(npu, d_head_max=wide, d_model_max=wide), cfg, limits)
     return limits.run(hidden_plan, npu, cfg, chips, **kw)
@@ -352,12 +400,14 @@ class _Chip:
     al: Allocator
     t: dict = field(default_factory=dict)          # working tensors by name
     layers: list = field(default_factory=list)     # per layer: {name: tensor or (w, p)}
+    rope: tuple | None = None                      # RoPE: the C and S tables (vl.Tiled)
 
 
 class _Compiler:
     """Builds every chip's program in lock step, phase by phase."""
 
-    def __init__(self, npu, qm, plan, *, seq, samples, reduce, contents=True):
+    def __init__(self, npu, qm, plan, *, seq, samples, reduce, contents=True,
+                 transfer_bank=True):
         self.npu, self.qm, self.plan, self.cfg = npu, qm, plan, qm.cfg
         self.contents = contents
         self.n = n = npu.array_size
@@ -374,16 +424,24 @@ class _Compiler:
         self.prw = partial_row_words(npu.attn_window, n)
         #: Words of one split head's partial (or reduced) score rows, every sample's.
         self.score_slot = samples * seq * self.prw
-        self.ch = [_Chip(c, Assembler(), Allocator(npu)) for c in range(self.chips)]
+        self.ch = [_Chip(c, Assembler(), Allocator(npu, transfer_bank=transfer_bank))
+                   for c in range(self.chips)]
         cfg = self.cfg
         d = cfg.d_model
-        # Output columns of each projection on each destination chip (-1: padding).
+        # Output columns of each projection on each destination chip (-1: padding). QKV's
+        # are those of _qlinear's [Q | K | V | Q' | K'] (RoPE: the rotated projections, which
+        # land with the Q and K columns they rotate, whatever chip holds a lane's partner).
         self.dest = {"qkv": [], "o": [], "ffn1": [], "ffn2": []}
+        dkv = cfg.d_kv
+
+        def lanes(pieces, at):
+            return [g for p in pieces for g in
+                    [at + x for x in range(p.lo, p.hi)] + [-1] * (p.width - p.hi + p.lo)]
         for c in range(self.chips):
-            q = []
-            for part in range(3):
-                for p in plan.pieces[c]:
-                    q += [part * d + g for g in range(p.lo, p.hi)] + [-1] * (p.width - p.hi + p.lo)
+            qs, kvs = plan.pieces[c], plan.kv_pieces[c]
+            q = lanes(qs, 0) + lanes(kvs, d) + lanes(kvs, d + dkv)
+            if cfg.rope:
+                q += lanes(qs, d + 2 * dkv) + lanes(kvs, 2 * d + 2 * dkv)
             self.dest["qkv"].append(q)
             lo, hi = plan.cols[c]
             self.dest["o"].append(list(range(lo, hi)) + [-1] * (pad_to(hi - lo, n) - hi + lo))
@@ -422,6 +480,8 @@ class _Compiler:
         if name != "qkv":
             return getattr(layer, name)
         parts = (layer.q, layer.k, layer.v)
+        if self.cfg.rope:
+            parts += (layer.rope.qr, layer.rope.kr)
         return QLinear(np.concatenate([x.w for x in parts], axis=1),
                        np.concatenate([x.bias for x in parts]),
                        np.concatenate([x.mult for x in parts]),
@@ -468,13 +528,70 @@ class _Compiler:
                                     "weights")
         return wt, pt, req
 
+    # --- RoPE ---------------------------------------------------------------------------------
+    def _rope_lanes(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """The lane within its head of every column of chip c's ``[Q | K]`` layout (-1:
+        padding), and which columns are Q's."""
+        dh = self.cfg.d_head
+        lanes, is_q = [], []
+        for pieces, q in ((self.plan.pieces[c], True), (self.plan.kv_pieces[c], False)):
+            for p in pieces:
+                first = p.lo % dh
+                lanes += list(range(first, first + p.hi - p.lo)) + [-1] * (p.width - p.hi + p.lo)
+                is_q += [q] * p.width
+        return np.asarray(lanes, np.int64), np.asarray(is_q)
+
+    def _rope_tables(self, ch: _Chip):
+        """Chip ``ch``'s RoPE tables ``C`` and ``S`` as B operands over its ``[Q | K]`` lanes
+        (``vl.Tiled``): a row per position (``seq_pad`` rows, read again for every sample) of
+        the lanes of one piece repeated for every piece when all of them hold the same lanes
+        (whole heads), else of the whole row (a split head's pieces hold parts of a head)."""
+        n, seq_pad = self.n, self.seq_pad
+        lanes, _ = self._rope_lanes(ch.c)
+        first = self.plan.pieces[ch.c][0].width
+        repeat = len(lanes) // first
+        unit = lanes[:first]
+        if len(lanes) % first or not np.array_equal(np.tile(unit, repeat), lanes):
+            unit, repeat = lanes, 1
+        rw = row_words(len(unit), 1, n)
+        out = []
+        for k, name in enumerate(("cos", "sin")):
+            if not self.contents:
+                t = ch.al.alloc_block(f"rope.{name}", seq_pad * rw, "weights")
+            else:
+                table = rope_tables(self.cfg.d_head, self.cfg.rope_theta,
+                                    np.arange(self.seq))[k]
+                rows = np.zeros((seq_pad, len(unit)), np.int64)
+                rows[:self.seq, unit >= 0] = table[:, unit[unit >= 0]]
+                t = ch.al.alloc_words(f"rope.{name}", pack_rows(rows, 1, n), "weights")
+            out.append(vl.Tiled(t.base, seq_pad, rw, 1, repeat))
+        return tuple(out)
+
+    def _rope_params(self, ch: _Chip, i: int) -> Tensor:
+        """Per-lane ``(mult, shift)`` of layer ``i``'s RoPE REQUANT over chip ``ch``'s
+        ``[Q | K]`` lanes (Q's and K's their own; the padding 0)."""
+        lanes, is_q = self._rope_lanes(ch.c)
+        name = f"layers.{i}.rope.requant"
+        if not self.contents:
+            return ch.al.alloc_block(name, row_words(len(lanes), 4, self.n), "weights")
+        r = self.qm.layers[i].rope
+        mult, shift = np.zeros(len(lanes), np.int64), np.ones(len(lanes), np.int64)
+        for mask, (m, sh) in ((is_q, r.q_req), (~is_q, r.k_req)):
+            mult[mask & (lanes >= 0)], shift[mask & (lanes >= 0)] = m, sh
+        return ch.al.alloc_words(name, pack_rows(pack_requant(mult, shift)[None, :], 4, self.n),
+                                 "weights")
+
     def place(self):
         cfg, n = self.cfg, self.n
         for ch in self.ch:
             lo, hi = self.plan.cols[ch.c]
+            if cfg.rope:
+                ch.rope = self._rope_tables(ch)
             for i in range(cfg.n_layers):
                 L = self.qm.layers[i]
                 lw = {name: self._place(ch, i, name) for name in self.dest}
+                if cfg.rope:
+                    lw["rope_req"] = self._rope_params(ch, i)
                 if not self.contents:
                     for k in (1, 2):
                         lw[f"ln{k}"] = ch.al.alloc_block(f"layers.{i}.ln{k}.gamma_beta",
@@ -502,7 +619,13 @@ class _Compiler:
             t["h"] = al.alloc("h", rows, wpad, 1, "activations")
             if self.cfg.norm == "post":
                 t["x8"] = al.alloc("x8", rows, wpad, 1, "activations")
-            t["qkv"] = al.alloc("qkv", rows, 3 * plan.q_width(c), 1, "kv_cache")
+            t["qkv"] = al.alloc("qkv", rows, len(self.dest["qkv"][c]), 1, "kv_cache")
+            if self.cfg.rope:
+                # The int16 q C and q' S over the [Q | K] lanes.
+                for k in (1, 2):
+                    t[f"rope{k}"] = al.alloc(f"rope.t{k}", rows,
+                                             plan.q_width(c) + plan.kv_width(c), 2,
+                                             "activations")
             t["o"] = al.alloc("o", rows, plan.q_width(c), 1, "activations")
             t["a"] = al.alloc("a", rows, wpad, 2, "activations")
             t["f"] = al.alloc("f", rows, pad_to(plan.ffn_width(c), n), 1, "activations")
@@ -764,8 +887,8 @@ class _Compiler:
         def qkv_bases(ch, s):
             qkv = ch.t["qkv"]
             base = qkv.base + s * self.seq_pad * qkv.row_words
-            part = self.plan.q_width(ch.c) // n
-            return base, base + part, base + 2 * part, qkv.row_words
+            q, kv = self.plan.q_width(ch.c) // n, self.plan.kv_width(ch.c) // n
+            return base, base + q, base + q + kv, qkv.row_words
 
         def rows(h, s):
             """Offset of head h's score rows of sample s in "scores_in" and "scores"."""
@@ -780,7 +903,8 @@ class _Compiler:
                         al_.emit(ch.asm, al_.partial_launch(
                             window=W, d_head=piece.width, q_base=q, k_base=k,
                             p_base=ch.t["scores_in"].base + rows(piece.head, s),
-                            q_row_words=rw, k_row_words=rw, col=piece.off, **common), tag)
+                            q_row_words=rw, k_row_words=rw, col=piece.off,
+                            kv_col=piece.kv_off, **common), tag)
                 ch.asm.wait(Unit.ATTN)
 
             def chunks(ch):
@@ -803,9 +927,9 @@ class _Compiler:
                         d_head=piece.width, q_base=q, k_base=k, v_base=v,
                         o_base=o.base + s * self.seq_pad * o.row_words, q_row_words=rw,
                         k_row_words=rw, v_row_words=rw, o_row_words=o.row_words, col=piece.off,
-                        q_pos=0, k_pos=0, window=sched.window, score_mult=L.score_mult,
-                        score_shift=L.score_shift, out_mult=L.out_mult, out_shift=L.out_shift,
-                        **common), tag)
+                        kv_col=piece.kv_off, q_pos=0, k_pos=0, window=sched.window,
+                        score_mult=L.score_mult, score_shift=L.score_shift,
+                        out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
             if not split[ch.c]:
                 # The next projection's COLL waits for this one's on its own.
                 ch.asm.wait(Unit.ATTN)
@@ -818,16 +942,45 @@ class _Compiler:
                         window=W, d_head=piece.width, v_base=v,
                         r_base=ch.t["scores"].base + rows(piece.head, s),
                         o_base=o.base + s * self.seq_pad * o.row_words, v_row_words=rw,
-                        o_row_words=o.row_words, col=piece.off, window_cut=sched.window,
+                        o_row_words=o.row_words, col=piece.off, kv_col=piece.kv_off,
+                        window_cut=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
                         out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
             ch.asm.wait(Unit.ATTN)
+
+    def rope(self):
+        """RoPE of every chip's Q and K lanes in place (``sim.golden.rope``): MUL by C, MUL of
+        the rotated projections Q', K' by S, ADD, per-lane REQUANT. Lane-wise, so a split
+        head's chips each rotate their own lanes (their Q' lanes came with the QKV
+        reduction), and the partial scores of the rotated lanes sum to the rotated head's."""
+        if not self.cfg.rope:
+            return
+        n, i = self.n, self.layer
+        for ch in self.ch:
+            qkv, plan = ch.t["qkv"], self.plan
+            qw, kw = plan.q_width(ch.c), plan.kv_width(ch.c)
+            lanes = qw + kw
+            qk = Rows(qkv.base, self.rows, qkv.row_words, 1)
+            qkr = Rows(qkv.base + (qw + 2 * kw) // n, self.rows, qkv.row_words, 1)
+            t1, t2 = self._rows(ch.t["rope1"]), self._rows(ch.t["rope2"])
+            cos, sin = ch.rope
+            for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
+                vl.emit(ch.asm, vl.mul_launch(size=n, length=lanes, a=src, b=table, out=out,
+                                              mult=ROPE_MUL[0], shift=ROPE_MUL[1]),
+                        ("rope", i))
+                ch.asm.wait(Unit.VEC)
+            vl.emit(ch.asm, vl.add_launch(size=n, length=lanes, a=t1, b=t2, out=t1))
+            ch.asm.wait(Unit.VEC)
+            vl.emit(ch.asm, vl.requant_launch(size=n, length=lanes, a=t1, out=qk,
+                                              params_base=ch.layers[i]["rope_req"].base))
+            ch.asm.wait(Unit.VEC)
 
     def block(self, i: int):
         self.layer = i
         if self.cfg.norm == "pre":
             self.layernorm(1, "h", None)
             self.project("qkv", "h", "qkv")
+            self.rope()
             self.attention()
             self.project("o", "o", "a")
             self.add()
@@ -837,6 +990,7 @@ class _Compiler:
             self.add()
         else:
             self.project("qkv", "x8", "qkv")
+            self.rope()
             self.attention()
             self.project("o", "o", "a")
             self.add()
@@ -869,9 +1023,19 @@ def compile_hidden(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = 
     if reduce not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {', '.join(REDUCE_MODES)}, not {reduce!r}")
     seq = cfg.seq_len if seq is None else seq
-    comp = _Compiler(npu, qm, plan, seq=seq, samples=samples, reduce=reduce, contents=contents)
-    comp.place()
-    comp.activations()
+
+    def layout(transfer_bank):
+        comp = _Compiler(npu, qm, plan, seq=seq, samples=samples, reduce=reduce,
+                         contents=contents, transfer_bank=transfer_bank)
+        comp.place()
+        comp.activations()
+        return comp
+    comp = layout(True)
+    if any(ch.al.overflows for ch in comp.ch) and \
+            all(ch.al.next_word <= npu.sram_words for ch in comp.ch):
+        # The regions overlap though the whole fits (the top bank full: tiny-llama on 3
+        # chips): every buffer in the top region, as sequence and the grids do.
+        comp = layout(False)
     for ch in comp.ch:
         if check:
             ch.al.check_capacity()

@@ -30,6 +30,15 @@ both partners at it. The integers equal the single-chip golden's: every query se
 keys of ``sim.golden.float_model.attention_mask`` and softmax and P.V do not depend on the order
 of the keys.
 
+Grouped-query attention: a row's K and V are ``n_kv_heads`` heads wide, so the rows sent and
+received (and the halo store below) are ``2 n_kv_heads d_head`` lanes; query head h attends
+the columns of K/V head ``h // kv_group`` (``ATTN`` ``kv_col``). RoPE rotates Q and K in the
+QKV tensor right after the QKV matmul (``sim.golden.rope``, the block emitter's), at each
+chip's own positions: its tables hold the rows of positions ``start_c ..`` (one chip in
+passes: every pass's positions, each pass reading from its start), so the K rows sent are
+already rotated at their absolute positions and the receivers use them as they are. The
+rotated projections Q' and K' sit after V in the row and are never sent.
+
 **One chip, a sequence longer than ``max_seq_len``** (``--chips 1``): the tokens run in passes
 of at most ``max_seq_len`` (``numpy.array_split`` into ``ceil(seq / max_seq_len)``), each pass
 through every layer, and each layer keeps the K/V rows of the last H tokens it saw in a halo
@@ -56,7 +65,7 @@ from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
-from .compat import Limits, check_attention_kind
+from .compat import Limits
 from .descriptors import Desc
 from .program import ChipProgram, Placement, SystemProgram, finish
 from .quantize import QModel
@@ -142,7 +151,6 @@ def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None
     passes, causal windows only) and each chunk's keys within the K/V ring."""
     seq = cfg.seq_len if seq is None else seq
     limits = Limits() if limits is None else limits
-    check_attention_kind(cfg, "sequence", limits)
     # What does not depend on the sequence: the model as one token would run it.
     check_single_chip(npu, replace(cfg, seq_len=1, window=min(cfg.window, 1)), limits)
 
@@ -221,16 +229,20 @@ def _layout(npu, cfg, chips, seq, states):
 class _Chip:
     """One chip's compiler state: emitter, weights, tensors."""
 
-    def __init__(self, npu, qm, c, tokens, *, kv_rows, transfer, contents=True):
+    def __init__(self, npu, qm, c, tokens, *, kv_rows, transfer, contents=True,
+                 rope_span=None):
         cfg = qm.cfg
         self.al, self.asm = Allocator(npu, transfer_bank=transfer), Assembler()
         self.em = BlockEmitter(npu, qm, self.asm, self.al, seq=tokens, chip=c,
-                               contents=contents)
+                               contents=contents, rope_span=rope_span)
         self.shard = Shard.whole(cfg)
         self.weights = [self.em.place_layer(i, self.shard) for i in range(cfg.n_layers)]
         n, em = npu.array_size, self.em
-        self.part = cfg.n_heads * em.dh_pad // n     # words of one of Q, K, V in a row
-        self.kv = self.al.alloc("qkv", kv_rows, 3 * cfg.n_heads * em.dh_pad, 1, "kv_cache",
+        # A row is [Q | K | V] (and under RoPE [Q' | K'] after them, never sent): words of Q,
+        # and of K or V (n_kv_heads heads: grouped-query attention).
+        self.q_words = cfg.n_heads * em.dh_pad // n
+        self.kv_words = cfg.n_kv_heads * em.dh_pad // n
+        self.kv = self.al.alloc("qkv", kv_rows, em.qkv_width(self.shard), 1, "kv_cache",
                                 transfer=transfer)
 
     def activations(self, rows):
@@ -239,15 +251,16 @@ class _Chip:
     def kv_rows(self, row: int, rows: int) -> Desc:
         """The K|V words of ``rows`` rows of the Q/K/V tensor from ``row``."""
         kv = self.kv
-        return Desc(kv.base + row * kv.row_words + self.part, (2 * self.part, rows, 1, 1),
+        return Desc(kv.base + row * kv.row_words + self.q_words, (2 * self.kv_words, rows, 1, 1),
                     (1, kv.row_words, 0, 0))
 
     def kv_view(self, row: int, rows: int) -> vl.Rows:
-        return vl.Rows(self.kv.base + row * self.kv.row_words + self.part, rows,
+        return vl.Rows(self.kv.base + row * self.kv.row_words + self.q_words, rows,
                        self.kv.row_words, 1)
 
     def attention(self, layer, *, queries, q_row, q_pos, keys, k_pos, causal, window):
-        """One ``ATTN`` per head: ``queries`` rows from ``q_row``, ``keys`` rows from row 0."""
+        """One ``ATTN`` per head: ``queries`` rows from ``q_row``, ``keys`` rows from row 0
+        (query head h on the columns of its K/V head ``h // kv_group``)."""
         em, kv, npu = self.em, self.kv, self.em.npu
         L = em.qm.layers[layer]
         if keys <= npu.attn_window:
@@ -259,10 +272,12 @@ class _Chip:
         for k in range(em.cfg.n_heads):
             al_.emit(self.asm, al_.attention_launch(
                 size=em.n, d_head=em.dh_pad, queries=queries, keys=keys,
-                q_base=kv.base + q_row * kv.row_words, k_base=kv.base + self.part,
-                v_base=kv.base + 2 * self.part, o_base=o.base, q_row_words=kv.row_words,
-                k_row_words=kv.row_words, v_row_words=kv.row_words, o_row_words=o.row_words,
-                col=k * em.dh_pad, q_pos=q_pos, k_pos=k_pos, bidirectional=not causal,
+                q_base=kv.base + q_row * kv.row_words, k_base=kv.base + self.q_words,
+                v_base=kv.base + self.q_words + self.kv_words, o_base=o.base,
+                q_row_words=kv.row_words, k_row_words=kv.row_words, v_row_words=kv.row_words,
+                o_row_words=o.row_words, col=k * em.dh_pad,
+                kv_col=k // em.cfg.kv_group * em.dh_pad, q_pos=q_pos, k_pos=k_pos,
+                bidirectional=not causal,
                 interleaved=interleaved, halo=halo, window=window,
                 score_mult=L.score_mult, score_shift=L.score_shift, out_mult=L.out_mult,
                 out_shift=L.out_shift))
@@ -301,8 +316,9 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
             states.append(None)
             continue
         tokens = stop - start
+        # RoPE's tables hold the chunk's own positions (its padded rows too).
         st = _Chip(npu, qm, c, tokens, kv_rows=max(hi - lo, start - lo + pad_to(tokens, n)),
-                   transfer=transfer, contents=contents)
+                   transfer=transfer, contents=contents, rope_span=(start, pad_to(tokens, n)))
         st.xs = [st.em.alloc_residual(f"x{s}", 1) for s in range(samples)]
         st.activations(st.em.seq_pad)
         if check:
@@ -312,7 +328,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
         return _layout(npu, cfg, chips, seq, states)
     phases = plan_transfers(chunks, seq, cfg.window, cfg.causal)
     for t in (t for phase in phases for t in phase):
-        _check_message(npu, states[t.src].part * 2 * t.rows,
+        _check_message(npu, states[t.src].kv_words * 2 * t.rows,
                        f"the K/V rows of tokens {t.start}..{t.stop - 1}")
     what = "K/V ring" if cfg.window == 0 else "K/V halo"
     comms = []
@@ -349,7 +365,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
                 x = st.xs[s]
                 if i == 0:
                     st.input_requant(x)
-                st.em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1,
+                st.em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1, pos_base=start,
                                  qkv_out=_rows_view(st.kv, start - lo), attend=attend)
     programs, inputs, outputs = [], [[] for _ in range(samples)], [[] for _ in range(samples)]
     for c, st in enumerate(states):
@@ -399,20 +415,21 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
     passes = _passes(npu, cfg, 1, seq)
     halo = max(cfg.window - 1, 0) if len(passes) > 1 else 0
     longest = max(b - a for a, b in passes)
+    # RoPE's tables: every pass's positions, each pass reading its padded rows from its start.
     st = _Chip(npu, qm, 0, longest, kv_rows=halo + pad_to(longest, n), transfer=False,
-               contents=contents)
+               contents=contents, rope_span=(0, passes[-1][0] + pad_to(longest, n)))
     em = st.em
     # The pass residuals of every sample (each a tensor of one pass, padded to N rows).
     xs = [[em.alloc_residual(f"x{s}.{j}", 1) for j in range(len(passes))]
           for s in range(samples)]
-    stores = [st.al.alloc(f"layers.{i}.kv_halo", halo, 2 * cfg.n_heads * em.dh_pad, 1,
-                          "kv_cache") for i in range(cfg.n_layers)] if halo else []
+    copy_len = 2 * cfg.n_kv_heads * em.dh_pad           # the K|V lanes of a row
+    stores = [st.al.alloc(f"layers.{i}.kv_halo", halo, copy_len, 1, "kv_cache")
+              for i in range(cfg.n_layers)] if halo else []
     st.activations(em.seq_pad)
     if check:
         st.al.check_capacity()
     if not emit:
         return _layout(npu, cfg, 1, seq, [st])
-    copy_len = 2 * cfg.n_heads * em.dh_pad
     comms, copied = [], [0]
 
     def copy(src: vl.Rows, dst: vl.Rows):
@@ -444,7 +461,7 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
                 x = xs[s][j]
                 if i == 0:
                     st.input_requant(x)
-                em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1,
+                em.emit_block(i, st.weights[i], st.shard, st.acts, x, 1, pos_base=start,
                               qkv_out=_rows_view(st.kv, ahead), attend=attend)
     chip = finish(npu, ChipProgram(0, st.asm, st.al, role={
         "layers": list(range(cfg.n_layers)), "tokens": [0, seq], "passes": len(passes)}),

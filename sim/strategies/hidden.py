@@ -51,8 +51,10 @@ class Hidden(Strategy, name="hidden",
         gated FFN: the gate's before FFN1's)."""
         rows = cfg.batch * pad_to(cfg.seq_len, npu.array_size)
         d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
+        # QKV: Q, K and V (n_kv_heads heads each), and under RoPE the rotated Q' and K'.
+        qkv = d + 2 * cfg.d_kv + (d + cfg.d_kv if cfg.rope else 0)
         gate = [("reduce_scatter", rows * f * 4)] if cfg.ffn == "gated" else []
-        return [("all_reduce", rows * 16), ("reduce_scatter", rows * 3 * d * 4),
+        return [("all_reduce", rows * 16), ("reduce_scatter", rows * qkv * 4),
                 ("all_reduce", rows * cfg.seq_len * h * 4), ("reduce_scatter", rows * d * 4),
                 ("all_reduce", rows * 16), *gate, ("reduce_scatter", rows * f * 4),
                 ("reduce_scatter", rows * d * 4)]

@@ -72,7 +72,7 @@ class Sequence(Strategy, name="sequence",
     def comm(self, npu, cfg, chips, grid=None):
         if chips <= 1:
             return 0, 0, []
-        kv = 2 * cfg.d_model * cfg.batch
+        kv = 2 * cfg.d_kv * cfg.batch             # K and V: n_kv_heads heads each
         if cfg.window:
             return (cfg.window - 1) * kv * (1 if cfg.causal else 2), 0, [
                 "sequence: each chunk receives the K/V of the previous window - 1 tokens"

@@ -238,6 +238,67 @@ def test_uneven_shards_on_the_iss(cfg, chips, widths, ffn_widths, reduce):
     assert_golden(qm, x_ints, run_iss(prog, x_ints), f"widths {widths} ({reduce})")
 
 
+def test_grouped_query_pieces_share_their_kv_head():
+    """Query heads 0, 1 on K/V head 0, heads 2, 3 on K/V head 1: on one chip two K/V pieces;
+    on 3 chips (12, 12, 8 columns) head 1 is split, so chip 0 holds K/V head 0 whole (head 0's)
+    and its lanes 0..3 (head 1's), chip 1 its lanes 4..7 and K/V head 1 whole."""
+    gqa = dataclasses.replace(WIDE, n_kv_heads=2)
+    one = hidden_plan(TINY, gqa, 1)
+    assert [(k.head, k.lo, k.hi, k.off) for k in one.kv_pieces[0]] == [(0, 0, 8, 0),
+                                                                        (1, 8, 16, 8)]
+    assert [p.kv_off for p in one.pieces[0]] == [0, 0, 8, 8] and one.kv_width(0) == 16
+    three = hidden_plan(TINY, gqa, 3)
+    assert [(k.head, k.lo, k.hi, k.off, k.width) for k in three.kv_pieces[0]] == \
+        [(0, 0, 8, 0, 8), (0, 0, 4, 8, 4)]
+    assert [(k.head, k.lo, k.hi) for k in three.kv_pieces[1]] == [(0, 4, 8), (1, 8, 16)]
+    assert [(k.head, k.lo, k.hi) for k in three.kv_pieces[2]] == [(1, 8, 16)]
+    # Without grouped-query attention the K/V layout is the Q layout.
+    plain = hidden_plan(TINY, WIDE, 3)
+    for c in range(3):
+        assert [(k.lo, k.off, k.width) for k in plain.kv_pieces[c]] == \
+            [(p.lo, p.off, p.width) for p in plain.pieces[c]]
+
+
+ROPE = {"rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("cfg, chips, kw", [
+    # One head of 32 lanes: every lane's rotate-half partner on another chip (2 chips), or
+    # a head over 3 and 8 chips.
+    (dataclasses.replace(BROAD_HEAD, **ROPE), 2, {}),
+    (dataclasses.replace(BROAD_HEAD, **ROPE), 3, {}),
+    (dataclasses.replace(BROAD_HEAD, **ROPE), 8, {}),
+    # Heads of 24 on 2 K/V heads, every head split (6 and 8 chips).
+    (dataclasses.replace(BROAD, n_kv_heads=2, **ROPE), 6, {}),
+    (dataclasses.replace(BROAD, n_kv_heads=2, **ROPE), 8, {}),
+    # Uneven shards with split heads, one K/V head, both reductions.
+    (dataclasses.replace(FOUR_HEADS, n_kv_heads=1, **ROPE), 3,
+     {"widths": [5, 3, 8], "ffn_widths": [4, 12, 16]}),
+    (dataclasses.replace(FOUR_HEADS, n_kv_heads=2, **ROPE), 3,
+     {"widths": [4, 6, 6], "reduce": "all_reduce"}),
+    (dataclasses.replace(FOUR_HEADS, n_kv_heads=2), 3, {"widths": [5, 3, 8]}),
+])
+def test_rope_and_grouped_query_attention(cfg, chips, kw):
+    """RoPE with heads split across chips (the rotated projections' columns reduced onto the
+    chips of their Q and K lanes, each chip rotating its own lanes) and grouped-query
+    attention: bit-exact."""
+    qm, x_ints, prog = compiled(cfg, chips, seed=5, batch=2, **kw)
+    assert prog.meta["split_heads"]
+    assert_golden(qm, x_ints, run_iss(prog, x_ints), f"{cfg.name} on {chips} chips {kw}")
+
+
+@pytest.mark.parametrize("norm, causal, window", [("post", False, 4), ("pre", True, 3)])
+@pytest.mark.parametrize("chips", [2, 3, 5])
+@pytest.mark.parametrize("reduce", REDUCE_MODES)
+def test_rope_and_gqa_norms_windows_and_batches(norm, causal, window, chips, reduce):
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, n_kv_heads=2, d_ff=64,
+                      seq_len=12, norm=norm, causal=causal, window=window, rope_theta=10000.0,
+                      norm_kind="rmsnorm", name="w12-llama")
+    r = simulate(TINY, cfg, strategy="hidden", chips=chips, backend="iss", batch=2,
+                 reduce=reduce)
+    check_report(r, f"RoPE+GQA {norm}-norm, window {window} on {chips} chips ({reduce})")
+
+
 @pytest.mark.parametrize("cfg, chips", [(BROAD_HEAD, 2), (BROAD_HEAD, 3), (BROAD_HEAD, 8),
                                         (BROAD, 6), (BROAD, 8)])
 def test_beyond_one_chip_runs_hidden_and_not_single(cfg, chips):

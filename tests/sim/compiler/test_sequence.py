@@ -126,6 +126,46 @@ def test_passes_with_post_norm():
     check_report(r, "post-norm in passes")
 
 
+#: Four query heads of 4 lanes on 2 K/V heads, rotated by RoPE.
+LLAMA10 = model(n_heads=4, d_head=4, n_kv_heads=2, rope_theta=10000.0, norm_kind="rmsnorm",
+                name="seq10-llama")
+
+
+@pytest.mark.parametrize("window, causal", [(3, True), (3, False), (0, True), (0, False)])
+@pytest.mark.parametrize("chips", [2, 3, 8])
+def test_rope_and_grouped_query_attention(chips, window, causal):
+    """Every chip's tables at its chunk's positions, K rotated before it is sent, K/V rows of
+    the K/V heads only (halos, both sides, the ring); grouped-query attention alone too."""
+    cfg = dataclasses.replace(LLAMA10, window=window, causal=causal)
+    mha = simulate(TINY, dataclasses.replace(cfg, n_kv_heads=4, rope_theta=0.0),
+                   strategy="sequence", chips=chips, backend="iss", seed=chips)
+    for c in (cfg, dataclasses.replace(cfg, rope_theta=0.0)):
+        r = simulate(TINY, c, strategy="sequence", chips=chips, backend="iss", seed=chips)
+        check_report(r, f"{c.name} on {chips} chips, window {window}, causal {causal}")
+        # The K/V rows are two K/V heads, half the bytes of four.
+        assert 2 * sum(e["bytes"] for e in r.collectives) == \
+            sum(e["bytes"] for e in mha.collectives)
+
+
+@pytest.mark.parametrize("seq, window", [(30, 5), (17, 3), (20, 8)])
+def test_rope_in_passes(seq, window):
+    """One chip in passes: each pass's Q and K rotated at its positions (the tables hold every
+    pass's), the halo store carries rotated K rows of the K/V heads."""
+    cfg = dataclasses.replace(LLAMA10, seq_len=seq, window=window)
+    r = simulate(SHORT, cfg, strategy="sequence", chips=1, backend="iss", batch=2)
+    check_report(r, f"RoPE, {seq} tokens in passes, window {window}")
+    assert r.sequence["mode"] == "passes"
+
+
+def test_rope_keys_beyond_the_ring():
+    """The interleaved schedule with HALO over rotated keys (23 tokens on 2 chips)."""
+    for causal, window in ((True, 8), (False, 4)):
+        cfg = dataclasses.replace(LLAMA10, seq_len=23, window=window, causal=causal)
+        r = simulate(dataclasses.replace(SHORT, max_seq_len=16), cfg, strategy="sequence",
+                     chips=2, backend="iss")
+        check_report(r, f"RoPE, 23 tokens on 2 chips, window {window}, causal {causal}")
+
+
 @pytest.mark.parametrize("npu, cfg, chips, match", [
     (SHORT, model(seq_len=20, window=0), 1,
      r"seq_len=20 exceeds max_seq_len=8: one chip runs longer sequences in passes only for "

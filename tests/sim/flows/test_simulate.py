@@ -35,6 +35,11 @@ TINY_LLAMA = dataclasses.replace(model_preset("tiny"), norm_kind="rmsnorm", acti
                                  ffn="gated", bias=False, name="tiny-llama-mha")
 #: The Llama-shaped preset: also RoPE and 4 query heads on 2 K/V heads.
 LLAMA = model_preset("tiny-llama")
+#: Its grouped-query attention without RoPE, and its RoPE without grouped-query attention
+#: (two layers: under sequence parallelism every chip holds every layer, and four layers of
+#: full-width K, V and K' exceed the tiny chip's scratchpad).
+LLAMA_GQA = dataclasses.replace(LLAMA, rope_theta=0.0, name="tiny-llama-gqa")
+LLAMA_ROPE = dataclasses.replace(LLAMA, n_kv_heads=4, n_layers=2, name="tiny-llama-rope")
 
 
 @pytest.mark.parametrize("chips", range(1, 9))
@@ -147,14 +152,21 @@ def test_llama_on_the_iss(strategy, chips, grid, batch):
         assert [c.role["kv_heads"] for c in r.per_chip] == [[0], [0], [1], [1]]
 
 
-@pytest.mark.parametrize("strategy, key", [("hidden", "rope_theta"), ("sequence", "rope_theta")])
-def test_llama_refusals(strategy, key):
-    """Where RoPE and grouped-query attention are not compiled, a refusal naming the key."""
-    with pytest.raises(ConfigError, match=f"{key}=10000.0 is not supported under {strategy}"):
-        simulate(TINY, LLAMA, strategy=strategy, chips=2, backend="iss")
-    gqa = dataclasses.replace(LLAMA, rope_theta=0.0)
-    with pytest.raises(ConfigError, match=f"n_kv_heads=2 is not supported under {strategy}"):
-        simulate(TINY, gqa, strategy=strategy, chips=2, backend="iss")
+@pytest.mark.parametrize("cfg", [LLAMA, LLAMA_GQA, LLAMA_ROPE], ids=["llama", "gqa", "rope"])
+@pytest.mark.parametrize("strategy, chips", [("sequence", 2), ("sequence", 4), ("hidden", 2),
+                                             ("hidden", 3)])
+def test_llama_tokens_and_columns_split_on_the_iss(strategy, chips, cfg):
+    """RoPE and grouped-query attention under sequence parallelism (each chip rotates its
+    chunk's Q and K at the chunk's own positions before the K/V rows go round the ring; the
+    rows carry the K/V heads only) and hidden parallelism (the rotated projections' columns
+    reduced onto the chips of the Q and K lanes they rotate; on 3 chips head 1 is split, its
+    lanes 0..3 and their rotate-half partners 4..7 on different chips): bit for bit the
+    golden, near float64."""
+    r = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", seed=1)
+    check_report(r, f"{cfg.name}, {strategy} on {chips} chips")
+    if strategy == "hidden":
+        assert bool(r.hidden["split_heads"]) == (chips == 3)
+    print(f"{cfg.name} {strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
 
 
 def test_swiglu_refusals():
@@ -256,6 +268,7 @@ def test_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
 
 @pytest.mark.parametrize("strategy, chips, batch, backend, n_layers", [
     ("head", 4, 1, "verilator", 4), ("pipeline", 4, 4, "verilator", 4),
+    ("sequence", 4, 1, "verilator", 4), ("hidden", 4, 1, "verilator", 4),
     pytest.param("single", 1, 1, "pysim", 1, marks=pytest.mark.slow),
     pytest.param("head", 2, 1, "pysim", 4, marks=pytest.mark.slow)])
 def test_llama_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):

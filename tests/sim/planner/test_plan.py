@@ -185,6 +185,35 @@ def test_unsupported_features_are_planned_with_notes():
     assert rp.fits and rp.per_chip[0].weights > plain.per_chip[0].weights
 
 
+@pytest.mark.parametrize("strategy, chips", [("sequence", 2), ("sequence", 4), ("hidden", 2),
+                                             ("hidden", 3)])
+def test_rope_and_gqa_are_planned_as_compiled(strategy, chips):
+    """tiny-llama (RoPE, 4 query heads on 2 K/V heads) under sequence and hidden: neither key
+    refused; each chip's bytes are its compile's (the tables and rotated projections with the
+    weights, K/V rows of the K/V heads); hidden's predicted cycles are the cycle model's on
+    the compiled programs (a split head on 3 chips)."""
+    cfg = model_preset("tiny-llama")
+    p = plan(TINY, cfg, chips=chips, strategy=strategy).strategies[0]
+    assert not {"rope_theta", "n_kv_heads"} & set(keys(p.reasons)), p.reasons
+    x = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 3), x)
+    prog = compile_program(strategy, TINY, qm, chips, seq=cfg.seq_len, samples=cfg.batch)
+    roles = roles_of(TINY, cfg, strategy, chips, None)
+    assert [(c.weights - table_bytes(TINY, cfg, r), c.kv_cache, c.activations)
+            for c, r in zip(p.per_chip, roles, strict=True)] == \
+        [(c.alloc.used["weights"], c.alloc.used["kv_cache"], c.alloc.used["activations"])
+         for c in prog.chips]
+    if strategy == "hidden":
+        assert p.fits and p.timing == "cycle model"
+        assert p.predicted_cycles == time_programs(TINY, [c.program for c in prog.chips]).cycles
+        return
+    # Every chip holds every layer and (the planner counts) the embeddings and LM head: four
+    # layers exceed the tiny chip, as on one chip; two fit.
+    assert keys(p.reasons) == ["sram_bytes"] * chips
+    two = plan(TINY, dataclasses.replace(cfg, n_layers=2), chips=chips, strategy=strategy)
+    assert two.strategies[0].fits and two.strategies[0].predicted_cycles > 0
+
+
 def test_grids_need_two_sides():
     p = plan(TINY, small(), chips=2, strategy="head+pipeline").strategies[0]
     assert not p.fits and "makes no A x B grid" in str(p.reasons[0])
