@@ -238,24 +238,31 @@ def _rtl_equals_iss(rtl, iss, what):
 # Amaranth's simulator runs head on 3 chips (the all-reduce path: 4 rows do not split by 3), on
 # one layer; Verilator runs head and pipeline on 4 chips, sharing one build with the grids below
 # and the other 4-chip Verilator tests. The 4-layer and 4-chip pysim runs are in the slow suite.
-@pytest.mark.parametrize("strategy, chips, batch, backend, n_layers", [
-    ("head", 3, 1, "pysim", 1), ("head", 4, 1, "verilator", 4),
-    ("pipeline", 4, 4, "verilator", 4),
-    pytest.param("head", 3, 1, "pysim", 4, marks=pytest.mark.slow),
-    pytest.param("head", 4, 1, "pysim", 4, marks=pytest.mark.slow),
-    pytest.param("pipeline", 3, 3, "pysim", 4, marks=pytest.mark.slow),
-    pytest.param("pipeline", 4, 4, "pysim", 4, marks=pytest.mark.slow)])
-def test_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
+# The Llama-shaped model (RoPE, grouped-query attention, RMSNorm, SwiGLU) runs every strategy
+# that splits it on the same 4-chip build, and one chip on the 1-chip build the suite has.
+@pytest.mark.parametrize("model, strategy, chips, batch, backend, n_layers", [
+    ("small", "head", 3, 1, "pysim", 1), ("small", "head", 4, 1, "verilator", 4),
+    ("small", "pipeline", 4, 4, "verilator", 4),
+    ("llama", "single", 1, 1, "verilator", 4), ("llama", "head", 4, 1, "verilator", 4),
+    ("llama", "pipeline", 4, 4, "verilator", 4), ("llama", "sequence", 4, 1, "verilator", 4),
+    ("llama", "hidden", 4, 1, "verilator", 4),
+    pytest.param("small", "head", 3, 1, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("small", "head", 4, 1, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("small", "pipeline", 3, 3, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("small", "pipeline", 4, 4, "pysim", 4, marks=pytest.mark.slow),
+    pytest.param("llama", "single", 1, 1, "pysim", 1, marks=pytest.mark.slow),
+    pytest.param("llama", "head", 2, 1, "pysim", 4, marks=pytest.mark.slow)])
+def test_rtl_equals_the_iss(model, strategy, chips, batch, backend, n_layers, request):
     """Each multi-chip strategy on the RTL: bit-exact, the same outputs, cycles, busy
     counters and collectives as the ISS."""
     if backend == "verilator":
         request.getfixturevalue("verilator_ok")
-    cfg = dataclasses.replace(SMALL, n_layers=n_layers)
+    cfg = dataclasses.replace({"small": SMALL, "llama": LLAMA}[model], n_layers=n_layers)
     iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=batch,
                    seed=2)
     rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend=backend, batch=batch,
                    seed=2)
-    what = f"{strategy} on {chips} chips ({backend})"
+    what = f"{model}: {strategy} on {chips} chips ({backend})"
     _rtl_equals_iss(rtl, iss, what)
     assert rtl.cycles > 0 and len(rtl.per_chip) == chips
     assert rtl.collectives == iss.collectives, what
@@ -264,26 +271,6 @@ def test_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
         bubble, formula = rtl.pipeline["bubble_fraction"], rtl.pipeline["bubble_formula"]
         print(f"bubble {bubble:.3f} vs formula {formula:.3f}")
         assert abs(bubble - formula) < 0.03, (bubble, formula)
-
-
-@pytest.mark.parametrize("strategy, chips, batch, backend, n_layers", [
-    ("head", 4, 1, "verilator", 4), ("pipeline", 4, 4, "verilator", 4),
-    ("sequence", 4, 1, "verilator", 4), ("hidden", 4, 1, "verilator", 4),
-    pytest.param("single", 1, 1, "pysim", 1, marks=pytest.mark.slow),
-    pytest.param("head", 2, 1, "pysim", 4, marks=pytest.mark.slow)])
-def test_llama_rtl_equals_the_iss(strategy, chips, batch, backend, n_layers, request):
-    """The Llama-shaped model (RoPE, grouped-query attention, RMSNorm, SwiGLU) on RTL:
-    bit-exact, the ISS's outputs, cycles and busy counters (Verilator shares the 4-chip
-    build)."""
-    if backend == "verilator":
-        request.getfixturevalue("verilator_ok")
-    cfg = dataclasses.replace(LLAMA, n_layers=n_layers)
-    iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=batch,
-                   seed=3)
-    rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend=backend, batch=batch,
-                   seed=3)
-    _rtl_equals_iss(rtl, iss, f"llama, {strategy} on {chips} chips ({backend})")
-    assert rtl.collectives == iss.collectives
 
 
 @pytest.mark.slow
