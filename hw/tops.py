@@ -13,7 +13,7 @@ from .chip import Chip
 from .fpga.board import DEFAULT_BAUD, BoardTop, baud_divisor
 from .ring.testbed import RingTestbed
 from .spec import NpuConfig
-from .system import ChipSystem
+from .system import ChipNode, ChipSystem
 from .tile.attention import AttentionBuffer
 from .tile.matmul import MatmulUnit
 from .tile.softmax import SoftmaxUnit
@@ -65,6 +65,14 @@ def _tile_fpga(npu: NpuConfig, chips: int):
     return Chip(npu=npu, coll_avg=False)
 
 
+def _node(npu: NpuConfig, chips: int):
+    return ChipNode(npu=npu)
+
+
+def _node_fpga(npu: NpuConfig, chips: int):
+    return ChipNode(npu=npu, coll_avg=False)
+
+
 def _system(npu: NpuConfig, chips: int):
     return ChipSystem(npu=npu, chips=chips)
 
@@ -87,6 +95,8 @@ TOPS: dict[str, Top] = {
                 default_chips=4, build_fpga=_ring_fpga),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile,
                 build_fpga=_tile_fpga),
+    "node": Top("node", "one chip with its outgoing ring link (the Verilator backend's unit)",
+                _node, build_fpga=_node_fpga),
     "system": Top("system", "N chips on the ring", _system, default_chips=2,
                   build_fpga=_system_fpga),
     "board": Top("board", "one chip on the ULX3S-85F board top (PLL, UART host link, LEDs)",

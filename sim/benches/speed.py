@@ -1,14 +1,15 @@
 """Simulation speed: simulated cycles per wall second of Amaranth's simulator (pysim), the
-Verilator backend (ChipSystem under its C++ harness, ``sim.rtl.verilator``) and the bare C++ clock
-loop of the same Verilated model, on one tiny chip and on four, and the harness's build time.
+Verilator backend (ChipSystem's chips and links as one Verilated node per chip under its C++
+harness, ``sim.rtl.verilator``) and the bare C++ clock loop of the same models, on one tiny chip
+and on four, and the harness's build time (one build for every chip count).
 
 The jobs are the tiny model on the tiny NPU: ``--strategy single`` on one chip (one sample) and
 ``--strategy pipeline --chips 4 --batch 4``, both on ChipSystem. The rates are of the clock
 loop from ``start`` to ``done`` (loading and elaboration excluded) over the whole job, for pysim
 too (~40 s on one chip, ~4 min on four). Quick mode runs one chip only and pysim only for its
 first ``QUICK_PYSIM_CYCLES`` cycles: pysim is event-driven, so a window where few units work
-flatters it. The bare loop clocks the model with every input at 0: the limit the harness can
-approach. ``--threads 2`` (Verilator's multi-threaded model, another build) is tried on four.
+flatters it. The bare loop clocks the models with every host input at 0: the limit the harness
+can approach.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _rows(label: str, npu: NpuConfig, chips: int, quick: bool) -> list[dict]:
     fast = run_system_verilator(npu, programs, images, reads)
     bare = run_bare_loop(npu, chips, BARE_CYCLES)
     slow = pysim_rate(npu, programs, images, QUICK_PYSIM_CYCLES if quick else None)
-    build = json.loads((ensure_build(npu, chips).directory / "build.json").read_text())
+    build = json.loads((ensure_build(npu).directory / "build.json").read_text())
     rate = fast["run_cycles_per_s"]
     return [
         {"bench": f"sim speed, {label}, pysim", "value": slow, "unit": "cycles/s",
@@ -104,14 +105,6 @@ def run(quick: bool):
         rows += _rows("4 tiny chips (tiny model, pipeline, batch 4)", npu, 4, quick)
     except ToolchainMissing as exc:
         return [{"bench": "sim speed, verilator", "value": None, "note": f"skipped: {exc}"}]
-    programs, images, reads = _job(npu, 4)
-    one = run_system_verilator(npu, programs, images, reads)
-    two = run_system_verilator(npu, programs, images, reads, threads=2)
-    rows.append({"bench": "sim speed, 4 tiny chips, verilator --threads 2",
-                 "value": two["run_cycles_per_s"], "unit": "cycles/s",
-                 "ref": one["run_cycles_per_s"],
-                 "ratio": two["run_cycles_per_s"] / one["run_cycles_per_s"],
-                 "note": "ratio to 1 thread on the same 2-core machine"})
     start = time.perf_counter()
     report = simulate(npu, model_preset("tiny"), strategy="pipeline", chips=4, batch=4,
                       backend="verilator")

@@ -40,6 +40,8 @@ def test_fpga_builds_leave_out_avg():
     assert build_top("tile", npu).coll_avg and not build_top("tile", npu, fpga=True).coll_avg
     assert not any(c.coll_avg for c in build_top("system", npu, fpga=True).chip)
     assert all(c.coll_avg for c in build_top("system", npu).chip)
+    assert build_top("node", npu).chip.coll_avg
+    assert not build_top("node", npu, fpga=True).chip.coll_avg
     assert not any(e.avg for e in build_top("ring", npu, fpga=True).engines)
     assert build_top("matmul", npu, fpga=True).size == npu.array_size
     assert not _ChipOnRing(npu).chip.coll_avg and not COLL_AVG

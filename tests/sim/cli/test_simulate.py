@@ -53,7 +53,7 @@ def test_quant_option_and_model_key(capsys, tmp_path):
     pytest.param("post", False, "verilator", marks=pytest.mark.verilator),
     pytest.param("post", False, "pysim", marks=pytest.mark.slow)])
 def test_rtl_equals_golden_small_model(capsys, tmp_path, norm, causal, backend, request):
-    """`npu sim` on the RTL (Verilator: the one-chip build the other Verilator tests share)."""
+    """`npu sim` on the RTL (Verilator: the build the other Verilator tests share)."""
     if backend == "verilator":
         request.getfixturevalue("verilator_ok")
     model = write_model(tmp_path, norm=norm, causal=causal)

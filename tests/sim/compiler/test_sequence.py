@@ -2,8 +2,8 @@
 
 The broad matrix (1..8 chips, causal and bidirectional windows, full attention, chunks shorter
 and longer than the window, uneven chunks, one chip in passes) runs on the ISS; the RTL runs 4
-chips on Verilator (the 4-chip build the other Verilator tests share), and 3 and 4 chips on pysim
-in the slow suite.
+chips on Verilator (the build every Verilator test shares), and 3 and 4 chips on pysim in the
+slow suite.
 """
 
 import dataclasses

@@ -2,8 +2,8 @@
 
 The broad matrix (strategies x chip counts x seeds x microbatches) runs on the ISS; the RTL runs
 cover each multi-chip strategy against the ISS (head on 3 chips on pysim; head, pipeline, data
-and the grids on 4 chips on Verilator; the longer pysim runs in the slow suite), and pysim's link
-stalls.
+and the grids on 4 chips and head on 8 on Verilator, whose one build runs every chip count; the
+longer pysim runs in the slow suite), and pysim's link stalls.
 """
 
 import dataclasses
@@ -236,10 +236,10 @@ def _rtl_equals_iss(rtl, iss, what):
 
 
 # Amaranth's simulator runs head on 3 chips (the all-reduce path: 4 rows do not split by 3), on
-# one layer; Verilator runs head and pipeline on 4 chips, sharing one build with the grids below
-# and the other 4-chip Verilator tests. The 4-layer and 4-chip pysim runs are in the slow suite.
-# The Llama-shaped model (RoPE, grouped-query attention, RMSNorm, SwiGLU) runs every strategy
-# that splits it on the same 4-chip build, and one chip on the 1-chip build the suite has.
+# one layer; Verilator runs head and pipeline on 4 chips (its one build of the tiny chip serves
+# every chip count), and the Llama-shaped model (RoPE, grouped-query attention, RMSNorm,
+# SwiGLU) on one chip and under every strategy that splits it. The 4-layer and 4-chip pysim
+# runs are in the slow suite.
 @pytest.mark.parametrize("model, strategy, chips, batch, backend, n_layers", [
     ("small", "head", 3, 1, "pysim", 1), ("small", "head", 4, 1, "verilator", 4),
     ("small", "pipeline", 4, 4, "verilator", 4),
@@ -271,6 +271,16 @@ def test_rtl_equals_the_iss(model, strategy, chips, batch, backend, n_layers, re
         bubble, formula = rtl.pipeline["bubble_fraction"], rtl.pipeline["bubble_formula"]
         print(f"bubble {bubble:.3f} vs formula {formula:.3f}")
         assert abs(bubble - formula) < 0.03, (bubble, formula)
+
+
+@pytest.mark.verilator
+def test_head_on_eight_chips_of_verilator(verilator_ok):
+    """The largest ring on RTL: WIDE's 8 heads on 8 chips of Verilator (the same build as one
+    chip's), bit-exact, the ISS's outputs, cycles, busy counters and collectives."""
+    iss = simulate(TINY, WIDE, strategy="head", chips=8, backend="iss", seed=5)
+    rtl = simulate(TINY, WIDE, strategy="head", chips=8, backend="verilator", seed=5)
+    _rtl_equals_iss(rtl, iss, "head on 8 chips (verilator)")
+    assert len(rtl.per_chip) == 8 and rtl.collectives == iss.collectives
 
 
 @pytest.mark.slow

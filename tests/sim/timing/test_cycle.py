@@ -49,9 +49,9 @@ def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
                      backend="pysim", reads=None):
     """The cycle model and the RTL agree on cycles, busy counters and every trace entry.
 
-    ``backend="verilator"``: ChipSystem under Verilator (whose every integer, cycle and trace
-    entry tests/sim/rtl/verilator/test_runner.py holds to pysim's and the cycle model's), on
-    the tiny preset's 1- and 4-chip builds that the other Verilator tests share; otherwise
+    ``backend="verilator"``: ChipSystem's chips and links under Verilator (whose every integer,
+    cycle and trace entry tests/sim/rtl/verilator/test_runner.py holds to pysim's and the cycle
+    model's), on the tiny preset's one build that every Verilator test shares; otherwise
     Amaranth's simulator (the lone Chip for one program, ChipSystem for several). ``reads``:
     per chip, the ``(base, words)`` regions to read back; returns the RTL run's regions."""
     reads = reads or [[] for _ in programs]
@@ -272,7 +272,7 @@ def test_lone_chip_and_matmul_chain():
     pytest.param("hidden", 2, 8, 1, "pysim", marks=pytest.mark.slow)])
 def test_iss_reports_what_the_rtl_reports(strategy, chips, d_model, heads, backend, request):
     """`npu sim --backend iss`: the same cycles, per-chip busy and idle counts and collective
-    cycles as `--backend verilator` (the shared 4-chip build) or `--backend pysim` on the same
+    cycles as `--backend verilator` (4 chips of the shared build) or `--backend pysim` on the same
     model (head-parallel; hidden, chips sharing heads). The pysim report is held to the ISS's
     in make test by tests/sim/flows/test_simulate.py's head on 3 chips."""
     if backend == "verilator":

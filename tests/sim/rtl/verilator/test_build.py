@@ -1,6 +1,6 @@
-"""sim.rtl.verilator.build: one build per hardware configuration, cached outside the clone, safe
-when
-several processes want it at once; the generated wrapper and port bindings."""
+"""sim.rtl.verilator.build: one build per hardware configuration (whatever the chip count),
+cached outside the clone, safe when several processes want it at once; the generated wrapper
+and port bindings."""
 
 import dataclasses
 import json
@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from hw.spec import npu_preset
+from sim.compiler.assembler import Assembler
 from sim.rtl.verilator import build
 from sim.rtl.verilator.build import (
     MODEL,
@@ -27,10 +28,10 @@ from tests.helpers import ROOT
 from tests.sim.rtl.verilator.test_runner import SMALL, compiled
 
 MINI = """// a header comment
-module npu_system(clk, rst, host__0__imem__payload, done, link_stall);
+module npu_node(clk, rst, host__imem__payload, done, link_stall);
   input clk;
   input rst;
-  input [75:0] host__0__imem__payload;
+  input [75:0] host__imem__payload;
   output done;
   input [1:0] link_stall;
 endmodule
@@ -39,44 +40,39 @@ endmodule
 
 def test_top_ports_and_the_wrapper():
     assert top_ports(MINI) == {"clk": ("input", 1), "rst": ("input", 1),
-                               "host__0__imem__payload": ("input", 76),
+                               "host__imem__payload": ("input", 76),
                                "done": ("output", 1), "link_stall": ("input", 2)}
     text = wrapper(MINI)
-    assert text.startswith(f"module {MODEL}(clk, host__0__imem__payload, done, link_stall);")
-    assert "  input [75:0] host__0__imem__payload;" in text and "input rst" not in text
+    assert text.startswith(f"module {MODEL}(clk, host__imem__payload, done, link_stall);")
+    assert "  input [75:0] host__imem__payload;" in text and "input rst" not in text
     assert ".rst(1'b0)" in text and ".link_stall(link_stall)," in text
 
 
 def test_ports_header_names_the_mangled_ports():
     """Verilator spells each "__" of a port's name "___05F"; payloads above 64 bits are
-    VlWide (``.data()``)."""
+    VlWide (``.data()``). The header binds one node's ports and names no chip count."""
     npu = npu_preset("tiny")
-    lines = ["module npu_system(" + ");"]
-    for name, width in [("link_stall", 2), ("host__0__imem__payload", 76),
-                        ("host__0__wr__payload", 46)]:
-        lines.append(f"  input [{width - 1}:0] {name};")
-    names = ["imem__valid", "wr__valid", "wr__ready", "rd_addr__valid", "rd_addr__ready",
-             "rd_addr__payload", "rd_data__valid", "rd_data__ready", "rd_data__payload",
-             "trace_addr", "trace_data", "trace_count", "trace_overflow"]
-    lines += [f"  input host__0__{n};" for n in names]
-    lines += [f"  output chip_{n}__0;" for n in ("cycles", "busy", "pc")]
-    lines += [f"  output chip_busy_cycles__{k};" for k in range(8)]
-    header = ports_header(npu, 1, "\n".join(lines + ["endmodule"]))
-    assert "#define NPU_CHIPS 1" in header and "#define NPU_WORD_BYTES 4" in header
+    wide = {"host__imem__payload": 76, "host__wr__payload": 46, "ring__tx__payload": 73}
+    lines = ["module npu_node(" + ");"]
+    lines += [f"  input [{wide.get(name, 1) - 1}:0] {name};"
+              for name in build.NODE_PORTS.values()]
+    lines += [f"  output busy_cycles__{k};" for k in range(8)]
+    header = ports_header(npu, "\n".join(lines + ["endmodule"]))
+    assert "NPU_CHIPS" not in header and "#define NPU_WORD_BYTES 4" in header
     assert "#define NPU_IMEM_DATA_OFF 12" in header and "#define NPU_WR_DATA_BITS 32" in header
-    assert ("chip[0].imem_payload = Port{t->host___05F0___05Fimem___05Fpayload.data(), 76};"
+    assert ("node->imem_payload = Port{t->host___05Fimem___05Fpayload.data(), 76};"
             in header)
-    assert "chip[0].wr_payload = Port{&t->host___05F0___05Fwr___05Fpayload, 46};" in header
-    assert "chip[0].busy_cycles[7] = Port{&t->chip_busy_cycles___05F7, 1};" in header
+    assert "node->wr_payload = Port{&t->host___05Fwr___05Fpayload, 46};" in header
+    assert "node->tx_payload = Port{t->ring___05Ftx___05Fpayload.data(), 73};" in header
+    assert "node->chip_id = Port{&t->chip_id, 1};" in header
+    assert "node->busy_cycles[7] = Port{&t->busy_cycles___05F7, 1};" in header
 
 
 def test_config_key_is_the_hardware():
     tiny = npu_preset("tiny")
     renamed = dataclasses.replace(tiny, name="other", description="the same hardware")
-    assert config_key(renamed, 2) == config_key(tiny, 2)
-    assert config_key(tiny, 3) != config_key(tiny, 2)
-    assert config_key(dataclasses.replace(tiny, link_latency_cycles=3), 2) != \
-        config_key(tiny, 2)
+    assert config_key(renamed) == config_key(tiny)
+    assert config_key(dataclasses.replace(tiny, link_latency_cycles=3)) != config_key(tiny)
 
 
 def test_config_key_is_the_gateware_this_process_holds(monkeypatch):
@@ -84,27 +80,22 @@ def test_config_key_is_the_gateware_this_process_holds(monkeypatch):
     afterwards (a run that outlives an edit of hw/) must not give their key to the Verilog of
     the old modules in memory."""
     tiny = npu_preset("tiny")
-    before = config_key(tiny, 2)
+    before = config_key(tiny)
     real = pathlib.Path.read_bytes
     monkeypatch.setattr(pathlib.Path, "read_bytes",
                         lambda self: real(self) + b"# edited" if "hw" in self.parts else real(self))
     assert build._gateware_digest() != build._GATEWARE   # the files on disk did change
-    assert config_key(tiny, 2) == before
-
-
-def test_rejections():
-    with pytest.raises(ValueError, match="threads must be a positive integer, not 0"):
-        ensure_build(npu_preset("tiny"), 1, threads=0)
+    assert config_key(tiny) == before
 
 
 def test_the_optimisation_level_is_its_own_build(monkeypatch):
     """``$NPU_SCALE_VERILATOR_OPT`` sets the per-cycle code's level, and names another build."""
     monkeypatch.delenv(build.OPT_ENV, raising=False)
     assert build.make_opt() == build.MAKE_OPT == ("OPT_FAST=-O3", "OPT_SLOW=-O1")
-    default = build._build_name("0" * 16, 1, 1)
+    default = build._build_name("0" * 16)
     monkeypatch.setenv(build.OPT_ENV, "1")
     assert build.make_opt() == ("OPT_FAST=-O1", "OPT_SLOW=-O1")
-    assert build._build_name("0" * 16, 1, 1) != default
+    assert build._build_name("0" * 16) != default
     monkeypatch.setenv(build.OPT_ENV, "fast")
     with pytest.raises(ValueError, match=r"NPU_SCALE_VERILATOR_OPT='fast' must be 0, 1, 2 or 3"):
         build.make_opt()
@@ -120,7 +111,7 @@ def test_the_default_build_runs_what_the_suite_build_runs(verilator_ok, rng, mon
     for level in ("1", "3"):
         monkeypatch.setenv(build.OPT_ENV, level)
         runs.append(run_system_verilator(npu, [prog.chips[0].program], images, prog.reads()))
-        runs[-1]["binary"] = ensure_build(npu, 1).binary
+        runs[-1]["binary"] = ensure_build(npu).binary
     quick, default = runs
     assert quick["binary"] != default["binary"]
     for key in ("cycles", "chip_cycles", "busy_cycles", "errors", "traces"):
@@ -135,7 +126,7 @@ def test_other_weights_do_not_rebuild(verilator_ok, rng):
     the executable untouched."""
     npu, prog, images, _ = compiled(rng, "single", 1, cfg=SMALL)
     first = run_system_verilator(npu, [prog.chips[0].program], images, prog.reads())
-    build = ensure_build(npu, 1)
+    build = ensure_build(npu)
     made, mtime = len(builds_made()), build.binary.stat().st_mtime_ns
     npu, prog, images, _ = compiled(rng, "single", 1, cfg=SMALL)
     second = run_system_verilator(npu, [prog.chips[0].program], images, prog.reads())
@@ -145,16 +136,32 @@ def test_other_weights_do_not_rebuild(verilator_ok, rng):
     assert first["regions"][0][0].shape == second["regions"][0][0].shape
 
 
+@pytest.mark.verilator
+def test_one_build_runs_every_chip_count(verilator_ok):
+    """Rings of 1, 2, 3, 5 and 8 chips run on one build: none of them builds again."""
+    npu = npu_preset("tiny")
+    halt = Assembler()
+    halt.halt()
+    run_system_verilator(npu, [halt.words()], [{}], [[]], max_cycles=100)
+    made = len(builds_made())
+    for chips in (2, 3, 5, 8):
+        out = run_system_verilator(npu, [halt.words()] * chips, [{}] * chips, [[]] * chips,
+                                   max_cycles=100)
+        assert out["build_cached"] and len(out["chip_cycles"]) == chips
+        assert out["chip_cycles"] == [out["cycles"]] * chips
+    assert len(builds_made()) == made
+
+
 BUILD_ONE = """
 import json, sys, time
 from sim.rtl.verilator import build
 from tests.helpers import small_npu
 if sys.argv[1] == "stub":
-    def compile_stub(work, text, header, threads):
+    def compile_stub(work, text, header):
         time.sleep(2.0)     # the other process reaches the lock meanwhile
         (work / "harness").write_text("a stand-in for the executable")
     build._compile = compile_stub
-b = build.ensure_build(small_npu(), 1)
+b = build.ensure_build(small_npu())
 print(json.dumps({"cached": b.cached, "binary": str(b.binary), "build_s": b.build_s}))
 """
 

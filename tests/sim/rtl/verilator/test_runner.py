@@ -1,9 +1,10 @@
-"""sim.rtl.verilator.runner: ChipSystem under Verilator from the C++ harness gives what Amaranth's
-simulator gives (output integers, cycles, busy counters, traces) and names hung chips.
+"""sim.rtl.verilator.runner: ChipSystem's chips and links as Verilated nodes under the C++ harness
+give what Amaranth's simulator gives (output integers, cycles, busy counters, traces) and name
+hung chips.
 
-One chip is compared with pysim directly; four chips (the build that the 4-chip Verilator tests
-elsewhere share) with the ISS and its cycle model, which the pysim tests hold to Amaranth's
-simulator."""
+One chip is compared with pysim directly; four chips with the ISS and its cycle model, which the
+pysim tests hold to Amaranth's simulator. Every chip count runs on the one build of the tiny
+preset's node."""
 
 import dataclasses
 
@@ -145,6 +146,22 @@ def test_four_chips_equal_the_iss(rng, strategy):
     print(f"{fast['cycles']} cycles: verilator {fast['run_cycles_per_s']:.0f} cycles/s")
 
 
+def test_the_ring_needs_one_pass_a_cycle(rng):
+    """The harness settles the ring's signals between the models in one pass a cycle
+    (hw.system.ChipNode: cut at the link's registers). ``check_cut`` tests at every settle that a
+    second pass would change nothing, under link stalls too; the results are the same."""
+    npu, prog, images, want = compiled(rng, "pipeline", 4, cfg=FOUR, samples=2)
+    programs, reads = [c.program for c in prog.chips], prog.reads()
+    for stalls in (0.0, 0.3):
+        fast = run_system_verilator(npu, programs, images, reads, link_stalls=stalls, seed=4)
+        checked = run_system_verilator(npu, programs, images, reads, link_stalls=stalls, seed=4,
+                                       check_cut=True)
+        for key in ("cycles", "chip_cycles", "busy_cycles", "traces"):
+            assert checked[key] == fast[key], key
+        assert all((g == w).all() for g, w in zip(outputs(prog, checked["regions"]), want,
+                                                  strict=True))
+
+
 def test_link_stalls_change_cycles_not_integers(rng):
     """Stalls from the harness's generator: the same outputs, more cycles, one seed one
     pattern. A pipeline: its sends sit on the critical path (a head group's short
@@ -166,8 +183,7 @@ def test_link_stalls_change_cycles_not_integers(rng):
 
 def test_watchdog_names_the_hung_chip():
     """Chip 0 joins an all-reduce that chip 1 never starts: SimulationTimeout names chip 0's pc
-    and busy unit (and not the halted chips), in the words of pysim's 2-chip system (Verilator
-    runs the 4-chip build the other tests share: chips 2 and 3 halt too)."""
+    and busy unit (and not the halted chip), in the words of pysim's 2-chip system."""
     npu = npu_preset("tiny")
     req = CollectiveRequest("all_reduce", "sum", 32, 8, 2)
     launch = coll_launch(req, 0, in_base=0, out_base=64, size=npu.array_size,
@@ -179,11 +195,9 @@ def test_watchdog_names_the_hung_chip():
     programs = [asm.words(), halt.words()]
     images = [{0: launch.pack_input(np.arange(8))}, {}]
     messages = []
-    for run, chips in ((run_system_verilator, 4), (run_system_pysim, 2)):
-        extra = chips - len(programs)
+    for run in (run_system_verilator, run_system_pysim):
         with pytest.raises(SimulationTimeout, match="max_cycles=500: chip 0 at pc") as info:
-            run(npu, programs + [halt.words()] * extra, images + [{}] * extra, [[]] * chips,
-                max_cycles=500)
+            run(npu, programs, images, [[], []], max_cycles=500)
         messages.append(str(info.value))
     assert "busy with collective" in messages[0] and "chip 1" not in messages[0]
     assert messages[0] == messages[1]
@@ -191,13 +205,16 @@ def test_watchdog_names_the_hung_chip():
 
 def test_bare_loop_is_the_same_model():
     """The bare loop clocks the runner's own build: after the runner has run (and built, in a
-    fresh cache) one chip, the loop finds that build cached."""
+    fresh cache) one chip, the loop finds that build cached, for a ring of one and of 16."""
     npu = npu_preset("tiny")
     halt = Assembler()
     halt.halt()
     run_system_verilator(npu, [halt.words()], [{}], [[]], max_cycles=100)
-    out = run_bare_loop(npu, 1, 20_000)
-    assert out["cycles"] == 20_000 and out["build_cached"] and out["cycles_per_s"] > 0
+    for chips, cycles in ((1, 20_000), (16, 2_000)):
+        out = run_bare_loop(npu, chips, cycles)
+        assert out["cycles"] == cycles and out["build_cached"] and out["cycles_per_s"] > 0
+    with pytest.raises(ValueError, match="chips must be a positive integer, not 0"):
+        run_bare_loop(npu, 0, 10)
 
 
 def test_rejections():
