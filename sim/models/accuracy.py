@@ -59,10 +59,10 @@ def layer_accuracy(cfg: ModelConfig, weights: dict, x, calib=None) -> list[Layer
     for i in range(cfg.n_layers):
         want = ref[f"layers.{i}.out"]
         chained, x8 = layer_int(qm, i, chained, x8)
-        alone = quantize_input(qm, ref[f"layers.{i}.in"])
+        alone = quantize_input(qm, ref[f"layers.{i}.in"], i)
         alone8 = requant(alone, *qm.input_requant(i), 8) if cfg.norm == "post" else None
         alone, _ = layer_int(qm, i, alone, alone8)
-        got_l, got_c = dequantize_residual(qm, alone), dequantize_residual(qm, chained)
+        got_l, got_c = dequantize_residual(qm, alone, i), dequantize_residual(qm, chained, i)
         out.append(LayerAccuracy(i, cosine(got_l, want), float(np.abs(got_l - want).max()),
                                  cosine(got_c, want), float(np.abs(got_c - want).max())))
     return out
