@@ -18,7 +18,8 @@ scale static, calibrated once on :data:`CALIB_TEXT` and evaluated on :data:`EVAL
   (:func:`sim.models.checkpoint.logits`), against float64's own greedy continuation: how many
   of the tokens are equal, position by position (after a first difference the two texts
   part, so the count is mostly where they part); where they part, float64's logit margin
-  between its token and the integers' (a near tie is any quantisation's coin toss); and
+  between its token and the integers', and the integers' own margin between the two (a near
+  tie in either is decided by any rounding); and
   teacher-forced, on float64's continuation as the prefix, how many of the integers' next
   tokens are float64's (one causal pass gives every position).
 
@@ -141,9 +142,12 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
         ids = _greedy(result, eval_ids, chip, tokens)
         diff = next((k for k, (a, b) in enumerate(zip(ids, want_ids, strict=True)) if a != b),
                     None)
-        forced = np.argmax(logits(result, chip(full))[len(eval_ids) - 1:], axis=1)
-        margin = None if diff is None else float(ref_logits[diff, want_ids[diff]]
-                                                 - ref_logits[diff, ids[diff]])
+        got_logits = logits(result, chip(full))[len(eval_ids) - 1:]
+        forced = np.argmax(got_logits, axis=1)
+        margin = own = None
+        if diff is not None:     # the prefixes agree up to diff: these rows are the greedy's
+            margin = float(ref_logits[diff, want_ids[diff]] - ref_logits[diff, ids[diff]])
+            own = float(got_logits[diff, ids[diff]] - got_logits[diff, want_ids[diff]])
         out["schemes"][quant] = {
             "layers": [dataclasses.asdict(a) for a in acc],
             "local_min": min(a.local_cosine for a in acc),
@@ -151,7 +155,7 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
             "chained": cosine(got, want), "chained_token": token_cosine(got, want),
             "last_token": cosine(got[-1], want[-1]),
             "continuation": ids, "match": sum(a == b for a, b in zip(ids, want_ids, strict=True)),
-            "first_diff": diff, "margin": margin,
+            "first_diff": diff, "margin": margin, "own_margin": own,
             "forced": int(sum(int(a) == b for a, b in zip(forced, want_ids, strict=True))),
             "seconds": time.perf_counter() - start}
         if progress:
@@ -204,11 +208,11 @@ def markdown(data: dict, result=None) -> str:
     n = data["tokens"]["generated"]
     lines = ["| scheme | worst layer cosine (local) | worst token, local | last hidden cosine "
              "(30 layers) | worst token after 30 | last token after 30 | greedy tokens equal "
-             "| first difference (float64's margin) | teacher-forced tokens equal |",
+             "| first difference (float64's margin, the integers') | teacher-forced tokens equal |",
              "|---|---|---|---|---|---|---|---|---|"]
     for quant, s in data["schemes"].items():
         where = "none" if s["first_diff"] is None else \
-            f"{s['first_diff']} ({s['margin']:.3f})"
+            f"{s['first_diff']} ({s['margin']:.2f}, {s['own_margin']:.2f})"
         lines.append(f"| {quant} | {s['local_min']:.5f} | {s['local_token_min']:.5f} | "
                      f"{s['chained']:.5f} | {s['chained_token']:.5f} | {s['last_token']:.5f} "
                      f"| {s['match']} of {n} | {where} | {s['forced']} of {n} |")
