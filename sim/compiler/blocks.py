@@ -43,6 +43,20 @@ as two int8 passes (``sim.golden.matmul.linear16``)::
     MM   FFN2lo  lo @ W2 + b2     -> a (int16, unsigned A)
     VEC  ADD     x + a            -> x
 
+Under ``quant = "llm16"`` an MLP FFN is smooth16's and a gated FFN keeps its gate and up int8
+and its hidden int16 (the exact product), split into planes by GELU16 with identity knots::
+
+    MM   GATE    h @ Wg           -> g (int8)
+    VEC  LOAD_LUT (overlaps the gate matmul)
+    MM   FFN1    h @ W1           -> u (int8, up)
+    VEC  LUT     g                -> g (overlaps the up matmul)
+    VEC  LOAD_LUT16 (the identity knots)
+    VEC  MUL     u * g            -> f16 (int16, exact: mult 2, shift 1)
+    VEC  GELU16  f16              -> hi, lo (as above), then FFN2's two passes
+
+and every block after the first starts with ``VEC REQUANT x -> x`` (int16 to int16, per tensor:
+``L.res_req``, the previous block's residual scale to its own), on the rows this chip holds.
+
 GELU16 writes its planes over the rows of f16 it reads: row r's hi plane over the first half of
 row r (hi word j depends on f16 words 2j and 2j + 1, so it is written after they were read),
 its lo plane over the second half of row r - 1 (read before row r began; row 0's goes to half a
@@ -146,6 +160,7 @@ class LayerWeights:
     ffn_req: Tensor | None = None    # ... and to the FFN1 input
     gate: tuple | None = None        # a gated FFN's gate matrix (FFN1's shape and columns)
     rope_req: Tensor | None = None   # RoPE: per-lane REQUANT of Q's and K's lanes
+    lut16: Tensor | None = None      # llm16 gated: the identity GELU16 knots (``lut``: SiLU's)
 
 
 @dataclass
@@ -161,6 +176,7 @@ class Activations:
     p: Tensor | None                 # int32 partial sums (sharded layers)
     g: Tensor | None = None          # a gated FFN's int8 gate (FFN1's shape)
     rope: tuple[Tensor, Tensor] | None = None   # RoPE: int16 q C and q' S over Q's, K's lanes
+    u: Tensor | None = None          # llm16 gated: the int8 up output (f is the int16 product)
 
 
 def _rows(t: Tensor) -> vl.Rows:
@@ -385,13 +401,16 @@ class BlockEmitter:
         ln = [self._store(f"{p}ln{k}.gamma_beta", row_words(d, 4, n),
                           lambda x=x: pack_rows(pack_gamma_beta(x.gamma, x.beta)[None, :], 4, n))
               for k, x in ((1, L.ln1), (2, L.ln2))]
+        lut16 = None
         if L.ffn16:
-            lut = self._store(p + "gelu16.lut", row_words(GELU16_KNOTS, 2, n),
-                              lambda: pack_rows(L.lut16[None, :], 2, n))
-        else:
+            lut16 = self._store(p + "gelu16.lut", row_words(GELU16_KNOTS, 2, n),
+                                lambda: pack_rows(L.lut16[None, :], 2, n))
+        if not L.ffn16 or L.gate is not None:
             lut = self._store(p + "lut", row_words(LUT_ENTRIES, 1, n),
                               lambda: pack_rows(L.lut[None, :], 1, n))
-        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate)
+        else:
+            lut, lut16 = lut16, None
+        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate, lut16=lut16)
         if cfg.rope:
             w.rope_req = self._rope_params(p + "rope.requant", L, hcount, len(kvs))
         if L.ffn16:
@@ -428,18 +447,21 @@ class BlockEmitter:
             qkv = al.alloc("qkv", rows, self.qkv_width(shard), 1, "kv_cache")
         o = al.alloc("o", rows, hcount * self.dh_pad, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
-        if self.qm.quant == "smooth16":
+        if self.qm.quant in ("smooth16", "llm16"):
             # int16 rows, then half a row below them for row 0's lo plane (module docstring;
             # the allocator grows down, so what is allocated next lies just below).
             f = al.alloc("f16", rows, f_pad, 2, "activations")
             al.alloc("f16.lo0", 1, f_pad, 1, "activations")
-            al.note(f"the int16 FFN hidden of quant=\"smooth16\" takes "
+            al.note(f"the int16 FFN hidden of quant=\"{self.qm.quant}\" takes "
                     f"{(f.words + row_words(f_pad, 1, self.n)) * self.n:,} bytes of the "
                     f"activations ({rows} rows of {f_pad} int16 and half a row)")
         else:
             f = al.alloc("f", rows, f_pad, 1, "activations")
         x8 = al.alloc("x8", rows, self.d_pad, 1, "activations") if cfg.norm == "post" else None
         g = al.alloc("g", rows, f_pad, 1, "activations") if cfg.ffn == "gated" else None
+        u = None
+        if cfg.ffn == "gated" and self.qm.quant == "llm16":
+            u = al.alloc("u", rows, f_pad, 1, "activations")
         p = None
         if shard.group is not None:
             # The flat int32 sums, padded to whole blocks of the all-reduce.
@@ -451,7 +473,7 @@ class BlockEmitter:
         if cfg.rope:
             rope = tuple(al.alloc(f"rope.t{k}", rows, (hcount + kvcount) * self.dh_pad, 2,
                                   "activations") for k in (1, 2))
-        return Activations(h, qkv, o, a, f, x8, p, g, rope)
+        return Activations(h, qkv, o, a, f, x8, p, g, rope, u)
 
     def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
                        transfer: bool = False) -> Tensor:
@@ -730,6 +752,8 @@ class BlockEmitter:
             add()
 
         def ffn_block(h_in):
+            if L.ffn16 and w.gate is not None:
+                return gated16_block(h_in)
             if L.ffn16:
                 return ffn16_block(h_in)
             if w.gate is not None:
@@ -757,14 +781,35 @@ class BlockEmitter:
             linear_out(f, w.ffn2, f.cols, w.ffn2_req, "FFN output")
             add()
 
+        def gated16_block(h_in):
+            g, u = _view(acts.g, rows), _view(acts.u, rows)
+            cols = len(shard.ffn)
+            self._matmul(h_in, w.gate, g, self.d_pad, OutMode.INT8)
+            self._vec(vl.load_lut_launch(size=n, base=w.lut.base))   # overlaps the gate
+            asm.wait(Unit.MATMUL | Unit.VEC)
+            self._matmul(h_in, w.ffn1, u, self.d_pad, OutMode.INT8)
+            self._vec(vl.lut_launch(size=n, length=cols, a=_rows(g), out=_rows(g)))  # overlaps
+            asm.wait(Unit.VEC)
+            self._vec(vl.load_lut16_launch(size=n, base=w.lut16.base))  # overlaps the up
+            asm.wait(Unit.MATMUL | Unit.VEC)
+            self._vec(vl.mul_launch(size=n, length=cols, a=_rows(u), b=_rows(g), out=_rows(f),
+                                    mult=L.mul_mult, shift=L.mul_shift), tag=("mul", i))
+            asm.wait(Unit.VEC)
+            planes(cols)
+
         def ffn16_block(h_in):
             self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT16)
             self._vec(vl.load_lut16_launch(size=n, base=w.lut.base))   # overlaps FFN1
             asm.wait(Unit.MATMUL | Unit.VEC)
+            planes(len(shard.ffn))
+
+        def planes(cols):
+            """GELU16 of the int16 hidden ``f`` into its two int8 planes, then FFN2's hi and lo
+            passes, each added into the residual."""
             half = f.row_words // 2
             hi = Tensor("f16.hi", f.base, rows, f.cols, 1, f.row_words, "activations")
             lo = Tensor("f16.lo", f.base - half, rows, f.cols, 1, f.row_words, "activations")
-            self._vec(vl.gelu16_launch(size=n, length=len(shard.ffn), a=_rows(f), g=L.gelu_g,
+            self._vec(vl.gelu16_launch(size=n, length=cols, a=_rows(f), g=L.gelu_g,
                                        hi=_rows(hi), lo=_rows(lo)))
             asm.wait(Unit.VEC)
             linear_out(hi, w.ffn2, f.cols, w.ffn2_hi_req, "FFN output (hi pass)",
@@ -774,6 +819,13 @@ class BlockEmitter:
                        a_unsigned=True)
             add()
 
+        if L.res_req is not None:
+            # llm16: this block's residual scale (the rows this chip holds, split or not).
+            xr = _part(x, own) if x.base in self.split_residuals else x
+            self._vec(vl.requant_launch(size=n, length=cfg.d_model, a=_rows(xr), out=_rows(xr),
+                                        mult=L.res_req[0], shift=L.res_req[1]),
+                      tag=("residual requant", i))
+            asm.wait(Unit.VEC)
         if cfg.norm == "pre":
             norm(w.ln1, L.ln1, h, None)
             attention_block(h)

@@ -46,6 +46,24 @@ integers still do not depend on how the work is split:
 - **FFN2 over the int16 hidden** as two int8 passes (:func:`sim.golden.matmul.linear16`): the
   per-column ``(mult, shift)`` requantises the whole product (``s_p s_w[c] / s_res``, shift at
   least 9, the hi pass using ``shift - 8``).
+
+``quant = "llm16"`` (pre-norm only) is smooth16 made for decoders whose residual stream spans
+five decades (Llama's massive activations: SmolLM2-135M's first token reaches 22,000 in one
+channel from block 11 on, while block 0's input is below 1), again every scale static:
+
+- **A residual scale per block**: block i's stream (its input, both adds, the O and FFN2
+  outputs) is int16 at ``s_i = RESIDUAL_HEADROOM * max|block i's residual tensors| / 32767``;
+  the block starts with a per-tensor REQUANT of the residual, ``quantize_multiplier(s_(i-1) /
+  s_i)`` (``QLayer.res_req``; every block after the first has one, exact where the two scales
+  are equal, so the program does not depend on the data). The model's input is quantised at
+  ``s_0``, its output dequantised at the last block's scale.
+- **Smoothing** of both norms' outputs, folded into gamma as smooth16 does for pre-norm (the
+  FFN side's weight maxima over W1 and the gate together).
+- **A gated FFN's hidden int16**: the gate and up outputs stay int8 (MUL takes int8
+  operands), MUL writes their exact int16 product (``(mult, shift) = (2, 1)``, scale
+  ``s_a s_u``), GELU16 with identity knots (:func:`~sim.golden.vector.identity16_table`,
+  g = 7) splits it into the two int8 planes and FFN2 runs the two passes of smooth16. An MLP
+  FFN is smooth16's.
 """
 
 from __future__ import annotations
@@ -66,6 +84,7 @@ from ..golden.vector import (
     gelu16_knot_shift,
     gelu16_table,
     gelu_table,
+    identity16_table,
     relu16_table,
     relu_table,
     silu16_table,
@@ -73,7 +92,8 @@ from ..golden.vector import (
 )
 
 __all__ = ["QLinear", "QLayerNorm", "QRope", "QLayer", "QModel", "quantize_model", "quantize_input",
-           "dequantize_residual", "smoothing_factors", "RELU16_G", "LANE_RATIO_MAX"]
+           "dequantize_residual", "smoothing_factors", "RELU16_G", "LANE_RATIO_MAX",
+           "RESIDUAL_HEADROOM", "IDENTITY16_G", "EXACT_MUL"]
 
 _I8, _I16, _I32 = 127, 32767, 2**31 - 1
 
@@ -82,6 +102,14 @@ RELU16_G = 7
 #: Largest per-lane requantisation ratio smoothing may ask for (quantize_multiplier represents
 #: up to about 2**15; a channel whose ratio would exceed this gets a larger t_j).
 LANE_RATIO_MAX = 2.0 ** 14
+#: llm16: each block's residual scale covers this many times the calibration's largest
+#: residual value (static scales meet other text: SmolLM2-135M's block 2 peaks 18% above its
+#: calibration on another prompt, and an int16 residual that saturates loses the channel).
+RESIDUAL_HEADROOM = 1.25
+#: llm16: the knot spacing of the identity GELU16 that splits the gated product into planes.
+IDENTITY16_G = 7
+#: MUL's ``(mult, shift)`` for the exact int16 product of two int8 (llm16's gated hidden).
+EXACT_MUL = (2, 1)
 
 
 def _absmax(x) -> float:
@@ -170,6 +198,9 @@ class QLayer:
     mul_shift: int = 1
     #: RoPE (``rope_theta`` > 0): the rotated projections and requantisations (None: none).
     rope: QRope | None = None
+    #: llm16: the per-tensor ``(mult, shift)`` that brings the residual from the previous
+    #: block's scale to this block's (None: the same scale, nothing to do).
+    res_req: tuple[int, int] | None = None
 
     @property
     def ffn16(self) -> bool:
@@ -186,6 +217,21 @@ class QModel:
     in_mult: int = 1             # post-norm int8: residual int16 -> int8 input of layer 0
     in_shift: int = 1
     quant: str = "int8"          # the scheme (``ModelConfig.quant``)
+    #: The residual scale of each block (llm16: its own; otherwise all ``s_res``); None: all
+    #: ``s_res``.
+    res_scales: list | None = None
+
+    def residual_scale(self, layer: int | None = None) -> float:
+        """The int16 residual's scale in block ``layer`` (its input after any ``res_req``, and
+        its output); None: the last block's, the model's output."""
+        if not self.res_scales:
+            return self.s_res
+        return self.res_scales[-1 if layer is None else layer]
+
+    def input_scale(self, layer: int = 0) -> float:
+        """The scale of the residual as block ``layer`` receives it (the previous block's
+        output; block 0: the model's input, ``s_res``), before its ``res_req``."""
+        return self.s_res if layer == 0 else self.residual_scale(layer - 1)
 
     def input_requant(self, layer: int) -> tuple[int, int]:
         """Post-norm int8: the per-tensor ``(mult, shift)`` of the int8 copy of the residual
@@ -282,11 +328,26 @@ def quantize_model(cfg: ModelConfig, weights: dict, calib) -> QModel:
                   ("in", "mid", "mid_pre", "out_pre", "out")]
     resid_keys += [k for k in maxima if k.endswith("attn_out") or k.endswith("ffn_out")]
     s_res = max(maxima[k] for k in resid_keys) / _I16
+    res_scales = [s_res] * cfg.n_layers
+    if cfg.quant == "llm16":
+        if cfg.norm != "pre":
+            raise ValueError('quant="llm16" is for pre-norm models (norm="pre")')
+        res_scales = [RESIDUAL_HEADROOM * max(maxima[k] for k in resid_keys
+                                              if k.startswith(f"layers.{i}.")) / _I16
+                      for i in range(cfg.n_layers)]
+        s_res = res_scales[0]
     scales = {"residual": s_res}
     calibration = _Calibration(maxima, channels, scales)
-    layers = [_quantize_layer(cfg, weights, i, calibration, s_res)
+    layers = [_quantize_layer(cfg, weights, i, calibration, res_scales[i])
               for i in range(cfg.n_layers)]
-    qm = QModel(cfg, layers, s_res, scales, quant=cfg.quant)
+    if cfg.quant == "llm16":
+        # Every block after the first requantises, by 1 where two scales are equal: the
+        # program depends on the shapes and the scheme, never on the data.
+        for i in range(1, cfg.n_layers):
+            scales[f"layers.{i}.residual"] = res_scales[i]
+            layers[i].res_req = quantize_multiplier(res_scales[i - 1] / res_scales[i])
+    qm = QModel(cfg, layers, s_res, scales, quant=cfg.quant,
+                res_scales=res_scales if cfg.quant == "llm16" else None)
     if cfg.norm == "post":
         qm.in_mult, qm.in_shift = quantize_multiplier(s_res / scales["layers.0.in8"])
     return qm
@@ -305,10 +366,14 @@ class _Calibration:
 
 def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res: float):
     p = f"layers.{i}."
-    smooth16 = cfg.quant == "smooth16"
+    llm16 = cfg.quant == "llm16"
+    smooth16 = cfg.quant == "smooth16" or llm16     # llm16: smooth16 and more
+    gated16 = llm16 and cfg.ffn == "gated"
     wqkv = np.concatenate([np.asarray(w[p + f"attn.w{c}"], np.float64) for c in "qkv"], axis=1)
-    wmax = {"qkv": np.max(np.abs(wqkv), axis=1),
-            "ffn1": np.max(np.abs(np.asarray(w[p + "ffn.w1"], np.float64)), axis=1)}
+    # The FFN's input feeds W1 and, gated, the gate: smoothing scales the rows of both.
+    wffn = np.concatenate([np.asarray(w[p + k], np.float64)
+                           for k in ("ffn.w1", "ffn.wg") if p + k in w], axis=1)
+    wmax = {"qkv": np.max(np.abs(wqkv), axis=1), "ffn1": np.max(np.abs(wffn), axis=1)}
     smooth, lane, fold = {}, {}, {}
     if cfg.norm == "pre":
         # Pre-norm: the LayerNorms' int8 outputs feed QKV and FFN1 and nothing else, so
@@ -352,7 +417,22 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         return _layernorm(g, b, s_y, s_h)
 
     gate, mul_mult, mul_shift = None, 1, 1
-    if smooth16:
+    if gated16:
+        # Gate and up int8 as under int8 (smoothed), their product exact in int16 (scale
+        # s_a s_u), split into planes by an identity GELU16, FFN2 in two passes.
+        s_f1, s_g, s_a = (cal.s8(p + k) for k in ("ffn_pre", "ffn_gate", "ffn_gact"))
+        cal.scales[p + "ffn_act16"] = s_a * s_f1
+        ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_f1, OutMode.INT8,
+                       row_scale=smooth["ffn1"])
+        gate = _linear(w[p + "ffn.wg"], w.get(p + "ffn.bg"), s_in_ffn, s_g, OutMode.INT8,
+                       row_scale=smooth["ffn1"])
+        ffn2 = _linear(w[p + "ffn.w2"], w.get(p + "ffn.b2"), s_a * s_f1, s_res, OutMode.INT16,
+                       two_pass=True)
+        mul_mult, mul_shift = EXACT_MUL
+        lut = silu_table(s_g, s_a).astype(np.int64) if cfg.activation == "silu" else \
+            {"gelu": gelu_table, "relu": relu_table}[cfg.activation](s_g, s_a).astype(np.int64)
+        g, lut16 = IDENTITY16_G, identity16_table(IDENTITY16_G)
+    elif smooth16:
         s_p = cal.scales[p + "ffn_pre16"] = cal.maxima[p + "ffn_pre"] / _I16
         ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_p, OutMode.INT16,
                        row_scale=smooth["ffn1"])
@@ -398,10 +478,13 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         smooth=smooth, gate=gate, mul_mult=mul_mult, mul_shift=mul_shift, rope=rope)
 
 
-def quantize_input(qm: QModel, x) -> np.ndarray:
-    """Float activations -> the int16 residual stream (round half up, saturate)."""
-    return np.clip(_round_half_up(np.asarray(x, np.float64) / qm.s_res), -_I16 - 1, _I16)
+def quantize_input(qm: QModel, x, layer: int = 0) -> np.ndarray:
+    """Float activations -> the int16 residual stream as block ``layer`` receives it
+    (:meth:`QModel.input_scale`; the model's input by default; round half up, saturate)."""
+    return np.clip(_round_half_up(np.asarray(x, np.float64) / qm.input_scale(layer)),
+                   -_I16 - 1, _I16)
 
 
-def dequantize_residual(qm: QModel, x) -> np.ndarray:
-    return np.asarray(x, np.float64) * qm.s_res
+def dequantize_residual(qm: QModel, x, layer: int | None = None) -> np.ndarray:
+    """The int16 residual of block ``layer``'s output as floats (None: the model's output)."""
+    return np.asarray(x, np.float64) * qm.residual_scale(layer)

@@ -213,8 +213,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     only). ``progress(cycles)`` is called while a simulation runs (and its ``close()`` after, if it
     has one). Every output integer is compared with the integer golden model.
 
-    ``quant``: the quantisation scheme (``int8`` or ``smooth16``, ``docs/formats.md``) instead
-    of the model's ``quant``.
+    ``quant``: the quantisation scheme (``int8``, ``smooth16`` or ``llm16``, ``docs/formats.md``)
+    instead of the model's ``quant``.
 
     ``reference``: how a multi-chip run measures one chip's cycles for the same model and
     batch (its ``speedup``): ``"same"`` simulates the single-chip program on ``backend`` too,

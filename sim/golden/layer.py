@@ -19,11 +19,20 @@ Grouped-query attention: query head ``h`` reads K/V head ``h // kv_group``. RoPE
 (``rope_theta`` > 0) rotates Q and K after the projection at positions ``pos_base + row``
 (:func:`sim.golden.rope.rope_int`, from the rotated projections ``L.rope.qr``, ``L.rope.kr``).
 
-A gated FFN (``ffn = "gated"``, int8 only) runs the gate and the up matmul on the same input,
+A gated FFN (``ffn = "gated"``) runs the gate and the up matmul on the same input,
 the activation LUT (SiLU) on the gate and the vector unit's MUL on the two::
 
     act = gated_mul(lut[h @ Wg + bg], requant8(h @ W1 + b1), mul_mult, mul_shift)
     x   = x + requant16(act @ W2 + b2)
+
+Under ``quant = "llm16"`` the product is int16, exact (``mul_mult, mul_shift = 2, 1``), GELU16
+with identity knots writes its two int8 planes and FFN2 runs two passes as under smooth16::
+
+    act16 = GELU16_identity(gated_mul(lut[h @ Wg + bg], requant8(h @ W1 + b1), 2, 1, bits=16))
+    x     = linear16(act16, W2, b2, x)
+
+and every block after the first starts by requantising the int16 residual from the previous
+block's scale to its own (``L.res_req``, per tensor; ``sim.compiler.quantize``).
 """
 
 from __future__ import annotations
@@ -90,8 +99,13 @@ def ffn_int(L, x, h, record: dict | None = None, prefix: str = ""):
     pre = linear(h, L.ffn1)
     if L.gate is not None:
         gact = lut_apply(L.lut, linear(h, L.gate))
-        act = gated_mul(gact, pre, L.mul_mult, L.mul_shift)
-        out = residual_add(x, linear(act, L.ffn2))
+        if L.ffn16:
+            act = gelu16_apply(L.lut16, gated_mul(gact, pre, L.mul_mult, L.mul_shift, bits=16),
+                               L.gelu_g)
+            out = linear16(act, L.ffn2.w, L.ffn2.bias, L.ffn2.mult, L.ffn2.shift, x)
+        else:
+            act = gated_mul(gact, pre, L.mul_mult, L.mul_shift)
+            out = residual_add(x, linear(act, L.ffn2))
         if record is not None:
             record[prefix + "ffn_gact"] = gact
     elif L.ffn16:
@@ -115,6 +129,8 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
     rms = cfg.rmsnorm
     record = {} if record is None else record
     p = f"layers.{i}."
+    if L.res_req is not None:
+        x = requant(x, *L.res_req, 16)
     if cfg.norm == "pre":
         _, h = layernorm_rows(x, L.ln1, rms)
         q, k, v = qkv_int(cfg, L, h)

@@ -92,7 +92,12 @@ def matmul(a, b, *, a_unsigned: bool = False) -> np.ndarray:
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"shapes {a.shape} and {b.shape} do not chain as [M, K] @ [K, N]")
     # Each product fits 17 bits; int64 sums of up to 2**46 products cannot overflow before the
-    # wrap, so wrapping once at the end equals wrapping after every add.
+    # wrap, so wrapping once at the end equals wrapping after every add. The sum is taken in
+    # float64 (BLAS; NumPy's int64 matmul has none): every partial sum is an integer below
+    # K * 2**15, exact in float64's 53 bits for any K below 2**38, so the result is the
+    # integer sum whatever the order of the adds.
+    if a.shape[1] < 1 << 38:
+        return wrap(np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64))
     return wrap(a @ b)
 
 

@@ -85,6 +85,7 @@ __all__ = [
     "residual_add", "gated_mul", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
     "silu_float", "silu_table",
     "gelu16_knot_shift", "gelu16_table", "silu16_table", "SILU16_SPAN", "relu16_table",
+    "identity16_table",
     "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
@@ -225,6 +226,18 @@ def relu16_table(g: int) -> np.ndarray:
     if g > 7:
         raise ValueError(f"g={g}: ReLU knots up to 128 * 2**g must stay within int16 (g <= 7)")
     return np.maximum(0, (np.arange(GELU16_KNOTS, dtype=np.int64) - GELU16_ZERO) << g)
+
+
+def identity16_table(g: int) -> np.ndarray:
+    """GELU16 knots that make the op the identity on ``x >= -128 * 2**g`` (below it gives 0):
+    ``T[k] = (k - 128) * 2**g``, exact like :func:`relu16_table` (``g <= 7``). With g = 7 it
+    passes every product of two int8 (``|a b| <= 16384``) unchanged while writing its two int8
+    planes: llm16's gated FFN hidden (``sim.compiler.quantize``)."""
+    g = _check_g(g)
+    if g > 7:
+        raise ValueError(f"g={g}: identity knots up to 128 * 2**g must stay within int16 "
+                         "(g <= 7)")
+    return (np.arange(GELU16_KNOTS, dtype=np.int64) - GELU16_ZERO) << g
 
 
 def gelu16_apply(table, x, g: int) -> np.ndarray:

