@@ -766,14 +766,19 @@ class BlockEmitter:
             linear_out(f, w.ffn2, f.cols, w.ffn2_req, "FFN output")
             add()
 
-        def gated_block(h_in):
-            g = _view(acts.g, rows)
-            cols = len(shard.ffn)
+        def gate_then_up(h_in, g, up):
+            """The gate matmul (LOAD_LUT beside it), then the up matmul into ``up`` with the
+            activation LUT on the gate beside it (left running)."""
             self._matmul(h_in, w.gate, g, self.d_pad, OutMode.INT8)
             self._vec(vl.load_lut_launch(size=n, base=w.lut.base))   # overlaps the gate
             asm.wait(Unit.MATMUL | Unit.VEC)
-            self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT8)
-            self._vec(vl.lut_launch(size=n, length=cols, a=_rows(g), out=_rows(g)))  # overlaps
+            self._matmul(h_in, w.ffn1, up, self.d_pad, OutMode.INT8)
+            self._vec(vl.lut_launch(size=n, length=len(shard.ffn), a=_rows(g), out=_rows(g)))
+
+        def gated_block(h_in):
+            g = _view(acts.g, rows)
+            cols = len(shard.ffn)
+            gate_then_up(h_in, g, f)
             asm.wait(Unit.MATMUL | Unit.VEC)
             self._vec(vl.mul_launch(size=n, length=cols, a=_rows(f), b=_rows(g), out=_rows(f),
                                     mult=L.mul_mult, shift=L.mul_shift), tag=("mul", i))
@@ -784,11 +789,7 @@ class BlockEmitter:
         def gated16_block(h_in):
             g, u = _view(acts.g, rows), _view(acts.u, rows)
             cols = len(shard.ffn)
-            self._matmul(h_in, w.gate, g, self.d_pad, OutMode.INT8)
-            self._vec(vl.load_lut_launch(size=n, base=w.lut.base))   # overlaps the gate
-            asm.wait(Unit.MATMUL | Unit.VEC)
-            self._matmul(h_in, w.ffn1, u, self.d_pad, OutMode.INT8)
-            self._vec(vl.lut_launch(size=n, length=cols, a=_rows(g), out=_rows(g)))  # overlaps
+            gate_then_up(h_in, g, u)
             asm.wait(Unit.VEC)
             self._vec(vl.load_lut16_launch(size=n, base=w.lut16.base))  # overlaps the up
             asm.wait(Unit.MATMUL | Unit.VEC)

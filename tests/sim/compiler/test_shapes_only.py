@@ -29,11 +29,16 @@ def _stream(prog):
              for i in c.asm.insns] for c in prog.chips]
 
 
-@pytest.mark.parametrize("quant", ["int8", "smooth16"])
-@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("model, quant, norm", [
+    ("tiny", "int8", "pre"), ("tiny", "int8", "post"), ("tiny", "smooth16", "pre"),
+    ("tiny", "smooth16", "post"), ("tiny-llama", "int8", "pre"), ("tiny-llama", "llm16", "pre")])
 @pytest.mark.parametrize("strategy,chips", [("single", 1), ("head", 2), ("pipeline", 2)])
-def test_shapes_only_compile_is_the_real_one(quant, norm, strategy, chips):
-    cfg = dataclasses.replace(TINY, quant=quant, norm=norm, n_layers=2, batch=chips)
+def test_shapes_only_compile_is_the_real_one(model, quant, norm, strategy, chips):
+    """For the tiny model under int8 and smooth16, and the Llama-shaped one (RoPE, GQA,
+    SwiGLU) under int8 and llm16."""
+    cfg = load_model(f"constraints/models/{model}.toml")
+    cfg = dataclasses.replace(cfg, quant=quant, norm=norm, batch=chips,
+                              n_layers=2 if model == "tiny" else cfg.n_layers)
     x = np.random.default_rng(1).standard_normal((cfg.batch, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, 0), x)
     grid = get(strategy).layout(chips)
