@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from ..compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from ..golden.float_model import model_forward
@@ -164,7 +165,6 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
 
 
 def _decode(result, ids) -> str:
-    from tokenizers import Tokenizer
     return Tokenizer.from_file(str(result.tokenizer_path)).decode(list(ids))
 
 
