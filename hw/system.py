@@ -18,8 +18,8 @@ from .ring.link import RingLink
 from .spec import NpuConfig
 from .spec.collective import check_chips
 from .spec.isa import BUSY_COUNTERS, UNIT_BITS
-from .spec.ring import CHIP_BITS, TAG_BITS
-from .tile.ports import HostSignature, RingPortSignature
+from .spec.ring import TAG_BITS
+from .tile.ports import HostSignature
 
 __all__ = ["ChipNode", "ChipSystem"]
 
@@ -57,19 +57,10 @@ class ChipNode(wiring.Component):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         self.npu = npu
         self.chip = Chip(npu=npu, coll_avg=coll_avg)
-        super().__init__({
-            "start": In(1),
-            "chip_id": In(CHIP_BITS),
-            "done": Out(1),
-            "error": Out(1),
-            "cycles": Out(32),
-            "busy_cycles": Out(32).array(len(BUSY_COUNTERS)),
-            "busy": Out(UNIT_BITS),
-            "pc": Out(range(npu.imem_words)),
-            "link_stall": In(npu.link_latency_cycles),
-            "host": In(HostSignature(npu)),
-            "ring": Out(RingPortSignature(self.chip.ring_word_bytes)),
-        })
+        # The chip's own ports (the ring's tx now the link's far end: the same signature),
+        # and the link's fault injection.
+        super().__init__({**dict(self.chip.signature.members),
+                          "link_stall": In(npu.link_latency_cycles)})
 
     def elaborate(self, platform):
         m = Module()

@@ -66,7 +66,12 @@ def test_tables_and_integer_rope_bound():
     x = rng.integers(-90, 91, (64, 16))     # |rotated| <= sqrt(2) * 90 < 128: no saturation
     src, sign = rotation(8, 2)
     xr = x[:, src] * sign
-    assert 2 * 128 * 127 <= 32767     # the int16 ADD of two products of int8 x table
+    # The extreme operands (int8 -128 against the tables' largest entries): the int16 ADD of
+    # the two exact products does not clamp.
+    ext = np.full((1, 8), -128)
+    big = np.full((1, 8), max(np.abs(c).max(), np.abs(s).max()))
+    exact = rope_int(ext, ext, big, big, 1 << 15, 15 + 7)       # ratio 1/128: unsaturated
+    assert exact[0, 0] == requant(np.array([2 * -128 * int(big[0, 0])]), 1 << 15, 22, 8)[0]
     # out = requant(sum, mult, shift) at the same scale: ratio 1/127.
     from hw.spec.formats import quantize_multiplier
     mult, shift = quantize_multiplier(1 / ROPE_ONE)
