@@ -223,8 +223,7 @@ class Chip(wiring.Component):
 
         # Attention (RD3 K, RD4 V, RD5 Q, WR1 out) and vector unit (RD3 A, RD4 B, RD5 stats,
         # WR1 data, WR2 q) share generators; `owner_attn` (set at launch) routes their streams.
-        m.submodules.attention = at = AttentionEngine(
-            window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len, size=n)
+        m.submodules.attention = at = AttentionEngine.for_npu(npu)
         m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max)
         owner_attn = Signal()
         shared_idle = idle(SHARED_GENS)

@@ -141,6 +141,13 @@ class AttentionEngine(wiring.Component):
     ``docs/isa.md`` (ATTN).
     """
 
+    @classmethod
+    def for_npu(cls, npu):
+        """The engine of a chip built to ``npu`` (:class:`hw.spec.config.NpuConfig`): W
+        ``attn_window``, D ``d_head_max``, L ``softmax_len`` and the array's lanes."""
+        return cls(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len,
+                   size=npu.array_size)
+
     def __init__(self, *, window, d_head, length, size):
         for name, value in (("window", window), ("d_head", d_head), ("length", length),
                             ("size", size)):

@@ -22,9 +22,19 @@ __all__ = ["MatmulArray", "Requantizer", "MatmulUnit", "a_layout", "b_layout", "
            "param_layout"]
 
 
-def _check_size(size):
-    if not isinstance(size, int) or isinstance(size, bool) or size < 2:
-        raise ValueError(f"Array size must be an integer of at least 2, not {size!r}")
+class _Lanes(wiring.Component):
+    """A component ``size`` lanes wide, its signature ``members(size)``, built once ``size`` is
+    checked."""
+
+    def __init__(self, size, members):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+            raise ValueError(f"Array size must be an integer of at least 2, not {size!r}")
+        self._size = size
+        super().__init__(members(size))
+
+    @property
+    def size(self):
+        return self._size
 
 
 def a_layout(size):
@@ -52,7 +62,7 @@ def param_layout(size):
     })
 
 
-class MatmulArray(wiring.Component):
+class MatmulArray(_Lanes):
     """Output-stationary ``size`` x ``size`` systolic array: int8 x int8 -> int32.
 
     Computes ``C = A @ B`` for one output tile per *fold*: A is ``size`` x K, B is K x ``size``,
@@ -100,17 +110,11 @@ class MatmulArray(wiring.Component):
     """
 
     def __init__(self, *, size):
-        _check_size(size)
-        self._size = size
-        super().__init__({
+        super().__init__(size, lambda size: {
             "i_a": In(stream.Signature(a_layout(size))),
             "i_b": In(stream.Signature(b_layout(size))),
             "o": Out(stream.Signature(acc_layout(size))),
         })
-
-    @property
-    def size(self):
-        return self._size
 
     @staticmethod
     def latency(size, k):
@@ -235,7 +239,7 @@ class MatmulArray(wiring.Component):
         return m
 
 
-class Requantizer(wiring.Component):
+class Requantizer(_Lanes):
     """Per-column bias add and requantisation of output tiles (``hw.spec.formats``).
 
     For every row of a tile and every column j::
@@ -270,11 +274,9 @@ class Requantizer(wiring.Component):
     _STAGES = ("bias add", "partial products", "sum and rounding", "shift and saturate")
 
     def __init__(self, *, size):
-        _check_size(size)
         check_built("REQUANT_LATENCY", REQUANT_LATENCY, len(self._STAGES),
                     f"stages ({', '.join(self._STAGES)})", "hw/tile/matmul.py")
-        self._size = size
-        super().__init__({
+        super().__init__(size, lambda size: {
             "i": In(stream.Signature(acc_layout(size))),
             "i_param": In(stream.Signature(param_layout(size))),
             "o": Out(stream.Signature(acc_layout(size))),
@@ -357,7 +359,7 @@ class Requantizer(wiring.Component):
         return m
 
 
-class MatmulUnit(wiring.Component):
+class MatmulUnit(_Lanes):
     """:class:`MatmulArray` followed by :class:`Requantizer`: the chip's matmul unit.
 
     Timing: a lone fold of K beats has row ``r`` of its tile on ``o`` in cycle
@@ -372,18 +374,12 @@ class MatmulUnit(wiring.Component):
     """
 
     def __init__(self, *, size):
-        _check_size(size)
-        self._size = size
-        super().__init__({
+        super().__init__(size, lambda size: {
             "i_a": In(stream.Signature(a_layout(size))),
             "i_b": In(stream.Signature(b_layout(size))),
             "i_param": In(stream.Signature(param_layout(size))),
             "o": Out(stream.Signature(acc_layout(size))),
         })
-
-    @property
-    def size(self):
-        return self._size
 
     @staticmethod
     def latency(size, k):

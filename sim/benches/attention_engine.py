@@ -42,8 +42,7 @@ def _run(npu, seq, d_head, *, interleaved, rng):
     emit(asm, launch)
     asm.halt()
     iss.run(asm.words())
-    dut = AttentionEngine(window=npu.attn_window, d_head=npu.d_head_max,
-                          length=npu.softmax_len, size=n)
+    dut = AttentionEngine.for_npu(npu)
     mem, cycles, stats = run_attention_engine(dut, before, [launch], addr_bits=iss.addr_bits,
                                               max_cycles=200_000)
     model = launch_cycles(launch.regs, window=npu.attn_window, length=npu.softmax_len, size=n)

@@ -51,32 +51,14 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     flags = regs["AT_FLAGS"]
     cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
                     halo=flags_halo(flags))
-    split = split_mode(flags)
-    if split is not None:
-        return _split_cycles(cmds, split, words, partial_row_words(window, size), window,
-                             beats)
-    k_ready = q_ready = 1 + words
-    prev = -1
-    s = p = out = None
-    last_out = None
-    for kind, _ in cmds:
-        if kind == "k":
-            t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
-            k_ready = t + words
-        else:
-            t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
-            q_ready = t + words
-            s = max(t + window + ATTN_DOT_CYCLES, p + 1 if p is not None else 0)
-            p = max(s + SOFTMAX_STAGES * beats + 1, out + 1 if out is not None else 0)
-            out = max(p + window + ATTN_PV_CYCLES, out + words + 1 if out is not None else 0)
-            last_out = out
-        prev = t
-    return out + words
+    return _recurrence(cmds, split_mode(flags), words, partial_row_words(window, size),
+                       window, beats)
 
 
-def _split_cycles(cmds, split, words, rw, window, beats):
-    """The split-score passes (``docs/isa.md``, ATTN): ``part``/``red`` are the transfers of a
-    query's partial row out of the buffer and of its reduced row into it.
+def _recurrence(cmds, split, words, rw, window, beats):
+    """:func:`launch_cycles`'s recurrence over the commands ``cmds``, ``split`` None for a
+    normal launch; with the split-score passes (``docs/isa.md``, ATTN), ``part``/``red`` are the
+    transfers of a query's partial row out of the buffer and of its reduced row into it:
 
     - partial: ``part(t) = max(q(t) + W + 4, part(t-1) + R + 1)`` (one row register, emitted
       as R words); the zero reduced row is taken at ``part + 1``; ``s(t) = max(part(t) + W + 3,
@@ -96,24 +78,31 @@ def _split_cycles(cmds, split, words, rw, window, beats):
         if kind == "k":
             t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
             k_ready = t + words
+            prev = t
+            continue
+        after_p = p + 1 if p is not None else 0
+        after_out = out + 1 if out is not None else 0
+        if split == "reduced":
+            t = max(prev + 1, s + 1 if s is not None else 0)
+            red = max(t + window + ATTN_PARTIAL_CYCLES + 1, red_ready)
+            red_ready = red + rw
+            s = max(red + window + ATTN_REDUCED_CYCLES, after_p)
         else:
-            after = s + 1 if s is not None else 0
-            if split == "partial":
-                t = max(q_ready, prev + 1, after)
-                q_ready = t + words
+            t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
+            q_ready = t + words
+            if split is None:
+                s = max(t + window + ATTN_DOT_CYCLES, after_p)
+            else:
                 part = max(t + window + ATTN_PARTIAL_CYCLES,
                            part + rw + 1 if part is not None else 0)
-                s = max(part + 1 + window + ATTN_REDUCED_CYCLES, p + 1 if p is not None else 0)
-                p = max(s + 1, out + 1 if out is not None else 0)
-                out = p + window + ATTN_PV_CYCLES
-            else:
-                t = max(prev + 1, after)
-                red = max(t + window + ATTN_PARTIAL_CYCLES + 1, red_ready)
-                red_ready = red + rw
-                s = max(red + window + ATTN_REDUCED_CYCLES, p + 1 if p is not None else 0)
-                p = max(s + SOFTMAX_STAGES * beats + 1, out + 1 if out is not None else 0)
-                out = max(p + window + ATTN_PV_CYCLES, out + words + 1 if out is not None else 0)
-            last_out = out
+                s = max(part + 1 + window + ATTN_REDUCED_CYCLES, after_p)
+        if split == "partial":
+            p = max(s + 1, after_out)
+            out = p + window + ATTN_PV_CYCLES
+        else:
+            p = max(s + SOFTMAX_STAGES * beats + 1, after_out)
+            out = max(p + window + ATTN_PV_CYCLES, out + words + 1 if out is not None else 0)
+        last_out = out
         prev = t
     if split == "partial":
         return max(part + rw, out)

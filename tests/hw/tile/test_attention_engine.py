@@ -22,15 +22,10 @@ from tests.helpers import (
 )
 
 
-def engine_for(npu):
-    return AttentionEngine(window=npu.attn_window, d_head=npu.d_head_max,
-                           length=npu.softmax_len, size=npu.array_size)
-
-
 def run_engine(case, rng, *, idle=0.2, stall=0.2, launches=None):
     """The engine's memory and cycles for the case's launch (or ``launches``)."""
     mem, cycles, _ = run_attention_engine(
-        engine_for(case.npu), case.before, launches or [case.launch],
+        AttentionEngine.for_npu(case.npu), case.before, launches or [case.launch],
         addr_bits=case.iss.addr_bits, rng=rng, idle=idle, stall=stall, max_cycles=30_000)
     return mem, cycles
 
@@ -204,5 +199,5 @@ def test_constructor_rejects(kw, exc, match):
 
 def test_softmax_lanes():
     assert [softmax_lanes(x) for x in (2, 3, 5, 6, 8, 9, 16, 64)] == [2, 3, 1, 3, 4, 3, 4, 4]
-    assert engine_for(attention_npu()).lanes_per_cycle == 4
+    assert AttentionEngine.for_npu(attention_npu()).lanes_per_cycle == 4
 

@@ -27,13 +27,8 @@ from tests.helpers import (
 )
 
 
-def engine_for(npu):
-    return AttentionEngine(window=npu.attn_window, d_head=npu.d_head_max,
-                           length=npu.softmax_len, size=npu.array_size)
-
-
 def engine_run(case, launches, before, rng, *, idle=0.25, stall=0.25):
-    mem, cycles, _ = run_attention_engine(engine_for(case.npu), before, launches,
+    mem, cycles, _ = run_attention_engine(AttentionEngine.for_npu(case.npu), before, launches,
                                           addr_bits=case.iss.addr_bits, rng=rng, idle=idle,
                                           stall=stall, max_cycles=40_000)
     return mem, cycles
@@ -143,7 +138,7 @@ def test_uses_follows_the_offered_configuration():
     """``uses`` (which read generators the chip starts) from the payload offered: K unless
     reduced, V unless partial."""
     npu = attention_npu()
-    dut = engine_for(npu)
+    dut = AttentionEngine.for_npu(npu)
     case = SplitCase(np.random.default_rng(18), npu, queries=2, keys=2, shards=[8], d_model=8)
     base = cfg_payload(case.partials[0])
     seen = []
