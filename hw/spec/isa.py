@@ -12,7 +12,10 @@ Every instruction is one 64-bit word::
 configuration registers as they are at launch, which the sequencer copies into the unit, so the
 program may rewrite them for the next launch at once. ``WAIT mask`` stalls until every unit in
 ``mask`` is idle; a launch to a busy unit stalls until it is idle. There is no data-dependent
-control flow: a program is a straight line ending in ``HALT``.
+control flow: a program is a straight line ending in ``HALT``, except for one counted loop
+whose trip count is in the instruction (``LOOP body, count``: the ``body`` instructions after
+it run ``count`` times; ``ADD reg, value`` in the body advances addresses and positions per
+iteration), so a program that repeats a step does not grow with the repeats.
 
 Six units: matmul, attention, vector, collective (``COLL``: all chips of a group), send and
 receive (``SEND`` / ``RECV``: point-to-point, only the two chips take part).
@@ -26,7 +29,9 @@ from dataclasses import dataclass
 __all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", "ADDR_GENS",
            "READ_GENS", "WRITE_GENS", "WRAP_GENS", "ADDR_LEVELS", "COUNT_BITS", "MAX_COUNT", "REGS",
            "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
-           "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError"]
+           "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError",
+           "LOOP_BODY_BITS", "LOOP_COUNT_BITS", "loop_operand", "loop_fields", "LoopState",
+           "add_value"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -39,11 +44,18 @@ class IsaError(ValueError):
     """An instruction or operand that cannot be encoded."""
 
 
+#: Bits of a LOOP's body length (operand ``[15:0]``) and trip count (``[47:16]``).
+LOOP_BODY_BITS = 16
+LOOP_COUNT_BITS = 32
+
+
 class Op(enum.IntEnum):
     NOP = 0
     SET = 1      #: SET reg, value
     WAIT = 2     #: WAIT unit-mask: until the units are idle
     HALT = 3     #: end of program: waits for every unit, then raises ``done``
+    ADD = 4      #: ADD reg, value: the register plus value (48-bit, wrapping), encoded as SET
+    LOOP = 5     #: LOOP body, count: run the next ``body`` instructions ``count`` times
     MATMUL = 8   #: matmul unit: A via RD0 (transposed in N x N blocks), B via RD1, params RD2
     ATTN = 9     #: attention buffer + softmax unit
     VEC = 10     #: vector unit
@@ -154,14 +166,66 @@ class Insn:
         return disassemble(encode(self))
 
 
+def loop_operand(body: int, count: int) -> int:
+    """The operand of ``LOOP body, count`` (``body`` >= 1 instructions, ``count`` >= 0 times;
+    0 skips the body)."""
+    if not 1 <= body < 1 << LOOP_BODY_BITS:
+        raise IsaError(f"LOOP body {body} outside 1..{(1 << LOOP_BODY_BITS) - 1}")
+    if not 0 <= count < 1 << LOOP_COUNT_BITS:
+        raise IsaError(f"LOOP count {count} outside 0..{(1 << LOOP_COUNT_BITS) - 1}")
+    return body | count << LOOP_BODY_BITS
+
+
+def loop_fields(operand: int) -> tuple[int, int]:
+    """``(body, count)`` of a LOOP operand."""
+    return (operand & ((1 << LOOP_BODY_BITS) - 1),
+            (operand >> LOOP_BODY_BITS) & ((1 << LOOP_COUNT_BITS) - 1))
+
+
+def add_value(old: int, value: int) -> int:
+    """What ``ADD`` leaves in a register holding ``old``: the 48-bit two's complement sum."""
+    return sign_extend(old + value)
+
+
+class LoopState:
+    """The sequencer's loop registers and its next-pc rule (the ISS and the timing models run
+    it; ``hw.tile.sequencer`` is the gateware). One loop at a time: a LOOP inside a body, or a
+    body of 0 instructions, is an error (the chip halts with ``error``)."""
+
+    def __init__(self):
+        self.active = False
+        self.start = self.end = self.left = 0
+
+    def begin(self, pc: int, operand: int) -> int:
+        """Execute the LOOP at ``pc``; return the next pc. IsaError on a nested LOOP."""
+        body, count = loop_fields(operand)
+        if self.active:
+            raise IsaError(f"LOOP at pc {pc} inside the loop of pc {self.start - 1}")
+        if body == 0:
+            raise IsaError(f"LOOP at pc {pc} has an empty body")
+        if count == 0:
+            return pc + body + 1
+        self.active, self.start, self.end, self.left = True, pc + 1, pc + body, count - 1
+        return pc + 1
+
+    def next_pc(self, pc: int) -> int:
+        """The pc after the (non-LOOP) instruction at ``pc`` completes."""
+        if self.active and pc == self.end:
+            if self.left:
+                self.left -= 1
+                return self.start
+            self.active = False
+        return pc + 1
+
+
 def encode(insn: Insn) -> int:
     op = Op(insn.op)
-    if op is Op.SET:
+    if op in (Op.SET, Op.ADD):
         if not 0 <= insn.reg < len(REGS):
-            raise IsaError(f"SET register index {insn.reg} outside 0..{len(REGS) - 1}")
+            raise IsaError(f"{op.name} register index {insn.reg} outside 0..{len(REGS) - 1}")
         lo, hi = -(1 << (VALUE_BITS - 1)), (1 << VALUE_BITS) - 1
         if not lo <= insn.value <= hi:
-            raise IsaError(f"SET {REGS[insn.reg]} value {insn.value} does not fit "
+            raise IsaError(f"{op.name} {REGS[insn.reg]} value {insn.value} does not fit "
                            f"{VALUE_BITS} bits")
         value = insn.value & ((1 << VALUE_BITS) - 1)
         return op | (insn.reg << OPCODE_BITS) | (value << (OPCODE_BITS + REG_BITS))
@@ -177,7 +241,7 @@ def decode(word: int) -> Insn:
         op = Op(word & ((1 << OPCODE_BITS) - 1))
     except ValueError:
         raise IsaError(f"unknown opcode {word & 0x3f} in {word:#018x}") from None
-    if op is Op.SET:
+    if op in (Op.SET, Op.ADD):
         index = (word >> OPCODE_BITS) & ((1 << REG_BITS) - 1)
         value = word >> (OPCODE_BITS + REG_BITS)
         if value >> (VALUE_BITS - 1):
@@ -193,9 +257,12 @@ def sign_extend(value: int, bits: int = VALUE_BITS) -> int:
 
 def disassemble(word: int) -> str:
     insn = decode(word)
-    if insn.op is Op.SET:
+    if insn.op in (Op.SET, Op.ADD):
         name = REGS[insn.reg] if insn.reg < len(REGS) else f"r{insn.reg}"
-        return f"SET    {name:<16} {insn.value}"
+        return f"{insn.op.name:<6} {name:<16} {insn.value}"
+    if insn.op is Op.LOOP:
+        body, count = loop_fields(insn.value)
+        return f"LOOP   {body} x{count}"
     if insn.op is Op.WAIT:
         return f"WAIT   {Unit(insn.value)!r}" if insn.value else "WAIT   0"
     if insn.op in (Op.NOP, Op.HALT):

@@ -4,7 +4,18 @@ from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..spec.isa import INSN_BITS, OPCODE_BITS, REG_BITS, REGS, UNIT_BITS, VALUE_BITS, Op, Unit
+from ..spec.isa import (
+    INSN_BITS,
+    LOOP_BODY_BITS,
+    LOOP_COUNT_BITS,
+    OPCODE_BITS,
+    REG_BITS,
+    REGS,
+    UNIT_BITS,
+    VALUE_BITS,
+    Op,
+    Unit,
+)
 
 __all__ = ["Sequencer", "LAUNCH_OPS"]
 
@@ -13,9 +24,15 @@ LAUNCH_OPS = (Op.MATMUL, Op.ATTN, Op.VEC, Op.COLL, Op.SEND, Op.RECV)
 
 
 class Sequencer(wiring.Component):
-    """Execute a straight-line program from instruction memory, one instruction per cycle.
+    """Execute a program from instruction memory, one instruction per cycle.
 
-    - ``SET reg, value`` writes the configuration register file (``regs``).
+    - ``SET reg, value`` writes the configuration register file (``regs``); ``ADD reg, value``
+      adds to it (48 bits, wrapping).
+    - ``LOOP body, count`` runs the next ``body`` instructions ``count`` times (0: skips them):
+      it records the body's first and last pc and the trips left; completing the last
+      instruction of the body with trips left goes back to the first (the same cycle as any
+      other advance: no cycle is lost at the jump). A LOOP inside a body, or with an empty
+      body, halts with ``error`` (``hw.spec.isa.LoopState`` is the same rule in Python).
     - A launch opcode raises its ``launch`` bit; the chip takes it when the unit and its
       address generators are idle (``can_launch``) and copies the registers into them in the
       same cycle; the program continues with the next instruction at once.
@@ -73,16 +90,33 @@ class Sequencer(wiring.Component):
         value = insn[OPCODE_BITS + REG_BITS:].as_signed()
         flags = insn[OPCODE_BITS:]
         advance = Signal()
+        loop_active = Signal()
+        loop_start = Signal(range(self._imem_words))
+        loop_end = Signal(range(self._imem_words))
+        loop_left = Signal(LOOP_COUNT_BITS)
+        body = flags[:LOOP_BODY_BITS]
+        count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
+        jump = Signal()                  # a LOOP that skips its body (count 0)
+        target = Signal(range(self._imem_words))
 
-        m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc)]
+        m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc), target.eq(pc + 1)]
+        with m.If(jump):
+            m.d.comb += target.eq(pc + body + 1)
+        with m.Elif(loop_active & (pc == loop_end)):
+            with m.If(loop_left != 0):
+                m.d.comb += target.eq(loop_start)
+                with m.If(advance):
+                    m.d.sync += loop_left.eq(loop_left - 1)
+            with m.Elif(advance):
+                m.d.sync += loop_active.eq(0)
         with m.If(advance):
-            m.d.comb += self.imem_addr.eq(pc + 1)
-            m.d.sync += pc.eq(pc + 1)
+            m.d.comb += self.imem_addr.eq(target)
+            m.d.sync += pc.eq(target)
 
         with m.If(~self.running):
             with m.If(self.start):
                 m.d.sync += [self.running.eq(1), self.done.eq(0), self.error.eq(0),
-                             self.cycles.eq(0), pc.eq(0)]
+                             self.cycles.eq(0), pc.eq(0), loop_active.eq(0)]
                 m.d.comb += self.imem_addr.eq(0)
         with m.Else():
             m.d.sync += self.cycles.eq(self.cycles + 1)
@@ -95,6 +129,20 @@ class Sequencer(wiring.Component):
                         for i in range(len(REGS)):
                             with m.Case(i):
                                 m.d.sync += self.regs[i].eq(value)
+                with m.Case(Op.ADD):
+                    m.d.comb += advance.eq(1)
+                    with m.Switch(reg_index):
+                        for i in range(len(REGS)):
+                            with m.Case(i):
+                                m.d.sync += self.regs[i].eq(self.regs[i] + value)
+                with m.Case(Op.LOOP):
+                    with m.If(loop_active | (body == 0)):
+                        m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
+                    with m.Else():
+                        m.d.comb += [advance.eq(1), jump.eq(count == 0)]
+                        with m.If(count != 0):
+                            m.d.sync += [loop_active.eq(1), loop_start.eq(pc + 1),
+                                         loop_end.eq(pc + body), loop_left.eq(count - 1)]
                 with m.Case(Op.WAIT):
                     m.d.comb += advance.eq((self.busy & flags[:UNIT_BITS]) == 0)
                 with m.Case(Op.HALT):

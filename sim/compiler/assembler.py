@@ -6,7 +6,7 @@ back.
 
 from __future__ import annotations
 
-from hw.spec.isa import ADDR_LEVELS, WRAP_GENS, Insn, Op, encode, reg
+from hw.spec.isa import ADDR_LEVELS, WRAP_GENS, Insn, Op, encode, loop_operand, reg
 
 __all__ = ["Assembler"]
 
@@ -51,6 +51,28 @@ class Assembler:
             self.set(f"{gen}.off", d.get("off", 0))
         elif d.get("wrap", 0):
             raise ValueError(f"{gen} has no wrap register (only {', '.join(WRAP_GENS)})")
+
+    def add(self, name: str, value: int):
+        """``ADD name, value``: the register's value is no longer known to the elision."""
+        index = reg(name)
+        self._known.pop(index, None)
+        self.insns.append(Insn(Op.ADD, index, int(value)))
+
+    def loop_begin(self, count: int):
+        """Open ``LOOP body, count`` (the body is what follows until :meth:`loop_end`); no
+        SET is elided across the loop's boundaries, as its body runs ``count`` times."""
+        self._known.clear()
+        self.insns.append(Insn(Op.LOOP, 0, loop_operand(1, count)))
+        return len(self.insns) - 1, count
+
+    def loop_end(self, handle):
+        """Close the loop :meth:`loop_begin` opened (ValueError on an empty body)."""
+        at, count = handle
+        body = len(self.insns) - at - 1
+        if body < 1:
+            raise ValueError("a LOOP needs at least one instruction in its body")
+        self.insns[at] = Insn(Op.LOOP, 0, loop_operand(body, count))
+        self._known.clear()
 
     def launch(self, op: Op, flags: int = 0):
         self.insns.append(Insn(Op(op), 0, flags))

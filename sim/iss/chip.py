@@ -29,8 +29,10 @@ from hw.spec.isa import (
     REGS,
     WRAP_GENS,
     Insn,
+    LoopState,
     Op,
     Unit,
+    add_value,
 )
 
 from ..golden.scratchpad import AddressError, addr_sequence
@@ -79,6 +81,8 @@ class Iss:
         self.addr_bits = npu.sram_addr_bits
         self.launches = dict.fromkeys(Op, 0)
         self.pc = 0
+        #: The sequencer's counted loop (``LOOP``), run by :mod:`sim.iss.scheduler`.
+        self.loop = LoopState()
         #: Launches whose words are still in flight, by unit.
         self.inflight: dict[Unit, Access] = {}
         self._access: Access | None = None
@@ -178,9 +182,12 @@ class Iss:
         self.launches[op] += 1
 
     def step(self, insn: Insn):
-        """Execute one instruction that needs no other chip (SET, NOP, WAIT, a unit launch)."""
+        """Execute one instruction that needs no other chip (SET, ADD, NOP, WAIT, a unit
+        launch)."""
         if insn.op is Op.SET:
             self.regs[insn.reg] = insn.value
+        elif insn.op is Op.ADD:
+            self.regs[insn.reg] = add_value(int(self.regs[insn.reg]), insn.value)
         elif insn.op is Op.NOP:
             pass
         elif insn.op is Op.WAIT:

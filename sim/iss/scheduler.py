@@ -12,7 +12,7 @@ waiting chip, its pc and what it waits for (the RTL would end at its watchdog).
 
 from __future__ import annotations
 
-from hw.spec.isa import OP_UNIT, IsaError, Op, Unit, decode
+from hw.spec.isa import OP_UNIT, IsaError, LoopState, Op, Unit, decode
 
 from .collective import PendingColl, execute_coll, post_coll
 from .errors import IssError
@@ -76,12 +76,20 @@ def _advance(chip: _Chip, chips: int, max_insns: int) -> bool:
             iss.launches[op] += 1
             if posted is not None:
                 chip.waiting[unit] = posted
+        elif op is Op.LOOP:
+            try:
+                iss.pc = iss.loop.begin(iss.pc, insn.value)
+            except IsaError as exc:
+                raise IssError(f"chip {iss.chip}: {exc}") from None
+            chip.executed += 1
+            moved = True
+            continue
         else:
             try:
                 iss.step(insn)
             except IssError as exc:
                 raise IssError(f"chip {iss.chip} pc {iss.pc}: {exc}") from None
-        iss.pc += 1
+        iss.pc = iss.loop.next_pc(iss.pc)
         chip.executed += 1
         moved = True
     return moved
@@ -149,6 +157,7 @@ def run_programs(isses, programs, *, max_insns: int = 1_000_000) -> list[int]:
     chips = [_Chip(iss, program) for iss, program in zip(isses, programs, strict=True)]
     for chip in chips:
         chip.iss.pc = 0
+        chip.iss.loop = LoopState()
     while True:
         moved = False
         for chip in chips:

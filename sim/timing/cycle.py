@@ -42,8 +42,10 @@ from hw.spec.isa import (
     WRAP_GENS,
     WRITE_GENS,
     IsaError,
+    LoopState,
     Op,
     Unit,
+    add_value,
     decode,
 )
 from hw.spec.memory import bank_of
@@ -125,6 +127,7 @@ class ChipModel:
             raise IssError(f"chip {chip}: {exc}") from None
         self.regs = [0] * len(REGS)
         self.pc = 0
+        self.loop = LoopState()
         self.running = True
         self.cycles = None
         self.error = False
@@ -306,6 +309,18 @@ class ChipModel:
         if op is Op.SET:
             if insn.reg < len(REGS):          # the sequencer ignores other indices
                 self.regs[insn.reg] = insn.value
+        elif op is Op.ADD:
+            if insn.reg < len(REGS):
+                self.regs[insn.reg] = add_value(self.regs[insn.reg], insn.value)
+        elif op is Op.LOOP:
+            try:
+                self.pc = self.loop.begin(self.pc, insn.value)
+            except IsaError:
+                self.running, self.error = False, True
+                self.cycles = cycle + 1
+                return
+            self.issue.append(cycle)
+            return
         elif op is Op.WAIT:
             advance = busy & insn.value & int(Unit.ALL) == 0
         elif op is Op.HALT:
@@ -323,7 +338,7 @@ class ChipModel:
             return
         if advance:
             self.issue.append(cycle)
-            self.pc += 1
+            self.pc = self.loop.next_pc(self.pc)
         elif not self.running:
             self.issue.append(cycle)
 

@@ -34,8 +34,10 @@ from hw.spec.isa import (
     REGS,
     WRAP_GENS,
     IsaError,
+    LoopState,
     Op,
     Unit,
+    add_value,
     decode,
 )
 from hw.spec.memory import bank_of
@@ -333,6 +335,7 @@ class _Chip:
             raise IssError(f"chip {chip}: {exc}") from None
         self.chip = chip
         self.pc = 0
+        self.loop = LoopState()
         self.t = 0                       # the cycle the next instruction may issue in
         self.free = [0] * 6              # first cycle each unit is idle (None: pending)
         self.spans = [[] for _ in range(6)]
@@ -383,6 +386,19 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             if insn.reg < len(REGS):
                 c.regs[REGS[insn.reg]] = insn.value
             c.t += 1
+        elif op is Op.ADD:
+            if insn.reg < len(REGS):
+                name = REGS[insn.reg]
+                c.regs[name] = add_value(c.regs.get(name, 0), insn.value)
+            c.t += 1
+        elif op is Op.LOOP:
+            try:
+                c.pc = c.loop.begin(c.pc, insn.value)
+            except IsaError as exc:
+                raise IssError(f"chip {c.chip}: {exc}") from None
+            c.t += 1
+            moved = True
+            continue
         elif op is Op.NOP:
             c.t += 1
         elif op in (Op.WAIT, Op.HALT):
@@ -411,7 +427,7 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             c.t = at + 1
         else:
             raise IssError(f"chip {c.chip} pc {c.pc}: {op.name} cannot be timed")
-        c.pc += 1
+        c.pc = c.loop.next_pc(c.pc)
         moved = True
     return moved
 
