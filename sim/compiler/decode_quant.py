@@ -29,7 +29,7 @@ from ..golden.decode import (
     learned_positions,
     logits_float,
 )
-from ..golden.float_model import model_forward
+from ..golden.float_model import checked_tensor, model_forward
 from .quantize import (
     QLayerNorm,
     QLinear,
@@ -62,18 +62,8 @@ class QHead:
 
 def check_head_weights(cfg: ModelConfig, hw: dict, source: str = "weights") -> dict:
     """Validate the head tensors' names and shapes; return float64 arrays."""
-    out = {}
-    for name, shape in head_weight_names(cfg).items():
-        if name not in hw:
-            raise ValueError(f"{name} missing from {source}")
-        arr = np.asarray(hw[name], np.float64)
-        if arr.shape != shape:
-            raise ValueError(f"{name} has shape {list(arr.shape)}, expected {list(shape)} "
-                             f"({source})")
-        if not np.isfinite(arr).all():
-            raise ValueError(f"{name} has non-finite values ({source})")
-        out[name] = arr
-    return out
+    return {name: checked_tensor(hw, name, shape, source)
+            for name, shape in head_weight_names(cfg).items()}
 
 
 def _table8(t) -> tuple[np.ndarray, float]:

@@ -37,9 +37,8 @@ from hw.spec import ModelConfig
 from .float_model import layernorm as layernorm_float
 from .float_model import model_forward
 from .float_model import rmsnorm as rmsnorm_float
-from .layer import ffn_int, layernorm_rows, linear, model_int, qkv_int
-from .matmul import requant, wrap
-from .softmax import softmax
+from .layer import attention_int, ffn_int, layernorm_rows, linear, model_int, qkv_int
+from .matmul import requant
 from .vector import residual_add
 
 __all__ = ["head_weight_names", "random_head_weights", "learned_positions", "check_decode",
@@ -164,7 +163,7 @@ def cached_attention(cfg: ModelConfig, layer, q, keys, values, pos_base: int) ->
     cache ``keys``, ``values`` [positions, d_kv] (position j in row j; causal, windowed where the
     model is) -> int8 [rows, d_model]. Masked lanes take no part in the integer softmax, so
     the cache's length beyond the visible positions does not change a bit."""
-    rows, dh = q.shape[0], cfg.d_head
+    rows = q.shape[0]
     if keys.shape[0] < 2:               # the softmax takes rows of 2 lanes or more: pad, masked
         pad = np.zeros((2 - keys.shape[0], keys.shape[1]), np.int64)
         keys, values = np.concatenate([keys, pad]), np.concatenate([values, pad])
@@ -173,17 +172,7 @@ def cached_attention(cfg: ModelConfig, layer, q, keys, values, pos_base: int) ->
     mask = j <= i
     if cfg.window:
         mask &= j > i - cfg.window
-    out = np.zeros(q.shape, np.int64)
-    for h in range(cfg.n_heads):
-        sl = slice(h * dh, (h + 1) * dh)
-        g = h // cfg.kv_group
-        kvs = slice(g * dh, (g + 1) * dh)
-        raw = wrap(q[:, sl] @ keys[:, kvs].T)
-        scores = np.where(mask, requant(raw, layer.score_mult, layer.score_shift, 16), 0)
-        probs = softmax(scores, mask).astype(np.int64)
-        acc = wrap(np.where(mask, probs, 0) @ values[:, kvs])
-        out[:, sl] = requant(acc, layer.out_mult, layer.out_shift, 8)
-    return out
+    return attention_int(cfg, layer, q, keys, values, mask=mask)
 
 
 class KVCache:

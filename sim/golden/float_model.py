@@ -38,7 +38,7 @@ from .vector import silu_float
 
 __all__ = ["attention_mask", "rope_angles", "rotate_half", "apply_rope", "layernorm", "rmsnorm",
            "gelu", "silu", "block_forward",
-           "model_forward", "random_weights", "weight_names", "check_weights"]
+           "model_forward", "random_weights", "weight_names", "check_weights", "checked_tensor"]
 
 
 def attention_mask(seq: int, window: int, causal: bool, pos_base: int = 0) -> np.ndarray:
@@ -159,16 +159,22 @@ def check_weights(cfg: ModelConfig, weights: dict, source: str = "weights") -> d
     out = {}
     for layer in range(cfg.n_layers):
         for name, shape in weight_names(cfg, layer).items():
-            if name not in weights:
-                raise ValueError(f"{name} missing from {source}")
-            arr = np.asarray(weights[name], np.float64)
-            if arr.shape != shape:
-                raise ValueError(f"{name} has shape {list(arr.shape)}, expected {list(shape)} "
-                                 f"({source})")
-            if not np.isfinite(arr).all():
-                raise ValueError(f"{name} has non-finite values ({source})")
-            out[name] = arr
+            out[name] = checked_tensor(weights, name, shape, source)
     return out
+
+
+def checked_tensor(tensors: dict, name: str, shape: tuple, source: str) -> np.ndarray:
+    """``tensors[name]`` as float64, refused (naming ``source``) when it is missing, of
+    another shape than ``shape`` or not finite."""
+    if name not in tensors:
+        raise ValueError(f"{name} missing from {source}")
+    arr = np.asarray(tensors[name], np.float64)
+    if arr.shape != shape:
+        raise ValueError(f"{name} has shape {list(arr.shape)}, expected {list(shape)} "
+                         f"({source})")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} has non-finite values ({source})")
+    return arr
 
 
 def _mha(cfg, w, p, h, record, pos_base):

@@ -74,11 +74,13 @@ def qkv_int(cfg, layer, h, pos_base: int = 0, record: dict | None = None):
     return q, k, v
 
 
-def attention_int(cfg, layer, q, k, v, pos_base: int = 0):
-    """Multi-head attention on int8 Q [seq, d_model], K, V [seq, d_kv] -> int8 [seq, d_model]
-    (query head ``h`` on K/V head ``h // kv_group``)."""
-    seq, dh = q.shape[0], cfg.d_head
-    mask = attention_mask(seq, cfg.window, cfg.causal, pos_base)
+def attention_int(cfg, layer, q, k, v, pos_base: int = 0, mask=None):
+    """Multi-head attention on int8 Q [seq, d_model], K, V [keys, d_kv] -> int8 [seq, d_model]
+    (query head ``h`` on K/V head ``h // kv_group``); ``mask`` [seq, keys] (true = visible)
+    defaults to the model's over ``seq`` keys at ``pos_base``."""
+    dh = cfg.d_head
+    if mask is None:
+        mask = attention_mask(q.shape[0], cfg.window, cfg.causal, pos_base)
     out = np.zeros(q.shape, np.int64)
     for h in range(cfg.n_heads):
         sl = slice(h * dh, (h + 1) * dh)

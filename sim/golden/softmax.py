@@ -12,22 +12,14 @@ a lane whose probability rounds to 1.0 saturates to 255.
 
 import numpy as np
 
+from hw.spec import softmax as spec
 from hw.spec.formats import PROB_BITS, SCORE_BITS, SCORE_FRAC_BITS
-from hw.spec.softmax import (
-    D_MAX,
-    EXP_BITS,
-    EXP_FRAC_BITS,
-    EXP_LUT,
-    LOG2E_MULT,
-    LOG2E_SHIFT,
-    RECIP_BITS,
-)
 
 __all__ = ["softmax", "softmax_parts", "softmax_float", "exponentials", "normalise"]
 
 _SCORE_MIN = -(1 << (SCORE_BITS - 1))
 _SCORE_MAX = (1 << (SCORE_BITS - 1)) - 1
-_LUT = np.array(EXP_LUT, dtype=np.int64)
+_LUT = np.array(spec.EXP_LUT, dtype=np.int64)
 
 
 def _check(scores, mask):
@@ -50,9 +42,9 @@ def exponentials(s, m, top) -> np.ndarray:
     """Each visible lane's base-2 exponential against the row maximum ``top`` (a trailing
     axis of 1): the difference saturated at ``D_MAX``, times log2(e) rounded, the fraction
     looked up and shifted by the integer part; 0 for masked lanes."""
-    d = np.minimum(np.where(m, top - s, 0), D_MAX)
-    y = (d * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT
-    return np.where(m, _LUT[y & ((1 << EXP_FRAC_BITS) - 1)] >> (y >> EXP_FRAC_BITS), 0)
+    d = np.minimum(np.where(m, top - s, 0), spec.D_MAX)
+    y = (d * spec.LOG2E_MULT + (1 << (spec.LOG2E_SHIFT - 1))) >> spec.LOG2E_SHIFT
+    return np.where(m, _LUT[y & ((1 << spec.EXP_FRAC_BITS) - 1)] >> (y >> spec.EXP_FRAC_BITS), 0)
 
 
 def normalise(e, total) -> dict:
@@ -61,9 +53,9 @@ def normalise(e, total) -> dict:
     saturate; ``z``, ``recip`` and ``p``."""
     # frexp's exponent is the bit length, exactly, for integers below 2**53.
     z = np.frexp(total.astype(np.float64))[1].astype(np.int64) - 1
-    z = np.where(total > 0, z, EXP_BITS)
-    recip = np.where(total > 0, (np.int64(1) << (z + RECIP_BITS)) // np.maximum(total, 1), 0)
-    sh = z + RECIP_BITS - PROB_BITS
+    z = np.where(total > 0, z, spec.EXP_BITS)
+    recip = np.where(total > 0, (np.int64(1) << (z + spec.RECIP_BITS)) // np.maximum(total, 1), 0)
+    sh = z + spec.RECIP_BITS - PROB_BITS
     p = np.minimum((e * recip + (np.int64(1) << (sh - 1))) >> sh, (1 << PROB_BITS) - 1)
     return {"z": z, "recip": recip, "p": p}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from hw.spec.isa import OP_UNIT, IsaError, LoopState, Op, Unit, decode
 
 from .collective import PendingColl, execute_coll, post_coll
-from .errors import IssError
+from .errors import IssError, begin_loop
 from .p2p import PendingRecv, PendingSend, execute_transfer, post_recv, post_send
 
 __all__ = ["run_programs"]
@@ -77,10 +77,7 @@ def _advance(chip: _Chip, chips: int, max_insns: int) -> bool:
             if posted is not None:
                 chip.waiting[unit] = posted
         elif op is Op.LOOP:
-            try:
-                iss.pc = iss.loop.begin(iss.pc, insn.value)
-            except IsaError as exc:
-                raise IssError(f"chip {iss.chip}: {exc}") from None
+            iss.pc = begin_loop(iss.loop, iss.chip, iss.pc, insn.value)
             chip.executed += 1
             moved = True
             continue

@@ -14,19 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hw.spec import vector_engine as engine
 from hw.spec.memory import pack_rows, unpack_rows
 from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp, twin_of
-from hw.spec.vector_engine import (
-    LOAD_OPS,
-    Q_OPS,
-    STATS_BYTES,
-    STATS_IN_OPS,
-    VecFlags,
-    row_words,
-    stats_words,
-    table_entries,
-    uses_b,
-)
 
 from ..golden.matmul import wrap
 from ..golden.vector import VectorUnitModel, unpack_requant
@@ -46,7 +36,7 @@ def vector_unit(iss) -> VectorUnitModel:
 
 def _rows(iss, gen: str, rows: int, length: int, eb: int, what: str) -> np.ndarray:
     words = iss._gather(gen)
-    want = rows * row_words(length, eb, iss.n)
+    want = rows * engine.row_words(length, eb, iss.n)
     if len(words) != want:
         raise IssError(f"VEC {what} via {gen} walks {len(words)} words, but {rows} rows of "
                        f"{length} x {eb}-byte elements are {want} words")
@@ -61,16 +51,17 @@ def exec_vector(iss):
     except ValueError:
         raise IssError(f"VEC with VU_OP={r('VU_OP')}: not a vector-unit op") from None
     try:
-        flags = VecFlags.decode(r("VU_FLAGS"))
+        flags = engine.VecFlags.decode(r("VU_FLAGS"))
     except ValueError as exc:
         raise IssError(f"VEC: {exc}") from None
     like = twin_of(op)             # RMS and RMS_APPLY are checked as LN and LN_APPLY
     rows, length = r("VU_ROWS"), r("VU_LEN")
     if not 1 <= rows < 1 << 16:
         raise IssError(f"VEC with VU_ROWS={rows}: must be in 1..65535")
-    if op in LOAD_OPS:
-        if length != table_entries(op):
-            raise IssError(f"VEC {op.name} with VU_LEN={length}: must be {table_entries(op)}")
+    if op in engine.LOAD_OPS:
+        entries = engine.table_entries(op)
+        if length != entries:
+            raise IssError(f"VEC {op.name} with VU_LEN={length}: must be {entries}")
         if flags.wr_data or flags.wr_q:
             raise IssError(f"VEC {op.name} writes nothing: clear wr_data and wr_q in VU_FLAGS")
     elif like is VectorOp.LN and not 1 <= length <= iss.npu.d_model_max:
@@ -83,14 +74,14 @@ def exec_vector(iss):
         if flags.wr_data or not flags.wr_q:
             raise IssError("VEC LN_STATS writes its statistics through WR2: set wr_q and clear "
                            "wr_data in VU_FLAGS")
-    elif op not in LOAD_OPS and not (flags.wr_data or flags.wr_q):
+    elif op not in engine.LOAD_OPS and not (flags.wr_data or flags.wr_q):
         raise IssError(f"VEC {op.name} writes nothing: set wr_data and/or wr_q in VU_FLAGS")
-    if flags.wr_q and op not in Q_OPS and op is not VectorOp.LN_STATS:
+    if flags.wr_q and op not in engine.Q_OPS and op is not VectorOp.LN_STATS:
         raise IssError(f"VEC {op.name} has no q output: clear wr_q in VU_FLAGS")
     if op is VectorOp.GELU16 and not GELU16_G_MIN <= r("VU_SHIFT") <= GELU16_G_MAX:
         raise IssError(f"VEC GELU16 with VU_SHIFT={r('VU_SHIFT')}: the knot spacing g must be "
                        f"in {GELU16_G_MIN}..{GELU16_G_MAX}")
-    if op in STATS_IN_OPS and not 1 <= r("VU_N") < 1 << 16:
+    if op in engine.STATS_IN_OPS and not 1 <= r("VU_N") < 1 << 16:
         raise IssError(f"VEC {op.name} with VU_N={r('VU_N')}: must be in 1..65535 (the count "
                        "over all chips)")
     needs_shift = ln or op is VectorOp.MUL or (op is VectorOp.REQUANT
@@ -106,7 +97,7 @@ def exec_vector(iss):
 
     a = _rows(iss, "RD3", rows, length, flags.a_bytes, "operand A")
     b = None
-    if uses_b(op, flags.per_channel):
+    if engine.uses_b(op, flags.per_channel):
         b = _rows(iss, "RD4", rows, length, flags.b_bytes, "operand B")
         if op is VectorOp.REQUANT:
             shifts = unpack_requant(b)[1]
@@ -115,25 +106,25 @@ def exec_vector(iss):
                 raise IssError(f"VEC REQUANT per-channel shift {shifts[tuple(bad)]} at row "
                                f"{bad[0]} element {bad[1]} outside 1..47")
     stats = [None] * rows
-    if op in STATS_IN_OPS:
-        rec = stats_words(iss.n)
+    if op in engine.STATS_IN_OPS:
+        rec = engine.stats_words(iss.n)
         words = iss._gather("RD5")
         if len(words) != rows * rec:
             raise IssError(f"VEC {op.name} statistics via RD5 walk {len(words)} words, but "
                            f"{rows} records are {rows * rec} words")
-        raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :STATS_BYTES])
+        raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :engine.STATS_BYTES])
         pairs = raw.view("<i8").astype(np.int64)
         stats = [(int(s1), int(s2)) for s1, s2 in pairs]
     unit = vector_unit(iss)
     outs = [unit.execute(cmd, a[row], None if b is None else b[row], stats[row])
             for row in range(rows)]
-    if op in LOAD_OPS:
+    if op in engine.LOAD_OPS:
         return
     if op is VectorOp.LN_STATS:
-        rec = stats_words(iss.n)
+        rec = engine.stats_words(iss.n)
         out = np.zeros((rows, rec * iss.n), np.uint8)
         pairs = np.array([o["stats"] for o in outs], dtype="<i8")
-        out[:, :STATS_BYTES] = pairs.view(np.uint8).reshape(rows, STATS_BYTES)
+        out[:, :engine.STATS_BYTES] = pairs.view(np.uint8).reshape(rows, engine.STATS_BYTES)
         iss._scatter("WR2", out.reshape(rows * rec, iss.n))
         return
     if flags.wr_data:

@@ -47,7 +47,7 @@ from hw.spec.timing import vector as vec_timing
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, uses_b
 
-from ..iss.errors import IssError
+from ..iss.errors import IssError, begin_loop
 from .cycle import ChipTiming, SystemTiming, time_programs
 
 __all__ = ["LaunchTimer", "time_programs_fast"]
@@ -392,10 +392,7 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
                 c.regs[name] = add_value(c.regs.get(name, 0), insn.value)
             c.t += 1
         elif op is Op.LOOP:
-            try:
-                c.pc = c.loop.begin(c.pc, insn.value)
-            except IsaError as exc:
-                raise IssError(f"chip {c.chip}: {exc}") from None
+            c.pc = begin_loop(c.loop, c.chip, c.pc, insn.value)
             c.t += 1
             moved = True
             continue

@@ -133,8 +133,8 @@ def test_timing_models_agree(count):
     assert time_programs_fast(npu, [sum_program(npu, count)]).cycles == looped
 
 
-def test_nested_loop_is_an_error():
-    npu = small_npu()
+def nested_loops():
+    """A LOOP inside another's body: an error at the inner LOOP (pc 1)."""
     asm = Assembler()
     outer = asm.loop_begin(2)
     inner = asm.loop_begin(2)
@@ -142,6 +142,12 @@ def test_nested_loop_is_an_error():
     asm.loop_end(inner)
     asm.loop_end(outer)
     asm.halt()
+    return asm
+
+
+def test_nested_loop_is_an_error():
+    npu = small_npu()
+    asm = nested_loops()
     with pytest.raises(IssError, match="LOOP at pc 1 inside the loop of pc 0"):
         Iss(npu).run(asm.words())
     assert time_programs(npu, [asm.words()]).cycles == 2       # halts with error at pc 1
@@ -163,12 +169,6 @@ def test_gateware_loop_equals_iss_and_timing():
     bad = np.argwhere(rtl["regions"][0] != want)
     assert bad.size == 0, f"word {ACC + bad[0][0]} byte {bad[0][1]} differs from the ISS"
     assert rtl["cycles"] == time_programs(npu, [program]).cycles
-    asm = Assembler()
-    outer = asm.loop_begin(2)
-    inner = asm.loop_begin(2)
-    asm.insns.append(Insn(Op.NOP))
-    asm.loop_end(inner)
-    asm.loop_end(outer)
-    asm.halt()
+    asm = nested_loops()
     rtl = run_chip_pysim(npu, asm.words(), {}, [], max_cycles=100)
     assert rtl["error"] and rtl["cycles"] == time_programs(npu, [asm.words()]).cycles
