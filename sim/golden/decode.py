@@ -37,7 +37,7 @@ from hw.spec import ModelConfig
 from .float_model import layernorm as layernorm_float
 from .float_model import model_forward
 from .float_model import rmsnorm as rmsnorm_float
-from .layer import attention_int, ffn_int, layernorm_rows, linear, model_int, qkv_int
+from .layer import attention_int, layer_int, layernorm_rows, linear, model_int
 from .matmul import requant
 from .vector import residual_add
 
@@ -195,23 +195,16 @@ class KVCache:
 def block_step(qm, i: int, x, cache: KVCache, pos_base: int, record: dict | None = None):
     """Pre-norm block ``i`` on the int16 rows ``x`` at positions ``pos_base ..``: appends their
     K and V to ``cache`` (which must hold exactly the positions below ``pos_base``)."""
-    cfg, L = qm.cfg, qm.layers[i]
     if cache.keys[i].shape[0] != pos_base:
         raise ValueError(f"block {i}'s cache holds {cache.keys[i].shape[0]} positions, the rows "
                          f"start at {pos_base}")
-    if L.res_req is not None:
-        x = requant(x, *L.res_req, 16)
-    _, h = layernorm_rows(x, L.ln1, cfg.rmsnorm)
-    q, k, v = qkv_int(cfg, L, h, pos_base)
-    cache.keys[i] = np.concatenate([cache.keys[i], k])
-    cache.values[i] = np.concatenate([cache.values[i], v])
-    o = cached_attention(cfg, L, q, cache.keys[i], cache.values[i], pos_base)
-    x = residual_add(x, linear(o, L.o))
-    _, h2 = layernorm_rows(x, L.ln2, cfg.rmsnorm)
-    x = ffn_int(L, x, h2)
-    if record is not None:
-        record.update({f"layers.{i}.q": q, f"layers.{i}.attn_o": o, f"layers.{i}.out": x})
-    return x
+
+    def attend(q, k, v):
+        cache.keys[i] = np.concatenate([cache.keys[i], k])
+        cache.values[i] = np.concatenate([cache.values[i], v])
+        return cached_attention(qm.cfg, qm.layers[i], q, cache.keys[i], cache.values[i],
+                                pos_base)
+    return layer_int(qm, i, x, None, record, pos_base=pos_base, attend=attend)[0]
 
 
 def head_int(cfg: ModelConfig, head, x) -> np.ndarray:

@@ -121,12 +121,18 @@ def ffn_int(L, x, h, record: dict | None = None, prefix: str = ""):
     return out
 
 
-def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
-    """Block ``i`` on the int16 residual ``x`` [seq, d]; returns ``(x, x8)``.
+def layer_int(qm, i: int, x, x8=None, record: dict | None = None, *, pos_base: int = 0,
+              attend=None):
+    """Block ``i`` on the int16 residual ``x`` [seq, d] at positions ``pos_base ..``; returns
+    ``(x, x8)``.
 
     ``x8`` is the int8 copy of the residual that a post-norm block reads (None for pre-norm,
     and under smooth16, where each block requantises the residual per lane itself).
+    ``attend(q, k, v)`` replaces the attention over these rows alone (decode: over a KV cache).
     """
+    if attend is None:
+        def attend(q, k, v):
+            return attention_int(qm.cfg, qm.layers[i], q, k, v, pos_base)
     cfg, L = qm.cfg, qm.layers[i]
     rms = cfg.rmsnorm
     record = {} if record is None else record
@@ -135,8 +141,8 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
         x = requant(x, *L.res_req, 16)
     if cfg.norm == "pre":
         _, h = layernorm_rows(x, L.ln1, rms)
-        q, k, v = qkv_int(cfg, L, h)
-        o = attention_int(cfg, L, q, k, v)
+        q, k, v = qkv_int(cfg, L, h, pos_base)
+        o = attend(q, k, v)
         x = residual_add(x, linear(o, L.o))
         _, h2 = layernorm_rows(x, L.ln2, rms)
         x = ffn_int(L, x, h2, record, p)
@@ -146,8 +152,8 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None):
             x8 = requant(x, *L.qkv_req, 8)
         elif x8 is None:
             x8 = requant(x, qm.in_mult, qm.in_shift, 8)
-        q, k, v = qkv_int(cfg, L, x8)
-        o = attention_int(cfg, L, q, k, v)
+        q, k, v = qkv_int(cfg, L, x8, pos_base)
+        o = attend(q, k, v)
         x, h = layernorm_rows(residual_add(x, linear(o, L.o)), L.ln1, rms)
         if L.ffn_req is not None:
             h = requant(x, *L.ffn_req, 8)
