@@ -1,6 +1,6 @@
 """Static-schedule sequencer: fetches 64-bit instructions and launches units (``hw.spec.isa``)."""
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Array, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -123,18 +123,14 @@ class Sequencer(wiring.Component):
             with m.Switch(op):
                 with m.Case(Op.NOP):
                     m.d.comb += advance.eq(1)
-                with m.Case(Op.SET):
+                with m.Case(Op.SET, Op.ADD):
+                    # ADD: one adder on the selected register, written back as SET writes.
+                    written = Mux(op == Op.ADD, Array(self.regs)[reg_index] + value, value)
                     m.d.comb += advance.eq(1)
                     with m.Switch(reg_index):
                         for i in range(len(REGS)):
                             with m.Case(i):
-                                m.d.sync += self.regs[i].eq(value)
-                with m.Case(Op.ADD):
-                    m.d.comb += advance.eq(1)
-                    with m.Switch(reg_index):
-                        for i in range(len(REGS)):
-                            with m.Case(i):
-                                m.d.sync += self.regs[i].eq(self.regs[i] + value)
+                                m.d.sync += self.regs[i].eq(written)
                 with m.Case(Op.LOOP):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
