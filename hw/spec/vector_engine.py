@@ -11,6 +11,7 @@ written (``docs/isa.md``, section VEC)::
     bits 7:6  d_bytes      log2 of the data output's element bytes
     bit 8     wr_data      write ``data`` through WR1
     bit 9     wr_q         write ``q`` through WR2: LayerNorm's int8 output, GELU16's low byte
+                           (LN_STATS and ARGMAX: their records)
 
 Bits 10 and up must be 0; a 2-bit width code of 3 is invalid.
 
@@ -18,6 +19,10 @@ LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY and RMS_APPLY r
 through RD5) are one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16
 bytes, ``sum x`` the unit's int32 sign-extended), padded to ``ceil(16 / N)`` words, so that an
 int64 SUM all-reduce of the records gives the global statistics.
+
+Argmax records (:data:`hw.spec.vector.ARGMAX_BYTES`, :func:`hw.spec.vector.pack_argmax`):
+ARGMAX writes one per row through WR2, ONEHOT reads one per row through RD5 (and no operand A:
+RD3 is not started), ``argmax_words(N)`` words each.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .memory import row_words
-from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, twin_of
+from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, argmax_words, twin_of
 
 __all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "Q_OPS", "B_OPS",
-           "STATS_IN_OPS", "uses_b", "row_words", "row_beats", "table_entries", "STATS_BYTES",
-           "stats_words"]
+           "STATS_IN_OPS", "RECORD_OUT_OPS", "RECORD_IN_OPS", "uses_a", "uses_b", "row_words",
+           "row_beats", "table_entries", "STATS_BYTES", "stats_words", "record_words"]
 
 #: Bytes of one LayerNorm statistics record: int64 sum x, int64 sum x^2.
 STATS_BYTES = 16
@@ -55,6 +60,12 @@ Q_OPS = _like(VectorOp.LN, VectorOp.LN_APPLY, VectorOp.GELU16)
 B_OPS = _like(VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY)
 #: Ops that read one statistics record per row (RD5).
 STATS_IN_OPS = _like(VectorOp.LN_APPLY)
+#: Ops that write one record per row through WR2 (``wr_q`` set, ``wr_data`` clear) and no
+#: ``data``: LN_STATS (statistics), ARGMAX (argmax records).
+RECORD_OUT_OPS = (VectorOp.LN_STATS, VectorOp.ARGMAX)
+#: Ops that read one record per row through RD5: the statistics-reading ops and ONEHOT (an
+#: argmax record).
+RECORD_IN_OPS = (*STATS_IN_OPS, VectorOp.ONEHOT)
 
 
 def _code(name: str, nbytes: int) -> int:
@@ -102,6 +113,11 @@ class VecFlags:
                    wr_data=bool(value >> 8 & 1), wr_q=bool(value >> 9 & 1), **widths)
 
 
+def uses_a(op: VectorOp) -> bool:
+    """Whether the op reads operand A (RD3): every op but ONEHOT (it reads a record)."""
+    return VectorOp(op) is not VectorOp.ONEHOT
+
+
 def uses_b(op: VectorOp, per_channel: bool) -> bool:
     """Whether the op reads operand B (RD4): :data:`B_OPS`, per-channel REQUANT."""
     op = VectorOp(op)
@@ -122,3 +138,15 @@ def row_beats(op: VectorOp, length: int, lanes: int) -> int:
 def stats_words(word_bytes: int) -> int:
     """Words of one statistics record."""
     return -(-STATS_BYTES // word_bytes)
+
+
+def record_words(op: VectorOp, word_bytes: int) -> int | None:
+    """Words of the record ``op`` reads (RD5) or writes (WR2) per row: an argmax record for
+    ARGMAX and ONEHOT, a statistics record for LN_STATS and the statistics-reading ops; None
+    for ops without records."""
+    op = VectorOp(op)
+    if op in (VectorOp.ARGMAX, VectorOp.ONEHOT):
+        return argmax_words(word_bytes)
+    if op is VectorOp.LN_STATS or op in STATS_IN_OPS:
+        return stats_words(word_bytes)
+    return None

@@ -58,7 +58,8 @@ def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: flo
         for k, launch in enumerate(launches):
             state["k"] = k
             ctx.set(dut.i_cfg.payload, cfg_payload(launch))
-            uses = {"a": True, "b": launch.rd4 is not None, "stats": launch.rd5 is not None,
+            uses = {"a": launch.rd3 is not None, "b": launch.rd4 is not None,
+                    "stats": launch.rd5 is not None,
                     "data": launch.wr1 is not None, "q": launch.wr2 is not None}
             for name, want in uses.items():
                 assert ctx.get(getattr(dut.uses, name)) == want, f"launch {k}: uses.{name}"
