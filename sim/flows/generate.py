@@ -1,0 +1,189 @@
+"""``npu sim --generate N`` as a function: greedy generation on chip, against the golden.
+
+:func:`generate` quantises a decoder once on the float prefill of the prompt, compiles the
+prefill and ``n - 1`` decode steps into one program (:mod:`sim.compiler.decode`), runs it on
+the ISS (timed by its cycle model) or pysim, and compares the generated ids and every step's
+logits with the golden incremental decode (:func:`sim.golden.decode.generate_int`) and the
+float64 reference's tokens (:func:`sim.golden.decode.generate_float`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.isa import Op, decode, loop_fields, reg
+from hw.spec.vector import VectorOp
+
+from ..compiler.decode import check_generate, compile_decode
+from ..compiler.decode_quant import check_head_weights, quantize_decode
+from ..errors import BadInput, Watchdog
+from ..golden.decode import generate_float, generate_int, random_head_weights
+from ..golden.float_model import check_weights, random_weights
+from ..iss import IssError, IssSystem
+from ..report.timeline import intervals
+from ..rtl.chip_runner import run_chip_pysim
+from ..rtl.pysim import SimulationTimeout
+from ..rtl.toolchain import ToolchainMissing
+from ..rtl.verilator.runner import run_system_verilator
+from ..timing.cycle import time_programs, trace_entries
+
+__all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "step_ends"]
+
+GENERATE_BACKENDS = ("iss", "pysim", "verilator")
+_VU_OP = reg("VU_OP")
+
+
+def _argmax_launches(program) -> tuple[list[bool], int, int]:
+    """Which VEC launches of ``program`` are ARGMAX (in program order, the loop body once),
+    and the loop's body (first index into that list, count of VEC launches in it)."""
+    flags, vu_op, body_at, body_len, loop_end = [], None, None, 0, None
+    for pc, word in enumerate(program):
+        insn = decode(word)
+        if insn.op is Op.LOOP:
+            body = loop_fields(insn.value)[0]
+            body_at, loop_end = len(flags), pc + body
+        elif insn.op is Op.SET and insn.reg == _VU_OP:
+            vu_op = insn.value
+        elif insn.op is Op.VEC:
+            flags.append(vu_op == VectorOp.ARGMAX)
+            if loop_end is not None and pc <= loop_end:
+                body_len += 1
+    return flags, body_at, body_len
+
+
+def step_ends(program, trace_spans, generate: int) -> list[int]:
+    """The cycle each token was picked in (the end of its ARGMAX launch): the first is the
+    prefill's (the time to first token), then one per decode step."""
+    flags, body_at, body_len = _argmax_launches(program)
+    order = flags if body_at is None else \
+        flags[:body_at] + flags[body_at:body_at + body_len] * (generate - 1) + \
+        flags[body_at + body_len:]
+    vec = trace_spans["vector"]
+    if len(vec) != len(order):
+        raise AssertionError(f"{len(vec)} vector intervals for {len(order)} VEC launches")
+    return [end for (_, end), is_argmax in zip(vec, order, strict=True) if is_argmax]
+
+
+def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str = "iss",
+             seed: int = 0, weights: dict | None = None, head_weights: dict | None = None,
+             max_cycles: int = 5_000_000) -> dict:
+    """Generate ``n`` tokens after ``prompt`` (token ids) on one chip of ``npu``.
+
+    ``weights`` / ``head_weights``: float arrays by the names of ``docs/formats.md``
+    (default: random from ``seed``). Returns a dict: ``ids`` (generated on chip), ``golden_ids``,
+    ``float_ids``, ``golden_match`` (ids and every step's int16 logits equal the golden's),
+    ``first_mismatch``, ``cycles``, ``ttft_cycles`` (the prefill's token), ``step_cycles``
+    (each decode step), ``tokens_per_s`` (after the first, at the NPU's clock),
+    ``instructions``, ``kv_bytes``, ``sram_bytes``.
+    """
+    if backend not in GENERATE_BACKENDS:
+        raise BadInput(f"--generate runs on backend {', '.join(GENERATE_BACKENDS)}, not "
+                       f"{backend}")
+    prompt = np.asarray(prompt, np.int64).reshape(-1)
+    try:
+        check_generate(npu, model, int(prompt.size), n)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise BadInput(str(exc)) from None
+    bad = np.flatnonzero((prompt < 0) | (prompt >= model.vocab_size))
+    if bad.size:
+        raise BadInput(f"prompt id {int(prompt[bad[0]])} at index {int(bad[0])} is outside "
+                       f"0..{model.vocab_size - 1} (vocab_size)")
+    try:
+        weights = random_weights(model, seed) if weights is None else \
+            check_weights(model, weights, "weights")
+        hw = random_head_weights(model, seed + 1) if head_weights is None else \
+            check_head_weights(model, head_weights, "weights")
+    except ValueError as exc:
+        raise BadInput(f"weights: {exc}") from None
+    qm, head = quantize_decode(model, weights, hw, prompt)
+    prog = compile_decode(npu, qm, head, prompt_len=int(prompt.size), generate=n)
+    program = prog.chip.program
+    images = prog.images(prompt)
+    start = time.perf_counter()
+    if backend == "iss":
+        system = IssSystem(npu, 1)
+        for base, words in images.items():
+            system.chip[0].write_words(base, words)
+        try:
+            system.run([program])
+        except IssError as exc:
+            raise BadInput(f"the program cannot run: {exc}") from None
+        try:
+            timed = time_programs(npu, [program], ring=False, max_cycles=max_cycles)
+        except IssError as exc:
+            raise Watchdog(str(exc)) from None
+        regions = [system.chip[0].read_words(b, w) for b, w in prog.reads()]
+        cycles, trace = timed.cycles, trace_entries(npu, timed.chips[0].trace)
+    elif backend == "verilator":
+        try:
+            out = run_system_verilator(npu, [program], [images], [prog.reads()],
+                                       max_cycles=max_cycles)
+        except SimulationTimeout as exc:
+            raise Watchdog(str(exc)) from None
+        except ToolchainMissing as exc:
+            raise BadInput(f"--backend verilator: {exc}") from None
+        if any(out["errors"]):
+            raise BadInput("the chip halted on an unknown instruction (compiler bug)")
+        regions, cycles, trace = out["regions"][0], out["cycles"], out["traces"][0]
+    else:
+        try:
+            out = run_chip_pysim(npu, program, images, prog.reads(), max_cycles=max_cycles)
+        except SimulationTimeout as exc:
+            raise Watchdog(str(exc)) from None
+        if out["error"]:
+            raise BadInput("the chip halted on an unknown instruction (compiler bug)")
+        regions, cycles, trace = out["regions"], out["cycles"], out["trace"]
+    wall = time.perf_counter() - start
+    got = prog.read(regions)
+    want = generate_int(qm, head, prompt, n)
+    ref = generate_float(model, weights, hw, prompt, n)
+    match = bool((got["ids"] == want["ids"]).all() and (got["logits"] == want["logits"]).all())
+    first = None
+    if not match:
+        bad = np.argwhere(got["logits"] != want["logits"])
+        if bad.size:
+            t, v = (int(i) for i in bad[0])
+            first = {"step": t, "vocab": v, "got": int(got["logits"][t, v]),
+                     "want": int(want["logits"][t, v])}
+        else:
+            t = int(np.flatnonzero(got["ids"] != want["ids"])[0])
+            first = {"step": t, "got_id": int(got["ids"][t]), "want_id": int(want["ids"][t])}
+    ends = step_ends(program, intervals(trace["entries"], cycles), n)
+    steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    clock = npu.clock_mhz * 1e6
+    return {
+        "prompt": [int(t) for t in prompt], "generate": n, "backend": backend, "seed": seed,
+        "ids": [int(t) for t in got["ids"]], "golden_ids": [int(t) for t in want["ids"]],
+        "float_ids": [int(t) for t in ref["ids"]], "golden_match": match,
+        "first_mismatch": first, "logits": got["logits"], "cycles": int(cycles),
+        "ttft_cycles": int(ends[0]), "step_cycles": [int(s) for s in steps],
+        "tokens_per_s": (clock * len(steps) / sum(steps)) if steps else None,
+        "instructions": len(program), "kv_bytes": prog.kv_bytes,
+        "cache_bytes": sum(c.words for c in prog.caches) * npu.word_bytes,
+        "sram_bytes": int(prog.chip.alloc.next_word * npu.word_bytes),
+        "context": prog.context, "wall_s": wall,
+    }
+
+
+
+def generate_summary(out: dict) -> str:
+    """The run in a few lines (the CLI's output)."""
+    verdict = "bit-exact" if out["golden_match"] else f"MISMATCH {out['first_mismatch']}"
+    steps = out["step_cycles"]
+    lines = [
+        f"generate {out['generate']} tokens after a {len(out['prompt'])}-token prompt on "
+        f"{out['backend']}: {verdict} against the golden incremental decode",
+        f"  ids {out['ids']} (float64 reference: {out['float_ids']})",
+        f"  time to first token {out['ttft_cycles']:,} cycles; "
+        + (f"decode steps {min(steps):,}..{max(steps):,} cycles, "
+           f"{out['tokens_per_s']:,.0f} tokens/s" if steps else "no decode step"),
+        f"  {out['cycles']:,} cycles in all, {out['instructions']} instructions, KV cache "
+        f"{out['kv_bytes']:,} bytes ({out['cache_bytes']:,} allocated with Q), SRAM "
+        f"{out['sram_bytes']:,} bytes",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""Generation on chip (sim.compiler.decode, sim.flows.generate): the prefill and a counted loop
+of decode steps, bit-exact against the golden incremental decode; a static program."""
+
+import numpy as np
+import pytest
+
+from hw.spec import ConfigError, model_preset, npu_preset
+from hw.spec.isa import Op, decode
+from sim.compiler.affine import emit_affine
+from sim.compiler.assembler import Assembler
+from sim.compiler.decode import compile_decode
+from sim.compiler.decode_quant import quantize_decode
+from sim.errors import BadInput
+from sim.flows.generate import generate
+from sim.golden.decode import prefill_logits, random_head_weights
+from sim.golden.float_model import random_weights
+from tests.helpers import seeded, tiny_variant
+
+#: The tiny NPU with 128 KiB: the tiny decoder's blocks and head (its table twice: the
+#: embedding matmul's B operand and the LM head's) do not fit 64 KiB on one chip.
+NPU = tiny_variant(sram_bytes=1 << 17)
+
+
+def _prompt(cfg, seed, length):
+    return seeded(seed).integers(0, cfg.vocab_size, length)
+
+
+@pytest.mark.parametrize("name,seed,prompt_len,n", [
+    ("tiny", 1, 3, 4), ("tiny", 5, 1, 6), ("tiny", 9, 6, 3),
+    ("tiny-llama", 2, 4, 5), ("tiny-llama", 3, 1, 16)])
+def test_iss_generation_is_bit_exact(name, seed, prompt_len, n):
+    """The generated ids and every step's int16 logits equal the golden incremental decode
+    (which tests/sim/golden/test_decode.py holds equal to a prefill of the whole sequence)."""
+    cfg = model_preset(name)
+    prompt = _prompt(cfg, seed, prompt_len)
+    out = generate(NPU, cfg, prompt=prompt, n=n, backend="iss", seed=seed)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["ids"] == out["golden_ids"] and len(out["ids"]) == n
+    assert len(out["step_cycles"]) == n - 1
+    assert all(s > 0 for s in out["step_cycles"])
+    assert out["ttft_cycles"] <= out["cycles"]
+
+
+def test_logits_equal_a_prefill_of_the_whole_sequence():
+    """Step t's logits on chip are the whole sequence's prefill logits at position P - 1 + t."""
+    cfg = model_preset("tiny")
+    prompt = _prompt(cfg, 21, 2)
+    out = generate(NPU, cfg, prompt=prompt, n=5, backend="iss", seed=21)
+    qm, head = quantize_decode(cfg, random_weights(cfg, 21), random_head_weights(cfg, 22),
+                               prompt)
+    full = prefill_logits(qm, head, np.concatenate([prompt, out["ids"][:-1]]))
+    want = full[len(prompt) - 1:]
+    bad = np.argwhere(out["logits"] != want)
+    assert bad.size == 0, f"(step, vocab) {bad[0].tolist()}"
+
+
+def _program(name, prompt_len, n):
+    cfg = model_preset(name)
+    rng = seeded(4)
+    prompt = rng.integers(0, cfg.vocab_size, prompt_len)
+    qm, head = quantize_decode(cfg, random_weights(cfg, 4), random_head_weights(cfg, 5), prompt)
+    return compile_decode(NPU, qm, head, prompt_len=prompt_len, generate=n).chip.program
+
+
+def test_imem_does_not_grow_with_the_tokens():
+    """A 16-token generation takes no more instructions than a 2-token one: one loop body
+    whose count is the only difference."""
+    short, long = _program("tiny-llama", 1, 2), _program("tiny-llama", 1, 16)
+    assert len(short) == len(long)
+    diff = [pc for pc, (a, b) in enumerate(zip(short, long, strict=True)) if a != b]
+    assert len(diff) == 1 and decode(long[diff[0]]).op is Op.LOOP, diff
+
+
+def test_refusals():
+    cfg = model_preset("tiny")
+    for n in (0, -3):
+        with pytest.raises(BadInput, match=f"--generate must be at least 1 token, not {n}"):
+            generate(NPU, cfg, prompt=[1, 2], n=n, backend="iss")
+    with pytest.raises(BadInput, match="context 9 exceeds the 8 learned positions"):
+        generate(NPU, cfg, prompt=[1, 2, 3], n=7, backend="iss")
+    llama = model_preset("tiny-llama")
+    with pytest.raises(ConfigError, match="attn_window.*context of 17 tokens"):
+        generate(NPU, llama, prompt=[1, 2], n=16, backend="iss")
+    with pytest.raises(BadInput, match="prompt id 256 at index 1 is outside 0..255"):
+        generate(NPU, cfg, prompt=[1, 256], n=2, backend="iss")
+    with pytest.raises(BadInput, match="backend iss, pysim, verilator, not board"):
+        generate(NPU, cfg, prompt=[1], n=2, backend="board")
+
+
+def test_a_context_that_does_not_fit_is_refused_with_the_bytes():
+    cfg = model_preset("tiny")
+    with pytest.raises(ConfigError, match=r"sram_bytes=65536 is too small: the model needs "
+                       r"[\d,]+ bytes of scratchpad \(weights [\d,]+, kv_cache [\d,]+"):
+        generate(npu_preset("tiny"), cfg, prompt=[1, 2, 3], n=4, backend="iss")
+
+
+def test_emit_affine_checks_the_step():
+    """A step whose values are affine becomes SET + ADDX; anything else is refused."""
+    asm = Assembler()
+    emit_affine(asm, lambda a, t: a.set("AT_KEYS", 5 + 3 * t), 4)
+    ops = [(i.op, i.value) for i in asm.insns]
+    assert ops[1:] == [(Op.SET, 5), (Op.ADDX, 3)], ops
+    with pytest.raises(AssertionError, match="not affine"):
+        emit_affine(Assembler(), lambda a, t: a.set("AT_KEYS", t * t), 4)
+    with pytest.raises(AssertionError, match="instructions at iteration 0"):
+        emit_affine(Assembler(), lambda a, t: [a.wait(1) for _ in range(t)], 3)
+    asm = Assembler()
+    emit_affine(asm, lambda a, t: a.wait(1), 0)
+    assert asm.insns == []
