@@ -103,6 +103,7 @@ class Sequencer(wiring.Component):
         loop_left = Signal(LOOP_COUNT_BITS)
         loop_iter = Signal(ITER_BITS)    # ITER: the running trip's index
         scale = insn[OPCODE_BITS + REG_BITS:OPCODE_BITS + REG_BITS + ADDX_SCALE_BITS].as_signed()
+        written = Signal(signed(VALUE_BITS))   # what SET, ADD or ADDX writes
         body = flags[:LOOP_BODY_BITS]
         count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
         jump = Signal()                  # a LOOP that skips its body (count 0)
@@ -135,9 +136,11 @@ class Sequencer(wiring.Component):
                 with m.Case(Op.SET, Op.ADD, Op.ADDX):
                     # ADD, ADDX: one adder on the selected register, written back as SET
                     # writes; ADDX's addend is the one multiplier's product (signed 16 x
-                    # unsigned 32 bits: it fits the 48-bit register exactly).
+                    # unsigned 32 bits: it fits the 48-bit register exactly). `written` is a
+                    # signal, so every register's case shares the one product and sum.
                     addend = Mux(op == Op.ADDX, scale * loop_iter, value)
-                    written = Mux(op == Op.SET, value, Array(self.regs)[reg_index] + addend)
+                    m.d.comb += written.eq(
+                        Mux(op == Op.SET, value, Array(self.regs)[reg_index] + addend))
                     with m.If((op == Op.ADDX) & ~loop_active):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
                     with m.Else():
