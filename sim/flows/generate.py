@@ -26,11 +26,13 @@ from ..iss import IssError, IssSystem
 from ..report.timeline import intervals
 from ..rtl.chip_runner import run_chip_pysim
 from ..rtl.pysim import SimulationTimeout
+from ..rtl.system_runner import run_system_pysim
 from ..rtl.toolchain import ToolchainMissing
 from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
 
-__all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "step_ends"]
+__all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "GENERATE_STRATEGIES",
+           "step_ends"]
 
 GENERATE_BACKENDS = ("iss", "pysim", "verilator")
 _VU_OP = reg("VU_OP")
@@ -67,21 +69,35 @@ def step_ends(program, trace_spans, generate: int) -> list[int]:
     return [end for (_, end), is_argmax in zip(vec, order, strict=True) if is_argmax]
 
 
+#: The strategies generation runs with (``sim.compiler.decode``).
+GENERATE_STRATEGIES = ("single", "head")
+
+
 def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str = "iss",
-             seed: int = 0, weights: dict | None = None, head_weights: dict | None = None,
+             strategy: str = "single", chips: int | None = None, seed: int = 0,
+             weights: dict | None = None, head_weights: dict | None = None,
              max_cycles: int = 5_000_000) -> dict:
-    """Generate ``n`` tokens after ``prompt`` (token ids) on one chip of ``npu``.
+    """Generate ``n`` tokens after ``prompt`` (token ids) on ``chips`` chips of ``npu``
+    (``strategy`` single: one; head: the heads split, default 2).
 
     ``weights`` / ``head_weights``: float arrays by the names of ``docs/formats.md``
     (default: random from ``seed``). Returns a dict: ``ids`` (generated on chip), ``golden_ids``,
     ``float_ids``, ``golden_match`` (ids and every step's int16 logits equal the golden's),
     ``first_mismatch``, ``cycles``, ``ttft_cycles`` (the prefill's token), ``step_cycles``
     (each decode step), ``tokens_per_s`` (after the first, at the NPU's clock),
-    ``instructions``, ``kv_bytes``, ``sram_bytes``.
+    ``instructions``, ``kv_bytes`` and ``sram_bytes`` (per chip).
     """
     if backend not in GENERATE_BACKENDS:
         raise BadInput(f"--generate runs on backend {', '.join(GENERATE_BACKENDS)}, not "
                        f"{backend}")
+    if strategy not in GENERATE_STRATEGIES:
+        raise BadInput(f"--generate runs strategy {', '.join(GENERATE_STRATEGIES)}, not "
+                       f"{strategy}")
+    chips = (1 if strategy == "single" else 2) if chips is None else chips
+    if strategy == "single" and chips != 1:
+        raise BadInput(f"strategy single runs on one chip, not {chips}")
+    if strategy == "head" and chips < 2:
+        raise BadInput(f"strategy head needs at least 2 chips, not {chips}")
     prompt = np.asarray(prompt, np.int64).reshape(-1)
     try:
         check_generate(npu, model, int(prompt.size), n)
@@ -101,43 +117,51 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     except ValueError as exc:
         raise BadInput(f"weights: {exc}") from None
     qm, head = quantize_decode(model, weights, hw, prompt)
-    prog = compile_decode(npu, qm, head, prompt_len=int(prompt.size), generate=n)
-    program = prog.chip.program
+    try:
+        prog = compile_decode(npu, qm, head, prompt_len=int(prompt.size), generate=n,
+                              chips=chips)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise BadInput(str(exc)) from None
+    programs = prog.programs
     images = prog.images(prompt)
+    reads = [prog.reads()] + [[] for _ in range(chips - 1)]
     start = time.perf_counter()
     if backend == "iss":
-        system = IssSystem(npu, 1)
-        for base, words in images.items():
-            system.chip[0].write_words(base, words)
+        system = IssSystem(npu, chips)
+        for iss, image in zip(system.chip, images, strict=True):
+            for base, words in image.items():
+                iss.write_words(base, words)
         try:
-            system.run([program])
+            system.run(programs)
         except IssError as exc:
-            raise BadInput(f"the program cannot run: {exc}") from None
+            raise BadInput(f"the programs cannot run: {exc}") from None
         try:
-            timed = time_programs(npu, [program], ring=False, max_cycles=max_cycles)
+            timed = time_programs(npu, programs, ring=chips > 1, max_cycles=max_cycles)
         except IssError as exc:
             raise Watchdog(str(exc)) from None
-        regions = [system.chip[0].read_words(b, w) for b, w in prog.reads()]
+        regions = [system.chip[0].read_words(b, w) for b, w in reads[0]]
         cycles, trace = timed.cycles, trace_entries(npu, timed.chips[0].trace)
-    elif backend == "verilator":
+    elif backend == "pysim" and chips == 1:
         try:
-            out = run_system_verilator(npu, [program], [images], [prog.reads()],
-                                       max_cycles=max_cycles)
-        except SimulationTimeout as exc:
-            raise Watchdog(str(exc)) from None
-        except ToolchainMissing as exc:
-            raise BadInput(f"--backend verilator: {exc}") from None
-        if any(out["errors"]):
-            raise BadInput("the chip halted on an unknown instruction (compiler bug)")
-        regions, cycles, trace = out["regions"][0], out["cycles"], out["traces"][0]
-    else:
-        try:
-            out = run_chip_pysim(npu, program, images, prog.reads(), max_cycles=max_cycles)
+            out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles)
         except SimulationTimeout as exc:
             raise Watchdog(str(exc)) from None
         if out["error"]:
             raise BadInput("the chip halted on an unknown instruction (compiler bug)")
         regions, cycles, trace = out["regions"], out["cycles"], out["trace"]
+    else:
+        run = run_system_pysim if backend == "pysim" else run_system_verilator
+        try:
+            out = run(npu, programs, images, reads, max_cycles=max_cycles)
+        except SimulationTimeout as exc:
+            raise Watchdog(str(exc)) from None
+        except ToolchainMissing as exc:
+            raise BadInput(f"--backend verilator: {exc}") from None
+        if any(out["errors"]):
+            raise BadInput("a chip halted on an unknown instruction (compiler bug)")
+        regions, cycles, trace = out["regions"][0], out["cycles"], out["traces"][0]
     wall = time.perf_counter() - start
     got = prog.read(regions)
     want = generate_int(qm, head, prompt, n)
@@ -153,7 +177,7 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         else:
             t = int(np.flatnonzero(got["ids"] != want["ids"])[0])
             first = {"step": t, "got_id": int(got["ids"][t]), "want_id": int(want["ids"][t])}
-    ends = step_ends(program, intervals(trace["entries"], cycles), n)
+    ends = step_ends(programs[0], intervals(trace["entries"], cycles), n)
     steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
     clock = npu.clock_mhz * 1e6
     return {
@@ -163,9 +187,10 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         "first_mismatch": first, "logits": got["logits"], "cycles": int(cycles),
         "ttft_cycles": int(ends[0]), "step_cycles": [int(s) for s in steps],
         "tokens_per_s": (clock * len(steps) / sum(steps)) if steps else None,
-        "instructions": len(program), "kv_bytes": prog.kv_bytes,
-        "cache_bytes": sum(c.words for c in prog.caches) * npu.word_bytes,
-        "sram_bytes": int(prog.chip.alloc.next_word * npu.word_bytes),
+        "strategy": strategy, "chips": chips,
+        "instructions": [len(p) for p in programs], "kv_bytes": prog.kv_bytes,
+        "cache_bytes": [sum(c.words for c in cs) * npu.word_bytes for cs in prog.caches],
+        "sram_bytes": [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips],
         "context": prog.context, "wall_s": wall,
     }
 
@@ -176,14 +201,15 @@ def generate_summary(out: dict) -> str:
     verdict = "bit-exact" if out["golden_match"] else f"MISMATCH {out['first_mismatch']}"
     steps = out["step_cycles"]
     lines = [
-        f"generate {out['generate']} tokens after a {len(out['prompt'])}-token prompt on "
+        f"generate {out['generate']} tokens after a {len(out['prompt'])}-token prompt, "
+        f"{out['strategy']} on {out['chips']} chip{'s' if out['chips'] > 1 else ''}, "
         f"{out['backend']}: {verdict} against the golden incremental decode",
         f"  ids {out['ids']} (float64 reference: {out['float_ids']})",
         f"  time to first token {out['ttft_cycles']:,} cycles; "
         + (f"decode steps {min(steps):,}..{max(steps):,} cycles, "
            f"{out['tokens_per_s']:,.0f} tokens/s" if steps else "no decode step"),
-        f"  {out['cycles']:,} cycles in all, {out['instructions']} instructions, KV cache "
-        f"{out['kv_bytes']:,} bytes ({out['cache_bytes']:,} allocated with Q), SRAM "
-        f"{out['sram_bytes']:,} bytes",
+        f"  {out['cycles']:,} cycles in all; per chip: {max(out['instructions'])} instructions "
+        f"at most, KV cache {max(out['kv_bytes']):,} bytes ({max(out['cache_bytes']):,} "
+        f"allocated with Q), SRAM {max(out['sram_bytes']):,} bytes",
     ]
     return "\n".join(lines)
