@@ -194,7 +194,8 @@ def vector_launch(*, size: int, op, length: int, a: Rows | None,
     if op is VectorOp.ARGMAX and a.eb > 2:
         raise ValueError(f"ARGMAX compares int16 elements: a.eb must be 1 or 2, not {a.eb}")
     if op in RECORD_OUT_OPS and (data is not None or q is not None):
-        raise ValueError(f"{op.name} writes only its records (stats_base)")
+        what = "statistics" if op is VectorOp.LN_STATS else "records"
+        raise ValueError(f"{op.name} writes only its {what} (stats_base)")
     if op not in (*LOAD_OPS, *RECORD_OUT_OPS) and data is None and q is None:
         raise ValueError(f"{op.name} needs an output (data and/or q)")
     for name, t in (("data", data), ("q", q)):
