@@ -47,8 +47,8 @@ def emit_affine(asm: Assembler, step: Callable[[Assembler, int], None], count: i
     """Emit into ``asm`` a ``LOOP`` of ``count`` iterations whose body is ``step(asm, it)``
     with every register value affine in ``it``.
 
-    ``step`` is called with a recording assembler for iterations 0, 1, ``count - 1`` and
-    ``check`` (positions where something could stop being affine, e.g. a 16-bit count's
+    ``step`` is called with a recording assembler for iterations 0, 1 (even when ``count``
+    is 1), ``count - 1`` and ``check`` (positions where something could stop being affine, e.g. a 16-bit count's
     limit): every recording must emit the same instructions, and every SET value must be
     ``a + b * it`` with ``b`` in ADDX's signed 16-bit range (:class:`AssertionError` naming the
     instruction otherwise: the step is not static). ``count == 0`` emits nothing.
@@ -57,7 +57,9 @@ def emit_affine(asm: Assembler, step: Callable[[Assembler, int], None], count: i
         raise ValueError(f"a loop runs count >= 0 times, not {count}")
     if count == 0:
         return
-    its = sorted({0, min(1, count - 1), count - 1, *(i for i in check if 0 <= i < count)})
+    # Iteration 1 is recorded even when the loop runs once: the slopes, so the body (and the
+    # program's length) is the same for every count.
+    its = sorted({0, 1, count - 1, *(i for i in check if 0 <= i < count)})
     recs = {}
     for it in its:
         rec = _Recorder()
@@ -82,7 +84,7 @@ def emit_affine(asm: Assembler, step: Callable[[Assembler, int], None], count: i
             continue
         name = REGS[insn.reg]
         a = insn.value
-        b = at[1].value - a if 1 in at else 0
+        b = at[1].value - a
         for it, i in at.items():
             if i.value != a + b * it:
                 raise AssertionError(f"{name} is not affine in the iteration: {a} at 0, "

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hw.spec import ConfigError, model_preset, npu_preset
-from hw.spec.isa import Op, decode
+from hw.spec.isa import Op, decode, loop_fields, loop_operand
 from sim.compiler.affine import emit_affine
 from sim.compiler.assembler import Assembler
 from sim.compiler.decode import compile_decode
@@ -41,6 +41,25 @@ def test_iss_generation_is_bit_exact(name, seed, prompt_len, n):
     assert out["ttft_cycles"] <= out["cycles"]
 
 
+@pytest.mark.parametrize("name,seed,prompt_len,n,chips", [
+    ("tiny", 1, 3, 4, 2), ("tiny", 5, 2, 5, 3), ("tiny", 6, 4, 4, 4),
+    ("tiny-llama", 7, 3, 5, 3), ("tiny-llama", 8, 2, 6, 4)])
+def test_head_parallel_generation_is_bit_exact(name, seed, prompt_len, n, chips):
+    """Head parallelism on the tiny NPU itself (64 KiB a chip: the tiny decoder with its head
+    does not fit one): the caches split with the heads, the logits gathered from the chips'
+    vocabulary blocks (3 chips: uneven head shards, so chips lay their buffers out
+    differently)."""
+    cfg = model_preset(name)
+    prompt = _prompt(cfg, seed, prompt_len)
+    out = generate(npu_preset("tiny"), cfg, prompt=prompt, n=n, backend="iss",
+                   strategy="head", chips=chips, seed=seed)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["chips"] == chips and len(out["kv_bytes"]) == chips
+    # The KV cache splits with the K/V heads: every chip holds its share.
+    whole = 2 * cfg.n_layers * (prompt_len + n - 1) * cfg.n_kv_heads * cfg.d_head
+    assert sum(out["kv_bytes"]) >= whole and max(out["kv_bytes"]) < whole
+
+
 def test_logits_equal_a_prefill_of_the_whole_sequence():
     """Step t's logits on chip are the whole sequence's prefill logits at position P - 1 + t."""
     cfg = model_preset("tiny")
@@ -59,16 +78,23 @@ def _program(name, prompt_len, n):
     rng = seeded(4)
     prompt = rng.integers(0, cfg.vocab_size, prompt_len)
     qm, head = quantize_decode(cfg, random_weights(cfg, 4), random_head_weights(cfg, 5), prompt)
-    return compile_decode(NPU, qm, head, prompt_len=prompt_len, generate=n).chip.program
+    return compile_decode(NPU, qm, head, prompt_len=prompt_len, generate=n).programs[0]
+
+
+def len_body(program):
+    return next(loop_fields(decode(w).value)[0] for w in program if decode(w).op is Op.LOOP)
 
 
 def test_imem_does_not_grow_with_the_tokens():
-    """A 16-token generation takes no more instructions than a 2-token one: one loop body
-    whose count is the only difference."""
+    """A 16-token generation takes no more instructions than a 2-token one: the same
+    instructions (only addresses, which the longer cache moves, and the LOOP's count differ)."""
     short, long = _program("tiny-llama", 1, 2), _program("tiny-llama", 1, 16)
     assert len(short) == len(long)
-    diff = [pc for pc, (a, b) in enumerate(zip(short, long, strict=True)) if a != b]
-    assert len(diff) == 1 and decode(long[diff[0]]).op is Op.LOOP, diff
+    shape = [[(i.op, i.reg) for i in map(decode, p)] for p in (short, long)]
+    assert shape[0] == shape[1]
+    loops = [(decode(a).value, decode(b).value) for a, b in zip(short, long, strict=True)
+             if decode(a).op is Op.LOOP]
+    assert loops == [(loop_operand(len_body(short), 1), loop_operand(len_body(short), 15))]
 
 
 def test_refusals():
@@ -107,3 +133,34 @@ def test_emit_affine_checks_the_step():
     asm = Assembler()
     emit_affine(asm, lambda a, t: a.wait(1), 0)
     assert asm.insns == []
+
+
+def _same_run(iss, rtl):
+    for key in ("golden_match", "ids", "cycles", "ttft_cycles", "step_cycles"):
+        assert rtl[key] == iss[key], (key, rtl[key], iss[key])
+
+
+@pytest.mark.verilator
+def test_verilator_generation_equals_the_iss(verilator_ok):
+    """Head parallelism on 2 tiny NPUs, 4 tokens: the ids, the cycles of the whole run, of the
+    first token and of every decode step on Verilator equal the ISS's cycle model."""
+    cfg = model_preset("tiny")
+    prompt = _prompt(cfg, 3, 3)
+    runs = [generate(npu_preset("tiny"), cfg, prompt=prompt, n=4, backend=b, strategy="head",
+                     chips=2, seed=3) for b in ("iss", "verilator")]
+    assert runs[0]["golden_match"]
+    _same_run(*runs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,chips", [("single", 1), ("head", 2)])
+def test_pysim_generation_equals_the_iss(strategy, chips):
+    """A 4-token generation on Amaranth's simulator (one chip of the 128 KiB variant; 2 tiny
+    NPUs) equals the ISS: ids, every step's cycles."""
+    cfg = model_preset("tiny")
+    npu = NPU if chips == 1 else npu_preset("tiny")
+    prompt = _prompt(cfg, 4, 2)
+    runs = [generate(npu, cfg, prompt=prompt, n=4, backend=b, strategy=strategy, chips=chips,
+                     seed=4) for b in ("iss", "pysim")]
+    assert runs[0]["golden_match"]
+    _same_run(*runs)
