@@ -49,9 +49,10 @@ def emit_affine(asm: Assembler, step: Callable[[Assembler, int], None], count: i
 
     ``step`` is called with a recording assembler for iterations 0, 1 (even when ``count``
     is 1), ``count - 1`` and ``check`` (positions where something could stop being affine,
-    e.g. a 16-bit count's limit): every recording must emit the same instructions, and every
-    SET value must be ``a + b * it`` with ``b`` in ADDX's signed 16-bit range (:class:`AssertionError` naming the
-    instruction otherwise: the step is not static). ``count == 0`` emits nothing.
+    e.g. a 16-bit count's limit). Every recording must emit the same instructions, and every
+    SET value must be ``a + b * it`` with ``b`` in ADDX's signed 16-bit range; otherwise
+    :class:`AssertionError` names the instruction (the step is not static). ``count == 0``
+    emits nothing.
     """
     if count < 0:
         raise ValueError(f"a loop runs count >= 0 times, not {count}")
