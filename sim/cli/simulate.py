@@ -67,22 +67,20 @@ def _prompt(args, model) -> np.ndarray:
 
 
 def _run_generate(args, npu, model) -> int:
-    if args.strategy != "single" or (args.chips or 1) != 1:
-        raise BadInput(f"--generate runs strategy single on one chip, not {args.strategy} on "
-                       f"{args.chips or 1}")
     for opt in ("input", "calib", "vcd", "plot", "trace", "output", "batch", "microbatches",
                 "grid", "quant"):
         if getattr(args, opt):
             raise BadInput(f"--{opt} does not apply to --generate")
     weights = _weights(args.weights) if args.weights else None
     out = generate(npu, model, prompt=_prompt(args, model), n=args.generate,
-                   backend=args.backend, seed=args.seed, weights=weights,
+                   backend=args.backend, strategy=args.strategy, chips=args.chips,
+                   seed=args.seed, weights=weights,
                    head_weights=weights,
                    max_cycles=args.max_cycles or 5_000_000)
+    print(generate_summary(out))
     if args.json:
         data = {k: v for k, v in out.items() if k != "logits"}
         print(f"  wrote report {write_json(args.json, data)}")
-    print(generate_summary(out))
     return EXIT_OK if out["golden_match"] else EXIT_MISMATCH
 
 
