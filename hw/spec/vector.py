@@ -115,7 +115,8 @@ class VectorCmd:
     ``shift`` is the knot spacing g (:data:`GELU16_G_MIN`..:data:`GELU16_G_MAX`). ``out16``
     selects int16 rather than int8 for REQUANT and MUL, and the whole int16 y rather than its high
     byte for GELU16. ``gshift`` is the
-    LayerNorm (and RMSNorm) gamma shift.
+    LayerNorm (and RMSNorm) gamma shift. ``pairs``: ARGMAX combines ``length`` argmax records
+    (read as ``i_stats`` beats) instead of reading ``length`` elements; ``n`` is then 0.
     """
 
     op: VectorOp
@@ -126,6 +127,7 @@ class VectorCmd:
     gshift: int = 16
     out16: bool = False
     per_channel: bool = False
+    pairs: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "op", VectorOp(self.op))
@@ -140,7 +142,8 @@ class VectorCmd:
         """The command as a dict of integers (for ``ctx.set`` on the gateware's ``i_cmd``)."""
         return {"op": int(self.op), "length": int(self.length), "n": int(self.n),
                 "mult": int(self.mult), "shift": int(self.shift), "gshift": int(self.gshift),
-                "out16": int(self.out16), "per_channel": int(self.per_channel)}
+                "out16": int(self.out16), "per_channel": int(self.per_channel),
+                "pairs": int(self.pairs)}
 
 
 #: Bytes of one argmax record (ARGMAX writes one per row, ONEHOT reads one per row): the int32

@@ -56,6 +56,7 @@ def cmd_layout() -> data.StructLayout:
         "gshift": unsigned(GSHIFT_BITS),
         "out16": unsigned(1),
         "per_channel": unsigned(1),
+        "pairs": unsigned(1),
     })
 
 
@@ -221,6 +222,9 @@ class VectorUnit(wiring.Component):
     one beat from ``i_stats`` (the record, as ARGMAX emits it: the index in the low 32 bits of
     ``data[0]``) and no ``i_a``, then emits B beats of ``data`` with 1 in the lane at
     ``index - n`` and 0 elsewhere, one per cycle: both take the same cycles for every value.
+    ARGMAX with ``pairs`` reads ``length`` records on ``i_stats`` instead of elements on
+    ``i_a`` (one per cycle, as offered) and keeps the one with the largest value, a tie going
+    to the lower index (signed int32); it emits that record (with ``n`` added: 0 in this mode).
 
     Timing (:func:`hw.spec.timing.vector.op_cycles`): one beat per cycle through a
     ``LATENCY``-stage pipeline (one multiplier per lane per stage) that stalls as a whole only
@@ -285,7 +289,8 @@ class VectorUnit(wiring.Component):
         # ARGMAX: the running maximum and its index, the index of this beat's lane 0; ONEHOT:
         # the hot lane relative to this beat's lane 0.
         best_v = Signal(signed(16))
-        best_i = Signal(LENGTH_BITS)
+        best_i = Signal(32)                     # pair mode: a record's signed int32 index
+        pair_first = Signal()                   # pair mode: no record taken yet
         pos = Signal(LENGTH_BITS + 1)
         rel = Signal(signed(34))
 
@@ -471,7 +476,7 @@ class VectorUnit(wiring.Component):
                     m.d.sync += [cmd.eq(p), cmd.op.eq(like), rms.eq(p.op.matches(*RMS_OPS)),
                                  beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
                                  remaining.eq(p.length), best_v.eq(-(1 << 15)), best_i.eq(0),
-                                 pos.eq(0)]
+                                 pos.eq(0), pair_first.eq(1)]
                     with m.Switch(like):
                         with m.Case(VectorOp.LOAD_LUT):
                             m.d.sync += remaining.eq(LUT_ENTRIES)
@@ -479,7 +484,12 @@ class VectorUnit(wiring.Component):
                         with m.Case(VectorOp.LOAD_LUT16):
                             m.d.sync += remaining.eq(GELU16_KNOTS)
                             m.next = "LOAD16"
-                        with m.Case(VectorOp.LN, VectorOp.LN_STATS, VectorOp.ARGMAX):
+                        with m.Case(VectorOp.ARGMAX):
+                            with m.If(p.pairs):
+                                m.next = "PAIRS"
+                            with m.Else():
+                                m.next = "ACC"
+                        with m.Case(VectorOp.LN, VectorOp.LN_STATS):
                             m.next = "ACC"
                         with m.Case(VectorOp.LN_APPLY):
                             m.d.sync += n.eq(p.n)
@@ -543,6 +553,19 @@ class VectorUnit(wiring.Component):
                             m.next = "RSQRT"
                         with m.Else():
                             m.next = "STATS"
+
+            with m.State("PAIRS"):
+                # ARGMAX combining records: the largest value, then the lowest index.
+                m.d.comb += self.i_stats.ready.eq(1)
+                with m.If(self.i_stats.valid):
+                    rec = self.i_stats.payload.data[0]
+                    r_i, r_v = rec[0:32].as_signed(), rec[32:48].as_signed()
+                    better = (r_v > best_v) | ((r_v == best_v) & (r_i < best_i.as_signed()))
+                    m.d.sync += remaining.eq(remaining - 1)
+                    with m.If(pair_first | better):
+                        m.d.sync += [best_v.eq(r_v), best_i.eq(r_i), pair_first.eq(0)]
+                    with m.If(remaining == 1):
+                        m.next = "STATS"
 
             with m.State("STATS"):
                 # ARGMAX: the record's first 8 bytes (int32 index + n, int16 maximum, 0).

@@ -38,7 +38,7 @@ GENS = {"i_a": "RD3", "i_b": "RD4", "i_stats": "RD5", "o_data": "WR1", "o_q": "W
 def flags_layout() -> data.StructLayout:
     """``VU_FLAGS``, bit 0 first (:mod:`hw.spec.vector_engine`)."""
     return data.StructLayout({"out16": 1, "per_channel": 1, "a_bytes": 2, "b_bytes": 2,
-                              "d_bytes": 2, "wr_data": 1, "wr_q": 1})
+                              "d_bytes": 2, "wr_data": 1, "wr_q": 1, "pairs": 1})
 
 
 def cfg_layout() -> data.StructLayout:
@@ -136,17 +136,18 @@ class VectorEngine(wiring.Component):
     ``busy`` is high from the configuration beat until the last output word has been taken
     (LOAD_LUT, LOAD_LUT16: until the unit has consumed its last word). ``uses`` tells the chip, from
     the ``i_cfg`` payload (combinationally, before the transfer), which generators to start with the
-    launch: RD3 for every op but ONEHOT, RD4 iff the op reads B
+    launch: RD3 for every op but ONEHOT and pair-mode ARGMAX, RD4 iff the op reads B
     (:func:`hw.spec.vector_engine.uses_b`), WR1 iff ``wr_data`` (not for LN_STATS and ARGMAX),
-    WR2 iff ``wr_q`` (neither for LOAD_LUT and LOAD_LUT16), RD5 iff LN_APPLY, RMS_APPLY or ONEHOT
-    (:data:`hw.spec.vector_engine.RECORD_IN_OPS`).
+    WR2 iff ``wr_q`` (neither for LOAD_LUT and LOAD_LUT16), RD5 iff LN_APPLY, RMS_APPLY, ONEHOT
+    or pair-mode ARGMAX (:func:`hw.spec.vector_engine.uses_records`).
 
     LayerNorm statistics travel through the scratchpad as records of
     :data:`hw.spec.vector_engine.STATS_BYTES` bytes (int64 ``sum x``, int64 ``sum x^2``,
     little-endian, ``stats_words(N)`` words): LN_STATS writes one per row on ``o_q`` (WR2;
     ``wr_q`` must be set), LN_APPLY and RMS_APPLY read one per row on ``i_stats`` (RD5).
     Argmax records (:data:`hw.spec.vector.ARGMAX_BYTES`, ``argmax_words(N)`` words) take the same
-    two paths: ARGMAX writes one per row on ``o_q``, ONEHOT reads one per row on ``i_stats``.
+    two paths: ARGMAX writes one per row on ``o_q``, ONEHOT reads one per row on ``i_stats``
+    (pair-mode ARGMAX ``length`` per row).
 
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
@@ -204,8 +205,9 @@ class VectorEngine(wiring.Component):
         p = self.i_cfg.payload
         b_ops = p.op.matches(*B_OPS) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
         writes = (p.op != VectorOp.LOAD_LUT) & (p.op != VectorOp.LOAD_LUT16)
-        m.d.comb += [self.uses.a.eq(p.op != VectorOp.ONEHOT), self.uses.b.eq(b_ops),
-                     self.uses.stats.eq(p.op.matches(*RECORD_IN_OPS)),
+        pairs = (p.op == VectorOp.ARGMAX) & p.flags.pairs
+        m.d.comb += [self.uses.a.eq((p.op != VectorOp.ONEHOT) & ~pairs), self.uses.b.eq(b_ops),
+                     self.uses.stats.eq(p.op.matches(*RECORD_IN_OPS) | pairs),
                      self.uses.data.eq(p.flags.wr_data & writes
                                        & ~p.op.matches(*RECORD_OUT_OPS)),
                      self.uses.q.eq(p.flags.wr_q & writes)]
@@ -223,7 +225,7 @@ class VectorEngine(wiring.Component):
             c.payload.op.eq(cfg.op), c.payload.length.eq(cfg.length), c.payload.n.eq(cfg.n),
             c.payload.mult.eq(cfg.mult), c.payload.shift.eq(cfg.shift),
             c.payload.gshift.eq(cfg.gshift), c.payload.out16.eq(flags.out16),
-            c.payload.per_channel.eq(flags.per_channel),
+            c.payload.per_channel.eq(flags.per_channel), c.payload.pairs.eq(flags.pairs),
         ]
         with m.If(c.valid & c.ready):
             m.d.sync += issued.eq(issued + 1)

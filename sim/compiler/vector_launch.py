@@ -12,7 +12,9 @@ every row (stride 0).
 :func:`lut_launch`, :func:`load_lut_launch`, :func:`requant_launch`, :func:`bias_launch`,
 :func:`relu_launch`, :func:`gelu16_launch` and :func:`load_lut16_launch` cover what a
 transformer block needs; :func:`argmax_launch` and :func:`onehot_launch` what greedy decode
-needs on chip (the next token's index, and its one-hot row for the embedding matmul).
+needs on chip (the next token's index, and its one-hot row for the embedding matmul);
+:func:`argmax_pairs_launch` combines the partial argmaxes of the chips a vocabulary is split
+over.
 :func:`emit` appends a launch to an :class:`~sim.compiler.assembler.Assembler`.
 """
 
@@ -21,7 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hw.spec.isa import MAX_COUNT, Op
-from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, GELU16_KNOTS, LUT_ENTRIES, VectorOp
+from hw.spec.vector import (
+    GELU16_G_MAX,
+    GELU16_G_MIN,
+    GELU16_KNOTS,
+    LUT_ENTRIES,
+    VectorOp,
+    argmax_words,
+)
 from hw.spec.vector_engine import (
     LOAD_OPS,
     Q_OPS,
@@ -41,7 +50,7 @@ from .descriptors import Desc
 __all__ = ["Rows", "Tiled", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
            "ln_apply_launch", "add_launch", "mul_launch", "lut_launch",
            "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "gelu16_launch",
-           "load_lut16_launch", "argmax_launch", "onehot_launch", "emit"]
+           "load_lut16_launch", "argmax_launch", "argmax_pairs_launch", "onehot_launch", "emit"]
 
 
 @dataclass(frozen=True)
@@ -339,6 +348,28 @@ def argmax_launch(*, size, length, x: Rows, record_base: int, offset: int = 0) -
     index of this chip's first column when a vocabulary is split over chips."""
     return vector_launch(size=size, op=VectorOp.ARGMAX, length=length, a=x,
                          stats_base=record_base, n=offset)
+
+
+def argmax_pairs_launch(*, size, count: int, records_base: int, record_base: int,
+                        rows: int = 1) -> VectorLaunch:
+    """ARGMAX in pair mode: for each of ``rows`` rows, ``count`` argmax records contiguous at
+    ``records_base`` (the chips' partial argmaxes, e.g. all-gathered: global indices) combine
+    into one record at ``record_base`` (contiguous, one per row): the largest value, the lowest
+    index winning a tie."""
+    for name, value in (("count", count), ("rows", rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            raise ValueError(f"ARGMAX pairs {name} must be in 1..{MAX_COUNT}, not {value!r}")
+    rec = argmax_words(size)
+    if count * rec > MAX_COUNT:
+        raise ValueError(f"ARGMAX pairs: {count} records of {rec} words exceed a generator's "
+                         f"16-bit counts")
+    flags = VecFlags(a_bytes=2, wr_data=False, wr_q=True, pairs=True)
+    regs = {"VU_OP": int(VectorOp.ARGMAX), "VU_ROWS": rows, "VU_LEN": count, "VU_N": 0,
+            "VU_MULT": 1, "VU_SHIFT": 1, "VU_GSHIFT": 16, "VU_FLAGS": flags.encode()}
+    return VectorLaunch(
+        op=VectorOp.ARGMAX, rows=rows, length=count, flags=flags, regs=regs, rd3=None,
+        rd4=None, rd5=Desc(records_base, (count * rec, rows, 1, 1), (1, count * rec, 0, 0)),
+        wr1=None, wr2=Desc(record_base, (rec, rows, 1, 1), (1, rec, 0, 0)))
 
 
 def onehot_launch(*, size, length, record_base: int, out: Rows, offset: int = 0) -> VectorLaunch:

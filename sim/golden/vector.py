@@ -50,6 +50,10 @@ give the full LayerNorm bit for bit.
 - ``argmax16(x, offset)`` (ARGMAX): ``(offset + i, x[i])`` for the first i holding the largest
   int16 element (the lowest index wins a tie), as ``sim.golden.decode.argmax_int`` picks the
   next token; the unit writes it as an argmax record (:func:`hw.spec.vector.pack_argmax`).
+- ``argmax_pairs(index, value)`` (ARGMAX with ``pairs``): of ``k`` argmax records (the
+  partial argmaxes of the chips a vocabulary is split over), the one with the largest value,
+  the lowest index winning a tie: ``argmax_pairs`` of the blocks' ``argmax16(block, v0)`` is
+  ``argmax16`` of the whole row.
 - ``onehot(index, offset, length)`` (ONEHOT): int8 row with 1 at lane ``index - offset`` and 0
   elsewhere (all 0 when that lane is outside the row): ``onehot @ E8`` is the embedding row
   E8[index] exactly.
@@ -98,7 +102,7 @@ __all__ = [
     "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
-    "argmax16", "onehot",
+    "argmax16", "argmax_pairs", "onehot",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
 
@@ -384,6 +388,22 @@ def argmax16(x, offset: int = 0) -> tuple[int, int]:
     return offset + i, int(x[i])
 
 
+def argmax_pairs(index, value) -> tuple[int, int]:
+    """Combine argmax records ``(index[i], value[i])`` (1..65535 of them; int32 indices,
+    int16 values): the largest value and, of the records holding it, the lowest index."""
+    index = _int(index).reshape(-1)
+    value = _int(value).reshape(-1)
+    if index.shape != value.shape:
+        raise ValueError(f"{index.size} indices but {value.size} values")
+    _check_length(index.size)
+    if index.min() < -(1 << 31) or index.max() >= 1 << 31:
+        raise ValueError("argmax_pairs: an index does not fit the record's int32")
+    if value.min() < -(1 << 15) or value.max() >= 1 << 15:
+        raise ValueError("argmax_pairs: a value does not fit the record's int16")
+    best = value.max()
+    return int(index[value == best].min()), int(best)
+
+
 def onehot(index, offset: int, length: int) -> np.ndarray:
     """ONEHOT: ``length`` elements, 1 at lane ``index - offset`` (when it is in the row), else 0.
     ``index`` is the record's int32 index."""
@@ -415,7 +435,8 @@ class VectorUnitModel:
     ``i_b`` words and ``i_stats`` pair, and returns what the unit emits:
     ``{"data": int64[length], "q": int64[length]}`` on ``o``, ``{"stats": (s1, s2)}`` or
     (ARGMAX) ``{"record": (index, value)}`` on ``o_stats``, or ``{}`` for LOAD_LUT and
-    LOAD_LUT16. ONEHOT takes the argmax record ``(index, value)`` as ``stats``. ``q`` is zero
+    LOAD_LUT16. ONEHOT takes the argmax record ``(index, value)`` as ``stats``, ARGMAX with
+    ``pairs`` its ``length`` records ``[(index, value), ...]``. ``q`` is zero
     except for the LayerNorm and RMSNorm ops (int8 output) and GELU16 (the low byte of y as an
     int8 container).
     The LUT resets to ReLU at unchanged scale, the GELU16 table to all zeros.
@@ -436,6 +457,11 @@ class VectorUnitModel:
         a = _int(a)[:cmd.length] if a is not None else None
         b = _int(b)[:cmd.length] if b is not None else None
         zeros = np.zeros(cmd.length, dtype=np.int64)
+        if op is VectorOp.ARGMAX and cmd.pairs:
+            pairs = np.asarray(stats, dtype=np.int64).reshape(-1, 2)[:cmd.length]
+            if len(pairs) != cmd.length:
+                raise ValueError(f"ARGMAX pairs: {len(pairs)} records, not length={cmd.length}")
+            return {"record": argmax_pairs(pairs[:, 0], pairs[:, 1])}
         if op is VectorOp.ARGMAX:
             return {"record": argmax16(a, cmd.n)}
         if op is VectorOp.ONEHOT:

@@ -88,7 +88,13 @@ def exec_vector(iss):
         raise IssError(f"VEC {op.name} writes nothing: set wr_data and/or wr_q in VU_FLAGS")
     if flags.wr_q and op not in engine.Q_OPS and op not in engine.RECORD_OUT_OPS:
         raise IssError(f"VEC {op.name} has no q output: clear wr_q in VU_FLAGS")
-    if op is VectorOp.ARGMAX and flags.a_bytes > 2:
+    pairs = engine.combines(op, flags.pairs)
+    if flags.pairs and op is not VectorOp.ARGMAX:
+        raise IssError(f"VEC {op.name} has no pair mode: clear pairs in VU_FLAGS")
+    if pairs and r("VU_N") != 0:
+        raise IssError(f"VEC ARGMAX pairs with VU_N={r('VU_N')}: must be 0 (the records hold "
+                       "global indices)")
+    if op is VectorOp.ARGMAX and not pairs and flags.a_bytes > 2:
         raise IssError(f"VEC ARGMAX compares int16 elements: a_bytes must be 1 or 2, not "
                        f"{flags.a_bytes}")
     if op is VectorOp.GELU16 and not GELU16_G_MIN <= r("VU_SHIFT") <= GELU16_G_MAX:
@@ -104,12 +110,12 @@ def exec_vector(iss):
     try:
         cmd = VectorCmd(op, length, n=r("VU_N"), mult=r("VU_MULT"), shift=r("VU_SHIFT"),
                         gshift=r("VU_GSHIFT"), out16=flags.out16,
-                        per_channel=flags.per_channel)
+                        per_channel=flags.per_channel, pairs=flags.pairs)
     except ValueError as exc:
         raise IssError(f"VEC: {exc}") from None
 
     a = [None] * rows
-    if engine.uses_a(op):
+    if engine.uses_a(op, flags.pairs):
         a = _rows(iss, "RD3", rows, length, flags.a_bytes, "operand A")
     b = None
     if engine.uses_b(op, flags.per_channel):
@@ -130,14 +136,18 @@ def exec_vector(iss):
         raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :engine.STATS_BYTES])
         pairs = raw.view("<i8").astype(np.int64)
         stats = [(int(s1), int(s2)) for s1, s2 in pairs]
-    elif op is VectorOp.ONEHOT:
+    elif op is VectorOp.ONEHOT or pairs:
         rec = engine.record_words(op, iss.n)
+        per_row = length if pairs else 1
         words = iss._gather("RD5")
-        if len(words) != rows * rec:
-            raise IssError(f"VEC ONEHOT records via RD5 walk {len(words)} words, but {rows} "
-                           f"argmax records are {rows * rec} words")
-        index, value = unpack_argmax(words.reshape(rows, rec, iss.n))
-        stats = list(zip(index.tolist(), value.tolist(), strict=True))
+        if len(words) != rows * per_row * rec:
+            raise IssError(f"VEC {op.name} records via RD5 walk {len(words)} words, but "
+                           f"{rows * per_row} argmax records are {rows * per_row * rec} words")
+        index, value = unpack_argmax(words.reshape(rows, per_row, rec, iss.n))
+        stats = [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, value,
+                                                                                strict=True)]
+        if not pairs:
+            stats = [s[0] for s in stats]
     unit = vector_unit(iss)
     outs = [unit.execute(cmd, a[row], None if b is None else b[row], stats[row])
             for row in range(rows)]

@@ -4,7 +4,8 @@ A program is a list of ``(cmd, a, b, stats)``: a :class:`~hw.spec.vector.VectorC
 elements it reads from ``i_a`` (a vector of ``cmd.length``, or the 256 LUT entries for
 LOAD_LUT), the words it reads from ``i_b`` (or None) and the ``(sum x, sum x^2)`` pair it reads
 from ``i_stats`` (LN_APPLY and RMS_APPLY only; ONEHOT reads an argmax record ``(index,
-value)`` there and no ``i_a``). :func:`prepare` turns it into the beats of every
+value)`` there and no ``i_a``; ARGMAX with ``pairs`` its ``length`` records
+``[(index, value), ...]``). :func:`prepare` turns it into the beats of every
 input stream and the golden outputs; the same beat lists feed Amaranth's simulator and the
 cocotb testbench.
 """
@@ -44,6 +45,8 @@ def command_beats(cmd: VectorCmd, a, b, stats, lanes: int):
         op in STATS_IN_OPS) else []
     if op is VectorOp.ONEHOT:
         s_beats = [{"data": [record_lane(*stats), 0], "last": 1}]
+    if op is VectorOp.ARGMAX and cmd.pairs:
+        s_beats = [{"data": [record_lane(*rec), 0], "last": 1} for rec in stats]
     return a_beats, b_beats, s_beats
 
 

@@ -28,7 +28,7 @@ def cfg_payload(launch) -> dict:
             "flags": {"out16": flags & 1, "per_channel": flags >> 1 & 1,
                       "a_bytes": flags >> 2 & 3, "b_bytes": flags >> 4 & 3,
                       "d_bytes": flags >> 6 & 3, "wr_data": flags >> 8 & 1,
-                      "wr_q": flags >> 9 & 1}}
+                      "wr_q": flags >> 9 & 1, "pairs": flags >> 10 & 1}}
 
 
 def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: float = 0.0,

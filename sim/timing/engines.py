@@ -46,7 +46,6 @@ from hw.spec.timing.vector import RSQRT_CYCLES
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import (
     LOAD_OPS,
-    RECORD_IN_OPS,
     RECORD_OUT_OPS,
     VecFlags,
     record_words,
@@ -54,6 +53,7 @@ from hw.spec.vector_engine import (
     table_entries,
     uses_a,
     uses_b,
+    uses_records,
 )
 
 __all__ = ["MatmulModel", "AttentionModel", "VectorModel"]
@@ -418,7 +418,8 @@ class AttentionModel:
 
 
 # Vector unit FSM states (hw/tile/vector.py).
-_V_IDLE, _V_ELEM, _V_LOAD, _V_ACC, _V_STATS, _V_GET, _V_RSQRT, _V_NORM, _V_GEN = range(9)
+(_V_IDLE, _V_ELEM, _V_LOAD, _V_ACC, _V_STATS, _V_GET, _V_RSQRT, _V_NORM, _V_GEN,
+ _V_PAIRS) = range(10)
 
 
 class _Gather:
@@ -510,7 +511,7 @@ class VectorModel:
         f = VecFlags.decode(regs["VU_FLAGS"])
         b = uses_b(op, f.per_channel)
         writes = op not in LOAD_OPS
-        return {"RD3": uses_a(op), "RD4": b, "RD5": op in RECORD_IN_OPS,
+        return {"RD3": uses_a(op, f.pairs), "RD4": b, "RD5": uses_records(op, f.pairs),
                 "WR1": f.wr_data and writes and op not in RECORD_OUT_OPS,
                 "WR2": f.wr_q and writes}
 
@@ -585,6 +586,8 @@ class VectorModel:
                     # LOAD_LUT and LOAD_LUT16 take a word every cycle it is offered and emit
                     # nothing (the gateware's LOAD and LOAD16 states).
                     self.state = _V_LOAD
+                elif op is VectorOp.ARGMAX and f.pairs:
+                    self.state = _V_PAIRS
                 elif op in (VectorOp.LN, VectorOp.LN_STATS, VectorOp.ARGMAX):
                     self.state = _V_ACC
                 elif op in (VectorOp.LN_APPLY, VectorOp.ONEHOT):
@@ -615,6 +618,12 @@ class VectorModel:
                 self.so_full = True
                 self.so_part = 0
                 self.state = _V_IDLE
+        elif state == _V_PAIRS:
+            if self.s_full:
+                self.s_full = False
+                self.remaining -= 1
+                if self.remaining == 0:
+                    self.state = _V_STATS
         elif state == _V_GET:
             if self.s_full:
                 self.s_full = False

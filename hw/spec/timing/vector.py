@@ -27,14 +27,15 @@ LATENCY = 4
 RSQRT_CYCLES = 2 + 3 * RSQRT_NEWTON_STEPS
 
 
-def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
+def op_cycles(op: VectorOp, length: int, lanes: int, *, pairs: bool = False) -> int:
     """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT, LOAD_LUT16:
     last input).
 
     With every input valid and every output ready. B = ceil(length / lanes) beats and
     L = :data:`LATENCY` (the pipeline depth): element-wise ops (GELU16 included) B + L, LN
     2B + RSQRT_CYCLES + L, LN_STATS and ARGMAX B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1,
-    ONEHOT B + L + 1 (its record, then B generated beats), LOAD_LUT ceil(256 / lanes),
+    ONEHOT B + L + 1 (its record, then B generated beats), ARGMAX with ``pairs`` length + 1
+    (one record per cycle), LOAD_LUT ceil(256 / lanes),
     LOAD_LUT16 ceil(257 / lanes): never dependent on the data. The
     pipeline is not drained between commands: the next command is accepted the cycle after
     the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
@@ -50,6 +51,8 @@ def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
         return 2 * b + RSQRT_CYCLES + LATENCY
     if op is VectorOp.LN_APPLY:
         return b + RSQRT_CYCLES + LATENCY + 1
+    if op is VectorOp.ARGMAX and pairs:
+        return length + 1
     if op in (VectorOp.LN_STATS, VectorOp.ARGMAX):
         return b + 1
     if op is VectorOp.ONEHOT:
@@ -91,6 +94,10 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
       ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 + R, rows * (R + 1) + 1 + W_a)``: a row is one
       cycle for the command, the pass over A and one cycle to emit the record, which is written
       as R words while the next row runs;
+    - ARGMAX with ``pairs`` (k = ``length`` argmax records of R words per row, read through
+      RD5): ``rows * k * (R + 1) + (rows - 1) * max(0, 2 - R) + R + 1``: a record every R + 1
+      cycles (its words, then the cycle the unit takes it), and between rows the command and the
+      emitted record, 2 cycles, of which the next record's words hide R;
     - ONEHOT (R = words of an argmax record, read through RD5; no A): with g = max(2, R + 1)
       the cycle the first record is taken and P = max(B + 2, R + 1) the row period,
       ``max(g + (rows - 1) * P + 6 + t, rows * W_d + 6 + g)`` with the last row's backlog
@@ -119,6 +126,8 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
     wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
     wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
     rec = record_words(op, lanes)
+    if op is VectorOp.ARGMAX and flags.pairs:
+        return rows * length * (rec + 1) + (rows - 1) * max(0, 2 - rec) + rec + 1
     if op is VectorOp.ONEHOT:
         o = [max(d, 1) for d in _beat_words(wd, flags.d_bytes, beats)] if wd else [1] * beats
         g = max(2, rec + 1)

@@ -308,6 +308,11 @@ def test_argmax_onehot_random_and_edges(rng):
                              (113, 100, 13), (-1, 0, 4), (131069, 65535, 5), (3, 3, 1)]:
         program.append((VectorCmd(VectorOp.ONEHOT, length, n=n), None, None,
                         (index, int(rng.integers(-100, 100)))))
+    # Pair mode: the largest value, then the lowest (signed) index, wherever it sits.
+    for recs in ([(500, 9), (3, 9), (77, -4)], [(5, -32768)], [(-2, 1), (7, 1), (-9, 0)],
+                 [(int(i), int(v)) for i, v in zip(rng.integers(0, 1 << 17, 7),
+                                                   rng.integers(-3, 3, 7), strict=True)]):
+        program.append((VectorCmd(VectorOp.ARGMAX, len(recs), pairs=True), None, None, recs))
     run_program(program, rng=rng)
 
 
@@ -319,20 +324,23 @@ def test_argmax_onehot_random_and_edges(rng):
     (VectorOp.RMS, 10, 1), (VectorOp.RMS_APPLY, 10, 1), (VectorOp.MUL, 13, 1),
     (VectorOp.MUL, 8, 3), (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4), (VectorOp.GELU16, 13, 1),
     (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1), (VectorOp.LOAD_LUT16, 0, 2),
-    (VectorOp.ARGMAX, 9, 1), (VectorOp.ONEHOT, 10, 1),
+    (VectorOp.ARGMAX, 9, 1), (VectorOp.ONEHOT, 10, 1), ("pairs", 5, 1),
 ])
 def test_cycles_match_formula(rng, op, length, repeat):
     """Cycles from the first i_cmd transfer to the last output transfer (a table load: its last
     input transfer) equal :func:`op_cycles`, plus B + 1 per further back-to-back command of B
     beats; ideal streams."""
     dut = VectorUnit(lanes=LANES, d_model_max=16)
-    cmd = VectorCmd(op, length, n=length, shift=4)
+    pairs = op == "pairs"
+    op = VectorOp.ARGMAX if pairs else op
+    cmd = VectorCmd(op, length, n=0 if pairs else length, shift=4, pairs=pairs)
     size = {VectorOp.LOAD_LUT: LUT_ENTRIES, VectorOp.LOAD_LUT16: GELU16_KNOTS}.get(op, length)
     loads = op in (VectorOp.LOAD_LUT, VectorOp.LOAD_LUT16)
-    a = None if op is VectorOp.ONEHOT else rng.integers(-100, 100, size)
+    a = None if op is VectorOp.ONEHOT or pairs else rng.integers(-100, 100, size)
+    stats = [(k, -k) for k in range(length)] if pairs else (1, 1000)
     a_beats, b_beats, s_beats = command_beats(cmd, a,
                                         pack_gamma_beta(rng.integers(1, 100, size), 0),
-                                        (1, 1000), LANES)
+                                        stats, LANES)
     stamps = {}
     cycle = [0]
 
@@ -368,7 +376,7 @@ def test_cycles_match_formula(rng, op, length, repeat):
     run_sim(dut, [drive, a_src, b_src, s_src, watch], processes=[counter], max_cycles=2000)
     end = stamps["a"] if loads else stamps["out"]
     measured = end - stamps["cmd"]
-    formula = op_cycles(op, length, LANES) + (repeat - 1) * (beats(size, LANES) + 1)
+    formula = op_cycles(op, length, LANES, pairs=pairs) + (repeat - 1) * (beats(size, LANES) + 1)
     assert measured == formula, (
         f"{op.name} length {length} x{repeat}: measured {measured} cycles, formula {formula}")
     assert (lut_beats(LANES), lut16_beats(LANES)) == (64, 65)

@@ -1,6 +1,6 @@
-"""ARGMAX and ONEHOT through the VectorEngine (words in, words out): the ISS against the golden
-model, the engine against the ISS (whole memories, random idle and backpressure), and the
-engine's cycles against hw.spec.timing.vector.launch_cycles."""
+"""ARGMAX (and its pair mode) and ONEHOT through the VectorEngine (words in, words out): the
+ISS against the golden model, the engine against the ISS (whole memories, random idle and
+backpressure), and the engine's cycles against hw.spec.timing.vector.launch_cycles."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import VectorOp, argmax_words, pack_argmax, unpack_argmax
 from hw.tile.vector_engine import VectorEngine
 from sim.compiler.assembler import Assembler
-from sim.compiler.vector_launch import Rows, argmax_launch, emit, onehot_launch
+from sim.compiler.vector_launch import (
+    Rows,
+    argmax_launch,
+    argmax_pairs_launch,
+    emit,
+    onehot_launch,
+)
 from sim.golden.vector import argmax16, onehot
 from sim.iss import Iss
 from sim.rtl.vector_engine_driver import run_vector_engine
@@ -139,3 +145,47 @@ def test_cycles_match_formula(size, rows, length, eb):
           f"(formula {want})")
     assert cycles == want
     assert [la.op for la in launches] == [VectorOp.ARGMAX, VectorOp.ONEHOT]
+
+
+@pytest.mark.parametrize("seed, size, chips", [(5, 4, 3), (6, 8, 2), (7, 2, 4)])
+def test_partial_argmaxes_combine(seed, size, chips):
+    """A vocabulary split over ``chips`` blocks: ARGMAX of each block with its offset, the
+    records side by side, then ARGMAX in pair mode == ARGMAX of the whole row (ISS == golden,
+    engine == ISS), ties across blocks included (the lower index wins); the pair launch's
+    cycles == launch_cycles."""
+    rng = seeded(seed)
+    rows, block = 5, 7
+    vocab = chips * block
+    x = rng.integers(-(1 << 15), 1 << 15, (rows, vocab))
+    x[0, [block + 1, 2 * block - 1]] = 32767         # a tie inside one block
+    x[1, [2, vocab - 1]] = 32767                     # a tie across the first and last blocks
+    x[2, :] = -(1 << 15)                             # all -32768: index 0
+    x[3, :] = rng.integers(-2, 2, vocab)
+    iss = make_iss(size)
+    iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
+    rec = argmax_words(size)
+    # Record layout: row r's chip c record at 200 + (r * chips + c) * rec.
+    launches = []
+    for c in range(chips):
+        base = 40 * c
+        iss.write_words(base, pack_rows(x[:, c * block:(c + 1) * block], 2, size))
+        launch = argmax_launch(size=size, length=block,
+                               x=Rows(base, rows, row_words(block, 2, size), 2),
+                               record_base=200 + c * rec, offset=c * block)
+        # Row r's record goes after the other chips' records of row r.
+        wr2 = dataclasses.replace(launch.wr2, s=(1, chips * rec, 0, 0))
+        launches.append(dataclasses.replace(launch, wr2=wr2))
+    pair = argmax_pairs_launch(size=size, count=chips, records_base=200, record_base=400,
+                               rows=rows)
+    launches.append(pair)
+    before = iss.mem.copy()
+    iss.run(program(launches))
+    index, value = unpack_argmax(iss.read_words(400, rows * rec).reshape(rows, rec, size))
+    for r in range(rows):
+        want = argmax16(x[r])
+        assert (index[r], value[r]) == want, f"row {r}: combined {(index[r], value[r])} != {want}"
+    engine_equals_iss(iss, before, launches, rng)
+    iss.run(program([pair]))
+    (cycles,) = engine_equals_iss(iss, iss.mem.copy(), [pair], rng, idle=0, stall=0)
+    assert cycles == launch_cycles(VectorOp.ARGMAX, rows=rows, length=chips, lanes=size,
+                                   flags=pair.flags)

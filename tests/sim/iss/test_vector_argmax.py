@@ -12,10 +12,17 @@ from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.vector import VectorOp, argmax_words, pack_argmax, unpack_argmax
 from hw.spec.vector_engine import VecFlags
 from sim.compiler.assembler import Assembler
-from sim.compiler.vector_launch import Rows, argmax_launch, emit, onehot_launch, vector_launch
+from sim.compiler.vector_launch import (
+    Rows,
+    argmax_launch,
+    argmax_pairs_launch,
+    emit,
+    onehot_launch,
+    vector_launch,
+)
 from sim.golden.decode import argmax_int
 from sim.golden.matmul import requant
-from sim.golden.vector import argmax16, onehot
+from sim.golden.vector import argmax16, argmax_pairs, onehot
 from sim.iss import IssError
 from tests.helpers import assemble, seeded, vector_iss
 
@@ -72,6 +79,29 @@ def test_iss_matrix(size):
             assert got[r].sum() == 1 and got[r][i] == 1, label
 
 
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_iss_pairs_matrix(size):
+    """Pair mode over random records (ties in value at random positions, negative and large
+    indices): ISS == argmax_pairs == (max value, lowest index among it)."""
+    rng = seeded(30 + size)
+    rec = argmax_words(size)
+    for trial in range(10):
+        count, rows = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        index = rng.integers(-(1 << 20), 1 << 20, (rows, count))
+        value = rng.integers(-2, 2, (rows, count)) if trial % 2 else \
+            rng.integers(-(1 << 15), 1 << 15, (rows, count))
+        iss = vector_iss(size)
+        iss.write_words(0, pack_argmax(index, value, size).reshape(-1, size))
+        iss.run(assemble(emit, [argmax_pairs_launch(size=size, count=count, records_base=0,
+                                                    record_base=300, rows=rows)]))
+        got_i, got_v = unpack_argmax(iss.read_words(300, rows * rec).reshape(rows, rec, size))
+        for r in range(rows):
+            best = value[r].max()
+            want = (int(index[r][value[r] == best].min()), int(best))
+            assert argmax_pairs(index[r], value[r]) == want
+            assert (got_i[r], got_v[r]) == want, f"trial {trial} row {r}: {(got_i[r], got_v[r])}"
+
+
 def test_onehot_matmul_is_the_embedding():
     """one-hot[1, V] @ E8[V, d] (int32) is E8[t] exactly, so requantising it per column by
     emb_req gives embed_int's REQUANT(E8[t], emb_req, 16)."""
@@ -110,6 +140,9 @@ def test_record_layout():
     (lambda: onehot(3, 0, 0), r"length=0 is outside"),
     (lambda: onehot(3, -1, 4), r"offset=-1 is outside"),
     (lambda: onehot(1 << 31, 0, 4), r"index=2147483648 does not fit"),
+    (lambda: argmax_pairs([], []), r"length=0 is outside"),
+    (lambda: argmax_pairs([1, 2], [3]), r"2 indices but 1 values"),
+    (lambda: argmax_pairs([1], [1 << 15]), r"a value does not fit the record's int16"),
 ])
 def test_golden_rejects(call, match):
     with pytest.raises(ValueError, match=match):
@@ -144,6 +177,26 @@ def test_onehot_builder_rejects():
     launch = onehot_launch(size=4, length=8, record_base=50, out=out, offset=9)
     assert launch.rd3 is None and (launch.rd5.base, launch.rd5.n[0]) == (50, 2)
     assert launch.regs["VU_N"] == 9 and launch.wr2 is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"count": 0}, r"ARGMAX pairs count must be in 1\.\.65535, not 0"),
+    ({"rows": 65536}, r"ARGMAX pairs rows must be in 1\.\.65535, not 65536"),
+    ({"count": 40000}, r"40000 records of 2 words exceed a generator's 16-bit counts"),
+])
+def test_pairs_builder_rejects(kwargs, match):
+    args = {"size": 4, "count": 3, "records_base": 0, "record_base": 100}
+    with pytest.raises(ValueError, match=match):
+        argmax_pairs_launch(**dict(args, **kwargs))
+
+
+def test_iss_rejects_pairs():
+    launch = argmax_pairs_launch(size=4, count=3, records_base=0, record_base=100)
+    with pytest.raises(IssError, match=r"ARGMAX pairs with VU_N=5: must be 0"):
+        _regs_run(dict(launch.regs, VU_N=5), launch.descs)()
+    with pytest.raises(IssError, match=r"ARGMAX records via RD5 walk 6 words, but 4 argmax "
+                                       r"records are 8 words"):
+        _regs_run(dict(launch.regs, VU_LEN=4), launch.descs)()
 
 
 def _regs_run(regs, descs=None, size=4):

@@ -40,6 +40,8 @@ def cycles(model, step, regs, limit=100_000):
     (VecFlags(d_bytes=2), VectorOp.ONEHOT, 5),
     (VecFlags(d_bytes=4), VectorOp.ONEHOT, 9),
     (VecFlags(d_bytes=1), VectorOp.ONEHOT, 1),
+    (VecFlags(wr_data=False, wr_q=True, pairs=True), VectorOp.ARGMAX, 3),
+    (VecFlags(wr_data=False, wr_q=True, pairs=True), VectorOp.ARGMAX, 1),
 ])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_vector_model_is_the_engines_closed_form(flags, op, length, rows):
