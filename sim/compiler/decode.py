@@ -1,40 +1,44 @@
-"""Greedy generation on one chip: the prefill, then a counted loop of decode steps, no host
+"""Greedy generation on chip: the prefill, then a counted loop of decode steps, no host
 between tokens (the golden model is :mod:`sim.golden.decode`).
 
-The host loads the weights, the head's tables and the prompt's token ids once; the program
-runs the prefill of the ``P`` prompt tokens and ``n - 1`` decode steps, and the host reads the
-``P + n`` token ids (the prompt's, then the ``n`` generated) and the ``n`` int16 logit rows
-back at the end. Per block, the QKV matmul writes its rows straight into that block's **cache**
-(``[Q | K | V]`` rows, one per position: the prefill's rows, then one per step), which the
-attention reads the keys and values of every earlier position from. Program::
+The host loads the weights, the head's tables and the prompts' token ids once (``B``
+sequences of ``P`` tokens); the program runs each sequence's prefill (a loop over the
+sequences), then ``n - 1`` decode steps of all ``B`` sequences at once, and the host reads
+the ``n`` generated ids and int16 logit rows per sequence back at the end. Per block,
+the QKV matmul writes its rows straight into that block's **cache**: ``[Q | K | V]`` rows,
+position-major and sequence-minor (row ``p * B + b`` is sequence ``b`` at position ``p``), so
+a step's ``B`` tokens are one contiguous fold and a prefill writes its sequence's rows with a
+stride of ``B`` rows. Program (``t``: the step, ``p = P + t``)::
 
-    VEC  ONEHOT   ids[0 .. P-1]            -> e (int8 one-hot rows)
-    MM   EMBED    e @ E8, emb_req          -> x (int16)
-    VEC  ADD      x + pos16[0 .. P-1]      -> x (learned positions)
-    blocks (sim.compiler.blocks) over the P rows, QKV rows into the caches' rows 0 .. P-1
-    VEC  LN       x[P-1]                   -> hf (the final norm, int8)
-    MM   LM       hf @ W_lm                -> logits[0]
-    VEC  ARGMAX   logits[0]                -> ids[P]
-    LOOP n - 1 times, iteration t (position p = P + t):
-        VEC  ONEHOT   ids[p]               -> e[0]
-        MM   EMBED    e @ E8               -> x
-        VEC  ADD      x[0] + pos16[p]      -> x[0]
-        blocks over one row (N rows of the array's fold), QKV row into the caches' row p,
-            attention of that row over the cache's rows 0 .. p
-        VEC  LN       x[0]                 -> hf
-        MM   LM       hf @ W_lm            -> logits[t + 1]
-        VEC  ARGMAX   logits[t + 1]        -> ids[p + 1]
+    LOOP B times, sequence b:
+        VEC  ONEHOT   ids[0 .. P-1, b]         -> e (int8 one-hot rows)
+        MM   EMBED    e @ E8, emb_req          -> x (int16)
+        VEC  ADD      x + pos16[0 .. P-1]      -> x (learned positions)
+        blocks (sim.compiler.blocks) over its P rows, QKV rows into cache rows r * B + b
+        VEC  LN       x[P-1]                   -> hf[b] (the final norm, int8)
+    MM   LM       hf @ W_lm                    -> logits[0, 0 .. B-1]
+    VEC  ARGMAX   logits[0, b]                 -> ids[P, b]
+    LOOP n - 1 times:
+        VEC  ONEHOT   ids[p, 0 .. B-1]         -> e
+        MM   EMBED    e @ E8                   -> x
+        VEC  ADD      x + pos16[p]             -> x
+        blocks over the B rows (folds of N), QKV rows into cache rows p * B .. p * B + B - 1,
+            per sequence and head an attention of its row over its cache rows 0 .. p
+        VEC  LN       x                        -> hf
+        MM   LM       hf @ W_lm                -> logits[t + 1, 0 .. B-1]
+        VEC  ARGMAX   logits[t + 1, b]         -> ids[p + 1, b]
     HALT
 
 The embedding lookup is a matmul of the token's one-hot row with the int8 table, requantised
 per column by ``emb_req``: the int32 product is the table's row exactly, so ``x`` is
 ``REQUANT(E8[t], emb_req, 16)`` (:func:`sim.golden.decode.embed_int`) bit for bit, with
 cycles that do not depend on the token. Learned positions are stored as the int16 table
-``REQUANT(P8, pos_req, 16)`` (the same integers the golden adds). The matmuls of one step run
-over one fold of ``N`` rows, of which row 0 is the token (the rows below it compute what
-they compute and are overwritten before any attention reads them). The step's addresses and
-lengths are affine in ``t`` (:func:`sim.compiler.affine.emit_affine`), so the program's length
-does not depend on ``n``.
+``REQUANT(P8, pos_req, 16)`` (the same integers the golden adds). A step's matmuls run over
+whole folds of ``N`` rows, of which the first ``B`` are the tokens (the rows below them
+compute what they compute and are overwritten before any attention reads them): up to ``N``
+sequences decode for the weight reads of one. The step's addresses and lengths are affine in
+``t`` (:func:`sim.compiler.affine.emit_affine`), so the program's length does not depend on
+``n``.
 """
 
 from __future__ import annotations
@@ -78,12 +82,17 @@ class DecodeProgram:
     chips: list          #: :class:`~sim.compiler.program.ChipProgram` per chip
     prompt_len: int
     generate: int
-    #: Per chip: ``P + n`` argmax records, the prompt's ids (loaded), then the generated.
+    batch: int
+    #: Per chip: the prompts' ids as ``B * P`` argmax records, sequence-major (loaded).
+    prompts: list
+    #: Per chip: the generated ids as ``n * B`` argmax records, step-major.
     ids: list
-    #: Chip 0's ``n`` int16 rows of the padded vocabulary (and ``N - 1`` rows of padding).
+    #: Chip 0's int16 logits: ``n * B`` rows of the padded vocabulary (step-major), and the
+    #: rows of a fold's padding.
     logits: Tensor
-    caches: list         #: per chip, per block: its ``[Q | K | V]`` rows, one per position
-    #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``).
+    caches: list         #: per chip, per block: its ``[Q | K | V]`` rows (module docstring)
+    #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``
+    #: positions of every sequence).
     kv_bytes: list = field(default_factory=list)
     #: Per chip: the collectives of the prefill and of one decode step (``{"prefill", "step"}``).
     comms: list = field(default_factory=list)
@@ -96,27 +105,29 @@ class DecodeProgram:
     def programs(self) -> list[list[int]]:
         return [c.program for c in self.chips]
 
-    def images(self, prompt) -> list[dict[int, np.ndarray]]:
-        """Every chip's initial memory: its weights and tables, and the prompt's ids."""
+    def images(self, prompts) -> list[dict[int, np.ndarray]]:
+        """Every chip's initial memory: its weights and tables, and the prompts' ids
+        (``[B, P]``)."""
         n = self.npu.array_size
-        prompt = np.asarray(prompt, np.int64)
-        ids = pack_argmax(prompt, np.zeros_like(prompt), n).reshape(-1, n)
-        return [{**c.images, t.base: ids} for c, t in zip(self.chips, self.ids, strict=True)]
+        ids = np.asarray(prompts, np.int64).reshape(-1)
+        words = pack_argmax(ids, np.zeros_like(ids), n).reshape(-1, n)
+        return [{**c.images, t.base: words}
+                for c, t in zip(self.chips, self.prompts, strict=True)]
 
     def reads(self) -> list[tuple[int, int]]:
         """The ``(base, words)`` regions to read back from chip 0: the ids, then the logits."""
-        return [(self.ids[0].base, self.ids[0].words), (self.logits.base,
-                                                 self.generate * self.logits.row_words)]
+        return [(self.ids[0].base, self.ids[0].words),
+                (self.logits.base, self.generate * self.batch * self.logits.row_words)]
 
     def read(self, regions) -> dict:
-        """``ids`` [n] (the generated) and ``logits`` [n, vocab] from the words :meth:`reads`
-        asked for."""
-        n, cfg = self.npu.array_size, self.qm.cfg
+        """``ids`` [B, n] (the generated) and ``logits`` [B, n, vocab] from the words
+        :meth:`reads` asked for."""
+        n, cfg, B = self.npu.array_size, self.qm.cfg, self.batch
         records = np.asarray(regions[0], np.uint8).reshape(-1, argmax_words(n), n)
         ids, _ = unpack_argmax(records)
-        logits = unpack_rows(regions[1], self.generate, self.logits.cols, 2)
-        return {"ids": np.array(ids[self.prompt_len:], np.int64),
-                "logits": logits[:, :cfg.vocab_size]}
+        logits = unpack_rows(regions[1], self.generate * B, self.logits.cols, 2)
+        logits = logits[:, :cfg.vocab_size].reshape(self.generate, B, -1).transpose(1, 0, 2)
+        return {"ids": np.array(ids.reshape(self.generate, B).T, np.int64), "logits": logits}
 
 
 def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
@@ -139,27 +150,32 @@ def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
 
 
 def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
-                   generate: int, chips: int = 1, check: bool = True) -> DecodeProgram:
+                   generate: int, batch: int = 1, chips: int = 1, check: bool = True,
+                   contents: bool = True) -> DecodeProgram:
     """The programs that generate ``generate`` tokens after a ``prompt_len``-token prompt on
     ``chips`` chips (module docstring): one chip, or head parallelism (each chip its heads'
     share of every block and their KV caches, the partial sums all-reduced as in a prefill;
     the whole embedding on every chip; the LM head's columns split, the logits all-gathered so
-    that every chip picks the same token). The transfer bank
+    that every chip picks the same token). ``batch`` sequences of ``prompt_len`` tokens
+    decode together; ``contents=False`` places the weights without their contents (the
+    planner's shapes-only compile: ``qm`` and ``head`` need no arrays). The transfer bank
     (:class:`~sim.compiler.alloc.Allocator`) holds the tables read beside a matmul when there
     is room."""
     check_generate(npu, qm.cfg, prompt_len, generate)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"the batch must be at least 1 sequence, not {batch}")
     if check and chips == 1:
         check_single_chip(npu, qm.cfg)
     if check and chips > 1:
         check_ring_port(npu, chips)
     try:
-        return _compile(npu, qm, head, prompt_len, generate, check, chips=chips,
-                        transfer_bank=True)
+        return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
+                        chips=chips, transfer_bank=True)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
-        return _compile(npu, qm, head, prompt_len, generate, check, chips=chips,
-                        transfer_bank=False)
+        return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
+                        chips=chips, transfer_bank=False)
 
 
 def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
@@ -173,39 +189,41 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
     return pad_to(-(-vocab // chips), unit)
 
 
-def _compile(npu, qm, head, prompt_len, generate, check, *, chips, transfer_bank):
-    cfg, n = qm.cfg, npu.array_size
-    P, context = prompt_len, prompt_len + generate - 1
-    ctx_rows = pad_to(context, n) + n          # a step's fold writes N rows from its position
+def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips,
+             transfer_bank):
+    cfg = qm.cfg
     shards = head_shards(cfg, chips) if chips > 1 else [Shard.whole(cfg)]
     vc = _vocab_split(npu, cfg.vocab_size, chips)
-    out = [_chip(npu, qm, head, P, generate, chip, shard, chips, vc, ctx_rows, check,
-                 transfer_bank) for chip, shard in enumerate(shards)]
-    chip0 = out[0]
-    return DecodeProgram(npu, qm, [c["program"] for c in out], P, generate,
-                         [c["ids"] for c in out],
-                         chip0["logits"], [c["caches"] for c in out],
+    out = [_chip(npu, qm, head, prompt_len, generate, batch, chip, shard, chips, vc, check,
+                 contents, transfer_bank) for chip, shard in enumerate(shards)]
+    return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
+                         [c["prompts"] for c in out], [c["ids"] for c in out],
+                         out[0]["logits"], [c["caches"] for c in out],
                          [c["kv_bytes"] for c in out], [c["comms"] for c in out])
 
 
-def _chip(npu, qm, head, P, generate, chip, shard, chips, vc, ctx_rows, check,
+def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
           transfer_bank) -> dict:
     """One chip's program: its heads' share of every block (all of it on one chip), the
     whole embedding, its ``vc`` columns of the LM head."""
     cfg, n = qm.cfg, npu.array_size
     context = P + generate - 1
+    p_pad, b_pad = pad_to(P, n), pad_to(B, n)
+    # Cache rows: a prefill's rows r * B + b (r < p_pad), a step's fold from p * B.
+    cache_rows = max(p_pad * B, (context - 1) * B + b_pad)
     al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
-    em = BlockEmitter(npu, qm, asm, al, seq=P, chip=chip)
-    em.rope_span = (0, ctx_rows)
+    em = BlockEmitter(npu, qm, asm, al, seq=P, chip=chip, contents=contents)
+    em.rope_span = (0, max(p_pad, context + n))
     weights = {i: em.place_layer(i, shard) for i in range(cfg.n_layers)}
     v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
     v0 = chip * vc                              # the chip's first LM-head column
 
     # The head's tables.
-    emb = QLinear(head.emb8, np.zeros(cfg.d_model, np.int64),
-                  np.full(cfg.d_model, head.emb_req[0], np.int64),
-                  np.full(cfg.d_model, head.emb_req[1], np.int64), OutMode.INT16)
-    emb_w = em._linear("embed", lambda: emb, v_pad, d_pad)
+    def emb():
+        d = cfg.d_model
+        return QLinear(head.emb8, np.zeros(d, np.int64), np.full(d, head.emb_req[0], np.int64),
+                       np.full(d, head.emb_req[1], np.int64), OutMode.INT16)
+    emb_w = em._linear("embed", emb, v_pad, d_pad)
 
     def lm_block():
         cols = np.arange(v0, min(v0 + vc, cfg.vocab_size))
@@ -217,7 +235,7 @@ def _chip(npu, qm, head, P, generate, chip, shard, chips, vc, ctx_rows, check,
                                                           head.norm.beta)[None, :], 4, n))
     pos16 = None
     if learned_positions(cfg):
-        pos_pad = pad_to(context, n)
+        pos_pad = max(p_pad, pad_to(context, n))
 
         def pos_rows():
             rows = np.zeros((pos_pad, d_pad), np.int64)
@@ -228,102 +246,149 @@ def _chip(npu, qm, head, P, generate, chip, shard, chips, vc, ctx_rows, check,
         pos16 = dataclasses.replace(block, rows=pos_pad, cols=d_pad, eb=2, row_words=rw)
 
     # The caches, the token buffers and the working tensors.
-    caches = [al.alloc(f"layers.{i}.cache", ctx_rows, em.qkv_width(shard), 1, "kv_cache")
+    caches = [al.alloc(f"layers.{i}.cache", cache_rows, em.qkv_width(shard), 1, "kv_cache")
               for i in range(cfg.n_layers)]
     aw = argmax_words(n)
-    ids = al.alloc("ids", P + generate, aw * n, 1, "activations", row_words_=aw)
-    logits = al.alloc("logits", generate + n - 1, vc * chips, 2, "activations")
-    e = al.alloc("onehot", em.seq_pad, v_pad, 1, "activations")
-    x = em.alloc_residual("x", 1)
-    hf = al.alloc("hf", n, d_pad, 1, "activations")
-    acts = em.alloc_activations(em.seq_pad, shard, qkv=caches[0])
+    prompts = al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw)
+    ids = al.alloc("ids", generate * B, aw * n, 1, "activations", row_words_=aw)
+    logits = al.alloc("logits", (generate - 1) * B + b_pad, vc * chips, 2, "activations")
+    rows_max = max(p_pad, b_pad)
+    e = al.alloc("onehot", rows_max, v_pad, 1, "activations")
+    x = al.alloc("x", rows_max, d_pad, 2, "activations")
+    hf = al.alloc("hf", b_pad, d_pad, 1, "activations")
+    acts = em.alloc_activations(rows_max, shard, qkv=caches[0])
     if check:
         al.check_capacity()
     kv_heads = em.kv_heads(shard)
-    kv_bytes = 2 * cfg.n_layers * context * len(kv_heads) * cfg.d_head
+    kv_bytes = 2 * cfg.n_layers * context * B * len(kv_heads) * cfg.d_head
 
     def rows_of(t: Tensor, first: int, count: int) -> vl.Rows:
         return vl.Rows(t.base + first * t.row_words, count, t.row_words, t.eb)
 
-    def view(t: Tensor, first: int, count: int) -> Tensor:
-        return dataclasses.replace(t, base=t.base + first * t.row_words, rows=count)
+    def view(t: Tensor, first: int, count: int, stride: int = 1) -> Tensor:
+        return dataclasses.replace(t, base=t.base + first * t.row_words, rows=count,
+                                   row_words=t.row_words * stride)
 
     hcount = len(shard.heads)
     q_words = hcount * em.dh_pad // n
     kv_words = len(kv_heads) * em.dh_pad // n
     vc_words = row_words(vc, 2, n)
-    group = shard.group
+    rw = caches[0].row_words
 
-    def attend(a: Assembler, i: int, cache: Tensor, pos: int, queries: int):
-        """Attention of the cache's rows ``pos .. pos + queries - 1`` over its rows
-        ``0 .. pos + queries - 1`` (every head of the chip)."""
+    def attend(a: Assembler, i: int, cache: Tensor, pos: int, queries: int, b: int,
+               q_row: int, o_row: int):
+        """Attention of sequence ``b``'s ``queries`` rows from position ``pos`` (the first in
+        cache row ``q_row``, the output from ``o`` row ``o_row``) over its cache rows of
+        positions ``0 .. pos + queries - 1`` (every head of the chip)."""
         L = qm.layers[i]
         keys = max(pos + queries, 2)          # the softmax takes 2 lanes or more (masked)
+        seq_base = cache.base + b * rw        # sequence b's position 0
         for k in range(hcount):
             g = kv_heads.index(shard.heads[k] // cfg.kv_group)
             al_.emit(a, al_.attention_launch(
                 size=n, d_head=em.dh_pad, queries=queries, keys=keys,
-                q_base=cache.base + pos * cache.row_words, k_base=cache.base + q_words,
-                v_base=cache.base + q_words + kv_words, o_base=acts.o.base,
-                q_row_words=cache.row_words, k_row_words=cache.row_words,
-                v_row_words=cache.row_words, o_row_words=acts.o.row_words,
-                col=k * em.dh_pad, kv_col=g * em.dh_pad, q_pos=pos, k_pos=0,
-                bidirectional=False, interleaved=False, halo=0, window=cfg.window,
-                score_mult=L.score_mult, score_shift=L.score_shift, out_mult=L.out_mult,
-                out_shift=L.out_shift), ("attn", i))
+                q_base=cache.base + q_row * rw, k_base=seq_base + q_words,
+                v_base=seq_base + q_words + kv_words, o_base=acts.o.base + o_row *
+                acts.o.row_words, q_row_words=B * rw, k_row_words=B * rw, v_row_words=B * rw,
+                o_row_words=acts.o.row_words, col=k * em.dh_pad, kv_col=g * em.dh_pad,
+                q_pos=pos, k_pos=0, bidirectional=False, interleaved=False, halo=0,
+                window=cfg.window, score_mult=L.score_mult, score_shift=L.score_shift,
+                out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
 
-    def token_pass(a: Assembler, pos: int, rows: int, e_rows: vl.Rows, ids_in: int,
-                   last: int, t_out: int):
-        """Embed ``rows`` tokens at positions ``pos ..``, run every block, and pick the next
-        token from the row ``last`` of ``x``: its logits to row ``t_out``, its id to
-        ``ids[pos + rows]``."""
-        seq_pad = pad_to(rows, n)
-        step = em
-        if rows != em.seq:
-            step = dataclasses.replace(em, seq=rows)
-            step._rope = em._rope if cfg.rope else None      # the tables placed once
-        step.asm = em.asm = a
-        vl.emit(a, vl.onehot_launch(size=n, length=cfg.vocab_size, record_base=ids_in,
-                                    out=e_rows))
+    def embed(a: Assembler, step: BlockEmitter, rows: int, record: int,
+              pos: vl.Rows | None):
+        """The one-hot rows of ``rows`` records from ``record``, their embedding into ``x``
+        and the learned positions ``pos`` added."""
+        folds = pad_to(rows, n)
+        vl.emit(a, vl.onehot_launch(size=n, length=cfg.vocab_size, record_base=record,
+                                    out=rows_of(e, 0, rows)))
         a.wait(Unit.VEC)
-        em._matmul(view(e, 0, seq_pad), emb_w, view(x, 0, seq_pad), v_pad, OutMode.INT16)
+        step._matmul(view(e, 0, folds), emb_w, view(x, 0, folds), v_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)
         if pos16 is not None:
             vl.emit(a, vl.add_launch(size=n, length=cfg.d_model, a=rows_of(x, 0, rows),
-                                     b=rows_of(pos16, pos, rows), out=rows_of(x, 0, rows)))
+                                     b=pos, out=rows_of(x, 0, rows)))
             a.wait(Unit.VEC)
-        xs = view(x, 0, seq_pad)
+
+    def blocks(step: BlockEmitter, rows: int, pos: int, qkv_at, attention, one_position):
+        xs = view(x, 0, pad_to(rows, n))
         for i in range(cfg.n_layers):
-            cache = caches[i]
-            step.emit_block(i, weights[i], shard, dataclasses.replace(
-                acts, qkv=view(cache, pos, seq_pad)), xs, 1, pos_base=pos,
-                attend=lambda i=i, cache=cache: attend(a, i, cache, pos, rows))
+            step.emit_block(i, weights[i], shard, dataclasses.replace(acts, qkv=qkv_at(i)), xs,
+                            1, pos_base=pos, attend=lambda i=i: attention(i),
+                            one_position=one_position)
         step.gather_residual(xs, shard, 1)
-        vl.emit(a, vl.ln_launch(size=n, length=cfg.d_model, x=rows_of(x, last, 1),
-                                gamma_beta_base=norm_gb.base, q=rows_of(hf, 0, 1),
+
+    def final_norm(a: Assembler, first: int, rows: int, out: int):
+        vl.emit(a, vl.ln_launch(size=n, length=cfg.d_model, x=rows_of(x, first, rows),
+                                gamma_beta_base=norm_gb.base, q=rows_of(hf, out, rows),
                                 gshift=head.norm.gshift, mult=head.norm.mult,
                                 shift=head.norm.shift, rms=cfg.rmsnorm), ("ln", "final"))
         a.wait(Unit.VEC)
-        row = logits.base + t_out * logits.row_words
-        em._matmul(hf, lm_w, Tensor("logits.block", row + chip * vc_words, n, vc, 2,
-                                    logits.row_words, "activations"), d_pad, OutMode.INT16)
+
+    def pick(a: Assembler, step: BlockEmitter, t: int):
+        """The LM head of ``hf``'s B rows into the logits rows of step ``t``, every chip's
+        columns gathered, and the B tokens' records ``ids[t]``."""
+        first = t * B
+        block = Tensor("logits.block", logits.base + first * logits.row_words + chip * vc_words,
+                       b_pad, vc, 2, logits.row_words, "activations")
+        step._matmul(hf, lm_w, block, d_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)
-        if group is not None:
-            # Every chip gets the whole row of logits: its block is at its place.
-            em._row_collective("all_gather", shard, Tensor(
-                "logits.row", row, chips, vc, 2, vc_words, "activations"), chips, None,
-                "logits")
+        if shard.group is not None:
+            for b in range(B):        # each row: every chip's block at its place
+                row = logits.base + (first + b) * logits.row_words
+                step._row_collective("all_gather", shard, Tensor(
+                    "logits.row", row, chips, vc, 2, vc_words, "activations"), chips, None,
+                    "logits")
         vl.emit(a, vl.argmax_launch(size=n, length=cfg.vocab_size,
-                                    x=rows_of(logits, t_out, 1),
-                                    record_base=ids.base + (pos + rows) * aw))
+                                    x=rows_of(logits, first, B), record_base=ids.base + first * aw))
         a.wait(Unit.VEC)
 
-    token_pass(asm, 0, P, rows_of(e, 0, P), ids.base, P - 1, 0)
+    def emitter(a: Assembler, rows: int) -> BlockEmitter:
+        step = em if rows == em.seq else dataclasses.replace(em, seq=rows)
+        if step is not em:
+            step._rope = em._rope if cfg.rope else None      # the tables placed once
+        step.asm = em.asm = a
+        return step
+
+    # The prefills, one sequence at a time (a loop over the sequences when there are
+    # several): its rows r * B + b of every cache.
+    prefill_comms = []
+
+    def prefill(a: Assembler, b: int):
+        mark = len(em.comms)
+        step = emitter(a, P)
+        embed(a, step, P, prompts.base + b * P * aw,
+              rows_of(pos16, 0, P) if pos16 is not None else None)
+        blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
+               lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False)
+        final_norm(a, P - 1, 1, b)
+        if b == 0:
+            prefill_comms.extend(em.comms[mark:])
+        if a is not asm:
+            del em.comms[mark:]
+
+    if B == 1:
+        prefill(asm, 0)
+    else:
+        emit_affine(asm, prefill, B)
+        em.comms.extend(prefill_comms)
+    em.asm = asm
+    pick(asm, em, 0)
     step_comms = []
 
     def decode_step(a: Assembler, t: int):
+        pos = P + t
         mark = len(em.comms)
-        token_pass(a, P + t, 1, rows_of(e, 0, 1), ids.base + (P + t) * aw, 0, t + 1)
+        step = emitter(a, B)
+        embed(a, step, B, ids.base + t * B * aw,
+              rows_of(pos16, pos, 1) if pos16 is not None else None)
+
+        def attention(i):
+            for b in range(B):
+                attend(a, i, caches[i], pos, 1, b, pos * B + b, b)
+        blocks(step, B, pos, lambda i: view(caches[i], pos * B, b_pad), attention, True)
+        final_norm(a, 0, B, 0)
+        pick(a, step, t + 1)
         if t == 0:
             step_comms.extend(em.comms[mark:])
         del em.comms[mark:]
@@ -331,9 +396,9 @@ def _chip(npu, qm, head, P, generate, chip, shard, chips, vc, ctx_rows, check,
     emit_affine(asm, decode_step, generate - 1)
     em.asm = asm
     role = {"layers": list(range(cfg.n_layers)), "heads": list(shard.heads),
-            "vocab_columns": [v0, min(v0 + vc, cfg.vocab_size)]}
+            "vocab_columns": [v0, min(v0 + vc, cfg.vocab_size)], "sequences": B}
     if cfg.n_kv_heads != cfg.n_heads:
         role["kv_heads"] = kv_heads
     return {"program": finish(npu, ChipProgram(chip, asm, al, role=role), check=check),
-            "ids": ids, "logits": logits, "caches": caches, "kv_bytes": kv_bytes,
-            "comms": {"prefill": list(em.comms), "step": step_comms}}
+            "prompts": prompts, "ids": ids, "logits": logits, "caches": caches,
+            "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms}}

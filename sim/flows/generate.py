@@ -38,31 +38,35 @@ GENERATE_BACKENDS = ("iss", "pysim", "verilator")
 _VU_OP = reg("VU_OP")
 
 
-def _argmax_launches(program) -> tuple[list[bool], int, int]:
-    """Which VEC launches of ``program`` are ARGMAX (in program order, the loop body once),
-    and the loop's body (first index into that list, count of VEC launches in it)."""
-    flags, vu_op, body_at, body_len, loop_end = [], None, None, 0, None
-    for pc, word in enumerate(program):
-        insn = decode(word)
+def _vec_launches(program) -> list[bool]:
+    """Per VEC launch the program runs, in order (each loop body as often as its count):
+    whether it is an ARGMAX."""
+    out, vu_op, pc, insns = [], None, 0, [decode(w) for w in program]
+    while pc < len(insns):
+        insn = insns[pc]
         if insn.op is Op.LOOP:
-            body = loop_fields(insn.value)[0]
-            body_at, loop_end = len(flags), pc + body
-        elif insn.op is Op.SET and insn.reg == _VU_OP:
+            body, count = loop_fields(insn.value)
+            flags = []
+            for i in insns[pc + 1:pc + 1 + body]:
+                if i.op is Op.SET and i.reg == _VU_OP:
+                    vu_op = i.value
+                elif i.op is Op.VEC:
+                    flags.append(vu_op == VectorOp.ARGMAX)
+            out += flags * count
+            pc += body + 1
+            continue
+        if insn.op is Op.SET and insn.reg == _VU_OP:
             vu_op = insn.value
         elif insn.op is Op.VEC:
-            flags.append(vu_op == VectorOp.ARGMAX)
-            if loop_end is not None and pc <= loop_end:
-                body_len += 1
-    return flags, body_at, body_len
+            out.append(vu_op == VectorOp.ARGMAX)
+        pc += 1
+    return out
 
 
-def step_ends(program, trace_spans, generate: int) -> list[int]:
-    """The cycle each token was picked in (the end of its ARGMAX launch): the first is the
-    prefill's (the time to first token), then one per decode step."""
-    flags, body_at, body_len = _argmax_launches(program)
-    order = flags if body_at is None else \
-        flags[:body_at] + flags[body_at:body_at + body_len] * (generate - 1) + \
-        flags[body_at + body_len:]
+def step_ends(program, trace_spans) -> list[int]:
+    """The cycle each step's tokens were picked in (the end of its ARGMAX launch): the first
+    is the prefill's (the time to first token), then one per decode step."""
+    order = _vec_launches(program)
     vec = trace_spans["vector"]
     if len(vec) != len(order):
         raise AssertionError(f"{len(vec)} vector intervals for {len(order)} VEC launches")
@@ -77,8 +81,9 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
              strategy: str = "single", chips: int | None = None, seed: int = 0,
              weights: dict | None = None, head_weights: dict | None = None,
              max_cycles: int = 5_000_000) -> dict:
-    """Generate ``n`` tokens after ``prompt`` (token ids) on ``chips`` chips of ``npu``
-    (``strategy`` single: one; head: the heads split, default 2).
+    """Generate ``n`` tokens after ``prompt`` (token ids: ``[P]``, or ``[batch, P]`` for a
+    batch of sequences that decode together) on ``chips`` chips of ``npu`` (``strategy``
+    single: one; head: the heads split, default 2).
 
     ``weights`` / ``head_weights``: float arrays by the names of ``docs/formats.md``
     (default: random from ``seed``). Returns a dict: ``ids`` (generated on chip), ``golden_ids``,
@@ -98,16 +103,22 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         raise BadInput(f"strategy single runs on one chip, not {chips}")
     if strategy == "head" and chips < 2:
         raise BadInput(f"strategy head needs at least 2 chips, not {chips}")
-    prompt = np.asarray(prompt, np.int64).reshape(-1)
+    prompts = np.asarray(prompt)
+    if prompts.ndim not in (1, 2) or prompts.size == 0 or prompts.dtype.kind not in "iu":
+        raise BadInput(f"the prompt must be integer token ids, [P] or [batch, P], not "
+                       f"{prompts.dtype} {list(prompts.shape)}")
+    prompts = prompts.astype(np.int64).reshape(-1, prompts.shape[-1])
+    batch = prompts.shape[0]
     try:
-        check_generate(npu, model, int(prompt.size), n)
+        check_generate(npu, model, int(prompts.shape[1]), n)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         raise BadInput(str(exc)) from None
-    bad = np.flatnonzero((prompt < 0) | (prompt >= model.vocab_size))
+    flat = prompts.reshape(-1)
+    bad = np.flatnonzero((flat < 0) | (flat >= model.vocab_size))
     if bad.size:
-        raise BadInput(f"prompt id {int(prompt[bad[0]])} at index {int(bad[0])} is outside "
+        raise BadInput(f"prompt id {int(flat[bad[0]])} at index {int(bad[0])} is outside "
                        f"0..{model.vocab_size - 1} (vocab_size)")
     try:
         weights = random_weights(model, seed) if weights is None else \
@@ -116,16 +127,17 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             check_head_weights(model, head_weights, "weights")
     except ValueError as exc:
         raise BadInput(f"weights: {exc}") from None
-    qm, head = quantize_decode(model, weights, hw, prompt)
+    # Calibrated once, on the first sequence's prompt.
+    qm, head = quantize_decode(model, weights, hw, prompts[0])
     try:
-        prog = compile_decode(npu, qm, head, prompt_len=int(prompt.size), generate=n,
-                              chips=chips)
+        prog = compile_decode(npu, qm, head, prompt_len=int(prompts.shape[1]), generate=n,
+                              batch=batch, chips=chips)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         raise BadInput(str(exc)) from None
     programs = prog.programs
-    images = prog.images(prompt)
+    images = prog.images(prompts)
     reads = [prog.reads()] + [[] for _ in range(chips - 1)]
     start = time.perf_counter()
     if backend == "iss":
@@ -164,29 +176,34 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         regions, cycles, trace = out["regions"][0], out["cycles"], out["traces"][0]
     wall = time.perf_counter() - start
     got = prog.read(regions)
-    want = generate_int(qm, head, prompt, n)
-    ref = generate_float(model, weights, hw, prompt, n)
-    match = bool((got["ids"] == want["ids"]).all() and (got["logits"] == want["logits"]).all())
+    want = [generate_int(qm, head, p, n) for p in prompts]
+    want_ids = np.array([w["ids"] for w in want])
+    want_logits = np.array([w["logits"] for w in want])
+    ref_ids = [[int(t) for t in generate_float(model, weights, hw, p, n)["ids"]]
+               for p in prompts]
+    match = bool((got["ids"] == want_ids).all() and (got["logits"] == want_logits).all())
     first = None
     if not match:
-        bad = np.argwhere(got["logits"] != want["logits"])
+        bad = np.argwhere(got["logits"] != want_logits)
         if bad.size:
-            t, v = (int(i) for i in bad[0])
-            first = {"step": t, "vocab": v, "got": int(got["logits"][t, v]),
-                     "want": int(want["logits"][t, v])}
+            b, t, v = (int(i) for i in bad[0])
+            first = {"sequence": b, "step": t, "vocab": v, "got": int(got["logits"][b, t, v]),
+                     "want": int(want_logits[b, t, v])}
         else:
-            t = int(np.flatnonzero(got["ids"] != want["ids"])[0])
-            first = {"step": t, "got_id": int(got["ids"][t]), "want_id": int(want["ids"][t])}
-    ends = step_ends(programs[0], intervals(trace["entries"], cycles), n)
+            b, t = (int(i) for i in np.argwhere(got["ids"] != want_ids)[0])
+            first = {"sequence": b, "step": t, "got_id": int(got["ids"][b, t]),
+                     "want_id": int(want_ids[b, t])}
+    ends = step_ends(programs[0], intervals(trace["entries"], cycles))
     steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
     clock = npu.clock_mhz * 1e6
     return {
-        "prompt": [int(t) for t in prompt], "generate": n, "backend": backend, "seed": seed,
-        "ids": [int(t) for t in got["ids"]], "golden_ids": [int(t) for t in want["ids"]],
-        "float_ids": [int(t) for t in ref["ids"]], "golden_match": match,
+        "prompt": prompts.tolist(), "generate": n, "batch": batch, "backend": backend,
+        "seed": seed, "ids": got["ids"].tolist(), "golden_ids": want_ids.tolist(),
+        "float_ids": ref_ids, "golden_match": match,
         "first_mismatch": first, "logits": got["logits"], "cycles": int(cycles),
         "ttft_cycles": int(ends[0]), "step_cycles": [int(s) for s in steps],
         "tokens_per_s": (clock * len(steps) / sum(steps)) if steps else None,
+        "tokens_per_s_aggregate": (batch * clock * len(steps) / sum(steps)) if steps else None,
         "strategy": strategy, "chips": chips,
         "instructions": [len(p) for p in programs], "kv_bytes": prog.kv_bytes,
         "cache_bytes": [sum(c.words for c in cs) * npu.word_bytes for cs in prog.caches],
@@ -201,13 +218,15 @@ def generate_summary(out: dict) -> str:
     verdict = "bit-exact" if out["golden_match"] else f"MISMATCH {out['first_mismatch']}"
     steps = out["step_cycles"]
     lines = [
-        f"generate {out['generate']} tokens after a {len(out['prompt'])}-token prompt, "
+        f"generate {out['generate']} tokens after {out['batch']} prompt(s) of "
+        f"{len(out['prompt'][0])} tokens, "
         f"{out['strategy']} on {out['chips']} chip{'s' if out['chips'] > 1 else ''}, "
         f"{out['backend']}: {verdict} against the golden incremental decode",
         f"  ids {out['ids']} (float64 reference: {out['float_ids']})",
         f"  time to first token {out['ttft_cycles']:,} cycles; "
         + (f"decode steps {min(steps):,}..{max(steps):,} cycles, "
-           f"{out['tokens_per_s']:,.0f} tokens/s" if steps else "no decode step"),
+           f"{out['tokens_per_s']:,.0f} tokens/s per sequence, "
+           f"{out['tokens_per_s_aggregate']:,.0f} in all" if steps else "no decode step"),
         f"  {out['cycles']:,} cycles in all; per chip: {max(out['instructions'])} instructions "
         f"at most, KV cache {max(out['kv_bytes']):,} bytes ({max(out['cache_bytes']):,} "
         f"allocated with Q), SRAM {max(out['sram_bytes']):,} bytes",

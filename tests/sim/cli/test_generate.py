@@ -17,7 +17,7 @@ def test_generate_on_two_chips_writes_the_report(capsys, tmp_path):
     assert status == 0, err
     assert "bit-exact against the golden incremental decode" in out
     r = json.loads(report.read_text())
-    assert r["prompt"] == [5, 200, 31] and len(r["ids"]) == 3 and r["ids"] == r["golden_ids"]
+    assert r["prompt"] == [[5, 200, 31]] and len(r["ids"][0]) == 3 and r["ids"] == r["golden_ids"]
     assert r["golden_match"] is True and r["chips"] == 2 and len(r["step_cycles"]) == 2
     assert r["ttft_cycles"] < r["cycles"] and len(r["kv_bytes"]) == 2
     assert r["tokens_per_s"] > 0

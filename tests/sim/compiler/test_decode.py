@@ -35,7 +35,7 @@ def test_iss_generation_is_bit_exact(name, seed, prompt_len, n):
     prompt = _prompt(cfg, seed, prompt_len)
     out = generate(NPU, cfg, prompt=prompt, n=n, backend="iss", seed=seed)
     assert out["golden_match"], out["first_mismatch"]
-    assert out["ids"] == out["golden_ids"] and len(out["ids"]) == n
+    assert out["ids"] == out["golden_ids"] and len(out["ids"][0]) == n
     assert len(out["step_cycles"]) == n - 1
     assert all(s > 0 for s in out["step_cycles"])
     assert out["ttft_cycles"] <= out["cycles"]
@@ -60,6 +60,23 @@ def test_head_parallel_generation_is_bit_exact(name, seed, prompt_len, n, chips)
     assert sum(out["kv_bytes"]) >= whole and max(out["kv_bytes"]) < whole
 
 
+@pytest.mark.parametrize("name,batch,strategy,chips", [
+    ("tiny", 2, "single", 1), ("tiny", 4, "single", 1), ("tiny", 2, "head", 2),
+    ("tiny-llama", 3, "head", 3)])
+def test_a_batch_decodes_together(name, batch, strategy, chips):
+    """B sequences' tokens share each step's folds (their caches interleaved by position):
+    every sequence's ids and logits equal its own golden decode (RoPE: every row of a step at
+    one position), and the aggregate tokens/s is B times the per-sequence rate."""
+    cfg = model_preset(name)
+    prompts = seeded(30 + batch).integers(0, cfg.vocab_size, (batch, 2))
+    npu = NPU if strategy == "single" else npu_preset("tiny")
+    out = generate(npu, cfg, prompt=prompts, n=4, backend="iss", strategy=strategy,
+                   chips=chips, seed=batch)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["batch"] == batch and len(out["ids"]) == batch
+    assert out["tokens_per_s_aggregate"] == pytest.approx(batch * out["tokens_per_s"])
+
+
 def test_logits_equal_a_prefill_of_the_whole_sequence():
     """Step t's logits on chip are the whole sequence's prefill logits at position P - 1 + t."""
     cfg = model_preset("tiny")
@@ -67,9 +84,9 @@ def test_logits_equal_a_prefill_of_the_whole_sequence():
     out = generate(NPU, cfg, prompt=prompt, n=5, backend="iss", seed=21)
     qm, head = quantize_decode(cfg, random_weights(cfg, 21), random_head_weights(cfg, 22),
                                prompt)
-    full = prefill_logits(qm, head, np.concatenate([prompt, out["ids"][:-1]]))
+    full = prefill_logits(qm, head, np.concatenate([prompt, out["ids"][0][:-1]]))
     want = full[len(prompt) - 1:]
-    bad = np.argwhere(out["logits"] != want)
+    bad = np.argwhere(out["logits"][0] != want)
     assert bad.size == 0, f"(step, vocab) {bad[0].tolist()}"
 
 
