@@ -14,8 +14,6 @@ import time
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
-from hw.spec.isa import Op, decode, loop_fields, reg
-from hw.spec.vector import VectorOp
 
 from ..compiler.decode import check_generate, compile_decode
 from ..compiler.decode_quant import check_head_weights, quantize_decode
@@ -23,7 +21,7 @@ from ..errors import BadInput, Watchdog
 from ..golden.decode import generate_float, generate_int, random_head_weights
 from ..golden.float_model import check_weights, random_weights
 from ..iss import IssError, IssSystem
-from ..report.timeline import intervals
+from ..report.timeline import intervals, step_ends
 from ..rtl.chip_runner import run_chip_pysim
 from ..rtl.pysim import SimulationTimeout
 from ..rtl.system_runner import run_system_pysim
@@ -31,46 +29,9 @@ from ..rtl.toolchain import ToolchainMissing
 from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
 
-__all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "GENERATE_STRATEGIES",
-           "step_ends"]
+__all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "GENERATE_STRATEGIES"]
 
 GENERATE_BACKENDS = ("iss", "pysim", "verilator")
-_VU_OP = reg("VU_OP")
-
-
-def _vec_launches(program) -> list[bool]:
-    """Per VEC launch the program runs, in order (each loop body as often as its count):
-    whether it is an ARGMAX."""
-    out, vu_op, pc, insns = [], None, 0, [decode(w) for w in program]
-    while pc < len(insns):
-        insn = insns[pc]
-        if insn.op is Op.LOOP:
-            body, count = loop_fields(insn.value)
-            flags = []
-            for i in insns[pc + 1:pc + 1 + body]:
-                if i.op is Op.SET and i.reg == _VU_OP:
-                    vu_op = i.value
-                elif i.op is Op.VEC:
-                    flags.append(vu_op == VectorOp.ARGMAX)
-            out += flags * count
-            pc += body + 1
-            continue
-        if insn.op is Op.SET and insn.reg == _VU_OP:
-            vu_op = insn.value
-        elif insn.op is Op.VEC:
-            out.append(vu_op == VectorOp.ARGMAX)
-        pc += 1
-    return out
-
-
-def step_ends(program, trace_spans) -> list[int]:
-    """The cycle each step's tokens were picked in (the end of its ARGMAX launch): the first
-    is the prefill's (the time to first token), then one per decode step."""
-    order = _vec_launches(program)
-    vec = trace_spans["vector"]
-    if len(vec) != len(order):
-        raise AssertionError(f"{len(vec)} vector intervals for {len(order)} VEC launches")
-    return [end for (_, end), is_argmax in zip(vec, order, strict=True) if is_argmax]
 
 
 #: The strategies generation runs with (``sim.compiler.decode``).
