@@ -58,17 +58,21 @@ def _weights(path):
 def _prompt(args, model) -> np.ndarray:
     if args.prompt_ids is None:
         rng = np.random.default_rng(args.seed)
-        return rng.integers(0, model.vocab_size, model.seq_len // 2 or 1)
+        batch = args.batch or (args.chips or 2 if args.strategy == "data" else 1)
+        return rng.integers(0, model.vocab_size, (batch, model.seq_len // 2 or 1))
     ids = load_array(args.prompt_ids, "--prompt-ids")
-    if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim != 1:
-        raise BadInput(f"--prompt-ids {args.prompt_ids}: expected a 1-D .npy array of integer "
-                       "token ids")
+    if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim not in (1, 2):
+        raise BadInput(f"--prompt-ids {args.prompt_ids}: expected a .npy array of integer "
+                       "token ids, [P] or [batch, P]")
+    if args.batch and (ids.ndim == 1 or ids.shape[0] != args.batch):
+        raise BadInput(f"--batch {args.batch} does not match --prompt-ids {args.prompt_ids} "
+                       f"of shape {list(ids.shape)}")
     return ids
 
 
 def _run_generate(args, npu, model) -> int:
-    for opt in ("input", "calib", "vcd", "plot", "trace", "output", "batch", "microbatches",
-                "grid", "quant"):
+    for opt in ("input", "calib", "vcd", "plot", "trace", "output", "microbatches", "grid",
+                "quant"):
         if getattr(args, opt):
             raise BadInput(f"--{opt} does not apply to --generate")
     weights = _weights(args.weights) if args.weights else None

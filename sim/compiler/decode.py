@@ -66,11 +66,14 @@ from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .compat import check_ring_port, check_single_chip
 from .decode_quant import QHead
-from .grid import head_shards
+from .grid import head_shards, split_batch
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
-__all__ = ["DecodeProgram", "compile_decode", "check_generate"]
+__all__ = ["DecodeProgram", "compile_decode", "check_generate", "DECODE_STRATEGIES"]
+
+#: The strategies generation compiles for.
+DECODE_STRATEGIES = ("single", "head", "data")
 
 
 @dataclass
@@ -83,16 +86,20 @@ class DecodeProgram:
     prompt_len: int
     generate: int
     batch: int
-    #: Per chip: the prompts' ids as ``B * P`` argmax records, sequence-major (loaded).
+    #: Per chip: the global indices of the sequences whose prompts it holds (loaded into
+    #: ``prompts``) and of those whose ids and logits are read back from it (``outputs``).
+    holds: list
+    outputs: list
+    #: Per chip: its sequences' prompts as argmax records, sequence-major (loaded).
     prompts: list
-    #: Per chip: the generated ids as ``n * B`` argmax records, step-major.
+    #: Per chip: its sequences' generated ids as argmax records, step-major.
     ids: list
-    #: Chip 0's int16 logits: ``n * B`` rows of the padded vocabulary (step-major), and the
-    #: rows of a fold's padding.
-    logits: Tensor
+    #: Per chip: its int16 logits, step-major rows of the padded vocabulary (and the rows of a
+    #: fold's padding).
+    logits: list
     caches: list         #: per chip, per block: its ``[Q | K | V]`` rows (module docstring)
     #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``
-    #: positions of every sequence).
+    #: positions of each of its sequences).
     kv_bytes: list = field(default_factory=list)
     #: Per chip: the collectives of the prefill and of one decode step (``{"prefill", "step"}``).
     comms: list = field(default_factory=list)
@@ -106,28 +113,44 @@ class DecodeProgram:
         return [c.program for c in self.chips]
 
     def images(self, prompts) -> list[dict[int, np.ndarray]]:
-        """Every chip's initial memory: its weights and tables, and the prompts' ids
-        (``[B, P]``)."""
+        """Every chip's initial memory: its weights and tables, and its sequences' prompts
+        (``prompts``: ``[B, P]`` ids)."""
         n = self.npu.array_size
-        ids = np.asarray(prompts, np.int64).reshape(-1)
-        words = pack_argmax(ids, np.zeros_like(ids), n).reshape(-1, n)
-        return [{**c.images, t.base: words}
-                for c, t in zip(self.chips, self.prompts, strict=True)]
+        prompts = np.asarray(prompts, np.int64).reshape(self.batch, self.prompt_len)
+        out = []
+        for c, t, seqs in zip(self.chips, self.prompts, self.holds, strict=True):
+            ids = prompts[seqs].reshape(-1)
+            out.append({**c.images, t.base: pack_argmax(ids, np.zeros_like(ids),
+                                                        n).reshape(-1, n)})
+        return out
 
-    def reads(self) -> list[tuple[int, int]]:
-        """The ``(base, words)`` regions to read back from chip 0: the ids, then the logits."""
-        return [(self.ids[0].base, self.ids[0].words),
-                (self.logits.base, self.generate * self.batch * self.logits.row_words)]
+    def reads(self) -> list[list[tuple[int, int]]]:
+        """Per chip, the ``(base, words)`` regions to read back: its ids, then its logits
+        (none on a chip without outputs)."""
+        out = []
+        for seqs, ids, logits in zip(self.outputs, self.ids, self.logits, strict=True):
+            rows = self.generate * len(seqs)
+            out.append([(ids.base, ids.words), (logits.base, rows * logits.row_words)]
+                       if seqs else [])
+        return out
 
     def read(self, regions) -> dict:
-        """``ids`` [B, n] (the generated) and ``logits`` [B, n, vocab] from the words
+        """``ids`` [B, n] (the generated) and ``logits`` [B, n, vocab] from each chip's words
         :meth:`reads` asked for."""
-        n, cfg, B = self.npu.array_size, self.qm.cfg, self.batch
-        records = np.asarray(regions[0], np.uint8).reshape(-1, argmax_words(n), n)
-        ids, _ = unpack_argmax(records)
-        logits = unpack_rows(regions[1], self.generate * B, self.logits.cols, 2)
-        logits = logits[:, :cfg.vocab_size].reshape(self.generate, B, -1).transpose(1, 0, 2)
-        return {"ids": np.array(ids.reshape(self.generate, B).T, np.int64), "logits": logits}
+        n, cfg = self.npu.array_size, self.qm.cfg
+        ids = np.zeros((self.batch, self.generate), np.int64)
+        logits = np.zeros((self.batch, self.generate, cfg.vocab_size), np.int64)
+        for seqs, words, t in zip(self.outputs, regions, self.logits, strict=True):
+            if not seqs:
+                continue
+            b = len(seqs)
+            records = np.asarray(words[0], np.uint8).reshape(-1, argmax_words(n), n)
+            got, _ = unpack_argmax(records)
+            ids[seqs] = got.reshape(self.generate, b).T
+            rows = unpack_rows(words[1], self.generate * b, t.cols, 2)
+            logits[seqs] = rows[:, :cfg.vocab_size].reshape(self.generate, b,
+                                                             -1).transpose(1, 0, 2)
+        return {"ids": ids, "logits": logits}
 
 
 def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
@@ -150,13 +173,16 @@ def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
 
 
 def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
-                   generate: int, batch: int = 1, chips: int = 1, check: bool = True,
-                   contents: bool = True) -> DecodeProgram:
+                   generate: int, batch: int = 1, chips: int = 1, strategy: str | None = None,
+                   check: bool = True, contents: bool = True) -> DecodeProgram:
     """The programs that generate ``generate`` tokens after a ``prompt_len``-token prompt on
     ``chips`` chips (module docstring): one chip, or head parallelism (each chip its heads'
     share of every block and their KV caches, the partial sums all-reduced as in a prefill;
     the whole embedding on every chip; the LM head's columns split, the logits all-gathered so
-    that every chip picks the same token). ``batch`` sequences of ``prompt_len`` tokens
+    that every chip picks the same token); or data parallelism (``strategy="data"``: the
+    sequences split over the chips, each chip the whole model and its own sequences, no
+    communication). ``strategy`` defaults to single on one chip, head on several. ``batch``
+    sequences of ``prompt_len`` tokens
     decode together; ``contents=False`` places the weights without their contents (the
     planner's shapes-only compile: ``qm`` and ``head`` need no arrays). The transfer bank
     (:class:`~sim.compiler.alloc.Allocator`) holds the tables read beside a matmul when there
@@ -164,18 +190,25 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     check_generate(npu, qm.cfg, prompt_len, generate)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"the batch must be at least 1 sequence, not {batch}")
-    if check and chips == 1:
+    strategy = strategy or ("single" if chips == 1 else "head")
+    if strategy not in DECODE_STRATEGIES:
+        raise ValueError(f"generation runs strategy {', '.join(DECODE_STRATEGIES)}, not "
+                         f"{strategy}")
+    if strategy == "data" and batch < chips:
+        raise ValueError(f"data parallelism of {chips} chips needs a batch of at least "
+                         f"{chips} sequences, not {batch}")
+    if check and (chips == 1 or strategy == "data"):
         check_single_chip(npu, qm.cfg)
     if check and chips > 1:
         check_ring_port(npu, chips)
     try:
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
-                        chips=chips, transfer_bank=True)
+                        chips=chips, strategy=strategy, transfer_bank=True)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
-                        chips=chips, transfer_bank=False)
+                        chips=chips, strategy=strategy, transfer_bank=False)
 
 
 def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
@@ -189,16 +222,25 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
     return pad_to(-(-vocab // chips), unit)
 
 
-def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips,
+def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
              transfer_bank):
     cfg = qm.cfg
-    shards = head_shards(cfg, chips) if chips > 1 else [Shard.whole(cfg)]
-    vc = _vocab_split(npu, cfg.vocab_size, chips)
-    out = [_chip(npu, qm, head, prompt_len, generate, batch, chip, shard, chips, vc, check,
-                 contents, transfer_bank) for chip, shard in enumerate(shards)]
+    if strategy == "data":
+        holds = split_batch(batch, chips, "chips (data parallelism)")
+        out = [_chip(npu, qm, head, prompt_len, generate, len(seqs), chip, Shard.whole(cfg), 1,
+                     _vocab_split(npu, cfg.vocab_size, 1), check, contents, transfer_bank)
+               for chip, seqs in enumerate(holds)]
+        outputs = holds
+    else:
+        shards = head_shards(cfg, chips) if chips > 1 else [Shard.whole(cfg)]
+        vc = _vocab_split(npu, cfg.vocab_size, chips)
+        out = [_chip(npu, qm, head, prompt_len, generate, batch, chip, shard, chips, vc,
+                     check, contents, transfer_bank) for chip, shard in enumerate(shards)]
+        holds = [list(range(batch))] * chips
+        outputs = [list(range(batch))] + [[] for _ in range(chips - 1)]
     return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
-                         [c["prompts"] for c in out], [c["ids"] for c in out],
-                         out[0]["logits"], [c["caches"] for c in out],
+                         holds, outputs, [c["prompts"] for c in out], [c["ids"] for c in out],
+                         [c["logits"] for c in out], [c["caches"] for c in out],
                          [c["kv_bytes"] for c in out], [c["comms"] for c in out])
 
 
@@ -216,7 +258,8 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     em.rope_span = (0, max(p_pad, context + n))
     weights = {i: em.place_layer(i, shard) for i in range(cfg.n_layers)}
     v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
-    v0 = chip * vc                              # the chip's first LM-head column
+    part = chip if chips > 1 else 0             # the chip's block of the LM head's columns
+    v0 = part * vc
 
     # The head's tables.
     def emb():
@@ -329,7 +372,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         """The LM head of ``hf``'s B rows into the logits rows of step ``t``, every chip's
         columns gathered, and the B tokens' records ``ids[t]``."""
         first = t * B
-        block = Tensor("logits.block", logits.base + first * logits.row_words + chip * vc_words,
+        block = Tensor("logits.block", logits.base + first * logits.row_words + part * vc_words,
                        b_pad, vc, 2, logits.row_words, "activations")
         step._matmul(hf, lm_w, block, d_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)

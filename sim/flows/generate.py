@@ -15,7 +15,7 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 
-from ..compiler.decode import check_generate, compile_decode
+from ..compiler.decode import DECODE_STRATEGIES, check_generate, compile_decode
 from ..compiler.decode_quant import check_head_weights, quantize_decode
 from ..errors import BadInput, Watchdog
 from ..golden.decode import generate_float, generate_int, random_head_weights
@@ -35,7 +35,7 @@ GENERATE_BACKENDS = ("iss", "pysim", "verilator")
 
 
 #: The strategies generation runs with (``sim.compiler.decode``).
-GENERATE_STRATEGIES = ("single", "head")
+GENERATE_STRATEGIES = DECODE_STRATEGIES
 
 
 def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str = "iss",
@@ -62,8 +62,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     chips = (1 if strategy == "single" else 2) if chips is None else chips
     if strategy == "single" and chips != 1:
         raise BadInput(f"strategy single runs on one chip, not {chips}")
-    if strategy == "head" and chips < 2:
-        raise BadInput(f"strategy head needs at least 2 chips, not {chips}")
+    if strategy != "single" and chips < 2:
+        raise BadInput(f"strategy {strategy} needs at least 2 chips, not {chips}")
     prompts = np.asarray(prompt)
     if prompts.ndim not in (1, 2) or prompts.size == 0 or prompts.dtype.kind not in "iu":
         raise BadInput(f"the prompt must be integer token ids, [P] or [batch, P], not "
@@ -92,14 +92,14 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     qm, head = quantize_decode(model, weights, hw, prompts[0])
     try:
         prog = compile_decode(npu, qm, head, prompt_len=int(prompts.shape[1]), generate=n,
-                              batch=batch, chips=chips)
+                              batch=batch, chips=chips, strategy=strategy)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         raise BadInput(str(exc)) from None
     programs = prog.programs
     images = prog.images(prompts)
-    reads = [prog.reads()] + [[] for _ in range(chips - 1)]
+    reads = prog.reads()
     start = time.perf_counter()
     if backend == "iss":
         system = IssSystem(npu, chips)
@@ -114,7 +114,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             timed = time_programs(npu, programs, ring=chips > 1, max_cycles=max_cycles)
         except IssError as exc:
             raise Watchdog(str(exc)) from None
-        regions = [system.chip[0].read_words(b, w) for b, w in reads[0]]
+        regions = [[iss.read_words(b, w) for b, w in r]
+                   for iss, r in zip(system.chip, reads, strict=True)]
         cycles, trace = timed.cycles, trace_entries(npu, timed.chips[0].trace)
     elif backend == "pysim" and chips == 1:
         try:
@@ -123,7 +124,7 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             raise Watchdog(str(exc)) from None
         if out["error"]:
             raise BadInput("the chip halted on an unknown instruction (compiler bug)")
-        regions, cycles, trace = out["regions"], out["cycles"], out["trace"]
+        regions, cycles, trace = [out["regions"]], out["cycles"], out["trace"]
     else:
         run = run_system_pysim if backend == "pysim" else run_system_verilator
         try:
@@ -134,7 +135,7 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             raise BadInput(f"--backend verilator: {exc}") from None
         if any(out["errors"]):
             raise BadInput("a chip halted on an unknown instruction (compiler bug)")
-        regions, cycles, trace = out["regions"][0], out["cycles"], out["traces"][0]
+        regions, cycles, trace = out["regions"], out["cycles"], out["traces"][0]
     wall = time.perf_counter() - start
     got = prog.read(regions)
     want = [generate_int(qm, head, p, n) for p in prompts]
