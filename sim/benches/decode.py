@@ -99,10 +99,10 @@ def _run(cfg: ModelConfig, batch: int, strategy: str = "single", chips: int = 1)
 
 
 def step_units(npu: NpuConfig, cfg: ModelConfig, out: dict) -> dict:
-    """Chip 0's busy cycles per compute unit (and ``launches``: how many MATMULs) in the last
-    decode step of the run ``out`` (from the previous step's ARGMAX end to its own): the same
-    program compiled again and timed by the cycle model (whose results are kept: no second
-    walk), its step cycles checked against ``out``'s."""
+    """Chip 0's busy cycles per compute unit and in collectives (``launches``: how many
+    MATMULs) in the last decode step of the run ``out`` (from the previous step's ARGMAX end to
+    its own): the same program compiled again and timed by the cycle model (whose results are
+    kept: no second walk), its step cycles checked against ``out``'s."""
     prompts = np.asarray(out["prompt"], np.int64)
     seed, chips = out["seed"], out["chips"]
     qm, head = quantize_decode(cfg, random_weights(cfg, seed),
@@ -118,7 +118,7 @@ def step_units(npu: NpuConfig, cfg: ModelConfig, out: dict) -> dict:
                              f"run's {out['step_cycles']}")
     lo, hi = ends[-2], ends[-1]
     busy = {u: sum(max(0, min(e, hi) - max(s, lo)) for s, e in spans[u])
-            for u in COMPUTE_UNITS}
+            for u in COMPUTE_UNITS + ("collective",)}
     busy["launches"] = sum(1 for _, op, issue, _ in timed.chips[0].launches
                            if op == "MATMUL" and lo <= issue < hi)
     return busy
@@ -172,10 +172,14 @@ def run(quick: bool):
         return rows
     head = _run(D128, 1, "head", 4)
     single, split = _mean_step(runs[1]), _mean_step(head)
+    u = step_units(NPU, D128, head)
     rows.append({"bench": f"head parallelism, {D128.name} on 4 {NPU.name}, batch 1",
                  "value": split, "unit": "cycles", "ref": single, "ratio": single / split,
                  "note": "ratio = speed-up of a decode step over one chip (mean step cycles): "
                          "each chip its 2 heads' blocks and a quarter of the LM head, the "
                          "whole embedding table; all-reduces and the logits' all-gather; "
-                         f"SRAM {max(head['sram_bytes']):,} bytes per chip"})
+                         f"chip 0's last step busy: {u['launches']} matmuls {u['matmul']:,}, "
+                         f"attention {u['attention']:,}, vector {u['vector']:,}, collectives "
+                         f"{u['collective']:,} cycles; SRAM {max(head['sram_bytes']):,} bytes "
+                         "per chip"})
     return rows
