@@ -2,12 +2,12 @@
 bound, the aggregate tokens/s of a batch of sequences, the speed-up of head parallelism.
 
 The model is a d_model 128 decoder (the tiny preset's shape otherwise: pre-norm LayerNorm,
-GELU MLP, biases, tied embeddings, vocabulary 256) of 2 layers, 8 heads of 16 lanes and d_ff
-256, with learned positions (``d128``) and with RoPE (``d128-rope``). The NPU is the tiny
-preset with an 8x8 array (8 vector lanes), ``d_model_max`` 128 and a 512 KiB scratchpad
-(``tiny-d128``; the tiny preset's 4096 instruction words hold a batch of 8). Every run is on
-the ISS timed by the cycle model and must be bit-exact against the golden incremental decode
-(:func:`_run` raises otherwise):
+GELU MLP, biases, tied embeddings, vocabulary 256) of 2 layers, 8 heads of 16 lanes (8 K/V
+heads) and d_ff 256, with learned positions (``d128``) and with RoPE (``d128-rope``). The
+NPU is the tiny preset with an 8x8 array (8 vector lanes), ``d_model_max`` 128 and a 512 KiB
+scratchpad (``tiny-d128``; the tiny preset's 4096 instruction words hold a batch of 8). Every
+run is on the ISS timed by the cycle model and must be bit-exact against the golden
+incremental decode (:func:`_run` raises otherwise):
 
 - **the bound** of a step (:func:`step_bound`): the larger of the weight bytes its matmuls
   read over the bytes the weight stream delivers per cycle, and its multiply-accumulates over
@@ -19,7 +19,9 @@ the ISS timed by the cycle model and must be bit-exact against the golden increm
   head ``[d_model, vocab]``, all as padded to whole array blocks. The array does ``N * N``
   MACs per cycle; the step's are those ``B`` tokens' of the same matrices. Not counted: the
   per-fold parameter words (another port, in parallel), the attention (its own engine), the
-  vector launches (norms, GELU, residuals, ONEHOT, ARGMAX) and every matmul's fill and drain;
+  vector launches (norms, GELU, residuals, ONEHOT, ARGMAX) and every matmul's fill and drain.
+  The note gives the last step's busy cycles per unit (:func:`step_units`) to say where the
+  rest goes;
 - **batching**: aggregate tokens/s of 1, 2, 4 and 8 sequences against one sequence's;
 - **head parallelism**: one chip's step cycles over those of 4 chips (2 heads each).
 
