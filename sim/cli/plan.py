@@ -3,6 +3,7 @@ strategy (:func:`sim.planner.plan.plan`)."""
 
 from __future__ import annotations
 
+from ..compiler.decode import DECODE_STRATEGIES
 from ..errors import EXIT_OK, BadInput
 from ..planner.decode import generate_table, plan_generate
 from ..planner.plan import plan
@@ -23,7 +24,8 @@ def add_parser(sub):
                        help="plan each strategy on the fewest chips that fit")
     p.add_argument("--strategy", default="all", choices=("all",) + NAMES)
     p.add_argument("--generate", type=int, metavar="N",
-                   help="plan greedy generation of N tokens (single and head): time to first "
+                   help="plan greedy generation of N tokens (single, head, pipeline, data): time "
+                        "to first "
                         "token, step cycles, tokens/s, KV bytes, the longest prompt and "
                         "largest batch that fit")
     p.add_argument("--context", type=int, metavar="P",
@@ -35,28 +37,33 @@ def add_parser(sub):
 
 
 def _run_generate(args, npu, model) -> int:
-    if args.strategy not in ("all", "single", "head"):
-        raise BadInput(f"--generate plans strategy single or head, not {args.strategy}")
+    if args.strategy != "all" and args.strategy not in DECODE_STRATEGIES:
+        raise BadInput(f"--generate plans strategy {', '.join(DECODE_STRATEGIES)}, not "
+                       f"{args.strategy}")
     prompt = args.context if args.context is not None else max(1, model.seq_len // 2)
     kw = {"generate": args.generate, "prompt_len": prompt, "batch": args.batch}
+    # The most chips each strategy can use: a head, a layer, a sequence per chip.
+    most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
+            "data": args.batch}
     plans = []
-    if args.strategy in ("all", "single") and args.chips in (None, 1):
-        plans.append(plan_generate(npu, model, strategy="single", chips=1, **kw))
-    if args.strategy in ("all", "head") and args.chips != 1:
+    for name in DECODE_STRATEGIES if args.strategy == "all" else (args.strategy,):
         if args.chips:
-            plans.append(plan_generate(npu, model, strategy="head", chips=args.chips, **kw))
-        else:       # --min-chips: the fewest chips that fit (a head per chip at most)
-            for chips in range(2, model.n_heads + 1):
-                p = plan_generate(npu, model, strategy="head", chips=chips, search=False, **kw)
-                if p.fits:
-                    plans.append(plan_generate(npu, model, strategy="head", chips=chips,
-                                               **kw))
-                    break
-            else:
-                plans.append(p)
+            if (args.chips == 1) != (name == "single") or args.chips > most[name]:
+                continue
+            plans.append(plan_generate(npu, model, strategy=name, chips=args.chips, **kw))
+            continue
+        last = None         # --min-chips: the fewest chips that fit
+        for chips in range(1 if name == "single" else 2, most[name] + 1):
+            last = plan_generate(npu, model, strategy=name, chips=chips, search=False, **kw)
+            if last.fits:
+                last = plan_generate(npu, model, strategy=name, chips=chips, **kw)
+                break
+        if last is not None:
+            plans.append(last)
     if not plans:
         raise BadInput(f"--generate with --strategy {args.strategy} and --chips {args.chips}: "
-                       "nothing to plan (single runs on 1 chip, head on 2 or more)")
+                       "nothing to plan (single runs on 1 chip; head on 2 to n_heads, pipeline "
+                       "on 2 to n_layers, data on 2 to --batch)")
     if args.json:
         write_json(args.json, {"generate": [p.to_json() for p in plans]})
     print(generate_table(plans))

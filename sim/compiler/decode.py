@@ -59,6 +59,7 @@ from hw.spec.vector import argmax_words, pack_argmax, pack_gamma_beta, unpack_ar
 from ..golden.decode import check_decode, learned_positions
 from ..golden.matmul import requant
 from . import attention_launch as al_
+from . import p2p_launch as pl
 from . import vector_launch as vl
 from .affine import emit_affine
 from .alloc import Allocator, Tensor
@@ -66,14 +67,14 @@ from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .compat import check_ring_port, check_single_chip
 from .decode_quant import QHead
-from .grid import head_shards, split_batch
+from .grid import head_shards, split_batch, stage_layers
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
 __all__ = ["DecodeProgram", "compile_decode", "check_generate", "DECODE_STRATEGIES"]
 
 #: The strategies generation compiles for.
-DECODE_STRATEGIES = ("single", "head", "data")
+DECODE_STRATEGIES = ("single", "head", "pipeline", "data")
 
 
 @dataclass
@@ -103,10 +104,23 @@ class DecodeProgram:
     kv_bytes: list = field(default_factory=list)
     #: Per chip: the collectives of the prefill and of one decode step (``{"prefill", "step"}``).
     comms: list = field(default_factory=list)
+    strategy: str = "single"
 
     @property
     def context(self) -> int:
         return self.prompt_len + self.generate - 1
+
+    @property
+    def picker(self) -> int:
+        """The chip whose ARGMAX launches pick the tokens that are read back first (the
+        first chip with outputs: the last stage of a pipeline)."""
+        return next(c for c, seqs in enumerate(self.outputs) if seqs)
+
+    @property
+    def picks_per_step(self) -> int:
+        """The picker's ARGMAX launches per step: one for all its sequences, or in a pipeline
+        one per sequence."""
+        return self.batch if self.strategy == "pipeline" else 1
 
     @property
     def programs(self) -> list[list[int]]:
@@ -140,11 +154,13 @@ class DecodeProgram:
         n, cfg = self.npu.array_size, self.qm.cfg
         ids = np.zeros((self.batch, self.generate), np.int64)
         logits = np.zeros((self.batch, self.generate, cfg.vocab_size), np.int64)
-        for seqs, words, t in zip(self.outputs, regions, self.logits, strict=True):
+        for seqs, words, t, rec in zip(self.outputs, regions, self.logits, self.ids,
+                                       strict=True):
             if not seqs:
                 continue
             b = len(seqs)
-            records = np.asarray(words[0], np.uint8).reshape(-1, argmax_words(n), n)
+            records = np.asarray(words[0], np.uint8).reshape(-1, rec.row_words,
+                                                             n)[:, :argmax_words(n)]
             got, _ = unpack_argmax(records)
             ids[seqs] = got.reshape(self.generate, b).T
             rows = unpack_rows(words[1], self.generate * b, t.cols, 2)
@@ -225,7 +241,17 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
 def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
              transfer_bank):
     cfg = qm.cfg
-    if strategy == "data":
+    if strategy == "pipeline":
+        stages = stage_layers(cfg, chips)
+        whole = Shard.whole(cfg)
+        out = [_chip(npu, qm, head, prompt_len, generate, batch, s, whole, 1,
+                     _vocab_split(npu, cfg.vocab_size, 1), check, contents, transfer_bank,
+                     layers=stages[s], prev=s - 1 if s else None,
+                     nxt=s + 1 if s + 1 < chips else None, last=chips - 1)
+               for s in range(chips)]
+        holds = [list(range(batch))] + [[] for _ in range(chips - 1)]
+        outputs = [[] for _ in range(chips - 1)] + [list(range(batch))]
+    elif strategy == "data":
         holds = split_batch(batch, chips, "chips (data parallelism)")
         out = [_chip(npu, qm, head, prompt_len, generate, len(seqs), chip, Shard.whole(cfg), 1,
                      _vocab_split(npu, cfg.vocab_size, 1), check, contents, transfer_bank)
@@ -241,22 +267,31 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
     return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
                          holds, outputs, [c["prompts"] for c in out], [c["ids"] for c in out],
                          [c["logits"] for c in out], [c["caches"] for c in out],
-                         [c["kv_bytes"] for c in out], [c["comms"] for c in out])
+                         [c["kv_bytes"] for c in out], [c["comms"] for c in out], strategy)
 
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
-          transfer_bank) -> dict:
+          transfer_bank, layers=None, prev=None, nxt=None, last=None) -> dict:
     """One chip's program: its heads' share of every block (all of it on one chip), the
-    whole embedding, its ``vc`` columns of the LM head."""
+    whole embedding, its ``vc`` columns of the LM head. A pipeline stage (``layers``, the
+    chips ``prev`` and ``nxt`` it receives from and sends to; None at the ends): its layers,
+    the embedding on the first stage, the final norm and the LM head on the last (chip
+    ``last``, which sends each token back to the first), one sequence at a time (module
+    docstring)."""
     cfg, n = qm.cfg, npu.array_size
+    layers = list(range(cfg.n_layers)) if layers is None else list(layers)
+    piped = prev is not None or nxt is not None
+    first_stage, last_stage = prev is None, nxt is None
+    link = npu.link_bytes_per_cycle
     context = P + generate - 1
     p_pad, b_pad = pad_to(P, n), pad_to(B, n)
-    # Cache rows: a prefill's rows r * B + b (r < p_pad), a step's fold from p * B.
-    cache_rows = max(p_pad * B, (context - 1) * B + b_pad)
+    # Cache rows: a prefill's rows r * B + b (r < p_pad); a step's fold of b_pad rows from
+    # p * B, or in a pipeline each sequence's fold of N rows from p * B + b.
+    cache_rows = max(p_pad * B, (context - 1) * B + (B - 1 + n if piped else b_pad))
     al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
     em = BlockEmitter(npu, qm, asm, al, seq=P, chip=chip, contents=contents)
     em.rope_span = (0, max(p_pad, context + n))
-    weights = {i: em.place_layer(i, shard) for i in range(cfg.n_layers)}
+    weights = {i: em.place_layer(i, shard) for i in layers}
     v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
     part = chip if chips > 1 else 0             # the chip's block of the LM head's columns
     v0 = part * vc
@@ -266,18 +301,20 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         d = cfg.d_model
         return QLinear(head.emb8, np.zeros(d, np.int64), np.full(d, head.emb_req[0], np.int64),
                        np.full(d, head.emb_req[1], np.int64), OutMode.INT16)
-    emb_w = em._linear("embed", emb, v_pad, d_pad)
+    emb_w = em._linear("embed", emb, v_pad, d_pad) if first_stage else None
 
     def lm_block():
         cols = np.arange(v0, min(v0 + vc, cfg.vocab_size))
         lm = head.lm
         return QLinear(lm.w[:, cols], lm.bias[cols], lm.mult[cols], lm.shift[cols], lm.mode)
-    lm_w = em._linear("lm_head", lm_block, d_pad, vc)
-    norm_gb = em._store("norm.gamma_beta", row_words(cfg.d_model, 4, n),
-                        lambda: pack_rows(pack_gamma_beta(head.norm.gamma,
-                                                          head.norm.beta)[None, :], 4, n))
+    lm_w = norm_gb = None
+    if last_stage:
+        lm_w = em._linear("lm_head", lm_block, d_pad, vc)
+        norm_gb = em._store("norm.gamma_beta", row_words(cfg.d_model, 4, n),
+                            lambda: pack_rows(pack_gamma_beta(head.norm.gamma,
+                                                              head.norm.beta)[None, :], 4, n))
     pos16 = None
-    if learned_positions(cfg):
+    if learned_positions(cfg) and first_stage:
         pos_pad = max(p_pad, pad_to(context, n))
 
         def pos_rows():
@@ -289,21 +326,29 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         pos16 = dataclasses.replace(block, rows=pos_pad, cols=d_pad, eb=2, row_words=rw)
 
     # The caches, the token buffers and the working tensors.
-    caches = [al.alloc(f"layers.{i}.cache", cache_rows, em.qkv_width(shard), 1, "kv_cache")
-              for i in range(cfg.n_layers)]
+    caches = {i: al.alloc(f"layers.{i}.cache", cache_rows, em.qkv_width(shard), 1,
+                          "kv_cache") for i in layers}
     aw = argmax_words(n)
+    # A record a stage sends is whole ring words.
+    rs = pl.message_words(aw, n, link) if piped else aw
     prompts = al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw)
-    ids = al.alloc("ids", generate * B, aw * n, 1, "activations", row_words_=aw)
-    logits = al.alloc("logits", (generate - 1) * B + b_pad, vc * chips, 2, "activations")
-    rows_max = max(p_pad, b_pad)
+    ids = al.alloc("ids", generate * B, rs * n, 1, "activations", row_words_=rs,
+                   transfer=piped)
+    fold_rows = 1 if piped else B               # the rows of one step's fold
+    logits = al.alloc("logits", (generate - 1) * B + pad_to(fold_rows, n) + B - fold_rows,
+                      vc * chips, 2, "activations")
+    rows_max = max(p_pad, pad_to(fold_rows, n))
     e = al.alloc("onehot", rows_max, v_pad, 1, "activations")
-    x = al.alloc("x", rows_max, d_pad, 2, "activations")
-    hf = al.alloc("hf", b_pad, d_pad, 1, "activations")
-    acts = em.alloc_activations(rows_max, shard, qkv=caches[0])
+    x_rw = row_words(d_pad, 2, n)
+    xs = [em.alloc_residual(f"x{b}", 1, multiple=pl.message_words(x_rw, n, link),
+                            transfer=True) for b in range(B)] if piped else \
+        [al.alloc("x", rows_max, d_pad, 2, "activations")]
+    hf = al.alloc("hf", pad_to(fold_rows, n), d_pad, 1, "activations")
+    acts = em.alloc_activations(rows_max, shard, qkv=caches[layers[0]])
     if check:
         al.check_capacity()
     kv_heads = em.kv_heads(shard)
-    kv_bytes = 2 * cfg.n_layers * context * B * len(kv_heads) * cfg.d_head
+    kv_bytes = 2 * len(layers) * context * B * len(kv_heads) * cfg.d_head
 
     def rows_of(t: Tensor, first: int, count: int) -> vl.Rows:
         return vl.Rows(t.base + first * t.row_words, count, t.row_words, t.eb)
@@ -316,7 +361,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     q_words = hcount * em.dh_pad // n
     kv_words = len(kv_heads) * em.dh_pad // n
     vc_words = row_words(vc, 2, n)
-    rw = caches[0].row_words
+    rw = caches[layers[0]].row_words
 
     def attend(a: Assembler, i: int, cache: Tensor, pos: int, queries: int, b: int,
                q_row: int, o_row: int):
@@ -339,7 +384,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                 out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
 
     def embed(a: Assembler, step: BlockEmitter, rows: int, record: int,
-              pos: vl.Rows | None):
+              pos: vl.Rows | None, x: Tensor):
         """The one-hot rows of ``rows`` records from ``record``, their embedding into ``x``
         and the learned positions ``pos`` added."""
         folds = pad_to(rows, n)
@@ -353,37 +398,40 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                                      b=pos, out=rows_of(x, 0, rows)))
             a.wait(Unit.VEC)
 
-    def blocks(step: BlockEmitter, rows: int, pos: int, qkv_at, attention, one_position):
-        xs = view(x, 0, pad_to(rows, n))
-        for i in range(cfg.n_layers):
-            step.emit_block(i, weights[i], shard, dataclasses.replace(acts, qkv=qkv_at(i)), xs,
+    def blocks(step: BlockEmitter, rows: int, pos: int, qkv_at, attention, one_position,
+               x: Tensor):
+        xv = view(x, 0, pad_to(rows, n))
+        for i in layers:
+            step.emit_block(i, weights[i], shard, dataclasses.replace(acts, qkv=qkv_at(i)), xv,
                             1, pos_base=pos, attend=lambda i=i: attention(i),
                             one_position=one_position)
-        step.gather_residual(xs, shard, 1)
+        step.gather_residual(xv, shard, 1)
 
-    def final_norm(a: Assembler, first: int, rows: int, out: int):
+    def final_norm(a: Assembler, first: int, rows: int, out: int, x: Tensor):
         vl.emit(a, vl.ln_launch(size=n, length=cfg.d_model, x=rows_of(x, first, rows),
                                 gamma_beta_base=norm_gb.base, q=rows_of(hf, out, rows),
                                 gshift=head.norm.gshift, mult=head.norm.mult,
                                 shift=head.norm.shift, rms=cfg.rmsnorm), ("ln", "final"))
         a.wait(Unit.VEC)
 
-    def pick(a: Assembler, step: BlockEmitter, t: int):
-        """The LM head of ``hf``'s B rows into the logits rows of step ``t``, every chip's
-        columns gathered, and the B tokens' records ``ids[t]``."""
-        first = t * B
+    def pick(a: Assembler, step: BlockEmitter, first: int, rows: int):
+        """The LM head of ``hf``'s ``rows`` rows into the logits rows from ``first``, every
+        chip's columns gathered, and their tokens' records from ``ids[first]``."""
         block = Tensor("logits.block", logits.base + first * logits.row_words + part * vc_words,
-                       b_pad, vc, 2, logits.row_words, "activations")
+                       pad_to(rows, n), vc, 2, logits.row_words, "activations")
         step._matmul(hf, lm_w, block, d_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)
         if shard.group is not None:
-            for b in range(B):        # each row: every chip's block at its place
+            for b in range(rows):     # each row: every chip's block at its place
                 row = logits.base + (first + b) * logits.row_words
                 step._row_collective("all_gather", shard, Tensor(
                     "logits.row", row, chips, vc, 2, vc_words, "activations"), chips, None,
                     "logits")
+        if rows > 1 and rs != aw:
+            raise AssertionError("an ARGMAX of several rows writes records of its own size")
         vl.emit(a, vl.argmax_launch(size=n, length=cfg.vocab_size,
-                                    x=rows_of(logits, first, B), record_base=ids.base + first * aw))
+                                    x=rows_of(logits, first, rows),
+                                    record_base=ids.base + first * rs))
         a.wait(Unit.VEC)
 
     def emitter(a: Assembler, rows: int) -> BlockEmitter:
@@ -393,55 +441,134 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         step.asm = em.asm = a
         return step
 
-    # The prefills, one sequence at a time (a loop over the sequences when there are
-    # several): its rows r * B + b of every cache.
-    prefill_comms = []
+    pos_rows = (lambda p, k: rows_of(pos16, p, k)) if pos16 is not None else \
+        (lambda p, k: None)
+    prefill_comms, step_comms = [], []
 
-    def prefill(a: Assembler, b: int):
-        mark = len(em.comms)
-        step = emitter(a, P)
-        embed(a, step, P, prompts.base + b * P * aw,
-              rows_of(pos16, 0, P) if pos16 is not None else None)
-        blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
-               lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False)
-        final_norm(a, P - 1, 1, b)
-        if b == 0:
-            prefill_comms.extend(em.comms[mark:])
+    def once(a: Assembler, it: int, mark: int, into: list):
+        """Keep one recording's collectives (a loop body records several)."""
+        if it == 0:
+            into.extend(em.comms[mark:])
         if a is not asm:
             del em.comms[mark:]
 
-    if B == 1:
+    def message(x: Tensor, rows: int):
+        return pl.contiguous(x.base, pl.message_words(rows * x.row_words, n, link))
+
+    def transfer(a: Assembler, launch, unit):
+        pl.emit(a, launch)
+        if unit is not None:
+            a.wait(unit)
+
+    def stage_in(a: Assembler, x: Tensor, rows: int):
+        """A middle or last stage: receive the sequence's residual rows."""
+        if B == 1:
+            a.wait(Unit.SEND)          # the previous send of the one buffer is done
+        transfer(a, pl.recv_launch(src=prev, desc=message(x, rows), size=n, link_bytes=link),
+                 Unit.RECV)
+
+    def stage_out(a: Assembler, x: Tensor, rows: int, first: int):
+        """The sequence's residual to the next stage, or on the last its token: the final
+        norm, the LM head and ARGMAX into ``ids[first]``, the record sent to the first."""
+        if not last_stage:
+            transfer(a, pl.send_launch(dest=nxt, desc=message(x, rows), size=n, link_bytes=link),
+                     None)
+            return
+        final_norm(a, rows - 1 if rows > 1 else 0, 1, 0, x)
+        pick(a, em, first, 1)
+        if piped:
+            rec = pl.contiguous(ids.base + first * rs, rs)
+            transfer(a, pl.send_launch(dest=0, desc=rec, size=n, link_bytes=link), None)
+
+    if not piped:
+        # The prefills, one sequence at a time (a loop over the sequences when there are
+        # several): its rows r * B + b of every cache; then one pick of every sequence.
+        def prefill(a: Assembler, b: int):
+            mark = len(em.comms)
+            step = emitter(a, P)
+            embed(a, step, P, prompts.base + b * P * aw, pos_rows(0, P), xs[0])
+            blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
+                   lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False, xs[0])
+            final_norm(a, P - 1, 1, b, xs[0])
+            once(a, b, mark, prefill_comms)
+    else:
+        def prefill(a: Assembler, b: int):
+            step = emitter(a, P)
+            x = xs[b]
+            if first_stage:
+                if B == 1:
+                    a.wait(Unit.SEND)
+                embed(a, step, P, prompts.base + b * P * aw, pos_rows(0, P), x)
+            else:
+                stage_in(a, x, p_pad)
+            blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
+                   lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False, x)
+            if last_stage:
+                final_norm(a, P - 1, 1, 0, x)
+                pick(a, em, b, 1)
+                transfer(a, pl.send_launch(dest=0, desc=pl.contiguous(ids.base + b * rs, rs),
+                                           size=n, link_bytes=link), None)
+            else:
+                transfer(a, pl.send_launch(dest=nxt, desc=message(x, p_pad), size=n,
+                                           link_bytes=link), None)
+
+    if piped:
+        for b in range(B):      # unrolled: each sequence its own buffer
+            prefill(asm, b)
+    elif B == 1:
         prefill(asm, 0)
     else:
         emit_affine(asm, prefill, B)
-        em.comms.extend(prefill_comms)
+    em.comms.extend(prefill_comms)
     em.asm = asm
-    pick(asm, em, 0)
-    step_comms = []
+    if not piped:
+        pick(asm, em, 0, B)
 
     def decode_step(a: Assembler, t: int):
         pos = P + t
         mark = len(em.comms)
-        step = emitter(a, B)
-        embed(a, step, B, ids.base + t * B * aw,
-              rows_of(pos16, pos, 1) if pos16 is not None else None)
+        if not piped:
+            step = emitter(a, B)
+            embed(a, step, B, ids.base + t * B * aw, pos_rows(pos, 1), xs[0])
 
-        def attention(i):
+            def attention(i):
+                for b in range(B):
+                    attend(a, i, caches[i], pos, 1, b, pos * B + b, b)
+            blocks(step, B, pos, lambda i: view(caches[i], pos * B, b_pad), attention, True,
+                   xs[0])
+            final_norm(a, 0, B, 0, xs[0])
+            pick(a, step, (t + 1) * B, B)
+        else:
+            step = emitter(a, 1)
             for b in range(B):
-                attend(a, i, caches[i], pos, 1, b, pos * B + b, b)
-        blocks(step, B, pos, lambda i: view(caches[i], pos * B, b_pad), attention, True)
-        final_norm(a, 0, B, 0)
-        pick(a, step, t + 1)
-        if t == 0:
-            step_comms.extend(em.comms[mark:])
-        del em.comms[mark:]
+                x = xs[b]
+                if first_stage:
+                    # The token the last stage picked for this sequence.
+                    transfer(a, pl.recv_launch(src=last, desc=pl.contiguous(
+                        ids.base + (t * B + b) * rs, rs), size=n, link_bytes=link), Unit.RECV)
+                    if B == 1:
+                        a.wait(Unit.SEND)
+                    embed(a, step, 1, ids.base + (t * B + b) * rs, pos_rows(pos, 1), x)
+                else:
+                    stage_in(a, x, 1)
+                blocks(step, 1, pos, lambda i, b=b: view(caches[i], pos * B + b, n),
+                       lambda i, b=b: attend(a, i, caches[i], pos, 1, b, pos * B + b, 0),
+                       True, x)
+                stage_out(a, x, 1, (t + 1) * B + b)
+        once(a, t, mark, step_comms)
 
     emit_affine(asm, decode_step, generate - 1)
     em.asm = asm
-    role = {"layers": list(range(cfg.n_layers)), "heads": list(shard.heads),
+    if piped and first_stage:
+        # The last step's tokens, which the last stage sends like every other.
+        for b in range(B):
+            transfer(asm, pl.recv_launch(src=last, desc=pl.contiguous(
+                ids.base + ((generate - 1) * B + b) * rs, rs), size=n, link_bytes=link),
+                Unit.RECV)
+    role = {"layers": layers, "heads": list(shard.heads),
             "vocab_columns": [v0, min(v0 + vc, cfg.vocab_size)], "sequences": B}
     if cfg.n_kv_heads != cfg.n_heads:
         role["kv_heads"] = kv_heads
     return {"program": finish(npu, ChipProgram(chip, asm, al, role=role), check=check),
-            "prompts": prompts, "ids": ids, "logits": logits, "caches": caches,
+            "prompts": prompts, "ids": ids, "logits": logits, "caches": list(caches.values()),
             "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms}}

@@ -116,7 +116,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             raise Watchdog(str(exc)) from None
         regions = [[iss.read_words(b, w) for b, w in r]
                    for iss, r in zip(system.chip, reads, strict=True)]
-        cycles, trace = timed.cycles, trace_entries(npu, timed.chips[0].trace)
+        cycles = timed.cycles
+        trace = trace_entries(npu, timed.chips[prog.picker].trace)
     elif backend == "pysim" and chips == 1:
         try:
             out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles)
@@ -135,7 +136,7 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             raise BadInput(f"--backend verilator: {exc}") from None
         if any(out["errors"]):
             raise BadInput("a chip halted on an unknown instruction (compiler bug)")
-        regions, cycles, trace = out["regions"], out["cycles"], out["traces"][0]
+        regions, cycles, trace = out["regions"], out["cycles"], out["traces"][prog.picker]
     wall = time.perf_counter() - start
     got = prog.read(regions)
     want = [generate_int(qm, head, p, n) for p in prompts]
@@ -155,7 +156,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             b, t = (int(i) for i in np.argwhere(got["ids"] != want_ids)[0])
             first = {"sequence": b, "step": t, "got_id": int(got["ids"][b, t]),
                      "want_id": int(want_ids[b, t])}
-    ends = step_ends(programs[0], intervals(trace["entries"], cycles))
+    ends = step_ends(programs[prog.picker], intervals(trace["entries"], cycles))
+    ends = ends[::prog.picks_per_step]          # the first sequence's picks
     steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
     clock = npu.clock_mhz * 1e6
     return {

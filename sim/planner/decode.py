@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from hw.spec import ModelConfig, NpuConfig
 from hw.spec.formats import OutMode
 
-from ..compiler.decode import check_generate, compile_decode
+from ..compiler.decode import DECODE_STRATEGIES, check_generate, compile_decode
 from ..compiler.decode_quant import QHead
 from ..compiler.quantize import QLayerNorm, QLinear
 from ..errors import BadInput
@@ -70,16 +70,16 @@ class GeneratePlan:
         return dict(self.__dict__)
 
 
-def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips):
+def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy):
     return compile_decode(npu, qm, head, prompt_len=prompt_len, generate=generate, batch=batch,
-                          chips=chips, contents=False)
+                          chips=chips, strategy=strategy, contents=False)
 
 
-def _fits(npu, cfg, qm, head, prompt_len, generate, batch, chips) -> str | None:
+def _fits(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy) -> str | None:
     """None if the program compiles and fits, else the limit's message."""
     try:
         check_generate(npu, cfg, prompt_len, generate)
-        _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips)
+        _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy)
     except ValueError as exc:
         return str(exc)
     return None
@@ -107,8 +107,9 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
                   search: bool = True) -> GeneratePlan:
     """Generation's figures for ``batch`` sequences of ``prompt_len`` tokens and ``generate``
     generated tokens each, on ``chips`` chips with ``strategy`` (single or head)."""
-    if strategy not in ("single", "head"):
-        raise BadInput(f"--generate plans strategy single or head, not {strategy}")
+    if strategy not in DECODE_STRATEGIES:
+        raise BadInput(f"--generate plans strategy {', '.join(DECODE_STRATEGIES)}, not "
+                       f"{strategy}")
     if isinstance(generate, bool) or not isinstance(generate, int) or generate < 1:
         raise BadInput(f"--generate must be at least 1 token, not {generate}")
     if prompt_len < 1:
@@ -117,7 +118,7 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
         raise BadInput(f"--batch must be at least 1 sequence, not {batch}")
     qm, head = _dummy_qmodel(model), dummy_head(model)
     out = GeneratePlan(strategy, chips, prompt_len, generate, batch, fits=False)
-    reason = _fits(npu, model, qm, head, prompt_len, generate, batch, chips)
+    reason = _fits(npu, model, qm, head, prompt_len, generate, batch, chips, strategy)
     if search:
         # The prompt's longest at this batch; the batch's largest at this prompt.
         caps = [(npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys hold "
@@ -127,15 +128,16 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
                          "positions hold the context"))
         most, cap = min(caps)
         out.longest_prompt, out.longest_prompt_limit = _largest(
-            lambda p: _fits(npu, model, qm, head, p, generate, batch, chips), 1, max(1, most),
+            lambda p: _fits(npu, model, qm, head, p, generate, batch, chips, strategy), 1,
+            max(1, most),
             cap)
         out.largest_batch, out.largest_batch_limit = _largest(
-            lambda b: _fits(npu, model, qm, head, prompt_len, generate, b, chips), 1,
+            lambda b: _fits(npu, model, qm, head, prompt_len, generate, b, chips, strategy), 1,
             MAX_BATCH, f"searched to {MAX_BATCH}")
     if reason is not None:
         out.reason = reason
         return out
-    prog = _compile(npu, model, qm, head, prompt_len, generate, batch, chips)
+    prog = _compile(npu, model, qm, head, prompt_len, generate, batch, chips, strategy)
     programs = prog.programs
     fast = time_programs_fast(npu, programs)
     timed, out.timed_by = fast, "launch-level model"
@@ -146,7 +148,9 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
             out.timed_by = "cycle model"
         except IssError:
             pass
-    ends = step_ends(programs[0], intervals(timed.chips[0].trace, timed.cycles))
+    ends = step_ends(programs[prog.picker], intervals(timed.chips[prog.picker].trace,
+                                                      timed.cycles))
+    ends = ends[::prog.picks_per_step]
     steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
     clock = npu.clock_mhz * 1e6
     out.fits = True

@@ -91,6 +91,19 @@ def test_data_parallel_generation_is_bit_exact(name, batch, chips):
     assert sum(out["kv_bytes"]) == batch * per_seq
 
 
+@pytest.mark.parametrize("name,batch,chips", [("tiny", 4, 4), ("tiny", 2, 2),
+                                               ("tiny-llama", 4, 4), ("tiny-llama", 1, 2)])
+def test_pipeline_generation_is_bit_exact(name, batch, chips):
+    """Pipeline parallelism: a sequence per stage in flight, each stage its layers and their
+    caches, the last its head, each token sent back to the first stage; on the tiny NPU."""
+    cfg = model_preset(name)
+    prompts = seeded(50 + batch).integers(0, cfg.vocab_size, (batch, 3))
+    out = generate(npu_preset("tiny"), cfg, prompt=prompts, n=4, backend="iss",
+                   strategy="pipeline", chips=chips, seed=batch)
+    assert out["golden_match"], out["first_mismatch"]
+    assert len(out["step_cycles"]) == 3 and out["chips"] == chips
+
+
 def test_logits_equal_a_prefill_of_the_whole_sequence():
     """Step t's logits on chip are the whole sequence's prefill logits at position P - 1 + t."""
     cfg = model_preset("tiny")
@@ -172,13 +185,15 @@ def _same_run(iss, rtl):
 
 
 @pytest.mark.verilator
-def test_verilator_generation_equals_the_iss(verilator_ok):
-    """Head parallelism on 2 tiny NPUs, 4 tokens: the ids, the cycles of the whole run, of the
-    first token and of every decode step on Verilator equal the ISS's cycle model."""
+@pytest.mark.parametrize("strategy,chips,batch", [("head", 2, 1), ("pipeline", 4, 4)])
+def test_verilator_generation_equals_the_iss(verilator_ok, strategy, chips, batch):
+    """Head parallelism on 2 tiny NPUs, and a 4-stage pipeline with a batch of 4, 4 tokens:
+    the ids, the cycles of the whole run, of the first token and of every decode step on
+    Verilator equal the ISS's cycle model."""
     cfg = model_preset("tiny")
-    prompt = _prompt(cfg, 3, 3)
-    runs = [generate(npu_preset("tiny"), cfg, prompt=prompt, n=4, backend=b, strategy="head",
-                     chips=2, seed=3) for b in ("iss", "verilator")]
+    prompts = seeded(3).integers(0, cfg.vocab_size, (batch, 3))
+    runs = [generate(npu_preset("tiny"), cfg, prompt=prompts, n=4, backend=b,
+                     strategy=strategy, chips=chips, seed=3) for b in ("iss", "verilator")]
     assert runs[0]["golden_match"]
     _same_run(*runs)
 

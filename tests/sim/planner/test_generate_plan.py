@@ -25,6 +25,7 @@ NPU128 = tiny_variant(sram_bytes=1 << 19, imem_words=1 << 14, d_model_max=128)
 @pytest.mark.parametrize("name,npu,strategy,chips,batch", [
     ("tiny", tiny_variant(sram_bytes=1 << 17), "single", 1, 1),
     ("tiny", npu_preset("tiny"), "head", 2, 1),
+    ("tiny", npu_preset("tiny"), "pipeline", 4, 4),
     pytest.param("tiny-llama", npu_preset("tiny"), "head", 4, 2, marks=pytest.mark.slow)])
 def test_plan_equals_the_iss(name, npu, strategy, chips, batch):
     """The planned first token, every step's cycles and the KV bytes are the ISS's."""
@@ -75,11 +76,12 @@ def test_plan_generate_cli(capsys, tmp_path):
     assert status == 0, err
     assert "single on 1 chip" in out and "does not fit" in out and "head on 2 chips" in out
     plans = json.loads(out_json.read_text())["generate"]
-    assert [p["fits"] for p in plans] == [False, True]
+    assert [(p["strategy"], p["fits"]) for p in plans] == [
+        ("single", False), ("head", True), ("pipeline", True)]
     assert len(plans[1]["step_cycles"]) == 2 and np.isfinite(plans[1]["tokens_per_s"])
     for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
                       (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
-                      (["--generate", "2", "--strategy", "pipeline", "--chips", "2"],
-                       "--generate plans strategy single or head, not pipeline")):
+                      (["--generate", "2", "--strategy", "hidden", "--chips", "2"],
+                       "--generate plans strategy single, head, pipeline, data, not hidden")):
         status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
         assert_one_line_error(status, out, err, msg)
