@@ -9,25 +9,17 @@ float64 reference's tokens (:func:`sim.golden.decode.generate_float`).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 
 from ..compiler.decode import DECODE_STRATEGIES, check_generate, compile_decode
 from ..compiler.decode_quant import check_head_weights, quantize_decode
-from ..errors import BadInput, Watchdog
+from ..errors import BadInput
 from ..golden.decode import generate_float, generate_int, random_head_weights
 from ..golden.float_model import check_weights, random_weights
-from ..iss import IssError, IssSystem
 from ..report.timeline import intervals, step_ends
-from ..rtl.chip_runner import run_chip_pysim
-from ..rtl.pysim import SimulationTimeout
-from ..rtl.system_runner import run_system_pysim
-from ..rtl.toolchain import ToolchainMissing
-from ..rtl.verilator.runner import run_system_verilator
-from ..timing.cycle import time_programs, trace_entries
+from .simulate import run_backend
 
 __all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "GENERATE_STRATEGIES"]
 
@@ -100,44 +92,9 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     programs = prog.programs
     images = prog.images(prompts)
     reads = prog.reads()
-    start = time.perf_counter()
-    if backend == "iss":
-        system = IssSystem(npu, chips)
-        for iss, image in zip(system.chip, images, strict=True):
-            for base, words in image.items():
-                iss.write_words(base, words)
-        try:
-            system.run(programs)
-        except IssError as exc:
-            raise BadInput(f"the programs cannot run: {exc}") from None
-        try:
-            timed = time_programs(npu, programs, ring=chips > 1, max_cycles=max_cycles)
-        except IssError as exc:
-            raise Watchdog(str(exc)) from None
-        regions = [[iss.read_words(b, w) for b, w in r]
-                   for iss, r in zip(system.chip, reads, strict=True)]
-        cycles = timed.cycles
-        trace = trace_entries(npu, timed.chips[prog.picker].trace)
-    elif backend == "pysim" and chips == 1:
-        try:
-            out = run_chip_pysim(npu, programs[0], images[0], reads[0], max_cycles=max_cycles)
-        except SimulationTimeout as exc:
-            raise Watchdog(str(exc)) from None
-        if out["error"]:
-            raise BadInput("the chip halted on an unknown instruction (compiler bug)")
-        regions, cycles, trace = [out["regions"]], out["cycles"], out["trace"]
-    else:
-        run = run_system_pysim if backend == "pysim" else run_system_verilator
-        try:
-            out = run(npu, programs, images, reads, max_cycles=max_cycles)
-        except SimulationTimeout as exc:
-            raise Watchdog(str(exc)) from None
-        except ToolchainMissing as exc:
-            raise BadInput(f"--backend verilator: {exc}") from None
-        if any(out["errors"]):
-            raise BadInput("a chip halted on an unknown instruction (compiler bug)")
-        regions, cycles, trace = out["regions"], out["cycles"], out["traces"][prog.picker]
-    wall = time.perf_counter() - start
+    res = run_backend(backend, npu, programs, images, reads, max_cycles=max_cycles)
+    regions, cycles, wall = res["regions"], res["cycles"], res["wall_s"]
+    trace = res["chips"][prog.picker]["trace"]
     got = prog.read(regions)
     want = [generate_int(qm, head, p, n) for p in prompts]
     want_ids = np.array([w["ids"] for w in want])

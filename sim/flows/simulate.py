@@ -34,7 +34,8 @@ from ..rtl.toolchain import ToolchainMissing
 from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
 
-__all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
+__all__ = ["simulate", "run_backend", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES",
+           "check_input"]
 
 #: The strategies' names (``sim.strategies``, the registry).
 STRATEGIES = strategies.NAMES
@@ -55,15 +56,13 @@ def check_input(cfg: ModelConfig, x, what: str = "input") -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
-def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed,
-         progress=None, board=None):
-    """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
-    the chips measured (``cycles`` None on the ISS)."""
-    npu, n_chips = prog.npu, len(prog.chips)
-    images = prog.images(x_ints)
-    programs = [c.program for c in prog.chips]
-    reads = prog.reads()
-    load = sum(len(p) for p in programs) + sum(len(w) for img in images for w in img.values())
+def run_backend(backend, npu, programs, images, reads, *, max_cycles, vcd=None,
+                link_stalls=0.0, seed=0, progress=None, board=None) -> dict:
+    """Load ``images`` and ``programs`` (per chip), run them on ``backend`` and read
+    ``reads`` back (per chip, ``(base, words)`` regions): ``{"regions"`` (per chip, per
+    region), ``"cycles"``, ``"chips"`` (per chip its ``cycles``, ``busy`` counters and
+    ``trace``), ``"wall_s"}``. The ISS is timed by its cycle model (the RTL's cycles)."""
+    n_chips = len(programs)
     if backend == "iss":
         system = IssSystem(npu, n_chips)
         for iss, img in zip(system.chip, images, strict=True):
@@ -85,8 +84,8 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
                    for c in range(n_chips)]
         chips = [{"cycles": t.cycles, "busy": t.busy, "trace": trace_entries(npu, t.trace)}
                  for t in timed.chips]
-        res = {"cycles": timed.cycles, "chips": chips, "wall_s": wall}
-    elif n_chips == 1 and backend in ("pysim", "board"):
+        return {"regions": regions, "cycles": timed.cycles, "chips": chips, "wall_s": wall}
+    if n_chips == 1 and backend in ("pysim", "board"):
         try:
             if backend == "pysim":
                 out = run_chip_pysim(npu, programs[0], images[0], reads[0],
@@ -98,30 +97,43 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             raise Watchdog(str(exc)) from None
         if out["error"]:
             raise BadInput("the chip halted on an unknown instruction (compiler bug)")
-        regions = [out["regions"]]
-        res = {"cycles": out["cycles"], "wall_s": out["wall_s"], "chips": [
-            {"cycles": out["cycles"], "busy": out["busy_cycles"], "trace": out["trace"]}]}
-    else:
-        # pysim on several chips; verilator on any number (ChipSystem and its C++ harness).
-        try:
-            if backend == "pysim":
-                out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
-                                       vcd=vcd, link_stalls=link_stalls, seed=seed,
-                                       progress=progress)
-            else:
-                out = run_system_verilator(npu, programs, images, reads, max_cycles=max_cycles,
-                                           link_stalls=link_stalls, seed=seed)
-        except SimulationTimeout as exc:
-            raise Watchdog(str(exc)) from None
-        except ToolchainMissing as exc:
-            raise BadInput(f"--backend verilator: {exc}") from None
-        if any(out["errors"]):
-            raise BadInput("a chip halted on an unknown instruction (compiler bug)")
-        regions = out["regions"]
-        res = {"cycles": out["cycles"], "wall_s": out["wall_s"], "chips": [
-            {"cycles": c, "busy": b, "trace": t}
-            for c, b, t in zip(out["chip_cycles"], out["busy_cycles"], out["traces"],
-                               strict=True)]}
+        return {"regions": [out["regions"]], "cycles": out["cycles"], "wall_s": out["wall_s"],
+                "chips": [{"cycles": out["cycles"], "busy": out["busy_cycles"],
+                           "trace": out["trace"]}]}
+    # pysim on several chips; verilator on any number (ChipSystem and its C++ harness).
+    try:
+        if backend == "pysim":
+            out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
+                                   vcd=vcd, link_stalls=link_stalls, seed=seed,
+                                   progress=progress)
+        else:
+            out = run_system_verilator(npu, programs, images, reads, max_cycles=max_cycles,
+                                       link_stalls=link_stalls, seed=seed)
+    except SimulationTimeout as exc:
+        raise Watchdog(str(exc)) from None
+    except ToolchainMissing as exc:
+        raise BadInput(f"--backend verilator: {exc}") from None
+    if any(out["errors"]):
+        raise BadInput("a chip halted on an unknown instruction (compiler bug)")
+    return {"regions": out["regions"], "cycles": out["cycles"], "wall_s": out["wall_s"],
+            "chips": [{"cycles": c, "busy": b, "trace": t}
+                      for c, b, t in zip(out["chip_cycles"], out["busy_cycles"],
+                                         out["traces"], strict=True)]}
+
+
+def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed,
+         progress=None, board=None):
+    """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
+    the chips measured (``cycles`` None on the ISS)."""
+    n_chips = len(prog.chips)
+    images = prog.images(x_ints)
+    programs = [c.program for c in prog.chips]
+    reads = prog.reads()
+    load = sum(len(p) for p in programs) + sum(len(w) for img in images for w in img.values())
+    res = run_backend(backend, prog.npu, programs, images, reads, max_cycles=max_cycles,
+                      vcd=vcd, link_stalls=link_stalls, seed=seed, progress=progress,
+                      board=board)
+    regions = res.pop("regions")
     # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
     taken = [0] * n_chips
     outputs = []
