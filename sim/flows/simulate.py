@@ -16,7 +16,9 @@ import numpy as np
 
 from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
+from hw.spec.ring import RTL_MAX_CHIPS
 from hw.spec.timing.collective import ring_bound_cycles
+from hw.spec.topology import system_topology
 
 from .. import strategies
 from ..compiler.program import SystemProgram
@@ -33,6 +35,7 @@ from ..rtl.system_runner import run_system_pysim
 from ..rtl.toolchain import ToolchainMissing
 from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
+from ..timing.launch import time_programs_fast
 
 __all__ = ["simulate", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES", "check_input"]
 
@@ -76,8 +79,16 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             raise BadInput(f"the programs cannot run: {exc}") from None
         # The same programs through the ISS's cycle model: the RTL's cycles, busy counters
         # and traces (one chip alone as chip_runner runs it, several on ChipSystem's ring).
+        # A torus has no gateware yet: its launch-level model times each collective and
+        # transfer on the rings of the dimensions it uses, with their links.
         try:
-            timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles)
+            if system_topology(npu, n_chips).is_torus:
+                timed = time_programs_fast(npu, programs)
+                if timed.cycles > max_cycles:
+                    raise IssError(f"timing: the chips did not all halt within {max_cycles} "
+                                   "cycles")
+            else:
+                timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles)
         except IssError as exc:
             raise Watchdog(str(exc)) from None
         wall = time.perf_counter() - start
@@ -248,6 +259,14 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
             chips = strat.chips_of(grid)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
+    try:
+        topology = system_topology(npu, chips)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if backend in ("pysim", "verilator") and (chips > RTL_MAX_CHIPS or topology.is_torus):
+        raise BadInput(f"--backend {backend}: the gateware is a ring of at most {RTL_MAX_CHIPS} "
+                       f"chips (hw.spec.ring.RTL_MAX_CHIPS), not the {topology}; run it on "
+                       "--backend iss")
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
     if link_stalls and (chips == 1 or backend == "iss"):
