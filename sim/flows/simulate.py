@@ -170,7 +170,15 @@ COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
-    link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
+    topo = system_topology(npu, len(prog.chips))
+
+    def link_of(dim):
+        """The links a collective or transfer along ``dim`` uses (a torus's own per
+        dimension; None: the NPU's)."""
+        if dim is None or not topo.is_torus:
+            return npu.link_bytes_per_cycle, npu.link_latency_cycles
+        one = topo.link(dim, npu)
+        return one.bytes_per_cycle, one.latency_cycles
     # A chip's k-th collective interval is the k-th collective it is a member of (a chip
     # may be a member of several groups: hidden parallelism's head groups and whole ring).
     out, seen = [], {"coll": [0] * len(prog.chips), "send": {}}
@@ -185,6 +193,7 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
                 seen["coll"][m] += 1
             entry["start"] = min(s for s, _ in ivs)
             entry["cycles"] = max(e for _, e in ivs) - entry["start"]
+            link, lat = link_of(topo.ring_of(members) if topo.is_torus else None)
             entry["bound_cycles"] = ring_bound_cycles(comm["kind"], comm["bytes"], count, link,
                                                       lat)
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
@@ -196,6 +205,8 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
             entry["start"] = s
             entry["cycles"] = e - s
             # One hop: the bytes at the link's width plus its latency.
+            hops = topo.hops(src, comm["to"])
+            link, lat = link_of(next((d for d, h in enumerate(hops) if h), None))
             entry["bound_cycles"] = -(-comm["bytes"] // link) + lat
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
         out.append(entry)
