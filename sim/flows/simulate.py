@@ -82,13 +82,15 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
         # A torus has no gateware yet: its launch-level model times each collective and
         # transfer on the rings of the dimensions it uses, with their links.
         try:
-            if system_topology(npu, n_chips).is_torus:
+            topo = system_topology(npu, n_chips)
+            if topo.is_torus:
                 timed = time_programs_fast(npu, programs)
                 if timed.cycles > max_cycles:
                     raise IssError(f"timing: the chips did not all halt within {max_cycles} "
                                    "cycles")
             else:
-                timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles)
+                timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles,
+                                      link=topo.links[0] if topo.links else None)
         except IssError as exc:
             raise Watchdog(str(exc)) from None
         wall = time.perf_counter() - start

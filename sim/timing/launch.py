@@ -460,6 +460,9 @@ class _Comm:
         self.timer = timer
         self.chips = chips
         self.topology = topology or Topology.ring(chips)
+        #: A ring's links when its topology gives its own (None: the NPU's).
+        self.ring_link = None if self.topology.is_torus or not self.topology.links else \
+            self.topology.links[0]
         self._coll_cache = {}
         self._p2p_cache = {}
 
@@ -467,7 +470,7 @@ class _Comm:
         """``(chips, {member: sub-ring position}, first, link)``: the ring ``req`` is timed on."""
         topo = self.topology
         if not topo.is_torus:
-            return req.chips, {m: m for m in req.members}, req.first, None
+            return req.chips, {m: m for m in req.members}, req.first, self.ring_link
         dim = 0 if req.count == 1 else topo.ring_of(req.members)
         if dim is None:
             links = [topo.link(d, self.npu) for d in range(2)]
@@ -602,7 +605,7 @@ class _Comm:
                 words += [_set(name, p[3].get(name, 0)) for name in _REGS_OF[Op.COLL]]
                 words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
                 programs[m] = words
-        t = time_programs(self.npu, programs, ring=chips > 1)
+        t = time_programs(self.npu, programs, ring=chips > 1, link=self.ring_link)
         out = [{m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in x[0].members}
                for x in cluster]
         self._coll_cache[key] = out
@@ -636,7 +639,8 @@ class _Comm:
         longest = max(len(p) for p in programs)
         programs = [p if len(p) == 1 else [int(Op.NOP)] * (longest - len(p)) + p
                     for p in programs]
-        t = time_programs(self.npu, programs, ring=req.chips > 1)
+        t = time_programs(self.npu, programs, ring=req.chips > 1,
+                          link=self.ring_link)
         out = {m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in req.members}
         self._coll_cache[key] = out
         return out
@@ -659,7 +663,7 @@ class _Comm:
                                          topo.link(dim, self.npu))
                     out = tuple(x + y for x, y in zip(out, leg, strict=True))
         else:
-            out = self._p2p_ring(self.chips, src, dest, words, None)
+            out = self._p2p_ring(self.chips, src, dest, words, self.ring_link)
         self._p2p_cache[key] = out
         return out
 

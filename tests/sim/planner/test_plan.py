@@ -334,7 +334,7 @@ def test_min_chips_and_the_json_shape():
     assert set(data) == {"npu", "model", "strategies"}
     entry = {"strategy", "grid", "chips", "fits", "reasons", "per_chip",
              "comm_bytes_per_layer", "collectives_per_layer", "predicted_cycles",
-             "latency_ms", "tokens_per_s", "min_chips", "notes", "timing"}
+             "latency_ms", "tokens_per_s", "min_chips", "notes", "timing", "topology"}
     for s in data["strategies"]:
         assert set(s) == entry
         assert all(set(c) == {"chip", "weights", "kv_cache", "activations"}
