@@ -16,6 +16,7 @@ from sim.flows.simulate import simulate
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.iss import IssSystem
+from sim.timing.cycle import time_programs
 from sim.timing.launch import time_programs_fast
 from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, check_report, run
 
@@ -161,3 +162,18 @@ def test_the_cli_runs_a_torus_and_refuses_an_inconsistent_one(capsys):
     assert_one_line_error(*run(capsys, "collective", "--npu", TINY_NPU, "--kind", "all_reduce",
                                "--chips", "9"),
                           "chips must be 1..8, not 9: the ring testbed")
+
+
+def test_a_ring_with_links_of_its_own_is_timed_on_them():
+    """A ring's [topology] links replace the NPU's in both timing models: the same width
+    and latency give the same cycles, deeper links more."""
+    seed = 6
+    print(f"seed={seed}")
+    _, _, prog = iss_run(TINY, HEADS16, "head", 16, seed=seed)
+    programs = [c.program for c in prog.chips]
+    own = DimLink(TINY.link_bytes_per_cycle, TINY.link_latency_cycles)
+    deep = DimLink(TINY.link_bytes_per_cycle, TINY.link_latency_cycles + 30)
+    plain = time_programs_fast(TINY, programs).cycles
+    assert time_programs_fast(TINY, programs, topology=Topology((16,), (own,))).cycles == plain
+    assert time_programs_fast(TINY, programs, topology=Topology((16,), (deep,))).cycles > plain
+    assert time_programs(TINY, programs, link=own).cycles == time_programs(TINY, programs).cycles
