@@ -370,6 +370,8 @@ def _reference(strat, npu, qm, seq, x_ints, backend, max_cycles) -> dict:
     """One chip's cycles for the same model and batch, simulated on ``backend`` (the program
     the strategy measures its speed-up against: sequence parallelism's runs in passes on one
     chip when the sequence exceeds ``max_seq_len``)."""
+    # One chip alone: the system's topology is not its.
+    npu = dataclasses.replace(npu, topology=None)
     prog, how = strat.reference_program(npu, qm, seq=seq, samples=len(x_ints))
     if prog is None:
         return {"cycles": None, "source": how}

@@ -149,9 +149,9 @@ def test_the_rtl_backends_refuse_what_the_gateware_cannot_build(backend, npu, ch
 
 def test_the_cli_runs_a_torus_and_refuses_an_inconsistent_one(capsys):
     status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL,
-                           "--strategy", "head", "--topology", "2x2", "--backend", "iss",
-                           "--reference", "none")
+                           "--strategy", "head", "--topology", "2x2", "--backend", "iss")
     assert status == 0, err
+    assert "speed-up" in out or "one chip" in out, out
     assert "4 chip(s) on the 2x2 torus" in out and "golden match: yes" in out, out
     assert_one_line_error(*run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL,
                                "--chips", "3", "--topology", "2x2", "--backend", "iss"),
