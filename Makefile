@@ -42,12 +42,14 @@ check-cxx:
 # data parallelism's: four sequences, so that every replica has one. GRID=AxB replaces CHIPS.
 BATCH    ?= $(if $(findstring pipeline,$(STRATEGY))$(findstring data,$(STRATEGY)),4,)
 GRID     ?=
+# GENERATE=N: greedy generation of N tokens after the prompt (a decoder), on chip.
+GENERATE ?=
 TIMED    := --plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json
 
 sim: $(STAMP)
 	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
-		$(if $(QUANT),--quant $(QUANT)) \
+		$(if $(QUANT),--quant $(QUANT)) $(if $(GENERATE),--generate $(GENERATE)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)
 
 # A design-space sweep (docs/sweep.md): every point of SPEC as a Dask task on WORKERS local

@@ -271,7 +271,7 @@ class Chip(wiring.Component):
             m.d.sync += owner_attn.eq(0)
         # A launch starts only the generators its unit will use: an unused generator would
         # still walk one address and never finish.
-        vu_uses = {"RD3": 1, "RD4": vu.uses.b, "RD5": vu.uses.stats, "WR1": vu.uses.data,
+        vu_uses = {"RD3": vu.uses.a, "RD4": vu.uses.b, "RD5": vu.uses.stats, "WR1": vu.uses.data,
                    "WR2": vu.uses.q}
         # The split-score passes read no V (partial) or no K (reduced).
         at_uses = {"RD3": at.uses.k, "RD4": at.uses.v, "RD5": 1, "WR1": 1, "WR2": 0}

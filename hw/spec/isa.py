@@ -31,7 +31,7 @@ __all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", 
            "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
            "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError",
            "LOOP_BODY_BITS", "LOOP_COUNT_BITS", "loop_operand", "loop_fields", "LoopState",
-           "add_value"]
+           "add_value", "ADDX_SCALE_BITS", "ITER_BITS", "check_addx_scale", "addx_value"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -47,6 +47,10 @@ class IsaError(ValueError):
 #: Bits of a LOOP's body length (operand ``[15:0]``) and trip count (``[47:16]``).
 LOOP_BODY_BITS = 16
 LOOP_COUNT_BITS = 32
+#: Bits of ADDX's signed scale (the low bits of its value field) and of the loop's iteration
+#: index ITER (as wide as the trip count), so the gateware's product is 16 x 32 bits.
+ADDX_SCALE_BITS = 16
+ITER_BITS = LOOP_COUNT_BITS
 
 
 class Op(enum.IntEnum):
@@ -56,6 +60,7 @@ class Op(enum.IntEnum):
     HALT = 3     #: end of program: waits for every unit, then raises ``done``
     ADD = 4      #: ADD reg, value: the register plus value (48-bit, wrapping), encoded as SET
     LOOP = 5     #: LOOP body, count: run the next ``body`` instructions ``count`` times
+    ADDX = 6     #: ADDX reg, scale: the register plus scale * ITER (48-bit, wrapping), as SET
     MATMUL = 8   #: matmul unit: A via RD0 (transposed in N x N blocks), B via RD1, params RD2
     ATTN = 9     #: attention buffer + softmax unit
     VEC = 10     #: vector unit
@@ -187,14 +192,33 @@ def add_value(old: int, value: int) -> int:
     return sign_extend(old + value)
 
 
+def check_addx_scale(scale: int) -> int:
+    """``scale`` if it is an ADDX scale (signed :data:`ADDX_SCALE_BITS` bits), else IsaError."""
+    lo, hi = -(1 << (ADDX_SCALE_BITS - 1)), (1 << (ADDX_SCALE_BITS - 1)) - 1
+    if not lo <= scale <= hi:
+        raise IsaError(f"ADDX scale {scale} outside {lo}..{hi}")
+    return scale
+
+
+def addx_value(old: int, scale: int, iteration: int) -> int:
+    """What ``ADDX`` leaves in a register holding ``old`` in the loop's trip ``iteration``
+    (ITER): ``old + scale * iteration``, 48-bit two's complement. The product itself always
+    fits 48 bits (|scale| <= 2^15, ITER < 2^32). IsaError on a scale outside 16 bits."""
+    if not 0 <= iteration < 1 << ITER_BITS:
+        raise IsaError(f"ADDX iteration {iteration} outside 0..{(1 << ITER_BITS) - 1}")
+    return sign_extend(old + check_addx_scale(scale) * iteration)
+
+
 class LoopState:
     """The sequencer's loop registers and its next-pc rule (the ISS and the timing models run
     it; ``hw.tile.sequencer`` is the gateware). One loop at a time: a LOOP inside a body, or a
-    body of 0 instructions, is an error (the chip halts with ``error``)."""
+    body of 0 instructions, is an error (the chip halts with ``error``). ``iteration`` is ITER,
+    the running trip's index (0 in the first, ``count - 1`` in the last), which ADDX scales;
+    an ADDX outside a body is an error too."""
 
     def __init__(self):
         self.active = False
-        self.start = self.end = self.left = 0
+        self.start = self.end = self.left = self.iteration = 0
 
     def begin(self, pc: int, operand: int) -> int:
         """Execute the LOOP at ``pc``; return the next pc. IsaError on a nested LOOP."""
@@ -206,21 +230,35 @@ class LoopState:
         if count == 0:
             return pc + body + 1
         self.active, self.start, self.end, self.left = True, pc + 1, pc + body, count - 1
+        self.iteration = 0
         return pc + 1
+
+    def iteration_at(self, pc: int) -> int:
+        """ITER for the ADDX at ``pc``; IsaError outside a loop body."""
+        if not self.active:
+            raise IsaError(f"ADDX at pc {pc} outside a loop body")
+        return self.iteration
 
     def next_pc(self, pc: int) -> int:
         """The pc after the (non-LOOP) instruction at ``pc`` completes."""
         if self.active and pc == self.end:
             if self.left:
                 self.left -= 1
+                self.iteration += 1
                 return self.start
             self.active = False
         return pc + 1
 
 
+#: Opcodes with a register index and a value (``[15:6]``, ``[63:16]``).
+_REG_OPS = (Op.SET, Op.ADD, Op.ADDX)
+
+
 def encode(insn: Insn) -> int:
     op = Op(insn.op)
-    if op in (Op.SET, Op.ADD):
+    if op is Op.ADDX:
+        check_addx_scale(insn.value)
+    if op in _REG_OPS:
         if not 0 <= insn.reg < len(REGS):
             raise IsaError(f"{op.name} register index {insn.reg} outside 0..{len(REGS) - 1}")
         lo, hi = -(1 << (VALUE_BITS - 1)), (1 << VALUE_BITS) - 1
@@ -241,7 +279,7 @@ def decode(word: int) -> Insn:
         op = Op(word & ((1 << OPCODE_BITS) - 1))
     except ValueError:
         raise IsaError(f"unknown opcode {word & 0x3f} in {word:#018x}") from None
-    if op in (Op.SET, Op.ADD):
+    if op in _REG_OPS:
         index = (word >> OPCODE_BITS) & ((1 << REG_BITS) - 1)
         value = word >> (OPCODE_BITS + REG_BITS)
         if value >> (VALUE_BITS - 1):
@@ -257,7 +295,7 @@ def sign_extend(value: int, bits: int = VALUE_BITS) -> int:
 
 def disassemble(word: int) -> str:
     insn = decode(word)
-    if insn.op in (Op.SET, Op.ADD):
+    if insn.op in _REG_OPS:
         name = REGS[insn.reg] if insn.reg < len(REGS) else f"r{insn.reg}"
         return f"{insn.op.name:<6} {name:<16} {insn.value}"
     if insn.op is Op.LOOP:

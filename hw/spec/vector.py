@@ -4,8 +4,9 @@ Plain Python (and NumPy), no Amaranth: the opcode values, the command fields and
 how per-lane parameters are packed into the 32-bit ``i_b`` lanes, the fixed-point constants
 of the LayerNorm datapath (its rsqrt seed table included; RMSNorm's ops share it, with
 ``sum x`` taken as 0: :data:`RMS_OPS`, :func:`twin_of`; MUL has ADD's streams and cycles)
-and the shape of the int16 GELU
-table (GELU16). The numeric definitions themselves
+the shape of the int16 GELU
+table (GELU16) and the argmax record (ARGMAX writes it, ONEHOT reads it: :data:`ARGMAX_BYTES`,
+:func:`pack_argmax`, :func:`unpack_argmax`). The numeric definitions themselves
 are in :mod:`sim.golden.vector` (the reference) and :mod:`hw.tile.vector` (the gateware).
 """
 
@@ -23,7 +24,7 @@ __all__ = [
     "LN_Z_FRAC_BITS", "LN_Z_BITS", "LN_D_MAX", "RSQRT_FRAC_BITS", "RSQRT_NEWTON_STEPS",
     "RSQRT_SEED_SHIFT", "RSQRT_SEED_BASE", "rsqrt_seed_table", "pack_requant", "pack_gamma_beta",
     "lut_beats", "lut16_beats", "beats", "GELU16_KNOTS", "GELU16_ZERO", "GELU16_G_MIN",
-    "GELU16_G_MAX",
+    "GELU16_G_MAX", "ARGMAX_BYTES", "argmax_words", "pack_argmax", "unpack_argmax",
 ]
 
 
@@ -44,6 +45,8 @@ class VectorOp(enum.IntEnum):
     RMS = 11      #: full RMSNorm of one vector: LN with sum x taken as 0 (no centring)
     RMS_APPLY = 12  #: LN_APPLY with sum x taken as 0: global sum x^2 from i_stats, global n
     MUL = 13      #: requant(int8(a) * int8(b), mult, shift) to int8 (int16 if out16): gated FFN
+    ARGMAX = 14   #: one argmax record: index (lowest on ties) + n and the int16 maximum
+    ONEHOT = 15   #: int8 row: 1 at lane (index - n) of the record read, 0 elsewhere
 
 
 #: RMSNorm's ops: the LayerNorm datapath with ``sum x`` taken as 0, both in
@@ -66,7 +69,8 @@ def twin_of(op) -> VectorOp:
 
 #: Width of the command's ``length`` field (elements of this vector on this chip).
 LENGTH_BITS = 16
-#: Width of the command's ``n`` field (element count over all chips, LN_APPLY and RMS_APPLY).
+#: Width of the command's ``n`` field (element count over all chips, LN_APPLY and RMS_APPLY;
+#: the index offset of ARGMAX and ONEHOT).
 N_BITS = 16
 #: Width of the command's ``gshift`` field (LayerNorm gamma shift, 0..63).
 GSHIFT_BITS = 6
@@ -104,13 +108,15 @@ class VectorCmd:
     ``length`` is the number of elements of this vector on this chip (``1..d_model_max``;
     ignored by LOAD_LUT and LOAD_LUT16, which always read 256 and 257 entries). ``n`` is the
     LayerNorm element count of the whole vector across chips, used by LN_APPLY and RMS_APPLY
-    only (LN and RMS use ``length``). ``mult``/``shift`` requantise (REQUANT without
-    ``per_channel``, MUL's product, and the int8 output of the LayerNorm and RMSNorm ops);
+    (LN and RMS use ``length``), and the index offset of ARGMAX and ONEHOT (the first column
+    of this chip's block of a row split over chips). ``mult``/``shift`` requantise (REQUANT
+    without ``per_channel``, MUL's product, and the int8 output of the LayerNorm and RMSNorm ops);
     for GELU16
     ``shift`` is the knot spacing g (:data:`GELU16_G_MIN`..:data:`GELU16_G_MAX`). ``out16``
     selects int16 rather than int8 for REQUANT and MUL, and the whole int16 y rather than its high
     byte for GELU16. ``gshift`` is the
-    LayerNorm (and RMSNorm) gamma shift.
+    LayerNorm (and RMSNorm) gamma shift. ``pairs``: ARGMAX combines ``length`` argmax records
+    (read as ``i_stats`` beats) instead of reading ``length`` elements; ``n`` is then 0.
     """
 
     op: VectorOp
@@ -121,6 +127,7 @@ class VectorCmd:
     gshift: int = 16
     out16: bool = False
     per_channel: bool = False
+    pairs: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "op", VectorOp(self.op))
@@ -135,7 +142,52 @@ class VectorCmd:
         """The command as a dict of integers (for ``ctx.set`` on the gateware's ``i_cmd``)."""
         return {"op": int(self.op), "length": int(self.length), "n": int(self.n),
                 "mult": int(self.mult), "shift": int(self.shift), "gshift": int(self.gshift),
-                "out16": int(self.out16), "per_channel": int(self.per_channel)}
+                "out16": int(self.out16), "per_channel": int(self.per_channel),
+                "pairs": int(self.pairs)}
+
+
+#: Bytes of one argmax record (ARGMAX writes one per row, ONEHOT reads one per row): the int32
+#: index at bytes 0..3, the int16 maximum at bytes 4..5, bytes 6..7 zero, all little-endian;
+#: padded with zero bytes to :func:`argmax_words` words (one word when N >= 8, two at N = 4:
+#: the index word, then the value word; four at N = 2).
+ARGMAX_BYTES = 8
+
+
+def argmax_words(word_bytes: int) -> int:
+    """Words of one argmax record."""
+    return -(-ARGMAX_BYTES // word_bytes)
+
+
+def pack_argmax(index, value, word_bytes: int) -> np.ndarray:
+    """Argmax records as words: ``uint8[rows, argmax_words(N), N]`` for ``rows`` (index, value)
+    pairs (scalars give one record, ``[words, N]``). ``index`` must fit int32 and ``value``
+    int16 (ValueError otherwise: nothing is wrapped)."""
+    index = np.asarray(index, dtype=np.int64)
+    value = np.asarray(value, dtype=np.int64)
+    if index.shape != value.shape:
+        raise ValueError(f"index shape {index.shape} != value shape {value.shape}")
+    for name, arr, bits in (("index", index, 32), ("value", value, 16)):
+        bad = arr[(arr < -(1 << (bits - 1))) | (arr >= 1 << (bits - 1))]
+        if bad.size:
+            raise ValueError(f"argmax {name} {int(bad[0])} does not fit int{bits}")
+    words = argmax_words(word_bytes)
+    flat = index.reshape(-1)
+    out = np.zeros((flat.size, words * word_bytes), np.uint8)
+    out[:, 0:4] = flat.astype("<i4").view(np.uint8).reshape(-1, 4)
+    out[:, 4:6] = value.reshape(-1).astype("<i2").view(np.uint8).reshape(-1, 2)
+    return out.reshape(index.shape + (words, word_bytes))
+
+
+def unpack_argmax(words) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`pack_argmax`: ``(index, value)`` (int64) of records
+    ``uint8[..., argmax_words(N), N]``."""
+    words = np.asarray(words, dtype=np.uint8)
+    flat = np.ascontiguousarray(words.reshape(words.shape[:-2] + (-1,))[..., :ARGMAX_BYTES])
+    if flat.shape[-1] != ARGMAX_BYTES:
+        raise ValueError(f"an argmax record is {ARGMAX_BYTES} bytes, not {flat.shape[-1]}")
+    index = flat[..., 0:4].copy().view("<i4")[..., 0].astype(np.int64)
+    value = flat[..., 4:6].copy().view("<i2")[..., 0].astype(np.int64)
+    return index, value
 
 
 def beats(length: int, lanes: int) -> int:

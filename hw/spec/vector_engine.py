@@ -11,13 +11,22 @@ written (``docs/isa.md``, section VEC)::
     bits 7:6  d_bytes      log2 of the data output's element bytes
     bit 8     wr_data      write ``data`` through WR1
     bit 9     wr_q         write ``q`` through WR2: LayerNorm's int8 output, GELU16's low byte
+                           (LN_STATS and ARGMAX: their records)
+    bit 10    pairs        ARGMAX combines argmax records: ``VU_LEN`` of them per row from RD5
+                           (the partial argmaxes of the chips a vocabulary is split over), no A
 
-Bits 10 and up must be 0; a 2-bit width code of 3 is invalid.
+Bits 11 and up must be 0; a 2-bit width code of 3 is invalid.
 
 LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY and RMS_APPLY read them
 through RD5) are one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16
 bytes, ``sum x`` the unit's int32 sign-extended), padded to ``ceil(16 / N)`` words, so that an
 int64 SUM all-reduce of the records gives the global statistics.
+
+Argmax records (:data:`hw.spec.vector.ARGMAX_BYTES`, :func:`hw.spec.vector.pack_argmax`):
+ARGMAX writes one per row through WR2, ONEHOT reads one per row through RD5 (and no operand A:
+RD3 is not started), ``argmax_words(N)`` words each; ARGMAX with ``pairs`` reads ``VU_LEN`` of
+them per row through RD5 (no operand A) and writes the one with the largest value, the lowest
+index winning a tie.
 """
 
 from __future__ import annotations
@@ -25,17 +34,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .memory import row_words
-from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, twin_of
+from .vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, argmax_words, twin_of
 
 __all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "Q_OPS", "B_OPS",
-           "STATS_IN_OPS", "uses_b", "row_words", "row_beats", "table_entries", "STATS_BYTES",
-           "stats_words"]
+           "STATS_IN_OPS", "RECORD_OUT_OPS", "RECORD_IN_OPS", "combines", "uses_a",
+           "uses_records", "uses_b", "row_words",
+           "row_beats", "table_entries", "STATS_BYTES", "stats_words", "record_words"]
 
 #: Bytes of one LayerNorm statistics record: int64 sum x, int64 sum x^2.
 STATS_BYTES = 16
 
 #: Bits of ``VU_FLAGS`` that carry meaning (the rest must be 0).
-FLAG_BITS = 10
+FLAG_BITS = 11
 #: Element byte widths a 2-bit width code can name (code = index).
 ELEM_BYTES = (1, 2, 4)
 #: Ops a ``VEC`` launch supports.
@@ -55,6 +65,12 @@ Q_OPS = _like(VectorOp.LN, VectorOp.LN_APPLY, VectorOp.GELU16)
 B_OPS = _like(VectorOp.ADD, VectorOp.BIAS, VectorOp.LN, VectorOp.LN_APPLY)
 #: Ops that read one statistics record per row (RD5).
 STATS_IN_OPS = _like(VectorOp.LN_APPLY)
+#: Ops that write one record per row through WR2 (``wr_q`` set, ``wr_data`` clear) and no
+#: ``data``: LN_STATS (statistics), ARGMAX (argmax records).
+RECORD_OUT_OPS = (VectorOp.LN_STATS, VectorOp.ARGMAX)
+#: Ops that read one record per row through RD5: the statistics-reading ops and ONEHOT (an
+#: argmax record).
+RECORD_IN_OPS = (*STATS_IN_OPS, VectorOp.ONEHOT)
 
 
 def _code(name: str, nbytes: int) -> int:
@@ -74,6 +90,7 @@ class VecFlags:
     d_bytes: int = 2
     wr_data: bool = True
     wr_q: bool = False
+    pairs: bool = False
 
     def __post_init__(self):
         for name in ("a_bytes", "b_bytes", "d_bytes"):
@@ -83,7 +100,7 @@ class VecFlags:
         return (int(bool(self.out16)) | int(bool(self.per_channel)) << 1
                 | _code("a_bytes", self.a_bytes) << 2 | _code("b_bytes", self.b_bytes) << 4
                 | _code("d_bytes", self.d_bytes) << 6 | int(bool(self.wr_data)) << 8
-                | int(bool(self.wr_q)) << 9)
+                | int(bool(self.wr_q)) << 9 | int(bool(self.pairs)) << 10)
 
     @classmethod
     def decode(cls, value: int) -> VecFlags:
@@ -99,7 +116,24 @@ class VecFlags:
                                  "(0: 1, 1: 2, 2: 4 bytes)")
             widths[name] = ELEM_BYTES[code]
         return cls(out16=bool(value & 1), per_channel=bool(value >> 1 & 1),
-                   wr_data=bool(value >> 8 & 1), wr_q=bool(value >> 9 & 1), **widths)
+                   wr_data=bool(value >> 8 & 1), wr_q=bool(value >> 9 & 1),
+                   pairs=bool(value >> 10 & 1), **widths)
+
+
+def combines(op: VectorOp, pairs: bool) -> bool:
+    """ARGMAX in pair mode: it reads argmax records (RD5), not elements."""
+    return VectorOp(op) is VectorOp.ARGMAX and bool(pairs)
+
+
+def uses_a(op: VectorOp, pairs: bool = False) -> bool:
+    """Whether the op reads operand A (RD3): every op but ONEHOT and pair-mode ARGMAX (they
+    read records)."""
+    return VectorOp(op) is not VectorOp.ONEHOT and not combines(op, pairs)
+
+
+def uses_records(op: VectorOp, pairs: bool = False) -> bool:
+    """Whether the op reads records through RD5: :data:`RECORD_IN_OPS`, pair-mode ARGMAX."""
+    return VectorOp(op) in RECORD_IN_OPS or combines(op, pairs)
 
 
 def uses_b(op: VectorOp, per_channel: bool) -> bool:
@@ -122,3 +156,15 @@ def row_beats(op: VectorOp, length: int, lanes: int) -> int:
 def stats_words(word_bytes: int) -> int:
     """Words of one statistics record."""
     return -(-STATS_BYTES // word_bytes)
+
+
+def record_words(op: VectorOp, word_bytes: int) -> int | None:
+    """Words of the record ``op`` reads (RD5) or writes (WR2) per row: an argmax record for
+    ARGMAX and ONEHOT, a statistics record for LN_STATS and the statistics-reading ops; None
+    for ops without records."""
+    op = VectorOp(op)
+    if op in (VectorOp.ARGMAX, VectorOp.ONEHOT):
+        return argmax_words(word_bytes)
+    if op is VectorOp.LN_STATS or op in STATS_IN_OPS:
+        return stats_words(word_bytes)
+    return None

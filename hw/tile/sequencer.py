@@ -5,7 +5,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..spec.isa import (
+    ADDX_SCALE_BITS,
     INSN_BITS,
+    ITER_BITS,
     LOOP_BODY_BITS,
     LOOP_COUNT_BITS,
     OPCODE_BITS,
@@ -27,12 +29,17 @@ class Sequencer(wiring.Component):
     """Execute a program from instruction memory, one instruction per cycle.
 
     - ``SET reg, value`` writes the configuration register file (``regs``); ``ADD reg, value``
-      adds to it (48 bits, wrapping).
+      adds to it (48 bits, wrapping); ``ADDX reg, scale`` adds ``scale * ITER``, the loop's
+      iteration index times the low 16 bits of the value field (signed). All three share one
+      write path: one read mux on the selected register, one adder, and one 16 x 32-bit
+      multiplier (one instruction issues per cycle, so one product serves every register).
     - ``LOOP body, count`` runs the next ``body`` instructions ``count`` times (0: skips them):
       it records the body's first and last pc and the trips left; completing the last
       instruction of the body with trips left goes back to the first (the same cycle as any
       other advance: no cycle is lost at the jump). A LOOP inside a body, or with an empty
       body, halts with ``error`` (``hw.spec.isa.LoopState`` is the same rule in Python).
+      ITER (``loop_iter``) is 0 at the LOOP and counts up at each jump back; an ADDX outside
+      a loop body halts with ``error``.
     - A launch opcode raises its ``launch`` bit; the chip takes it when the unit and its
       address generators are idle (``can_launch``) and copies the registers into them in the
       same cycle; the program continues with the next instruction at once.
@@ -94,6 +101,9 @@ class Sequencer(wiring.Component):
         loop_start = Signal(range(self._imem_words))
         loop_end = Signal(range(self._imem_words))
         loop_left = Signal(LOOP_COUNT_BITS)
+        loop_iter = Signal(ITER_BITS)    # ITER: the running trip's index
+        scale = insn[OPCODE_BITS + REG_BITS:OPCODE_BITS + REG_BITS + ADDX_SCALE_BITS].as_signed()
+        written = Signal(signed(VALUE_BITS))   # what SET, ADD or ADDX writes
         body = flags[:LOOP_BODY_BITS]
         count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
         jump = Signal()                  # a LOOP that skips its body (count 0)
@@ -106,7 +116,7 @@ class Sequencer(wiring.Component):
             with m.If(loop_left != 0):
                 m.d.comb += target.eq(loop_start)
                 with m.If(advance):
-                    m.d.sync += loop_left.eq(loop_left - 1)
+                    m.d.sync += [loop_left.eq(loop_left - 1), loop_iter.eq(loop_iter + 1)]
             with m.Elif(advance):
                 m.d.sync += loop_active.eq(0)
         with m.If(advance):
@@ -123,14 +133,22 @@ class Sequencer(wiring.Component):
             with m.Switch(op):
                 with m.Case(Op.NOP):
                     m.d.comb += advance.eq(1)
-                with m.Case(Op.SET, Op.ADD):
-                    # ADD: one adder on the selected register, written back as SET writes.
-                    written = Mux(op == Op.ADD, Array(self.regs)[reg_index] + value, value)
-                    m.d.comb += advance.eq(1)
-                    with m.Switch(reg_index):
-                        for i in range(len(REGS)):
-                            with m.Case(i):
-                                m.d.sync += self.regs[i].eq(written)
+                with m.Case(Op.SET, Op.ADD, Op.ADDX):
+                    # ADD, ADDX: one adder on the selected register, written back as SET
+                    # writes; ADDX's addend is the one multiplier's product (signed 16 x
+                    # unsigned 32 bits: it fits the 48-bit register exactly). `written` is a
+                    # signal, so every register's case shares the one product and sum.
+                    addend = Mux(op == Op.ADDX, scale * loop_iter, value)
+                    m.d.comb += written.eq(
+                        Mux(op == Op.SET, value, Array(self.regs)[reg_index] + addend))
+                    with m.If((op == Op.ADDX) & ~loop_active):
+                        m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        with m.Switch(reg_index):
+                            for i in range(len(REGS)):
+                                with m.Case(i):
+                                    m.d.sync += self.regs[i].eq(written)
                 with m.Case(Op.LOOP):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
@@ -138,7 +156,8 @@ class Sequencer(wiring.Component):
                         m.d.comb += [advance.eq(1), jump.eq(count == 0)]
                         with m.If(count != 0):
                             m.d.sync += [loop_active.eq(1), loop_start.eq(pc + 1),
-                                         loop_end.eq(pc + body), loop_left.eq(count - 1)]
+                                         loop_end.eq(pc + body), loop_left.eq(count - 1),
+                                         loop_iter.eq(0)]
                 with m.Case(Op.WAIT):
                     m.d.comb += advance.eq((self.busy & flags[:UNIT_BITS]) == 0)
                 with m.Case(Op.HALT):

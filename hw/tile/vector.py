@@ -1,5 +1,5 @@
 """Vector unit: residual add, bias add, requantisation, ReLU, activation LUT, LayerNorm,
-RMSNorm, int16 GELU.
+RMSNorm, int16 GELU, argmax and one-hot rows.
 
 Works on vectors streamed ``lanes`` elements per beat; the numeric definitions (bit-exact) are
 those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
@@ -56,6 +56,7 @@ def cmd_layout() -> data.StructLayout:
         "gshift": unsigned(GSHIFT_BITS),
         "out16": unsigned(1),
         "per_channel": unsigned(1),
+        "pairs": unsigned(1),
     })
 
 
@@ -94,6 +95,28 @@ def _round_shift(value, amount):
 def _requant(m, value, mult, shift, bits, name):
     """``hw.spec.formats``: ``clamp((value * mult + (1 << (shift-1))) >> shift)`` to ``bits``."""
     return _clamp(m, _round_shift(value * mult, shift), bits, name)
+
+
+def _argmax_tree(m, values):
+    """The largest of ``values`` (int16 lanes) and its lane, the lowest lane winning ties: a
+    tree of compares in which the right operand (higher lanes) wins only when strictly
+    greater."""
+    bits = max(1, (len(values) - 1).bit_length())
+    nodes = [(v, Const(j, bits)) for j, v in enumerate(values)]
+    level = 0
+    while len(nodes) > 1:
+        nxt = []
+        for k in range(0, len(nodes) - 1, 2):
+            (lv, li), (rv, ri) = nodes[k], nodes[k + 1]
+            v = Signal(signed(16), name=f"amax_v{level}_{k // 2}")
+            i = Signal(bits, name=f"amax_i{level}_{k // 2}")
+            m.d.comb += [v.eq(Mux(rv > lv, rv, lv)), i.eq(Mux(rv > lv, ri, li))]
+            nxt.append((v, i))
+        if len(nodes) % 2:
+            nxt.append(nodes[-1])
+        nodes = nxt
+        level += 1
+    return nodes[0]
 
 
 def check_sizes(lanes, d_model_max, *, min_lanes: int):
@@ -146,6 +169,8 @@ class VectorUnit(wiring.Component):
     LOAD_LUT16  257 int16 knots       --                            -- (257/lanes beats)
     LN          int16 x               gamma (0-15), beta (16-31)    data = y16, q = q8
     LN_STATS    int16 x               --                            o_stats (1 beat)
+    ARGMAX      int16 x               --                            o_stats (1 beat): record
+    ONEHOT      -- (i_stats: record)  --                            data = (lane == idx - n)
     LN_APPLY    int16 x               gamma, beta                   data = y16, q = q8
     RMS         int16 x               gamma, beta (0)               data = y16, q = q8
     RMS_APPLY   int16 x               gamma, beta (0)               data = y16, q = q8
@@ -187,6 +212,19 @@ class VectorUnit(wiring.Component):
     arrives, the previous knot kept from the lane to its left or the previous beat), so each
     lane reads one entry and does one 17 x 8-bit multiply; the rounding shift and the add
     reuse the requantiser's stage. It resets to all zeros.
+
+    ARGMAX takes its B beats like LN_STATS (one per cycle, no pipeline): a tree of compares
+    finds each beat's largest int16 (lanes past ``length`` count as -32768 and, being last,
+    never win) and its lowest lane, which replaces the running maximum only when strictly
+    greater, so the lowest index wins a tie. It then emits one beat on ``o_stats``:
+    ``data[0]`` = the argmax record's first 8 bytes (:func:`hw.spec.vector.pack_argmax`: the
+    int32 index plus the command's ``n``, the int16 maximum), ``data[1]`` = 0. ONEHOT takes
+    one beat from ``i_stats`` (the record, as ARGMAX emits it: the index in the low 32 bits of
+    ``data[0]``) and no ``i_a``, then emits B beats of ``data`` with 1 in the lane at
+    ``index - n`` and 0 elsewhere, one per cycle: both take the same cycles for every value.
+    ARGMAX with ``pairs`` reads ``length`` records on ``i_stats`` instead of elements on
+    ``i_a`` (one per cycle, as offered) and keeps the one with the largest value, a tie going
+    to the lower index (signed int32); it emits that record (with ``n`` added: 0 in this mode).
 
     Timing (:func:`hw.spec.timing.vector.op_cycles`): one beat per cycle through a
     ``LATENCY``-stage pipeline (one multiplier per lane per stage) that stalls as a whole only
@@ -247,6 +285,14 @@ class VectorUnit(wiring.Component):
         my2 = Signal(RSQRT_FRAC_BITS + 3)
         zs = Signal(6)                          # z = (t * Y) >> zs, zs = 23 + h
         step = Signal(range(RSQRT_CYCLES))
+
+        # ARGMAX: the running maximum and its index, the index of this beat's lane 0; ONEHOT:
+        # the hot lane relative to this beat's lane 0.
+        best_v = Signal(signed(16))
+        best_i = Signal(32)                     # pair mode: a record's signed int32 index
+        pair_first = Signal()                   # pair mode: no record taken yet
+        pos = Signal(LENGTH_BITS + 1)
+        rel = Signal(signed(34))
 
         # Every lane reads the tables in the same cycle and a load writes a beat of entries:
         # LaneTable keeps them in distributed RAM (one Memory with a port per lane would be
@@ -350,6 +396,8 @@ class VectorUnit(wiring.Component):
                     m.d.comb += lane.val.eq(lut_r[j].data)
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
                     m.d.comb += lane.val.eq(n * x_src[j] - s1)
+                with m.Case(VectorOp.ONEHOT):
+                    m.d.comb += lane.val.eq(rel == j)
                 with m.Case(VectorOp.GELU16):
                     # Above the table y = x: (x << g) rounded back by the next stage's >> g.
                     with m.If(above):
@@ -404,6 +452,9 @@ class VectorUnit(wiring.Component):
         m.d.comb += [xa[j].eq(Mux(lane_ok[j], a[j][0:16], 0)) for j in range(lanes)]
         beat_s1 = sum(xa[1:], xa[0])
         beat_s2 = sum((x * x for x in xa[1:]), xa[0] * xa[0])
+        amax_v, amax_j = _argmax_tree(
+            m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
+        is_argmax = op == VectorOp.ARGMAX
 
         need_b = Signal()
         m.d.comb += need_b.eq((op == VectorOp.ADD) | (op == VectorOp.BIAS) | (op == VectorOp.MUL)
@@ -424,7 +475,8 @@ class VectorUnit(wiring.Component):
                             m.d.comb += like.eq(twin_of(rms_op))
                     m.d.sync += [cmd.eq(p), cmd.op.eq(like), rms.eq(p.op.matches(*RMS_OPS)),
                                  beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
-                                 remaining.eq(p.length)]
+                                 remaining.eq(p.length), best_v.eq(-(1 << 15)), best_i.eq(0),
+                                 pos.eq(0), pair_first.eq(1)]
                     with m.Switch(like):
                         with m.Case(VectorOp.LOAD_LUT):
                             m.d.sync += remaining.eq(LUT_ENTRIES)
@@ -432,10 +484,17 @@ class VectorUnit(wiring.Component):
                         with m.Case(VectorOp.LOAD_LUT16):
                             m.d.sync += remaining.eq(GELU16_KNOTS)
                             m.next = "LOAD16"
+                        with m.Case(VectorOp.ARGMAX):
+                            with m.If(p.pairs):
+                                m.next = "PAIRS"
+                            with m.Else():
+                                m.next = "ACC"
                         with m.Case(VectorOp.LN, VectorOp.LN_STATS):
                             m.next = "ACC"
                         with m.Case(VectorOp.LN_APPLY):
                             m.d.sync += n.eq(p.n)
+                            m.next = "GET_STATS"
+                        with m.Case(VectorOp.ONEHOT):
                             m.next = "GET_STATS"
                         with m.Default():
                             m.next = "ELEM"
@@ -484,7 +543,10 @@ class VectorUnit(wiring.Component):
                 with m.If(self.i_a.valid):
                     m.d.comb += buf_w.en.eq(op == VectorOp.LN)
                     m.d.sync += [s1.eq(Mux(rms, 0, s1 + beat_s1)), s2.eq(s2 + beat_s2),
-                                 beat.eq(beat + 1), remaining.eq(remaining - lanes)]
+                                 beat.eq(beat + 1), remaining.eq(remaining - lanes),
+                                 pos.eq(pos + lanes)]
+                    with m.If(amax_v > best_v):
+                        m.d.sync += [best_v.eq(amax_v), best_i.eq(pos + amax_j)]
                     with m.If(last_beat):
                         with m.If(op == VectorOp.LN):
                             m.d.sync += step.eq(0)
@@ -492,10 +554,28 @@ class VectorUnit(wiring.Component):
                         with m.Else():
                             m.next = "STATS"
 
+            with m.State("PAIRS"):
+                # ARGMAX combining records: the largest value, then the lowest index.
+                m.d.comb += self.i_stats.ready.eq(1)
+                with m.If(self.i_stats.valid):
+                    rec = self.i_stats.payload.data[0]
+                    r_i, r_v = rec[0:32].as_signed(), rec[32:48].as_signed()
+                    better = (r_v > best_v) | ((r_v == best_v) & (r_i < best_i.as_signed()))
+                    m.d.sync += remaining.eq(remaining - 1)
+                    with m.If(pair_first | better):
+                        m.d.sync += [best_v.eq(r_v), best_i.eq(r_i), pair_first.eq(0)]
+                    with m.If(remaining == 1):
+                        m.next = "STATS"
+
             with m.State("STATS"):
+                # ARGMAX: the record's first 8 bytes (int32 index + n, int16 maximum, 0).
+                index = Signal(32)
+                m.d.comb += index.eq(best_i + cmd.n)
+                record = Cat(index, best_v, Const(0, 16))
                 m.d.comb += [self.o_stats.valid.eq(1),
-                             self.o_stats.payload.data[0].eq(s1),
-                             self.o_stats.payload.data[1].eq(s2),
+                             self.o_stats.payload.data[0].eq(
+                                 Mux(is_argmax, record.as_signed(), s1)),
+                             self.o_stats.payload.data[1].eq(Mux(is_argmax, 0, s2)),
                              self.o_stats.payload.last.eq(1)]
                 with m.If(self.o_stats.ready):
                     m.next = "IDLE"
@@ -505,8 +585,20 @@ class VectorUnit(wiring.Component):
                 with m.If(self.i_stats.valid):
                     m.d.sync += [s1.eq(Mux(rms, 0, self.i_stats.payload.data[0][0:32])),
                                  s2.eq(self.i_stats.payload.data[1]),
-                                 step.eq(0)]
-                    m.next = "RSQRT"
+                                 step.eq(0),
+                                 rel.eq(self.i_stats.payload.data[0][0:32].as_signed() - cmd.n)]
+                    with m.If(op == VectorOp.ONEHOT):
+                        m.next = "GEN"
+                    with m.Else():
+                        m.next = "RSQRT"
+
+            with m.State("GEN"):
+                # ONEHOT: a beat every cycle the pipeline advances, no input.
+                with m.If(adv):
+                    m.d.comb += fire.eq(1)
+                    m.d.sync += [remaining.eq(remaining - lanes), rel.eq(rel - lanes)]
+                    with m.If(last_beat):
+                        m.next = "IDLE"
 
             with m.State("RSQRT"):
                 m.d.sync += [step.eq(step + 1), beat.eq(0), remaining.eq(cmd.length)]

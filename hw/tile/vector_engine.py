@@ -7,7 +7,7 @@ byte ``c * eb`` little-endian (``hw.spec.memory.pack_rows``). The element widths
 launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
 """
 
-from amaranth.hdl import Cat, Const, Module, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -15,11 +15,12 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import spad_word_layout
 from ..spec.isa import COUNT_BITS
 from ..spec.timing.chip import VEC_OUT_FIFO_DEPTH
-from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp
+from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp, argmax_words
 from ..spec.vector_engine import (
     B_OPS,
     ELEM_BYTES,
-    STATS_IN_OPS,
+    RECORD_IN_OPS,
+    RECORD_OUT_OPS,
     stats_words,
 )
 from .vector import VectorUnit, check_sizes
@@ -37,7 +38,7 @@ GENS = {"i_a": "RD3", "i_b": "RD4", "i_stats": "RD5", "o_data": "WR1", "o_q": "W
 def flags_layout() -> data.StructLayout:
     """``VU_FLAGS``, bit 0 first (:mod:`hw.spec.vector_engine`)."""
     return data.StructLayout({"out16": 1, "per_channel": 1, "a_bytes": 2, "b_bytes": 2,
-                              "d_bytes": 2, "wr_data": 1, "wr_q": 1})
+                              "d_bytes": 2, "wr_data": 1, "wr_q": 1, "pairs": 1})
 
 
 def cfg_layout() -> data.StructLayout:
@@ -135,14 +136,18 @@ class VectorEngine(wiring.Component):
     ``busy`` is high from the configuration beat until the last output word has been taken
     (LOAD_LUT, LOAD_LUT16: until the unit has consumed its last word). ``uses`` tells the chip, from
     the ``i_cfg`` payload (combinationally, before the transfer), which generators to start with the
-    launch: RD3 always, RD4 iff the op reads B (:func:`hw.spec.vector_engine.uses_b`), WR1 iff
-    ``wr_data`` (not for LN_STATS), WR2 iff ``wr_q`` (neither for LOAD_LUT and LOAD_LUT16), RD5 iff
-    LN_APPLY or RMS_APPLY (:data:`hw.spec.vector_engine.STATS_IN_OPS`).
+    launch: RD3 for every op but ONEHOT and pair-mode ARGMAX, RD4 iff the op reads B
+    (:func:`hw.spec.vector_engine.uses_b`), WR1 iff ``wr_data`` (not for LN_STATS and ARGMAX),
+    WR2 iff ``wr_q`` (neither for LOAD_LUT and LOAD_LUT16), RD5 iff LN_APPLY, RMS_APPLY, ONEHOT
+    or pair-mode ARGMAX (:func:`hw.spec.vector_engine.uses_records`).
 
     LayerNorm statistics travel through the scratchpad as records of
     :data:`hw.spec.vector_engine.STATS_BYTES` bytes (int64 ``sum x``, int64 ``sum x^2``,
     little-endian, ``stats_words(N)`` words): LN_STATS writes one per row on ``o_q`` (WR2;
     ``wr_q`` must be set), LN_APPLY and RMS_APPLY read one per row on ``i_stats`` (RD5).
+    Argmax records (:data:`hw.spec.vector.ARGMAX_BYTES`, ``argmax_words(N)`` words) take the same
+    two paths: ARGMAX writes one per row on ``o_q``, ONEHOT reads one per row on ``i_stats``
+    (pair-mode ARGMAX ``length`` per row).
 
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
@@ -200,9 +205,11 @@ class VectorEngine(wiring.Component):
         p = self.i_cfg.payload
         b_ops = p.op.matches(*B_OPS) | ((p.op == VectorOp.REQUANT) & p.flags.per_channel)
         writes = (p.op != VectorOp.LOAD_LUT) & (p.op != VectorOp.LOAD_LUT16)
-        m.d.comb += [self.uses.a.eq(1), self.uses.b.eq(b_ops),
-                     self.uses.stats.eq(p.op.matches(*STATS_IN_OPS)),
-                     self.uses.data.eq(p.flags.wr_data & writes & (p.op != VectorOp.LN_STATS)),
+        pairs = (p.op == VectorOp.ARGMAX) & p.flags.pairs
+        m.d.comb += [self.uses.a.eq((p.op != VectorOp.ONEHOT) & ~pairs), self.uses.b.eq(b_ops),
+                     self.uses.stats.eq(p.op.matches(*RECORD_IN_OPS) | pairs),
+                     self.uses.data.eq(p.flags.wr_data & writes
+                                       & ~p.op.matches(*RECORD_OUT_OPS)),
                      self.uses.q.eq(p.flags.wr_q & writes)]
 
         start = Signal()
@@ -218,15 +225,19 @@ class VectorEngine(wiring.Component):
             c.payload.op.eq(cfg.op), c.payload.length.eq(cfg.length), c.payload.n.eq(cfg.n),
             c.payload.mult.eq(cfg.mult), c.payload.shift.eq(cfg.shift),
             c.payload.gshift.eq(cfg.gshift), c.payload.out16.eq(flags.out16),
-            c.payload.per_channel.eq(flags.per_channel),
+            c.payload.per_channel.eq(flags.per_channel), c.payload.pairs.eq(flags.pairs),
         ]
         with m.If(c.valid & c.ready):
             m.d.sync += issued.eq(issued + 1)
         with m.If(start):
             m.d.sync += issued.eq(0)
 
-        # ---- statistics records: RD5 words -> i_stats (LN_APPLY, RMS_APPLY) ----------------
+        # ---- records: RD5 words -> i_stats (LN_APPLY, RMS_APPLY, ONEHOT) --------------------
+        # A record is stats_words(N) words, or argmax_words(N) for ARGMAX and ONEHOT.
         rec = stats_words(n)
+        rec_end = Signal(range(rec))
+        m.d.comb += rec_end.eq(Mux(cfg.op.matches(VectorOp.ARGMAX, VectorOp.ONEHOT),
+                                   argmax_words(n) - 1, rec - 1))
         rec_bits = 8 * n * rec
         s_words = [Signal(8 * n, name=f"gs_w{k}") for k in range(rec)]
         s_cnt = Signal(range(rec))
@@ -245,20 +256,20 @@ class VectorEngine(wiring.Component):
             for k in range(rec):
                 with m.If(s_cnt == k):
                     m.d.sync += s_words[k].eq(self.i_stats.payload.data.as_value())
-            with m.If(s_cnt == rec - 1):
+            with m.If(s_cnt == rec_end):
                 m.d.sync += [s_cnt.eq(0), s_full.eq(1)]
             with m.Else():
                 m.d.sync += s_cnt.eq(s_cnt + 1)
         with m.If(start):
             m.d.sync += [s_cnt.eq(0), s_full.eq(0)]
 
-        # ---- statistics records: o_stats -> WR2 words (LN_STATS) ---------------------------
-        is_stats = cfg.op == VectorOp.LN_STATS
+        # ---- records: o_stats -> WR2 words (LN_STATS, ARGMAX) ------------------------------
+        is_stats = cfg.op.matches(*RECORD_OUT_OPS)
         so = Signal(rec_bits)
         so_full = Signal()
         so_part = Signal(range(rec))
         so_row = Signal(COUNT_BITS)
-        so_last = (so_part == rec - 1) & (so_row == cfg.rows - 1)
+        so_last = (so_part == rec_end) & (so_row == cfg.rows - 1)
         so_word = Signal(8 * n)
         with m.Switch(so_part):
             for k in range(rec):
@@ -271,7 +282,7 @@ class VectorEngine(wiring.Component):
         so_fire = is_stats & so_full & self.o_q.ready
         with m.If(so_fire):
             m.d.sync += so_part.eq(so_part + 1)
-            with m.If(so_part == rec - 1):
+            with m.If(so_part == rec_end):
                 m.d.sync += [so_full.eq(0), so_row.eq(so_row + 1)]
                 with m.If(so_row == cfg.rows - 1):
                     m.d.sync += active.eq(0)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
+from ..compiler.decode import DECODE_STRATEGIES
 from ..errors import EXIT_OK, BadInput
+from ..planner.decode import generate_table, plan_generate
 from ..planner.plan import plan, plan_chip_counts
 from ..strategies import NAMES
 from .common import add_topology, load_config, positive, system_of, write_json
@@ -27,13 +29,68 @@ def add_parser(sub):
                             "shape) and list the counts that fit")
     add_topology(p)
     p.add_argument("--strategy", default="all", choices=("all",) + NAMES)
+    p.add_argument("--generate", type=int, metavar="N",
+                   help="plan greedy generation of N tokens (single, head, pipeline, data): time "
+                        "to first "
+                        "token, step cycles, tokens/s, KV bytes, the longest prompt and "
+                        "largest batch that fit")
+    p.add_argument("--context", type=int, metavar="P",
+                   help="with --generate: the prompt's tokens (default: seq_len // 2)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="with --generate: sequences decoding together (default 1)")
     p.add_argument("--json")
     p.set_defaults(run=run)
+
+
+def _run_generate(args, npu, model) -> int:
+    if args.strategy != "all" and args.strategy not in DECODE_STRATEGIES:
+        raise BadInput(f"--generate plans strategy {', '.join(DECODE_STRATEGIES)}, not "
+                       f"{args.strategy}")
+    prompt = args.context if args.context is not None else max(1, model.seq_len // 2)
+    kw = {"generate": args.generate, "prompt_len": prompt, "batch": args.batch}
+    # The most chips each strategy can use: a head, a layer, a sequence per chip.
+    most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
+            "data": args.batch}
+    plans = []
+    for name in DECODE_STRATEGIES if args.strategy == "all" else (args.strategy,):
+        if args.chips:
+            if (args.chips == 1) != (name == "single") or args.chips > most[name]:
+                continue
+            plans.append(plan_generate(npu, model, strategy=name, chips=args.chips, **kw))
+            continue
+        last = None         # --min-chips: the fewest chips that fit
+        for chips in range(1 if name == "single" else 2, most[name] + 1):
+            last = plan_generate(npu, model, strategy=name, chips=chips, search=False, **kw)
+            if last.fits:
+                last = plan_generate(npu, model, strategy=name, chips=chips, **kw)
+                break
+        if last is not None:
+            plans.append(last)
+    if not plans:
+        raise BadInput(f"--generate with --strategy {args.strategy} and --chips {args.chips}: "
+                       "nothing to plan (single runs on 1 chip; head on 2 to n_heads, pipeline "
+                       "on 2 to n_layers, data on 2 to --batch)")
+    if args.json:
+        write_json(args.json, {"generate": [p.to_json() for p in plans]})
+    print(generate_table(plans))
+    return EXIT_OK
 
 
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
+    if args.generate is not None:
+        if args.topology is not None or args.up_to is not None:
+            raise BadInput("npu plan: --generate plans a ring of --chips (or --min-chips), "
+                           "without --topology or --up-to")
+        if args.chips is None and not args.min_chips:
+            raise BadInput("npu plan: --generate needs --chips N or --min-chips")
+        return _run_generate(args, npu, model)
+    for opt in ("context",):
+        if getattr(args, opt) is not None:
+            raise BadInput(f"--{opt} applies to --generate only")
+    if args.batch != 1:
+        raise BadInput("--batch applies to --generate only")
     npu, chips = system_of(args, npu, args.chips)
     if args.up_to is not None:
         return _up_to(args, npu, model)

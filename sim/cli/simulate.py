@@ -7,6 +7,7 @@ import numpy as np
 from hw.spec import QUANT_SCHEMES
 
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
+from ..flows.generate import generate, generate_summary
 from ..flows.simulate import BACKENDS, simulate
 from ..report.chrome_trace import write_trace
 from ..report.plot import plot_timeline
@@ -45,6 +46,11 @@ def add_parser(sub):
     p.add_argument("--link-stalls", type=probability, default=0.0,
                    help="probability per cycle of a stall on every link (from --seed)")
     p.add_argument("--max-cycles", type=positive)
+    p.add_argument("--generate", type=int, metavar="N",
+                   help="generate N tokens greedily after the prompt (a decoder; the prefill "
+                        "and N - 1 decode steps on chip)")
+    p.add_argument("--prompt-ids", help="the prompt's token ids (.npy of integers; default: "
+                                        "seq_len random ids from --seed)")
     p.add_argument("--reference", default="auto", choices=["auto", "same", "none"],
                    help="how a multi-chip run measures one chip's cycles for its speed-up "
                         "(auto: simulate it too, except on pysim)")
@@ -59,9 +65,46 @@ def _weights(path):
         return {k: npz[k] for k in npz.files}
 
 
+def _prompt(args, model) -> np.ndarray:
+    if args.prompt_ids is None:
+        rng = np.random.default_rng(args.seed)
+        batch = args.batch or (args.chips or 2 if args.strategy == "data" else 1)
+        return rng.integers(0, model.vocab_size, (batch, model.seq_len // 2 or 1))
+    ids = load_array(args.prompt_ids, "--prompt-ids")
+    if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.ndim not in (1, 2):
+        raise BadInput(f"--prompt-ids {args.prompt_ids}: expected a .npy array of integer "
+                       "token ids, [P] or [batch, P]")
+    if args.batch and (ids.ndim == 1 or ids.shape[0] != args.batch):
+        raise BadInput(f"--batch {args.batch} does not match --prompt-ids {args.prompt_ids} "
+                       f"of shape {list(ids.shape)}")
+    return ids
+
+
+def _run_generate(args, npu, model) -> int:
+    for opt in ("input", "calib", "vcd", "plot", "trace", "output", "microbatches", "grid",
+                "quant"):
+        if getattr(args, opt):
+            raise BadInput(f"--{opt} does not apply to --generate")
+    weights = _weights(args.weights) if args.weights else None
+    out = generate(npu, model, prompt=_prompt(args, model), n=args.generate,
+                   backend=args.backend, strategy=args.strategy, chips=args.chips,
+                   seed=args.seed, weights=weights,
+                   head_weights=weights,
+                   max_cycles=args.max_cycles or 5_000_000)
+    print(generate_summary(out))
+    if args.json:
+        data = {k: v for k, v in out.items() if k != "logits"}
+        print(f"  wrote report {write_json(args.json, data)}")
+    return EXIT_OK if out["golden_match"] else EXIT_MISMATCH
+
+
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
+    if args.generate is not None:
+        if args.topology is not None:
+            raise BadInput("npu sim: --generate runs a ring of --chips, without --topology")
+        return _run_generate(args, npu, model)
     npu, chips = system_of(args, npu, args.chips)
     weights = _weights(args.weights) if args.weights else None
     x = load_array(args.input, "--input") if args.input else None

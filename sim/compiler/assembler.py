@@ -6,7 +6,16 @@ back.
 
 from __future__ import annotations
 
-from hw.spec.isa import ADDR_LEVELS, WRAP_GENS, Insn, Op, encode, loop_operand, reg
+from hw.spec.isa import (
+    ADDR_LEVELS,
+    WRAP_GENS,
+    Insn,
+    Op,
+    check_addx_scale,
+    encode,
+    loop_operand,
+    reg,
+)
 
 __all__ = ["Assembler"]
 
@@ -57,6 +66,15 @@ class Assembler:
         index = reg(name)
         self._known.pop(index, None)
         self.insns.append(Insn(Op.ADD, index, int(value)))
+
+    def addx(self, name: str, scale: int):
+        """``ADDX name, scale``: the register plus ``scale`` times the loop's iteration index
+        (in a loop body; ValueError on a scale outside -32768..32767); its value is no longer
+        known to the elision."""
+        index = reg(name)
+        scale = check_addx_scale(int(scale))
+        self._known.pop(index, None)
+        self.insns.append(Insn(Op.ADDX, index, scale))
 
     def loop_begin(self, count: int):
         """Open ``LOOP body, count`` (the body is what follows until :meth:`loop_end`); no

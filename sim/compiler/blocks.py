@@ -623,14 +623,15 @@ class BlockEmitter:
 
     def emit_block(self, i: int, w: LayerWeights, shard: Shard, acts: Activations, x: Tensor,
                    nseq: int, *, pos_base: int = 0, qkv_out: Tensor | None = None,
-                   attend=None):
+                   attend=None, one_position: bool = False):
         """Block ``i`` on the ``nseq`` sequences of the residual ``x`` (in place).
 
         ``qkv_out``: where the QKV matmul writes (default: ``acts.qkv``; RoPE rotates Q and
         K there); ``attend()``: emits the layer's attention launches in place of the default
         ones over ``qkv`` (sequence parallelism: K/V exchanges, then windows over the
         neighbours' keys); ``pos_base``: the position of the first row (RoPE's tables, the
-        default attention's).
+        default attention's); ``one_position``: every row is at ``pos_base`` (a decode step's
+        rows, one token of each sequence: RoPE reads one table row for all of them).
         """
         asm, cfg, qm, n = self.asm, self.cfg, self.qm, self.n
         L = qm.layers[i]
@@ -704,10 +705,11 @@ class BlockEmitter:
             qkr = vl.Rows(rot.base + q_words + 2 * kv_words, rows, rot.row_words, 1)
             first, count = self.rope_span or (0, self.seq_pad)
             row0 = pos_base - first
-            if row0 < 0 or row0 + self.seq_pad > count or (nseq > 1 and row0):
+            period = 1 if one_position else self.seq_pad
+            if row0 < 0 or row0 + period > count or (nseq > 1 and row0):
                 raise AssertionError(f"RoPE tables of positions {first}..{first + count - 1} "
-                                     f"do not hold {nseq} x {self.seq_pad} rows from {pos_base}")
-            cos, sin = (vl.Tiled(t.base + row0 * dh_w, self.seq_pad, dh_w, 1,
+                                     f"do not hold {nseq} x {period} rows from {pos_base}")
+            cos, sin = (vl.Tiled(t.base + row0 * dh_w, period, dh_w, 1,
                                  hcount + len(kvs)) for t in self.rope_tables())
             for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
                 self._vec(vl.mul_launch(size=n, length=lanes, a=src, b=table, out=_rows(out),

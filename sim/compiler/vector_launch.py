@@ -11,8 +11,11 @@ every row (stride 0).
 :func:`vector_launch` is the general builder; :func:`ln_launch`, :func:`add_launch`,
 :func:`lut_launch`, :func:`load_lut_launch`, :func:`requant_launch`, :func:`bias_launch`,
 :func:`relu_launch`, :func:`gelu16_launch` and :func:`load_lut16_launch` cover what a
-transformer block needs. :func:`emit` appends a launch to an
-:class:`~sim.compiler.assembler.Assembler`.
+transformer block needs; :func:`argmax_launch` and :func:`onehot_launch` what greedy decode
+needs on chip (the next token's index, and its one-hot row for the embedding matmul);
+:func:`argmax_pairs_launch` combines the partial argmaxes of the chips a vocabulary is split
+over.
+:func:`emit` appends a launch to an :class:`~sim.compiler.assembler.Assembler`.
 """
 
 from __future__ import annotations
@@ -20,15 +23,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hw.spec.isa import MAX_COUNT, Op
-from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, GELU16_KNOTS, LUT_ENTRIES, VectorOp
+from hw.spec.vector import (
+    GELU16_G_MAX,
+    GELU16_G_MIN,
+    GELU16_KNOTS,
+    LUT_ENTRIES,
+    VectorOp,
+    argmax_words,
+)
 from hw.spec.vector_engine import (
     LOAD_OPS,
     Q_OPS,
+    RECORD_IN_OPS,
+    RECORD_OUT_OPS,
     STATS_IN_OPS,
     VecFlags,
+    record_words,
     row_words,
-    stats_words,
     table_entries,
+    uses_a,
     uses_b,
 )
 
@@ -37,7 +50,7 @@ from .descriptors import Desc
 __all__ = ["Rows", "Tiled", "VectorLaunch", "vector_launch", "ln_launch", "ln_stats_launch",
            "ln_apply_launch", "add_launch", "mul_launch", "lut_launch",
            "load_lut_launch", "requant_launch", "bias_launch", "relu_launch", "gelu16_launch",
-           "load_lut16_launch", "emit"]
+           "load_lut16_launch", "argmax_launch", "argmax_pairs_launch", "onehot_launch", "emit"]
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ class VectorLaunch:
     rows: int
     length: int
     flags: VecFlags
-    rd3: Desc
+    rd3: Desc | None
     rd4: Desc | None
     rd5: Desc | None
     wr1: Desc | None
@@ -127,7 +140,8 @@ def _walk(t: Rows, rows: int, length: int, size: int, what: str) -> Desc:
     return Desc(t.base, (rw, rows, 1, 1), (1, step, 0, 0))
 
 
-def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | Tiled | None = None,
+def vector_launch(*, size: int, op, length: int, a: Rows | None,
+                  b: Rows | Tiled | None = None,
                   data: Rows | None = None, q: Rows | None = None, mult: int = 1,
                   shift: int = 1, gshift: int = 16, per_channel: bool = False,
                   stats_base: int | None = None, n: int | None = None) -> VectorLaunch:
@@ -138,15 +152,21 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | Tiled | None
     RMSNorm ops' output, GELU16's low byte) have ``a.rows`` rows. REQUANT's ``out16`` follows
     ``data.eb`` (2: int16, 1: int8), and so does GELU16's (2: y, 1: y >> 8); GELU16's knot
     spacing g is ``shift``.
-    ``stats_base``: the statistics records (``hw.spec.vector_engine``), one per row, contiguous:
-    LN_STATS writes them (WR2), LN_APPLY and RMS_APPLY read them (RD5) and take ``n``, the
-    element count over all chips.
+    ``stats_base``: the records (``hw.spec.vector_engine``), one per row, contiguous: LN_STATS
+    writes statistics records (WR2), LN_APPLY and RMS_APPLY read them (RD5) and take ``n``, the
+    element count over all chips; ARGMAX writes argmax records (WR2), ONEHOT reads them (RD5,
+    and no ``a``: its rows are ``data``'s); both take ``n`` as the index offset (default 0).
     """
     op = VectorOp(op)
     apply = op in STATS_IN_OPS
+    offset_op = op in (VectorOp.ARGMAX, VectorOp.ONEHOT)
     if not isinstance(size, int) or size < 2:
         raise ValueError(f"size must be an integer of at least 2, not {size!r}")
-    rows = a.rows
+    if uses_a(op) != (a is not None):
+        raise ValueError(f"{op.name} {'needs' if a is None else 'takes no'} operand a")
+    if a is None and data is None:
+        raise ValueError(f"{op.name} needs an output (data)")
+    rows = a.rows if a is not None else data.rows
     if op in LOAD_OPS:
         entries = table_entries(op)
         if length != entries:
@@ -169,15 +189,23 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | Tiled | None
                                       and GELU16_G_MIN <= shift <= GELU16_G_MAX):
         raise ValueError(f"GELU16 knot spacing g (shift) must be in {GELU16_G_MIN}.."
                          f"{GELU16_G_MAX}, not {shift!r}")
-    if (stats_base is not None) != (op is VectorOp.LN_STATS or apply):
+    records = op in RECORD_OUT_OPS or op in RECORD_IN_OPS
+    if (stats_base is not None) != records:
         raise ValueError(f"stats_base is {'required' if stats_base is None else 'only'} for "
-                         f"LN_STATS, LN_APPLY and RMS_APPLY")
+                         f"LN_STATS, LN_APPLY, RMS_APPLY, ARGMAX and ONEHOT")
     if apply and not (isinstance(n, int) and 1 <= n <= MAX_COUNT):
         raise ValueError(f"{op.name} needs n (the count over all chips) in 1..{MAX_COUNT}, "
                          f"not {n!r}")
-    if op is VectorOp.LN_STATS and (data is not None or q is not None):
-        raise ValueError("LN_STATS writes only its statistics (stats_base)")
-    if op not in (*LOAD_OPS, VectorOp.LN_STATS) and data is None and q is None:
+    if offset_op:
+        n = 0 if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_COUNT:
+            raise ValueError(f"{op.name} index offset n must be in 0..{MAX_COUNT}, not {n!r}")
+    if op is VectorOp.ARGMAX and a.eb > 2:
+        raise ValueError(f"ARGMAX compares int16 elements: a.eb must be 1 or 2, not {a.eb}")
+    if op in RECORD_OUT_OPS and (data is not None or q is not None):
+        what = "statistics" if op is VectorOp.LN_STATS else "records"
+        raise ValueError(f"{op.name} writes only its {what} (stats_base)")
+    if op not in (*LOAD_OPS, *RECORD_OUT_OPS) and data is None and q is None:
         raise ValueError(f"{op.name} needs an output (data and/or q)")
     for name, t in (("data", data), ("q", q)):
         if t is not None and t.rows != rows:
@@ -186,25 +214,26 @@ def vector_launch(*, size: int, op, length: int, a: Rows, b: Rows | Tiled | None
     out16 = op in narrowing and data is not None and data.eb == 2
     if op in narrowing and data is not None and data.eb == 4:
         raise ValueError(f"{op.name} data must be int8 (eb=1) or int16 (eb=2)")
-    flags = VecFlags(out16=out16, per_channel=bool(per_channel), a_bytes=a.eb,
+    flags = VecFlags(out16=out16, per_channel=bool(per_channel),
+                     a_bytes=a.eb if a is not None else 2,
                      b_bytes=b.eb if b is not None else 4,
                      d_bytes=data.eb if data is not None else 1,
                      wr_data=data is not None,
-                     wr_q=q is not None or op is VectorOp.LN_STATS)
-    rec = stats_words(size)
+                     wr_q=q is not None or op in RECORD_OUT_OPS)
+    rec = record_words(op, size)
     stats = None if stats_base is None else Desc(stats_base, (rec, rows, 1, 1), (1, rec, 0, 0))
     regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length,
-            "VU_N": n if apply else length,
+            "VU_N": n if apply or offset_op else length,
             "VU_MULT": int(mult), "VU_SHIFT": int(shift), "VU_GSHIFT": int(gshift),
             "VU_FLAGS": flags.encode()}
     return VectorLaunch(
         op=op, rows=rows, length=length, flags=flags, regs=regs,
-        rd3=_walk(a, rows, length, size, "a"),
+        rd3=_walk(a, rows, length, size, "a") if a is not None else None,
         rd4=(None if b is None else b.desc(rows, length, size) if isinstance(b, Tiled)
              else _walk(b, rows, length, size, "b")),
-        rd5=stats if apply else None,
+        rd5=stats if op in RECORD_IN_OPS else None,
         wr1=_walk(data, rows, length, size, "data") if data is not None else None,
-        wr2=stats if op is VectorOp.LN_STATS else (
+        wr2=stats if op in RECORD_OUT_OPS else (
             _walk(q, rows, length, size, "q") if q is not None else None))
 
 
@@ -310,6 +339,47 @@ def load_lut16_launch(*, size, base: int) -> VectorLaunch:
     """Load the 257 int16 GELU16 knots stored (one int16 row) at word ``base``."""
     return vector_launch(size=size, op=VectorOp.LOAD_LUT16, length=GELU16_KNOTS,
                          a=Rows(base, 1, row_words(GELU16_KNOTS, 2, size), 2))
+
+
+def argmax_launch(*, size, length, x: Rows, record_base: int, offset: int = 0) -> VectorLaunch:
+    """ARGMAX of each int16 row of ``x`` (``length`` elements on this chip): one argmax record
+    per row (``hw.spec.vector.pack_argmax``: the index of the row's maximum, lowest on ties,
+    plus ``offset``, and the maximum), contiguous at ``record_base``. ``offset`` is the global
+    index of this chip's first column when a vocabulary is split over chips."""
+    return vector_launch(size=size, op=VectorOp.ARGMAX, length=length, a=x,
+                         stats_base=record_base, n=offset)
+
+
+def argmax_pairs_launch(*, size, count: int, records_base: int, record_base: int,
+                        rows: int = 1) -> VectorLaunch:
+    """ARGMAX in pair mode: for each of ``rows`` rows, ``count`` argmax records contiguous at
+    ``records_base`` (the chips' partial argmaxes, e.g. all-gathered: global indices) combine
+    into one record at ``record_base`` (contiguous, one per row): the largest value, the lowest
+    index winning a tie."""
+    for name, value in (("count", count), ("rows", rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            raise ValueError(f"ARGMAX pairs {name} must be in 1..{MAX_COUNT}, not {value!r}")
+    rec = argmax_words(size)
+    if count * rec > MAX_COUNT:
+        raise ValueError(f"ARGMAX pairs: {count} records of {rec} words exceed a generator's "
+                         f"16-bit counts")
+    flags = VecFlags(a_bytes=2, wr_data=False, wr_q=True, pairs=True)
+    regs = {"VU_OP": int(VectorOp.ARGMAX), "VU_ROWS": rows, "VU_LEN": count, "VU_N": 0,
+            "VU_MULT": 1, "VU_SHIFT": 1, "VU_GSHIFT": 16, "VU_FLAGS": flags.encode()}
+    return VectorLaunch(
+        op=VectorOp.ARGMAX, rows=rows, length=count, flags=flags, regs=regs, rd3=None,
+        rd4=None, rd5=Desc(records_base, (count * rec, rows, 1, 1), (1, count * rec, 0, 0)),
+        wr1=None, wr2=Desc(record_base, (rec, rows, 1, 1), (1, rec, 0, 0)))
+
+
+def onehot_launch(*, size, length, record_base: int, out: Rows, offset: int = 0) -> VectorLaunch:
+    """ONEHOT: for each of ``out.rows`` argmax records at ``record_base`` (contiguous, as
+    :func:`argmax_launch` writes them), a row of ``length`` elements of ``out.eb`` bytes (int8:
+    1) with 1 at lane ``index - offset`` and 0 elsewhere (all 0 when the index is outside this
+    chip's ``offset .. offset + length - 1``): the A operand of the embedding matmul
+    ``onehot @ E8``."""
+    return vector_launch(size=size, op=VectorOp.ONEHOT, length=length, a=None, data=out,
+                         stats_base=record_base, n=offset)
 
 
 #: The ``VU_`` registers whose values come from the data (quantisation scales).

@@ -1,5 +1,5 @@
 """Golden model of the vector unit: residual/bias add, requantisation, ReLU, LUT, LayerNorm,
-RMSNorm.
+RMSNorm, argmax and one-hot rows.
 
 Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, NumPy and
 :mod:`sim.golden.matmul`. Integer semantics (all shifts are arithmetic, i.e. floor):
@@ -47,6 +47,17 @@ Bit-exact with :class:`hw.tile.vector.VectorUnit`; imports only ``hw.spec``, Num
 Since the normalisation depends only on (x, S1, S2, n), partial statistics summed over chips
 give the full LayerNorm bit for bit.
 
+- ``argmax16(x, offset)`` (ARGMAX): ``(offset + i, x[i])`` for the first i holding the largest
+  int16 element (the lowest index wins a tie), as ``sim.golden.decode.argmax_int`` picks the
+  next token; the unit writes it as an argmax record (:func:`hw.spec.vector.pack_argmax`).
+- ``argmax_pairs(index, value)`` (ARGMAX with ``pairs``): of ``k`` argmax records (the
+  partial argmaxes of the chips a vocabulary is split over), the one with the largest value,
+  the lowest index winning a tie: ``argmax_pairs`` of the blocks' ``argmax16(block, v0)`` is
+  ``argmax16`` of the whole row.
+- ``onehot(index, offset, length)`` (ONEHOT): int8 row with 1 at lane ``index - offset`` and 0
+  elsewhere (all 0 when that lane is outside the row): ``onehot @ E8`` is the embedding row
+  E8[index] exactly.
+
 - RMSNorm (``VectorOp.RMS``, ``RMS_APPLY``) is the same datapath with S1 taken as 0 (the
   ``rms`` flag of :func:`ln_normalise`): ``D = n * S2`` (= n^2 * mean(x^2)) and ``t = n * x``,
   so ``z = x / sqrt(mean(x^2))`` and ``y = z * gamma + beta`` as above (the compiler's RMSNorm
@@ -64,10 +75,12 @@ from hw.spec.vector import (
     GELU16_G_MIN,
     GELU16_KNOTS,
     GELU16_ZERO,
+    LENGTH_BITS,
     LN_D_MAX,
     LN_Z_BITS,
     LN_Z_FRAC_BITS,
     LUT_ENTRIES,
+    N_BITS,
     RMS_OPS,
     RSQRT_FRAC_BITS,
     RSQRT_NEWTON_STEPS,
@@ -89,6 +102,7 @@ __all__ = [
     "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
+    "argmax16", "argmax_pairs", "onehot",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
 
@@ -348,6 +362,60 @@ def rmsnorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
     return _scaled_float(np.zeros_like(x) if rms == 0 else x / rms, gamma, beta, gshift)
 
 
+def _check_length(length) -> int:
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
+        raise TypeError(f"length must be an integer, not {length!r}")
+    if not 1 <= length < 1 << LENGTH_BITS:
+        raise ValueError(f"length={length} is outside [1, {(1 << LENGTH_BITS) - 1}]")
+    return int(length)
+
+
+def _check_offset(offset) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"offset must be an integer, not {offset!r}")
+    if not 0 <= offset < 1 << N_BITS:
+        raise ValueError(f"offset={offset} is outside [0, {(1 << N_BITS) - 1}] (the n field)")
+    return int(offset)
+
+
+def argmax16(x, offset: int = 0) -> tuple[int, int]:
+    """ARGMAX of the int16 row ``x`` (the low 16 bits of each element, 1..65535 of them):
+    ``(offset + i, x[i])`` for the lowest i holding the maximum."""
+    x = wrap(_int(x).reshape(-1), 16)
+    _check_length(x.size)
+    offset = _check_offset(offset)
+    i = int(np.argmax(x))               # numpy returns the first maximum
+    return offset + i, int(x[i])
+
+
+def argmax_pairs(index, value) -> tuple[int, int]:
+    """Combine argmax records ``(index[i], value[i])`` (1..65535 of them; int32 indices,
+    int16 values): the largest value and, of the records holding it, the lowest index."""
+    index = _int(index).reshape(-1)
+    value = _int(value).reshape(-1)
+    if index.shape != value.shape:
+        raise ValueError(f"{index.size} indices but {value.size} values")
+    _check_length(index.size)
+    if index.min() < -(1 << 31) or index.max() >= 1 << 31:
+        raise ValueError("argmax_pairs: an index does not fit the record's int32")
+    if value.min() < -(1 << 15) or value.max() >= 1 << 15:
+        raise ValueError("argmax_pairs: a value does not fit the record's int16")
+    best = value.max()
+    return int(index[value == best].min()), int(best)
+
+
+def onehot(index, offset: int, length: int) -> np.ndarray:
+    """ONEHOT: ``length`` elements, 1 at lane ``index - offset`` (when it is in the row), else 0.
+    ``index`` is the record's int32 index."""
+    length = _check_length(length)
+    offset = _check_offset(offset)
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+        raise TypeError(f"index must be an integer, not {index!r}")
+    if not -(1 << 31) <= index < 1 << 31:
+        raise ValueError(f"index={index} does not fit the record's int32")
+    return (np.arange(length) == int(index) - offset).astype(np.int64)
+
+
 def unpack_requant(words) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of :func:`hw.spec.vector.pack_requant`: ``(mult, shift)``."""
     words = _int(words)
@@ -365,9 +433,12 @@ class VectorUnitModel:
 
     :meth:`execute` takes one :class:`~hw.spec.vector.VectorCmd` with its ``i_a`` elements,
     ``i_b`` words and ``i_stats`` pair, and returns what the unit emits:
-    ``{"data": int64[length], "q": int64[length]}`` on ``o``, ``{"stats": (s1, s2)}`` on
-    ``o_stats``, or ``{}`` for LOAD_LUT and LOAD_LUT16. ``q`` is zero except for the LayerNorm
-    and RMSNorm ops (int8 output) and GELU16 (the low byte of y as an int8 container).
+    ``{"data": int64[length], "q": int64[length]}`` on ``o``, ``{"stats": (s1, s2)}`` or
+    (ARGMAX) ``{"record": (index, value)}`` on ``o_stats``, or ``{}`` for LOAD_LUT and
+    LOAD_LUT16. ONEHOT takes the argmax record ``(index, value)`` as ``stats``, ARGMAX with
+    ``pairs`` its ``length`` records ``[(index, value), ...]``. ``q`` is zero
+    except for the LayerNorm and RMSNorm ops (int8 output) and GELU16 (the low byte of y as an
+    int8 container).
     The LUT resets to ReLU at unchanged scale, the GELU16 table to all zeros.
     """
 
@@ -386,6 +457,15 @@ class VectorUnitModel:
         a = _int(a)[:cmd.length] if a is not None else None
         b = _int(b)[:cmd.length] if b is not None else None
         zeros = np.zeros(cmd.length, dtype=np.int64)
+        if op is VectorOp.ARGMAX and cmd.pairs:
+            pairs = np.asarray(stats, dtype=np.int64).reshape(-1, 2)[:cmd.length]
+            if len(pairs) != cmd.length:
+                raise ValueError(f"ARGMAX pairs: {len(pairs)} records, not length={cmd.length}")
+            return {"record": argmax_pairs(pairs[:, 0], pairs[:, 1])}
+        if op is VectorOp.ARGMAX:
+            return {"record": argmax16(a, cmd.n)}
+        if op is VectorOp.ONEHOT:
+            return {"data": onehot(int(stats[0]), cmd.n, cmd.length), "q": zeros}
         if op is VectorOp.LN_STATS:
             return {"stats": ln_stats(a)}
         if twin_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):

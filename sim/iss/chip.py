@@ -29,10 +29,12 @@ from hw.spec.isa import (
     REGS,
     WRAP_GENS,
     Insn,
+    IsaError,
     LoopState,
     Op,
     Unit,
     add_value,
+    addx_value,
 )
 
 from ..golden.scratchpad import AddressError, addr_sequence
@@ -182,12 +184,19 @@ class Iss:
         self.launches[op] += 1
 
     def step(self, insn: Insn):
-        """Execute one instruction that needs no other chip (SET, ADD, NOP, WAIT, a unit
-        launch)."""
+        """Execute one instruction that needs no other chip (SET, ADD, ADDX, NOP, WAIT, a unit
+        launch). ADDX outside a loop body: IssError; with a scale outside 16 bits: IsaError
+        (a ValueError)."""
         if insn.op is Op.SET:
             self.regs[insn.reg] = insn.value
         elif insn.op is Op.ADD:
             self.regs[insn.reg] = add_value(int(self.regs[insn.reg]), insn.value)
+        elif insn.op is Op.ADDX:
+            try:
+                iteration = self.loop.iteration_at(self.pc)
+            except IsaError as exc:
+                raise IssError(str(exc)) from None
+            self.regs[insn.reg] = addx_value(int(self.regs[insn.reg]), insn.value, iteration)
         elif insn.op is Op.NOP:
             pass
         elif insn.op is Op.WAIT:

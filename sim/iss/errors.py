@@ -2,7 +2,7 @@
 
 from hw.spec.isa import IsaError
 
-__all__ = ["IssError", "begin_loop"]
+__all__ = ["IssError", "begin_loop", "loop_iteration"]
 
 
 class IssError(RuntimeError):
@@ -14,5 +14,13 @@ def begin_loop(loop, chip: int, pc: int, value: int) -> int:
     an :class:`IssError` naming ``chip`` where the ISA refuses the loop."""
     try:
         return loop.begin(pc, value)
+    except IsaError as exc:
+        raise IssError(f"chip {chip}: {exc}") from None
+
+
+def loop_iteration(loop, chip: int, pc: int) -> int:
+    """ITER for the ADDX at ``pc``, an :class:`IssError` naming ``chip`` outside a loop body."""
+    try:
+        return loop.iteration_at(pc)
     except IsaError as exc:
         raise IssError(f"chip {chip}: {exc}") from None

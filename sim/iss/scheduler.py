@@ -86,6 +86,8 @@ def _advance(chip: _Chip, chips: int, max_insns: int) -> bool:
                 iss.step(insn)
             except IssError as exc:
                 raise IssError(f"chip {iss.chip} pc {iss.pc}: {exc}") from None
+            except IsaError as exc:
+                raise IsaError(f"chip {iss.chip} pc {iss.pc}: {exc}") from None
         iss.pc = iss.loop.next_pc(iss.pc)
         chip.executed += 1
         moved = True

@@ -2,10 +2,11 @@
 
 Same semantics as :class:`hw.tile.vector_engine.VectorEngine`: ``VU_ROWS`` commands of the
 vector unit (:class:`sim.golden.vector.VectorUnitModel`), one per row of ``VU_LEN`` elements;
-operand A words from RD3, operand B words from RD4 (only for the ops that read B), statistics
-records from RD5 (LN_APPLY, RMS_APPLY), ``data`` words to WR1 (if ``wr_data``), ``q`` words
-(the LayerNorm and RMSNorm ops' int8 output, GELU16's low byte) or statistics records
-(LN_STATS) to WR2 (if ``wr_q``); see ``docs/isa.md``, VEC.
+operand A words from RD3 (every op but ONEHOT), operand B words from RD4 (only for the ops that
+read B), records from RD5 (statistics: LN_APPLY, RMS_APPLY; an argmax record: ONEHOT),
+``data`` words to WR1 (if ``wr_data``), ``q`` words (the LayerNorm and RMSNorm ops' int8
+output, GELU16's low byte) or records (statistics: LN_STATS; argmax: ARGMAX) to WR2 (if
+``wr_q``); see ``docs/isa.md``, VEC.
 The activation LUT and the GELU16 table are chip state: they live on the :class:`~sim.iss.Iss`
 as ``vector_unit`` (created on first use, with the unit's reset contents).
 """
@@ -16,7 +17,15 @@ import numpy as np
 
 from hw.spec import vector_engine as engine
 from hw.spec.memory import pack_rows, unpack_rows
-from hw.spec.vector import GELU16_G_MAX, GELU16_G_MIN, VectorCmd, VectorOp, twin_of
+from hw.spec.vector import (
+    GELU16_G_MAX,
+    GELU16_G_MIN,
+    VectorCmd,
+    VectorOp,
+    pack_argmax,
+    twin_of,
+    unpack_argmax,
+)
 
 from ..golden.matmul import wrap
 from ..golden.vector import VectorUnitModel, unpack_requant
@@ -70,14 +79,24 @@ def exec_vector(iss):
     elif not 1 <= length < 1 << 16:
         raise IssError(f"VEC with VU_LEN={length}: must be in 1..65535")
     ln = like in (VectorOp.LN, VectorOp.LN_APPLY)
-    if op is VectorOp.LN_STATS:
+    if op in engine.RECORD_OUT_OPS:
+        what = "statistics" if op is VectorOp.LN_STATS else "records"
         if flags.wr_data or not flags.wr_q:
-            raise IssError("VEC LN_STATS writes its statistics through WR2: set wr_q and clear "
+            raise IssError(f"VEC {op.name} writes its {what} through WR2: set wr_q and clear "
                            "wr_data in VU_FLAGS")
     elif op not in engine.LOAD_OPS and not (flags.wr_data or flags.wr_q):
         raise IssError(f"VEC {op.name} writes nothing: set wr_data and/or wr_q in VU_FLAGS")
-    if flags.wr_q and op not in engine.Q_OPS and op is not VectorOp.LN_STATS:
+    if flags.wr_q and op not in engine.Q_OPS and op not in engine.RECORD_OUT_OPS:
         raise IssError(f"VEC {op.name} has no q output: clear wr_q in VU_FLAGS")
+    pairs = engine.combines(op, flags.pairs)
+    if flags.pairs and op is not VectorOp.ARGMAX:
+        raise IssError(f"VEC {op.name} has no pair mode: clear pairs in VU_FLAGS")
+    if pairs and r("VU_N") != 0:
+        raise IssError(f"VEC ARGMAX pairs with VU_N={r('VU_N')}: must be 0 (the records hold "
+                       "global indices)")
+    if op is VectorOp.ARGMAX and not pairs and flags.a_bytes > 2:
+        raise IssError(f"VEC ARGMAX compares int16 elements: a_bytes must be 1 or 2, not "
+                       f"{flags.a_bytes}")
     if op is VectorOp.GELU16 and not GELU16_G_MIN <= r("VU_SHIFT") <= GELU16_G_MAX:
         raise IssError(f"VEC GELU16 with VU_SHIFT={r('VU_SHIFT')}: the knot spacing g must be "
                        f"in {GELU16_G_MIN}..{GELU16_G_MAX}")
@@ -91,11 +110,13 @@ def exec_vector(iss):
     try:
         cmd = VectorCmd(op, length, n=r("VU_N"), mult=r("VU_MULT"), shift=r("VU_SHIFT"),
                         gshift=r("VU_GSHIFT"), out16=flags.out16,
-                        per_channel=flags.per_channel)
+                        per_channel=flags.per_channel, pairs=flags.pairs)
     except ValueError as exc:
         raise IssError(f"VEC: {exc}") from None
 
-    a = _rows(iss, "RD3", rows, length, flags.a_bytes, "operand A")
+    a = [None] * rows
+    if engine.uses_a(op, flags.pairs):
+        a = _rows(iss, "RD3", rows, length, flags.a_bytes, "operand A")
     b = None
     if engine.uses_b(op, flags.per_channel):
         b = _rows(iss, "RD4", rows, length, flags.b_bytes, "operand B")
@@ -115,6 +136,18 @@ def exec_vector(iss):
         raw = np.ascontiguousarray(words.reshape(rows, rec * iss.n)[:, :engine.STATS_BYTES])
         pairs = raw.view("<i8").astype(np.int64)
         stats = [(int(s1), int(s2)) for s1, s2 in pairs]
+    elif op is VectorOp.ONEHOT or pairs:
+        rec = engine.record_words(op, iss.n)
+        per_row = length if pairs else 1
+        words = iss._gather("RD5")
+        if len(words) != rows * per_row * rec:
+            raise IssError(f"VEC {op.name} records via RD5 walk {len(words)} words, but "
+                           f"{rows * per_row} argmax records are {rows * per_row * rec} words")
+        index, value = unpack_argmax(words.reshape(rows, per_row, rec, iss.n))
+        stats = [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, value,
+                                                                                strict=True)]
+        if not pairs:
+            stats = [s[0] for s in stats]
     unit = vector_unit(iss)
     outs = [unit.execute(cmd, a[row], None if b is None else b[row], stats[row])
             for row in range(rows)]
@@ -126,6 +159,10 @@ def exec_vector(iss):
         pairs = np.array([o["stats"] for o in outs], dtype="<i8")
         out[:, :engine.STATS_BYTES] = pairs.view(np.uint8).reshape(rows, engine.STATS_BYTES)
         iss._scatter("WR2", out.reshape(rows * rec, iss.n))
+        return
+    if op is VectorOp.ARGMAX:
+        index, value = np.array([o["record"] for o in outs], dtype=np.int64).T
+        iss._scatter("WR2", pack_argmax(index, value, iss.n).reshape(-1, iss.n))
         return
     if flags.wr_data:
         d = wrap(np.stack([o["data"] for o in outs]), 8 * flags.d_bytes)

@@ -9,9 +9,12 @@ Chrome trace.
 
 from __future__ import annotations
 
-from hw.spec.isa import UNIT_NAMES
+from hw.spec.isa import UNIT_NAMES, Op, decode, loop_fields, reg
+from hw.spec.vector import VectorOp
 
-__all__ = ["intervals", "busy_union", "COMPUTE_UNITS", "COMM_UNITS"]
+__all__ = ["intervals", "busy_union", "step_ends", "COMPUTE_UNITS", "COMM_UNITS"]
+
+_VU_OP = reg("VU_OP")
 
 COMPUTE_UNITS = ("matmul", "attention", "vector")
 COMM_UNITS = ("collective", "send", "recv")
@@ -47,3 +50,38 @@ def busy_union(spans: dict[str, list[tuple[int, int]]], units) -> int:
             total += e - at
             at = e
     return total
+
+
+def _vec_launches(program) -> list[bool]:
+    """Per VEC launch the program runs, in order (each loop body as often as its count):
+    whether it is an ARGMAX."""
+    out, vu_op, pc, insns = [], None, 0, [decode(w) for w in program]
+    while pc < len(insns):
+        insn = insns[pc]
+        if insn.op is Op.LOOP:
+            body, count = loop_fields(insn.value)
+            flags = []
+            for i in insns[pc + 1:pc + 1 + body]:
+                if i.op is Op.SET and i.reg == _VU_OP:
+                    vu_op = i.value
+                elif i.op is Op.VEC:
+                    flags.append(vu_op == VectorOp.ARGMAX)
+            out += flags * count
+            pc += body + 1
+            continue
+        if insn.op is Op.SET and insn.reg == _VU_OP:
+            vu_op = insn.value
+        elif insn.op is Op.VEC:
+            out.append(vu_op == VectorOp.ARGMAX)
+        pc += 1
+    return out
+
+
+def step_ends(program, trace_spans) -> list[int]:
+    """The cycle each step's tokens were picked in (the end of its ARGMAX launch): the first
+    is the prefill's (the time to first token), then one per decode step."""
+    order = _vec_launches(program)
+    vec = trace_spans["vector"]
+    if len(vec) != len(order):
+        raise AssertionError(f"{len(vec)} vector intervals for {len(order)} VEC launches")
+    return [end for (_, end), is_argmax in zip(vec, order, strict=True) if is_argmax]

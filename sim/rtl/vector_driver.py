@@ -3,20 +3,23 @@
 A program is a list of ``(cmd, a, b, stats)``: a :class:`~hw.spec.vector.VectorCmd`, the
 elements it reads from ``i_a`` (a vector of ``cmd.length``, or the 256 LUT entries for
 LOAD_LUT), the words it reads from ``i_b`` (or None) and the ``(sum x, sum x^2)`` pair it reads
-from ``i_stats`` (LN_APPLY and RMS_APPLY only). :func:`prepare` turns it into the beats of every
+from ``i_stats`` (LN_APPLY and RMS_APPLY only; ONEHOT reads an argmax record ``(index,
+value)`` there and no ``i_a``; ARGMAX with ``pairs`` its ``length`` records
+``[(index, value), ...]``). :func:`prepare` turns it into the beats of every
 input stream and the golden outputs; the same beat lists feed Amaranth's simulator and the
 cocotb testbench.
 """
 
 from __future__ import annotations
 
-from hw.spec.vector import VectorCmd, beats
+from hw.spec.vector import VectorCmd, VectorOp, beats, pack_argmax
 from hw.spec.vector_engine import STATS_IN_OPS, uses_b
 from hw.tile.vector import VectorUnit, cmd_layout
 from sim.golden.vector import VectorUnitModel
 from sim.rtl.pysim import collect, run_sim, send_all
 
-__all__ = ["vector_beats", "command_beats", "prepare", "check_outputs", "simulate_pysim"]
+__all__ = ["vector_beats", "record_lane", "command_beats", "prepare", "check_outputs",
+           "simulate_pysim"]
 
 
 def vector_beats(values, lanes: int) -> list[dict]:
@@ -28,6 +31,11 @@ def vector_beats(values, lanes: int) -> list[dict]:
             for i in range(count)]
 
 
+def record_lane(index: int, value: int) -> int:
+    """An argmax record's first 8 bytes as the unit carries them: one signed 64-bit lane."""
+    return int(pack_argmax(index, value, 8).view("<i8")[0, 0])
+
+
 def command_beats(cmd: VectorCmd, a, b, stats, lanes: int):
     """The beats one command consumes on ``i_a``, ``i_b`` and ``i_stats``."""
     op = cmd.op
@@ -35,6 +43,10 @@ def command_beats(cmd: VectorCmd, a, b, stats, lanes: int):
     b_beats = vector_beats(b, lanes) if uses_b(op, cmd.per_channel) else []
     s_beats = [{"data": [int(stats[0]), int(stats[1])], "last": 1}] if (
         op in STATS_IN_OPS) else []
+    if op is VectorOp.ONEHOT:
+        s_beats = [{"data": [record_lane(*stats), 0], "last": 1}]
+    if op is VectorOp.ARGMAX and cmd.pairs:
+        s_beats = [{"data": [record_lane(*rec), 0], "last": 1} for rec in stats]
     return a_beats, b_beats, s_beats
 
 
@@ -51,7 +63,7 @@ def prepare(program, lanes: int) -> dict:
         job["stats"] += s_beats
     job["n_data"] = sum(beats(cmd.length, lanes) for (cmd, *_), e in
                         zip(program, job["expected"], strict=True) if "data" in e)
-    job["n_stats"] = sum(1 for e in job["expected"] if "stats" in e)
+    job["n_stats"] = sum(1 for e in job["expected"] if "stats" in e or "record" in e)
     return job
 
 
@@ -65,6 +77,12 @@ def check_outputs(program, expected, data_beats, stats_beats, lanes: int, label:
             if (s1, s2, last) != (*exp["stats"], 1):
                 raise AssertionError(f"{label} command {k} {cmd.op.name}: stats {(s1, s2)} "
                                      f"last {last} != golden {exp['stats']} last 1")
+        if "record" in exp:
+            got = next(stats_beats)
+            want = (record_lane(*exp["record"]), 0, 1)
+            if tuple(got) != want:
+                raise AssertionError(f"{label} command {k} ARGMAX: record beat {tuple(got)} != "
+                                     f"golden {want} (index, value {exp['record']})")
         if "data" not in exp:
             continue
         count = beats(cmd.length, lanes)

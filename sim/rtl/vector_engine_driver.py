@@ -28,7 +28,7 @@ def cfg_payload(launch) -> dict:
             "flags": {"out16": flags & 1, "per_channel": flags >> 1 & 1,
                       "a_bytes": flags >> 2 & 3, "b_bytes": flags >> 4 & 3,
                       "d_bytes": flags >> 6 & 3, "wr_data": flags >> 8 & 1,
-                      "wr_q": flags >> 9 & 1}}
+                      "wr_q": flags >> 9 & 1, "pairs": flags >> 10 & 1}}
 
 
 def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: float = 0.0,
@@ -58,7 +58,8 @@ def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: flo
         for k, launch in enumerate(launches):
             state["k"] = k
             ctx.set(dut.i_cfg.payload, cfg_payload(launch))
-            uses = {"a": True, "b": launch.rd4 is not None, "stats": launch.rd5 is not None,
+            uses = {"a": launch.rd3 is not None, "b": launch.rd4 is not None,
+                    "stats": launch.rd5 is not None,
                     "data": launch.wr1 is not None, "q": launch.wr2 is not None}
             for name, want in uses.items():
                 assert ctx.get(getattr(dut.uses, name)) == want, f"launch {k}: uses.{name}"

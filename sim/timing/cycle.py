@@ -46,6 +46,7 @@ from hw.spec.isa import (
     Op,
     Unit,
     add_value,
+    addx_value,
     decode,
 )
 from hw.spec.memory import bank_of
@@ -313,6 +314,17 @@ class ChipModel:
         elif op is Op.ADD:
             if insn.reg < len(REGS):
                 self.regs[insn.reg] = add_value(self.regs[insn.reg], insn.value)
+        elif op is Op.ADDX:
+            if not self.loop.active:          # halts with error, as a nested LOOP does
+                self.running, self.error = False, True
+                self.cycles = cycle + 1
+                return
+            if insn.reg < len(REGS):
+                try:
+                    self.regs[insn.reg] = addx_value(self.regs[insn.reg], insn.value,
+                                                     self.loop.iteration_at(self.pc))
+                except IsaError as exc:
+                    raise IssError(f"chip {self.chip} pc {self.pc}: {exc}") from None
         elif op is Op.LOOP:
             try:
                 self.pc = self.loop.begin(self.pc, insn.value)

@@ -44,7 +44,17 @@ from hw.spec.timing.chip import (
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.spec.timing.vector import RSQRT_CYCLES
 from hw.spec.vector import VectorOp, twin_of
-from hw.spec.vector_engine import LOAD_OPS, VecFlags, stats_words, table_entries, uses_b
+from hw.spec.vector_engine import (
+    LOAD_OPS,
+    RECORD_OUT_OPS,
+    VecFlags,
+    record_words,
+    stats_words,
+    table_entries,
+    uses_a,
+    uses_b,
+    uses_records,
+)
 
 __all__ = ["MatmulModel", "AttentionModel", "VectorModel"]
 
@@ -408,7 +418,8 @@ class AttentionModel:
 
 
 # Vector unit FSM states (hw/tile/vector.py).
-_V_IDLE, _V_ELEM, _V_LOAD, _V_ACC, _V_STATS, _V_GET, _V_RSQRT, _V_NORM = range(8)
+(_V_IDLE, _V_ELEM, _V_LOAD, _V_ACC, _V_STATS, _V_GET, _V_RSQRT, _V_NORM, _V_GEN,
+ _V_PAIRS) = range(10)
 
 
 class _Gather:
@@ -481,6 +492,7 @@ class VectorModel:
         self.rows = regs["VU_ROWS"]
         self.length = regs["VU_LEN"]
         self.flags = f = VecFlags.decode(regs["VU_FLAGS"])
+        self.rec = record_words(self.op, self.n) or stats_words(self.n)
         self.issued = 0
         self.ga.start(self.length, _code(f.a_bytes))
         self.gb.start(self.length, _code(f.b_bytes))
@@ -499,14 +511,14 @@ class VectorModel:
         f = VecFlags.decode(regs["VU_FLAGS"])
         b = uses_b(op, f.per_channel)
         writes = op not in LOAD_OPS
-        return {"RD3": True, "RD4": b, "RD5": op is VectorOp.LN_APPLY,
-                "WR1": f.wr_data and writes and op is not VectorOp.LN_STATS,
+        return {"RD3": uses_a(op, f.pairs), "RD4": b, "RD5": uses_records(op, f.pairs),
+                "WR1": f.wr_data and writes and op not in RECORD_OUT_OPS,
                 "WR2": f.wr_q and writes}
 
     def out_valid(self):
         """(WR1 source valid, WR2 source valid)."""
         d = self.full and not self.d_done
-        if self.op is VectorOp.LN_STATS:
+        if self.op in RECORD_OUT_OPS:
             return d, self.so_full
         return d, self.full and not self.q_done
 
@@ -541,9 +553,11 @@ class VectorModel:
             b_ready = adv and (from_buf or ga.full)
             fire = gb.full and b_ready
             a_take = ga.full and a_ready
+        elif state == _V_GEN:
+            fire = adv
         b_take = gb.full and b_ready
         cmd_fire = state == _V_IDLE and active and self.issued != self.rows
-        is_stats = self.op is VectorOp.LN_STATS
+        is_stats = self.op in RECORD_OUT_OPS
         # Engine: gathers, statistics, packer.
         p3 = rv3 and active and (not ga.full or a_ready)
         p4 = rv4 and active and (not gb.full or b_ready)
@@ -572,13 +586,15 @@ class VectorModel:
                     # LOAD_LUT and LOAD_LUT16 take a word every cycle it is offered and emit
                     # nothing (the gateware's LOAD and LOAD16 states).
                     self.state = _V_LOAD
-                elif op in (VectorOp.LN, VectorOp.LN_STATS):
+                elif op is VectorOp.ARGMAX and f.pairs:
+                    self.state = _V_PAIRS
+                elif op in (VectorOp.LN, VectorOp.LN_STATS, VectorOp.ARGMAX):
                     self.state = _V_ACC
-                elif op is VectorOp.LN_APPLY:
+                elif op in (VectorOp.LN_APPLY, VectorOp.ONEHOT):
                     self.state = _V_GET
                 else:
                     self.state = _V_ELEM
-        elif state in (_V_ELEM, _V_NORM):
+        elif state in (_V_ELEM, _V_NORM, _V_GEN):
             if fire:
                 self.remaining -= n
                 if last_beat:
@@ -602,11 +618,17 @@ class VectorModel:
                 self.so_full = True
                 self.so_part = 0
                 self.state = _V_IDLE
+        elif state == _V_PAIRS:
+            if self.s_full:
+                self.s_full = False
+                self.remaining -= 1
+                if self.remaining == 0:
+                    self.state = _V_STATS
         elif state == _V_GET:
             if self.s_full:
                 self.s_full = False
                 self.rstep = 0
-                self.state = _V_RSQRT
+                self.state = _V_GEN if uop is VectorOp.ONEHOT else _V_RSQRT
         elif state == _V_RSQRT:
             self.remaining = self.length
             if self.rstep == RSQRT_CYCLES - 1:

@@ -38,6 +38,7 @@ from hw.spec.isa import (
     Op,
     Unit,
     add_value,
+    addx_value,
     decode,
 )
 from hw.spec.memory import bank_of
@@ -48,7 +49,7 @@ from hw.spec.topology import DimLink, Topology, system_topology
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, uses_b
 
-from ..iss.errors import IssError, begin_loop
+from ..iss.errors import IssError, begin_loop, loop_iteration
 from .cycle import ChipTiming, SystemTiming, time_programs
 
 __all__ = ["LaunchTimer", "time_programs_fast"]
@@ -399,6 +400,15 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             if insn.reg < len(REGS):
                 name = REGS[insn.reg]
                 c.regs[name] = add_value(c.regs.get(name, 0), insn.value)
+            c.t += 1
+        elif op is Op.ADDX:
+            iteration = loop_iteration(c.loop, c.chip, c.pc)
+            if insn.reg < len(REGS):
+                name = REGS[insn.reg]
+                try:
+                    c.regs[name] = addx_value(c.regs.get(name, 0), insn.value, iteration)
+                except IsaError as exc:
+                    raise IssError(f"chip {c.chip} pc {c.pc}: {exc}") from None
             c.t += 1
         elif op is Op.LOOP:
             c.pc = begin_loop(c.loop, c.chip, c.pc, insn.value)

@@ -11,18 +11,21 @@ from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode
 from hw.spec.isa import Insn, Op, Unit, encode
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, unpack_rows
+from hw.spec.vector import argmax_words, unpack_argmax
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.compiler.single import compile_single
+from sim.compiler.vector_launch import Rows, argmax_launch, emit, onehot_launch
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
-from sim.golden.matmul import matmul_unit
+from sim.golden.matmul import matmul_unit, requant
+from sim.golden.vector import argmax16
 from sim.iss import Iss, IssError
 from sim.rtl.chip_runner import run_chip_pysim, run_chip_verilator
 from sim.rtl.pysim import SimulationTimeout
 from sim.timing.cycle import time_programs, trace_entries
-from tests.helpers import seeded, single_chip_program, small_npu
+from tests.helpers import assert_cycle_model, seeded, single_chip_program, small_npu
 
 
 def test_two_chained_matmuls_match_iss_and_golden():
@@ -69,9 +72,10 @@ def test_two_chained_matmuls_match_iss_and_golden():
     print(f"cycles={rtl['cycles']} load={rtl['load_cycles']} busy={rtl['busy_cycles']}")
 
 
-@pytest.mark.parametrize("word", [0x3F, 0x06, 0x0E])
+@pytest.mark.parametrize("word", [0x3F, 0x07, 0x0E])
 def test_unknown_opcode_halts_with_error(word):
     """An unknown opcode halts with `error` instead of stalling forever."""
+    assert word & 0x3F not in {int(op) for op in Op}, f"opcode {word & 0x3F} is in use"
     npu = small_npu()
     program = [encode(Insn(Op.NOP)), word, encode(Insn(Op.HALT))]
     rtl = run_chip_pysim(npu, program, {}, [], max_cycles=100)
@@ -186,3 +190,53 @@ def test_verilator_chip_equals_the_iss(verilator_ok):
     assert (got == want).all()
     assert vl["cycles"] == model.cycles, (vl["cycles"], model.cycles)
     assert vl["busy_cycles"] == model.busy
+
+
+def test_greedy_pick_and_embedding_on_chip():
+    """Greedy decode's step on the chip: ARGMAX of 4 int16 logit rows (a tie included), ONEHOT
+    of the records, then the embedding as the int8 matmul one-hot @ E8 requantised per column
+    (int16 out): RTL == ISS == golden (REQUANT(E8[t], emb_req, 16)); the cycle model == RTL."""
+    rng = seeded(21)
+    npu = small_npu()
+    n = npu.array_size
+    rows, vocab, d = 4, 24, 8
+    logits = rng.integers(-(1 << 15), 1 << 15, (rows, vocab))
+    logits[1, [2, 19]] = 32767                 # a tie: token 2
+    logits[2, :] = -5                          # all equal: token 0
+    e8 = rng.integers(-128, 128, (vocab, d))
+    mult, shift = rng.integers(1, 1 << 15, d), rng.integers(6, 12, d)
+    # Word addresses: logits 0, records 100, one-hot rows 120, E8 200, params 300, out 400.
+    images = {0: pack_rows(logits, 2, n), 200: pack_weight_blocks(e8, n),
+              300: pack_params(np.zeros(d, np.int64), mult, shift, n)}
+    rec = argmax_words(n)
+    onehot_rows = Rows(120, rows, vocab // n, 1)
+    asm = Assembler()
+    emit(asm, argmax_launch(size=n, length=vocab, x=Rows(0, rows, vocab * 2 // n, 2),
+                            record_base=100))
+    asm.wait(Unit.VEC)
+    emit(asm, onehot_launch(size=n, length=vocab, record_base=100, out=onehot_rows))
+    asm.wait(Unit.VEC)
+    emit_matmul(asm, matmul_launch(size=n, m=rows, k=vocab, n=d, a_base=120,
+                                   a_row_words=vocab // n, b_base=200, p_base=300, c_base=400,
+                                   c_row_words=2 * d // n, mode=OutMode.INT16))
+    asm.halt()
+    program = asm.words()
+    iss = Iss(npu)
+    for base, words in images.items():
+        iss.write_words(base, words)
+    iss.run(program)
+    index, _ = unpack_argmax(iss.read_words(100, rows * rec).reshape(rows, rec, n))
+    tokens = [argmax16(row)[0] for row in logits]
+    assert index.tolist() == tokens and tokens[1:3] == [2, 0], (index, tokens)
+    got = unpack_rows(iss.read_words(400, rows * 2 * d // n), rows, d, 2)
+    want = requant(e8[tokens], mult, shift, 16)
+    assert np.array_equal(got, want), (got, want)
+
+    reads = [(100, rows * rec), (120, rows * vocab // n), (400, rows * 2 * d // n)]
+    rtl = run_chip_pysim(npu, program, images, reads, max_cycles=5000)
+    assert not rtl["error"]
+    for (base, count), words in zip(reads, rtl["regions"], strict=True):
+        bad = np.argwhere(words != iss.read_words(base, count))
+        assert not len(bad), f"word {base + bad[0][0]} byte {bad[0][1]} differs from the ISS"
+    assert_cycle_model(npu, [program], [(rtl["cycles"], rtl["busy_cycles"], rtl["trace"])])
+    print(f"cycles={rtl['cycles']} busy={rtl['busy_cycles']}")

@@ -10,9 +10,9 @@ from ..vector import GELU16_KNOTS, LUT_ENTRIES, RSQRT_NEWTON_STEPS, VectorOp, tw
 from ..vector_engine import (
     LOAD_OPS,
     VecFlags,
+    record_words,
     row_beats,
     row_words,
-    stats_words,
     table_entries,
     uses_b,
 )
@@ -27,14 +27,16 @@ LATENCY = 4
 RSQRT_CYCLES = 2 + 3 * RSQRT_NEWTON_STEPS
 
 
-def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
+def op_cycles(op: VectorOp, length: int, lanes: int, *, pairs: bool = False) -> int:
     """Cycles from the ``i_cmd`` transfer to the last output transfer (LOAD_LUT, LOAD_LUT16:
     last input).
 
     With every input valid and every output ready. B = ceil(length / lanes) beats and
     L = :data:`LATENCY` (the pipeline depth): element-wise ops (GELU16 included) B + L, LN
-    2B + RSQRT_CYCLES + L, LN_STATS B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1, LOAD_LUT
-    ceil(256 / lanes), LOAD_LUT16 ceil(257 / lanes). The
+    2B + RSQRT_CYCLES + L, LN_STATS and ARGMAX B + 1, LN_APPLY B + RSQRT_CYCLES + L + 1,
+    ONEHOT B + L + 1 (its record, then B generated beats), ARGMAX with ``pairs`` length + 1
+    (one record per cycle), LOAD_LUT ceil(256 / lanes),
+    LOAD_LUT16 ceil(257 / lanes): never dependent on the data. The
     pipeline is not drained between commands: the next command is accepted the cycle after
     the last input beat, so back-to-back element-wise vectors take B + 1 cycles each.
     RMS and RMS_APPLY take LN's and LN_APPLY's cycles (:func:`hw.spec.vector.twin_of`).
@@ -49,8 +51,12 @@ def op_cycles(op: VectorOp, length: int, lanes: int) -> int:
         return 2 * b + RSQRT_CYCLES + LATENCY
     if op is VectorOp.LN_APPLY:
         return b + RSQRT_CYCLES + LATENCY + 1
-    if op is VectorOp.LN_STATS:
+    if op is VectorOp.ARGMAX and pairs:
+        return length + 1
+    if op in (VectorOp.LN_STATS, VectorOp.ARGMAX):
         return b + 1
+    if op is VectorOp.ONEHOT:
+        return b + LATENCY + 1
     return b + LATENCY
 
 
@@ -84,9 +90,21 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
       normalisation pass (B beats; the first one prefetched likewise); results drain while
       the next row starts, ``t`` being the packer's backlog after the last beat (valid for
       ``b_bytes >= d_bytes``, as :func:`sim.compiler.vector_launch.ln_launch` emits);
-    - LN_STATS (R = words of a statistics record): ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 +
-      R, rows * (R + 1) + 1 + W_a)``: a row is one cycle for the command, the statistics pass
-      and one cycle to emit the record, which is written as R words while the next row runs;
+    - LN_STATS and ARGMAX (R = words of their record: a statistics record, an argmax record):
+      ``max(rows * (W_a - w_a0 + 3) + w_a0 - 1 + R, rows * (R + 1) + 1 + W_a)``: a row is one
+      cycle for the command, the pass over A and one cycle to emit the record, which is written
+      as R words while the next row runs;
+    - ARGMAX with ``pairs`` (k = ``length`` argmax records of R words per row, read through
+      RD5): ``rows * k * (R + 1) + (rows - 1) * max(0, 2 - R) + R + 1``: a record every R + 1
+      cycles (its words, then the cycle the unit takes it), and between rows the command and the
+      emitted record, 2 cycles, of which the next record's words hide R;
+    - ONEHOT (R = words of an argmax record, read through RD5; no A): with g = max(2, R + 1)
+      the cycle the first record is taken and P = max(B + 2, R + 1) the row period,
+      ``max(g + (rows - 1) * P + 6 + t, rows * W_d + 6 + g)`` with the last row's backlog
+      ``t = max_k(k + sum_{j>=k} o_j)`` (o_j the output words of beat j): a row is one cycle for
+      the command, one to take its record (the next one is read meanwhile, R words after the
+      previous one was taken) and B generated beats, one per cycle; or the data words, one per
+      cycle;
     - LN_APPLY: ``rows * (sum_{k>=1} c_k + 3 + RSQRT_CYCLES) + R + 4 + t`` with
       c_k = max(A words, B words) of beat k (A and B beats are taken together) and ``t`` as
       for LN with c_j in place of b_j; the next row's record (R <= 8 words) is read during
@@ -107,12 +125,19 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
         return max(rows * wa + 2, rows * (beats + 1) + 1)
     wb = row_words(length, flags.b_bytes, lanes) if uses_b(op, flags.per_channel) else 0
     wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
+    rec = record_words(op, lanes)
+    if op is VectorOp.ARGMAX and flags.pairs:
+        return rows * length * (rec + 1) + (rows - 1) * max(0, 2 - rec) + rec + 1
+    if op is VectorOp.ONEHOT:
+        o = [max(d, 1) for d in _beat_words(wd, flags.d_bytes, beats)] if wd else [1] * beats
+        g = max(2, rec + 1)
+        tail = max(k + sum(o[k:]) for k in range(beats))
+        return max(g + (rows - 1) * max(beats + 2, rec + 1) + 6 + tail, rows * wd + 6 + g)
     a_beats = _beat_words(wa, flags.a_bytes, beats)
     b_beats = _beat_words(wb, flags.b_bytes, beats) if wb else [0] * beats
     d_beats = _beat_words(wd, flags.d_bytes, beats) if wd else [0] * beats
     o_beats = [max(d, int(flags.wr_q)) for d in d_beats]
-    rec = stats_words(lanes)
-    if op is VectorOp.LN_STATS:
+    if op in (VectorOp.LN_STATS, VectorOp.ARGMAX):
         return max(rows * (wa - a_beats[0] + 3) + a_beats[0] - 1 + rec,
                    rows * (rec + 1) + 1 + wa)
     if op is VectorOp.LN_APPLY:

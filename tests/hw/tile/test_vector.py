@@ -279,6 +279,43 @@ def test_layernorm_tiny_preset_full_scale(rng):
     run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng)
 
 
+def argmax_rows(rng, lanes):
+    """int16 rows for ARGMAX: random, ties, the maximum at lane 0, at the last lane, at a beat
+    boundary, all equal, all -32768, all negative; lengths not a multiple of ``lanes``."""
+    i16 = (-(1 << 15), 1 << 15)
+    rows = [rng.integers(*i16, 13), rng.integers(-3, 3, 11), rng.integers(-50, -1, 9)]
+    tie = rng.integers(-100, 100, 10)
+    tie[[3, 7]] = 500                       # a tie across beats: index 3 wins
+    first = rng.integers(-100, 100, 7)
+    first[0] = 32767
+    last = rng.integers(-100, 100, 9)
+    last[-1] = 1000                         # the last, lone lane of the last beat
+    edge = rng.integers(-100, 100, 12)
+    edge[lanes] = 999                       # lane 0 of the second beat
+    edge[lanes - 1] = 999                   # ... tied with the lane before it: it wins
+    rows += [tie, first, last, edge, np.full(6, 42), np.full(5, -(1 << 15)), np.array([-7])]
+    return rows
+
+
+def test_argmax_onehot_random_and_edges(rng):
+    """ARGMAX (index + n, maximum) and ONEHOT (1 at index - n, in and outside the row) against
+    the golden model, random idle and backpressure."""
+    program = []
+    for k, x in enumerate(argmax_rows(rng, LANES)):
+        program.append((VectorCmd(VectorOp.ARGMAX, len(x), n=[0, 5, 65535][k % 3]), x, None,
+                        None))
+    for index, n, length in [(0, 0, 9), (8, 0, 9), (4, 0, 9), (107, 100, 13), (99, 100, 13),
+                             (113, 100, 13), (-1, 0, 4), (131069, 65535, 5), (3, 3, 1)]:
+        program.append((VectorCmd(VectorOp.ONEHOT, length, n=n), None, None,
+                        (index, int(rng.integers(-100, 100)))))
+    # Pair mode: the largest value, then the lowest (signed) index, wherever it sits.
+    for recs in ([(500, 9), (3, 9), (77, -4)], [(5, -32768)], [(-2, 1), (7, 1), (-9, 0)],
+                 [(int(i), int(v)) for i, v in zip(rng.integers(0, 1 << 17, 7),
+                                                   rng.integers(-3, 3, 7), strict=True)]):
+        program.append((VectorCmd(VectorOp.ARGMAX, len(recs), pairs=True), None, None, recs))
+    run_program(program, rng=rng)
+
+
 # ---- timing ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op, length, repeat", [
@@ -287,18 +324,23 @@ def test_layernorm_tiny_preset_full_scale(rng):
     (VectorOp.RMS, 10, 1), (VectorOp.RMS_APPLY, 10, 1), (VectorOp.MUL, 13, 1),
     (VectorOp.MUL, 8, 3), (VectorOp.ADD, 8, 3), (VectorOp.RELU, 1, 4), (VectorOp.GELU16, 13, 1),
     (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1), (VectorOp.LOAD_LUT16, 0, 2),
+    (VectorOp.ARGMAX, 9, 1), (VectorOp.ONEHOT, 10, 1), ("pairs", 5, 1),
 ])
 def test_cycles_match_formula(rng, op, length, repeat):
     """Cycles from the first i_cmd transfer to the last output transfer (a table load: its last
     input transfer) equal :func:`op_cycles`, plus B + 1 per further back-to-back command of B
     beats; ideal streams."""
     dut = VectorUnit(lanes=LANES, d_model_max=16)
-    cmd = VectorCmd(op, length, n=length, shift=4)
+    pairs = op == "pairs"
+    op = VectorOp.ARGMAX if pairs else op
+    cmd = VectorCmd(op, length, n=0 if pairs else length, shift=4, pairs=pairs)
     size = {VectorOp.LOAD_LUT: LUT_ENTRIES, VectorOp.LOAD_LUT16: GELU16_KNOTS}.get(op, length)
     loads = op in (VectorOp.LOAD_LUT, VectorOp.LOAD_LUT16)
-    a_beats, b_beats, s_beats = command_beats(cmd, rng.integers(-100, 100, size),
+    a = None if op is VectorOp.ONEHOT or pairs else rng.integers(-100, 100, size)
+    stats = [(k, -k) for k in range(length)] if pairs else (1, 1000)
+    a_beats, b_beats, s_beats = command_beats(cmd, a,
                                         pack_gamma_beta(rng.integers(1, 100, size), 0),
-                                        (1, 1000), LANES)
+                                        stats, LANES)
     stamps = {}
     cycle = [0]
 
@@ -314,8 +356,9 @@ def test_cycles_match_formula(rng, op, length, repeat):
     async def watch(ctx):
         ctx.set(dut.o_data.ready, 1)
         ctx.set(dut.o_stats.ready, 1)
-        wanted = 0 if loads else (1 if op is VectorOp.LN_STATS else beats(length, LANES))
-        stream = dut.o_stats if op is VectorOp.LN_STATS else dut.o_data
+        records = op in (VectorOp.LN_STATS, VectorOp.ARGMAX)
+        wanted = 0 if loads else (1 if records else beats(length, LANES))
+        stream = dut.o_stats if records else dut.o_data
         for _ in range(wanted * repeat):
             await ctx.tick().until(stream.valid & stream.ready)
         stamps["out"] = cycle[0]
@@ -333,7 +376,7 @@ def test_cycles_match_formula(rng, op, length, repeat):
     run_sim(dut, [drive, a_src, b_src, s_src, watch], processes=[counter], max_cycles=2000)
     end = stamps["a"] if loads else stamps["out"]
     measured = end - stamps["cmd"]
-    formula = op_cycles(op, length, LANES) + (repeat - 1) * (beats(size, LANES) + 1)
+    formula = op_cycles(op, length, LANES, pairs=pairs) + (repeat - 1) * (beats(size, LANES) + 1)
     assert measured == formula, (
         f"{op.name} length {length} x{repeat}: measured {measured} cycles, formula {formula}")
     assert (lut_beats(LANES), lut16_beats(LANES)) == (64, 65)

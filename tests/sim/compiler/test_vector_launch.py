@@ -8,7 +8,8 @@ from sim.compiler.vector_launch import Rows, vector_launch
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"op": VectorOp.LN_STATS, "b": None}, r"stats_base is required for LN_STATS"),
-    ({"stats_base": 50}, r"stats_base is only for LN_STATS, LN_APPLY and RMS_APPLY"),
+    ({"stats_base": 50}, r"stats_base is only for LN_STATS, LN_APPLY, RMS_APPLY, ARGMAX and "
+                         r"ONEHOT"),
     ({"op": VectorOp.LN_APPLY, "stats_base": 50, "q": Rows(30, 2, 1, 1)},
      r"LN_APPLY needs n \(the count over all chips\) in 1\.\.65535, not None"),
     ({"op": VectorOp.LN_STATS, "b": None, "stats_base": 50}, r"LN_STATS writes only its "

@@ -34,6 +34,14 @@ def cycles(model, step, regs, limit=100_000):
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN_APPLY, 24),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.RMS_APPLY, 24),
     (VecFlags(a_bytes=1, wr_data=False), VectorOp.LOAD_LUT, 256),
+    (VecFlags(a_bytes=2, wr_data=False, wr_q=True), VectorOp.ARGMAX, 13),
+    (VecFlags(a_bytes=1, wr_data=False, wr_q=True), VectorOp.ARGMAX, 1),
+    (VecFlags(d_bytes=1), VectorOp.ONEHOT, 13),
+    (VecFlags(d_bytes=2), VectorOp.ONEHOT, 5),
+    (VecFlags(d_bytes=4), VectorOp.ONEHOT, 9),
+    (VecFlags(d_bytes=1), VectorOp.ONEHOT, 1),
+    (VecFlags(wr_data=False, wr_q=True, pairs=True), VectorOp.ARGMAX, 3),
+    (VecFlags(wr_data=False, wr_q=True, pairs=True), VectorOp.ARGMAX, 1),
 ])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_vector_model_is_the_engines_closed_form(flags, op, length, rows):

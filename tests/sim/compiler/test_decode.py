@@ -1,0 +1,212 @@
+"""Generation on chip (sim.compiler.decode, sim.flows.generate): the prefill and a counted loop
+of decode steps, bit-exact against the golden incremental decode; a static program."""
+
+import numpy as np
+import pytest
+
+from hw.spec import ConfigError, model_preset, npu_preset
+from hw.spec.isa import Op, decode, loop_fields, loop_operand
+from sim.compiler.affine import emit_affine
+from sim.compiler.assembler import Assembler
+from sim.compiler.decode import compile_decode
+from sim.compiler.decode_quant import quantize_decode
+from sim.errors import BadInput
+from sim.flows.generate import generate
+from sim.golden.decode import prefill_logits, random_head_weights
+from sim.golden.float_model import random_weights
+from tests.helpers import seeded, tiny_variant
+
+#: The tiny NPU with 128 KiB: the tiny decoder's blocks and head (its table twice: the
+#: embedding matmul's B operand and the LM head's) do not fit 64 KiB on one chip.
+NPU = tiny_variant(sram_bytes=1 << 17)
+
+
+def _prompt(cfg, seed, length):
+    return seeded(seed).integers(0, cfg.vocab_size, length)
+
+
+@pytest.mark.parametrize("name,seed,prompt_len,n", [
+    ("tiny", 1, 3, 4), ("tiny", 5, 1, 6), ("tiny", 9, 6, 3),
+    ("tiny-llama", 2, 4, 5), ("tiny-llama", 3, 1, 16)])
+def test_iss_generation_is_bit_exact(name, seed, prompt_len, n):
+    """The generated ids and every step's int16 logits equal the golden incremental decode
+    (which tests/sim/golden/test_decode.py holds equal to a prefill of the whole sequence)."""
+    cfg = model_preset(name)
+    prompt = _prompt(cfg, seed, prompt_len)
+    out = generate(NPU, cfg, prompt=prompt, n=n, backend="iss", seed=seed)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["ids"] == out["golden_ids"] and len(out["ids"][0]) == n
+    assert len(out["step_cycles"]) == n - 1
+    assert all(s > 0 for s in out["step_cycles"])
+    assert out["ttft_cycles"] <= out["cycles"]
+
+
+@pytest.mark.parametrize("name,seed,prompt_len,n,chips", [
+    ("tiny", 1, 3, 4, 2), ("tiny", 5, 2, 5, 3), ("tiny", 6, 4, 4, 4),
+    ("tiny-llama", 7, 3, 5, 3), ("tiny-llama", 8, 2, 6, 4)])
+def test_head_parallel_generation_is_bit_exact(name, seed, prompt_len, n, chips):
+    """Head parallelism on the tiny NPU itself (64 KiB a chip: the tiny decoder with its head
+    does not fit one): the caches split with the heads, the logits gathered from the chips'
+    vocabulary blocks (3 chips: uneven head shards, so chips lay their buffers out
+    differently)."""
+    cfg = model_preset(name)
+    prompt = _prompt(cfg, seed, prompt_len)
+    out = generate(npu_preset("tiny"), cfg, prompt=prompt, n=n, backend="iss",
+                   strategy="head", chips=chips, seed=seed)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["chips"] == chips and len(out["kv_bytes"]) == chips
+    # The KV cache splits with the K/V heads: every chip holds its share.
+    whole = 2 * cfg.n_layers * (prompt_len + n - 1) * cfg.n_kv_heads * cfg.d_head
+    assert sum(out["kv_bytes"]) >= whole and max(out["kv_bytes"]) < whole
+
+
+@pytest.mark.parametrize("name,batch,strategy,chips", [
+    ("tiny", 2, "single", 1), ("tiny", 4, "single", 1), ("tiny", 2, "head", 2),
+    ("tiny-llama", 3, "head", 3)])
+def test_a_batch_decodes_together(name, batch, strategy, chips):
+    """B sequences' tokens share each step's folds (their caches interleaved by position):
+    every sequence's ids and logits equal its own golden decode (RoPE: every row of a step at
+    one position), and the aggregate tokens/s is B times the per-sequence rate."""
+    cfg = model_preset(name)
+    prompts = seeded(30 + batch).integers(0, cfg.vocab_size, (batch, 2))
+    npu = NPU if strategy == "single" else npu_preset("tiny")
+    out = generate(npu, cfg, prompt=prompts, n=4, backend="iss", strategy=strategy,
+                   chips=chips, seed=batch)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["batch"] == batch and len(out["ids"]) == batch
+    assert out["tokens_per_s_aggregate"] == pytest.approx(batch * out["tokens_per_s"])
+
+
+@pytest.mark.parametrize("name,batch,chips", [("tiny", 2, 2), ("tiny", 5, 2),
+                                               ("tiny-llama", 3, 3)])
+def test_data_parallel_generation_is_bit_exact(name, batch, chips):
+    """Data parallelism: the sequences split over the chips (5 over 2: 3 and 2), each chip the
+    whole model and its own caches; every sequence equals its golden decode."""
+    cfg = model_preset(name)
+    prompts = seeded(40 + batch).integers(0, cfg.vocab_size, (batch, 3))
+    out = generate(NPU, cfg, prompt=prompts, n=3, backend="iss", strategy="data",
+                   chips=chips, seed=batch)
+    assert out["golden_match"], out["first_mismatch"]
+    per_seq = 2 * cfg.n_layers * 5 * cfg.n_kv_heads * cfg.d_head
+    assert sum(out["kv_bytes"]) == batch * per_seq
+
+
+@pytest.mark.parametrize("name,batch,chips", [("tiny", 4, 4), ("tiny", 2, 2),
+                                               ("tiny-llama", 4, 4), ("tiny-llama", 1, 2)])
+def test_pipeline_generation_is_bit_exact(name, batch, chips):
+    """Pipeline parallelism: a sequence per stage in flight, each stage its layers and their
+    caches, the last its head, each token sent back to the first stage; on the tiny NPU."""
+    cfg = model_preset(name)
+    prompts = seeded(50 + batch).integers(0, cfg.vocab_size, (batch, 3))
+    out = generate(npu_preset("tiny"), cfg, prompt=prompts, n=4, backend="iss",
+                   strategy="pipeline", chips=chips, seed=batch)
+    assert out["golden_match"], out["first_mismatch"]
+    assert len(out["step_cycles"]) == 3 and out["chips"] == chips
+
+
+def test_logits_equal_a_prefill_of_the_whole_sequence():
+    """Step t's logits on chip are the whole sequence's prefill logits at position P - 1 + t."""
+    cfg = model_preset("tiny")
+    prompt = _prompt(cfg, 21, 2)
+    out = generate(NPU, cfg, prompt=prompt, n=5, backend="iss", seed=21)
+    qm, head = quantize_decode(cfg, random_weights(cfg, 21), random_head_weights(cfg, 22),
+                               prompt)
+    full = prefill_logits(qm, head, np.concatenate([prompt, out["ids"][0][:-1]]))
+    want = full[len(prompt) - 1:]
+    bad = np.argwhere(out["logits"][0] != want)
+    assert bad.size == 0, f"(step, vocab) {bad[0].tolist()}"
+
+
+def _program(name, prompt_len, n):
+    cfg = model_preset(name)
+    rng = seeded(4)
+    prompt = rng.integers(0, cfg.vocab_size, prompt_len)
+    qm, head = quantize_decode(cfg, random_weights(cfg, 4), random_head_weights(cfg, 5), prompt)
+    return compile_decode(NPU, qm, head, prompt_len=prompt_len, generate=n).programs[0]
+
+
+def len_body(program):
+    return next(loop_fields(decode(w).value)[0] for w in program if decode(w).op is Op.LOOP)
+
+
+def test_imem_does_not_grow_with_the_tokens():
+    """A 16-token generation takes no more instructions than a 2-token one: the same
+    instructions (only addresses, which the longer cache moves, and the LOOP's count differ)."""
+    short, long = _program("tiny-llama", 1, 2), _program("tiny-llama", 1, 16)
+    assert len(short) == len(long)
+    shape = [[(i.op, i.reg) for i in map(decode, p)] for p in (short, long)]
+    assert shape[0] == shape[1]
+    loops = [(decode(a).value, decode(b).value) for a, b in zip(short, long, strict=True)
+             if decode(a).op is Op.LOOP]
+    assert loops == [(loop_operand(len_body(short), 1), loop_operand(len_body(short), 15))]
+
+
+def test_refusals():
+    cfg = model_preset("tiny")
+    for n in (0, -3):
+        with pytest.raises(BadInput, match=f"--generate must be at least 1 token, not {n}"):
+            generate(NPU, cfg, prompt=[1, 2], n=n, backend="iss")
+    with pytest.raises(BadInput, match="context 9 exceeds the 8 learned positions"):
+        generate(NPU, cfg, prompt=[1, 2, 3], n=7, backend="iss")
+    llama = model_preset("tiny-llama")
+    with pytest.raises(ConfigError, match="attn_window.*context of 17 tokens"):
+        generate(NPU, llama, prompt=[1, 2], n=16, backend="iss")
+    with pytest.raises(BadInput, match="prompt id 256 at index 1 is outside 0..255"):
+        generate(NPU, cfg, prompt=[1, 256], n=2, backend="iss")
+    with pytest.raises(BadInput, match="backend iss, pysim, verilator, not board"):
+        generate(NPU, cfg, prompt=[1], n=2, backend="board")
+
+
+def test_a_context_that_does_not_fit_is_refused_with_the_bytes():
+    cfg = model_preset("tiny")
+    with pytest.raises(ConfigError, match=r"sram_bytes=65536 is too small: the model needs "
+                       r"[\d,]+ bytes of scratchpad \(weights [\d,]+, kv_cache [\d,]+"):
+        generate(npu_preset("tiny"), cfg, prompt=[1, 2, 3], n=4, backend="iss")
+
+
+def test_emit_affine_checks_the_step():
+    """A step whose values are affine becomes SET + ADDX; anything else is refused."""
+    asm = Assembler()
+    emit_affine(asm, lambda a, t: a.set("AT_KEYS", 5 + 3 * t), 4)
+    ops = [(i.op, i.value) for i in asm.insns]
+    assert ops[1:] == [(Op.SET, 5), (Op.ADDX, 3)], ops
+    with pytest.raises(AssertionError, match="not affine"):
+        emit_affine(Assembler(), lambda a, t: a.set("AT_KEYS", t * t), 4)
+    with pytest.raises(AssertionError, match="instructions at iteration 0"):
+        emit_affine(Assembler(), lambda a, t: [a.wait(1) for _ in range(t)], 3)
+    asm = Assembler()
+    emit_affine(asm, lambda a, t: a.wait(1), 0)
+    assert asm.insns == []
+
+
+def _same_run(iss, rtl):
+    for key in ("golden_match", "ids", "cycles", "ttft_cycles", "step_cycles"):
+        assert rtl[key] == iss[key], (key, rtl[key], iss[key])
+
+
+@pytest.mark.verilator
+@pytest.mark.parametrize("strategy,chips,batch", [("head", 2, 1), ("pipeline", 4, 4)])
+def test_verilator_generation_equals_the_iss(verilator_ok, strategy, chips, batch):
+    """Head parallelism on 2 tiny NPUs, and a 4-stage pipeline with a batch of 4, 4 tokens:
+    the ids, the cycles of the whole run, of the first token and of every decode step on
+    Verilator equal the ISS's cycle model."""
+    cfg = model_preset("tiny")
+    prompts = seeded(3).integers(0, cfg.vocab_size, (batch, 3))
+    runs = [generate(npu_preset("tiny"), cfg, prompt=prompts, n=4, backend=b,
+                     strategy=strategy, chips=chips, seed=3) for b in ("iss", "verilator")]
+    assert runs[0]["golden_match"]
+    _same_run(*runs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,chips", [("single", 1), ("head", 2)])
+def test_pysim_generation_equals_the_iss(strategy, chips):
+    """A 4-token generation on Amaranth's simulator (one chip of the 128 KiB variant; 2 tiny
+    NPUs) equals the ISS: ids, every step's cycles."""
+    cfg = model_preset("tiny")
+    npu = NPU if chips == 1 else npu_preset("tiny")
+    prompt = _prompt(cfg, 4, 2)
+    runs = [generate(npu, cfg, prompt=prompt, n=4, backend=b, strategy=strategy, chips=chips,
+                     seed=4) for b in ("iss", "pysim")]
+    assert runs[0]["golden_match"]
+    _same_run(*runs)

@@ -1,0 +1,87 @@
+"""``npu plan --generate`` (sim.planner.decode): generation's figures from the compiler's own
+shapes-only program, against the ISS's run of the same generation."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from hw.spec import model_preset, npu_preset
+from sim.compiler.decode import compile_decode
+from sim.flows.generate import generate
+from sim.planner.decode import dummy_head, plan_generate
+from sim.planner.plan import _dummy_qmodel
+from sim.timing.cycle import time_programs
+from sim.timing.launch import time_programs_fast
+from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, run, seeded, tiny_variant
+
+#: A d_model 128 decoder (2 layers, 8 heads of 16) and an NPU variant that holds it.
+D128 = dataclasses.replace(model_preset("tiny"), d_model=128, n_heads=8, d_head=16, d_ff=256,
+                           n_layers=2)
+NPU128 = tiny_variant(sram_bytes=1 << 19, imem_words=1 << 14, d_model_max=128)
+
+
+@pytest.mark.parametrize("name,npu,strategy,chips,batch", [
+    ("tiny", tiny_variant(sram_bytes=1 << 17), "single", 1, 1),
+    ("tiny", npu_preset("tiny"), "head", 2, 1),
+    ("tiny", npu_preset("tiny"), "pipeline", 4, 4),
+    pytest.param("tiny-llama", npu_preset("tiny"), "head", 4, 2, marks=pytest.mark.slow)])
+def test_plan_equals_the_iss(name, npu, strategy, chips, batch):
+    """The planned first token, every step's cycles and the KV bytes are the ISS's."""
+    cfg = model_preset(name)
+    prompts = seeded(11).integers(0, cfg.vocab_size, (batch, 3))
+    ran = generate(npu, cfg, prompt=prompts, n=4, backend="iss", strategy=strategy,
+                   chips=chips, seed=11)
+    planned = plan_generate(npu, cfg, generate=4, prompt_len=3, batch=batch,
+                            strategy=strategy, chips=chips, search=False)
+    assert planned.fits and planned.timed_by == "cycle model"
+    assert planned.ttft_cycles == ran["ttft_cycles"]
+    assert planned.step_cycles == ran["step_cycles"]
+    assert planned.kv_bytes == ran["kv_bytes"] and planned.sram_bytes == ran["sram_bytes"]
+
+
+@pytest.mark.parametrize("cfg,npu,chips,batch", [
+    (model_preset("tiny-llama"), npu_preset("tiny"), 4, 2), (D128, NPU128, 1, 1),
+    pytest.param(D128, NPU128, 2, 1, marks=pytest.mark.slow),
+    pytest.param(D128, NPU128, 4, 2, marks=pytest.mark.slow)])
+def test_launch_level_timing_of_generation_is_within_2_percent(cfg, npu, chips, batch):
+    """Long runs are planned at launch level: within 2% of the cycle model (equal to the RTL)
+    on the tiny decoder and a d_model 128 one."""
+    prog = compile_decode(npu, _dummy_qmodel(cfg), dummy_head(cfg), prompt_len=3, generate=4,
+                          batch=batch, chips=chips, contents=False)
+    exact = time_programs(npu, prog.programs, ring=chips > 1).cycles
+    fast = time_programs_fast(npu, prog.programs).cycles
+    assert abs(fast - exact) <= 0.02 * exact, (fast, exact)
+
+
+def test_limits_found_by_the_compiler():
+    """The longest prompt and the largest batch: the compiler's own limits (learned
+    positions, the scratchpad), each named."""
+    p = plan_generate(npu_preset("tiny"), model_preset("tiny"), generate=4, prompt_len=3,
+                      strategy="head", chips=2)
+    assert p.longest_prompt == 5 and "seq_len=8" in p.longest_prompt_limit
+    assert p.largest_batch >= 2 and "sram_bytes=65536 is too small" in p.largest_batch_limit
+    bigger = plan_generate(npu_preset("tiny"), model_preset("tiny"), generate=4,
+                           prompt_len=3, batch=p.largest_batch + 1, strategy="head", chips=2,
+                           search=False)
+    assert not bigger.fits and "sram_bytes" in bigger.reason
+
+
+def test_plan_generate_cli(capsys, tmp_path):
+    out_json = tmp_path / "p.json"
+    status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL,
+                           "--generate", "3", "--context", "2", "--min-chips", "--json",
+                           str(out_json))
+    assert status == 0, err
+    assert "single on 1 chip" in out and "does not fit" in out and "head on 2 chips" in out
+    plans = json.loads(out_json.read_text())["generate"]
+    assert [(p["strategy"], p["fits"]) for p in plans] == [
+        ("single", False), ("head", True), ("pipeline", True)]
+    assert len(plans[1]["step_cycles"]) == 2 and np.isfinite(plans[1]["tokens_per_s"])
+    for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
+                      (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
+                      (["--generate", "2", "--strategy", "hidden", "--chips", "2"],
+                       "--generate plans strategy single, head, pipeline, data, not hidden")):
+        status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
+        assert_one_line_error(status, out, err, msg)
