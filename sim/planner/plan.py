@@ -456,10 +456,13 @@ class _Timer:
 
 def ring_link(npu: NpuConfig) -> DimLink:
     """The links of ``npu``'s ring: its ``[topology]``'s when that is a ring with links of its
-    own, else the NPU's ``link_*``."""
+    own, on a torus the slowest dimension's (a group of all its chips is on no one ring of
+    it, as the launch-level model times it), else the NPU's ``link_*``."""
     topo = npu.topology
-    if topo is not None and not topo.is_torus and topo.links:
-        return topo.links[0]
+    if topo is not None and topo.links:
+        links = topo.links
+        return DimLink(min(x.bytes_per_cycle for x in links),
+                       max(x.latency_cycles for x in links))
     return DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)
 
 
