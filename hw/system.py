@@ -16,9 +16,8 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from .chip import Chip
 from .ring.link import RingLink
 from .spec import NpuConfig
-from .spec.collective import check_chips
 from .spec.isa import BUSY_COUNTERS, UNIT_BITS
-from .spec.ring import TAG_BITS
+from .spec.ring import TAG_BITS, check_rtl_chips
 from .tile.ports import HostSignature
 
 __all__ = ["ChipNode", "ChipSystem"]
@@ -116,7 +115,7 @@ class ChipSystem(wiring.Component):
     def __init__(self, *, npu: NpuConfig, chips: int, coll_avg: bool = True):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
-        check_chips(chips)
+        check_rtl_chips(chips)
         self.npu = npu
         self.chips = chips
         self.node = [ChipNode(npu=npu, coll_avg=coll_avg) for _ in range(chips)]

@@ -59,7 +59,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..arith import small_divmod
 from ..layouts import ring_word_layout
-from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
+from ..spec.collective import LENGTH_BITS, Kind, ReduceOp, word_bytes
+from ..spec.ring import RTL_MAX_CHIPS
 
 __all__ = ["command_layout", "CollectiveEngine"]
 
@@ -166,25 +167,25 @@ class CollectiveEngine(wiring.Component):
         op = Signal(2)
         wide = Signal()
         length = Signal(LENGTH_BITS)
-        n = Signal(range(MAX_CHIPS + 1))
-        p = Signal(range(MAX_CHIPS))
+        n = Signal(range(RTL_MAX_CHIPS + 1))
+        p = Signal(range(RTL_MAX_CHIPS))
         member = Signal()
         running = Signal()
 
         cmd = self.i_cmd.payload
         m.d.comb += self.i_cmd.ready.eq(~running)
-        diff = Signal(range(-MAX_CHIPS, MAX_CHIPS))
-        pos = Signal(range(MAX_CHIPS))
+        diff = Signal(range(-RTL_MAX_CHIPS, RTL_MAX_CHIPS))
+        pos = Signal(range(RTL_MAX_CHIPS))
         m.d.comb += [
             diff.eq(cmd.rank - cmd.first),
             pos.eq(Mux(diff < 0, diff + cmd.chips, diff)),
         ]
 
         # Step sequencer.
-        s = Signal(range(2 * MAX_CHIPS))
+        s = Signal(range(2 * RTL_MAX_CHIPS))
         k = Signal(LENGTH_BITS)
-        total = Signal(range(2 * MAX_CHIPS))
-        p_eff = Signal(range(MAX_CHIPS))
+        total = Signal(range(2 * RTL_MAX_CHIPS))
+        p_eff = Signal(range(RTL_MAX_CHIPS))
         m.d.comb += p_eff.eq(Mux(member, p, n - 1))
 
         is_ag = kind == Kind.ALL_GATHER
@@ -201,13 +202,14 @@ class CollectiveEngine(wiring.Component):
             m.d.comb += total.eq(Mux(member, n, n - 1))
 
         # The block of this step, (p_eff + 2n - s - 1 + is_ag) mod n. The dividend gets 16n more
-        # (s < 2 * MAX_CHIPS = 16), so that it is non-negative in every state and can be
+        # (s < 2 * RTL_MAX_CHIPS = 16), so that it is non-negative in every state and can be
         # unsigned; and the division is narrow: Yosys' generic `%` by a variable divisor crashes
         # synth_ecp5 (hw.arith.small_divmod).
-        block = Signal(range(MAX_CHIPS))
-        shifted_pos = Signal(range(20 * MAX_CHIPS))
+        block = Signal(range(RTL_MAX_CHIPS))
+        shifted_pos = Signal(range(20 * RTL_MAX_CHIPS))
         m.d.comb += [shifted_pos.eq(p_eff + 18 * n - s - ~is_ag),
-                     block.eq(small_divmod(m, shifted_pos, n, d_max=MAX_CHIPS, name="block")[1])]
+                     block.eq(small_divmod(m, shifted_pos, n, d_max=RTL_MAX_CHIPS,
+                                           name="block")[1])]
 
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
@@ -230,8 +232,8 @@ class CollectiveEngine(wiring.Component):
 
         # Words in this step: the block padded to whole words.
         q = Signal(LENGTH_BITS)
-        r = Signal(range(MAX_CHIPS))
-        quot, rest = small_divmod(m, length, n, d_max=MAX_CHIPS, name="step")
+        r = Signal(range(RTL_MAX_CHIPS))
+        quot, rest = small_divmod(m, length, n, d_max=RTL_MAX_CHIPS, name="step")
         m.d.comb += [q.eq(quot), r.eq(rest)]
         elems = Signal(LENGTH_BITS)
         m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))

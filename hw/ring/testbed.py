@@ -13,7 +13,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..layouts import ring_word_layout
 from ..spec import NpuConfig
-from ..spec.collective import MAX_CHIPS, Kind, check_chips, word_bytes
+from ..spec.collective import Kind, word_bytes
+from ..spec.ring import RTL_MAX_CHIPS, check_rtl_chips
 from .collective import CollectiveEngine, command_layout
 from .link import RingLink
 
@@ -162,7 +163,7 @@ class RingTestbed(wiring.Component):
                  fifo_words: int = 256, avg: bool = True):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
-        check_chips(chips)
+        check_rtl_chips(chips)
         if not isinstance(buffer_words, int) or buffer_words < 1:
             raise ValueError(f"buffer_words must be a positive integer, not {buffer_words!r}")
         self.npu = npu
@@ -211,8 +212,8 @@ class RingTestbed(wiring.Component):
         # Bidirectional all-reduce: split the vector between the two rings.
         split = Signal()
         half = Signal.like(cmd.length)
-        rev_first = Signal(range(MAX_CHIPS))
-        rev_diff = Signal(range(-2 * MAX_CHIPS, MAX_CHIPS))
+        rev_first = Signal(range(RTL_MAX_CHIPS))
+        rev_diff = Signal(range(-2 * RTL_MAX_CHIPS, RTL_MAX_CHIPS))
         m.d.comb += [
             split.eq(self.bidirectional & (cmd.kind == Kind.ALL_REDUCE)),
             half.eq(cmd.length >> 1),

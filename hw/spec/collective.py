@@ -58,6 +58,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .topology import MAX_CHIPS as TOPOLOGY_MAX_CHIPS
+
 __all__ = ["Kind", "ReduceOp", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "CollectiveRequest", "Step",
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
            "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
@@ -85,8 +87,10 @@ class ReduceOp(enum.IntEnum):
 
 
 WIDTHS = (32, 64)
-#: Chips on one ring: ranks and group fields are 3 bits, chip counts 4 bits.
-MAX_CHIPS = 8
+#: Chips in one system (``hw.spec.topology.MAX_CHIPS``): a request's ``chips``, ranks and
+#: group fields are chip ids of ``hw.spec.topology.chip_bits`` bits. The gateware's ring holds
+#: fewer (``hw.spec.ring.RTL_MAX_CHIPS``).
+MAX_CHIPS = TOPOLOGY_MAX_CHIPS
 #: Bits of the command's ``length`` field: at most 2**24 - 1 elements per collective.
 LENGTH_BITS = 24
 
@@ -150,8 +154,7 @@ class CollectiveRequest:
             raise TypeError(f"count must be an integer, not {self.count!r}")
         if self.width not in WIDTHS:
             raise ValueError(f"width must be 32 or 64, not {self.width}")
-        if not 1 <= self.chips <= MAX_CHIPS:
-            raise ValueError(f"chips must be 1..{MAX_CHIPS}, not {self.chips}")
+        check_chips(self.chips)
         if not 1 <= self.length < 1 << LENGTH_BITS:
             raise ValueError(f"length must be 1..{(1 << LENGTH_BITS) - 1} elements, "
                              f"not {self.length}")
@@ -348,13 +351,15 @@ def reverse_rank(chip: int, chips: int) -> int:
     return chips - 1 - chip
 
 
-def check_chips(chips) -> int:
-    """``chips`` if it is a chip count the ring supports (1..:data:`MAX_CHIPS`): the one check
-    every N-chip component and simulator makes. ``TypeError`` / ``ValueError`` otherwise."""
+def check_chips(chips, limit: int = MAX_CHIPS, what: str = "a system") -> int:
+    """``chips`` if it is a chip count ``what`` supports (1..``limit``, by default
+    :data:`MAX_CHIPS`): the one check every N-chip component and simulator makes (the
+    gateware's with ``hw.spec.ring.RTL_MAX_CHIPS``). ``TypeError`` / ``ValueError``
+    otherwise."""
     if not isinstance(chips, int) or isinstance(chips, bool):
         raise TypeError(f"chips must be an integer, not {chips!r}")
-    if not 1 <= chips <= MAX_CHIPS:
-        raise ValueError(f"chips must be 1..{MAX_CHIPS}, not {chips}")
+    if not 1 <= chips <= limit:
+        raise ValueError(f"chips must be 1..{limit}, not {chips}: {what} holds at most {limit}")
     return chips
 
 

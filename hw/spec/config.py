@@ -22,6 +22,7 @@ from typing import Any
 
 from .attention import POS_BITS
 from .collective import word_bytes as ring_word_bytes
+from .topology import Topology
 from .vector import LENGTH_BITS as VECTOR_LENGTH_BITS
 
 if sys.version_info >= (3, 11):
@@ -189,11 +190,17 @@ class NpuConfig:
     clock_mhz: float = 100.0
     name: str = ""
     description: str = ""
+    #: How a system of these chips is connected (the TOML's optional ``[topology]``,
+    #: :class:`hw.spec.topology.Topology`); None: a ring of however many chips run.
+    topology: Topology | None = None
     path: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if f.name != "path"}
+                  if f.name not in ("path", "topology")}
+        if self.topology is not None and not isinstance(self.topology, Topology):
+            raise ConfigError("must be a hw.spec.topology.Topology or None", path=self.path,
+                              key="topology", value=self.topology)
         for key, spec in _NPU_SCHEMA.items():
             _check_value(key, spec, values[key], self.path)
         if self.vector_lanes == 0:
@@ -469,7 +476,17 @@ def _load(cls, schema, path, overrides=None):
     data = _read_toml(path)
     if overrides:
         data = {**data, **overrides}
+    extra = {}
+    if cls is NpuConfig and "topology" in data:
+        data = dict(data)
+        table = data.pop("topology")
+        try:
+            extra["topology"] = Topology.from_table(table)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"is not a topology: {exc}", path=path, key="topology",
+                              value=table) from None
     values = _parse(schema, data, path)
+    values.update(extra)
     if not values["name"]:
         values["name"] = Path(path).stem
     return cls(**values, path=str(path))

@@ -24,11 +24,20 @@ instruction on that chip: only the chips a transfer is between take part in it.
 
 from __future__ import annotations
 
-__all__ = ["CHIP_BITS", "CHAN_BITS", "CHAN_COLL", "CHAN_P2P", "CHAN_CTS", "TAG_BITS", "coll_dest",
-           "check_chip_id"]
+from .collective import check_chips
+from .topology import chip_bits
 
-#: Bits of a chip id (``dest``, ``src``): up to 8 chips on a ring.
-CHIP_BITS = 3
+__all__ = ["RTL_MAX_CHIPS", "CHIP_BITS", "CHAN_BITS", "CHAN_COLL", "CHAN_P2P", "CHAN_CTS",
+           "TAG_BITS", "coll_dest", "check_chip_id", "check_rtl_chips"]
+
+#: Chips on the gateware's ring (``hw/chip.py``, ``hw/ring/``, ``hw/system.py``): its tags,
+#: clear-to-send flags and the collective engine's counters are sized for this many. The
+#: ISS, the timing models and the planner take systems of up to
+#: ``hw.spec.topology.MAX_CHIPS`` chips; the RTL backends refuse more than this.
+RTL_MAX_CHIPS = 8
+#: Bits of a chip id (``dest``, ``src``) in the gateware: :func:`~hw.spec.topology.chip_bits`
+#: of :data:`RTL_MAX_CHIPS`.
+CHIP_BITS = chip_bits(RTL_MAX_CHIPS)
 #: Bits of ``chan``, and its values: collective-engine words, point-to-point message words,
 #: clear-to-send tokens (one word each, its data unused).
 CHAN_BITS = 2
@@ -46,6 +55,13 @@ def coll_dest(*, first: int, count: int, chips: int, rank: int) -> int | None:
     if pos >= count:
         return None
     return (first + (pos + 1) % count) % chips
+
+
+def check_rtl_chips(chips, what: str = "the gateware's ring") -> int:
+    """``chips`` if the gateware's ring holds it (1..:data:`RTL_MAX_CHIPS`); a ``ValueError``
+    naming the limit otherwise (larger systems run on the ISS and the timing models)."""
+    return check_chips(chips, RTL_MAX_CHIPS, f"{what} (hw.spec.ring.RTL_MAX_CHIPS; larger "
+                       "systems run on the ISS)")
 
 
 def check_chip_id(value: int, chips: int, what: str) -> int:

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
+from hw.spec.ring import RTL_MAX_CHIPS
+
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
 from ..flows.collective import DEFAULT_MAX_CYCLES, run_collective
-from .common import load_config, positive, write_json
+from .common import add_topology, load_config, positive, system_of, write_json
 
 __all__ = ["add_parser", "run"]
 
@@ -17,7 +19,8 @@ def add_parser(sub):
     p = sub.add_parser("collective", help="run one collective on the simulated ring")
     p.add_argument("--kind", required=True, choices=["all_reduce", "reduce_scatter", "all_gather"])
     p.add_argument("--op", default="sum", choices=["sum", "max", "min", "avg"])
-    p.add_argument("--chips", type=positive, required=True)
+    p.add_argument("--chips", type=positive, help="the ring's chips (or --topology N)")
+    add_topology(p)
     p.add_argument("--npu", required=True)
     p.add_argument("--width", type=int, default=32, choices=[32, 64])
     p.add_argument("--group", help="FIRST:COUNT, a group of consecutive chips (default: all)")
@@ -78,10 +81,16 @@ def _write_output(path, outputs):
 
 def run(args) -> int:
     npu = load_config(args, "npu")
-    first, count = _group(args.group, args.chips)
-    x = _read_input(args.input, args.chips) if args.input else None
+    npu, chips = system_of(args, npu, args.chips)
+    if chips is None:
+        raise BadInput("npu collective: give --chips N or --topology N")
+    if npu.topology is not None and npu.topology.is_torus:
+        raise BadInput(f"npu collective: the ring testbed is one ring of at most {RTL_MAX_CHIPS} "
+                       f"chips (hw.spec.ring.RTL_MAX_CHIPS), not the torus {npu.topology}")
+    first, count = _group(args.group, chips)
+    x = _read_input(args.input, chips) if args.input else None
     try:
-        report = run_collective(npu, kind=args.kind, op=args.op, chips=args.chips,
+        report = run_collective(npu, kind=args.kind, op=args.op, chips=chips,
                                 width=args.width, first=first, count=count, x=x, seed=args.seed,
                                 max_cycles=args.max_cycles or DEFAULT_MAX_CYCLES)
     except BadInput as exc:

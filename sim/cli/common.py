@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -11,11 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from hw.spec import ConfigError, load_model, load_npu
+from hw.spec.topology import Topology, parse_topology
 
 from ..errors import BadInput
 
 __all__ = ["Parser", "positive", "count", "probability", "load_config", "load_array", "write_json",
-           "progress_bar"]
+           "progress_bar", "add_topology", "system_of"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -63,6 +65,37 @@ def load_config(args, option: str):
         return loader(getattr(args, option))
     except ConfigError as exc:
         raise BadInput(f"npu {args.command}: argument --{option}: {exc}") from None
+
+
+def add_topology(p):
+    """``--topology N`` (a ring) or ``XxY`` (a torus) on a command that takes ``--chips``."""
+    p.add_argument("--topology", help="N (a ring of N chips) or XxY (an X x Y torus); "
+                                      "default: the NPU file's [topology], else a ring of "
+                                      "--chips")
+
+
+def system_of(args, npu, chips):
+    """``(npu, chips)`` of the system ``--topology``, the NPU file's ``[topology]`` and
+    ``--chips`` give: the topology set on the NPU (None for a plain ring of ``--chips``), the
+    chip count from it when ``--chips`` is absent. Inconsistent ones are bad input (exit 2)."""
+    text = getattr(args, "topology", None)
+    if text is not None:
+        try:
+            topo = parse_topology(text)
+        except ValueError as exc:
+            raise BadInput(f"npu {args.command}: argument --topology: {exc}") from None
+        old = npu.topology
+        if old is not None and old.links and len(old.dims) == len(topo.dims):
+            topo = Topology(topo.dims, old.links)     # the file's links per dimension
+        source = f"--topology {text}"
+    else:
+        topo, source = npu.topology, f"the [topology] of {npu.path or npu.name}"
+        if topo is None:
+            return npu, chips
+    if chips is not None and chips != topo.chips:
+        raise BadInput(f"npu {args.command}: --chips {chips} is not the {topo.chips} chips of "
+                       f"{source} ({topo})")
+    return dataclasses.replace(npu, topology=topo), topo.chips
 
 
 def load_array(path: str, option: str):

@@ -12,7 +12,16 @@ from ..flows.simulate import BACKENDS, simulate
 from ..report.chrome_trace import write_trace
 from ..report.plot import plot_timeline
 from ..strategies import NAMES
-from .common import load_array, load_config, positive, probability, progress_bar, write_json
+from .common import (
+    add_topology,
+    load_array,
+    load_config,
+    positive,
+    probability,
+    progress_bar,
+    system_of,
+    write_json,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -22,6 +31,7 @@ def add_parser(sub):
     p.add_argument("--strategy", default="single", choices=NAMES)
     p.add_argument("--chips", type=positive, help="default: A x B of --grid, else 1")
     p.add_argument("--grid", help="AxB chips for a 2-D strategy")
+    add_topology(p)
     p.add_argument("--npu", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--backend", default="pysim", choices=BACKENDS)
@@ -92,14 +102,17 @@ def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
     if args.generate is not None:
+        if args.topology is not None:
+            raise BadInput("npu sim: --generate runs a ring of --chips, without --topology")
         return _run_generate(args, npu, model)
+    npu, chips = system_of(args, npu, args.chips)
     weights = _weights(args.weights) if args.weights else None
     x = load_array(args.input, "--input") if args.input else None
     if x is not None and not isinstance(x, np.ndarray):
         raise BadInput(f"--input {args.input}: expected an .npy array, not an archive")
     calib = load_array(args.calib, "--calib") if args.calib else None
     try:
-        report = simulate(npu, model, strategy=args.strategy, chips=args.chips,
+        report = simulate(npu, model, strategy=args.strategy, chips=chips,
                           backend=args.backend, seed=args.seed, weights=weights, x=x,
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
                           max_cycles=args.max_cycles, vcd=args.vcd,

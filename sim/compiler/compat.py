@@ -8,7 +8,7 @@ compile stops there), and with ``Limits(collect=True)`` every one is collected a
 from __future__ import annotations
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
-from hw.spec.collective import MAX_CHIPS
+from hw.spec.topology import MAX_CHIPS
 
 from .attention_launch import plan_schedule
 
@@ -100,10 +100,11 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
 
 
 def check_ring_size(chips: int, limits: Limits | None = None):
-    """``chips`` on one ring: at most :data:`~hw.spec.collective.MAX_CHIPS` (its chip ids)."""
+    """``chips`` in one system (a ring or a torus): at most
+    :data:`~hw.spec.topology.MAX_CHIPS` (its chip ids)."""
     if chips > MAX_CHIPS:
         (Limits() if limits is None else limits).refuse(
-            f"exceeds the {MAX_CHIPS} chips a ring holds (hw.spec.collective.MAX_CHIPS)",
+            f"exceeds the {MAX_CHIPS} chips a system holds (hw.spec.topology.MAX_CHIPS)",
             key="chips", value=chips, limit=MAX_CHIPS)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from hw.spec import NpuConfig
 from hw.spec.collective import CollectiveRequest, word_bytes
+from hw.spec.ring import check_rtl_chips
 from hw.spec.timing.collective import ring_bound_cycles, system_cycles
 
 from ..errors import BadInput, Watchdog
@@ -111,6 +112,10 @@ def run_collective(npu: NpuConfig, *, kind: str, op: str = "sum", chips: int, wi
     except ValueError as exc:
         raise BadInput(f"{exc} ({npu.path})") from None
     count = chips if count is None else count
+    try:
+        check_rtl_chips(chips, "the ring testbed")
+    except (TypeError, ValueError) as exc:
+        raise BadInput(str(exc)) from None
     x = random_buffers(chips, 4 * chips + 3, width, seed) if x is None else np.asarray(x)
     dtype = np.int32 if width == 32 else np.int64
     if x.ndim != 2 or x.shape[0] != chips:

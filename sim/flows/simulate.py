@@ -16,7 +16,9 @@ import numpy as np
 
 from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
+from hw.spec.ring import RTL_MAX_CHIPS
 from hw.spec.timing.collective import ring_bound_cycles
+from hw.spec.topology import system_topology
 
 from .. import strategies
 from ..compiler.program import SystemProgram
@@ -33,6 +35,7 @@ from ..rtl.system_runner import run_system_pysim
 from ..rtl.toolchain import ToolchainMissing
 from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
+from ..timing.launch import time_programs_fast
 
 __all__ = ["simulate", "run_backend", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES",
            "check_input"]
@@ -75,8 +78,18 @@ def run_backend(backend, npu, programs, images, reads, *, max_cycles, vcd=None,
             raise BadInput(f"the programs cannot run: {exc}") from None
         # The same programs through the ISS's cycle model: the RTL's cycles, busy counters
         # and traces (one chip alone as chip_runner runs it, several on ChipSystem's ring).
+        # A torus has no gateware yet: its launch-level model times each collective and
+        # transfer on the rings of the dimensions it uses, with their links.
         try:
-            timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles)
+            topo = system_topology(npu, n_chips)
+            if topo.is_torus:
+                timed = time_programs_fast(npu, programs)
+                if timed.cycles > max_cycles:
+                    raise IssError(f"timing: the chips did not all halt within {max_cycles} "
+                                   "cycles")
+            else:
+                timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles,
+                                      link=topo.links[0] if topo.links else None)
         except IssError as exc:
             raise Watchdog(str(exc)) from None
         wall = time.perf_counter() - start
@@ -171,7 +184,15 @@ COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     """The program's collectives and transfers with the cycles they took (from the traces)."""
     npu = prog.npu
-    link, lat = npu.link_bytes_per_cycle, npu.link_latency_cycles
+    topo = system_topology(npu, len(prog.chips))
+
+    def link_of(dim):
+        """The links a collective or transfer along ``dim`` uses (a torus's own per
+        dimension; None: the NPU's)."""
+        if dim is None or not topo.is_torus:
+            return npu.link_bytes_per_cycle, npu.link_latency_cycles
+        one = topo.link(dim, npu)
+        return one.bytes_per_cycle, one.latency_cycles
     # A chip's k-th collective interval is the k-th collective it is a member of (a chip
     # may be a member of several groups: hidden parallelism's head groups and whole ring).
     out, seen = [], {"coll": [0] * len(prog.chips), "send": {}}
@@ -186,6 +207,7 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
                 seen["coll"][m] += 1
             entry["start"] = min(s for s, _ in ivs)
             entry["cycles"] = max(e for _, e in ivs) - entry["start"]
+            link, lat = link_of(topo.ring_of(members) if topo.is_torus else None)
             entry["bound_cycles"] = ring_bound_cycles(comm["kind"], comm["bytes"], count, link,
                                                       lat)
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
@@ -197,6 +219,8 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
             entry["start"] = s
             entry["cycles"] = e - s
             # One hop: the bytes at the link's width plus its latency.
+            hops = topo.hops(src, comm["to"])
+            link, lat = link_of(next((d for d, h in enumerate(hops) if h), None))
             entry["bound_cycles"] = -(-comm["bytes"] // link) + lat
             entry["ratio"] = entry["cycles"] / entry["bound_cycles"]
         out.append(entry)
@@ -260,6 +284,14 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
             chips = strat.chips_of(grid)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
+    try:
+        topology = system_topology(npu, chips)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if backend in ("pysim", "verilator") and (chips > RTL_MAX_CHIPS or topology.is_torus):
+        raise BadInput(f"--backend {backend}: the gateware is a ring of at most {RTL_MAX_CHIPS} "
+                       f"chips (hw.spec.ring.RTL_MAX_CHIPS), not the {topology}; run it on "
+                       "--backend iss")
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
     if link_stalls and (chips == 1 or backend == "iss"):
@@ -350,6 +382,8 @@ def _reference(strat, npu, qm, seq, x_ints, backend, max_cycles) -> dict:
     """One chip's cycles for the same model and batch, simulated on ``backend`` (the program
     the strategy measures its speed-up against: sequence parallelism's runs in passes on one
     chip when the sequence exceeds ``max_seq_len``)."""
+    # One chip alone: the system's topology is not its.
+    npu = dataclasses.replace(npu, topology=None)
     prog, how = strat.reference_program(npu, qm, seq=seq, samples=len(x_ints))
     if prog is None:
         return {"cycles": None, "source": how}

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
-from hw.spec.collective import MAX_CHIPS, word_bytes
+from hw.spec.collective import word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.memory import row_words
 from hw.spec.timing.collective import ring_bound_cycles
+from hw.spec.topology import MAX_CHIPS, DimLink, Topology
 from hw.spec.vector import GELU16_KNOTS
 
 from ..compiler.attention_launch import plan_schedule
@@ -50,12 +51,14 @@ from ..errors import BadInput
 from ..iss.errors import IssError
 from ..strategies import GRIDS, NAMES, REGISTRY
 from ..strategies import get as get_strategy
-from ..strategies.roles import Role, cut_points
+from ..strategies.grid import GridStrategy
+from ..strategies.roles import Role, cut_points, part
 from ..timing.cycle import time_programs
 from ..timing.launch import LaunchTimer, time_programs_fast
 
-__all__ = ["plan", "PlanReport", "StrategyPlan", "ChipBytes", "Reason", "compile_shapes",
-           "COMPILED", "per_chip_bytes", "limits", "ring_buildable"]
+__all__ = ["plan", "plan_chip_counts", "PlanReport", "StrategyPlan", "ChipBytes", "Reason",
+           "compile_shapes", "COMPILED", "per_chip_bytes", "limits", "ring_buildable",
+           "torus_of", "dim_links", "ring_link"]
 
 #: Strategies whose programs the compiler emits (the others are planned analytically).
 COMPILED = tuple(s.name for s in REGISTRY.values() if s.planned == "program")
@@ -65,6 +68,10 @@ EXACT_CHIP_CYCLES = 150_000
 SHORTENED_LAYERS = 4
 #: Largest chip count ``--min-chips`` tries.
 MAX_SEARCH = 4096
+#: The limits of a split itself (an axis longer than what it splits): no layout is made.
+SPLIT_KEYS = ("n_heads", "n_layers", "batch")
+#: Chips over the scratchpad named one share at a time (the rest in one line).
+LISTED_SHARES = 3
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -114,6 +121,8 @@ class StrategyPlan:
     notes: list[str] = field(default_factory=list)
     #: How the cycles were found: "cycle model", "launch-level model", "analytic" or None.
     timing: str | None = None
+    #: The torus a 2-D grid is placed on (``"XxY"``, :func:`torus_of`); None: a ring.
+    topology: str | None = None
 
     def to_json(self) -> dict:
         return {"strategy": self.strategy, "grid": self.grid, "chips": self.chips,
@@ -123,7 +132,8 @@ class StrategyPlan:
                 "collectives_per_layer": self.collectives_per_layer,
                 "predicted_cycles": self.predicted_cycles, "latency_ms": self.latency_ms,
                 "tokens_per_s": self.tokens_per_s, "min_chips": self.min_chips,
-                "notes": list(self.notes), "timing": self.timing}
+                "notes": list(self.notes), "timing": self.timing,
+                "topology": self.topology}
 
 
 @dataclass
@@ -238,13 +248,47 @@ def _layout(npu, cfg, strategy, chips, grid, picks, samples=None) -> dict[int, d
 LAID_OUT_LAYERS = 2
 
 
+def _representatives(npu, cfg, strategy, chips, grid, picks) -> dict[int, int]:
+    """Each chip of ``picks`` and the chip laid out for it: on the grid compiler's layouts
+    (chip ``(r * stages + s) * shards + h``) the first chip whose replica, stage and shard
+    have the same shares (samples; layers, first and last stage; heads, K/V heads, FFN
+    columns, rows and d_model words, first shard) and so the same layout: a grid of
+    hundreds of chips is laid out on its few distinct shares. Other strategies: itself."""
+    strat = get_strategy(strategy)
+    if not isinstance(strat, GridStrategy):
+        return {c: c for c in picks}
+    split = strat.split(chips, grid)
+    n = npu.array_size
+    totals = {"replicas": (cfg.batch,), "stages": (cfg.n_layers,),
+              "shards": (cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.seq_len,
+                         pad_to(cfg.d_model, n) // n)}
+
+    def axis(size, what):
+        first = {}
+        for i in range(size):
+            key = (tuple(part(t, size, i) for t in totals[what]), i == 0, i == size - 1)
+            first.setdefault(key, i)
+        return [first[(tuple(part(t, size, i) for t in totals[what]), i == 0, i == size - 1)]
+                for i in range(size)]
+
+    rs, ss, hs = (axis(split.replicas, "replicas"), axis(split.stages, "stages"),
+                  axis(split.shards, "shards"))
+    out = {}
+    for c in picks:
+        h, rest = c % split.shards, c // split.shards
+        s_, r = rest % split.stages, rest // split.stages
+        out[c] = (rs[r] * split.stages + ss[s_]) * split.shards + hs[h]
+    return out
+
+
 def per_chip_bytes(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=None, *,
                    only=None) -> list[ChipBytes]:
     """Each chip's bytes (``only``: those chips, or ``"cuts"``): the compiler's allocator
     (:func:`_layout`) plus what it does not place (:func:`_table_bytes`). ValueError when the
     compiler cannot lay the share out (its message says why)."""
     roles = _roles(npu, cfg, strategy, chips, grid, only=only)
-    picks = [r.chip for r in roles]
+    rep = _representatives(npu, cfg, strategy, chips, grid, [r.chip for r in roles])
+    picks = sorted(set(rep.values()))
     stages = get_strategy(strategy).split(chips, grid).stages
     deep = max(r.layers for r in roles) > LAID_OUT_LAYERS
     if not deep:
@@ -254,31 +298,40 @@ def per_chip_bytes(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, 
                             chips, grid, picks) for k in (1, 2))
     out = []
     for r in roles:
-        used = one[r.chip]
+        used = one[rep[r.chip]]
         weights = used["weights"]
         if two is not None:
-            weights += (r.layers - 1) * (two[r.chip]["weights"] - weights)
+            weights += (r.layers - 1) * (two[rep[r.chip]]["weights"] - weights)
         out.append(ChipBytes(r.chip, weights + _table_bytes(npu, cfg, r), used["kv_cache"],
                              used["activations"]))
     return out
 
 
 # --- limits -------------------------------------------------------------------------------
-def _reasons(npu, cfg, strategy, chips, grid, per_chip) -> list[Reason]:
+def _reasons(npu, cfg, strategy, chips, grid, per_chip, refused=None) -> list[Reason]:
     """Every constraint ``strategy``'s own checks refuse (:meth:`Strategy.limits` on the
-    model itself: a feature it does not build is one of them), then each chip whose bytes
-    exceed the scratchpad (chips with the same bytes named together)."""
-    out = [Reason(e.key, e.value, e.limit, str(e)) for e in
-           get_strategy(strategy).limits(npu, cfg, chips, grid, samples=cfg.batch)]
+    model itself: a feature it does not build is one of them; ``refused``: those, already
+    found), then each chip whose bytes exceed the scratchpad (chips with the same bytes named
+    together)."""
+    out = list(refused) if refused is not None else [
+        Reason(e.key, e.value, e.limit, str(e)) for e in
+        get_strategy(strategy).limits(npu, cfg, chips, grid, samples=cfg.batch)]
     over = {}
     for c in per_chip:
         if c.total > npu.sram_bytes:
             over.setdefault((c.weights, c.kv_cache, c.activations), []).append(c.chip)
-    for (w, kv, act), which in sorted(over.items(), key=lambda item: -sum(item[0])):
+    groups = sorted(over.items(), key=lambda item: -sum(item[0]))
+    for (w, kv, act), which in groups[:LISTED_SHARES]:
         out.append(Reason("sram_bytes", w + kv + act, npu.sram_bytes,
                           f"{_chips(which)} {'needs' if len(which) == 1 else 'need'} "
                           f"{w + kv + act:,} bytes (weights {w:,}, kv_cache {kv:,}, "
                           f"activations {act:,}) of sram_bytes={npu.sram_bytes:,}"))
+    if len(groups) > LISTED_SHARES:
+        rest = sorted(c for _, which in groups[LISTED_SHARES:] for c in which)
+        most = sum(groups[LISTED_SHARES][0])
+        out.append(Reason("sram_bytes", most, npu.sram_bytes,
+                          f"{_chips(rest)} need up to {most:,} bytes (as many shares, each "
+                          f"its own) of sram_bytes={npu.sram_bytes:,}"))
     return out
 
 
@@ -293,15 +346,19 @@ def limits(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int, grid=Non
 
 def _bytes_and_reasons(npu, cfg, name, chips, grid, only=None):
     """(per-chip bytes, reasons); no bytes and the compiler's refusal as a reason when it
-    cannot lay the share out."""
+    cannot lay the share out, or none when the split itself is refused (more chips along
+    an axis than heads, layers or samples: no chip count's layout would mean anything)."""
+    refused = _reasons(npu, cfg, name, chips, grid, [])
+    if any(r.key in SPLIT_KEYS for r in refused):
+        return [], refused
     try:
         per_chip = per_chip_bytes(npu, cfg, name, chips, grid, only=only)
     except ValueError as exc:
-        reasons = _reasons(npu, cfg, name, chips, grid, [])
+        reasons = list(refused)
         if not reasons:
             reasons.append(Reason("layout", None, None, f"no scratchpad layout: {exc}"))
         return [], reasons
-    return per_chip, _reasons(npu, cfg, name, chips, grid, per_chip)
+    return per_chip, _reasons(npu, cfg, name, chips, grid, per_chip, refused)
 
 
 def _chips(which) -> str:
@@ -368,19 +425,74 @@ class _Timer:
         self.launches = LaunchTimer(npu)
         self.exact_budget = EXACT_CHIP_CYCLES
         self.programs = {}
+        self._smallest = {}
+        self._launches = {}
+
+    def smallest(self, cfg, name):
+        """:func:`_smallest`, once per model and strategy."""
+        key = (cfg, name)
+        if key not in self._smallest:
+            self._smallest[key] = _smallest(self.npu, cfg, name)
+        return self._smallest[key]
 
     def time(self, npu, programs) -> tuple[int, str]:
-        if npu is not self.npu:
-            fast = time_programs_fast(npu, programs).cycles
-        else:
-            fast = time_programs_fast(npu, programs, timer=self.launches).cycles
-        if fast * len(programs) <= self.exact_budget:
+        # A launch's duration is the chip's alone: one launch timer (and its memo) per chip
+        # configuration, whatever the topology.
+        chip = dataclasses.replace(npu, topology=None)
+        if chip not in self._launches:
+            self._launches[chip] = self.launches if chip == dataclasses.replace(
+                self.npu, topology=None) else LaunchTimer(chip)
+        fast = time_programs_fast(npu, programs, timer=self._launches[chip]).cycles
+        torus = npu.topology is not None and npu.topology.is_torus
+        if fast * len(programs) <= self.exact_budget and not torus:
             try:
                 return time_programs(npu, programs, ring=len(programs) > 1,
-                                     max_cycles=4 * fast + 1000).cycles, "cycle model"
+                                     max_cycles=4 * fast + 1000,
+                                     link=ring_link(npu)).cycles, "cycle model"
             except IssError:
                 pass
         return fast, "launch-level model"
+
+
+def ring_link(npu: NpuConfig) -> DimLink:
+    """The links of ``npu``'s ring: its ``[topology]``'s when that is a ring with links of its
+    own, on a torus the slowest dimension's (a group of all its chips is on no one ring of
+    it, as the launch-level model times it), else the NPU's ``link_*``."""
+    topo = npu.topology
+    if topo is not None and topo.links:
+        links = topo.links
+        return DimLink(min(x.bytes_per_cycle for x in links),
+                       max(x.latency_cycles for x in links))
+    return DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)
+
+
+def dim_links(npu: NpuConfig) -> tuple[DimLink, DimLink]:
+    """The links of a torus's dimensions 0 and 1 (a grid's rows and columns): the
+    ``[topology]``'s, else the NPU's ``link_*`` on both."""
+    topo = npu.topology
+    if topo is not None and topo.links:
+        return (topo.links[0], topo.links[-1])
+    own = DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)
+    return own, own
+
+
+def torus_of(name: str, grid: tuple[int, int]) -> tuple[int, int]:
+    """The torus ``X x Y`` a 2-D grid is placed on: its axis of consecutive chip ids (the head
+    groups of head+pipeline and data+head, the pipelines of data+pipeline) along the rows
+    (dimension 0, X), the other along the columns (Y), so that head+pipeline's head groups
+    are rows' rings and its stage-to-stage sends one hop along a column."""
+    a, b = grid
+    return (a, b) if name == "head+pipeline" else (b, a)
+
+
+_ROWS = {"head+pipeline": ("the head groups", "the pipeline stages, each send one hop"),
+         "data+head": ("the head groups", "the data replicas"),
+         "data+pipeline": ("the pipelines, each send one hop", "the data replicas")}
+
+
+def _row_npu(npu: NpuConfig, chips: int, link: DimLink) -> NpuConfig:
+    """``npu`` on a ring of ``chips`` chips with links ``link`` (a row of a torus)."""
+    return dataclasses.replace(npu, topology=Topology((chips,), (link,)))
 
 
 def _fit_npu(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int,
@@ -402,7 +514,7 @@ def _fit_npu(npu: NpuConfig, cfg: ModelConfig, strategy: str, chips: int,
 def _compiled_cycles(timer, npu, cfg, strategy, chips, samples):
     """Cycles of the compiled programs (on a scratchpad that holds them); deep models are
     compiled with 2 and 4 layers per chip and extended linearly along the layers."""
-    key = (strategy, chips, samples, cfg)
+    key = (strategy, chips, samples, cfg, npu.topology)
     if key not in timer.programs:
         timer.programs[key] = _compile_and_time(timer, npu, cfg, strategy, chips, samples)
     cycles, how, size, notes = timer.programs[key]
@@ -451,16 +563,16 @@ def plan(npu: NpuConfig, model: ModelConfig, *, chips: int | None = None,
         raise BadInput("give either --chips N or --min-chips")
     if chips is not None and (not isinstance(chips, int) or chips < 1):
         raise BadInput(f"--chips {chips} must be a positive integer")
-    names = NAMES if strategy == "all" else (strategy,)
-    for name in names:
-        if name not in REGISTRY:
-            raise BadInput(f"strategy {name!r} is not one of all, {', '.join(NAMES)}")
+    if chips is not None and npu.topology is not None and npu.topology.chips != chips:
+        raise BadInput(f"--chips {chips} is not the {npu.topology.chips} chips of the "
+                       f"topology {npu.topology}")
+    names = _names(strategy)
     start = time.perf_counter()
     timer = _Timer(npu)
     timer.exact_budget = exact_chip_cycles
     out = []
     for name in names:
-        smallest = _smallest(npu, model, name)
+        smallest = timer.smallest(model, name)
         if min_chips:
             # Nothing fits: plan it on the largest system the ring builds, to say why.
             at = smallest[0] if smallest else min(MAX_CHIPS, _search_limit(npu, model, name))
@@ -472,10 +584,58 @@ def plan(npu: NpuConfig, model: ModelConfig, *, chips: int | None = None,
     return PlanReport(npu, model, out, time.perf_counter() - start)
 
 
-def _grids(chips):
+def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: str = "all",
+                     exact_chip_cycles: int = EXACT_CHIP_CYCLES) -> list[PlanReport]:
+    """:func:`plan` on each chip count of ``counts`` (each 2-D grid on the torus of its
+    shape, :func:`torus_of`), sharing one timer: the programs, layouts and the fewest chips
+    that fit are found once for all the counts. The grid compiler's strategies lay out each
+    distinct share once (:func:`_representatives`) and list every chip; the others (hidden,
+    sequence: a share per chip) lay out and list the chips where a share changes, the first
+    and the last (``per_chip_bytes(..., only="cuts")``)."""
+    if not isinstance(npu, NpuConfig):
+        raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+    if not isinstance(model, ModelConfig):
+        raise TypeError(f"model must be a ModelConfig, not {model!r}")
+    counts = list(counts)
+    for chips in counts:
+        if not isinstance(chips, int) or isinstance(chips, bool) or not 1 <= chips <= MAX_CHIPS:
+            raise BadInput(f"chip count {chips!r} must be 1..{MAX_CHIPS} (a system's chips, "
+                           "hw.spec.topology.MAX_CHIPS)")
+    if npu.topology is not None:
+        raise BadInput("planning every chip count needs an NPU without a [topology]: each "
+                       "count is a ring, each grid a torus of its shape")
+    names = _names(strategy)
+    timer = _Timer(npu)
+    timer.exact_budget = exact_chip_cycles
+    out = []
+    for chips in counts:
+        start = time.perf_counter()
+        plans = []
+        for name in names:
+            smallest = timer.smallest(model, name)
+            only = None if isinstance(get_strategy(name), GridStrategy) else "cuts"
+            plans.append(_evaluate(timer, npu, model, name, chips, None,
+                                   smallest[0] if smallest else None, only))
+        out.append(PlanReport(npu, model, plans, time.perf_counter() - start))
+    return out
+
+
+def _names(strategy):
+    names = NAMES if strategy == "all" else (strategy,)
+    for name in names:
+        if name not in REGISTRY:
+            raise BadInput(f"strategy {name!r} is not one of all, {', '.join(NAMES)}")
+    return names
+
+
+def _grids(chips, name=None, topology=None):
     """The A x B grids of ``chips`` chips, both sides at least 2 (a side of 1 is the plain
-    strategy of the other side)."""
-    return [(a, chips // a) for a in range(2, chips // 2 + 1) if chips % a == 0]
+    strategy of the other side); on a given torus only the one placed on it
+    (:func:`torus_of`)."""
+    grids = [(a, chips // a) for a in range(2, chips // 2 + 1) if chips % a == 0]
+    if topology is not None and topology.is_torus:
+        grids = [g for g in grids if torus_of(name, g) == topology.dims]
+    return grids
 
 
 def _search_limit(npu, cfg, name) -> int:
@@ -525,22 +685,38 @@ def _smallest(npu, cfg, name):
     return hi, None
 
 
-def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
+def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> StrategyPlan:
     if name in GRIDS and grid is None:
-        if not _grids(chips):
-            reason = Reason("chips", chips, 4, f"chips={chips} makes no A x B grid with A, "
-                                               "B >= 2 (use the one-dimensional strategies)")
+        grids = _grids(chips, name, npu.topology)
+        if not grids:
+            if npu.topology is not None and npu.topology.is_torus:
+                reason = Reason("topology", str(npu.topology), None,
+                                f"topology {npu.topology} places no {name} grid (its head "
+                                "groups or pipelines along the rows: A x B = "
+                                f"{'X x Y' if name == 'head+pipeline' else 'Y x X'})")
+            else:
+                reason = Reason("chips", chips, 4, f"chips={chips} makes no A x B grid with "
+                                                   "A, B >= 2 (use the one-dimensional "
+                                                   "strategies)")
             return StrategyPlan(name, None, chips, False, [reason], [], 0, 0, None, None,
                                 None, smallest, [], None)
-        options = [_evaluate(timer, npu, cfg, name, chips, g, smallest)
-                   for g in _grids(chips)]
+        options = [_evaluate(timer, npu, cfg, name, chips, g, smallest, only) for g in grids]
         fitting = [p for p in options if p.fits] or options
 
         def key(p):
             return p.latency_ms if p.latency_ms is not None else math.inf
         return min(fitting, key=key)
-    per_chip, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid)
+    per_chip, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid, only=only)
     comm, colls, notes = get_strategy(name).comm(npu, cfg, chips, grid)
+    torus = None
+    if name in GRIDS:
+        x, y = torus_of(name, grid)
+        torus = f"{x}x{y}"
+        (l0, l1), (rows, cols) = dim_links(npu), _ROWS[name]
+        notes.append(f"placed on the {torus} torus: its rows (dimension 0: "
+                     f"{l0.bytes_per_cycle} B/cycle, {l0.latency_cycles} cycles) hold {rows}, "
+                     f"its columns (dimension 1: {l1.bytes_per_cycle} B/cycle, "
+                     f"{l1.latency_cycles} cycles) {cols}")
     cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
     notes += more
     if cycles is not None and cycles < 0:
@@ -570,7 +746,7 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest) -> StrategyPlan:
         fits=not reasons, reasons=reasons, per_chip=per_chip, comm_bytes_per_layer=comm,
         collectives_per_layer=colls, predicted_cycles=cycles, latency_ms=latency,
         tokens_per_s=tokens, min_chips=smallest, notes=notes,
-        timing=how)
+        timing=how, topology=torus)
 
 
 def _compatible(npu, cfg, tokens):
@@ -623,15 +799,18 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
         return None, None, notes
 
 
-def _scaled(timer, npu, cfg, name, chips, notes):
+def _scaled(timer, npu, cfg, name, chips, notes, link=None):
     """A compiled strategy beyond what can be compiled (more chips than the ring or than the
-    split allows): its per-chip work from one chip's share, analytically."""
+    split allows): its per-chip work from one chip's share, analytically; ``link``: the
+    ring's links (default :func:`ring_link`)."""
+    npu = dataclasses.replace(npu, topology=None)       # the share runs on one chip
     if name == "head" and chips <= cfg.n_heads:
-        share = dataclasses.replace(cfg, n_heads=max(1, cfg.n_heads // chips),
-                                    d_model=max(1, cfg.n_heads // chips) * cfg.d_head,
+        heads = max(1, cfg.n_heads // chips)
+        share = dataclasses.replace(cfg, n_heads=heads, d_model=heads * cfg.d_head,
+                                    n_kv_heads=math.gcd(heads, max(1, heads // cfg.kv_group)),
                                     d_ff=max(1, math.ceil(cfg.d_ff / chips)))
-        cycles, how, notes2 = _analytic_from(timer, npu, share, "single", 1)
-        comm = _ring_cycles(npu, cfg, chips, 2 * cfg.n_layers)
+        cycles, how, notes2 = _one_chip_layers(timer, npu, share)
+        comm = _ring_cycles(npu, cfg, chips, 2 * cfg.n_layers, link)
         notes.append("analytic: no program for this ring; one chip's share of the heads and "
                      "FFN columns timed as a smaller model, the all-reduces added from the "
                      "ring's cost")
@@ -639,12 +818,25 @@ def _scaled(timer, npu, cfg, name, chips, notes):
     if name == "pipeline" and chips <= cfg.n_layers:
         per = math.ceil(cfg.n_layers / chips)
         stage = dataclasses.replace(cfg, n_layers=per)
-        cycles, how, notes2 = _analytic_from(timer, npu, stage, "single", 1)
+        cycles, how, notes2 = _one_chip_layers(timer, npu, stage)
         m = min(cfg.batch, chips)
         notes.append("analytic: no program for this ring; one stage timed and the "
                      "pipeline's m + p - 1 stage times counted")
         return round(cycles * (m + chips - 1) / m), "analytic", notes + notes2
     return None, None, notes
+
+
+def _one_chip_layers(timer, npu, cfg):
+    """One chip's cycles for ``cfg`` from its program on 1 and 2 layers, extended along its
+    layers (every layer's program is the same): a share's timing whatever its layer count,
+    so that the grids of every chip count share a few timed programs."""
+    if cfg.n_layers <= 2:
+        return _analytic_from(timer, npu, cfg, "single", 1)
+    (c1, how, n1), (c2, _, _) = (_analytic_from(timer, npu, dataclasses.replace(
+        cfg, n_layers=k), "single", 1) for k in (1, 2))
+    notes = [n for n in n1 if not n.startswith("timed on")]
+    notes.append(f"timed on 1 and 2 layers, extended to {cfg.n_layers}")
+    return c1 + (c2 - c1) * (cfg.n_layers - 1), how, notes
 
 
 def _analytic_from(timer, npu, cfg, strategy, chips, samples=None):
@@ -653,12 +845,14 @@ def _analytic_from(timer, npu, cfg, strategy, chips, samples=None):
     return cycles, how, notes
 
 
-def _ring_cycles(npu, cfg, chips, count):
-    """``count`` all-reduces of the residual's int32 partial sums on ``chips`` chips."""
+def _ring_cycles(npu, cfg, chips, count, link=None):
+    """``count`` all-reduces of the residual's int32 partial sums on ``chips`` chips of a ring
+    with links ``link`` (default :func:`ring_link`)."""
     n = npu.array_size
+    link = link or ring_link(npu)
     msg = cfg.batch * pad_to(cfg.seq_len, n) * pad_to(cfg.d_model, n) * 4
-    return count * ring_bound_cycles("all_reduce", msg, chips, npu.link_bytes_per_cycle,
-                                     npu.link_latency_cycles)
+    return count * ring_bound_cycles("all_reduce", msg, chips, link.bytes_per_cycle,
+                                     link.latency_cycles)
 
 
 def _analytic(timer, npu, cfg, name, chips, grid, notes):
@@ -673,12 +867,13 @@ def _analytic(timer, npu, cfg, name, chips, grid, notes):
         inner = name.split("+")[1]
         if (inner == "head" and bb > cfg.n_heads) or (inner == "pipeline" and bb > cfg.n_layers):
             return None, None, notes
+        row = dim_links(npu)[0]          # the inner part on a row of the torus
         if bb > MAX_CHIPS or not ring_buildable(npu):
             inner_cfg = dataclasses.replace(cfg, batch=per)
-            cycles, how, more = _scaled(timer, npu, inner_cfg, inner, bb, [])
+            cycles, how, more = _scaled(timer, npu, inner_cfg, inner, bb, [], row)
             return cycles, "analytic", notes + more
-        cycles, _, more = _analytic_from(timer, npu, dataclasses.replace(cfg, batch=per),
-                                         inner, bb, per)
+        cycles, _, more = _analytic_from(timer, _row_npu(npu, bb, row),
+                                         dataclasses.replace(cfg, batch=per), inner, bb, per)
         return cycles, "analytic", notes + more
     if name == "head+pipeline":
         a, bb = grid
@@ -688,15 +883,18 @@ def _analytic(timer, npu, cfg, name, chips, grid, notes):
         stage = dataclasses.replace(cfg, n_layers=per)
         m = min(b, bb)
         mb = max(1, math.ceil(b / m))
+        # Each stage's head group on a row's ring, the sends one hop along a column.
+        row, col = dim_links(npu)
         if a <= MAX_CHIPS and ring_buildable(npu):
-            t_stage, _, more = _analytic_from(timer, npu, dataclasses.replace(stage, batch=mb),
-                                              "head", a, mb)
+            t_stage, _, more = _analytic_from(timer, _row_npu(npu, a, row),
+                                              dataclasses.replace(stage, batch=mb), "head", a,
+                                              mb)
         else:
             t_stage, _, more = _scaled(timer, npu, dataclasses.replace(stage, batch=mb), "head",
-                                       a, [])
+                                       a, [], row)
         send = math.ceil(mb * pad_to(cfg.seq_len, npu.array_size) *
-                         pad_to(cfg.d_model, npu.array_size) * 2 / npu.link_bytes_per_cycle)
-        cycles = (m + bb - 1) * t_stage + (bb - 1) * (send + npu.link_latency_cycles)
+                         pad_to(cfg.d_model, npu.array_size) * 2 / col.bytes_per_cycle)
+        cycles = (m + bb - 1) * t_stage + (bb - 1) * (send + col.latency_cycles)
         return cycles, "analytic", notes + more
     if name == "hidden":
         one, _, more = _analytic_from(timer, npu, cfg, "single", 1)

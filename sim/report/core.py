@@ -123,11 +123,16 @@ class SimReport:
             report["first_mismatch"] = dict(self.first_mismatch)
         return report
 
+    def _torus(self) -> str:
+        topo = getattr(self.npu, "topology", None)
+        return f" on the {topo} torus" if topo is not None and topo.is_torus else ""
+
     def summary(self) -> str:
         cyc = "n/a (the ISS does not time programs)" if self.cycles is None \
             else f"{self.cycles:,}"
         lines = [f"npu sim: {self.model.name} on {self.npu.name}, strategy {self.strategy}, "
-                 f"{self.chips} chip(s), backend {self.backend}, {self.samples} sample(s)"]
+                 f"{self.chips} chip(s){self._torus()}, backend {self.backend}, "
+                 f"{self.samples} sample(s)"]
         for chip in self.per_chip:
             role = ", ".join(f"{k} {v}" for k, v in chip.role.items()) if self.chips > 1 else ""
             lines.append(f"  chip {chip.chip}: program {chip.instructions} instructions, "

@@ -8,6 +8,7 @@ import numpy as np
 
 from hw.spec import NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
+from hw.spec.ring import check_rtl_chips
 from hw.system import ChipSystem
 from hw.tile.ports import trace_depth
 
@@ -19,8 +20,9 @@ __all__ = ["run_system_pysim", "check_system_inputs"]
 
 def check_system_inputs(npu, programs, images, reads) -> int:
     """The chip count of a system run; ``ValueError`` when the images or reads do not match
-    the programs or a program exceeds ``imem_words`` (shared by every system backend)."""
-    chips = len(programs)
+    the programs, a program exceeds ``imem_words`` or the gateware's ring holds fewer chips
+    (``hw.spec.ring.RTL_MAX_CHIPS``; shared by every system backend)."""
+    chips = check_rtl_chips(len(programs))
     if len(images) != chips or len(reads) != chips:
         raise ValueError(f"{chips} programs but {len(images)} images and {len(reads)} reads")
     for i, program in enumerate(programs):

@@ -90,7 +90,9 @@ def hardware_key(npu: NpuConfig, chips: int, backend: str) -> str:
     """What a build depends on: the NPU's hardware fields (not its name, description or
     file), the chip count and the backend, hashed. Points with one key share one build."""
     fields = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu)
-              if f.name not in ("name", "description", "path")}
+              if f.name not in ("name", "description", "path", "topology")}
+    if npu.topology is not None:
+        fields["topology"] = npu.topology.to_json()
     text = json.dumps({"npu": fields, "chips": chips, "backend": backend}, sort_keys=True)
     return f"{backend}-{chips}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 

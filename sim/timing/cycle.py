@@ -52,6 +52,7 @@ from hw.spec.isa import (
 from hw.spec.memory import bank_of
 from hw.spec.ring import coll_dest
 from hw.spec.timing.chip import READ_FIFO_DEPTH
+from hw.spec.topology import DimLink
 
 from ..golden.scratchpad import AddressError, addr_sequence
 from ..iss.errors import IssError
@@ -461,36 +462,45 @@ def _timeless(word: int) -> int:
 
 
 def time_programs(npu: NpuConfig, programs, *, ring: bool | None = None,
-                  max_cycles: int = 5_000_000) -> SystemTiming:
+                  max_cycles: int = 5_000_000, link: DimLink | None = None) -> SystemTiming:
     """Cycles of ``programs[i]`` on chip ``i`` of a ring (``ChipSystem``), or of one program on
     a lone chip (``ring=False``, the default for one program: ``Chip`` with its ring port
     unconnected, as ``sim/rtl/chip_runner.py`` runs it). :class:`IssError` when a chip never
     halts within ``max_cycles`` (a deadlock: the functional ISS names it first).
+
+    ``link`` (a :class:`hw.spec.topology.DimLink`): the ring's links are that wide and deep
+    instead of the NPU's ``link_*`` (one dimension of a torus, :mod:`sim.timing.launch`); the
+    chip's ring word stays ``max(2 * link_bytes_per_cycle, 8)`` bytes of the NPU, cut into
+    flits of the link's width.
 
     The last results are kept by the programs with their :data:`TIMELESS_REGS` values
     cleared: the same model over other seeds or weights is not walked again."""
     chips = len(programs)
     if ring is None:
         ring = chips > 1
-    key = (npu, ring, tuple(tuple(_timeless(int(w)) for w in p) for p in programs))
+    key = (npu, ring, link, tuple(tuple(_timeless(int(w)) for w in p) for p in programs))
     if key in _RESULTS:
         result = _RESULTS[key]
         if result.cycles > max_cycles:
             raise IssError(f"timing: the chips did not all halt within {max_cycles} cycles")
         return copy.deepcopy(result)
-    result = _walk(npu, programs, ring, max_cycles)
+    result = _walk(npu, programs, ring, max_cycles, link)
     if len(_RESULTS) >= _RESULTS_KEPT:
         del _RESULTS[next(iter(_RESULTS))]
     _RESULTS[key] = copy.deepcopy(result)
     return result
 
 
-def _walk(npu, programs, ring, max_cycles) -> SystemTiming:
+def _walk(npu, programs, ring, max_cycles, link=None) -> SystemTiming:
     chips = len(programs)
     models = [ChipModel(npu, p, chip=i, chips=chips) for i, p in enumerate(programs)]
-    ratio = word_bytes(npu.link_bytes_per_cycle) // npu.link_bytes_per_cycle
-    links = [LinkModel(ratio=ratio, latency=npu.link_latency_cycles) for _ in programs] \
-        if ring else None
+    link = link or DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)
+    wbytes = word_bytes(npu.link_bytes_per_cycle)
+    if wbytes % link.bytes_per_cycle:
+        raise ValueError(f"link_bytes_per_cycle={link.bytes_per_cycle} does not divide the "
+                         f"chip's ring word of {wbytes} bytes (a word is whole flits)")
+    links = [LinkModel(ratio=wbytes // link.bytes_per_cycle, latency=link.latency_cycles)
+             for _ in programs] if ring else None
     cycle = 0
     while any(m.running for m in models):
         if cycle >= max_cycles:

@@ -45,6 +45,7 @@ from hw.spec.memory import bank_of
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import chip as chip_timing
 from hw.spec.timing import vector as vec_timing
+from hw.spec.topology import DimLink, Topology, system_topology
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, uses_b
 
@@ -354,13 +355,21 @@ class _Chip:
                 return
 
 
-def time_programs_fast(npu: NpuConfig, programs, *, timer: LaunchTimer | None = None
-                       ) -> SystemTiming:
+def time_programs_fast(npu: NpuConfig, programs, *, timer: LaunchTimer | None = None,
+                       topology: Topology | None = None) -> SystemTiming:
     """Cycles of ``programs`` at launch level (see the module docstring); per chip the busy
-    counters and the trace are built from the launches' busy intervals."""
+    counters and the trace are built from the launches' busy intervals. ``topology``: how
+    the chips are connected (default :func:`hw.spec.topology.system_topology`: the NPU's, or a
+    ring); on a torus each collective and transfer is timed on the rings of the dimensions it
+    uses, with their links (:class:`_Comm`)."""
     timer = timer or LaunchTimer(npu)
     chips = [_Chip(p, i) for i, p in enumerate(programs)]
-    comm = _Comm(npu, timer, len(programs))
+    if topology is None:
+        topology = system_topology(npu, len(programs))
+    elif topology.chips != len(programs):
+        raise ValueError(f"{len(programs)} programs for the {topology.chips} chips of the "
+                         f"{topology}")
+    comm = _Comm(npu, timer, len(programs), topology)
     while True:
         moved = False
         for c in chips:
@@ -440,14 +449,61 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
 
 
 class _Comm:
-    """Posted COLL, SEND and RECV launches; they meet like the ISS's scheduler's."""
+    """Posted COLL, SEND and RECV launches; they meet like the ISS's scheduler's.
 
-    def __init__(self, npu, timer, chips):
+    On a ring every collective and transfer is timed on the whole ring (the cycle model: its
+    words pass the routers of the chips between). On a torus (``topology.is_torus``):
+
+    - a group on one ring of the torus (a row's consecutive chips, dimension 0, or a
+      column's, dimension 1: :meth:`~hw.spec.topology.Topology.ring_of`) is timed on that
+      ring alone, with that dimension's links; rows' and columns' rings share no link, so
+      groups that run at the same time are timed each on its own ring;
+    - a group on no one ring of the torus is timed on a ring of all the chips with the
+      slowest dimension's links (narrowest, deepest);
+    - a transfer is timed along each dimension it moves in (x first, then y: the hops of
+      :meth:`~hw.spec.topology.Topology.hops`) on that dimension's ring and links, the legs'
+      cycles added (a message crossing both dimensions is counted as two transfers).
+    """
+
+    def __init__(self, npu, timer, chips, topology: Topology | None = None):
         self.npu = npu
         self.timer = timer
         self.chips = chips
+        self.topology = topology or Topology.ring(chips)
+        #: A ring's links when its topology gives its own (None: the NPU's).
+        self.ring_link = None if self.topology.is_torus or not self.topology.links else \
+            self.topology.links[0]
         self._coll_cache = {}
         self._p2p_cache = {}
+
+    def _placed(self, req):
+        """``(chips, {member: sub-ring position}, first, link)``: the ring ``req`` is timed on."""
+        topo = self.topology
+        if not topo.is_torus:
+            return req.chips, {m: m for m in req.members}, req.first, self.ring_link
+        dim = 0 if req.count == 1 else topo.ring_of(req.members)
+        if dim is None:
+            links = [topo.link(d, self.npu) for d in range(2)]
+            slow = DimLink(min(x.bytes_per_cycle for x in links),
+                           max(x.latency_cycles for x in links))
+            return req.chips, {m: m for m in req.members}, req.first, slow
+        where = {m: topo.coords(m)[dim] for m in req.members}
+        return topo.dims[dim], where, where[req.members[0]], topo.link(dim, self.npu)
+
+    def _group_programs(self, req, member_regs, offsets):
+        """Programs of one collective on the ring it is timed on (each member's COLL after
+        ``offsets[i]`` NOPs), and that ring's positions of the members and its links."""
+        n, where, first, link = self._placed(req)
+        programs = [[int(Op.HALT)] for _ in range(n)]
+        for m, regs, off in zip(req.members, member_regs, offsets, strict=True):
+            regs = dict(regs)
+            if n != req.chips or where[m] != m:
+                regs.update(CO_CHIPS=n, CO_RANK=where[m], CO_FIRST=first)
+            words = [int(Op.NOP)] * off
+            words += [_set(name, regs.get(name, 0)) for name in _REGS_OF[Op.COLL]]
+            words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
+            programs[where[m]] = words
+        return programs, where, link
 
     def post(self, c: _Chip, op, at):
         bit = _UNIT_BIT[op]
@@ -541,6 +597,16 @@ class _Comm:
                                     for p in x[1]) for x in cluster)
         if key in self._coll_cache:
             return self._coll_cache[key]
+        if self.topology.is_torus:
+            out = []
+            for req, posts, _, _ in cluster:
+                programs, where, link = self._group_programs(
+                    req, [p[3] for p in posts], [p[2] - t0 for p in posts])
+                t = time_programs(self.npu, programs, ring=len(programs) > 1, link=link)
+                out.append({m: _busy_span(t.chips[where[m]].trace, 3,
+                                          t.chips[where[m]].cycles) for m in req.members})
+            self._coll_cache[key] = out
+            return out
         chips = cluster[0][0].chips
         programs = [[int(Op.HALT)] for _ in range(chips)]
         for req, posts, _, _ in cluster:
@@ -549,7 +615,7 @@ class _Comm:
                 words += [_set(name, p[3].get(name, 0)) for name in _REGS_OF[Op.COLL]]
                 words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
                 programs[m] = words
-        t = time_programs(self.npu, programs, ring=chips > 1)
+        t = time_programs(self.npu, programs, ring=chips > 1, link=self.ring_link)
         out = [{m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in x[0].members}
                for x in cluster]
         self._coll_cache[key] = out
@@ -562,6 +628,13 @@ class _Comm:
         key = (req, descs)
         if key in self._coll_cache:
             return self._coll_cache[key]
+        if self.topology.is_torus:
+            programs, where, link = self._group_programs(req, member_regs, [0] * req.count)
+            t = time_programs(self.npu, programs, ring=len(programs) > 1, link=link)
+            out = {m: _busy_span(t.chips[where[m]].trace, 3, t.chips[where[m]].cycles)
+                   for m in req.members}
+            self._coll_cache[key] = out
+            return out
         by_chip = dict(zip(req.members, member_regs, strict=True))
         programs = []
         for chip in range(req.chips):
@@ -576,7 +649,8 @@ class _Comm:
         longest = max(len(p) for p in programs)
         programs = [p if len(p) == 1 else [int(Op.NOP)] * (longest - len(p)) + p
                     for p in programs]
-        t = time_programs(self.npu, programs, ring=req.chips > 1)
+        t = time_programs(self.npu, programs, ring=req.chips > 1,
+                          link=self.ring_link)
         out = {m: _busy_span(t.chips[m].trace, 3, t.chips[m].cycles) for m in req.members}
         self._coll_cache[key] = out
         return out
@@ -589,11 +663,28 @@ class _Comm:
         key = (src, dest, words)
         if key in self._p2p_cache:
             return self._p2p_cache[key]
+        topo = self.topology
+        if topo.is_torus:
+            out = (0, 0, 0)
+            a, b = topo.coords(src), topo.coords(dest)
+            for dim, hops in enumerate(topo.hops(src, dest)):
+                if hops:
+                    leg = self._p2p_ring(topo.dims[dim], a[dim], b[dim], words,
+                                         topo.link(dim, self.npu))
+                    out = tuple(x + y for x, y in zip(out, leg, strict=True))
+        else:
+            out = self._p2p_ring(self.chips, src, dest, words, self.ring_link)
+        self._p2p_cache[key] = out
+        return out
+
+    def _p2p_ring(self, chips, src, dest, words, link):
+        """:meth:`_p2p` on a ring of ``chips`` chips with links ``link`` (None: the NPU's)."""
         ratio = word_bytes(self.npu.link_bytes_per_cycle) // self.npu.array_size
+        latency = self.npu.link_latency_cycles if link is None else link.latency_cycles
 
         def run(w, delay):
             programs = []
-            for chip in range(self.chips):
+            for chip in range(chips):
                 prog = []
                 if chip == src:
                     prog += [int(Op.NOP)] * delay + [
@@ -604,12 +695,12 @@ class _Comm:
                              _set("WR4.s0", 1), _set("SR_SRC", src), int(Op.RECV)]
                 prog += [int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
                 programs.append(prog)
-            t = time_programs(self.npu, programs, ring=True)
+            t = time_programs(self.npu, programs, ring=True, link=link)
             s = _busy_span(t.chips[src].trace, 4, t.chips[src].cycles)
             r = _busy_span(t.chips[dest].trace, 5, t.chips[dest].cycles)
             return s, r - delay
 
-        delay = 4 * (self.npu.link_latency_cycles + ratio + 2) * self.chips
+        delay = 4 * (latency + ratio + 2) * chips
         if words <= 64 * ratio:
             s, r = run(words, delay)
         else:
@@ -620,9 +711,7 @@ class _Comm:
         # Launched together, the SEND waits for the token: the lag is what it waited.
         s0, _ = run(min(words, 2 * ratio), 0)
         s1, _ = run(min(words, 2 * ratio), delay)
-        out = (s, r, s0 - s1)
-        self._p2p_cache[key] = out
-        return out
+        return s, r, s0 - s1
 
 
 def _chip_result(c: _Chip) -> ChipTiming:

@@ -131,7 +131,7 @@ def test_schedule_barrier_terminates():
     ("count", 5, r"group count=5 must be 1\.\.4"),
     ("count", 0, r"group count=0 must be 1\.\.4"),
     ("width", 16, r"width must be 32 or 64, not 16"),
-    ("chips", 9, r"chips must be 1\.\.8, not 9"),
+    ("chips", 1025, r"chips must be 1\.\.1024, not 1025: a system holds at most 1024"),
     ("kind", "gather", r"kind must be one of all_reduce, .*not 'gather'"),
     ("op", "prod", r"op must be one of sum, max, min, avg, not 'prod'"),
 ])

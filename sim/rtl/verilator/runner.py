@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 from hw.spec import NpuConfig
-from hw.spec.collective import check_chips
 from hw.spec.isa import BUSY_COUNTERS
 
 from ..chip_runner import busy_units
@@ -122,7 +121,6 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
     :class:`SimulationTimeout` when not every chip is done within ``max_cycles`` cycles, naming
     each unfinished chip's pc and busy units.
     """
-    check_chips(len(programs))
     chips = check_system_inputs(npu, programs, images, reads)
     if not 0.0 <= link_stalls < 1.0:
         raise ValueError(f"link_stalls {link_stalls} is outside [0, 1)")
@@ -175,9 +173,9 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
 def run_bare_loop(npu: NpuConfig, chips: int, cycles: int) -> dict:
     """The speed limit: the same ring of ``chips`` Verilated models clocked ``cycles`` times
     from reset by the harness's clock loop, every host input at 0 (no host traffic, no ``done``
-    test). ``chips`` may exceed the ring's :data:`~hw.spec.collective.MAX_CHIPS` (the chip ids
-    then repeat; nothing is sent): the cost of a cycle at a chip count. Returns ``{"cycles",
-    "wall_s", "cycles_per_s", "build_s", "build_cached"}``."""
+    test). ``chips`` may exceed the gateware ring's :data:`~hw.spec.ring.RTL_MAX_CHIPS` (the
+    chip ids then repeat; nothing is sent): the cost of a cycle at a chip count. Returns
+    ``{"cycles", "wall_s", "cycles_per_s", "build_s", "build_cached"}``."""
     if not isinstance(chips, int) or isinstance(chips, bool) or chips < 1:
         raise ValueError(f"chips must be a positive integer, not {chips!r}")
     build = ensure_build(npu)

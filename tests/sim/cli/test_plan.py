@@ -58,7 +58,16 @@ def test_llama_2_7b_on_lpu_like_answers_in_seconds(tmp_path):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--npu", TINY_NPU, "--model", TINY_MODEL], "one of the arguments --chips --min-chips"),
+    (["--npu", TINY_NPU, "--model", TINY_MODEL], "give --chips N, --topology N or XxY, or "
+                                                 "--min-chips"),
+    (["--npu", TINY_NPU, "--model", TINY_MODEL, "--chips", "8", "--topology", "4x4"],
+     "--chips 8 is not the 16 chips of --topology 4x4 (4x4)"),
+    (["--npu", TINY_NPU, "--model", TINY_MODEL, "--topology", "4x"],
+     "argument --topology: topology '4x' must be N (a ring) or XxY"),
+    (["--npu", TINY_NPU, "--model", TINY_MODEL, "--topology", "64x32"],
+     "is 2048 chips: a system holds at most 1024"),
+    (["--npu", TINY_NPU, "--model", TINY_MODEL, "--topology", "1x4"],
+     "a torus needs at least 2 chips along each dimension"),
     (["--npu", TINY_NPU, "--model", TINY_MODEL, "--chips", "0"], "0 must be at least 1"),
     (["--npu", TINY_NPU, "--model", TINY_MODEL, "--chips", "2", "--strategy", "tensor"],
      "invalid choice: 'tensor'"),

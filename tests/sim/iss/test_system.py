@@ -28,5 +28,7 @@ def test_iss_system_detects_deadlock_and_disagreement():
 
 def test_rejections():
     npu = small_npu()
-    with pytest.raises(ValueError, match="chips must be 1..8, not 0"):
+    with pytest.raises(ValueError, match="chips must be 1..1024, not 0"):
         IssSystem(npu, 0)
+    with pytest.raises(ValueError, match="chips must be 1..1024, not 1025"):
+        IssSystem(npu, 1025)
