@@ -7,7 +7,7 @@ import numpy as np
 from hw.spec import QUANT_SCHEMES
 
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
-from ..flows.generate import generate, generate_summary
+from ..flows.generate import generate, generate_summary, plot_generation
 from ..flows.simulate import BACKENDS, simulate
 from ..report.chrome_trace import write_trace
 from ..report.plot import plot_timeline
@@ -81,8 +81,7 @@ def _prompt(args, model) -> np.ndarray:
 
 
 def _run_generate(args, npu, model) -> int:
-    for opt in ("input", "calib", "vcd", "plot", "trace", "output", "microbatches", "grid",
-                "quant"):
+    for opt in ("input", "calib", "vcd", "trace", "output", "microbatches", "grid", "quant"):
         if getattr(args, opt):
             raise BadInput(f"--{opt} does not apply to --generate")
     weights = _weights(args.weights) if args.weights else None
@@ -92,9 +91,14 @@ def _run_generate(args, npu, model) -> int:
                    head_weights=weights,
                    max_cycles=args.max_cycles or 5_000_000)
     print(generate_summary(out))
+    written = []
     if args.json:
-        data = {k: v for k, v in out.items() if k != "logits"}
-        print(f"  wrote report {write_json(args.json, data)}")
+        data = {k: v for k, v in out.items() if k not in ("logits", "spans")}
+        written.append(f"report {write_json(args.json, data)}")
+    if args.plot:
+        written.append(f"timeline {plot_generation(out, model, npu, args.plot)}")
+    if written:
+        print(f"  wrote {', '.join(written)}")
     return EXIT_OK if out["golden_match"] else EXIT_MISMATCH
 
 

@@ -9,6 +9,8 @@ float64 reference's tokens (:func:`sim.golden.decode.generate_float`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
@@ -18,10 +20,12 @@ from ..compiler.decode_quant import check_head_weights, quantize_decode
 from ..errors import BadInput
 from ..golden.decode import generate_float, generate_int, random_head_weights
 from ..golden.float_model import check_weights, random_weights
+from ..report.plot import plot_spans
 from ..report.timeline import intervals, step_ends
 from .simulate import run_backend
 
-__all__ = ["generate", "generate_summary", "GENERATE_BACKENDS", "GENERATE_STRATEGIES"]
+__all__ = ["generate", "generate_summary", "plot_generation", "GENERATE_BACKENDS",
+           "GENERATE_STRATEGIES"]
 
 GENERATE_BACKENDS = ("iss", "pysim", "verilator")
 
@@ -94,7 +98,6 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     reads = prog.reads()
     res = run_backend(backend, npu, programs, images, reads, max_cycles=max_cycles)
     regions, cycles, wall = res["regions"], res["cycles"], res["wall_s"]
-    trace = res["chips"][prog.picker]["trace"]
     got = prog.read(regions)
     want = [generate_int(qm, head, p, n) for p in prompts]
     want_ids = np.array([w["ids"] for w in want])
@@ -113,7 +116,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
             b, t = (int(i) for i in np.argwhere(got["ids"] != want_ids)[0])
             first = {"sequence": b, "step": t, "got_id": int(got["ids"][b, t]),
                      "want_id": int(want_ids[b, t])}
-    ends = step_ends(programs[prog.picker], intervals(trace["entries"], cycles))
+    spans = [intervals(c["trace"]["entries"], cycles) for c in res["chips"]]
+    ends = step_ends(programs[prog.picker], spans[prog.picker])
     ends = ends[::prog.picks_per_step]          # the first sequence's picks
     steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
     clock = npu.clock_mhz * 1e6
@@ -130,6 +134,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         "cache_bytes": [sum(c.words for c in cs) * npu.word_bytes for cs in prog.caches],
         "sram_bytes": [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips],
         "context": prog.context, "wall_s": wall,
+        # Per chip, per unit its busy intervals, and the first sequence's picks (plots).
+        "spans": spans, "picks": [int(e) for e in ends],
     }
 
 
@@ -153,3 +159,14 @@ def generate_summary(out: dict) -> str:
         f"allocated with Q), SRAM {max(out['sram_bytes']):,} bytes",
     ]
     return "\n".join(lines)
+
+
+def plot_generation(out: dict, model: ModelConfig, npu: NpuConfig, path) -> Path:
+    """The run's timeline (``npu sim --generate N --plot``): a row per chip, the prefill and
+    each step between the first sequence's picks."""
+    marks = [(out["picks"][0], "first token")] + [
+        (c, f"step {k + 1}") for k, c in enumerate(out["picks"][1:])]
+    title = (f"{model.name} on {out['chips']} x {npu.name}, {out['strategy']}, "
+             f"{out['backend']}: {out['batch']} x {out['generate']} tokens, "
+             f"{out['cycles']:,} cycles")
+    return plot_spans(out["spans"], out["cycles"], title, path, marks)

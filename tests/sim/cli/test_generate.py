@@ -13,14 +13,17 @@ def test_generate_on_two_chips_writes_the_report(capsys, tmp_path):
     report = tmp_path / "g.json"
     status, out, err = run(capsys, "sim", "--npu", TINY_NPU, "--model", TINY_MODEL,
                            "--backend", "iss", "--strategy", "head", "--chips", "2",
-                           "--generate", "3", "--prompt-ids", str(ids), "--json", str(report))
+                           "--generate", "3", "--prompt-ids", str(ids), "--json", str(report),
+                           "--plot", str(tmp_path / "g.png"))
     assert status == 0, err
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bit-exact against the golden incremental decode" in out
     r = json.loads(report.read_text())
     assert r["prompt"] == [[5, 200, 31]] and len(r["ids"][0]) == 3 and r["ids"] == r["golden_ids"]
     assert r["golden_match"] is True and r["chips"] == 2 and len(r["step_cycles"]) == 2
     assert r["ttft_cycles"] < r["cycles"] and len(r["kv_bytes"]) == 2
-    assert r["tokens_per_s"] > 0
+    assert r["tokens_per_s"] > 0 and "spans" not in r
+    assert r["picks"][0] == r["ttft_cycles"] and len(r["picks"]) == 3
 
 
 def test_generate_refusals(capsys, tmp_path):
