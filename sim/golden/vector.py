@@ -88,6 +88,7 @@ from hw.spec.vector import (
     RSQRT_SEED_SHIFT,
     VectorCmd,
     VectorOp,
+    pack_argmax,
     rsqrt_seed_table,
     twin_of,
 )
@@ -102,7 +103,7 @@ __all__ = [
     "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
-    "argmax16", "argmax_pairs", "onehot",
+    "argmax16", "argmax_pairs", "argmax_record", "onehot",
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
 
@@ -386,6 +387,12 @@ def argmax16(x, offset: int = 0) -> tuple[int, int]:
     offset = _check_offset(offset)
     i = int(np.argmax(x))               # numpy returns the first maximum
     return offset + i, int(x[i])
+
+
+def argmax_record(x, offset: int, word_bytes: int) -> np.ndarray:
+    """The words ARGMAX writes for the int16 row ``x``: ``argmax16(x, offset)`` as an argmax
+    record (:func:`hw.spec.vector.pack_argmax`), ``uint8[argmax_words(N), N]``."""
+    return pack_argmax(*argmax16(x, offset), word_bytes)
 
 
 def argmax_pairs(index, value) -> tuple[int, int]:

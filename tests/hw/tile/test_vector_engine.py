@@ -8,7 +8,7 @@ import pytest
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
-from hw.spec.vector_engine import STATS_IN_OPS, VecFlags
+from hw.spec.vector_engine import FLAG_BITS, STATS_IN_OPS, VecFlags
 from hw.tile.vector_engine import VectorEngine
 from sim.compiler.vector_launch import (
     Rows,
@@ -275,15 +275,15 @@ def test_flags_layout_matches_spec():
     from hw.tile.vector_engine import flags_layout
     layout = flags_layout()
     flags = VecFlags(out16=True, per_channel=False, a_bytes=4, b_bytes=2, d_bytes=1,
-                     wr_data=False, wr_q=True)
+                     wr_data=False, wr_q=True, pairs=True)
     value = flags.encode()
     fields = {"out16": 1, "per_channel": 0, "a_bytes": 2, "b_bytes": 1, "d_bytes": 0,
-              "wr_data": 0, "wr_q": 1}
+              "wr_data": 0, "wr_q": 1, "pairs": 1}
     for name, want in fields.items():
         f = layout[name]
         assert (value >> f.offset) & ((1 << f.width) - 1) == want, name
     assert VecFlags.decode(value) == flags
-    assert layout.size == 10
+    assert layout.size == FLAG_BITS
 
 
 # ---- timing ------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from sim.compiler.vector_launch import (
     emit,
     onehot_launch,
 )
-from sim.golden.vector import argmax16, onehot
+from sim.golden.vector import argmax16, argmax_record, onehot
 from sim.iss import Iss
 from sim.rtl.vector_engine_driver import run_vector_engine
 from tests.helpers import seeded
@@ -87,10 +87,12 @@ def test_argmax_then_onehot(seed, size, rows, length, offset):
                               offset=offset)]
     before = iss.mem.copy()
     iss.run(program(launches))
-    index, value = unpack_argmax(iss.read_words(rec_base, rows * rec).reshape(rows, rec, size))
+    words = iss.read_words(rec_base, rows * rec).reshape(rows, rec, size)
+    index, value = unpack_argmax(words)
     for r in range(rows):
         want = argmax16(x[r], offset)
         assert (index[r], value[r]) == want, f"row {r}: record {(index[r], value[r])} != {want}"
+        assert np.array_equal(words[r], argmax_record(x[r], offset, size)), f"row {r} words"
     got = unpack_rows(iss.read_words(out.base, rows * out.row_words), rows,
                       out.row_words * size, 1)[:, :length]
     for r in range(rows):
