@@ -75,7 +75,7 @@ def test_bad_value_names_key_value_limit(capsys, tmp_path):
     (["collective", "--kind", "all_reduce", "--chips", "2", "--npu", TINY_NPU, "--width", "48"],
      ["npu collective: argument --width: invalid choice: 48"]),
     (["plan", "--npu", TINY_NPU, "--model", TINY_MODEL],
-     ["npu plan: one of the arguments --chips --min-chips is required"]),
+     ["npu plan: give --chips N, --topology N or XxY, or --min-chips"]),
     (["export", "--top", "matmul", "--npu", TINY_NPU, "--chips", "0", "-o", "x"],
      ["npu export: argument --chips: 0 must be at least 1"]),
     (["fpga", "--npu", TINY_NPU, "--device", "ice40"],
