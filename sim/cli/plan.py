@@ -43,16 +43,17 @@ def add_parser(sub):
 
 
 def _run_generate(args, npu, model) -> int:
-    if args.strategy != "all" and args.strategy not in DECODE_STRATEGIES:
-        raise BadInput(f"--generate plans strategy {', '.join(DECODE_STRATEGIES)}, not "
-                       f"{args.strategy}")
+    # head+pipeline needs its grid, which npu sim --generate --grid takes.
+    planned = tuple(s for s in DECODE_STRATEGIES if s != "head+pipeline")
+    if args.strategy != "all" and args.strategy not in planned:
+        raise BadInput(f"--generate plans strategy {', '.join(planned)}, not {args.strategy}")
     prompt = args.context if args.context is not None else max(1, model.seq_len // 2)
     kw = {"generate": args.generate, "prompt_len": prompt, "batch": args.batch}
     # The most chips each strategy can use: a head, a layer, a sequence per chip.
     most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
             "data": args.batch}
     plans = []
-    for name in DECODE_STRATEGIES if args.strategy == "all" else (args.strategy,):
+    for name in planned if args.strategy == "all" else (args.strategy,):
         if args.chips:
             if (args.chips == 1) != (name == "single") or args.chips > most[name]:
                 continue

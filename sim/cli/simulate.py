@@ -81,12 +81,13 @@ def _prompt(args, model) -> np.ndarray:
 
 
 def _run_generate(args, npu, model) -> int:
-    for opt in ("input", "calib", "vcd", "trace", "output", "microbatches", "grid", "quant"):
+    for opt in ("input", "calib", "vcd", "trace", "output", "microbatches", "quant"):
         if getattr(args, opt):
             raise BadInput(f"--{opt} does not apply to --generate")
     weights = _weights(args.weights) if args.weights else None
     out = generate(npu, model, prompt=_prompt(args, model), n=args.generate,
                    backend=args.backend, strategy=args.strategy, chips=args.chips,
+                   grid=args.grid,
                    seed=args.seed, weights=weights,
                    head_weights=weights,
                    max_cycles=args.max_cycles or 5_000_000)

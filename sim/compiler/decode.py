@@ -74,7 +74,7 @@ from .quantize import QLinear, QModel
 __all__ = ["DecodeProgram", "compile_decode", "check_generate", "DECODE_STRATEGIES"]
 
 #: The strategies generation compiles for.
-DECODE_STRATEGIES = ("single", "head", "pipeline", "data")
+DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "head+pipeline")
 
 
 @dataclass
@@ -120,7 +120,7 @@ class DecodeProgram:
     def picks_per_step(self) -> int:
         """The picker's ARGMAX launches per step: one for all its sequences, or in a pipeline
         one per sequence."""
-        return self.batch if self.strategy == "pipeline" else 1
+        return self.batch if self.strategy in ("pipeline", "head+pipeline") else 1
 
     @property
     def programs(self) -> list[list[int]]:
@@ -190,14 +190,18 @@ def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
 
 def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
                    generate: int, batch: int = 1, chips: int = 1, strategy: str | None = None,
-                   check: bool = True, contents: bool = True) -> DecodeProgram:
+                   grid: tuple[int, int] | None = None, check: bool = True,
+                   contents: bool = True) -> DecodeProgram:
     """The programs that generate ``generate`` tokens after a ``prompt_len``-token prompt on
     ``chips`` chips (module docstring): one chip, or head parallelism (each chip its heads'
     share of every block and their KV caches, the partial sums all-reduced as in a prefill;
     the whole embedding on every chip; the LM head's columns split, the logits all-gathered so
     that every chip picks the same token); or data parallelism (``strategy="data"``: the
     sequences split over the chips, each chip the whole model and its own sequences, no
-    communication). ``strategy`` defaults to single on one chip, head on several. ``batch``
+    communication); or ``head+pipeline`` on ``grid = (A, B)``: B stages of A head shards each
+    (chip ``s * A + h``), each stage a head group, shard ``h`` of a stage sending to shard ``h``
+    of the next and the last stage's shard ``h`` its tokens to the first stage's.
+    ``strategy`` defaults to single on one chip, head on several. ``batch``
     sequences of ``prompt_len`` tokens
     decode together; ``contents=False`` places the weights without their contents (the
     planner's shapes-only compile: ``qm`` and ``head`` need no arrays). The transfer bank
@@ -210,6 +214,16 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     if strategy not in DECODE_STRATEGIES:
         raise ValueError(f"generation runs strategy {', '.join(DECODE_STRATEGIES)}, not "
                          f"{strategy}")
+    if strategy == "head+pipeline":
+        if grid is None or len(grid) != 2 or grid[0] * grid[1] != chips:
+            raise ValueError(f"head+pipeline needs a grid A x B of --chips {chips} chips, not "
+                             f"{grid}")
+        if grid[1] == 1:
+            strategy, grid = "head", None        # one stage: a head group
+        elif grid[0] == 1:
+            strategy = "pipeline"                # one shard a stage
+    if strategy == "pipeline":
+        grid = (1, chips)
     if strategy == "data" and batch < chips:
         raise ValueError(f"data parallelism of {chips} chips needs a batch of at least "
                          f"{chips} sequences, not {batch}")
@@ -219,12 +233,12 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
         check_ring_port(npu, chips)
     try:
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
-                        chips=chips, strategy=strategy, transfer_bank=True)
+                        chips=chips, strategy=strategy, grid=grid, transfer_bank=True)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
-                        chips=chips, strategy=strategy, transfer_bank=False)
+                        chips=chips, strategy=strategy, grid=grid, transfer_bank=False)
 
 
 def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
@@ -239,18 +253,26 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
 
 
 def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
-             transfer_bank):
+             grid, transfer_bank):
     cfg = qm.cfg
-    if strategy == "pipeline":
-        stages = stage_layers(cfg, chips)
-        whole = Shard.whole(cfg)
-        out = [_chip(npu, qm, head, prompt_len, generate, batch, s, whole, 1,
-                     _vocab_split(npu, cfg.vocab_size, 1), check, contents, transfer_bank,
-                     layers=stages[s], prev=s - 1 if s else None,
-                     nxt=s + 1 if s + 1 < chips else None, last=chips - 1)
-               for s in range(chips)]
-        holds = [list(range(batch))] + [[] for _ in range(chips - 1)]
-        outputs = [[] for _ in range(chips - 1)] + [list(range(batch))]
+    if strategy in ("pipeline", "head+pipeline"):
+        shards, count = grid                  # head shards per stage, stages
+        stages = stage_layers(cfg, count)
+        vc = _vocab_split(npu, cfg.vocab_size, shards)
+        out = []
+        for s in range(count):
+            group = head_shards(cfg, shards, s * shards, chips) if shards > 1 else \
+                [Shard.whole(cfg)]
+            for h, shard in enumerate(group):
+                out.append(_chip(
+                    npu, qm, head, prompt_len, generate, batch, s * shards + h, shard, shards,
+                    vc, check, contents, transfer_bank, layers=stages[s],
+                    prev=(s - 1) * shards + h if s else None,
+                    nxt=(s + 1) * shards + h if s + 1 < count else None,
+                    last=(count - 1) * shards + h, home=h))
+        holds = [list(range(batch)) if c < shards else [] for c in range(chips)]
+        outputs = [list(range(batch)) if c == (count - 1) * shards else []
+                   for c in range(chips)]
     elif strategy == "data":
         holds = split_batch(batch, chips, "chips (data parallelism)")
         out = [_chip(npu, qm, head, prompt_len, generate, len(seqs), chip, Shard.whole(cfg), 1,
@@ -271,13 +293,14 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
 
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
-          transfer_bank, layers=None, prev=None, nxt=None, last=None) -> dict:
+          transfer_bank, layers=None, prev=None, nxt=None, last=None, home=0) -> dict:
     """One chip's program: its heads' share of every block (all of it on one chip), the
     whole embedding, its ``vc`` columns of the LM head. A pipeline stage (``layers``, the
     chips ``prev`` and ``nxt`` it receives from and sends to; None at the ends): its layers,
     the embedding on the first stage, the final norm and the LM head on the last (chip
-    ``last``, which sends each token back to the first), one sequence at a time (module
-    docstring)."""
+    ``last``, which sends each token back to the first stage's chip ``home``), one sequence
+    at a time (module docstring); with a head ``shard`` of a group of ``chips``, the group's
+    collectives as under head parallelism."""
     cfg, n = qm.cfg, npu.array_size
     layers = list(range(cfg.n_layers)) if layers is None else list(layers)
     piped = prev is not None or nxt is not None
@@ -293,7 +316,8 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     em.rope_span = (0, max(p_pad, context + n))
     weights = {i: em.place_layer(i, shard) for i in layers}
     v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
-    part = chip if chips > 1 else 0             # the chip's block of the LM head's columns
+    # The chip's block of the LM head's columns: its place in its head group.
+    part = chip - shard.group[0] if shard.group is not None else 0
     v0 = part * vc
 
     # The head's tables.
@@ -478,7 +502,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         pick(a, em, first, 1)
         if piped:
             rec = pl.contiguous(ids.base + first * rs, rs)
-            transfer(a, pl.send_launch(dest=0, desc=rec, size=n, link_bytes=link), None)
+            transfer(a, pl.send_launch(dest=home, desc=rec, size=n, link_bytes=link), None)
 
     if not piped:
         # The prefills, one sequence at a time (a loop over the sequences when there are
@@ -506,7 +530,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
             if last_stage:
                 final_norm(a, P - 1, 1, 0, x)
                 pick(a, em, b, 1)
-                transfer(a, pl.send_launch(dest=0, desc=pl.contiguous(ids.base + b * rs, rs),
+                transfer(a, pl.send_launch(dest=home, desc=pl.contiguous(ids.base + b * rs, rs),
                                            size=n, link_bytes=link), None)
             else:
                 transfer(a, pl.send_launch(dest=nxt, desc=message(x, p_pad), size=n,

@@ -22,6 +22,7 @@ from ..golden.decode import generate_float, generate_int, random_head_weights
 from ..golden.float_model import check_weights, random_weights
 from ..report.plot import plot_spans
 from ..report.timeline import intervals, step_ends
+from ..strategies.base import parse_grid
 from .simulate import run_backend
 
 __all__ = ["generate", "generate_summary", "plot_generation", "GENERATE_BACKENDS",
@@ -35,7 +36,8 @@ GENERATE_STRATEGIES = DECODE_STRATEGIES
 
 
 def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str = "iss",
-             strategy: str = "single", chips: int | None = None, seed: int = 0,
+             strategy: str = "single", chips: int | None = None, grid: str | None = None,
+             seed: int = 0,
              weights: dict | None = None, head_weights: dict | None = None,
              max_cycles: int = 5_000_000) -> dict:
     """Generate ``n`` tokens after ``prompt`` (token ids: ``[P]``, or ``[batch, P]`` for a
@@ -55,6 +57,18 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     if strategy not in GENERATE_STRATEGIES:
         raise BadInput(f"--generate runs strategy {', '.join(GENERATE_STRATEGIES)}, not "
                        f"{strategy}")
+    sizes = None
+    if strategy == "head+pipeline":
+        try:
+            sizes = parse_grid(grid) if grid is not None else None
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        if sizes is None:
+            raise BadInput("--strategy head+pipeline needs --grid AxB (A head shards a stage, "
+                           "B stages)")
+        chips = sizes[0] * sizes[1] if chips is None else chips
+    elif grid is not None:
+        raise BadInput(f"--grid applies to head+pipeline, not {strategy}")
     chips = (1 if strategy == "single" else 2) if chips is None else chips
     if strategy == "single" and chips != 1:
         raise BadInput(f"strategy single runs on one chip, not {chips}")
@@ -88,7 +102,7 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     qm, head = quantize_decode(model, weights, hw, prompts[0])
     try:
         prog = compile_decode(npu, qm, head, prompt_len=int(prompts.shape[1]), generate=n,
-                              batch=batch, chips=chips, strategy=strategy)
+                              batch=batch, chips=chips, strategy=strategy, grid=sizes)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise

@@ -70,9 +70,9 @@ class GeneratePlan:
         return dict(self.__dict__)
 
 
-def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy):
+def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, grid=None):
     return compile_decode(npu, qm, head, prompt_len=prompt_len, generate=generate, batch=batch,
-                          chips=chips, strategy=strategy, contents=False)
+                          chips=chips, strategy=strategy, grid=grid, contents=False)
 
 
 def _fits(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy) -> str | None:

@@ -104,6 +104,19 @@ def test_pipeline_generation_is_bit_exact(name, batch, chips):
     assert len(out["step_cycles"]) == 3 and out["chips"] == chips
 
 
+@pytest.mark.parametrize("name,grid,batch", [("tiny", "2x2", 2), ("tiny-llama", "2x4", 4)])
+def test_head_pipeline_grid_generation_is_bit_exact(name, grid, batch):
+    """head+pipeline on a grid of A head shards by B stages: each stage a head group, shard h
+    of a stage sending to shard h of the next, the last stage's tokens back to the first's."""
+    cfg = model_preset(name)
+    prompts = seeded(60 + batch).integers(0, cfg.vocab_size, (batch, 3))
+    out = generate(npu_preset("tiny"), cfg, prompt=prompts, n=4, backend="iss",
+                   strategy="head+pipeline", grid=grid, seed=batch)
+    assert out["golden_match"], out["first_mismatch"]
+    a, b = (int(v) for v in grid.split("x"))
+    assert out["chips"] == a * b
+
+
 def test_logits_equal_a_prefill_of_the_whole_sequence():
     """Step t's logits on chip are the whole sequence's prefill logits at position P - 1 + t."""
     cfg = model_preset("tiny")
@@ -153,6 +166,8 @@ def test_refusals():
         generate(NPU, llama, prompt=[1, 2], n=16, backend="iss")
     with pytest.raises(BadInput, match="prompt id 256 at index 1 is outside 0..255"):
         generate(NPU, cfg, prompt=[1, 256], n=2, backend="iss")
+    with pytest.raises(BadInput, match="head\\+pipeline needs --grid AxB"):
+        generate(npu_preset("tiny"), cfg, prompt=[1], n=2, strategy="head+pipeline")
     with pytest.raises(BadInput, match="backend iss, pysim, verilator, not board"):
         generate(NPU, cfg, prompt=[1], n=2, backend="board")
 

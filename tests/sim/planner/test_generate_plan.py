@@ -83,6 +83,7 @@ def test_plan_generate_cli(capsys, tmp_path):
     for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
                       (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
                       (["--generate", "2", "--strategy", "hidden", "--chips", "2"],
-                       "--generate plans strategy single, head, pipeline, data, not hidden")):
+                       "--generate plans strategy single, head, pipeline, data, not "
+                       "hidden")):
         status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
         assert_one_line_error(status, out, err, msg)
