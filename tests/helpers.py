@@ -17,8 +17,9 @@ from amaranth.lib.wiring import In, Out
 from hw.spec import PRESETS_DIR, npu_preset
 from hw.spec.attention import partial_row_words
 from hw.spec.collective import CollectiveRequest, Kind
-from hw.spec.isa import BUSY_COUNTERS
+from hw.spec.isa import BUSY_COUNTERS, Op
 from hw.spec.memory import pack_rows, row_words, unpack_rows
+from hw.tile.vector_engine import VectorEngine
 from sim import errors
 from sim.cli import main
 from sim.compiler.assembler import Assembler
@@ -32,6 +33,7 @@ from sim.golden.scratchpad import addr_sequence
 from sim.golden.softmax import softmax
 from sim.iss import Iss
 from sim.rtl.pysim import collect, run_sim, send_all
+from sim.rtl.vector_engine_driver import run_vector_engine
 from sim.timing.cycle import time_programs, trace_entries
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,6 +180,32 @@ def attention_npu(*, size=4, window=8, length=8, dmax=8):
 def vector_iss(size):
     """An ISS of a ``size``-lane chip with 512 scratchpad words (vector-engine cases)."""
     return Iss(square_npu(size, sram_words=512))
+
+
+def vector_regs_program(regs, descs=None, size=4):
+    """A ``size``-lane vector ISS and a program of one VEC launch with these registers and
+    descriptors set as given (the ISS's checks of the registers)."""
+    iss = vector_iss(size)
+    asm = Assembler()
+    for gen, d in (descs or {}).items():
+        asm.set_desc(gen, d)
+    for name, value in regs.items():
+        asm.set(name, value)
+    asm.launch(Op.VEC)
+    asm.halt()
+    return iss, asm.words()
+
+
+def engine_equals_iss(iss, before, launches, rng, *, idle=0.25, stall=0.25):
+    """Run ``launches`` on a VectorEngine from the memory ``before`` (random stalls) and
+    check its memory equals the ISS's (which ran them); return the engine's cycles."""
+    mem, cycles, _ = run_vector_engine(VectorEngine(lanes=iss.n, d_model_max=64), before,
+                                       launches, addr_bits=iss.addr_bits, rng=rng, idle=idle,
+                                       stall=stall)
+    diff = np.argwhere(mem != iss.mem)
+    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
+                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {iss.mem[tuple(diff[0])]}")
+    return cycles
 
 
 def vector_size_rejections(min_lanes):

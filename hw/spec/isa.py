@@ -239,6 +239,18 @@ class LoopState:
             raise IsaError(f"ADDX at pc {pc} outside a loop body")
         return self.iteration
 
+    def written(self, insn: Insn, old: int, pc: int) -> int:
+        """What the SET, ADD or ADDX ``insn`` at ``pc`` leaves in a register holding ``old``
+        (the one rule of the ISS and both timing models). IsaError for an ADDX outside a loop
+        body or with a scale outside 16 bits."""
+        if insn.op is Op.SET:
+            return insn.value
+        if insn.op is Op.ADD:
+            return add_value(old, insn.value)
+        if insn.op is Op.ADDX:
+            return addx_value(old, insn.value, self.iteration_at(pc))
+        raise IsaError(f"{insn.op.name} writes no register")
+
     def next_pc(self, pc: int) -> int:
         """The pc after the (non-LOOP) instruction at ``pc`` completes."""
         if self.active and pc == self.end:

@@ -37,8 +37,8 @@ from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
 from ..timing.launch import time_programs_fast
 
-__all__ = ["simulate", "run_backend", "STRATEGIES", "BACKENDS", "DEFAULT_MAX_CYCLES",
-           "check_input"]
+__all__ = ["simulate", "run_backend", "read_outputs", "STRATEGIES", "BACKENDS",
+           "DEFAULT_MAX_CYCLES", "check_input"]
 
 #: The strategies' names (``sim.strategies``, the registry).
 STRATEGIES = strategies.NAMES
@@ -134,21 +134,10 @@ def run_backend(backend, npu, programs, images, reads, *, max_cycles, vcd=None,
                                          out["traces"], strict=True)]}
 
 
-def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed,
-         progress=None, board=None):
-    """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
-    the chips measured (``cycles`` None on the ISS)."""
-    n_chips = len(prog.chips)
-    images = prog.images(x_ints)
-    programs = [c.program for c in prog.chips]
-    reads = prog.reads()
-    load = sum(len(p) for p in programs) + sum(len(w) for img in images for w in img.values())
-    res = run_backend(backend, prog.npu, programs, images, reads, max_cycles=max_cycles,
-                      vcd=vcd, link_stalls=link_stalls, seed=seed, progress=progress,
-                      board=board)
-    regions = res.pop("regions")
-    # Outputs in prog.outputs order: each chip's regions in the order they were asked for.
-    taken = [0] * n_chips
+def read_outputs(prog: SystemProgram, regions) -> list[np.ndarray]:
+    """Each sample's int16 output from the regions read back per chip (``prog.reads()``
+    order): each chip's regions in the order they were asked for."""
+    taken = [0] * len(prog.chips)
     outputs = []
     for sample, out in enumerate(prog.outputs):
         parts = []
@@ -156,7 +145,21 @@ def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, 
             parts.append(regions[place.chip][taken[place.chip]])
             taken[place.chip] += 1
         outputs.append(prog.read(sample, parts))
-    res["outputs"] = outputs
+    return outputs
+
+
+def _run(backend, prog: SystemProgram, x_ints, *, max_cycles, vcd, link_stalls, seed,
+         progress=None, board=None):
+    """Load, run and read back ``prog`` on ``backend``: the int16 outputs per sample and what
+    the chips measured (``cycles`` None on the ISS)."""
+    images = prog.images(x_ints)
+    programs = [c.program for c in prog.chips]
+    reads = prog.reads()
+    load = sum(len(p) for p in programs) + sum(len(w) for img in images for w in img.values())
+    res = run_backend(backend, prog.npu, programs, images, reads, max_cycles=max_cycles,
+                      vcd=vcd, link_stalls=link_stalls, seed=seed, progress=progress,
+                      board=board)
+    res["outputs"] = read_outputs(prog, res.pop("regions"))
     res["load_cycles"] = load
     return res
 

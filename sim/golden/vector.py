@@ -70,28 +70,8 @@ import math
 
 import numpy as np
 
-from hw.spec.vector import (
-    GELU16_G_MAX,
-    GELU16_G_MIN,
-    GELU16_KNOTS,
-    GELU16_ZERO,
-    LENGTH_BITS,
-    LN_D_MAX,
-    LN_Z_BITS,
-    LN_Z_FRAC_BITS,
-    LUT_ENTRIES,
-    N_BITS,
-    RMS_OPS,
-    RSQRT_FRAC_BITS,
-    RSQRT_NEWTON_STEPS,
-    RSQRT_SEED_BASE,
-    RSQRT_SEED_SHIFT,
-    VectorCmd,
-    VectorOp,
-    pack_argmax,
-    rsqrt_seed_table,
-    twin_of,
-)
+from hw.spec import vector as spec
+from hw.spec.vector import VectorCmd, VectorOp
 
 from .matmul import bias_add, requant, wrap
 
@@ -107,7 +87,7 @@ __all__ = [
     "unpack_requant", "unpack_gamma_beta", "VectorUnitModel", "bias_add", "requant",
 ]
 
-_SEED = rsqrt_seed_table()
+_SEED = spec.rsqrt_seed_table()
 
 
 def _int(x) -> np.ndarray:
@@ -135,13 +115,13 @@ def relu(a) -> np.ndarray:
 def lut_apply(table, a) -> np.ndarray:
     """``table[a & 0xFF]``: the LUT is indexed by the input's low byte."""
     table = _int(table)
-    if table.shape != (LUT_ENTRIES,):
-        raise ValueError(f"LUT must have {LUT_ENTRIES} entries, not shape {table.shape}")
+    if table.shape != (spec.LUT_ENTRIES,):
+        raise ValueError(f"LUT must have {spec.LUT_ENTRIES} entries, not shape {table.shape}")
     return table[_int(a) & 0xFF]
 
 
 def _int8_inputs() -> np.ndarray:
-    return wrap(np.arange(LUT_ENTRIES), 8)
+    return wrap(np.arange(spec.LUT_ENTRIES), 8)
 
 
 def gelu_float(x) -> np.ndarray:
@@ -194,15 +174,15 @@ def gelu16_knot_shift(scale: float, span: float = 8.0) -> int:
         raise ValueError(f"scale must be positive and finite, not {scale!r}")
     if not (span > 0 and math.isfinite(span)):
         raise ValueError(f"span must be positive and finite, not {span!r}")
-    g = math.ceil(math.log2(span / (GELU16_ZERO * scale)))
-    return min(GELU16_G_MAX, max(GELU16_G_MIN, g))
+    g = math.ceil(math.log2(span / (spec.GELU16_ZERO * scale)))
+    return min(spec.GELU16_G_MAX, max(spec.GELU16_G_MIN, g))
 
 
 def _check_g(g) -> int:
     if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
         raise TypeError(f"g must be an integer, not {g!r}")
-    if not GELU16_G_MIN <= g <= GELU16_G_MAX:
-        raise ValueError(f"g={g} is outside [{GELU16_G_MIN}, {GELU16_G_MAX}]")
+    if not spec.GELU16_G_MIN <= g <= spec.GELU16_G_MAX:
+        raise ValueError(f"g={g} is outside [{spec.GELU16_G_MIN}, {spec.GELU16_G_MAX}]")
     return int(g)
 
 
@@ -210,7 +190,7 @@ def _table16(f, scale: float, g: int) -> np.ndarray:
     g = _check_g(g)
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be positive and finite, not {scale!r}")
-    x = (np.arange(GELU16_KNOTS) - GELU16_ZERO) * float(2 ** g) * float(scale)
+    x = (np.arange(spec.GELU16_KNOTS) - spec.GELU16_ZERO) * float(2 ** g) * float(scale)
     return np.clip(_round_half_up(f(x) / scale), -(1 << 15), (1 << 15) - 1)
 
 
@@ -240,7 +220,7 @@ def relu16_table(g: int) -> np.ndarray:
     g = _check_g(g)
     if g > 7:
         raise ValueError(f"g={g}: ReLU knots up to 128 * 2**g must stay within int16 (g <= 7)")
-    return np.maximum(0, (np.arange(GELU16_KNOTS, dtype=np.int64) - GELU16_ZERO) << g)
+    return np.maximum(0, (np.arange(spec.GELU16_KNOTS, dtype=np.int64) - spec.GELU16_ZERO) << g)
 
 
 def identity16_table(g: int) -> np.ndarray:
@@ -252,25 +232,26 @@ def identity16_table(g: int) -> np.ndarray:
     if g > 7:
         raise ValueError(f"g={g}: identity knots up to 128 * 2**g must stay within int16 "
                          "(g <= 7)")
-    return (np.arange(GELU16_KNOTS, dtype=np.int64) - GELU16_ZERO) << g
+    return (np.arange(spec.GELU16_KNOTS, dtype=np.int64) - spec.GELU16_ZERO) << g
 
 
 def gelu16_apply(table, x, g: int) -> np.ndarray:
     """GELU16 of int16 ``x`` (the low 16 bits of each element) with the 257-knot ``table``."""
     g = _check_g(g)
     table = _int(table)
-    if table.shape != (GELU16_KNOTS,):
-        raise ValueError(f"GELU16 table must have {GELU16_KNOTS} knots, not shape "
+    if table.shape != (spec.GELU16_KNOTS,):
+        raise ValueError(f"GELU16 table must have {spec.GELU16_KNOTS} knots, not shape "
                          f"{table.shape}")
     table = wrap(table, 16)
     x = wrap(_int(x), 16)
     i = x >> g
     f = x - (i << g)
-    k = np.clip(i + GELU16_ZERO, 0, GELU16_KNOTS - 2)    # only in-range lanes use the knots
+    # Only in-range lanes use the knots.
+    k = np.clip(i + spec.GELU16_ZERO, 0, spec.GELU16_KNOTS - 2)
     lo, hi = table[k], table[k + 1]
     y = lo + (((hi - lo) * f + (1 << (g - 1))) >> g)
-    y = np.where(i >= GELU16_ZERO, x, y)
-    return np.where(i < -GELU16_ZERO, 0, y)
+    y = np.where(i >= spec.GELU16_ZERO, x, y)
+    return np.where(i < -spec.GELU16_ZERO, 0, y)
 
 
 def split16(y) -> tuple[np.ndarray, np.ndarray]:
@@ -282,16 +263,16 @@ def split16(y) -> tuple[np.ndarray, np.ndarray]:
 
 def rsqrt_fixed(d: int) -> tuple[int, int]:
     """``(Y, h)`` with ``1/sqrt(d) ~ Y * 2**-(39 + h)``; ``(0, 0)`` for ``d <= 0``."""
-    d = min(int(d), LN_D_MAX)
+    d = min(int(d), spec.LN_D_MAX)
     if d <= 0:
         return 0, 0
     e = d.bit_length()
     s = e - 31 if (e - 31) % 2 == 0 else e - 32
     m = d >> s if s >= 0 else d << -s
     assert 1 << 30 <= m < 1 << 32
-    y = _SEED[(m >> RSQRT_SEED_SHIFT) - RSQRT_SEED_BASE]
-    q = RSQRT_FRAC_BITS
-    for _ in range(RSQRT_NEWTON_STEPS):
+    y = _SEED[(m >> spec.RSQRT_SEED_SHIFT) - spec.RSQRT_SEED_BASE]
+    q = spec.RSQRT_FRAC_BITS
+    for _ in range(spec.RSQRT_NEWTON_STEPS):
         y2 = (y * y) >> q
         my2 = (m * y2) >> 30
         y = (y * ((3 << q) - my2)) >> (q + 1)
@@ -310,12 +291,12 @@ def ln_normalise(x, s1: int, s2: int, n: int, gamma, beta, gshift: int, mult: in
     RMSNorm, s1 taken as 0 (whatever is passed)."""
     x = wrap(_int(x), 16)
     s1 = 0 if rms else int(wrap(s1, 32))
-    d = max(0, min(n * int(s2) - s1 * s1, LN_D_MAX))
+    d = max(0, min(n * int(s2) - s1 * s1, spec.LN_D_MAX))
     y_r, h = rsqrt_fixed(d)
     t = n * x - s1
-    zs = RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS + h
+    zs = spec.RSQRT_FRAC_BITS + 15 - spec.LN_Z_FRAC_BITS + h
     z = (t * np.int64(y_r) + (np.int64(1) << (zs - 1))) >> zs
-    z = np.clip(z, -(1 << (LN_Z_BITS - 1)), (1 << (LN_Z_BITS - 1)) - 1)
+    z = np.clip(z, -(1 << (spec.LN_Z_BITS - 1)), (1 << (spec.LN_Z_BITS - 1)) - 1)
     gamma = wrap(_int(gamma), 16)
     beta = wrap(_int(beta), 16)
     y = ((z * gamma + ((np.int64(1) << gshift) >> 1)) >> gshift) + beta
@@ -344,7 +325,7 @@ def layernorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
 
 def _scaled_float(z, gamma, beta, gshift: int) -> np.ndarray:
     """``z * gamma * 2**(16-gshift) + beta``: a float64 normalised vector in output LSBs."""
-    return (z * np.asarray(gamma, dtype=np.float64) * 2.0 ** (LN_Z_FRAC_BITS - gshift)
+    return (z * np.asarray(gamma, dtype=np.float64) * 2.0 ** (spec.LN_Z_FRAC_BITS - gshift)
             + np.asarray(beta, dtype=np.float64))
 
 
@@ -363,20 +344,21 @@ def rmsnorm_float(x, gamma, beta, gshift: int) -> np.ndarray:
     return _scaled_float(np.zeros_like(x) if rms == 0 else x / rms, gamma, beta, gshift)
 
 
+def _check_field(value, name: str, low: int, bits: int, what: str = "") -> int:
+    """``value`` as an int if it is an integer in ``[low, 2**bits - 1]`` (a command field)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, not {value!r}")
+    if not low <= value < 1 << bits:
+        raise ValueError(f"{name}={value} is outside [{low}, {(1 << bits) - 1}]{what}")
+    return int(value)
+
+
 def _check_length(length) -> int:
-    if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
-        raise TypeError(f"length must be an integer, not {length!r}")
-    if not 1 <= length < 1 << LENGTH_BITS:
-        raise ValueError(f"length={length} is outside [1, {(1 << LENGTH_BITS) - 1}]")
-    return int(length)
+    return _check_field(length, "length", 1, spec.LENGTH_BITS)
 
 
 def _check_offset(offset) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-        raise TypeError(f"offset must be an integer, not {offset!r}")
-    if not 0 <= offset < 1 << N_BITS:
-        raise ValueError(f"offset={offset} is outside [0, {(1 << N_BITS) - 1}] (the n field)")
-    return int(offset)
+    return _check_field(offset, "offset", 0, spec.N_BITS, " (the n field)")
 
 
 def argmax16(x, offset: int = 0) -> tuple[int, int]:
@@ -392,7 +374,7 @@ def argmax16(x, offset: int = 0) -> tuple[int, int]:
 def argmax_record(x, offset: int, word_bytes: int) -> np.ndarray:
     """The words ARGMAX writes for the int16 row ``x``: ``argmax16(x, offset)`` as an argmax
     record (:func:`hw.spec.vector.pack_argmax`), ``uint8[argmax_words(N), N]``."""
-    return pack_argmax(*argmax16(x, offset), word_bytes)
+    return spec.pack_argmax(*argmax16(x, offset), word_bytes)
 
 
 def argmax_pairs(index, value) -> tuple[int, int]:
@@ -451,15 +433,15 @@ class VectorUnitModel:
 
     def __init__(self):
         self.lut = relu_table(1.0, 1.0)  # the reset contents: ReLU at unchanged scale
-        self.lut16 = np.zeros(GELU16_KNOTS, dtype=np.int64)
+        self.lut16 = np.zeros(spec.GELU16_KNOTS, dtype=np.int64)
 
     def execute(self, cmd: VectorCmd, a=None, b=None, stats=None) -> dict:
         op = cmd.op
         if op is VectorOp.LOAD_LUT:
-            self.lut = wrap(_int(a)[:LUT_ENTRIES], 8)
+            self.lut = wrap(_int(a)[:spec.LUT_ENTRIES], 8)
             return {}
         if op is VectorOp.LOAD_LUT16:
-            self.lut16 = wrap(_int(a)[:GELU16_KNOTS], 16)
+            self.lut16 = wrap(_int(a)[:spec.GELU16_KNOTS], 16)
             return {}
         a = _int(a)[:cmd.length] if a is not None else None
         b = _int(b)[:cmd.length] if b is not None else None
@@ -475,13 +457,13 @@ class VectorUnitModel:
             return {"data": onehot(int(stats[0]), cmd.n, cmd.length), "q": zeros}
         if op is VectorOp.LN_STATS:
             return {"stats": ln_stats(a)}
-        if twin_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
+        if spec.twin_of(op) in (VectorOp.LN, VectorOp.LN_APPLY):
             gamma, beta = unpack_gamma_beta(b)
-            full = twin_of(op) is VectorOp.LN
+            full = spec.twin_of(op) is VectorOp.LN
             s1, s2 = ln_stats(a) if full else stats
             n = cmd.length if full else cmd.n
             y16, q8 = ln_normalise(a, s1, s2, n, gamma, beta, cmd.gshift, cmd.mult, cmd.shift,
-                                   rms=op in RMS_OPS)
+                                   rms=op in spec.RMS_OPS)
             return {"data": y16, "q": q8}
         if op is VectorOp.ADD:
             data = residual_add(a, b)

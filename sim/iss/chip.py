@@ -33,8 +33,6 @@ from hw.spec.isa import (
     LoopState,
     Op,
     Unit,
-    add_value,
-    addx_value,
 )
 
 from ..golden.scratchpad import AddressError, addr_sequence
@@ -187,16 +185,13 @@ class Iss:
         """Execute one instruction that needs no other chip (SET, ADD, ADDX, NOP, WAIT, a unit
         launch). ADDX outside a loop body: IssError; with a scale outside 16 bits: IsaError
         (a ValueError)."""
-        if insn.op is Op.SET:
-            self.regs[insn.reg] = insn.value
-        elif insn.op is Op.ADD:
-            self.regs[insn.reg] = add_value(int(self.regs[insn.reg]), insn.value)
-        elif insn.op is Op.ADDX:
+        if insn.op in (Op.SET, Op.ADD, Op.ADDX):
             try:
-                iteration = self.loop.iteration_at(self.pc)
+                self.regs[insn.reg] = self.loop.written(insn, int(self.regs[insn.reg]), self.pc)
             except IsaError as exc:
-                raise IssError(str(exc)) from None
-            self.regs[insn.reg] = addx_value(int(self.regs[insn.reg]), insn.value, iteration)
+                if insn.op is Op.ADDX and not self.loop.active:
+                    raise IssError(str(exc)) from None
+                raise
         elif insn.op is Op.NOP:
             pass
         elif insn.op is Op.WAIT:

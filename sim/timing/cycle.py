@@ -45,8 +45,6 @@ from hw.spec.isa import (
     LoopState,
     Op,
     Unit,
-    add_value,
-    addx_value,
     decode,
 )
 from hw.spec.memory import bank_of
@@ -308,21 +306,14 @@ class ChipModel:
         op = insn.op
         busy = self.busy
         advance = True
-        if op is Op.SET:
+        if op is Op.ADDX and not self.loop.active:   # halts with error, as a nested LOOP does
+            self.running, self.error = False, True
+            self.cycles = cycle + 1
+            return
+        if op in (Op.SET, Op.ADD, Op.ADDX):
             if insn.reg < len(REGS):          # the sequencer ignores other indices
-                self.regs[insn.reg] = insn.value
-        elif op is Op.ADD:
-            if insn.reg < len(REGS):
-                self.regs[insn.reg] = add_value(self.regs[insn.reg], insn.value)
-        elif op is Op.ADDX:
-            if not self.loop.active:          # halts with error, as a nested LOOP does
-                self.running, self.error = False, True
-                self.cycles = cycle + 1
-                return
-            if insn.reg < len(REGS):
                 try:
-                    self.regs[insn.reg] = addx_value(self.regs[insn.reg], insn.value,
-                                                     self.loop.iteration_at(self.pc))
+                    self.regs[insn.reg] = self.loop.written(insn, self.regs[insn.reg], self.pc)
                 except IsaError as exc:
                     raise IssError(f"chip {self.chip} pc {self.pc}: {exc}") from None
         elif op is Op.LOOP:

@@ -37,8 +37,6 @@ from hw.spec.isa import (
     LoopState,
     Op,
     Unit,
-    add_value,
-    addx_value,
     decode,
 )
 from hw.spec.memory import bank_of
@@ -392,21 +390,13 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             raise IssError(f"chip {c.chip}: program ended without HALT")
         insn = prog[c.pc]
         op = insn.op
-        if op is Op.SET:
-            if insn.reg < len(REGS):
-                c.regs[REGS[insn.reg]] = insn.value
-            c.t += 1
-        elif op is Op.ADD:
-            if insn.reg < len(REGS):
-                name = REGS[insn.reg]
-                c.regs[name] = add_value(c.regs.get(name, 0), insn.value)
-            c.t += 1
-        elif op is Op.ADDX:
-            iteration = loop_iteration(c.loop, c.chip, c.pc)
+        if op in (Op.SET, Op.ADD, Op.ADDX):
+            if op is Op.ADDX:
+                loop_iteration(c.loop, c.chip, c.pc)      # IssError outside a loop body
             if insn.reg < len(REGS):
                 name = REGS[insn.reg]
                 try:
-                    c.regs[name] = addx_value(c.regs.get(name, 0), insn.value, iteration)
+                    c.regs[name] = c.loop.written(insn, c.regs.get(name, 0), c.pc)
                 except IsaError as exc:
                     raise IssError(f"chip {c.chip} pc {c.pc}: {exc}") from None
             c.t += 1

@@ -28,6 +28,15 @@ from sim.timing.cycle import time_programs, trace_entries
 from tests.helpers import assert_cycle_model, seeded, single_chip_program, small_npu
 
 
+def iss_ran(npu, images, program):
+    """An ISS of ``npu`` that loaded ``images`` and ran ``program``."""
+    iss = Iss(npu)
+    for base, words in images.items():
+        iss.write_words(base, words)
+    iss.run(program)
+    return iss
+
+
 def test_two_chained_matmuls_match_iss_and_golden():
     """C1 = requant8(A B1 + b1); C2 = requant16(C1 B2 + b2): the second reads what the first
     wrote, after a WAIT."""
@@ -52,11 +61,7 @@ def test_two_chained_matmuls_match_iss_and_golden():
     emit_matmul(asm, l2)
     asm.halt()
     program = asm.words()
-
-    iss = Iss(npu)
-    for base, words in images.items():
-        iss.write_words(base, words)
-    iss.run(program)
+    iss = iss_ran(npu, images, program)
     c1 = matmul_unit(a, b1, *p1, OutMode.INT8)
     c2 = matmul_unit(c1, b2, *p2, OutMode.INT16)
     got = unpack_rows(iss.read_words(300, 16), m, 4, 2)
@@ -157,10 +162,7 @@ def test_iss_and_rtl_agree_on_a_two_layer_program():
     """Every word the program leaves in the residual tensor: RTL == ISS == golden."""
     npu, prog, images, want = compiled_block(n_layers=2)
     program, x = prog.chips[0].program, prog.outputs[0]
-    iss = Iss(npu)
-    for base, words in images.items():
-        iss.write_words(base, words)
-    iss.run(program)
+    iss = iss_ran(npu, images, program)
     rtl = run_chip_pysim(npu, program, images, [(x.base, x.words)], max_cycles=100_000)
     assert not rtl["error"]
     bad = np.argwhere(rtl["regions"][0] != iss.read_words(x.base, x.words))
@@ -177,10 +179,7 @@ def test_verilator_chip_equals_the_iss(verilator_ok):
     npu, prog, images, want = compiled_block(norm="post", causal=False)
     program, x = prog.chips[0].program, prog.outputs[0]
     reads = [(x.base, x.words)]
-    iss = Iss(npu)
-    for base, words in images.items():
-        iss.write_words(base, words)
-    iss.run(program)
+    iss = iss_ran(npu, images, program)
     model = time_programs(npu, [program]).chips[0]
     vl = run_chip_verilator(npu, program, images, reads, max_cycles=100_000)
     assert not vl["timeout"] and not vl["error"]
@@ -221,10 +220,7 @@ def test_greedy_pick_and_embedding_on_chip():
                                    c_row_words=2 * d // n, mode=OutMode.INT16))
     asm.halt()
     program = asm.words()
-    iss = Iss(npu)
-    for base, words in images.items():
-        iss.write_words(base, words)
-    iss.run(program)
+    iss = iss_ran(npu, images, program)
     index, _ = unpack_argmax(iss.read_words(100, rows * rec).reshape(rows, rec, n))
     tokens = [argmax16(row)[0] for row in logits]
     assert index.tolist() == tokens and tokens[1:3] == [2, 0], (index, tokens)

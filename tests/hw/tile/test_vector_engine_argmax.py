@@ -9,12 +9,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hw.spec import npu_preset
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.vector import launch_cycles
 from hw.spec.vector import VectorOp, argmax_words, pack_argmax, unpack_argmax
-from hw.tile.vector_engine import VectorEngine
-from sim.compiler.assembler import Assembler
 from sim.compiler.vector_launch import (
     Rows,
     argmax_launch,
@@ -23,33 +20,7 @@ from sim.compiler.vector_launch import (
     onehot_launch,
 )
 from sim.golden.vector import argmax16, argmax_record, onehot
-from sim.iss import Iss
-from sim.rtl.vector_engine_driver import run_vector_engine
-from tests.helpers import seeded
-
-
-def make_iss(size):
-    npu = dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
-                              sram_bytes=size * 512, sram_banks=4)
-    return Iss(npu)
-
-
-def program(launches):
-    asm = Assembler()
-    for launch in launches:
-        emit(asm, launch)
-    asm.halt()
-    return asm.words()
-
-
-def engine_equals_iss(iss, before, launches, rng, *, idle=0.25, stall=0.25):
-    mem, cycles, _ = run_vector_engine(VectorEngine(lanes=iss.n, d_model_max=64), before,
-                                       launches, addr_bits=iss.addr_bits, rng=rng, idle=idle,
-                                       stall=stall)
-    diff = np.argwhere(mem != iss.mem)
-    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
-                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {iss.mem[tuple(diff[0])]}")
-    return cycles
+from tests.helpers import assemble, engine_equals_iss, seeded, vector_iss
 
 
 def logit_rows(rng, rows, length, size):
@@ -73,7 +44,7 @@ def test_argmax_then_onehot(seed, size, rows, length, offset):
     """ARGMAX writes one record per row, ONEHOT turns them into int8 rows: ISS == golden,
     engine == ISS; the words around the records and rows kept."""
     rng = seeded(seed)
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     x = logit_rows(rng, rows, length, size)
     iss.write_words(0, pack_rows(x, 2, size))
@@ -86,7 +57,7 @@ def test_argmax_then_onehot(seed, size, rows, length, offset):
                 onehot_launch(size=size, length=length, record_base=rec_base, out=out,
                               offset=offset)]
     before = iss.mem.copy()
-    iss.run(program(launches))
+    iss.run(assemble(emit, launches))
     words = iss.read_words(rec_base, rows * rec).reshape(rows, rec, size)
     index, value = unpack_argmax(words)
     for r in range(rows):
@@ -108,14 +79,14 @@ def test_onehot_outside_the_block():
     rows; the engine agrees with the ISS."""
     rng = seeded(4)
     size, length, offset = 4, 6, 100
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     recs = pack_argmax([99, 106, 100, 105], [1, 2, 3, 4], size)
     iss.write_words(40, recs.reshape(-1, size))
     out = Rows(80, 4, row_words(length, 1, size), 1)
     launch = onehot_launch(size=size, length=length, record_base=40, out=out, offset=offset)
     before = iss.mem.copy()
-    iss.run(program([launch]))
+    iss.run(assemble(emit, [launch]))
     got = unpack_rows(iss.read_words(80, 4 * out.row_words), 4, out.row_words * size,
                       1)[:, :length]
     want = np.zeros((4, length), np.int64)
@@ -131,7 +102,7 @@ def test_cycles_match_formula(size, rows, length, eb):
     bytes; 4 stands for 2) and ONEHOT (``eb``: its output's) take exactly ``launch_cycles``,
     whatever the data."""
     rng = seeded(size * 100 + rows * 10 + length)
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     a_eb = min(eb, 2)
     xa = Rows(0, rows, row_words(length, a_eb, size), a_eb)
@@ -139,7 +110,7 @@ def test_cycles_match_formula(size, rows, length, eb):
     launches = [argmax_launch(size=size, length=length, x=xa, record_base=200, offset=3),
                 onehot_launch(size=size, length=length, record_base=200, out=out, offset=3)]
     before = iss.mem.copy()
-    iss.run(program(launches))
+    iss.run(assemble(emit, launches))
     cycles = engine_equals_iss(iss, before, launches, rng, idle=0, stall=0)
     want = [launch_cycles(la.op, rows=rows, length=length, lanes=size, flags=la.flags)
             for la in launches]
@@ -163,7 +134,7 @@ def test_partial_argmaxes_combine(seed, size, chips):
     x[1, [2, vocab - 1]] = 32767                     # a tie across the first and last blocks
     x[2, :] = -(1 << 15)                             # all -32768: index 0
     x[3, :] = rng.integers(-2, 2, vocab)
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     rec = argmax_words(size)
     # Record layout: row r's chip c record at 200 + (r * chips + c) * rec.
@@ -181,13 +152,13 @@ def test_partial_argmaxes_combine(seed, size, chips):
                                rows=rows)
     launches.append(pair)
     before = iss.mem.copy()
-    iss.run(program(launches))
+    iss.run(assemble(emit, launches))
     index, value = unpack_argmax(iss.read_words(400, rows * rec).reshape(rows, rec, size))
     for r in range(rows):
         want = argmax16(x[r])
         assert (index[r], value[r]) == want, f"row {r}: combined {(index[r], value[r])} != {want}"
     engine_equals_iss(iss, before, launches, rng)
-    iss.run(program([pair]))
+    iss.run(assemble(emit, [pair]))
     (cycles,) = engine_equals_iss(iss, iss.mem.copy(), [pair], rng, idle=0, stall=0)
     assert cycles == launch_cycles(VectorOp.ARGMAX, rows=rows, length=chips, lanes=size,
                                    flags=pair.flags)

@@ -5,12 +5,9 @@ of the launch builders."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from hw.spec import npu_preset
 from hw.spec.isa import Op
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.timing.vector import launch_cycles
@@ -26,24 +23,11 @@ from sim.compiler.vector_launch import (
     vector_launch,
 )
 from sim.golden.vector import gelu16_apply, gelu16_knot_shift, gelu16_table, split16
-from sim.iss import Iss, IssError
+from sim.iss import IssError
 from sim.rtl.vector_engine_driver import run_vector_engine
+from tests.helpers import assemble, engine_equals_iss, vector_iss
 
 I16 = (-(1 << 15), 1 << 15)
-
-
-def make_iss(size):
-    npu = dataclasses.replace(npu_preset("tiny"), array_size=size, vector_lanes=size,
-                              sram_bytes=size * 512, sram_banks=4)
-    return Iss(npu)
-
-
-def program(launches):
-    asm = Assembler()
-    for launch in launches:
-        emit(asm, launch)
-    asm.halt()
-    return asm.words()
 
 
 def place(iss, base, x, eb):
@@ -57,16 +41,6 @@ def read(iss, t: Rows, cols, signed=True):
                        t.row_words * iss.n // t.eb, t.eb, signed=signed)[:, :cols]
 
 
-def engine_equals_iss(iss, before, launches, rng, *, idle=0.25, stall=0.25):
-    mem, cycles, _ = run_vector_engine(VectorEngine(lanes=iss.n, d_model_max=64), before,
-                                       launches, addr_bits=iss.addr_bits, rng=rng, idle=idle,
-                                       stall=stall)
-    diff = np.argwhere(mem != iss.mem)
-    assert not len(diff), (f"RTL and ISS memories differ first at word {diff[0][0]} byte "
-                           f"{diff[0][1]}: {mem[tuple(diff[0])]} vs {iss.mem[tuple(diff[0])]}")
-    return cycles
-
-
 @pytest.mark.parametrize("seed, size, rows, length, scale", [
     (1, 4, 3, 10, 1e-3), (2, 2, 2, 7, 3e-4), (3, 8, 2, 19, 0.02)])
 def test_gelu16_planes(seed, size, rows, length, scale):
@@ -74,7 +48,7 @@ def test_gelu16_planes(seed, size, rows, length, scale):
     GELU16 writing int16 y: ISS == golden, engine == ISS; memory outside the outputs kept."""
     print(f"seed={seed}")
     rng = np.random.default_rng(seed)
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     g = gelu16_knot_shift(scale)
     table = gelu16_table(scale, g)
@@ -89,7 +63,7 @@ def test_gelu16_planes(seed, size, rows, length, scale):
                 gelu16_launch(size=size, length=length, a=ta, g=g, hi=hi, lo=lo),
                 gelu16_launch(size=size, length=length, a=ta, g=g, y=y)]
     before = iss.mem.copy()
-    iss.run(program(launches))
+    iss.run(assemble(emit, launches))
     want = gelu16_apply(table, x, g)
     want_hi, want_lo = split16(want)
     assert np.array_equal(read(iss, hi, length), want_hi)
@@ -105,7 +79,7 @@ def test_only_lo_plane_and_in_place_hi():
     """GELU16 may write only q (WR2), and hi over its own int16 input rows' first bytes."""
     rng = np.random.default_rng(4)
     size, rows, length = 4, 2, 9
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     table = gelu16_table(5e-4, 8)
     place(iss, 0, table[None, :], 2)
@@ -118,7 +92,7 @@ def test_only_lo_plane_and_in_place_hi():
                 gelu16_launch(size=size, length=length, a=ta, g=8, hi=hi_in_place)]
     assert launches[1].wr1 is None and launches[1].wr2 is not None
     before = iss.mem.copy()
-    iss.run(program(launches))
+    iss.run(assemble(emit, launches))
     want_hi, want_lo = split16(gelu16_apply(table, x, 8))
     assert np.array_equal(read(iss, lo, length, signed=False), want_lo)
     assert np.array_equal(read(iss, hi_in_place, length), want_hi)
@@ -135,7 +109,7 @@ def test_gelu16_cycles_match_formula(size, rows, length, a_eb, outs):
     """With every input valid and every output ready a GELU16 launch takes exactly
     ``launch_cycles`` (the element-wise formula) from its configuration to its last word."""
     rng = np.random.default_rng(size * 100 + rows * 10 + length)
-    iss = make_iss(size)
+    iss = vector_iss(size)
     iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
     ta = place(iss, 0, rng.integers(*I16, (rows, length)), a_eb)
     kinds = outs.split("+")
@@ -144,7 +118,7 @@ def test_gelu16_cycles_match_formula(size, rows, length, a_eb, outs):
     launch = gelu16_launch(size=size, length=length, a=ta, g=6, hi=t.get("hi"), lo=t.get("lo"),
                            y=t.get("y"))
     before = iss.mem.copy()
-    iss.run(program([launch]))
+    iss.run(assemble(emit, [launch]))
     (cycles,) = engine_equals_iss(iss, before, [launch], rng, idle=0, stall=0)
     want = launch_cycles(VectorOp.GELU16, rows=rows, length=length, lanes=size,
                          flags=launch.flags)
@@ -172,7 +146,7 @@ def test_table_load_cycles_match_formula(size, op, a_eb, rows):
 # ---- rejections --------------------------------------------------------------------------------
 
 def _iss_run(regs, size=4):
-    iss = make_iss(size)
+    iss = vector_iss(size)
     asm = Assembler()
     for name, value in regs.items():
         asm.set(name, value)

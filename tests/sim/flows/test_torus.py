@@ -12,7 +12,7 @@ from hw.spec.topology import DimLink, Topology
 from sim import strategies
 from sim.compiler.quantize import quantize_input, quantize_model
 from sim.errors import BadInput
-from sim.flows.simulate import simulate
+from sim.flows.simulate import read_outputs, simulate
 from sim.golden.float_model import random_weights
 from sim.golden.layer import model_int
 from sim.iss import IssSystem
@@ -21,15 +21,19 @@ from sim.timing.launch import time_programs_fast
 from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, check_report, run
 
 TINY = npu_preset("tiny")
+
+
+def _model(name, layers, d_model, heads, d_head, d_ff):
+    return ModelConfig(n_layers=layers, d_model=d_model, n_heads=heads, d_head=d_head,
+                       d_ff=d_ff, seq_len=4, name=name)
+
+
 #: Sixteen heads for head parallelism on 16 chips (d_head 2: the tiny chip's scratchpad).
-HEADS16 = ModelConfig(n_layers=1, d_model=32, n_heads=16, d_head=2, d_ff=32, seq_len=4,
-                      name="heads16")
+HEADS16 = _model("heads16", 1, 32, 16, 2, 32)
 #: Sixteen layers for a 16-stage pipeline.
-LAYERS16 = ModelConfig(n_layers=16, d_model=16, n_heads=2, d_head=8, d_ff=16, seq_len=4,
-                       name="layers16")
+LAYERS16 = _model("layers16", 16, 16, 2, 8, 16)
 #: Four heads and four layers: head+pipeline 4x4 (and the other grids) on 16 chips.
-SMALL = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len=4,
-                    name="small4")
+SMALL = _model("small4", 4, 16, 4, 4, 32)
 
 
 def iss_run(npu, cfg, strategy, chips, *, grid=None, batch=1, seed=0):
@@ -48,14 +52,7 @@ def iss_run(npu, cfg, strategy, chips, *, grid=None, batch=1, seed=0):
     system.run([c.program for c in prog.chips])
     reads = prog.reads()
     regions = [[system.chip[c].read_words(b, w) for b, w in reads[c]] for c in range(chips)]
-    taken = [0] * chips
-    got = []
-    for sample, out in enumerate(prog.outputs):
-        parts = []
-        for place in out if isinstance(out, (list, tuple)) else [out]:
-            parts.append(regions[place.chip][taken[place.chip]])
-            taken[place.chip] += 1
-        got.append(prog.read(sample, parts))
+    got = read_outputs(prog, regions)
     want = [model_int(qm, xi) for xi in x_ints]
     return np.stack(got), np.stack(want), prog
 

@@ -4,26 +4,14 @@ import dataclasses
 
 import pytest
 
-from hw.spec.isa import Op
 from hw.spec.memory import pack_rows
 from hw.spec.vector import VectorOp, pack_requant
 from hw.spec.vector_engine import VecFlags
-from sim.compiler.assembler import Assembler
 from sim.compiler.vector_launch import Rows, add_launch, emit, requant_launch
 from sim.iss import IssError
-from tests.helpers import assemble, vector_iss
+from tests.helpers import assemble, vector_iss, vector_regs_program
 
-
-def _iss_with(regs, descs=None, size=4):
-    iss = vector_iss(size)
-    asm = Assembler()
-    for gen, d in (descs or {}).items():
-        asm.set_desc(gen, d)
-    for name, value in regs.items():
-        asm.set(name, value)
-    asm.launch(Op.VEC)
-    asm.halt()
-    return iss, asm.words()
+_iss_with = vector_regs_program
 
 
 def _good_add(size=4):

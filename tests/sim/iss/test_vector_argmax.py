@@ -7,11 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hw.spec.isa import Op
 from hw.spec.memory import pack_rows, row_words, unpack_rows
 from hw.spec.vector import VectorOp, argmax_words, pack_argmax, unpack_argmax
 from hw.spec.vector_engine import VecFlags
-from sim.compiler.assembler import Assembler
 from sim.compiler.vector_launch import (
     Rows,
     argmax_launch,
@@ -24,7 +22,7 @@ from sim.golden.decode import argmax_int
 from sim.golden.matmul import requant
 from sim.golden.vector import argmax16, argmax_pairs, onehot
 from sim.iss import IssError
-from tests.helpers import assemble, seeded, vector_iss
+from tests.helpers import assemble, seeded, vector_iss, vector_regs_program
 
 
 def rows_for(rng, rows, length, lanes):
@@ -200,15 +198,8 @@ def test_iss_rejects_pairs():
 
 
 def _regs_run(regs, descs=None, size=4):
-    iss = vector_iss(size)
-    asm = Assembler()
-    for gen, d in (descs or {}).items():
-        asm.set_desc(gen, d)
-    for name, value in regs.items():
-        asm.set(name, value)
-    asm.launch(Op.VEC)
-    asm.halt()
-    return lambda: iss.run(asm.words())
+    iss, words = vector_regs_program(regs, descs, size)
+    return lambda: iss.run(words)
 
 
 @pytest.mark.parametrize("change, match", [
