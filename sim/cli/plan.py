@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ..compiler.decode import DECODE_STRATEGIES
+from ..compiler.decode import DECODE_STRATEGIES, GRID_STRATEGIES
 from ..errors import EXIT_OK, BadInput
 from ..planner.decode import generate_table, plan_generate
 from ..planner.plan import plan, plan_chip_counts
@@ -43,8 +43,8 @@ def add_parser(sub):
 
 
 def _run_generate(args, npu, model) -> int:
-    # head+pipeline needs its grid, which npu sim --generate --grid takes.
-    planned = tuple(s for s in DECODE_STRATEGIES if s != "head+pipeline")
+    # The grids need their A x B, which npu sim --generate --grid takes.
+    planned = tuple(s for s in DECODE_STRATEGIES if s not in GRID_STRATEGIES)
     if args.strategy != "all" and args.strategy not in planned:
         raise BadInput(f"--generate plans strategy {', '.join(planned)}, not {args.strategy}")
     prompt = args.context if args.context is not None else max(1, model.seq_len // 2)

@@ -71,10 +71,14 @@ from .grid import head_shards, split_batch, stage_layers
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
-__all__ = ["DecodeProgram", "compile_decode", "check_generate", "DECODE_STRATEGIES"]
+__all__ = ["DecodeProgram", "compile_decode", "check_generate", "DECODE_STRATEGIES",
+           "GRID_STRATEGIES"]
 
 #: The strategies generation compiles for.
-DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "head+pipeline")
+DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "head+pipeline", "data+head",
+                     "data+pipeline")
+#: The 2-D ones (``--grid AxB``).
+GRID_STRATEGIES = ("head+pipeline", "data+head", "data+pipeline")
 
 
 @dataclass
@@ -105,6 +109,8 @@ class DecodeProgram:
     #: Per chip: the collectives of the prefill and of one decode step (``{"prefill", "step"}``).
     comms: list = field(default_factory=list)
     strategy: str = "single"
+    #: The chips form pipelines: each stage picks one sequence's token at a time.
+    pipelined: bool = False
 
     @property
     def context(self) -> int:
@@ -120,7 +126,7 @@ class DecodeProgram:
     def picks_per_step(self) -> int:
         """The picker's ARGMAX launches per step: one for all its sequences, or in a pipeline
         one per sequence."""
-        return self.batch if self.strategy in ("pipeline", "head+pipeline") else 1
+        return len(self.outputs[self.picker]) if self.pipelined else 1
 
     @property
     def programs(self) -> list[list[int]]:
@@ -214,31 +220,22 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     if strategy not in DECODE_STRATEGIES:
         raise ValueError(f"generation runs strategy {', '.join(DECODE_STRATEGIES)}, not "
                          f"{strategy}")
-    if strategy == "head+pipeline":
-        if grid is None or len(grid) != 2 or grid[0] * grid[1] != chips:
-            raise ValueError(f"head+pipeline needs a grid A x B of --chips {chips} chips, not "
-                             f"{grid}")
-        if grid[1] == 1:
-            strategy, grid = "head", None        # one stage: a head group
-        elif grid[0] == 1:
-            strategy = "pipeline"                # one shard a stage
-    if strategy == "pipeline":
-        grid = (1, chips)
-    if strategy == "data" and batch < chips:
-        raise ValueError(f"data parallelism of {chips} chips needs a batch of at least "
-                         f"{chips} sequences, not {batch}")
-    if check and (chips == 1 or strategy == "data"):
+    axes = _axes(strategy, chips, grid)
+    if axes[0] > batch:
+        raise ValueError(f"data parallelism of {axes[0]} replicas needs a batch of at least "
+                         f"{axes[0]} sequences, not {batch}")
+    if check and axes[1:] == (1, 1):
         check_single_chip(npu, qm.cfg)
     if check and chips > 1:
         check_ring_port(npu, chips)
     try:
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
-                        chips=chips, strategy=strategy, grid=grid, transfer_bank=True)
+                        chips=chips, strategy=strategy, axes=axes, transfer_bank=True)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
-                        chips=chips, strategy=strategy, grid=grid, transfer_bank=False)
+                        chips=chips, strategy=strategy, axes=axes, transfer_bank=False)
 
 
 def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
@@ -252,44 +249,50 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
     return pad_to(-(-vocab // chips), unit)
 
 
+def _axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
+    """``(replicas, stages, shards)`` of ``strategy`` on ``chips`` chips (``grid``: the A x B
+    of a 2-D strategy, A the first part's)."""
+    if strategy in GRID_STRATEGIES:
+        if grid is None or len(grid) != 2 or grid[0] * grid[1] != chips:
+            raise ValueError(f"{strategy} needs a grid A x B of --chips {chips} chips, not "
+                             f"{grid}")
+        a, b = grid
+        return {"head+pipeline": (1, b, a), "data+head": (a, 1, b),
+                "data+pipeline": (a, b, 1)}[strategy]
+    return {"single": (1, 1, 1), "head": (1, 1, chips), "pipeline": (1, chips, 1),
+            "data": (chips, 1, 1)}[strategy]
+
+
 def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
-             grid, transfer_bank):
+             axes, transfer_bank):
+    """Every chip of ``axes`` = (replicas, stages, shards): replica ``r``'s stage ``s``'s
+    shard ``h`` is chip ``(r * stages + s) * shards + h`` (the grid compiler's order)."""
     cfg = qm.cfg
-    if strategy in ("pipeline", "head+pipeline"):
-        shards, count = grid                  # head shards per stage, stages
-        stages = stage_layers(cfg, count)
-        vc = _vocab_split(npu, cfg.vocab_size, shards)
-        out = []
+    replicas, count, shards = axes
+    stages = stage_layers(cfg, count)
+    vc = _vocab_split(npu, cfg.vocab_size, shards)
+    out, holds, outputs = [], [], []
+    for r, seqs in enumerate(split_batch(batch, replicas, "replicas (data parallelism)")):
         for s in range(count):
-            group = head_shards(cfg, shards, s * shards, chips) if shards > 1 else \
+            first = (r * count + s) * shards
+            group = head_shards(cfg, shards, first, chips) if shards > 1 else \
                 [Shard.whole(cfg)]
             for h, shard in enumerate(group):
+                piped = count > 1
                 out.append(_chip(
-                    npu, qm, head, prompt_len, generate, batch, s * shards + h, shard, shards,
+                    npu, qm, head, prompt_len, generate, len(seqs), first + h, shard, shards,
                     vc, check, contents, transfer_bank, layers=stages[s],
-                    prev=(s - 1) * shards + h if s else None,
-                    nxt=(s + 1) * shards + h if s + 1 < count else None,
-                    last=(count - 1) * shards + h, home=h))
-        holds = [list(range(batch)) if c < shards else [] for c in range(chips)]
-        outputs = [list(range(batch)) if c == (count - 1) * shards else []
-                   for c in range(chips)]
-    elif strategy == "data":
-        holds = split_batch(batch, chips, "chips (data parallelism)")
-        out = [_chip(npu, qm, head, prompt_len, generate, len(seqs), chip, Shard.whole(cfg), 1,
-                     _vocab_split(npu, cfg.vocab_size, 1), check, contents, transfer_bank)
-               for chip, seqs in enumerate(holds)]
-        outputs = holds
-    else:
-        shards = head_shards(cfg, chips) if chips > 1 else [Shard.whole(cfg)]
-        vc = _vocab_split(npu, cfg.vocab_size, chips)
-        out = [_chip(npu, qm, head, prompt_len, generate, batch, chip, shard, chips, vc,
-                     check, contents, transfer_bank) for chip, shard in enumerate(shards)]
-        holds = [list(range(batch))] * chips
-        outputs = [list(range(batch))] + [[] for _ in range(chips - 1)]
+                    prev=first - shards + h if s else None,
+                    nxt=first + shards + h if s + 1 < count else None,
+                    last=(r * count + count - 1) * shards + h, home=r * count * shards + h))
+                # The first stage embeds the prompts; the last stage's first shard is read.
+                holds.append(list(seqs) if s == 0 or not piped else [])
+                outputs.append(list(seqs) if s == count - 1 and h == 0 else [])
     return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
                          holds, outputs, [c["prompts"] for c in out], [c["ids"] for c in out],
                          [c["logits"] for c in out], [c["caches"] for c in out],
-                         [c["kv_bytes"] for c in out], [c["comms"] for c in out], strategy)
+                         [c["kv_bytes"] for c in out], [c["comms"] for c in out], strategy,
+                         pipelined=count > 1)
 
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,

@@ -15,7 +15,12 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 
-from ..compiler.decode import DECODE_STRATEGIES, check_generate, compile_decode
+from ..compiler.decode import (
+    DECODE_STRATEGIES,
+    GRID_STRATEGIES,
+    check_generate,
+    compile_decode,
+)
 from ..compiler.decode_quant import check_head_weights, quantize_decode
 from ..errors import BadInput
 from ..golden.decode import generate_float, generate_int, random_head_weights
@@ -58,17 +63,17 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         raise BadInput(f"--generate runs strategy {', '.join(GENERATE_STRATEGIES)}, not "
                        f"{strategy}")
     sizes = None
-    if strategy == "head+pipeline":
+    if strategy in GRID_STRATEGIES:
         try:
             sizes = parse_grid(grid) if grid is not None else None
         except ValueError as exc:
             raise BadInput(str(exc)) from None
         if sizes is None:
-            raise BadInput("--strategy head+pipeline needs --grid AxB (A head shards a stage, "
-                           "B stages)")
+            raise BadInput(f"--strategy {strategy} needs --grid AxB (A chips of its first "
+                           "part, B of its second)")
         chips = sizes[0] * sizes[1] if chips is None else chips
     elif grid is not None:
-        raise BadInput(f"--grid applies to head+pipeline, not {strategy}")
+        raise BadInput(f"--grid applies to {', '.join(GRID_STRATEGIES)}, not {strategy}")
     chips = (1 if strategy == "single" else 2) if chips is None else chips
     if strategy == "single" and chips != 1:
         raise BadInput(f"strategy single runs on one chip, not {chips}")

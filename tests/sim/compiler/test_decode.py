@@ -104,14 +104,17 @@ def test_pipeline_generation_is_bit_exact(name, batch, chips):
     assert len(out["step_cycles"]) == 3 and out["chips"] == chips
 
 
-@pytest.mark.parametrize("name,grid,batch", [("tiny", "2x2", 2), ("tiny-llama", "2x4", 4)])
-def test_head_pipeline_grid_generation_is_bit_exact(name, grid, batch):
-    """head+pipeline on a grid of A head shards by B stages: each stage a head group, shard h
-    of a stage sending to shard h of the next, the last stage's tokens back to the first's."""
+@pytest.mark.parametrize("strategy,name,grid,batch", [
+    ("head+pipeline", "tiny", "2x2", 2), ("head+pipeline", "tiny-llama", "2x4", 4),
+    ("data+head", "tiny", "2x2", 3), ("data+pipeline", "tiny-llama", "2x2", 4)])
+def test_grid_generation_is_bit_exact(strategy, name, grid, batch):
+    """The grids: head+pipeline (each stage a head group, shard h of a stage sending to shard
+    h of the next, the last stage's tokens back to the first's), data+head and data+pipeline
+    (the sequences split over the replicas, each a head group or a pipeline)."""
     cfg = model_preset(name)
     prompts = seeded(60 + batch).integers(0, cfg.vocab_size, (batch, 3))
     out = generate(npu_preset("tiny"), cfg, prompt=prompts, n=4, backend="iss",
-                   strategy="head+pipeline", grid=grid, seed=batch)
+                   strategy=strategy, grid=grid, seed=batch)
     assert out["golden_match"], out["first_mismatch"]
     a, b = (int(v) for v in grid.split("x"))
     assert out["chips"] == a * b
