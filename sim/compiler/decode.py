@@ -95,12 +95,14 @@ class DecodeProgram:
     #: ``prompts``) and of those whose ids and logits are read back from it (``outputs``).
     holds: list
     outputs: list
-    #: Per chip: its sequences' prompts as argmax records, sequence-major (loaded).
+    #: Per chip: its sequences' prompts as argmax records, sequence-major (loaded; None on a
+    #: chip that embeds no prompt).
     prompts: list
-    #: Per chip: its sequences' generated ids as argmax records, step-major.
+    #: Per chip: its sequences' generated ids as argmax records, step-major (None on a
+    #: pipeline's middle stages).
     ids: list
     #: Per chip: its int16 logits, step-major rows of the padded vocabulary (and the rows of a
-    #: fold's padding).
+    #: fold's padding; None but on the chips that pick tokens).
     logits: list
     caches: list         #: per chip, per block: its ``[Q | K | V]`` rows (module docstring)
     #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``
@@ -139,9 +141,11 @@ class DecodeProgram:
         prompts = np.asarray(prompts, np.int64).reshape(self.batch, self.prompt_len)
         out = []
         for c, t, seqs in zip(self.chips, self.prompts, self.holds, strict=True):
-            ids = prompts[seqs].reshape(-1)
-            out.append({**c.images, t.base: pack_argmax(ids, np.zeros_like(ids),
-                                                        n).reshape(-1, n)})
+            image = dict(c.images)
+            if seqs:
+                ids = prompts[seqs].reshape(-1)
+                image[t.base] = pack_argmax(ids, np.zeros_like(ids), n).reshape(-1, n)
+            out.append(image)
         return out
 
     def reads(self) -> list[list[tuple[int, int]]]:
@@ -358,19 +362,25 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     aw = argmax_words(n)
     # A record a stage sends is whole ring words.
     rs = pl.message_words(aw, n, link) if piped else aw
-    prompts = al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw)
-    ids = al.alloc("ids", generate * B, rs * n, 1, "activations", row_words_=rs,
-                   transfer=piped)
     fold_rows = 1 if piped else B               # the rows of one step's fold
-    logits = al.alloc("logits", (generate - 1) * B + pad_to(fold_rows, n) + B - fold_rows,
-                      vc * chips, 2, "activations")
     rows_max = max(p_pad, pad_to(fold_rows, n))
-    e = al.alloc("onehot", rows_max, v_pad, 1, "activations")
+    # Each stage holds what it uses: the prompts and one-hot rows on the first, the logits
+    # and the final norm's rows on the last, the token records on both.
+    prompts = e = logits = hf = ids = None
+    if first_stage:
+        prompts = al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw)
+        e = al.alloc("onehot", rows_max, v_pad, 1, "activations")
+    if first_stage or last_stage:
+        ids = al.alloc("ids", generate * B, rs * n, 1, "activations", row_words_=rs,
+                       transfer=piped)
+    if last_stage:
+        logits = al.alloc("logits", (generate - 1) * B + pad_to(fold_rows, n) + B - fold_rows,
+                          vc * chips, 2, "activations")
+        hf = al.alloc("hf", pad_to(fold_rows, n), d_pad, 1, "activations")
     x_rw = row_words(d_pad, 2, n)
     xs = [em.alloc_residual(f"x{b}", 1, multiple=pl.message_words(x_rw, n, link),
                             transfer=True) for b in range(B)] if piped else \
         [al.alloc("x", rows_max, d_pad, 2, "activations")]
-    hf = al.alloc("hf", pad_to(fold_rows, n), d_pad, 1, "activations")
     acts = em.alloc_activations(rows_max, shard, qkv=caches[layers[0]])
     if check:
         al.check_capacity()

@@ -43,7 +43,7 @@ def test_iss_generation_is_bit_exact(name, seed, prompt_len, n):
 
 @pytest.mark.parametrize("name,seed,prompt_len,n,chips", [
     ("tiny", 1, 3, 4, 2), ("tiny", 5, 2, 5, 3), ("tiny", 6, 4, 4, 4),
-    ("tiny-llama", 7, 3, 5, 3), ("tiny-llama", 8, 2, 6, 4)])
+    ("tiny-llama", 7, 3, 5, 3), pytest.param("tiny-llama", 8, 2, 6, 4, marks=pytest.mark.slow)])
 def test_head_parallel_generation_is_bit_exact(name, seed, prompt_len, n, chips):
     """Head parallelism on the tiny NPU itself (64 KiB a chip: the tiny decoder with its head
     does not fit one): the caches split with the heads, the logits gathered from the chips'
@@ -91,8 +91,9 @@ def test_data_parallel_generation_is_bit_exact(name, batch, chips):
     assert sum(out["kv_bytes"]) == batch * per_seq
 
 
-@pytest.mark.parametrize("name,batch,chips", [("tiny", 4, 4), ("tiny", 2, 2),
-                                               ("tiny-llama", 4, 4), ("tiny-llama", 1, 2)])
+@pytest.mark.parametrize("name,batch,chips", [
+    ("tiny", 4, 4), pytest.param("tiny", 2, 2, marks=pytest.mark.slow),
+    pytest.param("tiny-llama", 4, 4, marks=pytest.mark.slow), ("tiny-llama", 1, 2)])
 def test_pipeline_generation_is_bit_exact(name, batch, chips):
     """Pipeline parallelism: a sequence per stage in flight, each stage its layers and their
     caches, the last its head, each token sent back to the first stage; on the tiny NPU."""
@@ -203,7 +204,8 @@ def _same_run(iss, rtl):
 
 
 @pytest.mark.verilator
-@pytest.mark.parametrize("strategy,chips,batch", [("head", 2, 1), ("pipeline", 4, 4)])
+@pytest.mark.parametrize("strategy,chips,batch", [
+    pytest.param("head", 2, 1, marks=pytest.mark.slow), ("pipeline", 4, 4)])
 def test_verilator_generation_equals_the_iss(verilator_ok, strategy, chips, batch):
     """Head parallelism on 2 tiny NPUs, and a 4-stage pipeline with a batch of 4, 4 tokens:
     the ids, the cycles of the whole run, of the first token and of every decode step on
