@@ -44,7 +44,9 @@ BATCH    ?= $(if $(findstring pipeline,$(STRATEGY))$(findstring data,$(STRATEGY)
 GRID     ?=
 # GENERATE=N: greedy generation of N tokens after the prompt (a decoder), on chip.
 GENERATE ?=
-TIMED    := --plot $(BUILD)/sim-$(STRATEGY).png --trace $(BUILD)/sim-$(STRATEGY)-trace.json
+# A generation writes its timeline; the Chrome trace is of forward passes.
+TIMED    := --plot $(BUILD)/sim-$(STRATEGY).png \
+            $(if $(GENERATE),,--trace $(BUILD)/sim-$(STRATEGY)-trace.json)
 
 sim: $(STAMP)
 	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
