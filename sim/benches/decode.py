@@ -37,13 +37,8 @@ import numpy as np
 from hw.spec import ModelConfig, NpuConfig, model_preset, npu_preset
 
 from ..compiler.blocks import pad_to
-from ..compiler.decode import compile_decode
-from ..compiler.decode_quant import quantize_decode
-from ..flows.generate import generate, step_ends
-from ..golden.decode import random_head_weights
-from ..golden.float_model import random_weights
-from ..report.timeline import COMPUTE_UNITS, intervals
-from ..timing.cycle import time_programs
+from ..flows.generate import generate
+from ..report.timeline import COMPUTE_UNITS
 
 __all__ = ["NPU", "D128", "D128_ROPE", "step_bound", "run"]
 
@@ -100,29 +95,16 @@ def _run(cfg: ModelConfig, batch: int, strategy: str = "single", chips: int = 1)
     return out
 
 
-def step_units(npu: NpuConfig, cfg: ModelConfig, out: dict) -> dict:
-    """Chip 0's busy cycles per compute unit and in collectives (``launches``: how many
-    MATMULs) in the last decode step of the run ``out`` (from the previous step's ARGMAX end to
-    its own): the same program compiled again and timed by the cycle model (whose results are
-    kept: no second walk), its step cycles checked against ``out``'s."""
-    prompts = np.asarray(out["prompt"], np.int64)
-    seed, chips = out["seed"], out["chips"]
-    qm, head = quantize_decode(cfg, random_weights(cfg, seed),
-                               random_head_weights(cfg, seed + 1), prompts[0])
-    prog = compile_decode(npu, qm, head, prompt_len=prompts.shape[1], generate=out["generate"],
-                          batch=prompts.shape[0], chips=chips)
-    timed = time_programs(npu, prog.programs, ring=chips > 1)
-    spans = intervals(timed.chips[0].trace, timed.cycles)
-    ends = step_ends(prog.programs[0], spans)
-    steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
-    if steps != out["step_cycles"]:
-        raise AssertionError(f"{cfg.name}: the recompiled program's steps {steps} are not the "
-                             f"run's {out['step_cycles']}")
-    lo, hi = ends[-2], ends[-1]
+def step_units(out: dict) -> dict:
+    """Chip 0's (single and head: the picker's) busy cycles per compute unit and in
+    collectives (``launches``: how many MATMULs began) in the last decode step of the run
+    ``out``, from the previous step's ARGMAX end to its own (the run's own trace: a unit's
+    k-th busy interval is its k-th launch)."""
+    spans = out["spans"][0]
+    lo, hi = out["picks"][-2], out["picks"][-1]
     busy = {u: sum(max(0, min(e, hi) - max(s, lo)) for s, e in spans[u])
             for u in COMPUTE_UNITS + ("collective",)}
-    busy["launches"] = sum(1 for _, op, issue, _ in timed.chips[0].launches
-                           if op == "MATMUL" and lo <= issue < hi)
+    busy["launches"] = sum(1 for s, _ in spans["matmul"] if lo <= s < hi)
     return busy
 
 
@@ -134,7 +116,7 @@ def _bound_row(cfg: ModelConfig, batch: int, out: dict) -> dict:
     b = step_bound(NPU, cfg, batch)
     w = b["weights"]
     step = _mean_step(out)
-    u = step_units(NPU, cfg, out)
+    u = step_units(out)
     which = "weights" if b["weight_cycles"] >= b["mac_cycles"] else "MACs"
     return {"bench": f"decode step vs bound, {cfg.name} on 1 {NPU.name}, batch {batch}",
             "value": step, "unit": "cycles", "ref": b["cycles"], "ratio": step / b["cycles"],
@@ -174,7 +156,7 @@ def run(quick: bool):
         return rows
     head = _run(D128, 1, "head", 4)
     single, split = _mean_step(runs[1]), _mean_step(head)
-    u = step_units(NPU, D128, head)
+    u = step_units(head)
     rows.append({"bench": f"head parallelism, {D128.name} on 4 {NPU.name}, batch 1",
                  "value": split, "unit": "cycles", "ref": single, "ratio": single / split,
                  "note": "ratio = speed-up of a decode step over one chip (mean step cycles): "

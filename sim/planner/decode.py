@@ -75,14 +75,18 @@ def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, g
                           chips=chips, strategy=strategy, grid=grid, contents=False)
 
 
-def _fits(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy) -> str | None:
-    """None if the program compiles and fits, else the limit's message."""
+def _attempt(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy):
+    """``(program, None)`` if it compiles and fits, else ``(None, the limit's message)``."""
     try:
         check_generate(npu, cfg, prompt_len, generate)
-        _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy)
+        return _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy), None
     except ValueError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
+
+
+def _fits(*args) -> str | None:
+    """None if the program compiles and fits, else the limit's message."""
+    return _attempt(*args)[1]
 
 
 def _largest(ok, low: int, high: int, cap: str) -> tuple[int | None, str | None]:
@@ -118,7 +122,7 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
         raise BadInput(f"--batch must be at least 1 sequence, not {batch}")
     qm, head = _dummy_qmodel(model), dummy_head(model)
     out = GeneratePlan(strategy, chips, prompt_len, generate, batch, fits=False)
-    reason = _fits(npu, model, qm, head, prompt_len, generate, batch, chips, strategy)
+    prog, reason = _attempt(npu, model, qm, head, prompt_len, generate, batch, chips, strategy)
     if search:
         # The prompt's longest at this batch; the batch's largest at this prompt.
         caps = [(npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys hold "
@@ -137,7 +141,6 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
     if reason is not None:
         out.reason = reason
         return out
-    prog = _compile(npu, model, qm, head, prompt_len, generate, batch, chips, strategy)
     programs = prog.programs
     fast = time_programs_fast(npu, programs)
     timed, out.timed_by = fast, "launch-level model"

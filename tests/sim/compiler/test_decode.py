@@ -66,7 +66,7 @@ def test_head_parallel_generation_is_bit_exact(name, seed, prompt_len, n, chips)
 def test_a_batch_decodes_together(name, batch, strategy, chips):
     """B sequences' tokens share each step's folds (their caches interleaved by position):
     every sequence's ids and logits equal its own golden decode (RoPE: every row of a step at
-    one position), and the aggregate tokens/s is B times the per-sequence rate."""
+    one position)."""
     cfg = model_preset(name)
     prompts = seeded(30 + batch).integers(0, cfg.vocab_size, (batch, 2))
     npu = NPU if strategy == "single" else npu_preset("tiny")
@@ -74,7 +74,8 @@ def test_a_batch_decodes_together(name, batch, strategy, chips):
                    chips=chips, seed=batch)
     assert out["golden_match"], out["first_mismatch"]
     assert out["batch"] == batch and len(out["ids"]) == batch
-    assert out["tokens_per_s_aggregate"] == pytest.approx(batch * out["tokens_per_s"])
+    # The cache tensors (the allocator's) hold at least the K/V bytes every sequence needs.
+    assert out["cache_bytes"][0] >= out["kv_bytes"][0] > 0
 
 
 @pytest.mark.parametrize("name,batch,chips", [("tiny", 2, 2), ("tiny", 5, 2),
