@@ -504,18 +504,18 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         transfer(a, pl.recv_launch(src=prev, desc=message(x, rows), size=n, link_bytes=link),
                  Unit.RECV)
 
-    def stage_out(a: Assembler, x: Tensor, rows: int, first: int):
-        """The sequence's residual to the next stage, or on the last its token: the final
-        norm, the LM head and ARGMAX into ``ids[first]``, the record sent to the first."""
+    def stage_out(a: Assembler, x: Tensor, rows: int, last_row: int, first: int):
+        """A stage's end of a sequence's slot: its ``rows`` residual rows to the next stage,
+        or on the last stage its token: the final norm of row ``last_row``, the LM head and
+        ARGMAX into ``ids[first]``, the record sent to the first stage."""
         if not last_stage:
             transfer(a, pl.send_launch(dest=nxt, desc=message(x, rows), size=n, link_bytes=link),
                      None)
             return
-        final_norm(a, rows - 1 if rows > 1 else 0, 1, 0, x)
+        final_norm(a, last_row, 1, 0, x)
         pick(a, em, first, 1)
-        if piped:
-            rec = pl.contiguous(ids.base + first * rs, rs)
-            transfer(a, pl.send_launch(dest=home, desc=rec, size=n, link_bytes=link), None)
+        rec = pl.contiguous(ids.base + first * rs, rs)
+        transfer(a, pl.send_launch(dest=home, desc=rec, size=n, link_bytes=link), None)
 
     if not piped:
         # The prefills, one sequence at a time (a loop over the sequences when there are
@@ -540,14 +540,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                 stage_in(a, x, p_pad)
             blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
                    lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False, x)
-            if last_stage:
-                final_norm(a, P - 1, 1, 0, x)
-                pick(a, em, b, 1)
-                transfer(a, pl.send_launch(dest=home, desc=pl.contiguous(ids.base + b * rs, rs),
-                                           size=n, link_bytes=link), None)
-            else:
-                transfer(a, pl.send_launch(dest=nxt, desc=message(x, p_pad), size=n,
-                                           link_bytes=link), None)
+            stage_out(a, x, p_pad, P - 1, b)
 
     if piped:
         for b in range(B):      # unrolled: each sequence its own buffer
@@ -591,7 +584,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                 blocks(step, 1, pos, lambda i, b=b: view(caches[i], pos * B + b, n),
                        lambda i, b=b: attend(a, i, caches[i], pos, 1, b, pos * B + b, 0),
                        True, x)
-                stage_out(a, x, 1, (t + 1) * B + b)
+                stage_out(a, x, 1, 0, (t + 1) * B + b)
         once(a, t, mark, step_comms)
 
     emit_affine(asm, decode_step, generate - 1)
