@@ -54,6 +54,7 @@ host-side packing) place them.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,17 +108,26 @@ def block_offsets(length: int, n: int) -> list[int]:
     return [j * q + min(j, r) for j in range(n)]
 
 
-def word_bytes(link_bytes: int) -> int:
-    """Bytes of one engine word: ``max(2 * link_bytes, 8)``.
+def word_bytes(link_bytes: int, size: int = 1) -> int:
+    """Bytes of one engine word: ``max(2 * link_bytes, 8)``, rounded up to whole link flits
+    and whole scratchpad words of ``size`` bytes (the chip's ``array_size``).
 
     A word holds a 64-bit element, and the engine's datapath (one word per cycle) is at least
-    twice as fast as the link, so that it can catch up with the data it receives.
+    twice as fast as the link, so that it can catch up with the data it receives; it moves
+    whole scratchpad words. Where ``2 * link_bytes`` is already whole scratchpad words (every
+    chip the gateware builds: :meth:`hw.spec.NpuConfig.ring_port_error`) the word is
+    ``max(2 * link_bytes, 8)``; a wider array (320 lanes on 64-byte links: a word of one
+    scratchpad word, five flits) gets the next multiple of both, which the compiler, the ISS
+    and the timing models take, the gateware not.
 
-    ``link_bytes`` must be a power of two (a word is a whole number of link flits).
+    ``link_bytes`` must be a power of two.
     """
     if not isinstance(link_bytes, int) or link_bytes < 1 or link_bytes & (link_bytes - 1):
         raise ValueError(f"link_bytes_per_cycle must be a power of two, not {link_bytes!r}")
-    return max(2 * link_bytes, 8)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive number of bytes, not {size!r}")
+    unit = math.lcm(link_bytes, size, 8)
+    return -(-max(2 * link_bytes, 8) // unit) * unit
 
 
 def elements_per_word(wbytes: int, width: int) -> int:

@@ -288,23 +288,26 @@ class NpuConfig:
 
     @property
     def ring_word_bytes(self) -> int:
-        """Bytes of a word on the ring (the collective engine's, ``max(2 * link, 8)``)."""
-        return ring_word_bytes(self.link_bytes_per_cycle)
+        """Bytes of a word on the ring (the collective engine's: ``max(2 * link, 8)``, rounded
+        up to whole scratchpad words, :func:`hw.spec.collective.word_bytes`)."""
+        return ring_word_bytes(self.link_bytes_per_cycle, self.array_size)
 
     def ring_port_error(self) -> ConfigError | None:
         """Why the chip's ring port (COLL, SEND, RECV; ``hw/chip.py``) cannot be built,
         or None: its words must be whole scratchpad words of ``array_size`` bytes."""
-        if self.ring_word_bytes % self.word_bytes:
+        plain = ring_word_bytes(self.link_bytes_per_cycle)
+        if plain % self.word_bytes:
             return self._error(
                 "link_bytes_per_cycle",
-                f"makes ring words of max(2 * link_bytes_per_cycle, 8) = {self.ring_word_bytes} "
+                f"makes ring words of max(2 * link_bytes_per_cycle, 8) = {plain} "
                 f"bytes, not a multiple of the scratchpad word of array_size={self.array_size} "
                 "bytes: the chip's ring port cannot be built")
         return None
 
     @property
     def ring_port_buildable(self) -> bool:
-        """:meth:`ring_port_error` is None: programs of more than one chip can be built."""
+        """:meth:`ring_port_error` is None: the gateware's ring port can be built (the
+        compiler, the ISS and the timing models take programs of several chips on any NPU)."""
         return self.ring_port_error() is None
 
     def lanes_error(self) -> ConfigError | None:

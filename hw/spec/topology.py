@@ -227,14 +227,13 @@ def system_topology(npu, chips: int) -> Topology:
     """The topology a system of ``chips`` chips of ``npu`` has: the NPU's ``[topology]`` when
     it gives one (which must have ``chips`` chips), else a ring of ``chips``. ``ValueError``
     when they disagree, or when a dimension's link width does not divide the chip's ring word
-    (``max(2 * link_bytes_per_cycle, 8)`` bytes of the NPU: a word is whole flits on every
-    link)."""
+    (:attr:`hw.spec.NpuConfig.ring_word_bytes`: a word is whole flits on every link)."""
     topo = getattr(npu, "topology", None)
     if topo is None:
         return Topology.ring(chips)
     if topo.chips != chips:
         raise ValueError(f"chips={chips} is not the {topo.chips} chips of the topology {topo}")
-    word = max(2 * npu.link_bytes_per_cycle, 8)
+    word = npu.ring_word_bytes
     for dim, link in enumerate(topo.links):
         if word % link.bytes_per_cycle:
             raise ValueError(f"topology link_bytes_per_cycle={link.bytes_per_cycle} (dimension "

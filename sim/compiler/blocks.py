@@ -466,7 +466,7 @@ class BlockEmitter:
         if shard.group is not None:
             # The flat int32 sums, padded to whole blocks of the all-reduce.
             count = shard.group[1]
-            unit = count * elements_per_word(word_bytes(self.npu.link_bytes_per_cycle), 32)
+            unit = count * elements_per_word(self.npu.ring_word_bytes, 32)
             elems = pad_to(rows * self.d_pad, unit)
             p = al.alloc("p", 1, elems, 4, "activations")
         rope = None
@@ -538,7 +538,7 @@ class BlockEmitter:
         first, count, chips = shard.group
         n = self.n
         link = self.npu.link_bytes_per_cycle
-        epw = elements_per_word(word_bytes(link), 32)
+        epw = elements_per_word(word_bytes(link, n), 32)
         total = pad_to(rows * self.d_pad, count * epw)
         # Each COLL's blocks fit the engine's buffers: at most COLL_FIFO_WORDS engine words.
         chunk = count * epw * COLL_FIFO_WORDS
@@ -568,7 +568,7 @@ class BlockEmitter:
         """``(first, count)`` row chunks of a block of ``rows`` rows of ``row_bytes`` bytes such
         that each chunk is whole engine words and fits the collective engine's buffers; None
         when ``rows`` cannot be cut so."""
-        wbytes = word_bytes(self.npu.link_bytes_per_cycle)
+        wbytes = self.npu.ring_word_bytes
         if row_bytes % 4:
             return None
         step = wbytes // math.gcd(row_bytes, wbytes)   # fewest rows of whole engine words

@@ -96,7 +96,7 @@ def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: in
         raise TypeError(f"req must be a CollectiveRequest, not {req!r}")
     if not isinstance(chip, int) or not 0 <= chip < req.chips:
         raise ValueError(f"chip must be 0..{req.chips - 1}, not {chip!r}")
-    wbytes = word_bytes(link_bytes)
+    wbytes = word_bytes(link_bytes, size)
     if wbytes % size:
         raise ValueError(f"engine word of {wbytes} bytes is not a multiple of size={size}")
     check_fits(req, wbytes, fifo_words)
@@ -117,7 +117,7 @@ def natural_block_words(req: CollectiveRequest, size: int, link_bytes: int) -> i
     natural order, with no gap between blocks (:func:`coll_launch_natural`). ValueError
     unless every block has the same number of elements and fills whole engine words: choose
     ``length`` a multiple of ``count`` times the elements per engine word (or pad it)."""
-    wbytes = word_bytes(link_bytes)
+    wbytes = word_bytes(link_bytes, size)
     epw = elements_per_word(wbytes, req.width)
     if req.length % (req.count * epw):
         raise ValueError(f"a natural-order {req.kind.name} needs length={req.length} to be a "
@@ -157,7 +157,7 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
         raise ValueError(f"chip must be 0..{req.chips - 1}, not {chip!r}")
     if req.kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER):
         raise ValueError(f"{req.kind.name} has no natural-order buffer")
-    wbytes = word_bytes(link_bytes)
+    wbytes = word_bytes(link_bytes, size)
     if wbytes % size:
         raise ValueError(f"engine word of {wbytes} bytes is not a multiple of size={size}")
     check_fits(req, wbytes, fifo_words)

@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ConfigError, NpuConfig
-from hw.spec.collective import word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
 from hw.spec.memory import pack_rows, row_words, unpack_rows
@@ -71,7 +70,8 @@ from .grid import head_shards, split_batch, stage_layers
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
-__all__ = ["DecodeProgram", "compile_decode", "check_generate", "DECODE_STRATEGIES",
+__all__ = ["DecodeProgram", "compile_decode", "check_generate", "strategy_axes",
+           "DECODE_STRATEGIES",
            "GRID_STRATEGIES"]
 
 #: The strategies generation compiles for.
@@ -224,7 +224,7 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     if strategy not in DECODE_STRATEGIES:
         raise ValueError(f"generation runs strategy {', '.join(DECODE_STRATEGIES)}, not "
                          f"{strategy}")
-    axes = _axes(strategy, chips, grid)
+    axes = strategy_axes(strategy, chips, grid)
     if axes[0] > batch:
         raise ValueError(f"data parallelism of {axes[0]} replicas needs a batch of at least "
                          f"{axes[0]} sequences, not {batch}")
@@ -249,11 +249,11 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
     n = npu.array_size
     if chips == 1:
         return pad_to(vocab, n)
-    unit = math.lcm(n, word_bytes(npu.link_bytes_per_cycle) // 2)
+    unit = math.lcm(n, npu.ring_word_bytes // 2)
     return pad_to(-(-vocab // chips), unit)
 
 
-def _axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
+def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
     """``(replicas, stages, shards)`` of ``strategy`` on ``chips`` chips (``grid``: the A x B
     of a 2-D strategy, A the first part's)."""
     if strategy in GRID_STRATEGIES:

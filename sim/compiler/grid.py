@@ -146,7 +146,7 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
     stages = stage_layers(cfg, grid.stages)
     replica_samples = split_batch(samples, grid.replicas, "replicas (data parallelism)")
     n, link = npu.array_size, npu.link_bytes_per_cycle
-    ratio = max(1, word_bytes(link) // n)   # 0: no ring port (only one chip is planned)
+    ratio = max(1, word_bytes(link, n) // n)   # 0: no ring port (only one chip is planned)
     programs = [None] * grid.chips
     comms, inputs, outputs = [], [[] for _ in range(samples)], [None] * samples
     replica_batches = []

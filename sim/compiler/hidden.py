@@ -296,7 +296,7 @@ class Reduction:
         self.mode, self.n, self.rows, self.chips = mode, n, rows, len(widths)
         self.widths = list(widths)
         self.mb = rows // n
-        wbytes = word_bytes(link_bytes)
+        wbytes = word_bytes(link_bytes, n)
         self.epw = elements_per_word(wbytes, 32)
         self.unit_elems = self.chips * self.epw
         self.chunk_elems = self.unit_elems * fifo_words
@@ -415,7 +415,7 @@ class _Compiler:
         self.seq_pad = pad_to(seq, n)
         self.rows = samples * self.seq_pad
         self.link = npu.link_bytes_per_cycle
-        self.ratio = word_bytes(self.link) // n
+        self.ratio = word_bytes(self.link, self.n) // n
         self.chips = plan.chips
         self.reduce = reduce
         self.comms: list[dict] = []
@@ -650,7 +650,7 @@ class _Compiler:
                 t["p1"] = al.alloc("p1", odd, n, 1, "activations", row_words_=1, spare=True,
                                    fallback=True)
             # LayerNorm records as int64 elements, padded to whole all-reduce units.
-            unit = self.chips * elements_per_word(word_bytes(self.link), 64)
+            unit = self.chips * elements_per_word(word_bytes(self.link, self.n), 64)
             elems = pad_to(rows * rec * n // 8, unit)
             t["stats"] = al.alloc("stats", elems * 8 // n, n, 1, "activations", row_words_=1)
             if plan.split_heads:
@@ -704,7 +704,7 @@ class _Compiler:
 
     def _flat(self, tensor: Tensor, elements: int, count: int, width: int):
         """Chunks of a natural-order all-reduce over ``elements`` from ``tensor.base``."""
-        unit = count * elements_per_word(word_bytes(self.link), width)
+        unit = count * elements_per_word(word_bytes(self.link, self.n), width)
         chunk = unit * COLL_FIFO_WORDS
         return [(tensor.base + at * width // 8 // self.n, min(chunk, elements - at))
                 for at in range(0, elements, chunk)]

@@ -46,7 +46,7 @@ def contiguous(base: int, words: int) -> Desc:
 
 def message_words(words: int, size: int, link_bytes: int) -> int:
     """``words`` rounded up to whole ring words (what a buffer must hold to be sent)."""
-    ratio = word_bytes(link_bytes) // size
+    ratio = word_bytes(link_bytes, size) // size
     return -(-words // ratio) * ratio
 
 
@@ -54,7 +54,7 @@ def _check(desc: Desc, size: int, link_bytes: int, what: str) -> Desc:
     total = 1
     for count in desc.n:
         total *= max(1, count)
-    ratio = word_bytes(link_bytes) // size
+    ratio = word_bytes(link_bytes, size) // size
     if total % ratio:
         raise ValueError(f"{what} of {total} scratchpad words is not whole ring words of "
                          f"{ratio} words (pad the buffer: message_words)")

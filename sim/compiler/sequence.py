@@ -56,7 +56,6 @@ import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.attention import POS_BITS
-from hw.spec.collective import word_bytes
 from hw.spec.isa import Unit
 
 from . import attention_launch as al_
@@ -288,7 +287,7 @@ class _Chip:
 
 
 def _check_message(npu, words, what):
-    ratio = word_bytes(npu.link_bytes_per_cycle) // npu.array_size
+    ratio = npu.ring_word_bytes // npu.array_size
     if words % ratio:
         raise ConfigError(f"cannot carry {what}: {words} scratchpad words are not whole ring "
                           f"words of {ratio} (K|V words per row x rows)", path=npu.path,

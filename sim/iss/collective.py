@@ -22,7 +22,6 @@ from hw.spec.collective import (
     local_blocks,
     output_blocks,
     unpack_blocks,
-    word_bytes,
     words_to_engine,
 )
 
@@ -77,7 +76,7 @@ def post_coll(iss, chips: int) -> PendingColl | None:
                        f"position {iss.chip}")
     if req.position(rank) is None:
         return None
-    wbytes = word_bytes(iss.npu.link_bytes_per_cycle)
+    wbytes = iss.npu.ring_word_bytes
     vector = None
     blocks = local_blocks(req, rank)
     if blocks:
@@ -123,7 +122,7 @@ def execute_coll(members: list[PendingColl], isses) -> None:
     for m in members:
         inputs[m.chip] = m.vector
     results = collective(req, inputs)
-    wbytes = word_bytes(isses[0].npu.link_bytes_per_cycle)
+    wbytes = isses[0].npu.ring_word_bytes
     for m in members:
         if m.out_addrs is None:
             continue

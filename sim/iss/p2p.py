@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.spec.collective import word_bytes
 from hw.spec.ring import check_chip_id
 
 from .errors import IssError
@@ -56,7 +55,7 @@ class PendingRecv:
 
 
 def _ratio(iss) -> int:
-    return word_bytes(iss.npu.link_bytes_per_cycle) // iss.n
+    return iss.npu.ring_word_bytes // iss.n
 
 
 def _check_words(iss, count, what):

@@ -32,7 +32,7 @@ import copy
 from dataclasses import dataclass, field
 
 from hw.spec import NpuConfig
-from hw.spec.collective import CollectiveRequest, Kind, word_bytes
+from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
@@ -137,9 +137,9 @@ class ChipModel:
         self.mm = MatmulModel(n)
         self.at = AttentionModel(window=npu.attn_window, length=npu.softmax_len, size=n)
         self.vu = VectorModel(lanes=n)
-        ratio = word_bytes(npu.link_bytes_per_cycle) // n
+        ratio = npu.ring_word_bytes // n
         self.co = CollectiveModel(chip=chip, ratio=ratio,
-                                  wbytes=word_bytes(npu.link_bytes_per_cycle))
+                                  wbytes=npu.ring_word_bytes)
         self.send = SendModel(chip=chip, ratio=ratio)
         self.recv = RecvModel(chip=chip, ratio=ratio)
         self.owner_attn = False
@@ -486,7 +486,7 @@ def _walk(npu, programs, ring, max_cycles, link=None) -> SystemTiming:
     chips = len(programs)
     models = [ChipModel(npu, p, chip=i, chips=chips) for i, p in enumerate(programs)]
     link = link or DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)
-    wbytes = word_bytes(npu.link_bytes_per_cycle)
+    wbytes = npu.ring_word_bytes
     if wbytes % link.bytes_per_cycle:
         raise ValueError(f"link_bytes_per_cycle={link.bytes_per_cycle} does not divide the "
                          f"chip's ring word of {wbytes} bytes (a word is whole flits)")

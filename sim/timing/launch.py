@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from hw.spec import NpuConfig
 from hw.spec.attention import FLAG_INTERLEAVED, flags_halo
-from hw.spec.collective import CollectiveRequest, word_bytes
+from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode, out_words
 from hw.spec.isa import (
     ADDR_LEVELS,
@@ -669,7 +669,7 @@ class _Comm:
 
     def _p2p_ring(self, chips, src, dest, words, link):
         """:meth:`_p2p` on a ring of ``chips`` chips with links ``link`` (None: the NPU's)."""
-        ratio = word_bytes(self.npu.link_bytes_per_cycle) // self.npu.array_size
+        ratio = self.npu.ring_word_bytes // self.npu.array_size
         latency = self.npu.link_latency_cycles if link is None else link.latency_cycles
 
         def run(w, delay):
