@@ -12,12 +12,21 @@ largest batch that fit are searched with the same compiles.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from hw.spec import ModelConfig, NpuConfig
 from hw.spec.formats import OutMode
+from hw.spec.topology import Topology
 
-from ..compiler.decode import DECODE_STRATEGIES, check_generate, compile_decode
+from ..compiler.decode import (
+    DECODE_STRATEGIES,
+    GRID_STRATEGIES,
+    check_generate,
+    compile_decode,
+    strategy_axes,
+)
 from ..compiler.decode_quant import QHead
 from ..compiler.quantize import QLayerNorm, QLinear
 from ..errors import BadInput
@@ -26,7 +35,7 @@ from ..iss.errors import IssError
 from ..report.timeline import intervals, step_ends
 from ..timing.cycle import time_programs
 from ..timing.launch import time_programs_fast
-from .plan import EXACT_CHIP_CYCLES, _dummy_qmodel
+from .plan import EXACT_CHIP_CYCLES, _dummy_qmodel, dim_links, torus_of
 
 __all__ = ["GeneratePlan", "plan_generate", "generate_table", "dummy_head"]
 
@@ -65,6 +74,8 @@ class GeneratePlan:
     longest_prompt_limit: str | None = None
     largest_batch: int | None = None
     largest_batch_limit: str | None = None
+    grid: str | None = None
+    notes: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -75,11 +86,12 @@ def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, g
                           chips=chips, strategy=strategy, grid=grid, contents=False)
 
 
-def _attempt(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy):
+def _attempt(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, grid=None):
     """``(program, None)`` if it compiles and fits, else ``(None, the limit's message)``."""
     try:
         check_generate(npu, cfg, prompt_len, generate)
-        return _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy), None
+        return _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy,
+                        grid), None
     except ValueError as exc:
         return None, str(exc)
 
@@ -106,11 +118,70 @@ def _largest(ok, low: int, high: int, cap: str) -> tuple[int | None, str | None]
     return lo, ok(hi)
 
 
+def placed(npu: NpuConfig, strategy: str, chips: int, grid=None) -> NpuConfig:
+    """``npu`` as the system generation is timed on: a grid on the torus of its shape
+    (:func:`sim.planner.plan.torus_of`: head groups and pipelines along the rows, each
+    stage-to-stage send one hop along a column) with the NPU's links per dimension, a
+    one-dimensional strategy on a ring of ``chips`` (or the NPU's own ``[topology]``)."""
+    if npu.topology is not None and npu.topology.chips == chips:
+        return npu
+    if strategy in GRID_STRATEGIES:
+        dims = torus_of(strategy, grid)
+        return dataclasses.replace(npu, topology=Topology(dims, dim_links(npu)))
+    return dataclasses.replace(npu, topology=None)
+
+
+def _timed(npu, prog, chips):
+    """(cycles, first token, step cycles, how) of a compiled generation."""
+    programs = prog.programs
+    fast = time_programs_fast(npu, programs)
+    timed, how = fast, "launch-level model"
+    torus = npu.topology is not None and npu.topology.is_torus
+    if fast.cycles * len(programs) <= EXACT_CHIP_CYCLES * 4 and not torus:
+        try:
+            timed = time_programs(npu, programs, ring=chips > 1, max_cycles=4 * fast.cycles +
+                                  1000)
+            how = "cycle model"
+        except IssError:
+            pass
+    ends = step_ends(programs[prog.picker], intervals(timed.chips[prog.picker].trace,
+                                                      timed.cycles))
+    ends = ends[::prog.picks_per_step]
+    steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    return int(timed.cycles), int(ends[0]), steps, how
+
+
+def _axes_of(strategy, chips, grid):
+    try:
+        return strategy_axes(strategy, chips, grid)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _finish(out, npu, batch, cycles, ttft, steps, how, kv, sram, instructions):
+    clock = npu.clock_mhz * 1e6
+    out.fits = True
+    out.cycles, out.ttft_cycles, out.step_cycles = int(cycles), int(ttft), steps
+    out.timed_by = how
+    if steps:
+        out.tokens_per_s = clock * len(steps) / sum(steps)
+        out.tokens_per_s_aggregate = batch * out.tokens_per_s
+    out.kv_bytes, out.sram_bytes, out.instructions = kv, sram, instructions
+    return out
+
+
 def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_len: int,
-                  batch: int = 1, strategy: str = "single", chips: int = 1,
-                  search: bool = True) -> GeneratePlan:
+                  batch: int = 1, strategy: str = "single", chips: int = 1, grid=None,
+                  search: bool = True, scaled: bool | None = None) -> GeneratePlan:
     """Generation's figures for ``batch`` sequences of ``prompt_len`` tokens and ``generate``
-    generated tokens each, on ``chips`` chips with ``strategy`` (single or head)."""
+    generated tokens each, on ``chips`` chips with ``strategy`` (``grid``: the A x B of a
+    2-D one, timed on the torus of its shape, :func:`placed`).
+
+    Small systems are compiled whole and timed. ``scaled`` (default: when a whole compile
+    would hold more than :data:`WHOLE_LAYER_CHIPS` chip-layers) compiles the same strategy
+    with fewer layers and stages (:func:`scaled_generate`) and extends its figures along
+    them; a plan that does not fit then names the bytes or instructions per chip the
+    extension gives."""
     if strategy not in DECODE_STRATEGIES:
         raise BadInput(f"--generate plans strategy {', '.join(DECODE_STRATEGIES)}, not "
                        f"{strategy}")
@@ -120,9 +191,17 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
         raise BadInput(f"--context must be at least 1 token, not {prompt_len}")
     if batch < 1:
         raise BadInput(f"--batch must be at least 1 sequence, not {batch}")
+    axes = _axes_of(strategy, chips, grid)
+    if scaled is None:
+        scaled = axes[1] * axes[2] * math.ceil(model.n_layers / axes[1]) > WHOLE_LAYER_CHIPS
+    out = GeneratePlan(strategy, chips, prompt_len, generate, batch, fits=False,
+                       grid=None if grid is None else f"{grid[0]}x{grid[1]}")
+    if scaled:
+        return scaled_generate(npu, model, out, axes)
     qm, head = _dummy_qmodel(model), dummy_head(model)
-    out = GeneratePlan(strategy, chips, prompt_len, generate, batch, fits=False)
-    prog, reason = _attempt(npu, model, qm, head, prompt_len, generate, batch, chips, strategy)
+    system = placed(npu, strategy, chips, grid)
+    prog, reason = _attempt(system, model, qm, head, prompt_len, generate, batch, chips,
+                            strategy, grid)
     if search:
         # The prompt's longest at this batch; the batch's largest at this prompt.
         caps = [(npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys hold "
@@ -131,40 +210,131 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
             caps.append((model.seq_len - generate + 1, f"seq_len={model.seq_len} learned "
                          "positions hold the context"))
         most, cap = min(caps)
+        args = (system, model, qm, head)
         out.longest_prompt, out.longest_prompt_limit = _largest(
-            lambda p: _fits(npu, model, qm, head, p, generate, batch, chips, strategy), 1,
-            max(1, most),
-            cap)
+            lambda p: _fits(*args, p, generate, batch, chips, strategy, grid), 1,
+            max(1, most), cap)
         out.largest_batch, out.largest_batch_limit = _largest(
-            lambda b: _fits(npu, model, qm, head, prompt_len, generate, b, chips, strategy), 1,
-            MAX_BATCH, f"searched to {MAX_BATCH}")
+            lambda b: _fits(*args, prompt_len, generate, b, chips, strategy, grid),
+            max(1, axes[0]), MAX_BATCH, f"searched to {MAX_BATCH}")
     if reason is not None:
         out.reason = reason
         return out
-    programs = prog.programs
-    fast = time_programs_fast(npu, programs)
-    timed, out.timed_by = fast, "launch-level model"
-    if fast.cycles * len(programs) <= EXACT_CHIP_CYCLES * 4:
-        try:
-            timed = time_programs(npu, programs, ring=chips > 1, max_cycles=4 * fast.cycles +
-                                  1000)
-            out.timed_by = "cycle model"
-        except IssError:
-            pass
-    ends = step_ends(programs[prog.picker], intervals(timed.chips[prog.picker].trace,
-                                                      timed.cycles))
-    ends = ends[::prog.picks_per_step]
-    steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
-    clock = npu.clock_mhz * 1e6
-    out.fits = True
-    out.cycles, out.ttft_cycles, out.step_cycles = int(timed.cycles), int(ends[0]), steps
-    if steps:
-        out.tokens_per_s = clock * len(steps) / sum(steps)
-        out.tokens_per_s_aggregate = batch * out.tokens_per_s
-    out.kv_bytes = [int(k) for k in prog.kv_bytes]
-    out.sram_bytes = [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips]
-    out.instructions = [len(p) for p in programs]
-    return out
+    cycles, ttft, steps, how = _timed(system, prog, chips)
+    return _finish(out, npu, batch, cycles, ttft, steps, how,
+                   [int(k) for k in prog.kv_bytes],
+                   [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips],
+                   [len(p) for p in prog.programs])
+
+
+#: A generation whose whole compile holds more chip-layers (chips x layers per chip) than
+#: this is planned by :func:`scaled_generate`.
+WHOLE_LAYER_CHIPS = 64
+
+
+def _reduced(npu, model, out, stages, shards, layers, batch):
+    """A compiled and timed generation of ``model`` cut to ``layers`` layers on ``stages``
+    stages of ``shards`` head shards (one data replica), with no capacity check."""
+    cfg = dataclasses.replace(model, n_layers=layers)
+    strategy, grid = {(1, 1): ("single", None), (1, 0): ("head", None),
+                      (0, 1): ("pipeline", None)}.get(
+        (int(stages == 1), int(shards == 1)), ("head+pipeline", (shards, stages)))
+    chips = stages * shards
+    system = placed(npu, strategy, chips, grid)
+    check_generate(npu, cfg, out.prompt_len, out.generate)
+    prog = compile_decode(system, _dummy_qmodel(cfg), dummy_head(cfg),
+                          prompt_len=out.prompt_len, generate=out.generate, batch=batch,
+                          chips=chips, strategy=strategy, grid=grid, check=False,
+                          contents=False)
+    cycles, ttft, steps, how = _timed(system, prog, chips)
+    return {"cycles": cycles, "ttft": ttft, "steps": steps, "how": how,
+            "kv": [int(k) for k in prog.kv_bytes],
+            "sram": [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips],
+            "insns": [len(p) for p in prog.programs], "stages": stages}
+
+
+def scaled_generate(npu: NpuConfig, model: ModelConfig, out: GeneratePlan,
+                    axes: tuple[int, int, int]) -> GeneratePlan:
+    """Generation on ``axes`` = (replicas, stages, shards) from smaller compiles of the same
+    program: the data replicas are independent (one is timed, with the largest share of
+    the batch), and a pipeline of ``S`` stages over ``L`` layers is timed on a cut of
+    ``S0`` stages of one and two layers each and on ``S0 + 1`` stages of one layer each
+    (``S0 = max(2, B)``: as many stages as sequences, so that the cut pipeline is no fuller
+    than the real one), every figure extended as ``c0 + h S + c L`` (a token passes every
+    stage and layer once: ``h`` a stage's hop and fixed cost, ``c`` a layer's); without a
+    pipeline, on two and four layers, as ``c0 + c L``. Per-chip bytes and instructions are
+    linear in the layers per chip: extended per chip role (first stage, middle, last) from
+    the two cuts to the most layers a stage holds. A plan that does not fit
+    names that chip's bytes against ``sram_bytes`` or its instructions against
+    ``imem_words``."""
+    replicas, stages, shards = axes
+    L, B = model.n_layers, out.batch
+    b = -(-B // replicas)
+    per_stage = -(-L // stages)
+    try:
+        if stages == 1:
+            # Two and four layers: a one-layer program holds its weights and tables in the
+            # transfer bank where a deeper one does not, so it is no base for the extension.
+            k = 2 if L > 4 else max(1, L // 2)
+            one = _reduced(npu, model, out, 1, shards, k, b)
+            two = _reduced(npu, model, out, 1, shards, 2 * k, b)
+            s0 = 1
+
+            def extend(f1, f2):
+                return round(f1 + (f2 - f1) * (L - k) / k)
+        else:
+            s0 = min(max(2, b), stages)
+            one = _reduced(npu, model, out, s0, shards, s0, b)
+            two = _reduced(npu, model, out, s0, shards, 2 * s0, b)
+            more = _reduced(npu, model, out, s0 + 1, shards, s0 + 1, b) if s0 < stages \
+                else None
+
+            def extend(f1, f2, f3=None):
+                c = (f2 - f1) / s0
+                if f3 is None:
+                    return round(f1 + c * (L - s0))
+                h = f3 - f1 - c
+                return round(f1 + h * (stages - s0) + c * (L - s0))
+    except ValueError as exc:
+        out.reason = str(exc)
+        return out
+    pts = [one, two] + ([more] if stages > 1 and more is not None else [])
+
+    def fig(get):
+        return extend(*(get(p) for p in pts))
+    cycles, ttft = fig(lambda p: p["cycles"]), fig(lambda p: p["ttft"])
+    steps = [fig(lambda p, k=k: p["steps"][k]) for k in range(len(one["steps"]))]
+
+    def per_chip(key):
+        """The largest value per chip role, extended to ``per_stage`` layers a stage."""
+        roles = {}
+        for c, (v1, v2) in enumerate(zip(one[key], two[key], strict=True)):
+            s = c // shards
+            role = "first" if s == 0 else "last" if s == s0 - 1 else "middle"
+            roles[role] = max(roles.get(role, 0), round(v1 + (v2 - v1) * (per_stage - base) /
+                                                        base))
+        return roles
+    base = k if stages == 1 else 1          # the cuts' layers a stage: base and 2 base
+    sram, kv, insns = per_chip("sram"), per_chip("kv"), per_chip("insns")
+    out.notes.append(f"timed on cuts of {s0} stage{'s' if s0 > 1 else ''} x {shards} "
+                     f"shard{'s' if shards > 1 else ''} with {base} and {2 * base} layers a "
+                     "stage"
+                     + (f" and {s0 + 1} stages" if len(pts) == 3 else "")
+                     + f", extended to {stages} x {per_stage}"
+                     + (f"; one of {replicas} data replicas timed" if replicas > 1 else ""))
+    worst = max(sram.items(), key=lambda kv_: kv_[1])
+    if worst[1] > npu.sram_bytes:
+        out.reason = (f"sram_bytes={npu.sram_bytes:,} is too small: a {worst[0]} stage's chip "
+                      f"needs {worst[1]:,} bytes ({per_stage} layers, KV {kv[worst[0]]:,} B)")
+        out.sram_bytes, out.kv_bytes = [worst[1]], [kv[worst[0]]]
+        return out
+    big = max(insns.values())
+    if big > npu.imem_words:
+        out.reason = (f"imem_words={npu.imem_words:,} is too small: a chip's program has "
+                      f"{big:,} instructions")
+        return out
+    return _finish(out, npu, B, cycles, ttft, steps, one["how"], [max(kv.values())],
+                   [worst[1]], [big])
 
 
 def generate_table(plans: list[GeneratePlan]) -> str:
