@@ -55,16 +55,20 @@ SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
 ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
                  "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
                  "score_mult": "AT_SCORE_MULT", "score_shift": "AT_SCORE_SHIFT",
-                 "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD"}
+                 "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD",
+                 "q_lane": "AT_Q_LANE", "k_lane": "AT_K_LANE", "v_lane": "AT_V_LANE",
+                 "o_lane": "AT_O_LANE"}
 
 
 def _write(m, addr, wp, src):
     """Join a write generator's addresses ``addr`` with a unit's words ``src`` into the
-    scratchpad write port ``wp``: a word is written when both are there and the port is free."""
+    scratchpad write port ``wp``: a word is written (every byte) when both are there and the
+    port is free."""
     m.d.comb += [
         wp.valid.eq(addr.valid & src.valid),
         wp.payload.addr.eq(addr.payload.addr),
         wp.payload.data.eq(src.payload.data),
+        wp.payload.mask.eq(-1),
         addr.ready.eq(wp.ready & src.valid),
         src.ready.eq(wp.ready & addr.valid),
     ]
@@ -173,6 +177,7 @@ class Chip(wiring.Component):
             host_wp.i.valid.eq(host.wr.valid),
             host_wp.i.payload.addr.eq(host.wr.payload.addr),
             host_wp.i.payload.data.eq(host.wr.payload.data),
+            host_wp.i.payload.mask.eq(-1),
             host.wr.ready.eq(host_wp.i.ready),
         ]
 
@@ -240,17 +245,22 @@ class Chip(wiring.Component):
         for gen, at_port, vu_port in (("WR1", at.o, vu.o_data), ("WR2", None, vu.o_q)):
             addr, wp = gens[gen].o, spad.wr[wr_index[gen]].i
             if at_port is not None:
+                # WR1 writes the bytes its source enables: an attention row of a head packed
+                # with others in its words, a vector row ending inside a word (``keep``).
                 src_valid = Mux(owner_attn, at_port.valid, vu_port.valid)
                 src_data = Mux(owner_attn, at_port.payload.data.as_value(),
                                vu_port.payload.data.as_value())
+                src_mask = Mux(owner_attn, at_port.payload.mask, vu_port.payload.mask)
                 m.d.comb += at_port.ready.eq(owner_attn & wp.ready & addr.valid)
             else:
                 src_valid = ~owner_attn & vu_port.valid
                 src_data = vu_port.payload.data.as_value()
+                src_mask = -1
             m.d.comb += [
                 wp.valid.eq(addr.valid & src_valid),
                 wp.payload.addr.eq(addr.payload.addr),
                 wp.payload.data.eq(src_data),
+                wp.payload.mask.eq(src_mask),
                 addr.ready.eq(wp.ready & src_valid),
                 vu_port.ready.eq(~owner_attn & wp.ready & addr.valid),
             ]

@@ -31,7 +31,8 @@ __all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", 
            "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
            "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError",
            "LOOP_BODY_BITS", "LOOP_COUNT_BITS", "loop_operand", "loop_fields", "LoopState",
-           "add_value", "ADDX_SCALE_BITS", "ITER_BITS", "check_addx_scale", "addx_value"]
+           "add_value", "ADDX_SCALE_BITS", "ITER_BITS", "check_addx_scale", "addx_value",
+           "START_CLEARED"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -134,6 +135,12 @@ _UNIT_REGS = (
     "CO_CHIPS", "CO_RANK",
     # point-to-point: the chip a SEND goes to, the chip a RECV takes its message from
     "SR_DEST", "SR_SRC",
+    # attention: the head's first lane in the first word of a Q, K, V and output row (heads
+    # packed in shared words)
+    "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE", "AT_O_LANE",
+    # matmul: B rows stored per fold (the rest of MM_K's beats take zero B rows), column
+    # blocks per row tile, and the columns of the last block, stored packed (0: N)
+    "MM_B_ROWS", "MM_B_BLOCKS", "MM_B_LAST",
 )
 
 #: Depth in engine words of the collective engine's receive and transmit buffers in the chip:
@@ -141,6 +148,12 @@ _UNIT_REGS = (
 COLL_FIFO_WORDS = 64
 #: Depth in ring words of the receive unit's buffer between the ring port and WR4.
 RECV_FIFO_WORDS = 4
+
+#: Registers the sequencer sets to 0 when a program starts (``start``): the lane offsets of
+#: packed heads and the matmul's packed-B fields, whose 0 keeps the whole-word behaviour, so a
+#: program that never uses them need not set them (the assembler knows them as 0).
+START_CLEARED = ("AT_Q_LANE", "AT_K_LANE", "AT_V_LANE", "AT_O_LANE",
+                 "MM_B_ROWS", "MM_B_BLOCKS", "MM_B_LAST")
 
 REGS: tuple[str, ...] = tuple(f"{g}.{f}" for g in ADDR_GENS for f in gen_fields(g)) + _UNIT_REGS
 REG_INDEX = {name: i for i, name in enumerate(REGS)}

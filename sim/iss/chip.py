@@ -128,14 +128,27 @@ class Iss:
             self._access.reads.append(addrs)
         return self.mem[addrs]
 
-    def _scatter(self, gen: str, words: np.ndarray, addrs: np.ndarray | None = None):
+    def _scatter(self, gen: str, words: np.ndarray, addrs: np.ndarray | None = None,
+                 mask: np.ndarray | None = None):
+        """Write ``words`` where ``gen`` walks; ``mask`` ([words, N] bool): only those bytes
+        (the byte write enables of a masked write port, WR1), the others keep their value."""
         addrs = self.desc(gen) if addrs is None else addrs
         if len(addrs) != len(words):
             raise IssError(f"{gen} walks {len(addrs)} addresses but the unit writes "
                            f"{len(words)} words")
         if self._access is not None:
             self._access.writes.append(addrs)
-        self.mem[addrs] = words
+        if mask is None:
+            self.mem[addrs] = words
+            return
+        words, mask = np.asarray(words, np.uint8), np.asarray(mask, bool)
+        if len(np.unique(addrs)) == len(addrs):
+            cur = self.mem[addrs]
+            cur[mask] = words[mask]
+            self.mem[addrs] = cur
+            return
+        for addr, word, enable in zip(addrs, words, mask, strict=True):   # in walk order
+            self.mem[addr, enable] = word[enable]
 
     def _reg(self, name: str) -> int:
         return int(self.regs[REG_INDEX[name]])

@@ -12,7 +12,7 @@ waiting chip, its pc and what it waits for (the RTL would end at its watchdog).
 
 from __future__ import annotations
 
-from hw.spec.isa import OP_UNIT, IsaError, LoopState, Op, Unit, decode
+from hw.spec.isa import OP_UNIT, REG_INDEX, START_CLEARED, IsaError, LoopState, Op, Unit, decode
 
 from .collective import PendingColl, execute_coll, post_coll
 from .errors import IssError, begin_loop
@@ -157,6 +157,8 @@ def run_programs(isses, programs, *, max_insns: int = 1_000_000) -> list[int]:
     for chip in chips:
         chip.iss.pc = 0
         chip.iss.loop = LoopState()
+        for name in START_CLEARED:          # the sequencer clears them at start
+            chip.iss.regs[REG_INDEX[name]] = 0
     while True:
         moved = False
         for chip in chips:

@@ -71,7 +71,8 @@ _GEN_REGS = {g: (REG_INDEX[f"{g}.base"],
                  (REG_INDEX[f"{g}.wrap"], REG_INDEX[f"{g}.off"]) if g in WRAP_GENS else None)
              for g in _GENS}
 _UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE"),
-              Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD"),
+              Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD", "AT_Q_LANE",
+                        "AT_K_LANE", "AT_V_LANE", "AT_O_LANE"),
               Op.VEC: ("VU_OP", "VU_ROWS", "VU_LEN", "VU_FLAGS")}
 _MM_GENS = ("RD0", "RD1", "RD2", "WR0")
 _AT_GENS = ("RD3", "RD4", "RD5", "WR1")

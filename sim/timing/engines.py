@@ -28,6 +28,7 @@ from hw.spec.attention import (
     FLAG_PARTIAL,
     FLAG_REDUCED,
     flags_halo,
+    launch_words,
     partial_row_words,
     softmax_lanes,
 )
@@ -206,7 +207,8 @@ class AttentionModel:
         self.n = size
         self.R = partial_row_words(window, size)
         self.active = False
-        self.Q = self.S = self.w = self.halo = 0
+        self.Q = self.S = self.halo = 0
+        self.kw = self.vw = self.qw = self.ow = 1
         self.interleaved = False
         self.partial = self.reduced = False
         self.kf = self.vf = self.qf = self.rf = False
@@ -232,7 +234,8 @@ class AttentionModel:
     def start(self, regs):
         self.active = True
         self.Q, self.S = regs["AT_QUERIES"], regs["AT_KEYS"]
-        self.w = regs["AT_D_HEAD"] // self.n
+        words = launch_words(regs, self.n)
+        self.kw, self.vw, self.qw, self.ow = (words[s] for s in "kvqo")
         flags = regs["AT_FLAGS"]
         self.interleaved = bool(flags & FLAG_INTERLEAVED)
         self.halo = flags_halo(flags)
@@ -346,7 +349,6 @@ class AttentionModel:
                 if sm_o_ready:
                     self.sm_ovalid = False
         # Gathers and schedule.
-        w = self.w
         if kv_fire:
             self.written += 1
             self.kf = self.vf = False
@@ -356,19 +358,19 @@ class AttentionModel:
         if red_take:
             self.rf = False
         if k_pop:
-            if self.ko + 1 == w:
+            if self.ko + 1 == self.kw:
                 self.kf, self.ko = True, 0
                 self.kc += 1
             else:
                 self.ko += 1
         if v_pop:
-            if self.vo + 1 == w:
+            if self.vo + 1 == self.vw:
                 self.vf, self.vo = True, 0
                 self.vc += 1
             else:
                 self.vo += 1
         if q_pop:
-            if self.qo + 1 == w:
+            if self.qo + 1 == self.qw:
                 self.qf, self.qo = True, 0
                 self.qc += 1
             else:
@@ -399,7 +401,7 @@ class AttentionModel:
                 self.o_full = True
                 self.o_off = 0
             if wg1:
-                if self.o_off + 1 == w:
+                if self.o_off + 1 == self.ow:
                     self.o_full = False
                     self.o_off = 0
                     final = self.rows_out == self.Q - 1

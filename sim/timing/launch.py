@@ -24,7 +24,7 @@ the same cycle. On the programs the compiler emits this costs a few cycles per s
 from __future__ import annotations
 
 from hw.spec import NpuConfig
-from hw.spec.attention import FLAG_INTERLEAVED, flags_halo
+from hw.spec.attention import FLAG_INTERLEAVED, flags_halo, launch_words
 from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode, out_words
 from hw.spec.isa import (
@@ -58,7 +58,8 @@ _GENS_OF = {Op.MATMUL: ("RD0", "RD1", "RD2", "WR0"), Op.ATTN: ("RD3", "RD4", "RD
             Op.SEND: ("RD7",), Op.RECV: ("WR4",)}
 _UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED"),
               Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_Q_POS", "AT_K_POS", "AT_WINDOW",
-                        "AT_FLAGS", "AT_D_HEAD"),
+                        "AT_FLAGS", "AT_D_HEAD", "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE",
+                        "AT_O_LANE"),
               Op.VEC: ("VU_OP", "VU_ROWS", "VU_LEN", "VU_N", "VU_FLAGS"),
               Op.COLL: ("CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_CHIPS", "CO_RANK",
                         "CO_FIRST", "CO_COUNT"),
@@ -233,10 +234,13 @@ class LaunchTimer:
             if flags & FLAG_INTERLEAVED and shared != (
                     self._share(regs, "RD3", "RD4") and self._share(regs, "RD4", "RD5")):
                 return None                 # two of the three share a bank: not modelled
+            words = set(launch_words(regs, n).values())
+            if len(words) > 1 and shared:
+                return None                 # rows of different lengths in one bank
             base = attn_timing.preload_cycles(regs, window=self.npu.attn_window,
                                               length=self.npu.softmax_len, size=n)
             return chip_timing.attention_cycles(
-                base, keys=regs["AT_KEYS"], words=regs["AT_D_HEAD"] // n, shared=shared,
+                base, keys=regs["AT_KEYS"], words=max(words), shared=shared,
                 interleaved=bool(flags & FLAG_INTERLEAVED), halo=flags_halo(flags))
         return None
 
