@@ -222,6 +222,9 @@ class Chip(wiring.Component):
             mm.i_cfg.payload.folds.eq(reg("MM_FOLDS")),
             mm.i_cfg.payload.mode.eq(reg("MM_MODE")),
             mm.i_cfg.payload.a_unsigned.eq(reg("MM_A_UNSIGNED")),
+            mm.i_cfg.payload.b_rows.eq(reg("MM_B_ROWS")),
+            mm.i_cfg.payload.b_blocks.eq(reg("MM_B_BLOCKS")),
+            mm.i_cfg.payload.b_last.eq(reg("MM_B_LAST")),
         ]
         for g in mm_gens:
             m.d.comb += gens[g].i.valid.eq(go)

@@ -70,7 +70,8 @@ _GEN_REGS = {g: (REG_INDEX[f"{g}.base"],
                  tuple(REG_INDEX[f"{g}.s{lv}"] for lv in range(ADDR_LEVELS)),
                  (REG_INDEX[f"{g}.wrap"], REG_INDEX[f"{g}.off"]) if g in WRAP_GENS else None)
              for g in _GENS}
-_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE"),
+_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_B_ROWS", "MM_B_BLOCKS",
+                          "MM_B_LAST"),
               Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD", "AT_Q_LANE",
                         "AT_K_LANE", "AT_V_LANE", "AT_O_LANE"),
               Op.VEC: ("VU_OP", "VU_ROWS", "VU_LEN", "VU_FLAGS")}

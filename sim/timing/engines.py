@@ -69,12 +69,16 @@ class MatmulModel:
     deskew registers) in enabled cycle ``e + array_row_delay(N) + r`` (``hw/tile/matmul.py``,
     :func:`hw.spec.timing.matmul.array_row_delay`); the model keeps those rows in a queue and
     counts enabled cycles. The requantiser is ``REQUANT_LATENCY`` valid bits on its own enable.
+    B beats past ``MM_B_ROWS`` take no word; in the packed last column block (``MM_B_LAST``) a
+    beat takes a word only when the held word's unused bytes are fewer than its columns.
     """
 
     def __init__(self, size: int):
         self.n = size
         self.active = False
         self.k = self.folds = 0
+        self.kb = self.blocks = self.last = 0
+        self.blk = self.held = 0
         self.nwords = 1
         self.tfull = [False, False]
         self.wsel = self.rsel = self.trow = self.tcol = 0
@@ -92,6 +96,10 @@ class MatmulModel:
         self.active = True
         self.k = regs["MM_K"]
         self.folds = regs["MM_FOLDS"]
+        self.kb = regs.get("MM_B_ROWS", 0) or self.k
+        self.blocks = regs.get("MM_B_BLOCKS", 0)
+        self.last = regs.get("MM_B_LAST", 0)
+        self.blk = self.held = 0
         self.nwords = out_words(OutMode(regs["MM_MODE"]))
         self.part = self.tile_row = self.fold = 0
 
@@ -117,7 +125,10 @@ class MatmulModel:
         en = (not arr_valid) or arr_ready
         a_valid = self.active and self.tfull[self.rsel]
         a_last = self.beat == self.k - 1
-        take = (en and a_valid and self.active and rv1
+        zero = self.beat >= self.kb
+        narrow = bool(self.last) and self.blk + 1 >= self.blocks
+        need_word = not zero and (not narrow or self.held < self.last)
+        take = (en and a_valid and self.active and (rv1 or not need_word)
                 and (self.since_last == n or not a_last))
         p0 = rv0 and not self.tfull[self.wsel]
         p2 = rv2 and self.active and not self.pfull
@@ -130,6 +141,12 @@ class MatmulModel:
             else:
                 self.trow += 1
         if take:
+            if narrow and not zero:
+                self.held = n - (self.last - self.held) if need_word else \
+                    self.held - self.last
+            if a_last:
+                self.held = 0
+                self.blk = 0 if self.blk + 1 >= self.blocks else self.blk + 1
             if self.tcol == n - 1:
                 self.tcol = 0
                 self.tfull[self.rsel] = False
@@ -175,7 +192,7 @@ class MatmulModel:
                 self.pcount += 1
         if param_xfer:
             self.pfull = False
-        return p0, take, p2
+        return p0, take and need_word, p2
 
 
 _IDLE, _DOT, _SCORES, _PARTIAL, _REDUCED, _REQUANT = range(6)

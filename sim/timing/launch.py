@@ -39,7 +39,7 @@ from hw.spec.isa import (
     Unit,
     decode,
 )
-from hw.spec.memory import bank_of
+from hw.spec.memory import bank_of, packed_block_words
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import chip as chip_timing
 from hw.spec.timing import vector as vec_timing
@@ -56,7 +56,8 @@ _UNIT_BIT = {Op.MATMUL: 0, Op.ATTN: 1, Op.VEC: 2, Op.COLL: 3, Op.SEND: 4, Op.REC
 _GENS_OF = {Op.MATMUL: ("RD0", "RD1", "RD2", "WR0"), Op.ATTN: ("RD3", "RD4", "RD5", "WR1"),
             Op.VEC: ("RD3", "RD4", "RD5", "WR1", "WR2"), Op.COLL: ("RD6", "WR3"),
             Op.SEND: ("RD7",), Op.RECV: ("WR4",)}
-_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED"),
+_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED", "MM_B_ROWS",
+                          "MM_B_BLOCKS", "MM_B_LAST"),
               Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_Q_POS", "AT_K_POS", "AT_WINDOW",
                         "AT_FLAGS", "AT_D_HEAD", "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE",
                         "AT_O_LANE"),
@@ -248,7 +249,7 @@ class LaunchTimer:
         """The launch cut to a few repeats, timed by the cycle model, extended linearly."""
         points = []
         for r in (4, 6, 8):
-            cut = _cut(op, regs, r)
+            cut = _cut(op, regs, r, self.n)
             if cut is None:
                 break
             reps, cregs = cut
@@ -289,12 +290,12 @@ def _repeats(op, regs) -> int:
     return 1
 
 
-def _cut(op, regs, r):
+def _cut(op, regs, r, n):
     """``regs`` with the launch cut to about ``r`` repeats: ``(repeats, regs)`` or None."""
     out = dict(regs)
     if op is Op.MATMUL:
         folds = regs["MM_FOLDS"]
-        nb, mb = max(1, regs["RD1.n1"]), max(1, regs["RD1.n2"])
+        nb, mb = max(1, regs["RD2.n1"]), max(1, regs["RD2.n2"])   # column blocks, row tiles
         if folds <= r:
             return None
         if nb >= r:
@@ -302,9 +303,19 @@ def _cut(op, regs, r):
         else:
             nb2, mb2 = nb, min(mb, -(-r // nb))
         f2 = nb2 * mb2
-        for gen, lv_nb, lv_mb in (("RD0", 2, 3), ("RD1", 1, 2), ("RD2", 1, 2), ("WR0", 2, 3)):
+        for gen, lv_nb, lv_mb in (("RD0", 2, 3), ("RD2", 1, 2), ("WR0", 2, 3)):
             out[f"{gen}.n{lv_nb}"] = nb2
             out[f"{gen}.n{lv_mb}"] = mb2
+        last = regs.get("MM_B_LAST", 0)
+        if last:
+            # A packed B walks its row tile's words in one run: fewer whole blocks, then the
+            # packed one.
+            kb = regs.get("MM_B_ROWS", 0) or regs["MM_K"]
+            words = (nb2 - 1) * kb + packed_block_words(kb, last, n)
+            out.update({"RD1.n0": words, "RD1.n1": 1, "RD1.s1": words, "RD1.n2": mb2,
+                        "MM_B_BLOCKS": nb2})
+        else:
+            out["RD1.n1"], out["RD1.n2"] = nb2, mb2
         out["MM_FOLDS"] = f2
         return f2, out
     if op is Op.VEC:
