@@ -12,8 +12,8 @@ from hw.spec.formats import OutMode
 from hw.spec.isa import Op, Unit
 from sim.compiler import attention_launch as al_
 from sim.compiler import collective_launch as cl
-from sim.compiler import vector_launch as vl
 from sim.compiler import p2p_launch as pl
+from sim.compiler import vector_launch as vl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
