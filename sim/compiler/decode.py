@@ -5,10 +5,11 @@ The host loads the weights, the head's tables and the prompts' token ids once (`
 sequences of ``P`` tokens); the program runs each sequence's prefill (a loop over the
 sequences), then ``n - 1`` decode steps of all ``B`` sequences at once, and the host reads
 the ``n`` generated ids and int16 logit rows per sequence back at the end. Per block,
-the QKV matmul writes its rows straight into that block's **cache**: ``[Q | K | V]`` rows,
-position-major and sequence-minor (row ``p * B + b`` is sequence ``b`` at position ``p``), so
-a step's ``B`` tokens are one contiguous fold and a prefill writes its sequence's rows with a
-stride of ``B`` rows. Program (``t``: the step, ``p = P + t``)::
+the QKV matmul writes its rows straight into that block's **cache**: ``[Q | K | V]`` rows
+(heads packed as :class:`sim.compiler.blocks.QkvLayout` lays them out), position-major and
+sequence-minor (row ``p * B + b`` is sequence ``b`` at position ``p``), so a step's ``B`` tokens are
+one contiguous fold and a prefill writes its sequence's rows with a stride of ``B`` rows. Program
+(``t``: the step, ``p = P + t``)::
 
     LOOP B times, sequence b:
         VEC  ONEHOT   ids[0 .. P-1, b]         -> e (int8 one-hot rows)
@@ -332,7 +333,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         d = cfg.d_model
         return QLinear(head.emb8, np.zeros(d, np.int64), np.full(d, head.emb_req[0], np.int64),
                        np.full(d, head.emb_req[1], np.int64), OutMode.INT16)
-    emb_w = em._linear("embed", emb, v_pad, d_pad) if first_stage else None
+    emb_w = em._linear("embed", emb, cfg.vocab_size, cfg.d_model) if first_stage else None
 
     def lm_block():
         cols = np.arange(v0, min(v0 + vc, cfg.vocab_size))
@@ -340,7 +341,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         return QLinear(lm.w[:, cols], lm.bias[cols], lm.mult[cols], lm.shift[cols], lm.mode)
     lm_w = norm_gb = None
     if last_stage:
-        lm_w = em._linear("lm_head", lm_block, d_pad, vc)
+        lm_w = em._linear("lm_head", lm_block, cfg.d_model, vc)
         norm_gb = em._store("norm.gamma_beta", row_words(cfg.d_model, 4, n),
                             lambda: pack_rows(pack_gamma_beta(head.norm.gamma,
                                                               head.norm.beta)[None, :], 4, n))
@@ -395,8 +396,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                                    row_words=t.row_words * stride)
 
     hcount = len(shard.heads)
-    q_words = hcount * em.dh_pad // n
-    kv_words = len(kv_heads) * em.dh_pad // n
+    lay = em.qkv_layout(shard)
     vc_words = row_words(vc, 2, n)
     rw = caches[layers[0]].row_words
 
@@ -411,11 +411,11 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         for k in range(hcount):
             g = kv_heads.index(shard.heads[k] // cfg.kv_group)
             al_.emit(a, al_.attention_launch(
-                size=n, d_head=em.dh_pad, queries=queries, keys=keys,
-                q_base=cache.base + q_row * rw, k_base=seq_base + q_words,
-                v_base=seq_base + q_words + kv_words, o_base=acts.o.base + o_row *
-                acts.o.row_words, q_row_words=B * rw, k_row_words=B * rw, v_row_words=B * rw,
-                o_row_words=acts.o.row_words, col=k * em.dh_pad, kv_col=g * em.dh_pad,
+                size=n, d_head=cfg.d_head, queries=queries, keys=keys,
+                q_base=cache.base + q_row * rw, k_base=seq_base, v_base=seq_base,
+                o_base=acts.o.base + o_row * acts.o.row_words, q_row_words=B * rw,
+                k_row_words=B * rw, v_row_words=B * rw, o_row_words=acts.o.row_words,
+                col=lay.q_col(k), k_col=lay.k_col(g), v_col=lay.v_col(g),
                 q_pos=pos, k_pos=0, bidirectional=False, interleaved=False, halo=0,
                 window=cfg.window, score_mult=L.score_mult, score_shift=L.score_shift,
                 out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
