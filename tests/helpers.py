@@ -14,7 +14,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.spec import PRESETS_DIR, npu_preset
+from hw.spec import PRESETS_DIR, ModelConfig, npu_preset
 from hw.spec.attention import partial_row_words
 from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.isa import BUSY_COUNTERS, Op
@@ -169,6 +169,34 @@ def square_npu(size, *, sram_words, **changes):
     """A ``size`` x ``size`` array, ``size`` vector lanes, ``sram_words`` words in 4 banks."""
     return tiny_variant(array_size=size, vector_lanes=size, sram_bytes=size * sram_words,
                         sram_banks=4, **changes)
+
+
+#: Packed heads (heads narrower than a word, or not whole words, sharing words): models whose
+#: d_head is not a multiple of the array, on the tiny NPU (4-lane words: 6-lane heads straddle
+#: words) and on the tiny NPU with an 8-wide array (4-lane heads, two to a word). The Llama
+#: variants add RoPE (rotated over tables of lcm(d_head, N) lanes; [Q|K|V] not ending on a
+#: word, so the rotated projections are a matmul of their own), grouped-query attention (5
+#: query heads on 1 K/V head), RMSNorm and SwiGLU; d_model and d_ff not whole words (weights
+#: stored unpadded, the last column blocks packed).
+PACKED_NPU8 = dataclasses.replace(npu_preset("tiny"), array_size=8, vector_lanes=8,
+                                  sram_bytes=1 << 17, name="tiny8")
+_LLAMA_KW = {"norm_kind": "rmsnorm", "activation": "silu", "ffn": "gated", "bias": False,
+             "rope_theta": 10000.0}
+PACKED6 = ModelConfig(n_layers=2, d_model=24, n_heads=4, d_head=6, d_ff=42, seq_len=8,
+                      vocab_size=100, name="packed6")
+PACKED6_LLAMA = ModelConfig(n_layers=2, d_model=30, n_heads=5, n_kv_heads=1, d_head=6,
+                            d_ff=42, seq_len=8, vocab_size=100, name="packed6-llama",
+                            **_LLAMA_KW)
+PACKED4 = ModelConfig(n_layers=2, d_model=28, n_heads=7, d_head=4, d_ff=60, seq_len=8,
+                      vocab_size=100, name="packed4")
+PACKED4_LLAMA = ModelConfig(n_layers=2, d_model=20, n_heads=5, n_kv_heads=1, d_head=4,
+                            d_ff=44, seq_len=8, vocab_size=100, name="packed4-llama",
+                            **_LLAMA_KW)
+#: (NPU, model) pairs of packed heads, by name.
+PACKED = {"packed6": (npu_preset("tiny"), PACKED6),
+          "packed6-llama": (npu_preset("tiny"), PACKED6_LLAMA),
+          "packed4": (PACKED_NPU8, PACKED4),
+          "packed4-llama": (PACKED_NPU8, PACKED4_LLAMA)}
 
 
 def attention_npu(*, size=4, window=8, length=8, dmax=8):

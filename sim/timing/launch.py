@@ -235,13 +235,13 @@ class LaunchTimer:
             if flags & FLAG_INTERLEAVED and shared != (
                     self._share(regs, "RD3", "RD4") and self._share(regs, "RD4", "RD5")):
                 return None                 # two of the three share a bank: not modelled
-            words = set(launch_words(regs, n).values())
-            if len(words) > 1 and shared:
+            words = launch_words(regs, n)
+            if shared and flags & FLAG_INTERLEAVED and len(set(words.values())) > 1:
                 return None                 # rows of different lengths in one bank
             base = attn_timing.preload_cycles(regs, window=self.npu.attn_window,
                                               length=self.npu.softmax_len, size=n)
             return chip_timing.attention_cycles(
-                base, keys=regs["AT_KEYS"], words=max(words), shared=shared,
+                base, keys=regs["AT_KEYS"], words=words, shared=shared,
                 interleaved=bool(flags & FLAG_INTERLEAVED), halo=flags_halo(flags))
         return None
 

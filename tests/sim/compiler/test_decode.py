@@ -1,6 +1,8 @@
 """Generation on chip (sim.compiler.decode, sim.flows.generate): the prefill and a counted loop
 of decode steps, bit-exact against the golden incremental decode; a static program."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from sim.errors import BadInput
 from sim.flows.generate import generate
 from sim.golden.decode import prefill_logits, random_head_weights
 from sim.golden.float_model import random_weights
-from tests.helpers import seeded, tiny_variant
+from tests.helpers import PACKED, seeded, tiny_variant
 
 #: The tiny NPU with 128 KiB: the tiny decoder's blocks and head (its table twice: the
 #: embedding matmul's B operand and the LM head's) do not fit 64 KiB on one chip.
@@ -120,6 +122,28 @@ def test_grid_generation_is_bit_exact(strategy, name, grid, batch):
     assert out["golden_match"], out["first_mismatch"]
     a, b = (int(v) for v in grid.split("x"))
     assert out["chips"] == a * b
+
+
+@pytest.mark.parametrize("model,strategy,chips,grid,batch", [
+    ("packed6-llama", "single", 1, None, 1), ("packed6-llama", "head", 3, None, 1),
+    ("packed4", "pipeline", 2, None, 2),
+    pytest.param("packed4-llama", "head", 2, None, 2, marks=pytest.mark.slow),
+    pytest.param("packed6", "data", 2, None, 2, marks=pytest.mark.slow),
+    pytest.param("packed6-llama", "head+pipeline", None, "2x2", 2, marks=pytest.mark.slow)])
+def test_packed_heads_generate_bit_exact(model, strategy, chips, grid, batch):
+    """Generation with heads packed in shared words: the K/V cache rows are the packed QKV
+    rows, each step's attention reads its head's lanes of them (RoPE at the step's position;
+    the one K/V head of 5 query heads held by every head shard); every sequence equals its
+    golden decode."""
+    npu, cfg = PACKED[model]
+    if strategy != "head":
+        npu = dataclasses.replace(npu, sram_bytes=1 << 17)
+    prompts = seeded(70 + batch).integers(0, cfg.vocab_size, (batch, 3))
+    kw = {"grid": grid} if grid else {"chips": chips}
+    out = generate(npu, cfg, prompt=prompts, n=4, backend="iss", strategy=strategy,
+                   seed=batch, **kw)
+    assert out["golden_match"], out["first_mismatch"]
+    assert len(out["step_cycles"]) == 3
 
 
 def test_logits_equal_a_prefill_of_the_whole_sequence():
