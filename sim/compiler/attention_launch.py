@@ -157,23 +157,24 @@ def _score_row_words(prw, given, name, what):
 
 
 def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_base,
-                   q_row_words, k_row_words, col=0, kv_col=None, q_pos=0, k_pos=0,
-                   bidirectional=False, interleaved=False, halo=0,
+                   q_row_words, k_row_words, col=0, kv_col=None, k_col=None, q_pos=0,
+                   k_pos=0, bidirectional=False, interleaved=False, halo=0,
                    p_row_words=None) -> AttentionLaunch:
     """Split-score pass 1: this chip's ``d_head`` lanes of a head (Q and K as in
-    :func:`attention_launch`: K's from ``kv_col``), one raw int32 partial score row per query
-    out, row t at ``p_base + t * p_row_words`` (default and minimum:
-    ``partial_row_words(window, size)``, ``window`` the ring's W). The rows of the head's
-    chips, summed, are the reduced rows of :func:`reduced_launch` over the same keys, queries,
+    :func:`attention_launch`: K's from ``k_col``, default ``kv_col``), one raw int32 partial score
+    row per query out, row t at ``p_base + t * p_row_words`` (default and minimum:
+    ``partial_row_words(window, size)``, ``window`` the ring's W). The rows of the head's chips,
+    summed, are the reduced rows of :func:`reduced_launch` over the same keys, queries,
     positions and schedule."""
     prw = partial_row_words(window, size)
     p_row_words = _score_row_words(prw, p_row_words, "p_row_words", "partial")
     base = attention_launch(
         size=size, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
         v_base=k_base, o_base=p_base, q_row_words=q_row_words, k_row_words=k_row_words,
-        v_row_words=k_row_words, o_row_words=q_row_words, col=col, kv_col=kv_col,
-        q_pos=q_pos, k_pos=k_pos, bidirectional=bidirectional, interleaved=interleaved,
-        halo=halo, score_mult=1, score_shift=1, out_mult=1, out_shift=1)
+        v_row_words=k_row_words, o_row_words=q_row_words, col=col, kv_col=kv_col, k_col=k_col,
+        v_col=k_col, q_pos=q_pos, k_pos=k_pos, bidirectional=bidirectional,
+        interleaved=interleaved, halo=halo, score_mult=1, score_shift=1, out_mult=1,
+        out_shift=1)
     regs = dict(base.regs, AT_FLAGS=flags_value(bidirectional=bidirectional,
                                                 interleaved=interleaved, halo=halo,
                                                 split="partial"))
@@ -182,21 +183,21 @@ def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_bas
 
 
 def reduced_launch(*, size, window, d_head, queries, keys, v_base, r_base, o_base,
-                   v_row_words, o_row_words, col=0, kv_col=None, q_pos=0, k_pos=0,
-                   bidirectional=False, interleaved=False, halo=0, window_cut=0,
+                   v_row_words, o_row_words, col=0, kv_col=None, v_col=None, q_pos=0,
+                   k_pos=0, bidirectional=False, interleaved=False, halo=0, window_cut=0,
                    r_row_words=None, score_mult, score_shift, out_mult,
                    out_shift) -> AttentionLaunch:
     """Split-score pass 2: the reduced score rows (row t at ``r_base + t * r_row_words``, the
     format of :func:`partial_launch`) replace ``q . k``; V in and the int8 output out as in
     :func:`attention_launch` (columns ``col .. col + d_head - 1`` of the output, from
-    ``kv_col``, default ``col``, of V). ``window_cut`` is ``AT_WINDOW``."""
+    ``v_col``, default ``kv_col``, default ``col``, of V). ``window_cut`` is ``AT_WINDOW``."""
     prw = partial_row_words(window, size)
     r_row_words = _score_row_words(prw, r_row_words, "r_row_words", "reduced")
     base = attention_launch(
         size=size, d_head=d_head, queries=queries, keys=keys, q_base=v_base, k_base=v_base,
         v_base=v_base, o_base=o_base, q_row_words=v_row_words, k_row_words=v_row_words,
         v_row_words=v_row_words, o_row_words=o_row_words, col=col, kv_col=kv_col,
-        q_pos=q_pos, k_pos=k_pos,
+        k_col=v_col, v_col=v_col, q_pos=q_pos, k_pos=k_pos,
         bidirectional=bidirectional, interleaved=interleaved, halo=halo, window=window_cut,
         score_mult=score_mult, score_shift=score_shift, out_mult=out_mult,
         out_shift=out_shift)

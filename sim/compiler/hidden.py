@@ -112,9 +112,10 @@ SEED_COLLECTIVES = "3-4"
 @dataclass(frozen=True)
 class Piece:
     """The lanes of head ``head`` on one chip: d_model columns ``lo .. hi - 1``, at column
-    ``off`` of the chip's Q (and attention output) layout, ``width`` = ``hi - lo`` padded to
-    whole words (its ``AT_D_HEAD``); ``group`` = ``(first, count)`` of the head's chips;
-    ``kv_off``: the column of the same lanes of its K/V head in the chip's K (and V) layout
+    ``off`` of the chip's Q (and attention output) layout, ``width`` = ``hi - lo`` (its
+    ``AT_D_HEAD``; the pieces are packed, one after another, sharing words); ``group`` = ``(first,
+    count)`` of the head's chips; ``kv_off``: the column of the same lanes of its K/V head in the
+    chip's K (and V) layout
     (:class:`KvPiece`)."""
 
     head: int
@@ -134,7 +135,8 @@ class Piece:
 class KvPiece:
     """The lanes of K/V head ``head`` that a chip's query pieces read: K (and V) columns
     ``lo .. hi - 1`` (of ``d_kv``), at column ``off`` of the chip's K and V layout, ``width``
-    padded like the pieces'. Without grouped-query attention one per piece, at its ``off``;
+    ``hi - lo``, packed like the pieces. Without grouped-query attention one per piece, at its
+    ``off``;
     with it, the query pieces of one K/V head with the same lanes share one."""
 
     head: int
@@ -233,7 +235,7 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
         kvs, kv_at = {}, 0        # (K/V head, first lane, last lane) -> its KvPiece
         for h in range(lo // dh, cdiv(hi, dh)):
             a, b = max(lo, h * dh), min(hi, (h + 1) * dh)
-            width = pad_to(b - a, n)
+            width = b - a             # packed: the pieces one after another, lanes of words
             g = h // cfg.kv_group
             lanes = (g, a - h * dh, b - h * dh)
             if lanes not in kvs:
@@ -248,7 +250,7 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
             if p.width > npu.d_head_max:
                 raise ConfigError(f"exceeds datapath width d_head_max={npu.d_head_max} on chip "
                                   f"{c} of {chips}: it holds {p.hi - p.lo} lanes of head "
-                                  f"{p.head} ({p.width} padded)", path=npu.path, key="d_head",
+                                  f"{p.head}", path=npu.path, key="d_head",
                                   value=cfg.d_head)
         if widths[c] > npu.d_model_max:
             raise ConfigError(f"exceeds d_model_max={npu.d_model_max} on chip {c} of {chips}: "
@@ -435,14 +437,20 @@ class _Compiler:
         dkv = cfg.d_kv
 
         def lanes(pieces, at):
-            return [g for p in pieces for g in
-                    [at + x for x in range(p.lo, p.hi)] + [-1] * (p.width - p.hi + p.lo)]
+            return [at + x for p in pieces for x in range(p.lo, p.hi)]
+
+        def words(cols):
+            """``cols`` padded with -1 to whole words."""
+            return cols + [-1] * (pad_to(len(cols), n) - len(cols))
         for c in range(self.chips):
+            # Pieces packed (one after another, sharing words); under RoPE the rotated
+            # projections from the first word boundary after V (the vector unit reads rows
+            # from a word's first lane).
             qs, kvs = plan.pieces[c], plan.kv_pieces[c]
             q = lanes(qs, 0) + lanes(kvs, d) + lanes(kvs, d + dkv)
             if cfg.rope:
-                q += lanes(qs, d + 2 * dkv) + lanes(kvs, 2 * d + 2 * dkv)
-            self.dest["qkv"].append(q)
+                q = words(q) + lanes(qs, d + 2 * dkv) + lanes(kvs, 2 * d + 2 * dkv)
+            self.dest["qkv"].append(words(q))
             lo, hi = plan.cols[c]
             self.dest["o"].append(list(range(lo, hi)) + [-1] * (pad_to(hi - lo, n) - hi + lo))
             self.dest["ffn2"].append(self.dest["o"][c])
@@ -460,8 +468,7 @@ class _Compiler:
             self.inputs["ffn2"].append(self.dest["ffn1"][c])
             if cfg.ffn == "gated":
                 self.inputs.setdefault("gate", []).append(self.dest["o"][c])
-            self.inputs["o"].append([g for p in plan.pieces[c] for g in
-                                     list(range(p.lo, p.hi)) + [-1] * (p.width - p.hi + p.lo)])
+            self.inputs["o"].append(words(lanes(plan.pieces[c], 0)))
         self.red = {}
         if self.chips > 1:
             for name in self.dest:
@@ -551,7 +558,7 @@ class _Compiler:
         first = self.plan.pieces[ch.c][0].width
         repeat = len(lanes) // first
         unit = lanes[:first]
-        if len(lanes) % first or not np.array_equal(np.tile(unit, repeat), lanes):
+        if first % n or len(lanes) % first or not np.array_equal(np.tile(unit, repeat), lanes):
             unit, repeat = lanes, 1
         rw = row_words(len(unit), 1, n)
         out = []
@@ -885,10 +892,12 @@ class _Compiler:
         tag = ("attn", self.layer)
 
         def qkv_bases(ch, s):
+            """Sample s's QKV rows: their base, row words, and the lanes where K and V begin
+            (the pieces packed: Q from lane 0)."""
             qkv = ch.t["qkv"]
             base = qkv.base + s * self.seq_pad * qkv.row_words
-            q, kv = self.plan.q_width(ch.c) // n, self.plan.kv_width(ch.c) // n
-            return base, base + q, base + q + kv, qkv.row_words
+            q, kv = self.plan.q_width(ch.c), self.plan.kv_width(ch.c)
+            return base, qkv.row_words, q, q + kv
 
         def rows(h, s):
             """Offset of head h's score rows of sample s in "scores_in" and "scores"."""
@@ -899,12 +908,12 @@ class _Compiler:
             for ch in self.ch:
                 for piece in split[ch.c]:
                     for s in range(self.nseq):
-                        q, k, _, rw = qkv_bases(ch, s)
+                        base, rw, k_at, _ = qkv_bases(ch, s)
                         al_.emit(ch.asm, al_.partial_launch(
-                            window=W, d_head=piece.width, q_base=q, k_base=k,
+                            window=W, d_head=piece.width, q_base=base, k_base=base,
                             p_base=ch.t["scores_in"].base + rows(piece.head, s),
                             q_row_words=rw, k_row_words=rw, col=piece.off,
-                            kv_col=piece.kv_off, **common), tag)
+                            k_col=k_at + piece.kv_off, **common), tag)
                 ch.asm.wait(Unit.ATTN)
 
             def chunks(ch):
@@ -922,12 +931,13 @@ class _Compiler:
                 if piece.split:
                     continue
                 for s in range(self.nseq):
-                    q, k, v, rw = qkv_bases(ch, s)
+                    base, rw, k_at, v_at = qkv_bases(ch, s)
                     al_.emit(ch.asm, al_.attention_launch(
-                        d_head=piece.width, q_base=q, k_base=k, v_base=v,
+                        d_head=piece.width, q_base=base, k_base=base, v_base=base,
                         o_base=o.base + s * self.seq_pad * o.row_words, q_row_words=rw,
                         k_row_words=rw, v_row_words=rw, o_row_words=o.row_words, col=piece.off,
-                        kv_col=piece.kv_off, q_pos=0, k_pos=0, window=sched.window,
+                        k_col=k_at + piece.kv_off, v_col=v_at + piece.kv_off, q_pos=0,
+                        k_pos=0, window=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
                         out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
             if not split[ch.c]:
@@ -937,12 +947,12 @@ class _Compiler:
             ch.asm.wait(Unit.COLL)
             for piece in split[ch.c]:
                 for s in range(self.nseq):
-                    _, _, v, rw = qkv_bases(ch, s)
+                    base, rw, _, v_at = qkv_bases(ch, s)
                     al_.emit(ch.asm, al_.reduced_launch(
-                        window=W, d_head=piece.width, v_base=v,
+                        window=W, d_head=piece.width, v_base=base,
                         r_base=ch.t["scores"].base + rows(piece.head, s),
                         o_base=o.base + s * self.seq_pad * o.row_words, v_row_words=rw,
-                        o_row_words=o.row_words, col=piece.off, kv_col=piece.kv_off,
+                        o_row_words=o.row_words, col=piece.off, v_col=v_at + piece.kv_off,
                         window_cut=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
                         out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
@@ -961,7 +971,7 @@ class _Compiler:
             qw, kw = plan.q_width(ch.c), plan.kv_width(ch.c)
             lanes = qw + kw
             qk = Rows(qkv.base, self.rows, qkv.row_words, 1)
-            qkr = Rows(qkv.base + (qw + 2 * kw) // n, self.rows, qkv.row_words, 1)
+            qkr = Rows(qkv.base + pad_to(qw + 2 * kw, n) // n, self.rows, qkv.row_words, 1)
             t1, t2 = self._rows(ch.t["rope1"]), self._rows(ch.t["rope2"])
             cos, sin = ch.rope
             for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
@@ -972,7 +982,8 @@ class _Compiler:
             vl.emit(ch.asm, vl.add_launch(size=n, length=lanes, a=t1, b=t2, out=t1))
             ch.asm.wait(Unit.VEC)
             vl.emit(ch.asm, vl.requant_launch(size=n, length=lanes, a=t1, out=qk,
-                                              params_base=ch.layers[i]["rope_req"].base))
+                                              params_base=ch.layers[i]["rope_req"].base,
+                                              keep=lanes % n != 0))
             ch.asm.wait(Unit.VEC)
 
     def block(self, i: int):
