@@ -177,17 +177,18 @@ def test_llama_tokens_and_columns_split_on_the_iss(strategy, chips, cfg):
                           "head+pipeline", "data", "data+pipeline", "hidden"],
         "packed4": ["single", "head2", "pipeline", "data", "hidden", "sequence", "head3",
                     "data+head", "head+pipeline", "data+pipeline"],
-        "packed6": ["hidden", "data+pipeline", "single", "head2", "head3", "pipeline",
+        "packed6": ["hidden", "hidden3", "data+pipeline", "single", "head2", "head3", "pipeline",
                     "sequence", "data", "data+head", "head+pipeline"],
         "packed4-llama": ["head2", "sequence", "single", "head3", "pipeline", "data",
                           "hidden", "data+head", "head+pipeline", "data+pipeline"]}.items()
     for k, run in enumerate(runs)
-    for default in [k < {"packed6-llama": 7, "packed4": 5, "packed6": 2,
+    for default in [k < {"packed6-llama": 7, "packed4": 5, "packed6": 3,
                          "packed4-llama": 2}[model]]
     for strategy, chips, grid, batch in [{
         "single": ("single", 1, None, 1), "head2": ("head", 2, None, 1),
         "head3": ("head", 3, None, 1), "pipeline": ("pipeline", 2, None, 2),
         "data": ("data", 2, None, 2), "hidden": ("hidden", 2, None, 1),
+        "hidden3": ("hidden", 3, None, 1),
         "sequence": ("sequence", 2, None, 1), "data+head": ("data+head", 4, "2x2", 2),
         "head+pipeline": ("head+pipeline", 4, "2x2", 2),
         "data+pipeline": ("data+pipeline", 4, "2x2", 2)}[run]]])
@@ -195,8 +196,9 @@ def test_packed_heads_on_the_iss(model, strategy, chips, grid, batch):
     """Heads narrower than a word, or not whole words, share words (6-lane heads on the tiny
     chip's 4-lane words, 4-lane heads two to a word on an 8-wide chip), every ATTN at its
     lanes; weights stored unpadded; RoPE over whole table rows; 5 query heads on 1 K/V head
-    (head on 2 and 3 chips each hold it): every strategy that places heads, bit for bit the
-    golden, near float64. (hidden keeps its own layout: whole-word pieces.)"""
+    (head on 2 and 3 chips each hold it); hidden's pieces packed too (on 3 chips head 1 split
+    between lanes 6..7 and 8..11): every strategy that places heads, bit for bit the golden,
+    near float64."""
     npu, cfg = PACKED[model]
     kw = {"grid": grid} if grid else {}
     r = simulate(npu, cfg, strategy=strategy, chips=chips, backend="iss", seed=1,
