@@ -75,8 +75,8 @@ __all__ = ["DecodeProgram", "compile_decode", "check_generate", "strategy_axes",
            "GRID_STRATEGIES"]
 
 #: The strategies generation compiles for.
-DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "head+pipeline", "data+head",
-                     "data+pipeline")
+DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "hidden", "head+pipeline",
+                     "data+head", "data+pipeline")
 #: The 2-D ones (``--grid AxB``).
 GRID_STRATEGIES = ("head+pipeline", "data+head", "data+pipeline")
 
@@ -232,6 +232,12 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
         check_single_chip(npu, qm.cfg)
     if check and chips > 1:
         check_ring_port(npu, chips)
+    if strategy == "hidden":
+        from .decode_hidden import compile_hidden_decode
+        return compile_hidden_decode(npu, qm, head, prompt_len=prompt_len, generate=generate,
+                                     batch=batch, chips=chips,
+                                     vocab_columns=_vocab_split(npu, qm.cfg.vocab_size, chips),
+                                     check=check, contents=contents)
     try:
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
                         chips=chips, strategy=strategy, axes=axes, transfer_bank=True)
@@ -264,7 +270,7 @@ def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
         return {"head+pipeline": (1, b, a), "data+head": (a, 1, b),
                 "data+pipeline": (a, b, 1)}[strategy]
     return {"single": (1, 1, 1), "head": (1, 1, chips), "pipeline": (1, chips, 1),
-            "data": (chips, 1, 1)}[strategy]
+            "data": (chips, 1, 1), "hidden": (1, 1, chips)}[strategy]
 
 
 def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
