@@ -44,7 +44,6 @@ sequences decode for the weight reads of one. The step's addresses and lengths a
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,8 +100,8 @@ class DecodeProgram:
     #: Per chip: its sequences' generated ids as argmax records, step-major (None on a
     #: pipeline's middle stages).
     ids: list
-    #: Per chip: its int16 logits, step-major rows of the padded vocabulary (and the rows of a
-    #: fold's padding; None but on the chips that pick tokens).
+    #: Per chip: its int16 logits, step-major rows of its block of the padded vocabulary (and
+    #: the rows of a fold's padding; None but on the chips that hold a vocabulary block).
     logits: list
     caches: list         #: per chip, per block: its ``[Q | K | V]`` rows (module docstring)
     #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``
@@ -113,6 +112,11 @@ class DecodeProgram:
     strategy: str = "single"
     #: The chips form pipelines: each stage picks one sequence's token at a time.
     pipelined: bool = False
+    #: Per chip: the global indices of the sequences whose logits it holds (its vocabulary
+    #: block's: read back from every chip of a split vocabulary), and the block's columns
+    #: ``(v0, v1)`` of the vocabulary (None on a chip without logits).
+    logit_seqs: list = field(default_factory=list)
+    vocab: list = field(default_factory=list)
 
     @property
     def context(self) -> int:
@@ -149,33 +153,36 @@ class DecodeProgram:
         return out
 
     def reads(self) -> list[list[tuple[int, int]]]:
-        """Per chip, the ``(base, words)`` regions to read back: its ids, then its logits
-        (none on a chip without outputs)."""
+        """Per chip, the ``(base, words)`` regions to read back: its ids (if it has outputs),
+        then its block of the logits (if it holds one)."""
         out = []
-        for seqs, ids, logits in zip(self.outputs, self.ids, self.logits, strict=True):
-            rows = self.generate * len(seqs)
-            out.append([(ids.base, ids.words), (logits.base, rows * logits.row_words)]
-                       if seqs else [])
+        for seqs, lseqs, ids, logits in zip(self.outputs, self.logit_seqs, self.ids,
+                                            self.logits, strict=True):
+            regions = [(ids.base, ids.words)] if seqs else []
+            if lseqs:
+                regions.append((logits.base, self.generate * len(lseqs) * logits.row_words))
+            out.append(regions)
         return out
 
     def read(self, regions) -> dict:
         """``ids`` [B, n] (the generated) and ``logits`` [B, n, vocab] from each chip's words
-        :meth:`reads` asked for."""
+        :meth:`reads` asked for (the logits from the blocks of every chip that holds one)."""
         n, cfg = self.npu.array_size, self.qm.cfg
         ids = np.zeros((self.batch, self.generate), np.int64)
         logits = np.zeros((self.batch, self.generate, cfg.vocab_size), np.int64)
-        for seqs, words, t, rec in zip(self.outputs, regions, self.logits, self.ids,
-                                       strict=True):
-            if not seqs:
-                continue
-            b = len(seqs)
-            records = np.asarray(words[0], np.uint8).reshape(-1, rec.row_words,
-                                                             n)[:, :argmax_words(n)]
-            got, _ = unpack_argmax(records)
-            ids[seqs] = got.reshape(self.generate, b).T
-            rows = unpack_rows(words[1], self.generate * b, t.cols, 2)
-            logits[seqs] = rows[:, :cfg.vocab_size].reshape(self.generate, b,
-                                                             -1).transpose(1, 0, 2)
+        for c, words in enumerate(regions):
+            seqs, lseqs, rec, t = self.outputs[c], self.logit_seqs[c], self.ids[c], \
+                self.logits[c]
+            if seqs:
+                records = np.asarray(words[0], np.uint8).reshape(-1, rec.row_words,
+                                                                 n)[:, :argmax_words(n)]
+                got, _ = unpack_argmax(records)
+                ids[seqs] = got.reshape(self.generate, len(seqs)).T
+            if lseqs:
+                v0, v1 = self.vocab[c]
+                rows = unpack_rows(words[-1], self.generate * len(lseqs), t.cols, 2)
+                logits[lseqs, :, v0:v1] = rows[:, :v1 - v0].reshape(
+                    self.generate, len(lseqs), -1).transpose(1, 0, 2)
         return {"ids": ids, "logits": logits}
 
 
@@ -249,14 +256,43 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
 
 
 def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
-    """Columns of the LM head on each of ``chips`` chips: the vocabulary padded to whole
-    array blocks per chip and, split, to whole engine words per chip (the logits' all-gather
-    is of int16 rows)."""
-    n = npu.array_size
-    if chips == 1:
-        return pad_to(vocab, n)
-    unit = math.lcm(n, npu.ring_word_bytes // 2)
-    return pad_to(-(-vocab // chips), unit)
+    """Columns of the LM head on each of ``chips`` chips: the vocabulary split in blocks of
+    whole array blocks (the last chips' blocks may hold padding, or only padding)."""
+    return pad_to(-(-vocab // chips), npu.array_size)
+
+
+def records_block(npu: NpuConfig, rows: int) -> int:
+    """Words of one chip's argmax records of ``rows`` rows in a gathered buffer: whole
+    engine words (the all-gather's blocks)."""
+    return pad_to(rows * argmax_words(npu.array_size), npu.ring_word_bytes // npu.array_size)
+
+
+def block_argmax(npu: NpuConfig, asm: Assembler, *, vocab: int, v0: int, vc: int, part: int,
+                 x: vl.Rows, picks: int) -> None:
+    """The first half of a pick over a vocabulary of ``vocab`` split in blocks of ``vc``
+    columns: chip ``part``'s ARGMAX of its int16 logits block ``x`` (from column ``v0``:
+    global indices, lowest on ties) into its records at ``picks + part * block``
+    (:func:`records_block`). A block of padding only writes none. Then every chip's records
+    are all-gathered into the buffer at ``picks`` and :func:`combine_argmax` picks."""
+    valid = min(vc, vocab - v0)
+    if valid > 0:
+        vl.emit(asm, vl.argmax_launch(size=npu.array_size, length=valid, x=x,
+                                      record_base=picks + part * records_block(npu, x.rows),
+                                      offset=v0))
+        asm.wait(Unit.VEC)
+
+
+def combine_argmax(npu: NpuConfig, asm: Assembler, *, vocab: int, vc: int, chips: int,
+                   rows: int, picks: int, record_base: int) -> None:
+    """The second half of a pick (:func:`block_argmax`): an ARGMAX in pair mode combines each
+    of ``rows`` rows' gathered records (those of the chips whose blocks hold columns) into
+    ``record_base``: the largest logit, the lowest index on ties, as one ARGMAX of the whole
+    row would."""
+    vl.emit(asm, vl.argmax_pairs_launch(
+        size=npu.array_size, count=min(chips, -(-vocab // vc)), records_base=picks,
+        record_base=record_base, rows=rows, stride=records_block(npu, rows),
+        row_stride=argmax_words(npu.array_size)))
+    asm.wait(Unit.VEC)
 
 
 def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
@@ -281,7 +317,7 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
     replicas, count, shards = axes
     stages = stage_layers(cfg, count)
     vc = _vocab_split(npu, cfg.vocab_size, shards)
-    out, holds, outputs = [], [], []
+    out, holds, outputs, logit_seqs = [], [], [], []
     for r, seqs in enumerate(split_batch(batch, replicas, "replicas (data parallelism)")):
         for s in range(count):
             first = (r * count + s) * shards
@@ -295,14 +331,17 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
                     prev=first - shards + h if s else None,
                     nxt=first + shards + h if s + 1 < count else None,
                     last=(r * count + count - 1) * shards + h, home=r * count * shards + h))
-                # The first stage embeds the prompts; the last stage's first shard is read.
+                # The first stage embeds the prompts; the last stage's first shard's ids are
+                # read, and every shard's block of the logits.
                 holds.append(list(seqs) if s == 0 or not piped else [])
                 outputs.append(list(seqs) if s == count - 1 and h == 0 else [])
+                logit_seqs.append(list(seqs) if s == count - 1 else [])
     return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
                          holds, outputs, [c["prompts"] for c in out], [c["ids"] for c in out],
                          [c["logits"] for c in out], [c["caches"] for c in out],
                          [c["kv_bytes"] for c in out], [c["comms"] for c in out], strategy,
-                         pipelined=count > 1)
+                         pipelined=count > 1, logit_seqs=logit_seqs,
+                         vocab=[c["vocab"] for c in out])
 
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
@@ -379,10 +418,15 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     if first_stage or last_stage:
         ids = al.alloc("ids", generate * B, rs * n, 1, "activations", row_words_=rs,
                        transfer=piped)
+    picks = None
     if last_stage:
         logits = al.alloc("logits", (generate - 1) * B + pad_to(fold_rows, n) + B - fold_rows,
-                          vc * chips, 2, "activations")
+                          vc, 2, "activations")
         hf = al.alloc("hf", pad_to(fold_rows, n), d_pad, 1, "activations")
+        if shard.group is not None:
+            # Every chip's argmax records of a pick, gathered side by side.
+            picks = al.alloc("picks", chips * records_block(npu, fold_rows), n, 1,
+                             "activations", row_words_=1)
     x_rw = row_words(d_pad, 2, n)
     xs = [em.alloc_residual(f"x{b}", 1, multiple=pl.message_words(x_rw, n, link),
                             transfer=True) for b in range(B)] if piped else \
@@ -403,7 +447,6 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     hcount = len(shard.heads)
     q_words = hcount * em.dh_pad // n
     kv_words = len(kv_heads) * em.dh_pad // n
-    vc_words = row_words(vc, 2, n)
     rw = caches[layers[0]].row_words
 
     def attend(a: Assembler, i: int, cache: Tensor, pos: int, queries: int, b: int,
@@ -458,24 +501,28 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         a.wait(Unit.VEC)
 
     def pick(a: Assembler, step: BlockEmitter, first: int, rows: int):
-        """The LM head of ``hf``'s ``rows`` rows into the logits rows from ``first``, every
-        chip's columns gathered, and their tokens' records from ``ids[first]``."""
-        block = Tensor("logits.block", logits.base + first * logits.row_words + part * vc_words,
-                       pad_to(rows, n), vc, 2, logits.row_words, "activations")
-        step._matmul(hf, lm_w, block, d_pad, OutMode.INT16)
+        """The LM head of ``hf``'s ``rows`` rows into the logits rows from ``first`` (the
+        chip's block of the vocabulary), and their tokens' records from ``ids[first]``: the
+        ARGMAX of the row, or of a split vocabulary each chip's block's, the group's records
+        gathered and combined (:func:`block_argmax`, :func:`combine_argmax`)."""
+        step._matmul(hf, lm_w, view(logits, first, pad_to(rows, n)), d_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)
-        if shard.group is not None:
-            for b in range(rows):     # each row: every chip's block at its place
-                row = logits.base + (first + b) * logits.row_words
-                step._row_collective("all_gather", shard, Tensor(
-                    "logits.row", row, chips, vc, 2, vc_words, "activations"), chips, None,
-                    "logits")
         if rows > 1 and rs != aw:
             raise AssertionError("an ARGMAX of several rows writes records of its own size")
-        vl.emit(a, vl.argmax_launch(size=n, length=cfg.vocab_size,
-                                    x=rows_of(logits, first, rows),
-                                    record_base=ids.base + first * rs))
-        a.wait(Unit.VEC)
+        x = rows_of(logits, first, rows)
+        if shard.group is None:
+            vl.emit(a, vl.argmax_launch(size=n, length=cfg.vocab_size, x=x,
+                                        record_base=ids.base + first * rs))
+            a.wait(Unit.VEC)
+            return
+        block_argmax(npu, a, vocab=cfg.vocab_size, v0=v0, vc=vc, part=part, x=x,
+                     picks=picks.base)
+        blk = records_block(npu, rows)
+        step._row_collective("all_gather", shard, Tensor("picks", picks.base, chips, blk * n,
+                                                         1, blk, "activations"), chips, None,
+                             "argmax records")
+        combine_argmax(npu, a, vocab=cfg.vocab_size, vc=vc, chips=chips, rows=rows,
+                       picks=picks.base, record_base=ids.base + first * rs)
 
     def emitter(a: Assembler, rows: int) -> BlockEmitter:
         step = em if rows == em.seq else dataclasses.replace(em, seq=rows)
@@ -607,4 +654,5 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         role["kv_heads"] = kv_heads
     return {"program": finish(npu, ChipProgram(chip, asm, al, role=role), check=check),
             "prompts": prompts, "ids": ids, "logits": logits, "caches": list(caches.values()),
-            "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms}}
+            "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms},
+            "vocab": (v0, min(v0 + vc, cfg.vocab_size)) if last_stage else None}

@@ -50,6 +50,7 @@ from . import vector_launch as vl
 from .affine import emit_affine_chips
 from .alloc import Tensor
 from .blocks import BlockEmitter, pad_to
+from .decode import DecodeProgram, block_argmax, combine_argmax, records_block
 from .decode_quant import QHead
 from .descriptors import emit_matmul, matmul_launch
 from .hidden import Span, _Compiler, check_hidden, hidden_plan
@@ -67,8 +68,6 @@ def compile_hidden_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len
     chip's block of the LM head's columns. ``check``: the shards' widths against the
     datapath (:func:`~sim.compiler.hidden.check_hidden`), the capacity and the program size;
     ``contents=False``: the planner's shapes-only compile."""
-    from .decode import DecodeProgram
-
     cfg = qm.cfg
     if getattr(qm, "quant", "int8") != "int8":
         raise ValueError(f"--strategy hidden does not compile quant={qm.quant!r} yet (only "
@@ -88,7 +87,10 @@ def compile_hidden_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len
     return DecodeProgram(npu, qm, out["programs"], prompt_len, generate, batch,
                          [every] * chips, [every] + [[] for _ in range(chips - 1)],
                          out["prompts"], out["ids"], out["logits"], out["caches"],
-                         out["kv_bytes"], out["comms"], "hidden")
+                         out["kv_bytes"], out["comms"], "hidden", logit_seqs=[every] * chips,
+                         vocab=[(c * vocab_columns, min((c + 1) * vocab_columns,
+                                                        qm.cfg.vocab_size))
+                                for c in range(chips)])
 
 
 def _compile(npu, qm, head, plan, P, generate, B, vc, check, contents, *, transfer_bank):
@@ -124,8 +126,10 @@ def _compile(npu, qm, head, plan, P, generate, B, vc, check, contents, *, transf
             "prompts": al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw),
             "e": al.alloc("onehot", rows_max, v_pad, 1, "activations"),
             "ids": al.alloc("ids", generate * B, aw * n, 1, "activations", row_words_=aw),
-            "logits": al.alloc("logits", (generate - 1) * B + b_pad, vc * chips, 2,
-                               "activations"),
+            "logits": al.alloc("logits", (generate - 1) * B + b_pad, vc, 2, "activations"),
+            # Every chip's argmax records of a pick, gathered side by side.
+            "picks": al.alloc("picks", chips * records_block(npu, B), n, 1, "activations",
+                              row_words_=1),
             "hf": al.alloc("hf", b_pad, wpad, 1, "activations")})
         ch.t["hf"] = bufs[-1]["hf"]
         if check:
@@ -191,27 +195,26 @@ def _compile(npu, qm, head, plan, P, generate, B, vc, check, contents, *, transf
 
     def pick(v: _Compiler, first: int, rows: int):
         """The LM head of "hf"'s fold into the logits rows from ``first`` (each chip its
-        vocabulary block), each row all-gathered, and every chip's ARGMAX of the ``rows``
-        rows into the token records from ``ids[first]``."""
+        vocabulary block), and the tokens of the ``rows`` rows picked from every chip's
+        records (:func:`~sim.compiler.decode.pick_records`) into ``ids[first]``, the same on
+        every chip."""
         v.layer = None
         for ch in v.ch:
-            lg = bufs[ch.c]["logits"]
-            ch.t["logits"] = dataclasses.replace(
-                lg, base=lg.base + first * lg.row_words + ch.c * row_words(vc, 2, n),
-                rows=v.rows, cols=vc)
+            ch.t["logits"] = rows_of(bufs[ch.c]["logits"], first, v.rows)
         v.project("lm", "hf", "logits")
-
-        def chunks(ch):
-            lg = bufs[ch.c]["logits"]
-            return [(lg.base + (first + r) * lg.row_words, chips * vc // 2)
-                    for r in range(rows)]
-        v.collective((0, chips), chunks, width=32, what="logits", kind="all_gather")
+        # Each chip's ARGMAX of its block, one all-gather of the records over all chips,
+        # then every chip's combine (in lock step, phase by phase).
+        x = {ch.c: comp._rows(rows_of(bufs[ch.c]["logits"], first, rows)) for ch in v.ch}
         for ch in v.ch:
-            lg, ids = bufs[ch.c]["logits"], bufs[ch.c]["ids"]
-            vl.emit(ch.asm, vl.argmax_launch(size=n, length=vocab,
-                                             x=comp._rows(rows_of(lg, first, rows)),
-                                             record_base=ids.base + first * aw))
-            ch.asm.wait(Unit.VEC)
+            block_argmax(npu, ch.asm, vocab=vocab, v0=ch.c * vc, vc=vc, part=ch.c, x=x[ch.c],
+                         picks=bufs[ch.c]["picks"].base)
+        blk = records_block(npu, rows)
+        v.collective((0, chips), lambda ch: [(bufs[ch.c]["picks"].base, chips * blk * n // 4)],
+                     width=32, what="argmax records", kind="all_gather")
+        for ch in v.ch:
+            b = bufs[ch.c]
+            combine_argmax(npu, ch.asm, vocab=vocab, vc=vc, chips=chips, rows=rows,
+                           picks=b["picks"].base, record_base=b["ids"].base + first * aw)
 
     sched = al_.Schedule(interleaved=False, halo=0, window=cfg.window)
     pre = comp.view(rows=p_pad, seq=P, samples=1, sample_rows=p_pad)

@@ -174,12 +174,12 @@ def test_logits_equal_a_prefill_of_the_whole_sequence():
     assert bad.size == 0, f"(step, vocab) {bad[0].tolist()}"
 
 
-def _programs(name, prompt_len, n, strategy="single", chips=1):
+def _programs(name, prompt_len, n, strategy="single", chips=1, npu=NPU):
     cfg = model_preset(name)
     rng = seeded(4)
     prompt = rng.integers(0, cfg.vocab_size, prompt_len)
     qm, head = quantize_decode(cfg, random_weights(cfg, 4), random_head_weights(cfg, 5), prompt)
-    return compile_decode(NPU, qm, head, prompt_len=prompt_len, generate=n, strategy=strategy,
+    return compile_decode(npu, qm, head, prompt_len=prompt_len, generate=n, strategy=strategy,
                           chips=chips).programs
 
 
@@ -187,13 +187,13 @@ def len_body(program):
     return next(loop_fields(decode(w).value)[0] for w in program if decode(w).op is Op.LOOP)
 
 
-@pytest.mark.parametrize("strategy,chips", [("single", 1), ("hidden", 2)])
-def test_imem_does_not_grow_with_the_tokens(strategy, chips):
+@pytest.mark.parametrize("strategy,chips,npu", [("single", 1, NPU), ("hidden", 2, HIDDEN_NPU)])
+def test_imem_does_not_grow_with_the_tokens(strategy, chips, npu):
     """A 16-token generation takes no more instructions than a 2-token one on every chip:
     the same instructions (only addresses, which the longer cache moves, and the LOOP's count
     differ)."""
-    shorts = _programs("tiny-llama", 1, 2, strategy, chips)
-    longs = _programs("tiny-llama", 1, 16, strategy, chips)
+    shorts = _programs("tiny-llama", 1, 2, strategy, chips, npu)
+    longs = _programs("tiny-llama", 1, 16, strategy, chips, npu)
     for short, long in zip(shorts, longs, strict=True):
         assert len(short) == len(long)
         shape = [[(i.op, i.reg) for i in map(decode, p)] for p in (short, long)]
