@@ -261,6 +261,13 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
     return pad_to(-(-vocab // chips), npu.array_size)
 
 
+def vocab_block(vocab: int, vc: int, part: int) -> tuple[int, int]:
+    """Columns ``(v0, v1)`` of a vocabulary of ``vocab`` in chip ``part``'s block of ``vc``
+    (``v1 == v0``: a block of padding only)."""
+    v0 = part * vc
+    return v0, max(v0, min(v0 + vc, vocab))
+
+
 def records_block(npu: NpuConfig, rows: int) -> int:
     """Words of one chip's argmax records of ``rows`` rows in a gathered buffer: whole
     engine words (the all-gather's blocks)."""
@@ -370,7 +377,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
     # The chip's block of the LM head's columns: its place in its head group.
     part = chip - shard.group[0] if shard.group is not None else 0
-    v0 = part * vc
+    v0, v1 = vocab_block(cfg.vocab_size, vc, part)
 
     # The head's tables.
     def emb():
@@ -380,7 +387,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     emb_w = em._linear("embed", emb, v_pad, d_pad) if first_stage else None
 
     def lm_block():
-        cols = np.arange(v0, min(v0 + vc, cfg.vocab_size))
+        cols = np.arange(v0, v1)
         lm = head.lm
         return QLinear(lm.w[:, cols], lm.bias[cols], lm.mult[cols], lm.shift[cols], lm.mode)
     lm_w = norm_gb = None
@@ -649,10 +656,10 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                 ids.base + ((generate - 1) * B + b) * rs, rs), size=n, link_bytes=link),
                 Unit.RECV)
     role = {"layers": layers, "heads": list(shard.heads),
-            "vocab_columns": [v0, min(v0 + vc, cfg.vocab_size)], "sequences": B}
+            "vocab_columns": [v0, v1], "sequences": B}
     if cfg.n_kv_heads != cfg.n_heads:
         role["kv_heads"] = kv_heads
     return {"program": finish(npu, ChipProgram(chip, asm, al, role=role), check=check),
             "prompts": prompts, "ids": ids, "logits": logits, "caches": list(caches.values()),
             "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms},
-            "vocab": (v0, min(v0 + vc, cfg.vocab_size)) if last_stage else None}
+            "vocab": (v0, v1) if last_stage else None}

@@ -50,7 +50,7 @@ from . import vector_launch as vl
 from .affine import emit_affine_chips
 from .alloc import Tensor
 from .blocks import BlockEmitter, pad_to
-from .decode import DecodeProgram, block_argmax, combine_argmax, records_block
+from .decode import DecodeProgram, block_argmax, combine_argmax, records_block, vocab_block
 from .decode_quant import QHead
 from .descriptors import emit_matmul, matmul_launch
 from .hidden import Span, _Compiler, check_hidden, hidden_plan
@@ -88,8 +88,7 @@ def compile_hidden_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len
                          [every] * chips, [every] + [[] for _ in range(chips - 1)],
                          out["prompts"], out["ids"], out["logits"], out["caches"],
                          out["kv_bytes"], out["comms"], "hidden", logit_seqs=[every] * chips,
-                         vocab=[(c * vocab_columns, min((c + 1) * vocab_columns,
-                                                        qm.cfg.vocab_size))
+                         vocab=[vocab_block(qm.cfg.vocab_size, vocab_columns, c)
                                 for c in range(chips)])
 
 
@@ -271,7 +270,7 @@ def _compile(npu, qm, head, plan, P, generate, B, vc, check, contents, *, transf
         kv_lanes = sum(k.hi - k.lo for k in plan.kv_pieces[ch.c])
         role = {"layers": list(range(L)), "columns": [lo, hi],
                 "heads": [p.head for p in plan.pieces[ch.c]],
-                "vocab_columns": [ch.c * vc, min((ch.c + 1) * vc, vocab)], "sequences": B}
+                "vocab_columns": list(vocab_block(vocab, vc, ch.c)), "sequences": B}
         out["programs"].append(finish(npu, ChipProgram(ch.c, ch.asm, ch.al, role=role),
                                       check=check))
         for key in ("prompts", "ids", "logits", "caches"):

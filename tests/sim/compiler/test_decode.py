@@ -1,11 +1,15 @@
 """Generation on chip (sim.compiler.decode, sim.flows.generate): the prefill and a counted loop
 of decode steps, bit-exact against the golden incremental decode; a static program."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from hw.spec import ConfigError, model_preset, npu_preset
-from hw.spec.isa import Op, decode, loop_fields, loop_operand
+from hw.spec.isa import REGS, Op, decode, loop_fields, loop_operand
+from hw.spec.vector import VectorOp
+from hw.spec.vector_engine import VecFlags
 from sim.compiler.affine import emit_affine
 from sim.compiler.assembler import Assembler
 from sim.compiler.decode import compile_decode
@@ -58,6 +62,35 @@ def test_head_parallel_generation_is_bit_exact(name, seed, prompt_len, n, chips)
     # The KV cache splits with the K/V heads: every chip holds its share.
     whole = 2 * cfg.n_layers * (prompt_len + n - 1) * cfg.n_kv_heads * cfg.d_head
     assert sum(out["kv_bytes"]) >= whole and max(out["kv_bytes"]) < whole
+
+
+def _argmaxes(program):
+    """``(pairs, VU_LEN)`` of every ARGMAX launch of a program, in program order."""
+    regs, out = {}, []
+    for insn in map(decode, program):
+        if insn.op is Op.SET:
+            regs[REGS[insn.reg]] = insn.value
+        elif insn.op is Op.VEC and regs["VU_OP"] == VectorOp.ARGMAX:
+            out.append((VecFlags.decode(regs["VU_FLAGS"]).pairs, regs["VU_LEN"]))
+    return out
+
+
+def test_a_block_of_padding_only_takes_no_part_in_the_pick():
+    """A vocabulary of 10 over 4 chips is blocks of 4 columns: 4, 4, 2 and only padding. Each
+    chip with columns ARGMAXes its block's, and every chip's pair-mode combine reads those 3
+    records (a record of the padding's zero logits would beat every negative logit)."""
+    cfg = dataclasses.replace(model_preset("tiny"), vocab_size=10)
+    out = generate(npu_preset("tiny"), cfg, prompt=[3, 7], n=2, backend="iss",
+                   strategy="head", chips=4, seed=12)
+    assert out["golden_match"], out["first_mismatch"]
+    assert out["logits"].shape == (1, 2, 10)
+    qm, head = quantize_decode(cfg, random_weights(cfg, 12), random_head_weights(cfg, 13),
+                               [3, 7])
+    prog = compile_decode(npu_preset("tiny"), qm, head, prompt_len=2, generate=2, chips=4)
+    for c, program in enumerate(prog.programs):
+        # The prefill's pick and the loop body's.
+        blocks = [] if c == 3 else [(False, [4, 4, 2][c])]
+        assert _argmaxes(program) == 2 * (blocks + [(True, 3)]), c
 
 
 @pytest.mark.parametrize("name,batch,strategy,chips", [
