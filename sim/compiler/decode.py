@@ -44,15 +44,14 @@ sequences decode for the weight reads of one. The step's addresses and lengths a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from hw.spec import ConfigError, NpuConfig
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
-from hw.spec.memory import pack_rows, row_words, unpack_rows
-from hw.spec.vector import argmax_words, pack_argmax, pack_gamma_beta, unpack_argmax
+from hw.spec.memory import pack_rows, row_words
+from hw.spec.vector import argmax_words, pack_gamma_beta
 
 from ..golden.decode import check_decode, learned_positions
 from ..golden.matmul import requant
@@ -64,8 +63,11 @@ from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .compat import check_ring_port, check_single_chip
+from .decode_hidden import compile_hidden_decode
+from .decode_program import DecodeProgram
 from .decode_quant import QHead
 from .grid import head_shards, split_batch, stage_layers
+from .pick import block_argmax, combine_argmax, records_block, vocab_block
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
@@ -78,112 +80,6 @@ DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "hidden", "head+pipel
                      "data+head", "data+pipeline")
 #: The 2-D ones (``--grid AxB``).
 GRID_STRATEGIES = ("head+pipeline", "data+head", "data+pipeline")
-
-
-@dataclass
-class DecodeProgram:
-    """Every chip's generation program and where the inputs and outputs live."""
-
-    npu: NpuConfig
-    qm: QModel
-    chips: list          #: :class:`~sim.compiler.program.ChipProgram` per chip
-    prompt_len: int
-    generate: int
-    batch: int
-    #: Per chip: the global indices of the sequences whose prompts it holds (loaded into
-    #: ``prompts``) and of those whose ids and logits are read back from it (``outputs``).
-    holds: list
-    outputs: list
-    #: Per chip: its sequences' prompts as argmax records, sequence-major (loaded; None on a
-    #: chip that embeds no prompt).
-    prompts: list
-    #: Per chip: its sequences' generated ids as argmax records, step-major (None on a
-    #: pipeline's middle stages).
-    ids: list
-    #: Per chip: its int16 logits, step-major rows of its block of the padded vocabulary (and
-    #: the rows of a fold's padding; None but on the chips that hold a vocabulary block).
-    logits: list
-    caches: list         #: per chip, per block: its ``[Q | K | V]`` rows (module docstring)
-    #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``
-    #: positions of each of its sequences).
-    kv_bytes: list = field(default_factory=list)
-    #: Per chip: the collectives of the prefill and of one decode step (``{"prefill", "step"}``).
-    comms: list = field(default_factory=list)
-    strategy: str = "single"
-    #: The chips form pipelines: each stage picks one sequence's token at a time.
-    pipelined: bool = False
-    #: Per chip: the global indices of the sequences whose logits it holds (its vocabulary
-    #: block's: read back from every chip of a split vocabulary), and the block's columns
-    #: ``(v0, v1)`` of the vocabulary (None on a chip without logits).
-    logit_seqs: list = field(default_factory=list)
-    vocab: list = field(default_factory=list)
-
-    @property
-    def context(self) -> int:
-        return self.prompt_len + self.generate - 1
-
-    @property
-    def picker(self) -> int:
-        """The chip whose ARGMAX launches pick the tokens that are read back first (the
-        first chip with outputs: the last stage of a pipeline)."""
-        return next(c for c, seqs in enumerate(self.outputs) if seqs)
-
-    @property
-    def picks_per_step(self) -> int:
-        """The picker's ARGMAX launches per step: one for all its sequences, or in a pipeline
-        one per sequence."""
-        return len(self.outputs[self.picker]) if self.pipelined else 1
-
-    @property
-    def programs(self) -> list[list[int]]:
-        return [c.program for c in self.chips]
-
-    def images(self, prompts) -> list[dict[int, np.ndarray]]:
-        """Every chip's initial memory: its weights and tables, and its sequences' prompts
-        (``prompts``: ``[B, P]`` ids)."""
-        n = self.npu.array_size
-        prompts = np.asarray(prompts, np.int64).reshape(self.batch, self.prompt_len)
-        out = []
-        for c, t, seqs in zip(self.chips, self.prompts, self.holds, strict=True):
-            image = dict(c.images)
-            if seqs:
-                ids = prompts[seqs].reshape(-1)
-                image[t.base] = pack_argmax(ids, np.zeros_like(ids), n).reshape(-1, n)
-            out.append(image)
-        return out
-
-    def reads(self) -> list[list[tuple[int, int]]]:
-        """Per chip, the ``(base, words)`` regions to read back: its ids (if it has outputs),
-        then its block of the logits (if it holds one)."""
-        out = []
-        for seqs, lseqs, ids, logits in zip(self.outputs, self.logit_seqs, self.ids,
-                                            self.logits, strict=True):
-            regions = [(ids.base, ids.words)] if seqs else []
-            if lseqs:
-                regions.append((logits.base, self.generate * len(lseqs) * logits.row_words))
-            out.append(regions)
-        return out
-
-    def read(self, regions) -> dict:
-        """``ids`` [B, n] (the generated) and ``logits`` [B, n, vocab] from each chip's words
-        :meth:`reads` asked for (the logits from the blocks of every chip that holds one)."""
-        n, cfg = self.npu.array_size, self.qm.cfg
-        ids = np.zeros((self.batch, self.generate), np.int64)
-        logits = np.zeros((self.batch, self.generate, cfg.vocab_size), np.int64)
-        for c, words in enumerate(regions):
-            seqs, lseqs, rec, t = self.outputs[c], self.logit_seqs[c], self.ids[c], \
-                self.logits[c]
-            if seqs:
-                records = np.asarray(words[0], np.uint8).reshape(-1, rec.row_words,
-                                                                 n)[:, :argmax_words(n)]
-                got, _ = unpack_argmax(records)
-                ids[seqs] = got.reshape(self.generate, len(seqs)).T
-            if lseqs:
-                v0, v1 = self.vocab[c]
-                rows = unpack_rows(words[-1], self.generate * len(lseqs), t.cols, 2)
-                logits[lseqs, :, v0:v1] = rows[:, :v1 - v0].reshape(
-                    self.generate, len(lseqs), -1).transpose(1, 0, 2)
-        return {"ids": ids, "logits": logits}
 
 
 def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
@@ -240,7 +136,6 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     if check and chips > 1:
         check_ring_port(npu, chips)
     if strategy == "hidden":
-        from .decode_hidden import compile_hidden_decode
         return compile_hidden_decode(npu, qm, head, prompt_len=prompt_len, generate=generate,
                                      batch=batch, chips=chips,
                                      vocab_columns=_vocab_split(npu, qm.cfg.vocab_size, chips),
@@ -259,47 +154,6 @@ def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
     """Columns of the LM head on each of ``chips`` chips: the vocabulary split in blocks of
     whole array blocks (the last chips' blocks may hold padding, or only padding)."""
     return pad_to(-(-vocab // chips), npu.array_size)
-
-
-def vocab_block(vocab: int, vc: int, part: int) -> tuple[int, int]:
-    """Columns ``(v0, v1)`` of a vocabulary of ``vocab`` in chip ``part``'s block of ``vc``
-    (``v1 == v0``: a block of padding only)."""
-    v0 = part * vc
-    return v0, max(v0, min(v0 + vc, vocab))
-
-
-def records_block(npu: NpuConfig, rows: int) -> int:
-    """Words of one chip's argmax records of ``rows`` rows in a gathered buffer: whole
-    engine words (the all-gather's blocks)."""
-    return pad_to(rows * argmax_words(npu.array_size), npu.ring_word_bytes // npu.array_size)
-
-
-def block_argmax(npu: NpuConfig, asm: Assembler, *, vocab: int, v0: int, vc: int, part: int,
-                 x: vl.Rows, picks: int) -> None:
-    """The first half of a pick over a vocabulary of ``vocab`` split in blocks of ``vc``
-    columns: chip ``part``'s ARGMAX of its int16 logits block ``x`` (from column ``v0``:
-    global indices, lowest on ties) into its records at ``picks + part * block``
-    (:func:`records_block`). A block of padding only writes none. Then every chip's records
-    are all-gathered into the buffer at ``picks`` and :func:`combine_argmax` picks."""
-    valid = min(vc, vocab - v0)
-    if valid > 0:
-        vl.emit(asm, vl.argmax_launch(size=npu.array_size, length=valid, x=x,
-                                      record_base=picks + part * records_block(npu, x.rows),
-                                      offset=v0))
-        asm.wait(Unit.VEC)
-
-
-def combine_argmax(npu: NpuConfig, asm: Assembler, *, vocab: int, vc: int, chips: int,
-                   rows: int, picks: int, record_base: int) -> None:
-    """The second half of a pick (:func:`block_argmax`): an ARGMAX in pair mode combines each
-    of ``rows`` rows' gathered records (those of the chips whose blocks hold columns) into
-    ``record_base``: the largest logit, the lowest index on ties, as one ARGMAX of the whole
-    row would."""
-    vl.emit(asm, vl.argmax_pairs_launch(
-        size=npu.array_size, count=min(chips, -(-vocab // vc)), records_base=picks,
-        record_base=record_base, rows=rows, stride=records_block(npu, rows),
-        row_stride=argmax_words(npu.array_size)))
-    asm.wait(Unit.VEC)
 
 
 def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
@@ -511,7 +365,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         """The LM head of ``hf``'s ``rows`` rows into the logits rows from ``first`` (the
         chip's block of the vocabulary), and their tokens' records from ``ids[first]``: the
         ARGMAX of the row, or of a split vocabulary each chip's block's, the group's records
-        gathered and combined (:func:`block_argmax`, :func:`combine_argmax`)."""
+        gathered and combined (:mod:`sim.compiler.pick`)."""
         step._matmul(hf, lm_w, view(logits, first, pad_to(rows, n)), d_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)
         if rows > 1 and rs != aw:

@@ -50,10 +50,11 @@ from . import vector_launch as vl
 from .affine import emit_affine_chips
 from .alloc import Tensor
 from .blocks import BlockEmitter, pad_to
-from .decode import DecodeProgram, block_argmax, combine_argmax, records_block, vocab_block
+from .decode_program import DecodeProgram
 from .decode_quant import QHead
 from .descriptors import emit_matmul, matmul_launch
 from .hidden import Span, _Compiler, check_hidden, hidden_plan
+from .pick import block_argmax, combine_argmax, records_block, vocab_block
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
@@ -64,7 +65,7 @@ def compile_hidden_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len
                           generate: int, batch: int, chips: int, vocab_columns: int,
                           check: bool = True, contents: bool = True):
     """Every chip's generation program under hidden parallelism on ``chips`` chips (module
-    docstring), as a :class:`~sim.compiler.decode.DecodeProgram`; ``vocab_columns``: each
+    docstring), as a :class:`~sim.compiler.decode_program.DecodeProgram`; ``vocab_columns``: each
     chip's block of the LM head's columns. ``check``: the shards' widths against the
     datapath (:func:`~sim.compiler.hidden.check_hidden`), the capacity and the program size;
     ``contents=False``: the planner's shapes-only compile."""
@@ -195,7 +196,7 @@ def _compile(npu, qm, head, plan, P, generate, B, vc, check, contents, *, transf
     def pick(v: _Compiler, first: int, rows: int):
         """The LM head of "hf"'s fold into the logits rows from ``first`` (each chip its
         vocabulary block), and the tokens of the ``rows`` rows picked from every chip's
-        records (:func:`~sim.compiler.decode.pick_records`) into ``ids[first]``, the same on
+        records (:mod:`sim.compiler.pick`) into ``ids[first]``, the same on
         every chip."""
         v.layer = None
         for ch in v.ch:
