@@ -21,14 +21,15 @@ _Compiler.view`: the same weights and tensors over a prefill's ``P`` rows or a s
   chip's columns of the last row, an int64 all-reduce, LN_APPLY with the global n.
 - **The LM head** is a projection whose input is split by rows: chip c's
   ``hf[:, lo_c:hi_c] @ W_lm[lo_c:hi_c, :]`` is a partial sum of every logit, a reduce-scatter
-  leaves chip c the sums of its block of the vocabulary (whole array blocks, whole engine
-  words), which it requantises to int16; an all-gather of each logits row gives every chip
-  the whole row, and each picks the same token with ARGMAX (lowest index on ties).
+  leaves chip c the sums of its block of the vocabulary (whole array blocks), which it
+  requantises to int16; each chip ARGMAXes its block, the records are all-gathered and every
+  chip combines them in ARGMAX's pair mode (:mod:`sim.compiler.pick`): the same token on
+  every chip (lowest index on ties).
 
 Per layer and step the collectives are the prefill's (2 norm all-reduces, 4 or 5 projection
-reduce-scatters, one score all-reduce when a head is split) over a fold of ``B`` rows, plus
-per step the final norm's all-reduce, the LM head's reduce-scatter and one all-gather per
-sequence.
+reduce-scatters, one score all-reduce when a head is split) over a fold of the ``B``
+sequences' rows (padded to ``N``), plus per step the final norm's all-reduce, the LM head's
+reduce-scatter and the records' all-gather.
 """
 
 from __future__ import annotations
