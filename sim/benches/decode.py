@@ -161,7 +161,8 @@ def run(quick: bool):
                  "value": split, "unit": "cycles", "ref": single, "ratio": single / split,
                  "note": "ratio = speed-up of a decode step over one chip (mean step cycles): "
                          "each chip its 2 heads' blocks and a quarter of the LM head, the "
-                         "whole embedding table; all-reduces and the logits' all-gather; "
+                         "whole embedding table; all-reduces and the argmax records' "
+                         "all-gather; "
                          f"chip 0's last step busy: {u['launches']} matmuls {u['matmul']:,}, "
                          f"attention {u['attention']:,}, vector {u['vector']:,}, collectives "
                          f"{u['collective']:,} cycles; SRAM {max(head['sram_bytes']):,} bytes "

@@ -49,9 +49,10 @@ def _run_generate(args, npu, model) -> int:
         raise BadInput(f"--generate plans strategy {', '.join(planned)}, not {args.strategy}")
     prompt = args.context if args.context is not None else max(1, model.seq_len // 2)
     kw = {"generate": args.generate, "prompt_len": prompt, "batch": args.batch}
-    # The most chips each strategy can use: a head, a layer, a sequence per chip.
+    # The most chips each strategy can use: a head, a layer, a sequence, a word of d_model
+    # per chip.
     most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
-            "data": args.batch}
+            "data": args.batch, "hidden": -(-model.d_model // npu.array_size)}
     plans = []
     for name in planned if args.strategy == "all" else (args.strategy,):
         if args.chips:
@@ -70,7 +71,8 @@ def _run_generate(args, npu, model) -> int:
     if not plans:
         raise BadInput(f"--generate with --strategy {args.strategy} and --chips {args.chips}: "
                        "nothing to plan (single runs on 1 chip; head on 2 to n_heads, pipeline "
-                       "on 2 to n_layers, data on 2 to --batch)")
+                       "on 2 to n_layers, data on 2 to --batch, hidden on 2 to d_model's "
+                       "words)")
     if args.json:
         write_json(args.json, {"generate": [p.to_json() for p in plans]})
     print(generate_table(plans))

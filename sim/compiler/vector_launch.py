@@ -356,11 +356,15 @@ def argmax_launch(*, size, length, x: Rows, record_base: int, offset: int = 0) -
 
 
 def argmax_pairs_launch(*, size, count: int, records_base: int, record_base: int,
-                        rows: int = 1) -> VectorLaunch:
-    """ARGMAX in pair mode: for each of ``rows`` rows, ``count`` argmax records contiguous at
+                        rows: int = 1, stride: int | None = None,
+                        row_stride: int | None = None) -> VectorLaunch:
+    """ARGMAX in pair mode: for each of ``rows`` rows, ``count`` argmax records at
     ``records_base`` (the chips' partial argmaxes, e.g. all-gathered: global indices) combine
     into one record at ``record_base`` (contiguous, one per row): the largest value, the lowest
-    index winning a tie."""
+    index winning a tie. A row's records are ``stride`` words apart (default: a record's,
+    contiguous), the rows' first records ``row_stride`` words apart (default: ``count``
+    records'); e.g. every chip's block of records of all rows, side by side: ``stride`` the
+    block's words, ``row_stride`` a record's."""
     for name, value in (("count", count), ("rows", rows)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
             raise ValueError(f"ARGMAX pairs {name} must be in 1..{MAX_COUNT}, not {value!r}")
@@ -371,10 +375,18 @@ def argmax_pairs_launch(*, size, count: int, records_base: int, record_base: int
     flags = VecFlags(a_bytes=2, wr_data=False, wr_q=True, pairs=True)
     regs = {"VU_OP": int(VectorOp.ARGMAX), "VU_ROWS": rows, "VU_LEN": count, "VU_N": 0,
             "VU_MULT": 1, "VU_SHIFT": 1, "VU_GSHIFT": 16, "VU_FLAGS": flags.encode()}
+    if stride is None and row_stride is None:
+        rd5 = Desc(records_base, (count * rec, rows, 1, 1), (1, count * rec, 0, 0))
+    else:
+        stride = rec if stride is None else stride
+        row_stride = count * rec if row_stride is None else row_stride
+        if stride < rec and count > 1:
+            raise ValueError(f"ARGMAX pairs: records {stride} words apart overlap records of "
+                             f"{rec} words")
+        rd5 = Desc(records_base, (rec, count, rows, 1), (1, stride, row_stride, 0))
     return VectorLaunch(
         op=VectorOp.ARGMAX, rows=rows, length=count, flags=flags, regs=regs, rd3=None,
-        rd4=None, rd5=Desc(records_base, (count * rec, rows, 1, 1), (1, count * rec, 0, 0)),
-        wr1=None, wr2=Desc(record_base, (rec, rows, 1, 1), (1, rec, 0, 0)))
+        rd4=None, rd5=rd5, wr1=None, wr2=Desc(record_base, (rec, rows, 1, 1), (1, rec, 0, 0)))
 
 
 def onehot_launch(*, size, length, record_base: int, out: Rows, offset: int = 0) -> VectorLaunch:

@@ -520,7 +520,7 @@ class _Comm:
             if req.position(r["CO_RANK"]) is None:
                 c.launches[-1][3] = at + 1  # outside the group: a no-op, never busy
                 return
-            c.pending[bit] = ("coll", req, at, dict(r))
+            c.pending[bit] = ("coll", req, at, self._placed_at_zero(r))
         elif op is Op.SEND:
             words = _extent(r, "RD7")[2]
             c.pending[bit] = ("send", r["SR_DEST"], at, words)
@@ -528,6 +528,29 @@ class _Comm:
             words = _extent(r, "WR4")[2]
             c.pending[bit] = ("recv", r["SR_SRC"], at, words)
         c.free[bit] = None
+
+    def _placed_at_zero(self, regs) -> dict:
+        """A COLL's registers with its buffers moved down as far as its timing allows, so
+        that the same collective on other addresses (the blocks of a split collective, the
+        layers of a model) is timed once. The cycle model's only use of an address is its
+        bank (the ports' arbitration): buffers in one bank move to the start of bank 0;
+        otherwise they move down by whole banks (the same bank pattern); a walk that wraps
+        at the scratchpad's end stays where it is."""
+        regs = dict(regs)
+        gens = ("RD6", "WR3")
+        spans = [_extent(regs, g) for g in gens]
+        lo = min(s[0] for s in spans)
+        if lo < 0 or max(s[1] for s in spans) >= self.npu.sram_words:
+            return regs
+        bank_words = self.npu.bank_words if self.npu.sram_banks > 1 else None
+        if bank_words is None or len({bank_of(a, bank_words) for s in spans
+                                      for a in s[:2]}) == 1:
+            shift = lo
+        else:
+            shift = lo - lo % bank_words
+        for g in gens:
+            regs[f"{g}.base"] = regs.get(f"{g}.base", 0) - shift
+        return regs
 
     def meet(self, chips) -> bool:
         met = self._meet_collectives(chips)
