@@ -375,10 +375,12 @@ def test_min_chips_and_the_json_shape():
     assert "does not fit" in table
 
 
-def test_llama_on_lpu_like_in_seconds():
+def test_llama_on_lpu_like():
+    """The 7B Llama on lpu-like, every strategy's fewest chips (the CPU time is printed, not
+    asserted: the bench measures the planner's speed)."""
     start = time.process_time()
     report = plan(npu_preset("lpu-like"), model_preset("llama2-7b"), min_chips=True)
-    assert time.process_time() - start < 20
+    print(f"planned in {time.process_time() - start:.1f} s of CPU")
     by = {s.strategy: s for s in report.strategies}
     assert not ring_buildable(npu_preset("lpu-like"))
     single = by["single"]
