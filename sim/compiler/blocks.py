@@ -5,8 +5,9 @@ d_ff) to whole words. Weights are not: a matmul's rows past the weight matrix's 
 (``MM_B_ROWS``) and its last column block is stored packed (``MM_B_LAST``; :class:`Linear`).
 Heads are packed (:class:`QkvLayout`): ``d_head`` lanes each, several to a word when narrower
 than one, each ATTN reading and writing its own lanes. Tensors are token-major and hold ``nseq``
-sequences one after another (``seq_pad`` rows each): matmuls, LayerNorms and element-wise ops run
-over all of their rows, attention once per sequence and head. Per block (pre-norm)::
+sequences one after another (``seq_pad`` rows each): matmuls run whole folds, LayerNorms,
+element-wise ops and the row collectives one sequence's ``seq`` rows or several sequences' padded
+rows (:meth:`BlockEmitter.valid_rows`), attention once per sequence and head. Per block (pre-norm)::
 
     VEC  LN1     x (int16)        -> h (int8)
     MM   QKV     h @ Wqkv         -> qkv (int8, packed heads)
@@ -604,7 +605,7 @@ class BlockEmitter:
         rows past theirs are zero beats); ``params`` replaces the weights' own parameters;
         ``col``: the output's first column (whole words) in ``dst``'s rows."""
         for launch in matmul_launches(
-                size=self.n, m=src.rows, k=k, n=weights.cols, a_base=src.base,
+                size=self.n, m=pad_to(src.rows, self.n), k=k, n=weights.cols, a_base=src.base,
                 a_row_words=src.row_words, b_base=weights.w.base,
                 p_base=(weights.p if params is None else params).base,
                 c_base=dst.base + col // self.n, c_row_words=dst.row_words, mode=mode,
@@ -725,11 +726,19 @@ class BlockEmitter:
                                "bytes": length * 4, "group": [first, count], "layer": layer,
                                "what": what})
 
+    def valid_rows(self, nseq: int) -> int:
+        """The rows a block's row-wise work covers on ``nseq`` sequences: one sequence's
+        ``seq`` tokens (a decode step's ``B`` rows on a wide array are not padded to a
+        fold), several sequences' padded rows (they lie ``seq_pad`` rows apart). Matmuls
+        still run whole folds (:meth:`_matmul`): the rows past these hold what the folds
+        compute and are never read."""
+        return self.seq if nseq == 1 else nseq * self.seq_pad
+
     def gather_residual(self, x: Tensor, shard: Shard, nseq: int):
         """Make the residual ``x`` whole on every chip of the head group again (an all-gather
         of the rows each one holds), if its rows are split."""
         if x.base in self.split_residuals:
-            self._row_collective("all_gather", shard, x, nseq * self.seq_pad, None,
+            self._row_collective("all_gather", shard, x, self.valid_rows(nseq), None,
                                  "residual")
             self.split_residuals.discard(x.base)
 
@@ -747,7 +756,7 @@ class BlockEmitter:
         """
         asm, cfg, qm, n = self.asm, self.cfg, self.qm, self.n
         L = qm.layers[i]
-        rows = nseq * self.seq_pad
+        rows = self.valid_rows(nseq)
         h, qkv, o, a, f = (_view(t, rows) for t in (acts.h, acts.qkv, acts.o, acts.a, acts.f))
         x8 = _view(acts.x8, rows) if acts.x8 is not None else None
         x = _view(x, rows)
@@ -819,7 +828,7 @@ class BlockEmitter:
             qkr = vl.Rows(rot.base + lay.rope_at // n, rows, rot.row_words, 1)
             first, count = self.rope_span or (0, self.seq_pad)
             row0 = pos_base - first
-            period = 1 if one_position else self.seq_pad
+            period = 1 if one_position else rows if nseq == 1 else self.seq_pad
             if row0 < 0 or row0 + period > count or (nseq > 1 and row0):
                 raise AssertionError(f"RoPE tables of positions {first}..{first + count - 1} "
                                      f"do not hold {nseq} x {period} rows from {pos_base}")
