@@ -109,10 +109,10 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     """The programs that generate ``generate`` tokens after a ``prompt_len``-token prompt on
     ``chips`` chips (module docstring): one chip, or head parallelism (each chip its heads'
     share of every block and their KV caches, the partial sums all-reduced as in a prefill;
-    the whole embedding on every chip; the LM head's columns split, the logits all-gathered so
-    that every chip picks the same token); or data parallelism (``strategy="data"``: the
-    sequences split over the chips, each chip the whole model and its own sequences, no
-    communication); or ``head+pipeline`` on ``grid = (A, B)``: B stages of A head shards each
+    the embedding's rows and the LM head's columns split in the same vocabulary blocks, the
+    embeddings all-reduced and the picks combined so that every chip picks the same token);
+    or data parallelism (``strategy="data"``: the sequences split over the chips, each chip
+    the whole model and its own sequences, no communication); or ``head+pipeline`` on ``grid = (A, B)``: B stages of A head shards each
     (chip ``s * A + h``), each stage a head group, shard ``h`` of a stage sending to shard ``h``
     of the next and the last stage's shard ``h`` its tokens to the first stage's.
     ``strategy`` defaults to single on one chip, head on several. ``batch``
@@ -208,9 +208,10 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
           transfer_bank, layers=None, prev=None, nxt=None, last=None, home=0) -> dict:
-    """One chip's program: its heads' share of every block (all of it on one chip), the
-    whole embedding, its ``vc`` columns of the LM head. A pipeline stage (``layers``, the
-    chips ``prev`` and ``nxt`` it receives from and sends to; None at the ends): its layers,
+    """One chip's program: its heads' share of every block (all of it on one chip), its
+    ``vc`` rows of the embedding and columns of the LM head (all of them on one chip). A
+    pipeline stage (``layers``, the chips ``prev`` and ``nxt`` it receives from and sends
+    to; None at the ends): its layers,
     the embedding on the first stage, the final norm and the LM head on the last (chip
     ``last``, which sends each token back to the first stage's chip ``home``), one sequence
     at a time (module docstring); with a head ``shard`` of a group of ``chips``, the group's
@@ -229,17 +230,31 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     em = BlockEmitter(npu, qm, asm, al, seq=P, chip=chip, contents=contents)
     em.rope_span = (0, max(p_pad, context + n))
     weights = {i: em.place_layer(i, shard) for i in layers}
-    v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
+    d_pad = em.d_pad
     # The chip's block of the LM head's columns: its place in its head group.
     part = chip - shard.group[0] if shard.group is not None else 0
     v0, v1 = vocab_block(cfg.vocab_size, vc, part)
 
-    # The head's tables.
+    # The head's tables. A head group shares the embedding by vocabulary rows, the blocks
+    # of the LM head's columns: each chip's one-hot rows hold its block's lanes (all 0 for a
+    # token outside it), its int32 products are the token's row or 0, and their all-reduce
+    # is the row exactly, requantised per column as one chip would (``embed``).
+    emb_split = shard.group is not None
+    e0, e_rows = (v0, max(v1 - v0, 1)) if emb_split else (0, cfg.vocab_size)
+    e_pad = pad_to(e_rows, n)
+    d = cfg.d_model
+    emb_params = (np.full(d, head.emb_req[0], np.int64), np.full(d, head.emb_req[1], np.int64))
+
     def emb():
-        d = cfg.d_model
-        return QLinear(head.emb8, np.zeros(d, np.int64), np.full(d, head.emb_req[0], np.int64),
-                       np.full(d, head.emb_req[1], np.int64), OutMode.INT16)
-    emb_w = em._linear("embed", emb, cfg.vocab_size, cfg.d_model) if first_stage else None
+        w = head.emb8 if not emb_split else np.zeros((e_rows, d), np.int64)
+        if emb_split:
+            w[:v1 - v0] = head.emb8[v0:v1]
+        return QLinear(w, np.zeros(d, np.int64), *emb_params, OutMode.INT16)
+    emb_w = emb_req = None
+    if first_stage:
+        emb_w = em._linear("embed", emb, e_rows, d)
+        if emb_split:
+            emb_req = em._requant_params("embed.requant", lambda: emb_params)
 
     def lm_block():
         cols = np.arange(v0, v1)
@@ -276,7 +291,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     prompts = e = logits = hf = ids = None
     if first_stage:
         prompts = al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw)
-        e = al.alloc("onehot", rows_max, v_pad, 1, "activations")
+        e = al.alloc("onehot", rows_max, e_pad, 1, "activations")
     if first_stage or last_stage:
         ids = al.alloc("ids", generate * B, rs * n, 1, "activations", row_words_=rs,
                        transfer=piped)
@@ -335,11 +350,18 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         """The one-hot rows of ``rows`` records from ``record``, their embedding into ``x``
         and the learned positions ``pos`` added."""
         folds = pad_to(rows, n)
-        vl.emit(a, vl.onehot_launch(size=n, length=cfg.vocab_size, record_base=record,
-                                    out=rows_of(e, 0, rows)))
+        vl.emit(a, vl.onehot_launch(size=n, length=e_rows, record_base=record,
+                                    out=rows_of(e, 0, rows), offset=e0))
         a.wait(Unit.VEC)
-        step._matmul(view(e, 0, folds), emb_w, view(x, 0, folds), v_pad, OutMode.INT16)
-        a.wait(Unit.MATMUL)
+        if not emb_split:
+            step._matmul(view(e, 0, folds), emb_w, view(x, 0, folds), e_pad, OutMode.INT16)
+            a.wait(Unit.MATMUL)
+        else:
+            step._matmul(view(e, 0, folds), emb_w, Tensor(
+                "p.rows", acts.p.base, folds, d_pad, 4, d_pad * 4 // n, "activations"), e_pad,
+                OutMode.RAW)
+            a.wait(Unit.MATMUL)
+            step._reduce(shard, acts, rows, emb_req, view(x, 0, rows), None, "embedding")
         if pos16 is not None:
             vl.emit(a, vl.add_launch(size=n, length=cfg.d_model, a=rows_of(x, 0, rows),
                                      b=pos, out=rows_of(x, 0, rows)))
