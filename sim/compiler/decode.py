@@ -108,19 +108,18 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
                    contents: bool = True) -> DecodeProgram:
     """The programs that generate ``generate`` tokens after a ``prompt_len``-token prompt on
     ``chips`` chips (module docstring): one chip, or head parallelism (each chip its heads'
-    share of every block and their KV caches, the partial sums all-reduced as in a prefill;
-    the embedding's rows and the LM head's columns split in the same vocabulary blocks, the
-    embeddings all-reduced and the picks combined so that every chip picks the same token);
-    or data parallelism (``strategy="data"``: the sequences split over the chips, each chip
-    the whole model and its own sequences, no communication); or ``head+pipeline`` on ``grid = (A, B)``: B stages of A head shards each
-    (chip ``s * A + h``), each stage a head group, shard ``h`` of a stage sending to shard ``h``
-    of the next and the last stage's shard ``h`` its tokens to the first stage's.
-    ``strategy`` defaults to single on one chip, head on several. ``batch``
-    sequences of ``prompt_len`` tokens
-    decode together; ``contents=False`` places the weights without their contents (the
-    planner's shapes-only compile: ``qm`` and ``head`` need no arrays). The transfer bank
-    (:class:`~sim.compiler.alloc.Allocator`) holds the tables read beside a matmul when there
-    is room."""
+    share of every block and their KV caches, the partial sums all-reduced as in a prefill; the
+    embedding's rows and the LM head's columns split in the same vocabulary blocks, the
+    embeddings all-reduced and the picks combined so that every chip picks the same token); or
+    data parallelism (``strategy="data"``: the sequences split over the chips, each chip the
+    whole model and its own sequences, no communication); or ``head+pipeline`` on ``grid = (A,
+    B)``: B stages of A head shards each (chip ``s * A + h``), each stage a head group, shard
+    ``h`` of a stage sending to shard ``h`` of the next and the last stage's shard ``h`` its
+    tokens to the first stage's. ``strategy`` defaults to single on one chip, head on several.
+    ``batch`` sequences of ``prompt_len`` tokens decode together; ``contents=False`` places the
+    weights without their contents (the planner's shapes-only compile: ``qm`` and ``head`` need
+    no arrays). The transfer bank (:class:`~sim.compiler.alloc.Allocator`) holds the tables read
+    beside a matmul when there is room."""
     check_generate(npu, qm.cfg, prompt_len, generate)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"the batch must be at least 1 sequence, not {batch}")
