@@ -18,7 +18,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from .ring.collective import CollectiveEngine
 from .ring.router import Router, tag_layout
 from .spec import NpuConfig
-from .spec.collective import Kind
+from .spec.collective import COUNT_FIELD_BITS, LENGTH_BITS, Kind
 from .spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
@@ -33,7 +33,7 @@ from .spec.isa import (
     Op,
     Unit,
 )
-from .spec.ring import CHAN_COLL, CHAN_P2P, CHIP_BITS
+from .spec.ring import CHAN_COLL, CHAN_P2P, CHIP_BITS, RTL_MAX_CHIPS
 from .tile.attention_engine import AttentionEngine
 from .tile.gearbox import WordPacker, WordUnpacker
 from .tile.matmul_engine import MatmulEngine
@@ -323,7 +323,7 @@ class Chip(wiring.Component):
         wbits = 8 * n
         m.submodules.collective = co = CollectiveEngine(
             link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
-            avg=self._coll_avg)
+            avg=self._coll_avg, max_count=RTL_MAX_CHIPS)
         co_dest = Signal(CHIP_BITS)
         tx_tag = data.View(tag_layout(), router.i_coll.payload.tag)
         m.d.comb += [
@@ -382,15 +382,16 @@ class Chip(wiring.Component):
             cmd.kind.eq(kind),
             cmd.op.eq(reg("CO_OP")),
             cmd.wide.eq(reg("CO_WIDTH") == 64),
-            cmd.length.eq(reg("CO_LEN")),
-            cmd.chips.eq(chips),
-            cmd.rank.eq(rank),
-            cmd.first.eq(first),
+            # CO_LEN: length, block length; CO_COUNT: group size, longer blocks.
+            cmd.length.eq(reg("CO_LEN")[:LENGTH_BITS]),
+            cmd.block.eq(reg("CO_LEN")[LENGTH_BITS:2 * LENGTH_BITS]),
+            cmd.longer.eq(reg("CO_COUNT")[COUNT_FIELD_BITS:]),
             cmd.count.eq(count),
             diff.eq(rank - first),
             pos.eq(Mux(diff < 0, diff + chips, diff)),
         ]
         member = pos < count
+        m.d.comb += cmd.rank.eq(Mux(member, pos, count))
         # The next member's chip: (first + (pos + 1) mod count) mod chips.
         nxt = Signal(range(16))
         dest = Signal(range(32))

@@ -65,7 +65,8 @@ __all__ = ["Kind", "ReduceOp", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "Collective
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
            "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
            "pack_blocks", "unpack_blocks", "bidirectional_split", "reverse_rank",
-           "engine_to_words", "words_to_engine", "check_chips"]
+           "engine_to_words", "words_to_engine", "check_chips", "COUNT_FIELD_BITS",
+           "len_register", "count_register", "request_from_registers"]
 
 
 class Kind(enum.IntEnum):
@@ -94,6 +95,8 @@ WIDTHS = (32, 64)
 MAX_CHIPS = TOPOLOGY_MAX_CHIPS
 #: Bits of the command's ``length`` field: at most 2**24 - 1 elements per collective.
 LENGTH_BITS = 24
+#: Bits of ``CO_COUNT``'s group size field; the bits above it hold ``length mod count``.
+COUNT_FIELD_BITS = 16
 
 
 def block_sizes(length: int, n: int) -> list[int]:
@@ -388,3 +391,46 @@ def words_to_engine(words, wbytes: int) -> list[int]:
     if len(raw) % wbytes:
         raise ValueError(f"{len(raw)} bytes are not whole engine words of {wbytes} bytes")
     return [int.from_bytes(raw[i:i + wbytes], "little") for i in range(0, len(raw), wbytes)]
+
+
+def len_register(length: int, count: int) -> int:
+    """``CO_LEN``'s value for ``length`` elements over a group of ``count``: the length in bits
+    ``[23:0]`` and the block length ``length // count`` in bits ``[47:24]``.
+
+    The engine has no divider: the block geometry of every collective is a constant of the
+    program, so the compiler divides (a one-cycle divider of 24 bits by the group size set the
+    FPGA clock; a multi-cycle one would delay each collective's first word)."""
+    return length | (length // count) << LENGTH_BITS
+
+
+def count_register(count: int, length: int) -> int:
+    """``CO_COUNT``'s value: the group size in bits ``[15:0]`` and ``length mod count`` (how many
+    blocks are one element longer, ``numpy.array_split``'s) in bits ``[31:16]``."""
+    return count | (length % count) << COUNT_FIELD_BITS
+
+
+def request_from_registers(regs) -> tuple[CollectiveRequest, int]:
+    """The request and the chip's rank a COLL's ``CO_*`` registers give (``regs`` maps each
+    register's name to its value). ``ValueError`` naming the registers when they do not
+    describe a collective, or when the block fields of ``CO_LEN`` and ``CO_COUNT`` are not
+    the division of its length by its group size."""
+    length_value, count_value = regs["CO_LEN"], regs["CO_COUNT"]
+    length = length_value & ((1 << LENGTH_BITS) - 1)
+    count = count_value & ((1 << COUNT_FIELD_BITS) - 1)
+    try:
+        req = CollectiveRequest(kind=regs["CO_KIND"], op=regs["CO_OP"], width=regs["CO_WIDTH"],
+                                length=length, chips=regs["CO_CHIPS"], first=regs["CO_FIRST"],
+                                count=count)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"COLL with invalid registers {dict(regs)}: {exc}") from None
+    want_len, want_count = len_register(length, count), count_register(count, length)
+    if length_value != want_len or count_value != want_count:
+        raise ValueError(
+            f"COLL with CO_LEN={length_value:#x}, CO_COUNT={count_value:#x}: {length} elements "
+            f"over {count} chips need CO_LEN={want_len:#x} (block length {length // count} in "
+            f"bits [47:24]) and CO_COUNT={want_count:#x} ({length % count} longer blocks in "
+            "bits [31:16]); the engine has no divider")
+    rank = regs["CO_RANK"]
+    if not 0 <= rank < req.chips:
+        raise ValueError(f"COLL with CO_RANK={rank} outside the ring of {req.chips} chips")
+    return req, rank

@@ -20,8 +20,10 @@ from hw.spec.collective import (
     CollectiveRequest,
     Kind,
     check_fits,
+    count_register,
     elements_per_word,
     engine_to_words,
+    len_register,
     local_blocks,
     output_blocks,
     pack_blocks,
@@ -33,7 +35,8 @@ from hw.spec.isa import COLL_FIFO_WORDS, MAX_COUNT, Op
 
 from .descriptors import Desc
 
-__all__ = ["CollLaunch", "coll_launch", "coll_launch_natural", "natural_block_words", "emit"]
+__all__ = ["CollLaunch", "coll_registers", "coll_launch", "coll_launch_natural",
+           "natural_block_words", "emit"]
 
 #: Largest count of one address-generator level.
 
@@ -68,6 +71,14 @@ class CollLaunch:
         if not got:
             return np.zeros(0, dtype)
         return np.concatenate([got[b] for b in sorted(got)]).astype(dtype)
+
+
+def coll_registers(req: CollectiveRequest, chip: int) -> dict:
+    """The ``CO_*`` registers of chip ``chip``'s COLL for ``req`` (docs/isa.md, COLL)."""
+    return {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
+            "CO_LEN": len_register(req.length, req.count), "CO_CHIPS": req.chips,
+            "CO_RANK": chip, "CO_FIRST": req.first,
+            "CO_COUNT": count_register(req.count, req.length)}
 
 
 def _blocks_words(req, blocks, wbytes):
@@ -106,9 +117,7 @@ def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: in
     out_words = ratio * _blocks_words(req, out, wbytes)
     rd6 = _desc(in_base, in_words, "input") if local else None
     wr3 = _desc(out_base, out_words, "output") if out else None
-    regs = {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
-            "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
-            "CO_FIRST": req.first, "CO_COUNT": req.count}
+    regs = coll_registers(req, chip)
     return CollLaunch(req, chip, size, wbytes, rd6, wr3, in_words, out_words, regs)
 
 
@@ -181,9 +190,7 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
 
     rd6 = walk(base, local_blocks(req, chip))
     wr3 = walk(out_base, output_blocks(req, chip))
-    regs = {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
-            "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
-            "CO_FIRST": req.first, "CO_COUNT": req.count}
+    regs = coll_registers(req, chip)
     return CollLaunch(req, chip, size, wbytes, rd6, wr3, total, total, regs)
 
 

@@ -21,6 +21,7 @@ from hw.spec.collective import (
     engine_to_words,
     local_blocks,
     output_blocks,
+    request_from_registers,
     unpack_blocks,
     words_to_engine,
 )
@@ -36,14 +37,9 @@ def coll_request(iss) -> tuple[CollectiveRequest, int]:
     r = {name: iss._reg(name) for name in ("CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN",
                                            "CO_CHIPS", "CO_RANK", "CO_FIRST", "CO_COUNT")}
     try:
-        req = CollectiveRequest(kind=r["CO_KIND"], op=r["CO_OP"], width=r["CO_WIDTH"],
-                                length=r["CO_LEN"], chips=r["CO_CHIPS"], first=r["CO_FIRST"],
-                                count=r["CO_COUNT"])
-    except (TypeError, ValueError) as exc:
-        raise IssError(f"COLL with invalid registers {r}: {exc}") from None
-    if not 0 <= r["CO_RANK"] < req.chips:
-        raise IssError(f"COLL with CO_RANK={r['CO_RANK']} outside the ring of {req.chips} chips")
-    return req, r["CO_RANK"]
+        return request_from_registers(r)
+    except ValueError as exc:
+        raise IssError(str(exc)) from None
 
 
 @dataclass

@@ -32,11 +32,16 @@ from .pysim import run_sim
 __all__ = ["command_value", "simulate_collective"]
 
 
-def command_value(req: CollectiveRequest) -> dict:
-    """The ``command_layout`` value of ``req`` (``rank`` is set per chip by the system)."""
+def command_value(req: CollectiveRequest | None) -> dict:
+    """The testbed's command (:func:`hw.ring.testbed.testbed_command_layout`) for ``req``
+    (None: no collective, ``count`` 0): the block geometry divided here, on the host."""
+    if req is None:
+        return {"kind": 0, "op": 0, "wide": 0, "length": 0, "block": 0, "longer": 0,
+                "chips": 0, "first": 0, "count": 0}
+    q, r = divmod(req.length, req.count)
     return {"kind": int(req.kind), "op": int(req.op), "wide": int(req.width == 64),
-            "length": req.length, "chips": req.chips, "rank": 0, "first": req.first,
-            "count": req.count}
+            "length": req.length, "block": q, "longer": r, "chips": req.chips,
+            "first": req.first, "count": req.count}
 
 
 def buffer_words_needed(req: CollectiveRequest, wbytes: int) -> int:
@@ -100,7 +105,8 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
             for dma, words in zip(dmas, loads, strict=True):
                 for addr, word in enumerate(words):
                     ctx.set(dma.in_mem.data[addr], word)
-        ctx.set(system.cmd, command_value(req))
+        ctx.set(system.cmd, command_value(rings[0][0]))
+        ctx.set(system.rev_cmd, command_value(rings[1][0] if len(rings) > 1 else None))
         ctx.set(system.start, 1)
         await ctx.tick()
         ctx.set(system.start, 0)

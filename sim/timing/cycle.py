@@ -32,7 +32,7 @@ import copy
 from dataclasses import dataclass, field
 
 from hw.spec import NpuConfig
-from hw.spec.collective import CollectiveRequest, Kind
+from hw.spec.collective import Kind, request_from_registers
 from hw.spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
@@ -404,12 +404,9 @@ class ChipModel:
             "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_CHIPS", "CO_RANK", "CO_FIRST",
             "CO_COUNT")}
         try:
-            req = CollectiveRequest(kind=r["CO_KIND"], op=r["CO_OP"], width=r["CO_WIDTH"],
-                                    length=r["CO_LEN"], chips=r["CO_CHIPS"],
-                                    first=r["CO_FIRST"], count=r["CO_COUNT"])
-        except (TypeError, ValueError) as exc:
-            raise IssError(f"chip {self.chip} pc {self.pc}: COLL with invalid registers "
-                           f"{r}: {exc}") from None
+            req, _ = request_from_registers(r)
+        except ValueError as exc:
+            raise IssError(f"chip {self.chip} pc {self.pc}: {exc}") from None
         rank = r["CO_RANK"]
         pos = req.position(rank)
         if pos is None:               # outside the group: a no-op (the router forwards)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from hw.spec import NpuConfig
 from hw.spec.attention import FLAG_INTERLEAVED, flags_halo
-from hw.spec.collective import CollectiveRequest
+from hw.spec.collective import request_from_registers
 from hw.spec.formats import OutMode, out_words
 from hw.spec.isa import (
     ADDR_LEVELS,
@@ -499,9 +499,10 @@ class _Comm:
         bit = _UNIT_BIT[op]
         r = c.regs
         if op is Op.COLL:
-            req = CollectiveRequest(kind=r["CO_KIND"], op=r["CO_OP"], width=r["CO_WIDTH"],
-                                    length=r["CO_LEN"], chips=r["CO_CHIPS"],
-                                    first=r["CO_FIRST"], count=r["CO_COUNT"])
+            try:
+                req, _ = request_from_registers(r)
+            except ValueError as exc:
+                raise IssError(f"chip {c.chip} pc {c.pc}: {exc}") from None
             if req.position(r["CO_RANK"]) is None:
                 c.launches[-1][3] = at + 1  # outside the group: a no-op, never busy
                 return

@@ -208,7 +208,7 @@ def test_subgroups_every_position_slow(chips, rng):
 def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
     """`npu export --top ring` (4 chips, tiny preset) under cocotb + Verilator: an all-reduce
     gives the golden results in exactly the cycles Amaranth's simulator counts."""
-    from hw.ring.collective import command_layout
+    from hw.ring.testbed import testbed_command_layout
     from hw.spec.collective import local_blocks, output_blocks, pack_blocks, unpack_blocks
     from sim.rtl.cocotb_tb import run_cocotb
     from sim.rtl.ring_runner import command_value
@@ -218,7 +218,8 @@ def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
     inputs = _inputs(rng, req)
     wbytes = 8
     data = {"chips": np.array(4), "max_cycles": np.array(100_000),
-            "cmd": np.array(command_layout.const(command_value(req)).as_bits(), dtype=np.uint64),
+            "cmd": np.array(testbed_command_layout().const(command_value(req)).as_bits(),
+                            dtype=np.uint64),
             "out_counts": np.array([sum(-(-req.blocks()[b] // 2) for b in output_blocks(req, c))
                                     for c in range(4)])}
     for chip in range(4):

@@ -32,3 +32,21 @@ def test_rejections():
         IssSystem(npu, 0)
     with pytest.raises(ValueError, match="chips must be 1..1024, not 1025"):
         IssSystem(npu, 1025)
+
+
+def test_coll_block_fields_must_be_the_division():
+    """The engine has no divider: a COLL whose CO_LEN and CO_COUNT do not carry
+    ``length // count`` and ``length % count`` is refused, naming the values they need."""
+    from hw.spec.isa import Insn, Op, encode, reg
+
+    npu = small_npu()
+    req = CollectiveRequest("all_reduce", "sum", 32, 7, 2)
+    progs = [single_chip_program(req, c)[2] for c in range(2)]
+    coll = progs[1].index(encode(Insn(Op.COLL)))
+    # Chip 1 writes the bare length into CO_LEN just before its COLL.
+    bare = progs[1][:coll] + [encode(Insn(Op.SET, reg("CO_LEN"), 7))] + progs[1][coll:]
+    with pytest.raises(IssError, match=r"chip 1 pc \d+: COLL with CO_LEN=0x7, CO_COUNT=0x10002: "
+                                       r"7 elements over 2 chips need CO_LEN=0x3000007 "
+                                       r"\(block length 3 in bits \[47:24\]\) and "
+                                       r"CO_COUNT=0x10002"):
+        IssSystem(npu, 2).run([progs[0], bare])
