@@ -1,4 +1,5 @@
-"""Collective engine: one per chip, streams only (the chip's stream contract).
+"""Collective engine: one per dimension of a chip's system, streams only (the chip's stream
+contract).
 
 The engine owns no addresses. It takes a command, consumes the local input stream and the ring
 receive stream, and produces the local output stream and the ring transmit stream, following
@@ -63,7 +64,6 @@ from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 __all__ = ["command_layout", "command_fields", "CollectiveEngine"]
 
 
-
 def command_layout(max_count: int = MAX_CHIPS) -> data.StructLayout:
     """Command of one collective for an engine whose groups hold up to ``max_count`` chips.
 
@@ -72,7 +72,10 @@ def command_layout(max_count: int = MAX_CHIPS) -> data.StructLayout:
     first ``longer`` ones (``numpy.array_split``'s, computed by whoever issues the command:
     the engine has no divider). ``count`` is the group size, ``rank`` this chip's group rank;
     a rank of ``count`` or more is a chip outside the group, which relays the last member's
-    transmitting steps (``hw.spec.collective.steps``).
+    transmitting steps (``hw.spec.collective.steps``). ``divisor``: what AVG divides by (0:
+    ``count``); ``chunks``: the schedule runs ``chunks + 1`` times on the next parts of the
+    streams, each chunk's last step merged with the next one's first where
+    :func:`hw.spec.collective.merges`; ``in_place``: an all-gather's own block is not output.
     """
     return data.StructLayout({
         "kind": unsigned(3),       # hw.spec.collective.Kind
@@ -83,6 +86,9 @@ def command_layout(max_count: int = MAX_CHIPS) -> data.StructLayout:
         "longer": range(max_count),
         "count": range(max_count + 1),
         "rank": range(max_count + 1),
+        "divisor": range(MAX_CHIPS + 1),    # AVG's divisor, 0: the group size
+        "chunks": unsigned(16),             # the schedule runs chunks + 1 times
+        "in_place": unsigned(1),            # all-gather: the own block is not output
     })
 
 
@@ -186,6 +192,11 @@ class CollectiveEngine(wiring.Component):
         r = Signal(range(mc))
         n = Signal(range(mc + 1))
         p = Signal(range(mc + 1))
+        div = Signal(range(MAX_CHIPS + 1))
+        left = Signal(16)                  # chunks still to run after this one
+        in_place = Signal()
+        block0 = Signal(range(mc))          # each chunk's first block
+        block1 = Signal(range(mc))          # and its second
         member = Signal()
         running = Signal()
 
@@ -226,7 +237,15 @@ class CollectiveEngine(wiring.Component):
                                                    ("use_rx", "use_local", "to_tx", "to_out",
                                                     "final"))
         last_step = s == total - 1
-        with m.If(is_sr):
+        # A chunk's last step (ring -> out) merged with the next chunk's first (local -> ring):
+        # a member of an all-reduce or an all-gather in place whose blocks are alike
+        # (hw.spec.collective.merges). The step after it is the next chunk's second.
+        swap = Signal()
+        m.d.comb += swap.eq(member & (is_ar | (is_ag & in_place)) & (r == 0) & (n > 1) &
+                            last_step & (left != 0))
+        with m.If(swap):
+            m.d.comb += [use_rx.eq(1), use_local.eq(1), to_tx.eq(1), to_out.eq(1)]
+        with m.Elif(is_sr):
             m.d.comb += [use_local.eq(p == 0), to_tx.eq(p == 0),
                          use_rx.eq(p == 1), to_out.eq(p == 1)]
         with m.Elif(is_bar):
@@ -239,7 +258,7 @@ class CollectiveEngine(wiring.Component):
                          to_out.eq(s == n - 1), final.eq(s == n - 1)]
         with m.Else():                                 # gather phase
             m.d.comb += [use_rx.eq(~(is_ag & (s == 0))), use_local.eq(is_ag & (s == 0)),
-                         to_tx.eq(~last_step), to_out.eq(1)]
+                         to_tx.eq(~last_step), to_out.eq(~(is_ag & (s == 0) & in_place))]
 
         # Words in this step: the block padded to whole words.
         elems = Signal(LENGTH_BITS)
@@ -296,29 +315,42 @@ class CollectiveEngine(wiring.Component):
         with m.Elif(use_local):
             m.d.comb += src.eq(b.as_value())
 
-        # AVG: the final reduction is divided by the group size (floor of the wrapped sum);
-        # without the divider (avg=False) the sum goes out.
+        # AVG: the final reduction is divided by the group size, or the command's divisor
+        # (floor of the wrapped sum); without the divider (avg=False) the sum goes out.
         result = Signal(self.word_bytes * 8)
         if self.avg:
-            div32 = [(src[32 * lane:32 * lane + 32].as_signed() // n)[:32]
+            div32 = [(src[32 * lane:32 * lane + 32].as_signed() // div)[:32]
                      for lane in range(lanes)]
-            div64 = [(src[64 * pair:64 * pair + 64].as_signed() // n)[:64]
+            div64 = [(src[64 * pair:64 * pair + 64].as_signed() // div)[:64]
                      for pair in range(pairs)]
             m.d.comb += result.eq(Mux(final & (op == ReduceOp.AVG),
                                       Mux(wide, Cat(*div64), Cat(*div32)), src))
         else:
             m.d.comb += result.eq(src)
 
+        # A merged step sends the local word and outputs the ring's.
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
-                     tx_fifo.w_data.eq(Cat(result, k == words - 1))]
+                     tx_fifo.w_data.eq(Cat(Mux(swap, b.as_value(), result), k == words - 1))]
+        # The end of a step: the next one, or the next chunk's first (its second after a
+        # merged step).
+        step_end = Signal()
+        with m.If(step_end):
+            with m.If(swap):
+                m.d.sync += [s.eq(1), block.eq(block1), left.eq(left - 1)]
+            with m.Elif((s + 1 == total) & (left != 0)):
+                m.d.sync += [s.eq(0), block.eq(block0), left.eq(left - 1)]
+            with m.Else():
+                m.d.sync += [s.eq(s + 1), block.eq(next_block)]
         with m.If(fire):
-            m.d.sync += [res.data.eq(result), res.last.eq(k == words - 1), pend_out.eq(to_out)]
+            m.d.sync += [res.data.eq(Mux(swap, a.as_value(), result)),
+                         res.last.eq(k == words - 1), pend_out.eq(to_out)]
             with m.If(k == words - 1):
-                m.d.sync += [k.eq(0), s.eq(s + 1), block.eq(next_block)]
+                m.d.comb += step_end.eq(1)
+                m.d.sync += k.eq(0)
             with m.Else():
                 m.d.sync += k.eq(k + 1)
         with m.Elif(stepping & (words == 0)):
-            m.d.sync += [s.eq(s + 1), block.eq(next_block)]
+            m.d.comb += step_end.eq(1)
 
         with m.If(running & (s >= total) & ~pend_out & (tx_fifo.level == 0)):
             m.d.sync += running.eq(0)
@@ -327,6 +359,9 @@ class CollectiveEngine(wiring.Component):
                 running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
                 length.eq(cmd.length), q.eq(cmd.block), r.eq(cmd.longer), n.eq(cmd.count),
                 p.eq(cmd.rank), member.eq(cmd_member), s.eq(0), k.eq(0), block.eq(first_block),
+                div.eq(Mux(cmd.divisor != 0, cmd.divisor, cmd.count)),
+                left.eq(cmd.chunks), in_place.eq(cmd.in_place), block0.eq(first_block),
+                block1.eq(Mux(first_block == 0, cmd.count - 1, first_block - 1)),
             ]
         m.d.comb += self.busy.eq(running)
         return m
@@ -338,4 +373,5 @@ def command_fields(req, rank: int | None) -> dict:
     q, r = divmod(req.length, req.count)
     return {"kind": int(req.kind), "op": int(req.op), "wide": int(req.width == 64),
             "length": req.length, "block": q, "longer": r, "count": req.count,
-            "rank": req.count if rank is None else rank}
+            "rank": req.count if rank is None else rank, "divisor": req.divisor or 0,
+            "chunks": req.chunks - 1, "in_place": int(req.in_place)}

@@ -13,23 +13,24 @@ from amaranth.lib.wiring import In, Out
 
 from ..layouts import ring_word_layout
 from ..spec import NpuConfig
-from ..spec.collective import LENGTH_BITS, word_bytes
-from ..spec.ring import RTL_MAX_CHIPS, check_rtl_chips
+from ..spec.collective import LENGTH_BITS, MAX_CHIPS, word_bytes
+from ..spec.ring import check_rtl_chips
 from .collective import CollectiveEngine
 from .link import RingLink
 
 __all__ = ["StreamDma", "RingTestbed", "testbed_command_layout"]
 
 
-def testbed_command_layout() -> data.StructLayout:
-    """The testbed's command: an engine's (:func:`hw.ring.collective.command_layout`) for a
-    group of ``count`` consecutive chips from ``first`` on the ring of ``chips``; each engine
-    gets it with its group rank."""
+def testbed_command_layout(chips: int) -> data.StructLayout:
+    """The command of a testbed of ``chips``: an engine's
+    (:func:`hw.ring.collective.command_layout`) for a group of ``count`` consecutive chips
+    from ``first`` on the ring of ``chips``; each engine gets it with its group rank."""
     return data.StructLayout({
         "kind": unsigned(3), "op": unsigned(2), "wide": unsigned(1),
         "length": unsigned(LENGTH_BITS), "block": unsigned(LENGTH_BITS),
-        "longer": range(RTL_MAX_CHIPS), "chips": range(RTL_MAX_CHIPS + 1),
-        "first": range(RTL_MAX_CHIPS), "count": range(RTL_MAX_CHIPS + 1),
+        "longer": range(chips), "chips": range(chips + 1),
+        "first": range(chips), "count": range(chips + 1),
+        "chunks": unsigned(16), "in_place": unsigned(1), "divisor": range(MAX_CHIPS + 1),
     })
 
 
@@ -137,7 +138,7 @@ class RingTestbed(wiring.Component):
         Gives the link width (``link_bytes_per_cycle``, a power of two), latency and
         ``link_bidirectional``.
     chips : int
-        Ring size, 1..8.
+        Ring size, 1..1,024.
     buffer_words : int
         Depth of each DMA's input and output buffers, in words of ``max(2B, 8)`` bytes.
     fifo_words : int
@@ -147,9 +148,9 @@ class RingTestbed(wiring.Component):
 
     Members
     -------
-    cmd : In(testbed_command_layout())
+    cmd : In(testbed_command_layout(chips))
         The collective; every engine receives it with its group rank.
-    rev_cmd : In(testbed_command_layout())
+    rev_cmd : In(testbed_command_layout(chips))
         The reverse ring's collective (bidirectional rings; ``count`` 0: none), in the
         reverse ring's positions.
     start : In(1)
@@ -193,7 +194,7 @@ class RingTestbed(wiring.Component):
 
         def ring():
             engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words,
-                                        avg=avg) for _ in range(chips)]
+                                        avg=avg, max_count=chips) for _ in range(chips)]
             dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
                     for _ in range(chips)]
             links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
@@ -204,8 +205,8 @@ class RingTestbed(wiring.Component):
         self.rev_engines, self.rev_dmas, self.rev_links = ring() if self.bidirectional \
             else ([], [], [])
         super().__init__({
-            "cmd": In(testbed_command_layout()),
-            "rev_cmd": In(testbed_command_layout()),
+            "cmd": In(testbed_command_layout(chips)),
+            "rev_cmd": In(testbed_command_layout(chips)),
             "start": In(1),
             "start_chip": In(chips),
             "busy": Out(1),
@@ -245,8 +246,8 @@ class RingTestbed(wiring.Component):
                 # This chip's position on the ring (i on the forward ring, n - 1 - i on the
                 # reverse one) relative to the group's first chip, modulo the ring.
                 where = i if r == 0 else n - 1 - i
-                diff = Signal(range(-RTL_MAX_CHIPS, RTL_MAX_CHIPS), name=name.format("diff"))
-                pos = Signal(range(RTL_MAX_CHIPS), name=name.format("pos"))
+                diff = Signal(range(-n, max(n, 2)), name=name.format("diff"))
+                pos = Signal(range(max(n, 2)), name=name.format("pos"))
                 m.d.comb += [
                     diff.eq(where - ring_cmd.first),
                     pos.eq(Mux(diff < 0, diff + ring_cmd.chips, diff)),
@@ -256,7 +257,9 @@ class RingTestbed(wiring.Component):
                     payload.kind.eq(ring_cmd.kind), payload.op.eq(ring_cmd.op),
                     payload.wide.eq(ring_cmd.wide), payload.length.eq(ring_cmd.length),
                     payload.block.eq(ring_cmd.block), payload.longer.eq(ring_cmd.longer),
-                    payload.count.eq(ring_cmd.count),
+                    payload.count.eq(ring_cmd.count), payload.chunks.eq(ring_cmd.chunks),
+                    payload.in_place.eq(ring_cmd.in_place),
+                    payload.divisor.eq(ring_cmd.divisor),
                     payload.rank.eq(Mux(pos < ring_cmd.count, pos, ring_cmd.count)),
                 ]
                 lane = r * n + i

@@ -1,13 +1,14 @@
-"""Router (hw.ring.router): deliver by destination and channel, forward the rest, CTS flags."""
+"""Router (hw.ring.router): deliver by destination and channel, forward the rest, CTS tokens."""
 
 import pytest
 
 from hw.ring.router import Router
-from hw.spec.ring import CHAN_COLL, CHAN_CTS, CHAN_P2P, CHIP_BITS
+from hw.spec.ring import CHAN_COLL, CHAN_CTS, CHAN_P2P
 from sim.rtl.pysim import collect, run_sim, send_all
 from tests.helpers import seeded
 
 ME = 2
+CHIP_BITS = 3
 
 
 def tag(dest, src, chan):
@@ -25,10 +26,11 @@ def as_tuple(p):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_delivers_forwards_and_filters(seed):
     """Words from the link: those for this chip reach the collective engine, the receive unit
-    (only from the source it waits for, so a word from another source waits) or the CTS flags;
-    the others go on to the next chip in order. Local words reach the link too."""
+    (only from the source it waits for, so a word from another source waits) or the send
+    unit's clear-to-send store (a token waits while the store is not ready); the others go on
+    to the next chip in order. Local words reach the link too."""
     rng = seeded(seed)
-    dut = Router(word_bytes=8)
+    dut = Router(word_bytes=8, chip_bits=CHIP_BITS)
     stream = []
     for k in range(40):
         kind = int(rng.integers(0, 4))
@@ -45,7 +47,7 @@ def test_delivers_forwards_and_filters(seed):
     want_p2p = [(w["data"][0], w["last"]) for w in stream if w["tag"] == tag(ME, 3, CHAN_P2P)]
     want_fwd = [w["data"][0] for w in stream if w["tag"] & 7 != ME]
     want_cts = [(w["tag"] >> CHIP_BITS) & 7 for w in stream if (w["tag"] >> 2 * CHIP_BITS) == 2]
-    got = {"cts": []}
+    got = {}
 
     async def link_in(ctx):
         await send_all(ctx, dut.i_link, stream, rng=rng, idle=0.2)
@@ -67,11 +69,9 @@ def test_delivers_forwards_and_filters(seed):
         got["link"] = await collect(ctx, dut.o_link, len(want_fwd) + len(local), rng=rng,
                                     stall=0.3, convert=lambda p: int(p.data[0]))
 
-    async def flags(ctx):
-        async for _, _, bits in ctx.tick().sample(dut.cts_set):
-            for s in range(8):
-                if bits >> s & 1:
-                    got["cts"].append(s)
+    async def tokens(ctx):
+        got["cts"] = await collect(ctx, dut.o_cts, len(want_cts), rng=rng, stall=0.3,
+                                   convert=lambda p: int(p.src))
 
     ctx_id = []
 
@@ -79,8 +79,8 @@ def test_delivers_forwards_and_filters(seed):
         ctx.set(dut.chip_id, ME)
         ctx_id.append(1)
 
-    run_sim(dut, [setup, link_in, coll_in, coll_out, p2p_out, link_out],
-            processes=[flags], max_cycles=3000)
+    run_sim(dut, [setup, link_in, coll_in, coll_out, p2p_out, link_out, tokens],
+            max_cycles=3000)
     assert got["coll"] == want_coll
     assert got["p2p"] == want_p2p
     assert [w for w in got["link"] if w < 100] == want_fwd, "forwarded words out of order"
@@ -90,7 +90,7 @@ def test_delivers_forwards_and_filters(seed):
 
 def test_a_message_from_another_source_waits():
     """The receive unit waits for chip 3; a message word from chip 4 is held at the router."""
-    dut = Router(word_bytes=8)
+    dut = Router(word_bytes=8, chip_bits=CHIP_BITS)
     got = {}
 
     async def bench(ctx):

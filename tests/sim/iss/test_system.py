@@ -13,16 +13,16 @@ def test_iss_system_detects_deadlock_and_disagreement():
     progs = [single_chip_program(req, c)[2] for c in range(2)]
     halt_only = progs[1][-1:]
     with pytest.raises(IssError, match=r"deadlock: chips \[0\] can never go on: chip 0 \(pc "
-                       r"\d+\) waits at HALT for COLL ALL_REDUCE SUM int32 x4 \(group 0\.\.1\) "
-                       r"\[chip 1 halted\]"):
+                       r"\d+\) waits at HALT for COLL ALL_REDUCE SUM int32 x4 \(rank 0 of 2, next "
+                       r"chip 1\) \[chip 1 halted\]"):
         IssSystem(npu, 2).run([progs[0], halt_only])
     other = CollectiveRequest("all_reduce", "sum", 32, 6, 2)
     with pytest.raises(IssError, match=r"deadlock: .*chip 0 .* waits at HALT for COLL .* x4 .*"
                                        r"chip 1 posted COLL ALL_REDUCE SUM int32 x6"):
         IssSystem(npu, 2).run([progs[0], single_chip_program(other, 1)[2]])
-    with pytest.raises(IssError, match="CO_RANK=0: it must be its ring position 1"):
+    with pytest.raises(IssError, match="chip 1's COLL has CO_NEXT=1, its own id"):
         IssSystem(npu, 2).run([progs[0], progs[0]])
-    with pytest.raises(IssError, match="CO_CHIPS=2 on a ring of 3 chips"):
+    with pytest.raises(IssError, match="CO_CHIPS=2 on a system of 3 chips"):
         IssSystem(npu, 3).run([progs[0], progs[1], progs[1]])
 
 
