@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
-from ..flows.collective import DEFAULT_MAX_CYCLES, run_collective
+from ..flows.collective import DEFAULT_MAX_CYCLES, run_collective, run_gradients
 from .common import add_topology, load_config, positive, system_of, write_json
 
 __all__ = ["add_parser", "run"]
@@ -17,7 +17,11 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub):
     p = sub.add_parser("collective", help="run one collective on a simulated ring (its "
                        "engines) or torus (its chips: the 2-D collective)")
-    p.add_argument("--kind", required=True, choices=["all_reduce", "reduce_scatter", "all_gather"])
+    p.add_argument("--kind", choices=["all_reduce", "reduce_scatter", "all_gather"],
+                   help="the collective (required unless --model)")
+    p.add_argument("--model", help="MODEL.toml: training's gradient all-reduce instead, int32 "
+                                   "SUM of one element per parameter, on the chips "
+                                   "(--backend, default iss)")
     p.add_argument("--op", default="sum", choices=["sum", "max", "min", "avg"])
     p.add_argument("--chips", type=positive, help="the ring's chips (or --topology N)")
     add_topology(p)
@@ -110,6 +114,22 @@ def run(args) -> int:
         raise BadInput("npu collective: --group is a ring's; a torus's group is --rect")
     if not torus and args.rect:
         raise BadInput("npu collective: --rect is a torus's (--topology XxY)")
+    if args.model:
+        for opt in ("kind", "input", "group", "rect"):
+            if getattr(args, opt):
+                raise BadInput(f"npu collective: --{opt} does not go with --model (the "
+                               "gradient all-reduce of every chip's parameters)")
+        model = load_config(args, "model")
+        report = run_gradients(npu, model, chips=chips, seed=args.seed,
+                               max_cycles=args.max_cycles or DEFAULT_MAX_CYCLES,
+                               backend=args.backend or "iss",
+                               algorithm=args.algorithm)
+        if args.json:
+            write_json(args.json, report.to_json())
+        print(report.summary())
+        return EXIT_OK if report.golden_match else EXIT_MISMATCH
+    if args.kind is None:
+        raise BadInput("npu collective: give --kind (or --model for the gradient all-reduce)")
     first, count = _group(args.group, chips)
     x = _read_input(args.input, chips) if args.input else None
     try:

@@ -28,12 +28,13 @@ from ..compiler.assembler import Assembler
 from ..compiler.torus_collective import Rect, torus_collective
 from ..errors import BadInput, Watchdog
 from ..golden import collectives as golden
+from ..planner.training import parameter_count, plan_training, section_elements
 from ..rtl.pysim import SimulationTimeout
 from ..rtl.ring_runner import simulate_collective
 from ..timing.cycle import time_programs, trace_entries
 from .simulate import BACKENDS, run_backend
 
-__all__ = ["CollectiveReport", "run_collective", "DEFAULT_MAX_CYCLES"]
+__all__ = ["CollectiveReport", "run_collective", "run_gradients", "DEFAULT_MAX_CYCLES"]
 
 DEFAULT_MAX_CYCLES = 2_000_000
 
@@ -65,6 +66,10 @@ class CollectiveReport:
     rect: tuple | None = None
     algorithm: str | None = None
     backend: str = "pysim"
+    #: A model's gradient all-reduce (:func:`run_gradients`): its sections' lengths, and the
+    #: planner's prediction (:func:`sim.planner.training.plan_training`).
+    sections: list[int] = field(default_factory=list)
+    predicted_cycles: int | None = None
 
     @property
     def golden_match(self) -> bool:
@@ -94,6 +99,7 @@ class CollectiveReport:
             "sim": {"wall_s": self.wall_s, "cycles_per_s": self.cycles_per_s},
             "backend": self.backend, "topology": self.topology,
             "rect": list(self.rect) if self.rect else None, "algorithm": self.algorithm,
+            "sections": list(self.sections), "predicted_cycles": self.predicted_cycles,
         }
 
     def summary(self) -> str:
@@ -104,6 +110,10 @@ class CollectiveReport:
                  f"{self.length} elements ({self.bytes} B): {self.cycles} cycles, bound "
                  f"{self.bound_cycles}, ratio {ratio}, golden "
                  f"{'match' if self.golden_match else 'MISMATCH'}"]
+        if self.sections:
+            lines.append(f"  in {len(self.sections)} section(s) of {max(self.sections):,} "
+                         f"elements or fewer; the planner predicted "
+                         f"{self.predicted_cycles:,} cycles")
         lines += [f"  {line}" for line in self.mismatches[:10]]
         return "\n".join(lines)
 
@@ -313,3 +323,34 @@ def _run_chips(npu, topo, *, kind, op, width, x, seed, max_cycles, backend, rect
         topology=str(topo) if topo.is_torus else None,
         rect=(rect.x0, rect.y0, rect.w, rect.h) if topo.is_torus else None,
         algorithm=plan.algorithm, backend=backend)
+
+
+def run_gradients(npu: NpuConfig, model, *, chips: int, seed: int = 0,
+                  max_cycles: int = DEFAULT_MAX_CYCLES, backend: str = "iss",
+                  algorithm: str = "auto") -> CollectiveReport:
+    """Training's gradient all-reduce of ``model``: int32 SUM of one element per parameter
+    (:func:`sim.planner.training.parameter_count`) over every chip (the NPU's torus, or a ring
+    of ``chips``), on the chips of ``backend``, in the planner's sections (each as much of the
+    gradients as the scratchpad holds: the host loads each section and reads it back, load
+    cycles excluded as everywhere). The report's ``cycles`` are the sections' collectives'
+    added up, its ``predicted_cycles`` the planner's for the same algorithm."""
+    topo = npu.topology if npu.topology is not None else Topology.ring(chips)
+    params = parameter_count(model)
+    section = section_elements(npu)
+    lengths = [section] * (params // section) + ([params % section] if params % section else [])
+    if not topo.is_torus:
+        npu = dataclasses.replace(npu, topology=topo)
+    runs = [_run_chips(npu, topo, kind="all_reduce", op="sum", width=32, x=random_buffers(
+        topo.chips, n, 32, seed + k), seed=seed + k, max_cycles=max_cycles, backend=backend,
+        rect=None, algorithm=algorithm) for k, n in enumerate(lengths)]
+    label = "1-D ring" if not topo.is_torus else f"2-D {runs[0].algorithm}"
+    predicted = next((p.cycles for p in plan_training(npu, model, topo)
+                      if p.algorithm == label), None)
+    first = runs[0]
+    return dataclasses.replace(
+        first, length=params, cycles=sum(r.cycles for r in runs),
+        model_cycles=sum(r.model_cycles for r in runs),
+        bound_cycles=sum(r.bound_cycles for r in runs),
+        mismatches=[f"section {k}: {m}" for k, r in enumerate(runs) for m in r.mismatches],
+        wall_s=sum(r.wall_s for r in runs), outputs=[], sections=lengths,
+        predicted_cycles=predicted)
