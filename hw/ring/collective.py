@@ -1,4 +1,4 @@
-"""Collective engine: one per dimension of a chip's system, streams only (the chip's stream
+"""Collective engine: one on a ring's chip, two on a torus's, streams only (the chip's stream
 contract).
 
 The engine owns no addresses. It takes a command, consumes the local input stream and the ring

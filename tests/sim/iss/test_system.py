@@ -50,3 +50,26 @@ def test_coll_block_fields_must_be_the_division():
                                        r"\(block length 3 in bits \[47:24\]\) and "
                                        r"CO_COUNT=0x10002"):
         IssSystem(npu, 2).run([progs[0], bare])
+
+
+def test_a_second_engine_is_a_torus_chips():
+    """COLL 1 (collective engine 1) on a ring's chip, which has one engine, is refused naming
+    the engines; on a torus's chip it runs."""
+    from hw.spec.topology import Topology
+    from sim.compiler import collective_launch as cl
+    from sim.compiler.assembler import Assembler
+
+    npu = small_npu()
+    req = CollectiveRequest("all_reduce", "sum", 32, 8, 4, first=0, count=2)
+    programs = []
+    for c in range(4):
+        asm = Assembler()
+        if c < 2:
+            cl.emit(asm, cl.coll_launch_natural(req, c, base=0, size=npu.array_size,
+                                                link_bytes=npu.link_bytes_per_cycle, engine=1))
+        asm.halt()
+        programs.append(asm.words())
+    with pytest.raises(IssError, match="COLL on engine 1: a chip of this system has 1 "
+                                       "collective engine"):
+        IssSystem(npu, 4).run(programs)
+    IssSystem(npu, 4, Topology((2, 2))).run(programs)
