@@ -140,7 +140,7 @@ def execute_coll(members: list[PendingColl], isses) -> None:
     wbytes = isses[0].npu.ring_word_bytes
     outputs = [[] for _ in members]
     for c in range(req.chunks):
-        results = collective(one, [m.vector[c] for m in members])
+        results = collective(one, [None if m.vector is None else m.vector[c] for m in members])
         for rank, m in enumerate(members):
             if m.out_addrs is not None:
                 outputs[rank].append(_output_words(one, rank, results[rank], wbytes,
