@@ -191,8 +191,9 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
         if p is None or not blocks:
             return None
         j0 = _rotation(blocks, n)
-        return Desc(start, (w, len(blocks), k, 1), (1, -stride, w, 0), wrap=total,
-                    off=j0 * stride)
+        # (A lone chunk's level 2 walks nothing: its stride 0, as the program always set it.)
+        return Desc(start, (w, len(blocks), k, 1), (1, -stride, w if k > 1 else 0, 0),
+                    wrap=total, off=j0 * stride)
 
     rd6 = walk(base, local_blocks(one, chip))
     wr3 = walk(out_base, output_blocks(one, chip))
