@@ -65,12 +65,21 @@ def _tile_fpga(npu: NpuConfig, chips: int):
     return Chip(npu=npu, coll_avg=False)
 
 
+def _node_links(npu: NpuConfig):
+    """The links leaving a node of the NPU's ``[topology]`` (one per dimension: a torus's node
+    has two), or None: a ring's node with the NPU's ``link_*``."""
+    topo = npu.topology
+    if topo is None or not (topo.is_torus or topo.links):
+        return None
+    return tuple(topo.link(d, npu) for d in range(len(topo.dims)))
+
+
 def _node(npu: NpuConfig, chips: int):
-    return ChipNode(npu=npu)
+    return ChipNode(npu=npu, links=_node_links(npu))
 
 
 def _node_fpga(npu: NpuConfig, chips: int):
-    return ChipNode(npu=npu, coll_avg=False)
+    return ChipNode(npu=npu, coll_avg=False, links=_node_links(npu))
 
 
 def _system(npu: NpuConfig, chips: int):
@@ -95,7 +104,8 @@ TOPS: dict[str, Top] = {
                 default_chips=4, build_fpga=_ring_fpga),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile,
                 build_fpga=_tile_fpga),
-    "node": Top("node", "one chip with its outgoing ring link (the Verilator backend's unit)",
+    "node": Top("node", "one chip with its outgoing ring links, one per dimension of the NPU's "
+                "[topology] (the Verilator backend's unit)",
                 _node, build_fpga=_node_fpga),
     "system": Top("system", "N chips on the ring", _system, default_chips=2,
                   build_fpga=_system_fpga),

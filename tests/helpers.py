@@ -303,11 +303,11 @@ def beat_rows(beats, width):
     return np.array([list(b["data"]) + [b["last"]] for b in beats], dtype=np.int64)
 
 
-def assert_cycle_model(npu, programs, rtl, *, ring=None):
+def assert_cycle_model(npu, programs, rtl, *, ring=None, topology=None):
     """The ISS's cycle model agrees with an RTL run of ``programs`` (``rtl``: per chip
-    ``(cycles, busy counters, trace)``) on cycles, busy counters and every trace entry;
-    returns the model's timing."""
-    model = time_programs(npu, programs, ring=ring)
+    ``(cycles, busy counters, trace)``) on cycles, busy counters and every trace entry (on
+    ``topology`` when given: a torus); returns the model's timing."""
+    model = time_programs(npu, programs, ring=ring, topology=topology)
     for c, (chip, (cyc, busy, trace)) in enumerate(zip(model.chips, rtl, strict=True)):
         assert chip.cycles == cyc, f"chip {c}: {chip.cycles} cycles, RTL {cyc}"
         assert chip.busy == busy, \
@@ -577,3 +577,43 @@ def write_spec(path, values, overrides=None):
 def comparable(rows):
     """Result rows without what differs from run to run (the wall-clock time)."""
     return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]
+
+
+def torus_programs(npu, topo, transfers, rng, *, length=16):
+    """Programs on ``topo`` (a torus) where every row all-reduces ``length`` int32 (words 100..)
+    on collective engine 0 while every column all-reduces another ``length`` (words 200..) on
+    engine 1, and each ``(src, dest)`` of ``transfers`` sends 16 words from word 0 to word 40
+    of ``dest``, all at the same time."""
+    from hw.spec.collective import CollectiveRequest
+    from hw.spec.isa import Unit
+    from sim.compiler import collective_launch as cl
+    from sim.compiler import p2p_launch as pl
+    from sim.compiler.assembler import Assembler
+
+    n, link = npu.array_size, npu.link_bytes_per_cycle
+    X, Y = topo.dims
+    programs, images = [], []
+    for c in range(topo.chips):
+        x, y = topo.coords(c)
+        asm = Assembler()
+        images.append({0: rng.integers(0, 256, (16, n), dtype=np.uint8),
+                       100: rng.integers(0, 256, (length, n), dtype=np.uint8),
+                       200: rng.integers(0, 256, (length, n), dtype=np.uint8)})
+        for src, dest in transfers:
+            if c == src:
+                pl.emit(asm, pl.send_launch(dest=dest, desc=pl.contiguous(0, 16), size=n,
+                                            link_bytes=link))
+            if c == dest:
+                pl.emit(asm, pl.recv_launch(src=src, desc=pl.contiguous(40, 16), size=n,
+                                            link_bytes=link))
+        row = CollectiveRequest("all_reduce", "sum", 32, length, topo.chips, first=y * X,
+                                count=X)
+        col = CollectiveRequest("all_reduce", "max", 32, length, topo.chips, first=x,
+                                count=Y, stride=X)
+        cl.emit(asm, cl.coll_launch_natural(row, c, base=100, size=n, link_bytes=link))
+        cl.emit(asm, cl.coll_launch_natural(col, c, base=200, size=n, link_bytes=link,
+                                            engine=1))
+        asm.wait(Unit.ALL)
+        asm.halt()
+        programs.append(asm.words())
+    return programs, images

@@ -621,10 +621,15 @@ def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: st
 
 
 def _names(strategy):
-    names = NAMES if strategy == "all" else (strategy,)
+    """The strategies ``strategy`` names (``all``: every planned one)."""
+    planned = tuple(n for n in NAMES if REGISTRY[n].planned != "no")
+    names = planned if strategy == "all" else (strategy,)
     for name in names:
         if name not in REGISTRY:
             raise BadInput(f"strategy {name!r} is not one of all, {', '.join(NAMES)}")
+        if REGISTRY[name].planned == "no":
+            raise BadInput(f"--strategy {name} is not planned yet (the planner plans "
+                           f"{', '.join(planned)}); simulate it with npu sim")
     return names
 
 

@@ -63,7 +63,8 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
     scheds = [steps(req, i) for i in range(chips)]
     sent = [[] for _ in range(chips)]
     done = [0] * chips
-    for _ in range(2 * chips + 2):
+    # Each round settles one more hop of the ring's dependencies.
+    for _ in range(2 * chips + 2 + 2 * max(len(x) for x in scheds)):
         new_sent = [[] for _ in range(chips)]
         for i in range(chips):
             up = sent[(i - 1) % chips]
