@@ -869,7 +869,7 @@ class BlockEmitter:
 
         def product16_block(h_in):
             """llm16c: the int16 gate and up, the activation and both operands' byte digits,
-            their int16 product (three MULs, two ADDs; sim.golden.layer.gated16_product), its
+            their int16 product (four MULs, three ADDs; sim.golden.layer.gated16_product), its
             planes and FFN2's two passes. A digit plane is half an int16 row: GELU16 writes
             the low digits over the first half of the rows it reads (word j of them after
             words 2j and 2j + 1 were read), the REQUANTs the high digits elsewhere."""
@@ -898,10 +898,11 @@ class BlockEmitter:
             vec(vl.requant_launch(size=n, length=cols, a=_rows(u16), out=uh, mult=1, shift=8))
             vec(vl.gelu16_launch(size=n, length=cols, a=_rows(u16), g=L.gelu_g, lo=ul))
             tmp = _rows(u16)
-            for a_, b_, dst, (mult, shift) in ((yh, uh, out, G.hh), (yh, ul, tmp, G.hl),
-                                               (yl, uh, tmp, G.hl)):
+            for a_, b_, dst, name in ((yh, uh, out, "hh"), (yh, ul, tmp, "hl"),
+                                      (yl, uh, tmp, "hl"), (yl, ul, tmp, "ll")):
+                mult, shift = getattr(G, name)
                 vec(vl.mul_launch(size=n, length=cols, a=a_, b=b_, out=dst, mult=mult,
-                                  shift=shift), ("mul", i, dst is out))
+                                  shift=shift), ("mul", i, name))
                 if dst is tmp:
                     vec(vl.add_launch(size=n, length=cols, a=out, b=tmp, out=out))
             planes(cols)

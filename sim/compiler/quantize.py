@@ -184,15 +184,18 @@ class QGated16:
 
         y   = GELU16(silu, gate16)                      (SiLU at the gate's scale)
         p16 = (yh uh) 2**(16 - m) + round(yh ul / 2**(m - 8)) + round(yl uh / 2**(m - 8))
+              + round(yl ul / 2**m)
 
-    ``~= y * up16 / 2**m`` (three MULs, int16 out, and two saturating ADDs): ``hh`` is the
-    first MUL's ``(mult, shift)``, ``hl`` the other two's."""
+    ``~= y * up16 / 2**m`` within 2 (four MULs, int16 out, added by three saturating ADDs in
+    that order): ``hh``, ``hl`` and ``ll`` are the MULs' ``(mult, shift)`` (``hl`` for both
+    middle terms)."""
 
     silu: np.ndarray     # [257] int16 GELU16 knots of SiLU at the gate's scale
     silu_g: int          # their spacing
     m: int               # the product's shift: p16 ~ y * up16 / 2**m
     hh: tuple[int, int]
     hl: tuple[int, int]
+    ll: tuple[int, int]
 
 
 def _pow2_mul(k: int) -> tuple[int, int]:
@@ -505,7 +508,7 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res)
         s_g = cal.scales[p + "ffn_gate16"] = GATED16_HEADROOM * cal.maxima[p + "ffn_gate"] / _I16
         s_u = cal.scales[p + "ffn_pre16"] = GATED16_HEADROOM * cal.maxima[p + "ffn_pre"] / _I16
         peak = PRODUCT16_HEADROOM * cal.maxima[p + "ffn_act"] / (s_g * s_u)
-        m = max(1, math.ceil(math.log2(peak / _I16)))
+        m = max(2, math.ceil(math.log2(peak / _I16)))     # hh's mult below 2**16
         s_p = cal.scales[p + "ffn_act16"] = s_g * s_u * 2.0 ** m
         ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_u, OutMode.INT16,
                        row_scale=smooth["ffn1"])
@@ -519,7 +522,7 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res)
         else:
             g_act = gelu16_knot_shift(s_g, SILU16_SPAN if cfg.activation == "silu" else 8.0)
             knots = act16(s_g, g_act)
-        wide16 = QGated16(knots, g_act, m, _pow2_mul(16 - m), _pow2_mul(8 - m))
+        wide16 = QGated16(knots, g_act, m, _pow2_mul(16 - m), _pow2_mul(8 - m), _pow2_mul(-m))
         lut, g, lut16 = None, SPLIT16_G, split16_table()
     elif gated16:
         # Gate and up int8 as under int8 (smoothed), their product exact in int16 (scale

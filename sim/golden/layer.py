@@ -94,12 +94,14 @@ def digits(x, table=None, g: int = SPLIT16_G) -> tuple[np.ndarray, np.ndarray, n
 
 def gated16_product(G, gate16, up16) -> np.ndarray:
     """llm16c's int16 product (``sim.compiler.quantize.QGated16``) of the int16 gate and up
-    outputs: SiLU by GELU16, both operands' digits, three MULs (int16 out) and two saturating
-    ADDs, in that order."""
+    outputs: SiLU by GELU16, both operands' digits, four MULs (int16 out) added by saturating
+    ADDs in the order hh, hl (yh ul), hl (yl uh), ll."""
     _, yl, yh = digits(gate16, G.silu, G.silu_g)
     _, ul, uh = digits(up16)
-    p = residual_add(gated_mul(yh, uh, *G.hh, bits=16), gated_mul(yh, ul, *G.hl, bits=16))
-    return residual_add(p, gated_mul(yl, uh, *G.hl, bits=16))
+    p = gated_mul(yh, uh, *G.hh, bits=16)
+    for a, b, (mult, shift) in ((yh, ul, G.hl), (yl, uh, G.hl), (yl, ul, G.ll)):
+        p = residual_add(p, gated_mul(a, b, mult, shift, bits=16))
+    return p
 
 
 def qkv_int(cfg, layer, h, pos_base: int = 0, record: dict | None = None):

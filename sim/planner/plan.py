@@ -398,7 +398,7 @@ def _dummy_qmodel(cfg: ModelConfig) -> QModel:
     wide = cfg.quant == "llm16c"
     lanes = (None, None) if smooth16 and cfg.norm == "post" else None   # present, not read
     per_lane = (np.ones(1, np.int64), np.ones(1, np.int64))             # present, not read
-    gated16 = QGated16(None, RELU16_G, 15, (2, 1), (1, 7)) if wide and cfg.ffn == "gated" \
+    gated16 = QGated16(None, RELU16_G, 15, (4, 1), (1, 7), (1, 15)) if wide and cfg.ffn == "gated" \
         else None
     layers = []
     for i in range(cfg.n_layers):
