@@ -87,7 +87,8 @@ def norm_rows(L, x, ln, rms: bool):
 def digits(x, table=None, g: int = SPLIT16_G) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The balanced byte digits of int16 ``y = GELU16(table, x)`` (default: the split table,
     ``y = x``): ``(y, yl, yh)`` with ``yl = int8(y & 0xFF)`` (GELU16's low byte) and ``yh =
-    requant(y, 1, 8, 8) = round(y / 256)`` (REQUANT), so ``y = 256 yh + yl`` below 32640."""
+    requant(y, 1, 8, 8) = round(y / 256)`` (REQUANT), so ``y = 256 yh + yl`` up to
+    :data:`~sim.golden.vector.SPLIT16_EXACT_MAX`."""
     y = gelu16_apply(split16_table() if table is None else table, x, g)
     return y, wrap(y, 8), requant(y, 1, 8, 8)
 

@@ -237,14 +237,15 @@ def identity16_table(g: int) -> np.ndarray:
 
 #: The knot spacing of :func:`split16_table` (every int16 lies inside its table).
 SPLIT16_G = 8
-#: The largest int16 :func:`split16_table` passes unchanged (its last knot is 32767, not
-#: 32768, so the top 127 values come out 1 smaller).
-SPLIT16_EXACT_MAX = 32640
+#: The largest int16 that :func:`split16_table` passes unchanged *and* whose high digit
+#: ``round(x / 256)`` fits int8 (the table alone passes 32640 too; its last knot is 32767,
+#: not 32768, so the values above come out 1 smaller).
+SPLIT16_EXACT_MAX = 32639
 
 
 def split16_table() -> np.ndarray:
     """GELU16 knots (g = :data:`SPLIT16_G`) that make the op the identity on every int16 up to
-    :data:`SPLIT16_EXACT_MAX`: ``T[k] = min((k - 128) * 256, 32767)`` (the last knot clamped to
+    32640: ``T[k] = min((k - 128) * 256, 32767)`` (the last knot clamped to
     int16). GELU16 then writes a tensor's byte planes, or (its low byte as int8) the low digit
     of ``x = 256 * round(x / 256) + int8(x & 0xFF)``: llm16c's int16 x int16 gated product
     (``sim.compiler.quantize``)."""
