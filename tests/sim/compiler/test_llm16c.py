@@ -131,6 +131,16 @@ def test_llm16c_is_bit_exact_on_the_iss(strategy, chips, batch):
     assert r.cycles > base.cycles
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,chips,grid,batch", [
+    ("data", 2, None, 2), ("head", 4, None, None), ("head+pipeline", None, "2x2", 2),
+    ("data+head", None, "2x2", 2), ("data+pipeline", None, "2x2", 4)])
+def test_llm16c_is_bit_exact_on_the_grids(strategy, chips, grid, batch):
+    r = simulate(NPU, LLAMA, strategy=strategy, chips=chips, grid=grid, batch=batch,
+                 backend="iss")
+    assert r.golden_match, r.first_mismatch
+
+
 def test_llm16c_program_per_block():
     x = seeded(1).standard_normal((LLAMA.seq_len, LLAMA.d_model))
     progs = {}
