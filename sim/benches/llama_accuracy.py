@@ -45,9 +45,11 @@ from tokenizers import Tokenizer
 
 from hw.spec import NpuConfig, model_preset, npu_preset
 
+from ..compiler.decode_quant import quantize_decode
 from ..compiler.quantize import dequantize_residual, quantize_input, quantize_model
 from ..flows.generate import generate
 from ..flows.simulate import simulate
+from ..golden.decode import generate_int
 from ..golden.float_model import model_forward
 from ..golden.layer import model_int
 from ..models.accuracy import cosine, layer_accuracy, token_cosine
@@ -115,10 +117,23 @@ def _greedy(result, ids, step, tokens: int) -> list[int]:
     return ids[-tokens:]
 
 
+def head_weights(result) -> dict:
+    """The imported checkpoint's embedding, final norm and LM head by the names generation
+    reads (``sim.golden.decode.head_weight_names``)."""
+    with np.load(result.embeddings_path) as npz:
+        t = {k: np.asarray(npz[k], np.float64) for k in npz.files}
+    hw = {"embed.weight": t["word"], "norm.weight": t["final_norm.weight"]}
+    if "lm_head" in t:
+        hw["lm_head.weight"] = t["lm_head"].T
+    return hw
+
+
 def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=None,
             calib_text: str = CALIB_TEXT, prompt: str = EVAL_PROMPT) -> dict:
     """Every figure, by scheme: ``{"texts", "tokens", "float", "schemes": {quant: {"layers",
-    "chained", "chained_token", "last_token", "continuation", "match", "first_diff"}}}``."""
+    "chained", "chained_token", "last_token", "continuation", "match", "first_diff",
+    "decode", "decode_match", "decode_first_diff", ...}}}`` (``decode``: generation on chip,
+    the golden incremental decode with the embedding, final norm and LM head in integers)."""
     cfg = result.model
     calib_ids, eval_ids = tokenize(result, calib_text).ids, tokenize(result, prompt).ids
     calib = embed(result, calib_ids, dtype=np.float64)
@@ -134,6 +149,7 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
                       "generated": tokens},
            "float": {"ids": want_ids}, "schemes": {}}
     want = ref(x)
+    hw = head_weights(result)
     for quant in schemes:
         start = time.perf_counter()
         c = dataclasses.replace(cfg, seq_len=len(eval_ids), quant=quant)
@@ -154,6 +170,14 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
         if diff is not None:     # the prefixes agree up to diff: these rows are the greedy's
             margin = float(ref_logits[diff, want_ids[diff]] - ref_logits[diff, ids[diff]])
             own = float(got_logits[diff, ids[diff]] - got_logits[diff, want_ids[diff]])
+        # Generation on chip (the golden incremental decode the ISS and RTL equal): the
+        # embedding table, final norm and LM head in integers too, every scale calibrated on
+        # the calibration text.
+        qd, head = quantize_decode(dataclasses.replace(
+            cfg, seq_len=len(eval_ids) + tokens, quant=quant), weights, hw, calib_ids)
+        dec = [int(t) for t in generate_int(qd, head, eval_ids, tokens)["ids"]]
+        dec_diff = next((k for k, (a, b) in enumerate(zip(dec, want_ids, strict=True))
+                         if a != b), None)
         out["schemes"][quant] = {
             "layers": [dataclasses.asdict(a) for a in acc],
             "local_min": min(a.local_cosine for a in acc),
@@ -163,6 +187,8 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
             "continuation": ids, "match": sum(a == b for a, b in zip(ids, want_ids, strict=True)),
             "first_diff": diff, "margin": margin, "own_margin": own,
             "forced": int(sum(int(a) == b for a, b in zip(forced, want_ids, strict=True))),
+            "decode": dec, "decode_first_diff": dec_diff,
+            "decode_match": sum(a == b for a, b in zip(dec, want_ids, strict=True)),
             "seconds": time.perf_counter() - start}
         if progress:
             progress(quant, out["schemes"][quant])
@@ -310,14 +336,17 @@ def markdown(data: dict, result=None) -> str:
     n = data["tokens"]["generated"]
     lines = ["| scheme | worst layer cosine (local) | worst token, local | last hidden cosine "
              "(30 layers) | worst token after 30 | last token after 30 | greedy tokens equal "
-             "| first difference (float64's margin, the integers') | teacher-forced tokens equal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| first difference (float64's margin, the integers') | teacher-forced tokens equal "
+             "| generated on chip: tokens equal (first difference) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for quant, s in data["schemes"].items():
         where = "none" if s["first_diff"] is None else \
             f"{s['first_diff']} ({s['margin']:.2f}, {s['own_margin']:.2f})"
+        dec = "none" if s.get("decode_first_diff") is None else s["decode_first_diff"]
         lines.append(f"| {quant} | {s['local_min']:.5f} | {s['local_token_min']:.5f} | "
                      f"{s['chained']:.5f} | {s['chained_token']:.5f} | {s['last_token']:.5f} "
-                     f"| {s['match']} of {n} | {where} | {s['forced']} of {n} |")
+                     f"| {s['match']} of {n} | {where} | {s['forced']} of {n} "
+                     f"| {s.get('decode_match', '-')} of {n} ({dec}) |")
     lines += ["", "| layer | " + " | ".join(f"{q} local cos | {q} worst token" for q in schemes)
               + " | " + " | ".join(f"{q} chained cos" for q in schemes) + " |",
               "|---|" + "---|" * 3 * len(schemes)]
@@ -332,6 +361,8 @@ def markdown(data: dict, result=None) -> str:
         lines += ["", f"float64: {_decode(result, data['float']['ids'])!r}"]
         lines += [f"{q}: {_decode(result, s['continuation'])!r}"
                   for q, s in data["schemes"].items()]
+        lines += [f"{q} generated on chip: {_decode(result, s['decode'])!r}"
+                  for q, s in data["schemes"].items() if "decode" in s]
     return "\n".join(lines)
 
 
