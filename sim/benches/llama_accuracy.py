@@ -315,7 +315,12 @@ def _rows(data: dict) -> list[dict]:
              "value": s["match"], "unit": f"of {n}", "ref": TARGETS["tokens"] * n // TOKENS,
              "note": f"first difference at {s['first_diff']}; full prefills, head in float64"},
             {"bench": f"SmolLM2-135M {quant}: next tokens equal to float64's, teacher-forced",
-             "value": s["forced"], "unit": f"of {n}", "note": "on float64's continuation"}]
+             "value": s["forced"], "unit": f"of {n}", "note": "on float64's continuation"},
+            {"bench": f"SmolLM2-135M {quant}: tokens generated on chip equal to float64's",
+             "value": s["decode_match"], "unit": f"of {n}",
+             "ref": TARGETS["tokens"] * n // TOKENS,
+             "note": f"first difference at {s['decode_first_diff']}; the golden incremental "
+                     "decode, embedding, final norm and LM head in integers"}]
     return rows
 
 

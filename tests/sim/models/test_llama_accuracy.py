@@ -37,10 +37,10 @@ def test_llm16c_meets_the_targets_on_smollm2(figures):
     print({k: s[k] for k in ("local_min", "chained", "chained_token", "last_token", "match",
                              "first_diff")})
     # Measured: worst block 0.99979 (block 0), 0.99833 after 30 blocks (the last token
-    # 0.99171), 16 of 16 greedy tokens.
+    # 0.99171), 16 of 16 greedy tokens, 16 of 16 generated on chip.
     assert s["local_min"] >= 0.9995
     assert s["chained"] >= 0.997 and s["last_token"] >= 0.985
-    assert s["match"] >= 15 and TOKENS == 16
+    assert s["match"] >= 15 and s["decode_match"] >= 15 and TOKENS == 16
     assert s["local_min"] > figures["schemes"]["llm16"]["local_min"]
 
 
