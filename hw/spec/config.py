@@ -41,8 +41,10 @@ PRESETS_DIR = Path(__file__).resolve().parents[2] / "constraints"
 #: matmuls and an int16 FFN hidden (GELU16, two int8 passes of FFN2); ``llm16`` is smooth16 for
 #: pre-norm decoders with massive activations: a residual scale per block (a REQUANT of the
 #: residual where it changes), smoothing folded into the norms' gamma, and a gated FFN's hidden
-#: int16 too (the exact int8 x int8 product).
-QUANT_SCHEMES = ("int8", "smooth16", "llm16")
+#: int16 too (the exact int8 x int8 product); ``llm16c`` is llm16 with a residual scale per
+#: channel (per block; RMSNorm from the statistics of a one-scale copy) and a gated FFN's gate
+#: and up int16, their product int16 from their byte digits.
+QUANT_SCHEMES = ("int8", "smooth16", "llm16", "llm16c")
 
 #: Deepest instruction memory accepted: 1 Mi instructions. Programs are static and unrolled, but
 #: even the Groq-scale preset needs only 64 Ki; a larger value is a typo, not a design.
@@ -352,9 +354,10 @@ _MODEL_SCHEMA = {
     "quant": _Key(str, "int8", choices=QUANT_SCHEMES,
                   doc="quantisation scheme (int8; smooth16: smoothed LayerNorm outputs and "
                       "an int16 FFN hidden; llm16: smooth16 with a residual scale per block "
-                      "and gated FFNs, pre-norm)"),
-    "smooth_alpha": _Key(float, 0.7, doc="smooth16's and llm16's migration strength alpha, "
-                                         "0..1"),
+                      "and gated FFNs, pre-norm; llm16c: llm16 with a residual scale per "
+                      "channel and an int16 x int16 gated product)"),
+    "smooth_alpha": _Key(float, 0.7, doc="smooth16's and the llm schemes' migration strength "
+                                         "alpha, 0..1"),
 }
 
 

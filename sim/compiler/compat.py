@@ -68,11 +68,13 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
         # smooth16's FFN hidden is int16, and MUL multiplies int8 operands.
         limits.refuse("is not supported with quant=\"smooth16\" (an int16 FFN hidden): the "
                       "vector unit's MUL multiplies int8 operands; use quant=\"llm16\" (the "
-                      "exact int16 product of the int8 gate and up) or \"int8\"",
+                      "exact int16 product of the int8 gate and up), \"llm16c\" (int16 gate "
+                      "and up) or \"int8\"",
                       path=cfg.path, key="ffn", value=cfg.ffn)
-    if cfg.quant == "llm16" and cfg.norm != "pre":
-        limits.refuse("is not supported with quant=\"llm16\" (a residual scale per block, "
-                      "smoothing folded into pre-norm gammas): use smooth16", path=cfg.path,
+    if cfg.quant in ("llm16", "llm16c") and cfg.norm != "pre":
+        limits.refuse(f"is not supported with quant=\"{cfg.quant}\" (a residual scale per "
+                      "block, smoothing folded into pre-norm gammas): use smooth16",
+                      path=cfg.path,
                       key="norm", value=cfg.norm)
     if cfg.d_head > npu.d_head_max:
         limits.refuse(f"exceeds datapath width d_head_max={npu.d_head_max}", path=npu.path,
@@ -90,7 +92,7 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
         key, value = ("window", cfg.window) if cfg.window else ("seq_len", cfg.seq_len)
         limits.refuse(f"does not fit attn_window={npu.attn_window}: {exc}", path=npu.path,
                       key=key, value=value, limit=npu.attn_window)
-    if cfg.quant in ("smooth16", "llm16") and cfg.d_ff > SMOOTH16_D_FF_MAX:
+    if cfg.quant in ("smooth16", "llm16", "llm16c") and cfg.d_ff > SMOOTH16_D_FF_MAX:
         limits.refuse(f"exceeds {SMOOTH16_D_FF_MAX} for quant=\"{cfg.quant}\": the FFN2 lo "
                       "pass's "
                       "int32 sum of d_ff products of 255 x 128 would overflow", path=cfg.path,

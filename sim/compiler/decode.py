@@ -242,7 +242,9 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     e0, e_rows = (v0, max(v1 - v0, 1)) if emb_split else (0, cfg.vocab_size)
     e_pad = pad_to(e_rows, n)
     d = cfg.d_model
-    emb_params = (np.full(d, head.emb_req[0], np.int64), np.full(d, head.emb_req[1], np.int64))
+    # One multiplier and shift, or one per lane (llm16c).
+    emb_params = tuple(np.array(np.broadcast_to(np.asarray(v, np.int64), (d,)))
+                       for v in head.emb_req)
 
     def emb():
         w = head.emb8 if not emb_split else np.zeros((e_rows, d), np.int64)
@@ -259,7 +261,9 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         cols = np.arange(v0, v1)
         lm = head.lm
         return QLinear(lm.w[:, cols], lm.bias[cols], lm.mult[cols], lm.shift[cols], lm.mode)
-    lm_w = norm_gb = None
+    lm_w = norm_gb = norm_req = None
+    if last_stage and head.norm_req is not None:
+        norm_req = em._requant_params("norm.requant", lambda: head.norm_req)
     if last_stage:
         lm_w = em._linear("lm_head", lm_block, cfg.d_model, vc)
         norm_gb = em._store("norm.gamma_beta", row_words(cfg.d_model, 4, n),
@@ -376,8 +380,24 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         step.gather_residual(xv, shard, 1)
 
     def final_norm(a: Assembler, first: int, rows: int, out: int, x: Tensor):
-        vl.emit(a, vl.ln_launch(size=n, length=cfg.d_model, x=rows_of(x, first, rows),
-                                gamma_beta_base=norm_gb.base, q=rows_of(hf, out, rows),
+        src, q = rows_of(x, first, rows), rows_of(hf, out, rows)
+        if norm_req is not None:
+            # llm16c: the blocks' norm (BlockEmitter._ln), its copy in ``a``.
+            y = rows_of(acts.a, 0, rows)
+            vl.emit(a, vl.requant_launch(size=n, length=cfg.d_model, a=src, out=y,
+                                         params_base=norm_req.base))
+            a.wait(Unit.VEC)
+            vl.emit(a, vl.ln_stats_launch(size=n, length=cfg.d_model, x=y,
+                                          stats_base=acts.nrec.base))
+            a.wait(Unit.VEC)
+            vl.emit(a, vl.ln_apply_launch(
+                size=n, length=cfg.d_model, n=head.norm_n, x=src, gamma_beta_base=norm_gb.base,
+                stats_base=acts.nrec.base, q=q, gshift=head.norm.gshift, mult=head.norm.mult,
+                shift=head.norm.shift, rms=True), ("ln", "final"))
+            a.wait(Unit.VEC)
+            return
+        vl.emit(a, vl.ln_launch(size=n, length=cfg.d_model, x=src,
+                                gamma_beta_base=norm_gb.base, q=q,
                                 gshift=head.norm.gshift, mult=head.norm.mult,
                                 shift=head.norm.shift, rms=cfg.rmsnorm), ("ln", "final"))
         a.wait(Unit.VEC)

@@ -7,7 +7,10 @@ calibration tokens (the prompt), and fixed for every decode step after it:
   likewise at ``s_p = max|P| / 127``. Each becomes the int16 residual (scale ``s_res``) by a
   per-tensor REQUANT, ``quantize_multiplier(s_e / s_res)`` (and ``s_p / s_res``).
 - The final norm is calibrated as a block's LN: int16 at ``max|y| / 32767``, int8 at
-  ``max|y| / 127`` (``y``: the float final norm output).
+  ``max|y| / 127`` (``y``: the float final norm output). Under ``quant = "llm16c"`` it is
+  the blocks' RMSNorm of a residual at per-channel scales (the last block's:
+  ``sim.compiler.quantize.channel_norm``), and the REQUANTs of the tables into the residual
+  are per lane.
 - The LM head writes int16 logits at ``s_l = max|logits| / 32767``. Tied, its weights are the
   int8 table itself transposed (every column at ``s_e``); untied, its own matrix, int8 per
   column like every other matmul. A logit beyond the calibrated range saturates at 32767.
@@ -39,6 +42,7 @@ from .quantize import (
     _linear,
     _mult_shift,
     _round_half_up,
+    channel_norm,
     quantize_model,
 )
 
@@ -58,6 +62,10 @@ class QHead:
     s_logit: float
     pos8: np.ndarray | None = None          # [seq_len, d_model] int8 (learned positions)
     pos_req: tuple[int, int] | None = None
+    #: llm16c: the final norm's per-lane REQUANT into its one-scale copy and RMS_APPLY's
+    #: element count (``sim.compiler.quantize.channel_norm``), or None.
+    norm_req: tuple | None = None
+    norm_n: int = 0
 
 
 def check_head_weights(cfg: ModelConfig, hw: dict, source: str = "weights") -> dict:
@@ -82,16 +90,26 @@ def quantize_decode(cfg: ModelConfig, weights: dict, hw: dict, calib_ids) -> tup
     record: dict = {}
     logits_float(cfg, hw, model_forward(cfg, weights, x), record)
     s_res = qm.input_scale(0)
+
+    def req(ratio):
+        """Per tensor, or per lane where the residual has a scale per channel (llm16c)."""
+        ratio = np.asarray(ratio, np.float64)
+        return quantize_multiplier(float(ratio)) if ratio.ndim == 0 else _mult_shift(ratio)
     emb8, s_e = _table8(hw["embed.weight"])
-    emb_req = quantize_multiplier(s_e / s_res)
+    emb_req = req(s_e / s_res)
     pos8 = pos_req = None
     if learned_positions(cfg):
         pos8, s_p = _table8(hw["pos.weight"])
-        pos_req = quantize_multiplier(s_p / s_res)
+        pos_req = req(s_p / s_res)
     y = _absmax(record["final_norm"])
     s_y, s_h = y / _I16, y / _I8
-    # A norm does not depend on its input's scale (RMSNorm: beta 0, no norm.bias).
-    norm = _layernorm(hw["norm.weight"], hw.get("norm.bias", np.zeros(cfg.d_model)), s_y, s_h)
+    # A norm does not depend on its input's scale (RMSNorm: beta 0, no norm.bias), except
+    # through llm16c's channel scales, which gamma carries.
+    gamma, norm_req, norm_n = hw["norm.weight"], None, 0
+    if cfg.quant == "llm16c":
+        norm_req, norm_n, factor = channel_norm(qm.residual_scale())
+        gamma = gamma * factor
+    norm = _layernorm(gamma, hw.get("norm.bias", np.zeros(cfg.d_model)), s_y, s_h)
     s_l = _absmax(record["logits"]) / _I16
     if cfg.tie_embeddings:
         mult, shift = _mult_shift(np.full(cfg.vocab_size, s_h * s_e / s_l))
@@ -99,4 +117,4 @@ def quantize_decode(cfg: ModelConfig, weights: dict, hw: dict, calib_ids) -> tup
                      OutMode.INT16)
     else:
         lm = _linear(hw["lm_head.weight"], None, s_h, s_l, OutMode.INT16)
-    return qm, QHead(emb8, emb_req, norm, lm, s_l, pos8, pos_req)
+    return qm, QHead(emb8, emb_req, norm, lm, s_l, pos8, pos_req, norm_req, norm_n)

@@ -81,6 +81,7 @@ from ..golden.matmul import LINEAR16_SHIFT_MIN
 from ..golden.rope import ROPE_ONE, rotation
 from ..golden.vector import (
     SILU16_SPAN,
+    SPLIT16_G,
     gelu16_knot_shift,
     gelu16_table,
     gelu_table,
@@ -89,11 +90,13 @@ from ..golden.vector import (
     relu_table,
     silu16_table,
     silu_table,
+    split16_table,
 )
 
 __all__ = ["QLinear", "QLayerNorm", "QRope", "QLayer", "QModel", "quantize_model", "quantize_input",
            "dequantize_residual", "smoothing_factors", "RELU16_G", "LANE_RATIO_MAX",
-           "RESIDUAL_HEADROOM", "IDENTITY16_G", "EXACT_MUL"]
+           "RESIDUAL_HEADROOM", "IDENTITY16_G", "EXACT_MUL", "QGated16", "LLM_SCHEMES",
+           "CHANNEL_FLOOR", "CHANNEL_RATIO_MAX", "GATED16_HEADROOM", "PRODUCT16_HEADROOM"]
 
 _I8, _I16, _I32 = 127, 32767, 2**31 - 1
 
@@ -110,6 +113,21 @@ RESIDUAL_HEADROOM = 1.25
 IDENTITY16_G = 7
 #: MUL's ``(mult, shift)`` for the exact int16 product of two int8 (llm16's gated hidden).
 EXACT_MUL = (2, 1)
+#: The schemes with a residual scale per block (pre-norm decoders).
+LLM_SCHEMES = ("llm16", "llm16c")
+#: llm16c: a residual channel whose calibration maximum is below this many times the median
+#: channel's shares that level (capped at the block's largest maximum): only outlier channels
+#: get a scale of their own, the others one that generalises like a per-tensor scale.
+CHANNEL_FLOOR = 16.0
+#: llm16c: the largest ratio of a block's coarsest residual channel scale to its finest (finer
+#: channels are raised to it): RMSNorm's z (:func:`sim.golden.vector.ln_normalise`, |z| < 256)
+#: of a fine channel is at most this ratio times its share of the row's RMS.
+CHANNEL_RATIO_MAX = 128.0
+#: llm16c: the int16 gate and up outputs cover this many times their calibration maxima.
+GATED16_HEADROOM = 2.0
+#: llm16c: the int16 gated product covers this many times its calibration maximum (rounded
+#: up to a power of two of the operands' product scale).
+PRODUCT16_HEADROOM = 1.25
 
 
 def _absmax(x) -> float:
@@ -158,6 +176,33 @@ class QRope:
     k_req: tuple[int, int]
 
 
+@dataclass
+class QGated16:
+    """llm16c's gated FFN: the gate and up outputs int16 (per tensor), their product int16
+    from their balanced byte digits (``x = 256 * xh + xl``, ``xh = round(x / 256)``,
+    ``xl = int8(x & 0xFF)``)::
+
+        y   = GELU16(silu, gate16)                      (SiLU at the gate's scale)
+        p16 = (yh uh) 2**(16 - m) + round(yh ul / 2**(m - 8)) + round(yl uh / 2**(m - 8))
+              + round(yl ul / 2**m)
+
+    ``~= y * up16 / 2**m`` within 2 (four MULs, int16 out, added by three saturating ADDs in
+    that order): ``hh``, ``hl`` and ``ll`` are the MULs' ``(mult, shift)`` (``hl`` for both
+    middle terms)."""
+
+    silu: np.ndarray     # [257] int16 GELU16 knots of SiLU at the gate's scale
+    silu_g: int          # their spacing
+    m: int               # the product's shift: p16 ~ y * up16 / 2**m
+    hh: tuple[int, int]
+    hl: tuple[int, int]
+    ll: tuple[int, int]
+
+
+def _pow2_mul(k: int) -> tuple[int, int]:
+    """MUL's ``(mult, shift)`` for ``round(a * b * 2**k)`` (exact for k >= -1)."""
+    return (1 << (k + 1), 1) if k >= 0 else (1, -k)
+
+
 def _rotated(ql: QLinear, d_head: int, heads: int) -> QLinear:
     """``ql`` with ``rotate_half`` on its output columns: ``-col[j + d/2]``, ``col[j - d/2]``
     (the weights are at most 127 in magnitude, so negating them stays int8)."""
@@ -199,8 +244,14 @@ class QLayer:
     #: RoPE (``rope_theta`` > 0): the rotated projections and requantisations (None: none).
     rope: QRope | None = None
     #: llm16: the per-tensor ``(mult, shift)`` that brings the residual from the previous
-    #: block's scale to this block's (None: the same scale, nothing to do).
-    res_req: tuple[int, int] | None = None
+    #: block's scale to this block's (llm16c: per lane, two arrays; None: nothing to do).
+    res_req: tuple | None = None
+    #: llm16c: the per-lane ``(mult, shift)`` of the residual into one int16 scale whose
+    #: statistics feed both RMSNorms (RMS_APPLY with ``norm_n`` elements), or None.
+    norm_req: tuple | None = None
+    norm_n: int = 0
+    #: llm16c: the gated FFN's int16 x int16 product (None otherwise).
+    gated16: QGated16 | None = None
 
     @property
     def ffn16(self) -> bool:
@@ -212,13 +263,13 @@ class QLayer:
 class QModel:
     cfg: ModelConfig
     layers: list[QLayer]
-    s_res: float                 # residual stream scale (int16)
+    s_res: float                 # residual stream scale (int16; llm16c: per channel, an array)
     scales: dict                 # every calibrated activation scale, by name
     in_mult: int = 1             # post-norm int8: residual int16 -> int8 input of layer 0
     in_shift: int = 1
     quant: str = "int8"          # the scheme (``ModelConfig.quant``)
-    #: The residual scale of each block (llm16: its own; otherwise all ``s_res``); None: all
-    #: ``s_res``.
+    #: The residual scale of each block (llm16: its own; llm16c: its own per channel, an
+    #: array; otherwise all ``s_res``); None: all ``s_res``.
     res_scales: list | None = None
 
     def residual_scale(self, layer: int | None = None) -> float:
@@ -310,6 +361,29 @@ def _layernorm(gamma, beta, s_y, s_h) -> QLayerNorm:
     return QLayerNorm(gq, bq, gshift, mult, shift)
 
 
+def _channel_scales(cmax) -> np.ndarray:
+    """llm16c: one block's int16 residual scale per channel from its calibration maxima
+    ``cmax`` (``RESIDUAL_HEADROOM`` above each): channels below ``CHANNEL_FLOOR`` times the
+    median channel share that level (at most the largest maximum), and none is finer than the
+    coarsest over ``CHANNEL_RATIO_MAX``."""
+    cmax = np.maximum(np.asarray(cmax, np.float64), 1e-30)
+    floor = min(CHANNEL_FLOOR * float(np.median(cmax)), float(cmax.max()))
+    s = RESIDUAL_HEADROOM * np.maximum(cmax, floor) / _I16
+    return np.maximum(s, s.max() / CHANNEL_RATIO_MAX)
+
+
+def channel_norm(scales) -> tuple[tuple[np.ndarray, np.ndarray], int, np.ndarray]:
+    """llm16c's RMSNorm of a residual at per-channel ``scales``: the per-lane ``(mult,
+    shift)`` into the coarsest scale ``C`` (the copy's ``sum y**2`` is the row's ``sum x**2 /
+    C**2``), the element count RMS_APPLY takes (1: ``z_j = x_j / sqrt(sum y**2)``, the real
+    ``x_j / |x|`` times ``C / scales[j]``, so ``|z| <= CHANNEL_RATIO_MAX`` and no data can
+    clamp it), and the factor ``(scales / C) * sqrt(n)`` that gamma carries so that the output
+    is the row's RMSNorm."""
+    scales = np.asarray(scales, np.float64)
+    coarse = float(scales.max())
+    return _mult_shift(scales / coarse), 1, scales / coarse * math.sqrt(scales.size)
+
+
 def quantize_model(cfg: ModelConfig, weights: dict, calib) -> QModel:
     """Quantise ``weights`` with activation scales calibrated on ``calib`` ([.., seq, d]), in
     the model's scheme ``cfg.quant``."""
@@ -329,25 +403,30 @@ def quantize_model(cfg: ModelConfig, weights: dict, calib) -> QModel:
     resid_keys += [k for k in maxima if k.endswith("attn_out") or k.endswith("ffn_out")]
     s_res = max(maxima[k] for k in resid_keys) / _I16
     res_scales = [s_res] * cfg.n_layers
-    if cfg.quant == "llm16":
+    if cfg.quant in LLM_SCHEMES:
         if cfg.norm != "pre":
-            raise ValueError('quant="llm16" is for pre-norm models (norm="pre")')
-        res_scales = [RESIDUAL_HEADROOM * max(maxima[k] for k in resid_keys
-                                              if k.startswith(f"layers.{i}.")) / _I16
-                      for i in range(cfg.n_layers)]
+            raise ValueError(f'quant="{cfg.quant}" is for pre-norm models (norm="pre")')
+        for i in range(cfg.n_layers):
+            keys = [k for k in resid_keys if k.startswith(f"layers.{i}.")]
+            if cfg.quant == "llm16":
+                res_scales[i] = RESIDUAL_HEADROOM * max(maxima[k] for k in keys) / _I16
+            else:
+                res_scales[i] = _channel_scales(np.max([channels[k] for k in keys], axis=0))
         s_res = res_scales[0]
     scales = {"residual": s_res}
     calibration = _Calibration(maxima, channels, scales)
     layers = [_quantize_layer(cfg, weights, i, calibration, res_scales[i])
               for i in range(cfg.n_layers)]
-    if cfg.quant == "llm16":
+    if cfg.quant in LLM_SCHEMES:
         # Every block after the first requantises, by 1 where two scales are equal: the
         # program depends on the shapes and the scheme, never on the data.
         for i in range(1, cfg.n_layers):
             scales[f"layers.{i}.residual"] = res_scales[i]
-            layers[i].res_req = quantize_multiplier(res_scales[i - 1] / res_scales[i])
+            ratio = np.asarray(res_scales[i - 1]) / np.asarray(res_scales[i])
+            layers[i].res_req = quantize_multiplier(float(ratio)) if ratio.ndim == 0 else \
+                _mult_shift(ratio)
     qm = QModel(cfg, layers, s_res, scales, quant=cfg.quant,
-                res_scales=res_scales if cfg.quant == "llm16" else None)
+                res_scales=res_scales if cfg.quant in LLM_SCHEMES else None)
     if cfg.norm == "post":
         qm.in_mult, qm.in_shift = quantize_multiplier(s_res / scales["layers.0.in8"])
     return qm
@@ -364,11 +443,15 @@ class _Calibration:
         return self.scales[name]
 
 
-def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res: float):
+def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res):
     p = f"layers.{i}."
-    llm16 = cfg.quant == "llm16"
-    smooth16 = cfg.quant == "smooth16" or llm16     # llm16: smooth16 and more
-    gated16 = llm16 and cfg.ffn == "gated"
+    llm = cfg.quant in LLM_SCHEMES
+    smooth16 = cfg.quant == "smooth16" or llm       # llm16, llm16c: smooth16 and more
+    gated16 = llm and cfg.ffn == "gated"
+    wide = cfg.quant == "llm16c"
+    norm_req, norm_n, gamma_factor = None, 0, None
+    if wide:
+        norm_req, norm_n, gamma_factor = channel_norm(s_res)
     wqkv = np.concatenate([np.asarray(w[p + f"attn.w{c}"], np.float64) for c in "qkv"], axis=1)
     # The FFN's input feeds W1 and, gated, the gate: smoothing scales the rows of both.
     wffn = np.concatenate([np.asarray(w[p + k], np.float64)
@@ -414,10 +497,34 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         b = np.zeros_like(g) if cfg.rmsnorm else np.asarray(w[p + f"ln{k}.bias"], np.float64)
         if t is not None:
             g, b = g / t, b / t
+        if gamma_factor is not None:
+            g = g * gamma_factor
         return _layernorm(g, b, s_y, s_h)
 
-    gate, mul_mult, mul_shift = None, 1, 1
-    if gated16:
+    gate, mul_mult, mul_shift, wide16 = None, 1, 1, None
+    if gated16 and wide:
+        # Gate and up int16 (per tensor), SiLU by GELU16, their product int16 from the
+        # operands' byte digits (QGated16), split into planes, FFN2 in two passes.
+        s_g = cal.scales[p + "ffn_gate16"] = GATED16_HEADROOM * cal.maxima[p + "ffn_gate"] / _I16
+        s_u = cal.scales[p + "ffn_pre16"] = GATED16_HEADROOM * cal.maxima[p + "ffn_pre"] / _I16
+        peak = PRODUCT16_HEADROOM * cal.maxima[p + "ffn_act"] / (s_g * s_u)
+        m = max(2, math.ceil(math.log2(peak / _I16)))     # hh's mult below 2**16
+        s_p = cal.scales[p + "ffn_act16"] = s_g * s_u * 2.0 ** m
+        ffn1 = _linear(w[p + "ffn.w1"], w.get(p + "ffn.b1"), s_in_ffn, s_u, OutMode.INT16,
+                       row_scale=smooth["ffn1"])
+        gate = _linear(w[p + "ffn.wg"], w.get(p + "ffn.bg"), s_in_ffn, s_g, OutMode.INT16,
+                       row_scale=smooth["ffn1"])
+        ffn2 = _linear(w[p + "ffn.w2"], w.get(p + "ffn.b2"), s_p, s_res, OutMode.INT16,
+                       two_pass=True)
+        act16 = {"silu": silu16_table, "gelu": gelu16_table}.get(cfg.activation)
+        if act16 is None:
+            g_act, knots = RELU16_G, relu16_table(RELU16_G)
+        else:
+            g_act = gelu16_knot_shift(s_g, SILU16_SPAN if cfg.activation == "silu" else 8.0)
+            knots = act16(s_g, g_act)
+        wide16 = QGated16(knots, g_act, m, _pow2_mul(16 - m), _pow2_mul(8 - m), _pow2_mul(-m))
+        lut, g, lut16 = None, SPLIT16_G, split16_table()
+    elif gated16:
         # Gate and up int8 as under int8 (smoothed), their product exact in int16 (scale
         # s_a s_u), split into planes by an identity GELU16, FFN2 in two passes.
         s_f1, s_g, s_a = (cal.s8(p + k) for k in ("ffn_pre", "ffn_gate", "ffn_gact"))
@@ -475,7 +582,8 @@ def _quantize_layer(cfg: ModelConfig, w: dict, i: int, cal: _Calibration, s_res:
         ln2=ln(2, s_y2, s_h2, fold.get("ffn1")), ffn1=ffn1, ffn2=ffn2,
         score_mult=score_mult, score_shift=score_shift, out_mult=out_mult, out_shift=out_shift,
         lut=lut, qkv_req=lane.get("qkv"), ffn_req=lane.get("ffn1"), lut16=lut16, gelu_g=g,
-        smooth=smooth, gate=gate, mul_mult=mul_mult, mul_shift=mul_shift, rope=rope)
+        smooth=smooth, gate=gate, mul_mult=mul_mult, mul_shift=mul_shift, rope=rope,
+        norm_req=norm_req, norm_n=norm_n, gated16=wide16)
 
 
 def quantize_input(qm: QModel, x, layer: int = 0) -> np.ndarray:

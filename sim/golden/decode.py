@@ -37,7 +37,7 @@ from hw.spec import ModelConfig
 from .float_model import layernorm as layernorm_float
 from .float_model import model_forward
 from .float_model import rmsnorm as rmsnorm_float
-from .layer import attention_int, layer_int, layernorm_rows, linear, model_int
+from .layer import attention_int, layer_int, linear, model_int, norm_rows
 from .matmul import requant
 from .vector import residual_add
 
@@ -208,8 +208,9 @@ def block_step(qm, i: int, x, cache: KVCache, pos_base: int, record: dict | None
 
 
 def head_int(cfg: ModelConfig, head, x) -> np.ndarray:
-    """The int16 logits [rows, vocab] of the blocks' int16 output rows."""
-    _, h = layernorm_rows(x, head.norm, cfg.rmsnorm)
+    """The int16 logits [rows, vocab] of the blocks' int16 output rows (llm16c: the final
+    norm as the blocks', :func:`sim.golden.layer.norm_rows`)."""
+    _, h = norm_rows(head, x, head.norm, cfg.rmsnorm)
     return linear(h, head.lm)
 
 

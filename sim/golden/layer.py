@@ -43,10 +43,21 @@ from .float_model import attention_mask
 from .matmul import linear16, matmul_unit, requant, wrap
 from .rope import rope_int, rope_tables
 from .softmax import softmax
-from .vector import gated_mul, gelu16_apply, layernorm, lut_apply, residual_add, rmsnorm
+from .vector import (
+    SPLIT16_G,
+    gated_mul,
+    gelu16_apply,
+    layernorm,
+    ln_normalise,
+    ln_stats,
+    lut_apply,
+    residual_add,
+    rmsnorm,
+    split16_table,
+)
 
-__all__ = ["linear", "layernorm_rows", "qkv_int", "attention_int", "ffn_int", "layer_int",
-           "model_int"]
+__all__ = ["linear", "layernorm_rows", "norm_rows", "digits", "gated16_product", "qkv_int",
+           "attention_int", "ffn_int", "layer_int", "model_int"]
 
 
 def linear(x, ql):
@@ -58,6 +69,40 @@ def layernorm_rows(x, ln, rms: bool = False):
     norm = rmsnorm if rms else layernorm
     out = [norm(row, ln.gamma, ln.beta, ln.gshift, ln.mult, ln.shift) for row in x]
     return (np.array([o[0] for o in out], np.int64), np.array([o[1] for o in out], np.int64))
+
+
+def norm_rows(L, x, ln, rms: bool):
+    """Block ``L``'s norm ``ln`` of every row of ``x``: :func:`layernorm_rows`, or under
+    llm16c (``L.norm_req``) RMSNorm of a residual at per-channel scales, from the statistics
+    of its copy at one scale: ``REQUANT`` (per lane) into y, ``LN_STATS`` of y, ``RMS_APPLY``
+    of x with y's sum of squares and ``L.norm_n`` elements. ``(y16, q8)``."""
+    if L.norm_req is None:
+        return layernorm_rows(x, ln, rms)
+    y = requant(x, *L.norm_req, 16)
+    out = [ln_normalise(row, 0, ln_stats(yr)[1], L.norm_n, ln.gamma, ln.beta, ln.gshift,
+                        ln.mult, ln.shift, rms=True) for row, yr in zip(x, y, strict=True)]
+    return (np.array([o[0] for o in out], np.int64), np.array([o[1] for o in out], np.int64))
+
+
+def digits(x, table=None, g: int = SPLIT16_G) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The balanced byte digits of int16 ``y = GELU16(table, x)`` (default: the split table,
+    ``y = x``): ``(y, yl, yh)`` with ``yl = int8(y & 0xFF)`` (GELU16's low byte) and ``yh =
+    requant(y, 1, 8, 8) = round(y / 256)`` (REQUANT), so ``y = 256 yh + yl`` up to
+    :data:`~sim.golden.vector.SPLIT16_EXACT_MAX`."""
+    y = gelu16_apply(split16_table() if table is None else table, x, g)
+    return y, wrap(y, 8), requant(y, 1, 8, 8)
+
+
+def gated16_product(G, gate16, up16) -> np.ndarray:
+    """llm16c's int16 product (``sim.compiler.quantize.QGated16``) of the int16 gate and up
+    outputs: SiLU by GELU16, both operands' digits, four MULs (int16 out) added by saturating
+    ADDs in the order hh, hl (yh ul), hl (yl uh), ll."""
+    _, yl, yh = digits(gate16, G.silu, G.silu_g)
+    _, ul, uh = digits(up16)
+    p = gated_mul(yh, uh, *G.hh, bits=16)
+    for a, b, (mult, shift) in ((yh, ul, G.hl), (yl, uh, G.hl), (yl, ul, G.ll)):
+        p = residual_add(p, gated_mul(a, b, mult, shift, bits=16))
+    return p
 
 
 def qkv_int(cfg, layer, h, pos_base: int = 0, record: dict | None = None):
@@ -99,7 +144,10 @@ def ffn_int(L, x, h, record: dict | None = None, prefix: str = ""):
     the activation LUT, or (``L.ffn16``) the int16 hidden, GELU16 and two FFN2 passes; a
     gated FFN (``L.gate``) multiplies the activated gate into FFN1's output (MUL)."""
     pre = linear(h, L.ffn1)
-    if L.gate is not None:
+    if L.gated16 is not None:
+        act = gelu16_apply(L.lut16, gated16_product(L.gated16, linear(h, L.gate), pre), L.gelu_g)
+        out = linear16(act, L.ffn2.w, L.ffn2.bias, L.ffn2.mult, L.ffn2.shift, x)
+    elif L.gate is not None:
         gact = lut_apply(L.lut, linear(h, L.gate))
         if L.ffn16:
             act = gelu16_apply(L.lut16, gated_mul(gact, pre, L.mul_mult, L.mul_shift, bits=16),
@@ -140,11 +188,11 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None, *, pos_base: i
     if L.res_req is not None:
         x = requant(x, *L.res_req, 16)
     if cfg.norm == "pre":
-        _, h = layernorm_rows(x, L.ln1, rms)
+        _, h = norm_rows(L, x, L.ln1, rms)
         q, k, v = qkv_int(cfg, L, h, pos_base)
         o = attend(q, k, v)
         x = residual_add(x, linear(o, L.o))
-        _, h2 = layernorm_rows(x, L.ln2, rms)
+        _, h2 = norm_rows(L, x, L.ln2, rms)
         x = ffn_int(L, x, h2, record, p)
         x8 = None
     else:

@@ -79,7 +79,7 @@ __all__ = [
     "residual_add", "gated_mul", "relu", "lut_apply", "gelu_table", "relu_table", "gelu_float",
     "silu_float", "silu_table",
     "gelu16_knot_shift", "gelu16_table", "silu16_table", "SILU16_SPAN", "relu16_table",
-    "identity16_table",
+    "identity16_table", "split16_table", "SPLIT16_G", "SPLIT16_EXACT_MAX",
     "gelu16_apply", "split16",
     "rsqrt_fixed", "ln_stats", "ln_normalise", "layernorm", "layernorm_float", "rmsnorm",
     "rmsnorm_float",
@@ -233,6 +233,24 @@ def identity16_table(g: int) -> np.ndarray:
         raise ValueError(f"g={g}: identity knots up to 128 * 2**g must stay within int16 "
                          "(g <= 7)")
     return (np.arange(spec.GELU16_KNOTS, dtype=np.int64) - spec.GELU16_ZERO) << g
+
+
+#: The knot spacing of :func:`split16_table` (every int16 lies inside its table).
+SPLIT16_G = 8
+#: The largest int16 that :func:`split16_table` passes unchanged *and* whose high digit
+#: ``round(x / 256)`` fits int8 (the table alone passes 32640 too; its last knot is 32767,
+#: not 32768, so the values above come out 1 smaller).
+SPLIT16_EXACT_MAX = 32639
+
+
+def split16_table() -> np.ndarray:
+    """GELU16 knots (g = :data:`SPLIT16_G`) that make the op the identity on every int16 up to
+    32640: ``T[k] = min((k - 128) * 256, 32767)`` (the last knot clamped to
+    int16). GELU16 then writes a tensor's byte planes, or (its low byte as int8) the low digit
+    of ``x = 256 * round(x / 256) + int8(x & 0xFF)``: llm16c's int16 x int16 gated product
+    (``sim.compiler.quantize``)."""
+    knots = (np.arange(spec.GELU16_KNOTS, dtype=np.int64) - spec.GELU16_ZERO) << SPLIT16_G
+    return np.minimum(knots, (1 << 15) - 1)
 
 
 def gelu16_apply(table, x, g: int) -> np.ndarray:

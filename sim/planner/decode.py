@@ -46,8 +46,10 @@ MAX_BATCH = 64
 def dummy_head(cfg: ModelConfig) -> QHead:
     """A head with no weights, for the shapes-only compile (``contents=False``)."""
     pos = (1 << 15, 16) if learned_positions(cfg) else None
+    wide = cfg.quant == "llm16c"         # the final norm's per-lane REQUANT: present, not read
     return QHead(None, (1 << 15, 16), QLayerNorm(None, None, 16, 1 << 15, 16),
-                 QLinear(None, None, None, None, OutMode.INT16), 1.0, None, pos)
+                 QLinear(None, None, None, None, OutMode.INT16), 1.0, None, pos,
+                 (None, None) if wide else None, 1 if wide else 0)
 
 
 @dataclass

@@ -46,8 +46,17 @@ from hw.spec.vector import GELU16_KNOTS
 from ..compiler.attention_launch import plan_schedule
 from ..compiler.blocks import pad_to
 from ..compiler.program import SystemProgram
-from ..compiler.quantize import RELU16_G, QLayer, QLayerNorm, QLinear, QModel
+from ..compiler.quantize import (
+    LLM_SCHEMES,
+    RELU16_G,
+    QGated16,
+    QLayer,
+    QLayerNorm,
+    QLinear,
+    QModel,
+)
 from ..errors import BadInput
+from ..golden.vector import SPLIT16_G
 from ..iss.errors import IssError
 from ..strategies import GRIDS, NAMES, REGISTRY
 from ..strategies import get as get_strategy
@@ -381,22 +390,32 @@ def _dummy_qmodel(cfg: ModelConfig) -> QModel:
     every layer's FFN hidden is int16, ``ffn16``, with a GELU16 table; post-norm smooth16
     also has the per-lane requantisations of the QKV and FFN1 inputs, ``qkv_req`` and
     ``ffn_req``; under ``quant="llm16"`` likewise, and every block after the first starts with
-    the REQUANT of its residual scale, ``res_req``). ``sim.compiler.assembler.Assembler.set``
+    the REQUANT of its residual scale, ``res_req``; under ``quant="llm16c"`` that REQUANT is
+    per lane, every norm has its per-lane ``norm_req`` and a gated FFN its ``gated16``).
+    ``sim.compiler.assembler.Assembler.set``
     drops SETs by value *and* source, so any integer scales give the same instructions."""
-    smooth16 = cfg.quant in ("smooth16", "llm16")
+    smooth16 = cfg.quant in ("smooth16", "llm16", "llm16c")
+    wide = cfg.quant == "llm16c"
     lanes = (None, None) if smooth16 and cfg.norm == "post" else None   # present, not read
+    per_lane = (np.ones(1, np.int64), np.ones(1, np.int64))             # present, not read
+    gated16 = QGated16(None, RELU16_G, 15, (4, 1), (1, 7), (1, 15)) if wide and cfg.ffn == "gated" \
+        else None
     layers = []
     for i in range(cfg.n_layers):
+        res_req = None
+        if i and cfg.quant in LLM_SCHEMES:
+            res_req = per_lane if wide else (1 << 15, 15)
         layers.append(QLayer(
             ln1=QLayerNorm(None, None, 16, 1 << 15, 16), q=None, k=None, v=None, o=None,
             ln2=QLayerNorm(None, None, 16, 1 << 15, 16), ffn1=None, ffn2=None,
             score_mult=1 << 15, score_shift=16, out_mult=1 << 15, out_shift=16, lut=None,
             qkv_req=lanes, ffn_req=lanes,
             lut16=np.zeros(GELU16_KNOTS, np.int64) if smooth16 else None,
-            gelu_g=RELU16_G if smooth16 else 0,
+            gelu_g=(SPLIT16_G if gated16 else RELU16_G) if smooth16 else 0,
             gate=QLinear(None, None, None, None, OutMode.INT8) if cfg.ffn == "gated" else
             None,
-            res_req=(1 << 15, 15) if cfg.quant == "llm16" and i else None))
+            res_req=res_req, norm_req=per_lane if wide else None, norm_n=1 if wide else 0,
+            gated16=gated16))
     return QModel(cfg, layers, 1.0, {}, 1 << 15, 16, quant=cfg.quant)
 
 
