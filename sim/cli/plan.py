@@ -9,10 +9,11 @@ from hw.spec.topology import Topology
 
 from ..compiler.decode import DECODE_STRATEGIES, GRID_STRATEGIES
 from ..errors import EXIT_OK, BadInput
-from ..planner.decode import generate_table, plan_generate
+from ..planner.decode import generate_table, grid_min_chips, plan_generate
 from ..planner.plan import plan, plan_chip_counts
 from ..planner.training import plan_training, training_table
 from ..strategies import NAMES
+from ..strategies.base import parse_grid
 from .common import add_topology, load_config, positive, system_of, write_json
 
 __all__ = ["add_parser", "run"]
@@ -33,10 +34,13 @@ def add_parser(sub):
     add_topology(p)
     p.add_argument("--strategy", default="all", choices=("all",) + NAMES)
     p.add_argument("--generate", type=int, metavar="N",
-                   help="plan greedy generation of N tokens (single, head, pipeline, data): time "
-                        "to first "
+                   help="plan greedy generation of N tokens (single, head, pipeline, data, "
+                        "hidden; head+pipeline with --grid AxB or --min-chips): time to first "
                         "token, step cycles, tokens/s, KV bytes, the longest prompt and "
                         "largest batch that fit")
+    p.add_argument("--grid", metavar="AxB",
+                   help="with --generate and a 2-D strategy: A chips of its first part, B of "
+                        "its second")
     p.add_argument("--context", type=int, metavar="P",
                    help="with --generate: the prompt's tokens (default: seq_len // 2)")
     p.add_argument("--batch", type=int, default=1,
@@ -50,12 +54,18 @@ def add_parser(sub):
 
 
 def _run_generate(args, npu, model) -> int:
-    # The grids need their A x B, which npu sim --generate --grid takes.
+    # --strategy all plans the 1-D strategies; a grid is planned when named (its A x B from
+    # --grid, or head+pipeline's fewest chips).
     planned = tuple(s for s in DECODE_STRATEGIES if s not in GRID_STRATEGIES)
-    if args.strategy != "all" and args.strategy not in planned:
-        raise BadInput(f"--generate plans strategy {', '.join(planned)}, not {args.strategy}")
+    if args.strategy != "all" and args.strategy not in DECODE_STRATEGIES:
+        raise BadInput(f"--generate plans strategy {', '.join(DECODE_STRATEGIES)}, not "
+                       f"{args.strategy}")
     prompt = args.context if args.context is not None else max(1, model.seq_len // 2)
     kw = {"generate": args.generate, "prompt_len": prompt, "batch": args.batch}
+    if args.strategy in GRID_STRATEGIES:
+        return _run_generate_grid(args, npu, model, kw)
+    if args.grid is not None:
+        raise BadInput(f"--grid applies to {', '.join(GRID_STRATEGIES)}, not {args.strategy}")
     # The most chips each strategy can use: a head, a layer, a sequence, a word of d_model
     # per chip.
     most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
@@ -86,6 +96,28 @@ def _run_generate(args, npu, model) -> int:
     return EXIT_OK
 
 
+def _run_generate_grid(args, npu, model, kw) -> int:
+    if args.grid is not None:
+        try:
+            grid = parse_grid(args.grid)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        if args.chips is not None and args.chips != grid[0] * grid[1]:
+            raise BadInput(f"--chips {args.chips} is not the {grid[0]} x {grid[1]} chips of "
+                           f"--grid {args.grid}")
+        plan_ = plan_generate(npu, model, strategy=args.strategy, chips=grid[0] * grid[1],
+                              grid=grid, **kw)
+    elif args.min_chips and args.strategy == "head+pipeline":
+        plan_ = grid_min_chips(npu, model, **kw)
+    else:
+        raise BadInput(f"--generate --strategy {args.strategy} needs --grid AxB"
+                       + (" or --min-chips" if args.strategy == "head+pipeline" else ""))
+    if args.json:
+        write_json(args.json, {"generate": [plan_.to_json()]})
+    print(generate_table([plan_]))
+    return EXIT_OK
+
+
 def run(args) -> int:
     npu = load_config(args, "npu")
     model = load_config(args, "model")
@@ -93,10 +125,10 @@ def run(args) -> int:
         if args.topology is not None or args.up_to is not None:
             raise BadInput("npu plan: --generate plans a ring of --chips (or --min-chips), "
                            "without --topology or --up-to")
-        if args.chips is None and not args.min_chips:
-            raise BadInput("npu plan: --generate needs --chips N or --min-chips")
+        if args.chips is None and not args.min_chips and args.grid is None:
+            raise BadInput("npu plan: --generate needs --chips N, --grid AxB or --min-chips")
         return _run_generate(args, npu, model)
-    for opt in ("context",):
+    for opt in ("context", "grid"):
         if getattr(args, opt) is not None:
             raise BadInput(f"--{opt} applies to --generate only")
     if args.batch != 1:

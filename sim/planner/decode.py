@@ -37,7 +37,7 @@ from ..timing.cycle import time_programs
 from ..timing.launch import time_programs_fast
 from .plan import EXACT_CHIP_CYCLES, _dummy_qmodel, dim_links, torus_of
 
-__all__ = ["GeneratePlan", "plan_generate", "generate_table", "dummy_head"]
+__all__ = ["GeneratePlan", "plan_generate", "grid_min_chips", "generate_table", "dummy_head"]
 
 #: The largest batch the search tries.
 MAX_BATCH = 64
@@ -234,10 +234,11 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
 WHOLE_LAYER_CHIPS = 64
 
 
-def _reduced(npu, model, out, stages, shards, layers, batch):
+def _reduced(npu, model, out, stages, shards, layers, batch, timed=True):
     """A compiled and timed generation of ``model`` cut to ``layers`` layers on ``stages``
     stages of ``shards`` head shards, or under hidden parallelism ``shards`` d_model shards
-    (one data replica), with no capacity check."""
+    (one data replica), with no capacity check (``timed=False``: compiled only, the
+    figures per chip without the cycles)."""
     cfg = dataclasses.replace(model, n_layers=layers)
     strategy, grid = {(1, 1): ("single", None), (1, 0): ("head", None),
                       (0, 1): ("pipeline", None)}.get(
@@ -251,7 +252,7 @@ def _reduced(npu, model, out, stages, shards, layers, batch):
                           prompt_len=out.prompt_len, generate=out.generate, batch=batch,
                           chips=chips, strategy=strategy, grid=grid, check=False,
                           contents=False)
-    cycles, ttft, steps, how = _timed(system, prog, chips)
+    cycles, ttft, steps, how = _timed(system, prog, chips) if timed else (None,) * 4
     return {"cycles": cycles, "ttft": ttft, "steps": steps, "how": how,
             "kv": [int(k) for k in prog.kv_bytes],
             "sram": [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips],
@@ -342,11 +343,66 @@ def scaled_generate(npu: NpuConfig, model: ModelConfig, out: GeneratePlan,
                    [worst[1]], [big])
 
 
+def grid_min_chips(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_len: int,
+                   batch: int = 1, most: int = 1024) -> GeneratePlan:
+    """Generation under ``head+pipeline`` on the fewest chips that hold it (at most ``most``).
+
+    Capacity first, from compiles alone: for each head-group size ``A`` dividing
+    ``n_heads`` (2 or more), two stages of ``A`` shards with one and two layers a stage are
+    compiled (shapes only, not timed); a chip's bytes are linear in its stage's layers
+    (:func:`scaled_generate`), so they give the most layers ``k`` a stage can hold and the
+    fewest stages ``B = max(2, ceil(n_layers / k))``. The ``A x B`` with the fewest chips (on a tie,
+    the more head shards: fewer weights a chip, a shorter step) is then planned and timed by
+    :func:`plan_generate`. A model no grid holds is a plan that does not fit, naming the
+    largest head group's bytes."""
+    L = model.n_layers
+    out = GeneratePlan("head+pipeline", 0, prompt_len, generate, batch, fits=False)
+    check = None
+    best = None
+    if L < 2 or model.n_heads < 2:
+        out.reason = (f"head+pipeline needs 2 or more layers and heads, not n_layers={L}, "
+                      f"n_heads={model.n_heads}")
+        return out
+    for a in (d for d in range(2, model.n_heads + 1) if model.n_heads % d == 0):
+        if a > most:
+            break
+        try:
+            cuts = [_reduced(npu, model, out, 2, a, 2 * k, batch, timed=False)
+                    for k in (1, 2)]
+        except ValueError as exc:
+            check = str(exc)
+            continue
+        per_layer = max(c2 - c1 for c1, c2 in zip(cuts[0]["sram"], cuts[1]["sram"],
+                                                   strict=True))
+        fixed = max(c1 - per_layer for c1 in cuts[0]["sram"])
+        k = (npu.sram_bytes - fixed) // per_layer if per_layer > 0 else L
+        if k < 1:
+            check = (f"sram_bytes={npu.sram_bytes:,} is too small: a chip of a head group of "
+                     f"{a} needs {fixed + per_layer:,} bytes for one layer")
+            continue
+        stages = max(2, -(-L // min(k, L)))        # a grid: two stages at least
+        if a * stages > most:
+            check = f"{a} x {stages} = {a * stages:,} chips exceed the {most:,} planned"
+            continue
+        if best is None or a * stages <= best[0] * best[1]:
+            best = (a, stages)
+    if best is None:
+        out.reason = check or "no head group divides n_heads"
+        return out
+    a, b = best
+    plan = plan_generate(npu, model, generate=generate, prompt_len=prompt_len, batch=batch,
+                         strategy="head+pipeline", chips=a * b, grid=(a, b), search=False)
+    plan.notes.insert(0, f"the fewest chips: head groups of {a} (a divisor of n_heads="
+                         f"{model.n_heads}) on {b} stages of at most {-(-L // b)} layers")
+    return plan
+
+
 def generate_table(plans: list[GeneratePlan]) -> str:
     """The plans as the CLI prints them."""
     lines = []
     for p in plans:
-        head = (f"{p.strategy} on {p.chips} chip{'s' if p.chips > 1 else ''}: {p.batch} x "
+        shape = f" {p.grid}" if p.grid else ""
+        head = (f"{p.strategy}{shape} on {p.chips} chip{'s' if p.chips > 1 else ''}: {p.batch} x "
                 f"({p.prompt_len} prompt + {p.generate} generated)")
         if not p.fits:
             lines.append(f"{head}: does not fit: {p.reason}")
@@ -365,5 +421,6 @@ def generate_table(plans: list[GeneratePlan]) -> str:
         if p.largest_batch is not None:
             lines.append(f"  largest batch that fits: {p.largest_batch} "
                          f"(beyond: {p.largest_batch_limit})")
+        lines.extend(f"  {note}" for note in p.notes)
     return "\n".join(lines)
 

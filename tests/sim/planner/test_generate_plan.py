@@ -10,7 +10,7 @@ import pytest
 from hw.spec import model_preset, npu_preset
 from sim.compiler.decode import compile_decode
 from sim.flows.generate import generate
-from sim.planner.decode import dummy_head, plan_generate
+from sim.planner.decode import dummy_head, grid_min_chips, plan_generate
 from sim.planner.plan import _dummy_qmodel
 from sim.timing.cycle import time_programs
 from sim.timing.launch import time_programs_fast
@@ -87,8 +87,8 @@ def test_plan_generate_cli(capsys, tmp_path):
     for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
                       (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
                       (["--generate", "2", "--strategy", "sequence", "--chips", "2"],
-                       "--generate plans strategy single, head, pipeline, data, hidden, not "
-                       "sequence")):
+                       "--generate plans strategy single, head, pipeline, data, hidden, "
+                       "head+pipeline, data+head, data+pipeline, not sequence")):
         status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
         assert_one_line_error(status, out, err, msg)
 
@@ -134,3 +134,39 @@ def test_scaled_plan_names_the_bytes_that_do_not_fit():
     cut = plan_generate(npu_preset("tiny"), DEEP, generate=4, prompt_len=3, strategy="head",
                         chips=2, search=False, scaled=True)
     assert not cut.fits and "sram_bytes=65,536 is too small" in cut.reason, cut.reason
+
+
+def test_grid_min_chips_is_the_fewest_grid_that_fits():
+    """head+pipeline's fewest chips for generation, from the cuts' bytes: the grid it names
+    fits, and every grid of fewer chips (head groups dividing n_heads, two stages or more)
+    does not, each naming the scratchpad."""
+    npu = tiny_variant(sram_bytes=1 << 14, imem_words=1 << 14)
+    best = grid_min_chips(npu, DEEP, generate=2, prompt_len=3)
+    assert best.fits, best.reason
+    a, b = map(int, best.grid.split("x"))
+    assert a * b == best.chips and "head groups of" in best.notes[0]
+    assert max(best.sram_bytes) <= npu.sram_bytes
+    for a2 in (2, 4):
+        for b2 in range(2, DEEP.n_layers + 1):
+            if a2 * b2 < a * b:
+                other = plan_generate(npu, DEEP, generate=2, prompt_len=3, chips=a2 * b2,
+                                      strategy="head+pipeline", grid=(a2, b2), search=False)
+                assert not other.fits and "sram_bytes=16384" in other.reason, (a2, b2)
+
+
+def test_plan_generate_grid_cli(capsys):
+    status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL,
+                           "--generate", "2", "--context", "2", "--strategy", "head+pipeline",
+                           "--grid", "2x2")
+    assert status == 0, err
+    assert out.startswith("head+pipeline 2x2 on 4 chips: 1 x (2 prompt + 2 generated)"), out
+    for argv, msg in ((["--grid", "2x2", "--chips", "3"], "--chips 3 is not the 2 x 2 chips"),
+                      (["--grid", "2by2"], "--grid '2by2' is not AxB"),
+                      (["--chips", "4"], "--strategy head+pipeline needs --grid AxB or "
+                                          "--min-chips")):
+        status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL,
+                               "--generate", "2", "--strategy", "head+pipeline", *argv)
+        assert_one_line_error(status, out, err, msg)
+    status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL,
+                           "--generate", "2", "--chips", "2", "--grid", "2x1")
+    assert_one_line_error(status, out, err, "--grid applies to head+pipeline")
