@@ -195,8 +195,9 @@ def p2p_programs(npu, chips, transfers, groups, rng, *, length=60):
 
 @pytest.mark.parametrize("chips, transfers, groups", [
     # Each send crosses a chip that takes no part; two groups all-reduce at the same time,
-    # each group's last member reaching its first through the other group's chips.
-    (4, [(0, 2), (3, 1)], [(0, 2), (2, 2)]),
+    # each group's last member reaching its first through the other group's chips (four
+    # chips on pysim: about a minute, in the slow suite).
+    pytest.param(4, [(0, 2), (3, 1)], [(0, 2), (2, 2)], marks=pytest.mark.slow),
     # A chip sends to itself (round the ring) while a wrapping group of 3 all-reduces.
     (3, [(1, 1)], [(2, 3)]),
 ])

@@ -77,6 +77,7 @@ def test_avg_64_bit_divider_exhausts_the_call_stack(tmp_path):
         f"(exit {status}); the FPGA build leaves it out because 0.70 could not:\n{log}")
 
 
+@pytest.mark.slow
 def test_collective_engine_as_the_fpga_builds_it_synthesises(tmp_path):
     """The engine of the fpga preset's chip (8-byte links, 16-byte words, the chip's buffers),
     without AVG (and with no divider of the length: the compiler divides), and Yosys gets

@@ -382,6 +382,9 @@ def _cocotb_data(cmds, exp, probs, max_cycles):
     return data
 
 
+# About a minute (the attention buffer on Verilator, then on pysim): the chip's own Verilator
+# runs (tests/hw/test_chip.py) hold the unit's integers and cycles in the default suite.
+@pytest.mark.slow
 @pytest.mark.verilator
 def test_verilator_matches_golden_and_pysim(verilator_ok, tmp_path):
     """`npu export --top attention` (tiny preset): cocotb + Verilator give the golden results,

@@ -42,6 +42,7 @@ def test_a_grid_laid_out_on_its_distinct_shares_is_every_chip_laid_out(monkeypat
         assert a == b, f"{strategy} {grid} chip {b.chip}: {a} != {b}"
 
 
+@pytest.mark.slow
 def test_llama2_7b_fits_a_torus_on_lpu_like():
     """The fewest chips: head+pipeline 32x7 on the 32 x 7 torus (32x6 needs 232,898,560 bytes
     a chip of 230,686,720; heads packed, five 128-lane heads to two 320-lane words)."""
