@@ -107,8 +107,7 @@ def state_lanes_per_word(size: int) -> int:
 def state_words(d_head: int, size: int) -> int:
     """Scratchpad words of the state part of a state row of a ``d_head``-lane head:
     ``ceil(4 (d_head + 2) / N)`` (lanes ``m``, ``l``, ``o[0..h-1]``, int32 little-endian; the
-    last word's other lanes are written as the merge of the inputs' (0 in the engine's own
-    rows))."""
+    last word's other lanes are written as 0 and not read)."""
     return -(-(d_head + 2) // state_lanes_per_word(size))
 
 

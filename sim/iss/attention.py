@@ -26,7 +26,7 @@ partial mode (``sim.golden.softmax.partial_softmax``), P.V of the unnormalised `
 chunk's state, which is merged (``sim.golden.ring_softmax.merge``) into the state read after
 each query's Q words (bit 4; else the empty state). With bit 5 the output row is the query's Q
 words as read and the merged state's ``state_words(h, N)`` words (int32 lanes ``m`` sign-extended,
-``l``, ``o``, then the merge of the input's padding lanes); with bit 4 alone the merged state is
+``l``, ``o``, the last word's other lanes 0); with bit 4 alone the merged state is
 normalised (``normalise_state``) and requantised to the int8 output.
 """
 
@@ -221,6 +221,7 @@ def _state_rows(iss, parts, q_words, lanes_in, st_out, sw, h, n, r, o_lane, o_wo
     b.o[:, :h] = np.array([p[2] for p in parts], np.int64).reshape(queries, h)
     a = empty_state(queries, width - 2) if lanes_in is None else \
         State(lanes_in[:, 0], lanes_in[:, 1], lanes_in[:, 2:])
+    a.o[:, h:] = 0          # the input's padding lanes are not read
     merged = merge(a, b)
     if st_out:
         lanes = np.concatenate([merged.m[:, None], merged.l[:, None], merged.o], axis=1)
