@@ -14,7 +14,7 @@ __all__ = ["POS_BITS", "FLAG_BIDIR", "FLAG_INTERLEAVED", "FLAG_PARTIAL", "FLAG_R
            "KNOWN_FLAGS", "PARTIAL_BYTES", "STATE_LANE_BYTES", "softmax_lanes", "schedule",
            "flags_value", "flags_halo", "split_mode", "state_mode", "partial_row_words",
            "state_words", "state_lanes_per_word", "head_words", "head_lanes", "LANE_REGS",
-           "launch_words", "q_row_words"]
+           "launch_words", "q_row_words", "chunk_order"]
 
 #: Absolute token positions are unsigned 16-bit (a chunk's position base plus its index).
 POS_BITS = 16
@@ -184,3 +184,28 @@ def schedule(keys: int, queries: int, *, interleaved: bool, halo: int = 0) -> li
             written += 1
         out.append(("q", t))
     return out
+
+
+def chunk_order(seq: int, block: int, *, causal: bool, ring: int) -> list:
+    """Long context's merge order (the definition of its integers, ``hw.spec.softmax``):
+    ``[(q_start, q_stop, [(k_start, k_stop), ...]), ...]``.
+
+    The ``seq`` rows are cut into blocks of ``block`` rows (the last may be shorter), one per
+    chip of a ring (ring attention) or one per query pass on one chip; block ``b``'s queries
+    see the key blocks in the order a ring delivers them to chip ``b`` when every chip sends
+    its K/V to the next: ``b, b - 1, ..., 0``, then (bidirectional) ``P - 1, ..., b + 1``;
+    causal attention skips the blocks after ``b`` (every key masked). Each key block is merged
+    in chunks of at most ``ring`` keys (the K/V ring), in ascending order. A block whose
+    queries see one chunk is one plain softmax.
+    """
+    if seq < 1 or block < 1 or ring < 1:
+        raise ValueError(f"seq={seq}, block={block} and ring={ring} must be at least 1")
+    blocks = [(b0, min(b0 + block, seq)) for b0 in range(0, seq, block)]
+    count = len(blocks)
+    order = []
+    for b, (q0, q1) in enumerate(blocks):
+        seen = [(b - s) % count for s in range(b + 1 if causal else count)]
+        chunks = [(k0, min(k0 + ring, blocks[c][1])) for c in seen
+                  for k0 in range(blocks[c][0], blocks[c][1], ring)]
+        order.append((q0, q1, chunks))
+    return order

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hw.spec.attention import (
     LANE_REGS,
+    chunk_order,
     flags_value,
     head_words,
     partial_row_words,
@@ -26,8 +27,9 @@ from hw.spec.isa import Op
 from .descriptors import Desc
 
 __all__ = ["AttentionLaunch", "attention_launch", "partial_launch", "reduced_launch",
-           "state_launch", "state_row_words", "plan_schedule", "head_launches", "emit",
-           "Schedule"]
+           "state_launch", "state_row_words", "plan_schedule", "long_order",
+           "chunk_bidirectional", "head_launches",
+           "emit", "Schedule"]
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,14 @@ class AttentionLaunch:
 @dataclass(frozen=True)
 class Schedule:
     """How one chip runs a whole sequence: ``interleaved`` (else preload), ``halo`` keys
-    before the interleaving, ``window`` for ``AT_WINDOW`` (0: no narrowing)."""
+    before the interleaving, ``window`` for ``AT_WINDOW`` (0: no narrowing); ``chunk`` > 0:
+    long context in passes, query blocks of ``chunk`` rows over key chunks of at most
+    ``chunk`` keys with state rows, merged in ``hw.spec.attention.chunk_order``."""
 
     interleaved: bool
     halo: int
     window: int
+    chunk: int = 0
 
 
 def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_base,
@@ -102,7 +107,8 @@ def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_b
                            wr1=rows(o_base, o_row_words, queries, "o"), regs=regs)
 
 
-def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule:
+def plan_schedule(*, seq: int, window: int, causal: bool, ring: int,
+                  passes: bool = False) -> Schedule:
     """The schedule that runs a whole sequence of ``seq`` tokens on one chip whose ring holds
     ``ring`` keys, for a model ``window`` (0 = full attention); ``ValueError`` if none does.
 
@@ -111,6 +117,10 @@ def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule
       the keys that leave the window);
     - bidirectional, ``0 < window`` and ``2 window - 1 <= ring``: interleaved with ``window - 1``
       keys ahead of the queries, so the ring holds both sides of each query's window.
+
+    - with ``passes`` (a caller that emits them), full attention (``window`` 0 or at least
+      ``seq``) over more keys than the ring holds: passes of ``ring`` queries over chunks of
+      ``ring`` keys, their partial softmaxes merged (``Schedule.chunk``).
 
     ``AT_WINDOW`` is the model window whenever it cuts (``0 < window < seq``), else 0.
     """
@@ -121,11 +131,42 @@ def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule
         return Schedule(interleaved=True, halo=0, window=cut)
     if not causal and window > 0 and 2 * window - 1 <= ring:
         return Schedule(interleaved=True, halo=window - 1, window=cut)
+    if passes and not cut:
+        return Schedule(interleaved=False, halo=0, window=0, chunk=ring)
     kind = "causal" if causal else "bidirectional"
     need = f"a window of at most {ring}" if causal else \
         f"a window of at most {(ring + 1) // 2} (2 window - 1 <= {ring})"
+    if passes:
+        need += " or full attention (window 0, in passes over key chunks)"
     raise ValueError(f"{kind} attention over {seq} tokens with window {window} does not fit one "
                      f"chip's K/V ring of {ring} keys (needs seq <= {ring} or {need})")
+
+
+def long_order(npu, cfg, seq: int) -> list | None:
+    """The merge order (``hw.spec.attention.chunk_order``) of the long passes a one-chip
+    program over ``seq`` tokens of ``cfg`` runs, None when it runs none (or nothing
+    schedules): the golden's ``kv_order``."""
+    try:
+        sched = plan_schedule(seq=seq, window=cfg.window, causal=cfg.causal,
+                              ring=npu.attn_window, passes=True)
+    except ValueError:
+        return None
+    if not sched.chunk:
+        return None
+    return chunk_order(seq, sched.chunk, causal=cfg.causal, ring=npu.attn_window)
+
+
+def chunk_bidirectional(q0: int, q1: int, k0: int, k1: int, *, causal: bool, ring: int) -> bool:
+    """Whether the launch of key chunk ``k0 .. k1 - 1`` for queries ``q0 .. q1 - 1`` runs
+    bidirectional: always for bidirectional attention, and for a causal chunk wholly in the
+    queries' past (the causal ring also hides keys ``ring`` or more positions back); a causal
+    chunk that reaches the queries' own positions must lie within ``ring`` of each."""
+    if not causal or k1 - 1 <= q0:
+        return True
+    if q1 - 1 - k0 >= ring:
+        raise ValueError(f"causal chunk of keys {k0}..{k1 - 1} for queries {q0}..{q1 - 1}: a "
+                         f"query sees keys at most {ring - 1} positions back in one launch")
+    return False
 
 
 def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,

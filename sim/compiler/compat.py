@@ -60,9 +60,11 @@ class Limits:
             return None
 
 
-def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = None):
+def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = None, *,
+                      passes: bool = False):
     """Compatibility of a model with one chip's datapath: :class:`ConfigError` otherwise (or
-    each refusal reported to ``limits``)."""
+    each refusal reported to ``limits``); ``passes``: the caller runs full attention over
+    more keys than the ring holds in passes over key chunks (``plan_schedule``)."""
     limits = Limits() if limits is None else limits
     if cfg.quant == "smooth16" and cfg.ffn == "gated":
         # smooth16's FFN hidden is int16, and MUL multiplies int8 operands.
@@ -85,7 +87,7 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
                       value=cfg.seq_len, limit=npu.max_seq_len)
     try:
         plan_schedule(seq=cfg.seq_len, window=cfg.window, causal=cfg.causal,
-                      ring=npu.attn_window)
+                      ring=npu.attn_window, passes=passes)
     except ValueError as exc:
         key, value = ("window", cfg.window) if cfg.window else ("seq_len", cfg.seq_len)
         limits.refuse(f"does not fit attn_window={npu.attn_window}: {exc}", path=npu.path,

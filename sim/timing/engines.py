@@ -340,7 +340,7 @@ class AttentionModel:
         st = self.st_in or self.st_out
         q_pop = rv5 and active and (not self.qf or q_fire) and \
             self.qc < (0 if reduced else self.Q) and \
-            (not st or self.qo or self.rows_held < ATTN_STATE_ROWS)
+            (not st or self.qo > 0 or self.rows_held < ATTN_STATE_ROWS)
         r_pop = rv5 and active and reduced and (not self.rf or red_take) and self.rc < self.Q
         # Softmax slots (the partial pass feeds it nothing and takes nothing from it).
         T = self.T

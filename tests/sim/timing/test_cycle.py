@@ -17,8 +17,9 @@ from sim.compiler import vector_launch as vl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
-from sim.flows.simulate import simulate
+from sim.flows.simulate import read_outputs, simulate
 from sim.golden.float_model import random_weights
+from sim.golden.layer import model_int
 from sim.iss import IssError
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.system_runner import run_system_pysim
@@ -44,6 +45,7 @@ def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
     x = np.random.default_rng(seed).standard_normal((samples, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, seed), x)
     prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
+    compiled.last = (qm, x)
     return npu, prog, prog.images([quantize_input(qm, s) for s in x])
 
 
@@ -88,6 +90,26 @@ def test_one_block_on_one_chip(norm, causal, norm_kind):
     npu, prog, images = compiled("single", 1, norm=norm, causal=causal, d_model=16, d_head=8,
                                  d_ff=32, seq_len=6, norm_kind=norm_kind)
     assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
+def test_long_passes_on_one_chip(causal):
+    """Long context in passes (seq = 2 x attn_window: state launches first and last, the
+    merge and the normalisation in the engine): the RTL's cycles, counters and trace are the
+    model's, and its output is the golden's exact merge."""
+    npu, prog, images = compiled("single", 1, causal=causal, d_model=16, d_head=8, d_ff=16,
+                                 seq_len=2 * npu_preset("tiny").attn_window, seed=2)
+    assert prog.meta["kv_order"], "no long passes"
+    regions = assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator",
+                               reads=prog.reads())
+    got = read_outputs(prog, regions)[0]
+    qm, x = compiled.last
+    want = model_int(qm, quantize_input(qm, x[0]), kv_order=prog.meta["kv_order"])
+    bad = np.argwhere(got != want)
+    assert not len(bad), f"output {bad[0].tolist()}: {got[tuple(bad[0])]}, want " \
+        f"{want[tuple(bad[0])]}"
 
 
 @pytest.mark.verilator
