@@ -14,7 +14,7 @@ __all__ = ["POS_BITS", "FLAG_BIDIR", "FLAG_INTERLEAVED", "FLAG_PARTIAL", "FLAG_R
            "KNOWN_FLAGS", "PARTIAL_BYTES", "STATE_LANE_BYTES", "softmax_lanes", "schedule",
            "flags_value", "flags_halo", "split_mode", "state_mode", "partial_row_words",
            "state_words", "state_lanes_per_word", "head_words", "head_lanes", "LANE_REGS",
-           "launch_words", "q_row_words", "chunk_order"]
+           "launch_words", "q_row_words", "chunk_order", "block_order"]
 
 #: Absolute token positions are unsigned 16-bit (a chunk's position base plus its index).
 POS_BITS = 16
@@ -187,20 +187,26 @@ def schedule(keys: int, queries: int, *, interleaved: bool, halo: int = 0) -> li
 
 
 def chunk_order(seq: int, block: int, *, causal: bool, ring: int) -> list:
-    """Long context's merge order (the definition of its integers, ``hw.spec.softmax``):
-    ``[(q_start, q_stop, [(k_start, k_stop), ...]), ...]``.
+    """Long context's merge order (the definition of its integers, ``hw.spec.softmax``) for
+    the ``seq`` rows cut into blocks of ``block`` rows (the last may be shorter), one per
+    query pass on one chip or per chip of a ring: :func:`block_order` of those blocks."""
+    if seq < 1 or block < 1:
+        raise ValueError(f"seq={seq} and block={block} must be at least 1")
+    return block_order([(b0, min(b0 + block, seq)) for b0 in range(0, seq, block)],
+                       causal=causal, ring=ring)
 
-    The ``seq`` rows are cut into blocks of ``block`` rows (the last may be shorter), one per
-    chip of a ring (ring attention) or one per query pass on one chip; block ``b``'s queries
-    see the key blocks in the order a ring delivers them to chip ``b`` when every chip sends
-    its K/V to the next: ``b, b - 1, ..., 0``, then (bidirectional) ``P - 1, ..., b + 1``;
+
+def block_order(blocks, *, causal: bool, ring: int) -> list:
+    """``[(q_start, q_stop, [(k_start, k_stop), ...]), ...]``: for each block ``b`` of
+    ``blocks`` (``[(start, stop), ...]``, consecutive from 0), its queries' key chunks in merge
+    order, the order in which a ring delivers the blocks to chip ``b`` when every chip passes
+    K/V on to the next: ``b, b - 1, ..., 0``, then (bidirectional) ``P - 1, ..., b + 1``;
     causal attention skips the blocks after ``b`` (every key masked). Each key block is merged
     in chunks of at most ``ring`` keys (the K/V ring), in ascending order. A block whose
     queries see one chunk is one plain softmax.
     """
-    if seq < 1 or block < 1 or ring < 1:
-        raise ValueError(f"seq={seq}, block={block} and ring={ring} must be at least 1")
-    blocks = [(b0, min(b0 + block, seq)) for b0 in range(0, seq, block)]
+    if ring < 1:
+        raise ValueError(f"ring={ring} must be at least 1")
     count = len(blocks)
     order = []
     for b, (q0, q1) in enumerate(blocks):
