@@ -56,8 +56,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
-from hw.spec.attention import POS_BITS, STATE_LANE_BYTES, block_order
+from hw.spec.attention import (
+    FLAG_STATE_IN,
+    FLAG_STATE_OUT,
+    POS_BITS,
+    STATE_LANE_BYTES,
+    block_order,
+)
 from hw.spec.isa import Unit
+from hw.spec.timing import attention as attn_timing
 
 from . import attention_launch as al_
 from . import p2p_launch as pl
@@ -274,6 +281,9 @@ class _Chip:
         self.kv = self.al.alloc("qkv", kv_rows, em.qkv_width(self.shard), 1, "kv_cache",
                                 transfer=transfer)
 
+    #: The cycles the state rows add to this chip's launches (:func:`_merge_cycles`).
+    merge_cycles = 0
+
     def activations(self, rows, merge_rows: int = 0):
         """The block's tensors; ``merge_rows``: the query rows of the state rows each head
         keeps while its partial softmaxes merge (ring attention)."""
@@ -317,9 +327,11 @@ class _Chip:
                     heads.append(al_.attention_launch(**common, **dest))
                     continue
                 mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
-                heads.append(al_.state_launch(
+                launch = al_.state_launch(
                     mode=mode, s_base=self.state.base + k * (q1 - q0) * self.srw,
-                    s_row_words=self.srw, **common, **(dest if mode == "last" else {})))
+                    s_row_words=self.srw, **common, **(dest if mode == "last" else {}))
+                heads.append(launch)
+                self.merge_cycles += _merge_cycles(npu, launch.regs)
             out.append(((k0, k1), heads))
         return out
 
@@ -366,6 +378,16 @@ class _Chip:
     def input_requant(self, x):
         if self.em.qm.cfg.norm == "post":
             self.em.requant_input(x, self.acts.x8, 0)
+
+
+def _merge_cycles(npu, regs) -> int:
+    """What a launch's state rows cost in the engine: its exact cycles
+    (``hw.spec.timing.attention.launch_cycles``) less those of the same launch without them
+    (longer Q rows in, state words out, the last chunk's merge and normalisation)."""
+    timing = {"window": npu.attn_window, "length": npu.softmax_len, "size": npu.array_size,
+              "d_head": npu.d_head_max}
+    plain = dict(regs, AT_FLAGS=regs["AT_FLAGS"] & ~(FLAG_STATE_IN | FLAG_STATE_OUT))
+    return attn_timing.launch_cycles(regs, **timing) - attn_timing.launch_cycles(plain, **timing)
 
 
 def _check_message(npu, words, what):
@@ -505,6 +527,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
     meta = _meta(npu, cfg, chips, chunks, spans, [[c] for c in chunks], phases, comms, samples)
     if order is not None:
         meta["kv_order"] = order
+        meta["merge_cycles"] = [st.merge_cycles for st in states]
     return SystemProgram(npu, cfg, "sequence", programs, seq,
                          max(st.em.seq_pad for st in states), inputs, outputs, meta, comms)
 
@@ -613,6 +636,7 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
     meta["pass_key_spans"] = [list(x) for x in spans]
     if order is not None:
         meta["kv_order"] = order
+        meta["merge_cycles"] = [st.merge_cycles]
     meta["halo_store_bytes"] = sum(t.words for t in stores) * n
     meta["halo_copy_bytes"] = copied[0]
     return SystemProgram(npu, cfg, "sequence", [chip], seq, em.seq_pad, inputs, outputs, meta,

@@ -33,6 +33,18 @@ def test_four_chips_equal_one_chip_in_passes(causal):
     bad = np.argwhere(ring.output != one.output)
     assert not len(bad), f"ring and one chip differ first at {bad[0].tolist()}"
     assert ring.cosine > 0.999, f"cosine vs float64 {ring.cosine}"
+    # The report's sequence section: K/V bytes each chip sends (a chunk's 16 rows of K and V,
+    # 32 lanes each, per chunk it sends on), its transfers hidden or exposed, the merge.
+    q = ring.sequence
+    chunk = 16 * 64
+    want = [chunk * c for c in (1, 2, 3, 0)] if causal else [3 * chunk] * 4
+    assert q["kv_bytes_sent"] == want, q["kv_bytes_sent"]
+    assert all(h > 0 for h in q["transfer_hidden_cycles"][:3]), q["transfer_hidden_cycles"]
+    merges = [0, 1, 2, 3] if causal else [3] * 4       # state launches after the first
+    assert [m > 0 for m in q["merge_cycles"]] == [k > 0 for k in merges], q["merge_cycles"]
+    assert all(0 <= s < 0.1 for s in q["merge_share"]), q["merge_share"]
+    assert (q["attention_imbalance"] > 1.3) == causal, q["attention_imbalance"]
+    assert "ring attention: K/V sent per chip" in ring.summary()
 
 
 def test_llama_two_chips_and_one_chip_sequence():
