@@ -197,21 +197,32 @@ def chunk_order(seq: int, block: int, *, causal: bool, ring: int) -> list:
 
 
 def block_order(blocks, *, causal: bool, ring: int) -> list:
-    """``[(q_start, q_stop, [(k_start, k_stop), ...]), ...]``: for each block ``b`` of
-    ``blocks`` (``[(start, stop), ...]``, consecutive from 0), its queries' key chunks in merge
-    order, the order in which a ring delivers the blocks to chip ``b`` when every chip passes
-    K/V on to the next: ``b, b - 1, ..., 0``, then (bidirectional) ``P - 1, ..., b + 1``;
-    causal attention skips the blocks after ``b`` (every key masked). Each key block is merged
-    in chunks of at most ``ring`` keys (the K/V ring), in ascending order. A block whose
-    queries see one chunk is one plain softmax.
+    """``[(q_start, q_stop, [(k_start, k_stop), ...]), ...]``: runs of query rows and their key
+    chunks in merge order, for the blocks ``blocks`` (``[(start, stop), ...]``, consecutive
+    from 0; a chip's tokens each, or one chip's query passes).
+
+    Block ``b``'s queries run in sub-blocks of at most ``ring`` rows; each sees its own block's
+    keys first (in chunks of at most ``ring``, ascending; causal: only those up to its own
+    rows), then the other blocks in the order a ring delivers them to chip ``b`` when every chip
+    passes K/V on to the next: ``b - 1, ..., 0``, then (bidirectional) ``P - 1, ..., b + 1``;
+    causal attention skips the blocks after ``b`` (every key masked). Each block's keys are
+    merged in chunks of at most ``ring`` (the K/V ring), ascending. A run that sees one chunk
+    is one plain softmax.
     """
     if ring < 1:
         raise ValueError(f"ring={ring} must be at least 1")
     count = len(blocks)
+
+    def chunks_of(c, stop=None):
+        a, z = blocks[c]
+        z = z if stop is None else min(z, stop)
+        return [(k0, min(k0 + ring, z)) for k0 in range(a, z, ring)]
+
     order = []
-    for b, (q0, q1) in enumerate(blocks):
-        seen = [(b - s) % count for s in range(b + 1 if causal else count)]
-        chunks = [(k0, min(k0 + ring, blocks[c][1])) for c in seen
-                  for k0 in range(blocks[c][0], blocks[c][1], ring)]
-        order.append((q0, q1, chunks))
+    for b, (b0, b1) in enumerate(blocks):
+        others = [chunk for s in range(1, b + 1 if causal else count)
+                  for chunk in chunks_of((b - s) % count)]
+        for q0 in range(b0, b1, ring):
+            q1 = min(q0 + ring, b1)
+            order.append((q0, q1, chunks_of(b, q1 if causal else None) + others))
     return order

@@ -189,13 +189,6 @@ def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None
     if w and not cfg.causal and 2 * w - 1 > ring:
         _refuse("window", w, f"does not fit attn_window={ring}: a bidirectional window needs "
                 f"2 window - 1 <= {ring}", npu.path, ring)
-    if not w and chips > 1:
-        longest = max(b - a for a, b in split_tokens(seq, chips))
-        if longest > ring:
-            _refuse("seq_len", seq, f"does not fit attn_window={ring}: ring attention merges "
-                    f"each chip's chunk of {longest} tokens against every chunk it sees, and a "
-                    f"chunk must fit the K/V ring; use at least {math.ceil(seq / ring)} chips",
-                    npu.path, ring * chips)
     if not w and _merge_blocks(npu, cfg, chips, seq) and npu.array_size % STATE_LANE_BYTES:
         _refuse("array_size", npu.array_size, f"is not a multiple of {STATE_LANE_BYTES}: full "
                 f"attention over more than attn_window={ring} keys merges partial softmaxes "
@@ -289,17 +282,18 @@ class _Chip:
         keeps while its partial softmaxes merge (ring attention)."""
         self.acts = self.em.alloc_activations(rows, self.shard, qkv=self.kv)
         self.state = None
+        self.merge_rows = merge_rows
         if merge_rows:
             self.srw = max(al_.state_row_words(self.em.cfg.d_head, self.lay.q_col(k),
                                                self.em.n) for k in range(self.em.cfg.n_heads))
             self.state = self.al.alloc("ring.state", self.em.cfg.n_heads * merge_rows, 0, 1,
                                        "activations", row_words_=self.srw)
 
-    def merge_launches(self, layer, q0, q1, chunks, *, lo):
+    def merge_launches(self, layer, q0, q1, chunks, *, lo, state_row=0):
         """The launches of query rows ``q0 .. q1 - 1`` (positions; Q/K/V tensor rows from
         position ``lo``) over their key ``chunks`` in merge order: ``[((k0, k1), [launch of
-        each head])]``; head h's state rows at its own place (``q1 - q0`` rows). One chunk:
-        plain launches."""
+        each head])]``; head h's state rows from row ``state_row`` of its own ``merge_rows``
+        (:meth:`activations`). One chunk: plain launches."""
         em, kv = self.em, self.kv
         cfg, npu = em.cfg, em.npu
         L = em.qm.layers[layer]
@@ -328,7 +322,8 @@ class _Chip:
                     continue
                 mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
                 launch = al_.state_launch(
-                    mode=mode, s_base=self.state.base + k * (q1 - q0) * self.srw,
+                    mode=mode,
+                    s_base=self.state.base + (k * self.merge_rows + state_row) * self.srw,
                     s_row_words=self.srw, **common, **(dest if mode == "last" else {}))
                 heads.append(launch)
                 self.merge_cycles += _merge_cycles(npu, launch.regs)
@@ -444,15 +439,18 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
                 start, stop = chunks[c]
                 lo, hi = spans[c]
 
-                def ring_attend(c=c, st=st, i=i, s=s, lo=lo):
+                def ring_attend(c=c, st=st, i=i, s=s, lo=lo, start=start, stop=stop):
                     """Ring attention: the own chunk's launches while the first transfer
                     runs, then each chunk's as it arrives (its forwarding issued first), the
                     states merged in the ring's order (``block_order``)."""
-                    q0, q1, run = order[c]
                     groups = {}
-                    for chunk, heads in st.merge_launches(i, q0, q1, run, lo=lo):
-                        b = next(b for b, (a, z) in enumerate(blocks) if a <= chunk[0] < z)
-                        groups.setdefault(b, []).append((chunk, heads))
+                    for q0, q1, run in order:
+                        if not start <= q0 < stop:
+                            continue        # another chip's queries
+                        for chunk, heads in st.merge_launches(i, q0, q1, run, lo=lo,
+                                                              state_row=q0 - start):
+                            b = next(b for b, (a, z) in enumerate(blocks) if a <= chunk[0] < z)
+                            groups.setdefault(b, []).append((chunk, heads))
                     pending = None
                     for k, phase in enumerate(phases):
                         if pending is not None:

@@ -23,9 +23,9 @@ LONG = dataclasses.replace(model_preset("tiny"), seq_len=4 * TINY.attn_window, n
                                               (7, 3, 2), (16, 16, 16)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_chunk_order_covers_every_visible_key_once(seq, block, ring, causal):
-    """Every row is in one run; a run's chunks are disjoint, at most ``ring`` keys, start with
-    the run's own block and cover exactly its visible keys' blocks (causal: the blocks up to
-    its own)."""
+    """Every row is in one run of at most ``ring`` queries; a run's chunks are disjoint, at
+    most ``ring`` keys, start with the run's own block and cover exactly its visible keys'
+    chunks (causal: up to its own rows)."""
     order = chunk_order(seq, block, causal=causal, ring=ring)
     rows = np.zeros(seq, int)
     for q0, q1, chunks in order:
@@ -34,7 +34,9 @@ def test_chunk_order_covers_every_visible_key_once(seq, block, ring, causal):
         for k0, k1 in chunks:
             assert 0 < k1 - k0 <= ring, f"run {q0}: chunk {k0}..{k1} of more than {ring} keys"
             keys[k0:k1] += 1
-        assert chunks[0][0] == q0, f"run {q0}: the first chunk is not the run's own block"
+        assert q1 - q0 <= ring, f"run {q0}..{q1}: more than {ring} queries"
+        assert chunks[0][0] == q0 // block * block, \
+            f"run {q0}: the first chunk is not the run's own block's"
         want = np.zeros(seq, int)
         want[:q1 if causal else seq] = 1
         assert (keys == want).all(), f"run {q0}..{q1}: keys covered {keys.tolist()}"
