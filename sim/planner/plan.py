@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.attention import POS_BITS
 from hw.spec.collective import word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.memory import row_words
@@ -620,6 +621,67 @@ def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: st
     return out
 
 
+@dataclass
+class LongestContext:
+    """The longest ``seq_len`` one strategy fits on ``chips`` chips (0: not even one token),
+    and the limits the next token breaks (``beyond``)."""
+
+    strategy: str
+    chips: int
+    grid: str | None
+    tokens: int
+    beyond: list[Reason]
+
+    def to_json(self) -> dict:
+        return {"strategy": self.strategy, "chips": self.chips, "grid": self.grid,
+                "tokens": self.tokens, "beyond": [str(r) for r in self.beyond]}
+
+
+def longest_context(npu: NpuConfig, model: ModelConfig, chips: int, *,
+                    strategy: str = "all") -> list[LongestContext]:
+    """Per strategy, the longest ``seq_len`` of ``model`` that fits ``chips`` chips of ``npu``:
+    every check the strategy's compiler makes (``max_seq_len``, the K/V ring and the passes
+    over key chunks that lift it, 16-bit positions) and every chip's bytes against
+    ``sram_bytes``, by doubling and bisection up to ``2**16`` tokens (a chip's share only
+    grows with the sequence); a grid strategy on its best A x B grid of ``chips``."""
+    if not isinstance(chips, int) or not 1 <= chips <= MAX_CHIPS:
+        raise BadInput(f"--chips {chips!r} must be 1..{MAX_CHIPS}")
+    top = 1 << POS_BITS
+    out = []
+    for name in _names(strategy):
+        grids = _grids(chips, name) if name in GRIDS else [None]
+        best = None
+        for grid in grids:
+
+            def beyond(tokens, grid=grid, name=name):
+                cfg = dataclasses.replace(model, seq_len=tokens)
+                _, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid, only="cuts")
+                return reasons
+
+            # Sequence parallelism needs a token per chip: its shortest sequence is chips.
+            first = chips if name == "sequence" else 1
+            if beyond(first):
+                found = LongestContext(name, chips, _grid_text(grid), 0, beyond(first))
+            else:
+                lo, hi = first, 2 * first
+                while hi < top and not beyond(hi):
+                    lo, hi = hi, min(top, 2 * hi)
+                if not beyond(hi):
+                    lo = hi
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if not beyond(mid) else (lo, mid)
+                found = LongestContext(name, chips, _grid_text(grid), lo,
+                                       beyond(lo + 1) if lo < top else [])
+            if best is None or found.tokens > best.tokens:
+                best = found
+        if best is None:
+            best = LongestContext(name, chips, None, 0, [Reason(
+                "chips", chips, 4, f"chips={chips} makes no A x B grid with A, B >= 2")])
+        out.append(best)
+    return out
+
+
 def _names(strategy):
     names = NAMES if strategy == "all" else (strategy,)
     for name in names:
@@ -744,10 +806,13 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> Strate
         timing=how, topology=torus)
 
 
-def _compatible(npu, cfg, tokens):
-    """The attention of a chip running ``tokens`` tokens can be scheduled."""
+def _compatible(npu, cfg, tokens, name=None):
+    """The attention of a chip running ``tokens`` tokens can be scheduled (by strategy
+    ``name``: the grid strategies run full attention beyond the ring in passes)."""
+    passes = name is not None and get_strategy(name).long_passes
     try:
-        plan_schedule(seq=tokens, window=cfg.window, causal=cfg.causal, ring=npu.attn_window)
+        plan_schedule(seq=tokens, window=cfg.window, causal=cfg.causal, ring=npu.attn_window,
+                      passes=passes)
     except ValueError:
         return False
     return True
@@ -779,7 +844,7 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
         if name in COMPILED:
             if not ring_ok or any(r.key in ("n_heads", "n_layers", "chips") for r in reasons):
                 return _scaled(timer, npu, cfg, name, chips, notes)
-            if not _compatible(npu, cfg, cfg.seq_len):
+            if not _compatible(npu, cfg, cfg.seq_len, name):
                 return None, None, notes
             cycles, how, size, more = _compiled_cycles(timer, npu, cfg, name, chips, b)
             if size > npu.imem_words:
