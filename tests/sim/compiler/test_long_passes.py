@@ -104,3 +104,14 @@ def test_a_window_beyond_the_ring_is_still_refused():
     cfg = dataclasses.replace(LONG, window=20)
     with pytest.raises(ConfigError, match="attn_window=16"):
         simulate(TINY, cfg, strategy="single", backend="iss")
+
+
+def test_passes_need_whole_int32_lanes():
+    """State rows are int32 lanes in whole words: an array of 6 lanes is refused, naming
+    array_size."""
+    from sim.compiler.compat import check_single_chip
+    npu = dataclasses.replace(TINY, array_size=6, vector_lanes=6, sram_bytes=24 * 2048)
+    with pytest.raises(ConfigError, match="array_size=6 is not a multiple of 4: full attention "
+                                          "over 64 tokens"):
+        check_single_chip(npu, LONG, passes=True)
+    check_single_chip(npu, dataclasses.replace(LONG, seq_len=16), passes=True)
