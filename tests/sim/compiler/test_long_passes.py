@@ -86,6 +86,7 @@ def test_one_chip_passes_on_the_iss(causal):
     assert order == chunk_order(64, 16, causal=causal, ring=16)
 
 
+@pytest.mark.slow
 def test_one_chip_passes_llama_and_batch_on_the_iss():
     """The Llama-shaped model (RoPE, grouped-query attention) over 64 tokens, and two samples
     of 40 (each sequence's rows at its own base; a short last block): bit-exact."""

@@ -47,6 +47,7 @@ def test_four_chips_equal_one_chip_in_passes(causal):
     assert "ring attention: K/V sent per chip" in ring.summary()
 
 
+@pytest.mark.slow
 def test_llama_two_chips_and_one_chip_sequence():
     """RoPE and grouped-query attention on 4 chips and on 2 (chunks of 2 x attn_window: each
     chip's queries in two runs, its own keys in two chunks); the sequence strategy on one chip
@@ -63,14 +64,17 @@ def test_llama_two_chips_and_one_chip_sequence():
     assert r.golden_match, f"one chip: first mismatch {r.first_mismatch}"
 
 
-def test_uneven_chunks():
-    """50 tokens on 4 chips (13, 13, 12, 12): blocks of unequal length, merged in the ring's
-    order."""
+def test_uneven_chunks_beyond_the_ring():
+    """50 tokens on 4 chips (13, 13, 12, 12: blocks of unequal length) and on 2 (25 each, more
+    than the ring of 16: each chip's queries in two runs, its own keys in two chunks), merged
+    in the ring's order."""
     cfg = dataclasses.replace(LONG, seq_len=50)
-    r = simulate(TINY, cfg, strategy="sequence", chips=4, backend="iss", seed=9,
-                 reference="none")
-    assert r.golden_match, f"first mismatch {r.first_mismatch}"
+    for chips in (4, 2):
+        r = simulate(TINY, cfg, strategy="sequence", chips=chips, backend="iss", seed=9,
+                     reference="none")
+        assert r.golden_match, f"{chips} chips: first mismatch {r.first_mismatch}"
     assert merge_order(TINY, cfg, 4, 50)[1] == (13, 26, [(13, 26), (0, 13)])
+    assert merge_order(TINY, cfg, 2, 50)[1] == (16, 25, [(0, 16), (16, 25)])
 
 
 def test_twenty_tokens_on_three_chips_of_an_eight_key_ring():

@@ -92,7 +92,7 @@ def test_one_block_on_one_chip(norm, causal, norm_kind):
     assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator")
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.verilator
 @pytest.mark.usefixtures("verilator_ok")
 def test_long_passes_on_one_chip(causal):
@@ -112,7 +112,7 @@ def test_long_passes_on_one_chip(causal):
         f"{want[tuple(bad[0])]}"
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.verilator
 @pytest.mark.usefixtures("verilator_ok")
 def test_ring_attention_on_four_chips(causal):
