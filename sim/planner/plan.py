@@ -40,10 +40,12 @@ from hw.spec.attention import POS_BITS
 from hw.spec.collective import word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.memory import row_words
+from hw.spec.timing import attention as attn_timing
 from hw.spec.timing.collective import ring_bound_cycles
 from hw.spec.topology import MAX_CHIPS, DimLink, Topology
 from hw.spec.vector import GELU16_KNOTS
 
+from ..compiler import attention_launch as al_
 from ..compiler.attention_launch import plan_schedule
 from ..compiler.blocks import pad_to
 from ..compiler.program import SystemProgram
@@ -859,6 +861,25 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
         return None, None, notes
 
 
+def _ring_attention_cycles(npu, cfg, chunk, chips) -> int:
+    """Ring attention's attention beyond a chip's own chunk, per layer and sample, on the
+    busiest chip (causal: the last; bidirectional: every one): each head merges the other
+    ``chips - 1`` chunks into each of its query runs of at most ``attn_window`` rows, a
+    launch per key chunk of at most ``attn_window`` (``sim.compiler.sequence``), each as
+    long as ``launch_cycles`` of a middle state launch says; the transfers run beside them."""
+    ring = npu.attn_window
+    run, keys = min(chunk, ring), min(chunk, ring)
+    rw = -(-cfg.d_head // npu.array_size)          # a head's words (heads at lane 0)
+    launch = al_.state_launch(
+        mode="middle", size=npu.array_size, d_head=cfg.d_head, queries=run, keys=keys,
+        q_base=0, q_row_words=rw, col=0, k_base=0, v_base=0, k_row_words=rw, v_row_words=rw,
+        k_col=0, v_col=0, s_base=0, score_mult=1, score_shift=1, out_mult=1, out_shift=1)
+    one = attn_timing.launch_cycles(launch.regs, window=ring, length=npu.softmax_len,
+                                    size=npu.array_size, d_head=npu.d_head_max)
+    launches = math.ceil(chunk / ring) * (chips - 1) * math.ceil(chunk / ring)
+    return cfg.n_heads * launches * one
+
+
 def _scaled(timer, npu, cfg, name, chips, notes, link=None):
     """A compiled strategy beyond what can be compiled (more chips than the ring or than the
     split allows): its per-chip work from one chip's share, analytically; ``link``: the
@@ -972,5 +993,11 @@ def _analytic(timer, npu, cfg, name, chips, grid, notes):
         kv = b * max(cfg.window - 1, 0) * 2 * cfg.d_model
         cycles += cfg.n_layers * (math.ceil(kv / npu.link_bytes_per_cycle) +
                                   npu.link_latency_cycles) if chips > 1 else 0
+        if not cfg.window and chips > 1:
+            extra = _ring_attention_cycles(npu, cfg, chunk, chips)
+            cycles += cfg.n_layers * b * extra
+            notes = notes + [f"ring attention: {extra:,} cycles a layer on the busiest chip "
+                             f"for the other chunks' merged launches (the transfers behind "
+                             f"them)"]
         return cycles, "analytic", notes + more
     return None, None, notes

@@ -1,8 +1,17 @@
 """``npu plan --longest-context``: per strategy the longest sequence that fits N chips, and the
 limit the next token breaks (sim.planner.plan.longest_context)."""
 
+import dataclasses
+
+import numpy as np
+import pytest
+
 from hw.spec import model_preset, npu_preset
-from sim.planner.plan import longest_context
+from sim.compiler.quantize import quantize_model
+from sim.golden.float_model import random_weights
+from sim.planner.plan import longest_context, plan
+from sim.strategies import compile_program
+from sim.timing.cycle import time_programs
 from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, run
 
 
@@ -42,3 +51,21 @@ def test_cli(capsys):
     status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL,
                            "--longest-context")
     assert_one_line_error(status, out, err, "--longest-context needs --chips N")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_attention_is_planned_within_ten_percent(causal):
+    """Sequence parallelism over 64 tokens (4 x attn_window) on 4 tiny chips: the planner's
+    analytic cycles (one chip's chunk, plus the other chunks' merged launches at their
+    launch_cycles) within 10% of the cycle model on the compiled programs."""
+    cfg = dataclasses.replace(model_preset("tiny"), seq_len=64, n_layers=1, causal=causal,
+                              name="tiny-long")
+    npu = npu_preset("tiny")
+    p = plan(npu, cfg, chips=4, strategy="sequence").strategies[0]
+    assert p.fits and p.timing == "analytic", p.reasons
+    assert any(n.startswith("ring attention:") for n in p.notes), p.notes
+    x = np.random.default_rng(3).standard_normal((1, cfg.seq_len, cfg.d_model))
+    qm = quantize_model(cfg, random_weights(cfg, 3), x)
+    prog = compile_program("sequence", npu, qm, 4, seq=cfg.seq_len, samples=1)
+    cycles = time_programs(npu, [c.program for c in prog.chips]).cycles
+    assert abs(p.predicted_cycles / cycles - 1) < 0.1, (p.predicted_cycles, cycles)
