@@ -36,8 +36,9 @@ def test_trace_depth_follows_the_gateware():
     assert trace_depth(npu) == ports.trace_depth(npu)
 
 
-def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
-    """A small model compiled for the tiny chip: the system program and its images."""
+def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, golden=False, **model):
+    """A small model compiled for the tiny chip: the system program and its images (and,
+    ``golden``, each sample's golden output in the merge order the program records)."""
     fields = {"n_layers": n_layers, "d_model": 8, "n_heads": 2, "d_head": 4, "d_ff": 16,
               "seq_len": 4, "name": "small"} | model
     cfg = ModelConfig(**fields)
@@ -45,8 +46,12 @@ def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
     x = np.random.default_rng(seed).standard_normal((samples, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, seed), x)
     prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
-    compiled.last = (qm, x)
-    return npu, prog, prog.images([quantize_input(qm, s) for s in x])
+    x_ints = [quantize_input(qm, s) for s in x]
+    if golden:
+        kv_order = prog.meta.get("kv_order")
+        return npu, prog, prog.images(x_ints), [model_int(qm, xi, kv_order=kv_order)
+                                                for xi in x_ints]
+    return npu, prog, prog.images(x_ints)
 
 
 def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
@@ -99,17 +104,16 @@ def test_long_passes_on_one_chip(causal):
     """Long context in passes (seq = 2 x attn_window: state launches first and last, the
     merge and the normalisation in the engine): the RTL's cycles, counters and trace are the
     model's, and its output is the golden's exact merge."""
-    npu, prog, images = compiled("single", 1, causal=causal, d_model=16, d_head=8, d_ff=16,
-                                 seq_len=2 * npu_preset("tiny").attn_window, seed=2)
+    npu, prog, images, want = compiled("single", 1, causal=causal, d_model=16, d_head=8,
+                                       d_ff=16, seq_len=2 * npu_preset("tiny").attn_window,
+                                       seed=2, golden=True)
     assert prog.meta["kv_order"], "no long passes"
     regions = assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator",
                                reads=prog.reads())
     got = read_outputs(prog, regions)[0]
-    qm, x = compiled.last
-    want = model_int(qm, quantize_input(qm, x[0]), kv_order=prog.meta["kv_order"])
-    bad = np.argwhere(got != want)
+    bad = np.argwhere(got != want[0])
     assert not len(bad), f"output {bad[0].tolist()}: {got[tuple(bad[0])]}, want " \
-        f"{want[tuple(bad[0])]}"
+        f"{want[0][tuple(bad[0])]}"
 
 
 @pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)])
@@ -119,16 +123,15 @@ def test_ring_attention_on_four_chips(causal):
     """Ring attention (sequence, seq = 4 x attn_window on 4 chips): K/V chunks around the ring,
     each merged as it arrives; the RTL's cycles, counters and traces are the model's and the
     output the golden's exact merge in the ring's order."""
-    npu, prog, images = compiled("sequence", 4, causal=causal, d_model=16, d_head=8, d_ff=16,
-                                 seq_len=4 * npu_preset("tiny").attn_window, seed=3)
+    npu, prog, images, want = compiled("sequence", 4, causal=causal, d_model=16, d_head=8,
+                                       d_ff=16, seq_len=4 * npu_preset("tiny").attn_window,
+                                       seed=3, golden=True)
     regions = assert_rtl_equal(npu, [c.program for c in prog.chips], images,
                                backend="verilator", reads=prog.reads())
     got = read_outputs(prog, regions)[0]
-    qm, x = compiled.last
-    want = model_int(qm, quantize_input(qm, x[0]), kv_order=prog.meta["kv_order"])
-    bad = np.argwhere(got != want)
+    bad = np.argwhere(got != want[0])
     assert not len(bad), f"output {bad[0].tolist()}: {got[tuple(bad[0])]}, want " \
-        f"{want[tuple(bad[0])]}"
+        f"{want[0][tuple(bad[0])]}"
 
 
 @pytest.mark.verilator
