@@ -23,12 +23,19 @@ from hw.tile.vector_engine import VectorEngine
 from sim import errors
 from sim.cli import main
 from sim.compiler.assembler import Assembler
-from sim.compiler.attention_launch import attention_launch, partial_launch, reduced_launch
+from sim.compiler.attention_launch import (
+    attention_launch,
+    partial_launch,
+    reduced_launch,
+    state_launch,
+    state_row_words,
+)
 from sim.compiler.attention_launch import emit as emit_attention
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
 from sim.golden.float_model import random_weights
 from sim.golden.matmul import requant, wrap
+from sim.golden.ring_softmax import chunked_attention
 from sim.golden.scratchpad import addr_sequence
 from sim.golden.softmax import softmax
 from sim.iss import Iss
@@ -556,6 +563,68 @@ class SplitCase:
     def output(self) -> np.ndarray:
         out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
                           self.queries, self.d_model, 1)
+        return out[:, self.sl]
+
+
+class StateCase:
+    """Long context: one head over key ``chunks`` (``[(start, stop), ...]`` of the keys, in
+    merge order), one ``state_launch`` each (the first, middles, the last) for all the queries:
+    Q, K, V [*, d_model] int8 in memory, the head's Q at column ``col`` (K, V at ``k_col``,
+    ``v_col``), the state rows at ``s_base``, the output at ``o_base``. Query t is at position
+    ``q_pos + t``, key j at ``k_pos + j``; ``mask`` [queries, keys] what the launches'
+    positions make visible (for the golden). The chunks of ``causal`` (indices) run with the
+    causal mask, the others bidirectional (a past chunk: every key visible)."""
+
+    def __init__(self, rng, npu, *, queries, keys, chunks, d_model, col, d_head, k_col=None,
+                 v_col=None, q_pos=0, k_pos=0, causal=(), window=0, mask):
+        n = npu.array_size
+        k_col = col if k_col is None else k_col
+        v_col = col if v_col is None else v_col
+        self.npu, self.iss = npu, Iss(npu)
+        self.rw = rw = row_words(d_model, 1, n)
+        self.q = rng.integers(-128, 128, (queries, d_model))
+        self.k = rng.integers(-128, 128, (keys, d_model))
+        self.v = rng.integers(-128, 128, (keys, d_model))
+        q_base, k_base = 0, queries * rw
+        v_base = k_base + keys * rw
+        self.o_base = v_base + keys * rw
+        self.s_base = self.o_base + queries * rw
+        self.srw = state_row_words(d_head, col, n)
+        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
+            self.iss.write_words(base, pack_rows(x, 1, n))
+        self.garbage = rng.integers(-128, 128, (queries, d_model))
+        self.iss.write_words(self.o_base, pack_rows(self.garbage, 1, n))
+        # Garbage in the state rows too: the first launch must overwrite all of it.
+        self.iss.write_words(self.s_base, rng.integers(0, 256, (queries * self.srw, n)))
+        self.queries, self.d_model, self.chunks = queries, d_model, chunks
+        self.sl = slice(col, col + d_head)
+        self.launches = []
+        for i, (a, b) in enumerate(chunks):
+            mode = "first" if i == 0 else "last" if i == len(chunks) - 1 else "middle"
+            self.launches.append(state_launch(
+                mode=mode, size=n, d_head=d_head, queries=queries, keys=b - a,
+                q_base=q_base, q_row_words=rw, col=col, k_base=k_base + a * rw,
+                v_base=v_base + a * rw, k_row_words=rw, v_row_words=rw, k_col=k_col,
+                v_col=v_col, s_base=self.s_base, o_base=self.o_base, o_row_words=rw,
+                q_pos=q_pos, k_pos=k_pos + a, bidirectional=i not in causal, window=window,
+                score_mult=SCORE_MULT, score_shift=SCORE_SHIFT, out_mult=OUT_MULT,
+                out_shift=OUT_SHIFT))
+        raw = wrap(self.q[:, col:col + d_head] @ self.k[:, k_col:k_col + d_head].T)
+        scores = np.where(mask, requant(raw, SCORE_MULT, SCORE_SHIFT, 16), 0)
+        self.want = chunked_attention(scores, mask, self.v[:, v_col:v_col + d_head],
+                                      [(0, queries, list(chunks))], OUT_MULT, OUT_SHIFT)
+        self.before = self.iss.mem.copy()
+
+    def run_iss(self, launches=None):
+        """Run the launches on the ISS; the head's output columns (the others must keep their
+        garbage)."""
+        self.iss.run(assemble(emit_attention, self.launches if launches is None else launches))
+        out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
+                          self.queries, self.d_model, 1)
+        untouched = np.ones(self.d_model, bool)
+        untouched[self.sl] = False
+        assert (out[:, untouched] == self.garbage[:, untouched]).all(), \
+            "ISS wrote outside the head's columns"
         return out[:, self.sl]
 
 

@@ -21,12 +21,44 @@ logit ``s / 2**SCORE_FRAC_BITS``) with visibility mask ``m``:
    round half up to ``p / 256``; a lane whose probability rounds to 256/256 saturates to 255.
 
 Masked lanes have ``e = 0`` and therefore ``p = 0`` exactly; a fully masked row is all zeros.
+
+**Partial mode** (one chunk of a row's keys; long context, ``docs/architecture.md``): steps 1-4
+as above, then no reciprocal: each lane's *unnormalised* probability, relative to the chunk's
+own maximum, ``u = min((e + 2**(PARTIAL_SHIFT-1)) >> PARTIAL_SHIFT, 2**PROB_BITS - 1)`` (the
+maximum lane gets 256/256, saturated to 255), with the row's maximum ``M`` (int16) and the sum
+``l = sum(u)`` (``partial_sum_bits(L)`` bits, unsigned). The attention buffer's P.V of ``u``
+is the chunk's ``o = sum_j u_j v_j`` (int32).
+
+**State and merge.** A partial result of a query row is its *state* ``(m, l, o[0..h-1])``:
+``m`` the int16 maximum of the scores seen, ``l`` and ``o`` int32. Two states merge exactly as
+the online softmax does, in integers::
+
+    m  = max(m_a, m_b)
+    f  = exp_factor(|m_a - m_b|)                  # steps 2-4 for d = |m_a - m_b|, Q0.15
+    fa = 2**MERGE_BITS if m_a >= m_b else f       # the side holding the maximum keeps 1.0
+    fb = 2**MERGE_BITS if m_b >= m_a else f
+    l  = scale(l_a, fa) + scale(l_b, fb)
+    o  = wrap32(scale(o_a, fa) + scale(o_b, fb))
+    scale(x, f) = (x * f + 2**(MERGE_BITS-1)) >> MERGE_BITS     (arithmetic shift)
+
+``exp_factor(d) = EXP_LUT[y mod 256] >> (y div 256)`` with ``y`` from ``min(d, D_MAX)`` as in
+step 3: the very exp of the softmax. The side with the larger maximum is not rounded (its
+factor is exactly 1.0); the **empty state** (``m = -2**15``, ``l = 0``, ``o = 0``: no visible
+key) merges as the identity, so a chunk whose keys a query cannot see changes nothing. The
+merge is commutative but, because of the rounding, not associative: a schedule fixes the order
+of the chunks.
+
+**Final normalisation** of a state: ``z = bitlen(l) - 1``, ``R = 2**(z + NORM_BITS) // l``
+(``NORM_BITS + 1`` significant bits; 0 when ``l <= 0``), ``sh = z + NORM_BITS - PROB_BITS``,
+``acc = wrap32((o * R + 2**(sh-1)) >> sh)``: ``o / l`` in the scale of a P.V of probabilities
+that sum to 256, which the attention's output requantiser takes as it takes P.V.
 """
 
 from .formats import PROB_BITS, SCORE_BITS, SCORE_FRAC_BITS
 
 __all__ = ["EXP_BITS", "EXP_FRAC_BITS", "LOG2E_MULT", "LOG2E_SHIFT", "D_MAX", "Y_MASKED",
-           "RECIP_BITS", "EXP_LUT", "sum_bits", "max_sum_exponent"]
+           "RECIP_BITS", "EXP_LUT", "sum_bits", "max_sum_exponent", "PARTIAL_SHIFT",
+           "partial_sum_bits", "MERGE_BITS", "EMPTY_MAX", "NORM_BITS", "NORM_QUOTIENT_BITS"]
 
 #: ``e`` of the maximum lane is ``2**EXP_BITS`` (exp(0) = 1.0).
 EXP_BITS = 15
@@ -54,6 +86,25 @@ assert PROB_BITS == 8
 assert (((D_MAX * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT) >> EXP_FRAC_BITS
         > EXP_BITS)
 assert (D_MAX * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT < Y_MASKED
+
+
+#: Partial mode: ``u = e >> PARTIAL_SHIFT`` rounded, 8 bits (the maximum lane's ``2**EXP_BITS``
+#: is 256/256).
+PARTIAL_SHIFT = EXP_BITS - PROB_BITS
+#: Fraction bits of a merge factor (``2**MERGE_BITS`` = 1.0 = ``exp_factor(0)``).
+MERGE_BITS = EXP_BITS
+#: ``m`` of the empty state (no visible key): the int16 minimum, the softmax's maximum of a
+#: fully masked row.
+EMPTY_MAX = -(1 << (SCORE_BITS - 1))
+#: Bits of the final normalisation's reciprocal: ``2**(NORM_BITS-1) < R <= 2**NORM_BITS``.
+NORM_BITS = 16
+#: Quotient bits of ``2**(z + NORM_BITS) // l`` with ``l`` normalised to its top bit.
+NORM_QUOTIENT_BITS = NORM_BITS + 1
+
+
+def partial_sum_bits(length: int) -> int:
+    """Bits of the partial mode's ``l = sum(u)`` over ``length`` lanes (``u <= 255``)."""
+    return (length * ((1 << PROB_BITS) - 1)).bit_length()
 
 
 def sum_bits(length: int) -> int:

@@ -15,23 +15,47 @@ byte write enables on the head's lanes only. A partial or reduced score row
 ``hw.spec.attention.partial_row_words(W, N)`` words.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.attention import (
     FLAG_PARTIAL,
     FLAG_REDUCED,
+    FLAG_STATE_IN,
+    FLAG_STATE_OUT,
     FLAGS_WIDTH,
     HALO_BITS,
     HALO_SHIFT,
     POS_BITS,
+    STATE_LANE_BYTES,
     partial_row_words,
     softmax_lanes,
 )
-from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, SHIFT_BITS
+from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
 from ..spec.isa import COUNT_BITS
+from ..spec.softmax import (
+    D_MAX,
+    EMPTY_MAX,
+    EXP_FRAC_BITS,
+    EXP_LUT,
+    LOG2E_MULT,
+    LOG2E_SHIFT,
+    MERGE_BITS,
+    NORM_BITS,
+    NORM_QUOTIENT_BITS,
+)
+from ..spec.timing.chip import (
+    ATTN_MERGE_CYCLES,
+    ATTN_NORM_CYCLES,
+    ATTN_STATE_ROWS,
+    check_built,
+    merge_divide_bits,
+    merge_divide_cycles,
+    merge_rotate_cycles,
+)
 from .attention import AttentionBuffer
 from .softmax import SoftmaxUnit
 
@@ -207,6 +231,12 @@ class AttentionEngine(wiring.Component):
     def lanes_per_cycle(self):
         return softmax_lanes(self._length)
 
+    @property
+    def state_rows(self) -> bool:
+        """Whether the long-context state rows (``AT_FLAGS`` bits 4, 5) are built: N a
+        multiple of 4 (int32 lanes in whole words)."""
+        return self._size % STATE_LANE_BYTES == 0
+
     def elaborate(self, platform):
         m = Module()
         W, D, L, N = self._window, self._d_head, self._length, self._size
@@ -225,6 +255,19 @@ class AttentionEngine(wiring.Component):
         m.d.comb += [self.uses.k.eq(~offered[FLAG_REDUCED.bit_length() - 1]),
                      self.uses.v.eq(~offered[FLAG_PARTIAL.bit_length() - 1]
                                     | offered[FLAG_REDUCED.bit_length() - 1])]
+        # Long context: state rows in (RD5) and out (WR1); the split-score bits exclude them.
+        if self.state_rows:
+            st_in = Signal()
+            st_out = Signal()
+            m.d.comb += [st_in.eq(cfg.flags[FLAG_STATE_IN.bit_length() - 1]
+                                  & ~partial & ~reduced),
+                         st_out.eq(cfg.flags[FLAG_STATE_OUT.bit_length() - 1]
+                                   & ~partial & ~reduced)]
+        else:
+            st_in = st_out = Const(0)
+        st = st_in | st_out
+        last_chunk = st_in & ~st_out
+        m.d.comb += sm.i.payload.partial.eq(st)
 
         # The softmax sees the score rows of normal and reduced-pass queries; the partial pass
         # drops them and answers each with an all-zero probability row.
@@ -234,9 +277,39 @@ class AttentionEngine(wiring.Component):
         for lane in range(L):
             m.d.comb += buf.i_probs.payload.data[lane].eq(Mux(partial, 0, sm.o.payload.data[lane]))
 
+        # --- the state FIFO: every RD5 word of a query's row while state rows run ------------
+        if self.state_rows:
+            M = N // STATE_LANE_BYTES           # int32 lanes of a state row per word
+            SL = -(-(D + 2) // M) * M           # lanes of the engine's state register
+            K = merge_rotate_cycles(D, N)       # = SL / M
+            G0 = -(-(N - 1 + D) // N)
+            depth = ATTN_STATE_ROWS * (G0 + K)
+            m.submodules.state_fifo = fifo = Memory(shape=8 * N, depth=depth, init=[])
+            f_wr, f_rd = fifo.write_port(), fifo.read_port()
+            wptr = Signal(range(depth))
+            rptr = Signal(range(depth))
+            rptr_nxt = Signal(range(depth))
+            rows_held = Signal(range(ATTN_STATE_ROWS + 1))
+            row_in = Signal()                   # a row's first word is written this cycle
+            row_out = Signal()                  # a row is released this cycle
+            m.d.comb += [f_rd.addr.eq(rptr_nxt), f_rd.en.eq(1), rptr_nxt.eq(rptr)]
+            m.d.sync += [rptr.eq(rptr_nxt),
+                         rows_held.eq(rows_held + row_in - row_out)]
+            # (m_a, l_a) of the rows gathered and not yet merged (their input states' first
+            # two lanes).
+            hdr_m = Array(Signal(signed(SCORE_BITS), name=f"hdr_m{i}")
+                          for i in range(ATTN_STATE_ROWS))
+            hdr_l = Array(Signal(signed(ACC_BITS), name=f"hdr_l{i}")
+                          for i in range(ATTN_STATE_ROWS))
+            hdr_w = Signal(range(ATTN_STATE_ROWS))
+            hdr_r = Signal(range(ATTN_STATE_ROWS))
+
+            def advance(ptr, by=1):
+                return Mux(ptr + by >= depth, ptr + by - depth, ptr + by)
+
         # --- row gathering: w words -> the head's lanes o .. o + h - 1 of them, zero beyond h -
         G = -(-(N - 1 + D) // N)        # the most words a row spans (lane offset N - 1)
-        def gather(port, name, rows, ready):
+        def gather(port, name, rows, ready, state=False):
             lane = getattr(cfg, f"{name}_lane")
             span = Signal(range(N + D), name=f"{name}_span")   # lanes up to the head's last
             m.d.comb += span.eq(lane + cfg.d_head)
@@ -250,20 +323,63 @@ class AttentionEngine(wiring.Component):
             # A row's first word may arrive in the cycle the previous row is taken, so a
             # one-word row (w = 1) streams at one row per cycle. No word beyond the launch's
             # rows is taken (they would belong to the next launch).
-            m.d.comb += mine.eq(active & (~full | take) & (count < rows))
+            if state:
+                # State rows: the row's words also go into the state FIFO, whose room a row's
+                # first word waits for; with a state in, its words follow the Q words and the
+                # row is complete after them.
+                aph = Signal(name=f"{name}_aph")
+                alanes = Signal(range(SL + M + 1), name=f"{name}_alanes")
+                first = Signal(name=f"{name}_first")
+                cap_m = Signal(signed(SCORE_BITS), name="cap_m")
+                cap_l = Signal(signed(ACC_BITS), name="cap_l")
+                m.d.comb += [
+                    first.eq((off == 0) & ~aph),
+                    mine.eq(active & (~full | take) & (count < rows)
+                            & (~st | ~first | (rows_held < ATTN_STATE_ROWS))),
+                    f_wr.addr.eq(wptr), f_wr.data.eq(port.payload.data.as_value()),
+                    f_wr.en.eq(port.valid & mine & st),
+                    row_in.eq(port.valid & mine & st & first),
+                ]
+                with m.If(port.valid & mine & st):
+                    m.d.sync += wptr.eq(advance(wptr))
+            else:
+                m.d.comb += mine.eq(active & (~full | take) & (count < rows))
             ready.append(mine)
             with m.If(take):
                 m.d.sync += full.eq(0)
-            with m.If(port.valid & mine):
+            with m.If(port.valid & mine & (~aph if state else 1)):
                 with m.Switch(off):
                     for w in range(G):
                         with m.Case(w * N):
                             m.d.sync += stage[8 * N * w:8 * N * (w + 1)].eq(
                                 port.payload.data.as_value())
                 with m.If(off + N >= span):
-                    m.d.sync += [full.eq(1), off.eq(0), count.eq(count + 1)]
+                    if state:
+                        with m.If(st_in):
+                            m.d.sync += [aph.eq(1), alanes.eq(0), off.eq(0)]
+                        with m.Else():
+                            m.d.sync += [full.eq(1), off.eq(0), count.eq(count + 1)]
+                    else:
+                        m.d.sync += [full.eq(1), off.eq(0), count.eq(count + 1)]
                 with m.Else():
                     m.d.sync += off.eq(off + N)
+            if state:
+                # The state's words: capture m (lane 0) and l (lane 1); the last one completes
+                # the row and queues its (m, l) for the merge.
+                word = port.payload.data.as_value()
+                m_new = Mux(alanes == 0, word[:SCORE_BITS].as_signed(), cap_m)
+                if M >= 2:
+                    l_new = Mux(alanes == 0, word[ACC_BITS:2 * ACC_BITS].as_signed(), cap_l)
+                else:
+                    l_new = Mux(alanes == 1, word[:ACC_BITS].as_signed(), cap_l)
+                with m.If(port.valid & mine & aph):
+                    m.d.sync += [cap_m.eq(m_new), cap_l.eq(l_new)]
+                    with m.If(alanes + M >= cfg.d_head + 2):
+                        m.d.sync += [aph.eq(0), full.eq(1), count.eq(count + 1),
+                                     hdr_m[hdr_w].eq(m_new), hdr_l[hdr_w].eq(l_new),
+                                     hdr_w.eq(Mux(hdr_w == ATTN_STATE_ROWS - 1, 0, hdr_w + 1))]
+                    with m.Else():
+                        m.d.sync += alanes.eq(alanes + M)
             # The head's lanes, shifted down by the lane offset; lanes beyond h are zero.
             row = Signal(data.ArrayLayout(i8, D), name=f"{name}_row")
             shifted = Signal(8 * N * G, name=f"{name}_shifted")
@@ -276,7 +392,8 @@ class AttentionEngine(wiring.Component):
         k_ready, v_ready, q_ready = [], [], []
         k_row, k_full, k_take = gather(self.i_k, "k", Mux(reduced, 0, cfg.keys), k_ready)
         v_row, v_full, v_take = gather(self.i_v, "v", Mux(partial, 0, cfg.keys), v_ready)
-        q_row, q_full, q_take = gather(self.i_q, "q", Mux(reduced, 0, cfg.queries), q_ready)
+        q_row, q_full, q_take = gather(self.i_q, "q", Mux(reduced, 0, cfg.queries), q_ready,
+                                       state=self.state_rows)
 
         # Reduced pass: RD5 carries one reduced score row of R words per query instead.
         red_flat = Signal(8 * N * R)
@@ -391,6 +508,14 @@ class AttentionEngine(wiring.Component):
         with m.If(buf.i_reduced.valid & buf.i_reduced.ready & reduced):
             m.d.comb += red_take.eq(1)
 
+        # --- long context: merge factors, from a query's probabilities to its output --------
+        if self.state_rows:
+            pend_ready, emit_busy, emit = self._merge_path(
+                m, cfg, buf, sm, st_in, st_out, last_chunk, hdr_m, hdr_l, hdr_r, f_rd, rptr,
+                rptr_nxt, row_out, advance, M, SL, K)
+        else:
+            pend_ready, emit_busy, emit = Const(1), Const(0), None
+
         # --- output: hold the raw row at its lanes of the words, requantise N lanes per word
         span = Signal(range(N + D))     # lanes of an output row's words up to the head's last
         m.d.comb += span.eq(cfg.o_lane + cfg.d_head)
@@ -398,8 +523,10 @@ class AttentionEngine(wiring.Component):
         o_full = Signal()
         o_off = Signal(range(G * N + 1))
         rows_out = Signal(COUNT_BITS)
-        m.d.comb += buf.o_out.ready.eq(active & (partial | ~o_full))
-        with m.If(buf.o_out.valid & buf.o_out.ready & ~partial):
+        m.d.comb += buf.o_out.ready.eq(active & (partial | (~o_full & ~emit_busy
+                                                            & (~st | pend_ready))))
+        o_take = buf.o_out.valid & buf.o_out.ready
+        with m.If(o_take & ~partial & ~st):
             m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
                          o_full.eq(1), o_off.eq(0)]
         with m.If(buf.o_out.valid & buf.o_out.ready & partial):
@@ -431,7 +558,21 @@ class AttentionEngine(wiring.Component):
                 for w in range(R):
                     with m.Case(w):
                         m.d.comb += self.o.payload.data.eq(p_flat[8 * N * w:8 * N * (w + 1)])
-        with m.If(self.o.valid & self.o.ready):
+        o_fire = self.o.valid & self.o.ready
+        if emit is not None:
+            # State rows out: the merge path's words; the last chunk: its normalised row
+            # enters the output register as a P.V row would.
+            with m.If(emit.load):
+                m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)), o_full.eq(1),
+                             o_off.eq(0)]
+            with m.If(st_out):
+                final = emit.done & (rows_out == cfg.queries - 1)
+                m.d.comb += [self.o.valid.eq(emit.valid), self.o.payload.data.eq(emit.word),
+                             self.o.payload.mask.eq((1 << N) - 1),
+                             self.o.payload.last.eq(final), emit.ready.eq(self.o.ready)]
+                with m.If(o_fire & emit.done):
+                    m.d.sync += rows_out.eq(rows_out + 1)
+        with m.If(o_fire & ~st_out):
             with m.If(partial):
                 with m.If(row_done):
                     m.d.sync += [p_full.eq(0), p_off.eq(0), rows_out.eq(rows_out + 1)]
@@ -448,9 +589,10 @@ class AttentionEngine(wiring.Component):
         out_done = Signal()
         tail_done = ~partial | (dropped == cfg.queries) | \
             (buf.o_out.valid & buf.o_out.ready & (dropped == cfg.queries - 1))
-        with m.If(self.o.valid & self.o.ready & final):
+        ends = o_fire & Mux(st_out, final, row_done & (rows_out == cfg.queries - 1))
+        with m.If(ends):
             m.d.sync += out_done.eq(1)
-        with m.If(active & (out_done | (self.o.valid & self.o.ready & final)) & tail_done):
+        with m.If(active & (out_done | ends) & tail_done):
             m.d.sync += [active.eq(0), out_done.eq(0)]
         with m.If(self.i_cfg.valid & self.i_cfg.ready):
             m.d.sync += [cfg.eq(self.i_cfg.payload), active.eq(1), written.eq(0),
@@ -458,3 +600,206 @@ class AttentionEngine(wiring.Component):
                          out_done.eq(0)]
             m.d.sync += [count.eq(0) for count in gathers]
         return m
+
+    def _merge_path(self, m, cfg, buf, sm, st_in, st_out, last_chunk, hdr_m, hdr_l, hdr_r,
+                    f_rd, rptr, rptr_nxt, row_out, advance, M, SL, K):
+        """Long context: the merge of each query's chunk state into its input state.
+
+        When the buffer takes a state-mode query's probabilities (with the softmax's ``max``
+        and ``sum``), the input state's ``(m_a, l_a)`` (queued by the Q gather) and the
+        chunk's ``(m_b, l_b)`` give the merge factors and the merged ``l`` in
+        ``ATTN_MERGE_CYCLES`` cycles, and for the last chunk the reciprocal of ``l`` (one
+        cycle to normalise it, then ``merge_divide_cycles(W)`` of division) before the P.V
+        row is out. The P.V row is then taken into the state register (``SL`` int32 lanes:
+        two for ``m`` and ``l``, then ``o``), which shifts ``M = N/4`` lanes a cycle:
+
+        - state rows out: the row's Q words from the state FIFO, then its state words, each
+          ``M`` lanes ``scale(A, fa) + scale(o_b, fb)`` (``A`` the input state's lanes from
+          the FIFO, 0 without one), lane 0 the merged ``m``, lane 1 the merged ``l``;
+        - the last chunk: ``K = SL / M`` cycles merge and normalise (``(x R + half) >> sh``)
+          the lanes into the register's top, then its ``o`` lanes enter the output register
+          like a P.V row.
+
+        Returns ``(pend_ready, busy, emit)``: the factors of the query whose P.V row is
+        offered are ready, the state register is in use, and the emitted words' signals.
+        """
+        W, D, N = self._window, self._d_head, self._size
+        one = 1 << MERGE_BITS
+        st = st_in | st_out
+        i32 = signed(ACC_BITS)
+
+        def scale(x, f):
+            return (x * f + (one >> 1)) >> MERGE_BITS
+
+        # --- the factors, from the query's probabilities on --------------------------------
+        IDLE, Y, FACT, SUM, NORM, DIV, DONE = range(7)
+        check_built("ATTN_MERGE_CYCLES", ATTN_MERGE_CYCLES, SUM - Y + 1,
+                    "cycles (exponent, factors, merged sum)", "hw/tile/attention_engine.py")
+        check_built("ATTN_NORM_CYCLES", ATTN_NORM_CYCLES, DIV - NORM,
+                    "cycles (normalising l)", "hw/tile/attention_engine.py")
+        pst = Signal(range(DONE + 1))
+        pm_a, pm_b = Signal(signed(SCORE_BITS)), Signal(signed(SCORE_BITS))
+        pl_a, pl_b = Signal(i32), Signal(i32)
+        p_fire = buf.i_probs.valid & buf.i_probs.ready & st
+        with m.If(p_fire):
+            m.d.sync += [pm_a.eq(Mux(st_in, hdr_m[hdr_r], EMPTY_MAX)),
+                         pl_a.eq(Mux(st_in, hdr_l[hdr_r], 0)),
+                         pm_b.eq(sm.o.payload.max), pl_b.eq(sm.o.payload.sum), pst.eq(Y)]
+            with m.If(st_in):
+                m.d.sync += hdr_r.eq(Mux(hdr_r == ATTN_STATE_ROWS - 1, 0, hdr_r + 1))
+        # Y: the exponent of |m_a - m_b| (steps 2-3 of hw.spec.softmax).
+        diff = Signal(signed(SCORE_BITS + 1))
+        dist = Signal(SCORE_BITS)
+        dcl = Signal(range(D_MAX + 1))
+        y_bits = ((D_MAX * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT).bit_length()
+        py = Signal(y_bits)
+        a_top, b_top = Signal(), Signal()
+        pm = Signal(signed(SCORE_BITS))
+        m.d.comb += [diff.eq(pm_a - pm_b), dist.eq(Mux(diff < 0, -diff, diff)),
+                     dcl.eq(Mux(dist > D_MAX, D_MAX, dist))]
+        with m.If(pst == Y):
+            m.d.sync += [py.eq((dcl * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT),
+                         a_top.eq(pm_a >= pm_b), b_top.eq(pm_b >= pm_a),
+                         pm.eq(Mux(pm_a >= pm_b, pm_a, pm_b)), pst.eq(FACT)]
+        # FACT: e of the distance, the larger side 1.0.
+        m.submodules.merge_lut = lut = Memory(shape=MERGE_BITS + 1, depth=1 << EXP_FRAC_BITS,
+                                              init=EXP_LUT)
+        lut_rd = lut.read_port(domain="comb")
+        f = Signal(MERGE_BITS + 1)
+        fa, fb = Signal(MERGE_BITS + 1), Signal(MERGE_BITS + 1)
+        m.d.comb += [lut_rd.addr.eq(py[:EXP_FRAC_BITS]),
+                     f.eq(lut_rd.data >> py[EXP_FRAC_BITS:])]
+        with m.If(pst == FACT):
+            m.d.sync += [fa.eq(Mux(a_top, one, f)), fb.eq(Mux(b_top, one, f)), pst.eq(SUM)]
+        # SUM: the merged l.
+        pl = Signal(i32)
+        with m.If(pst == SUM):
+            m.d.sync += [pl.eq((scale(pl_a, fa) + scale(pl_b, fb))[:ACC_BITS]),
+                         pst.eq(Mux(last_chunk, NORM, DONE))]
+        # NORM, DIV (the last chunk): R = 2**(z + NORM_BITS) // l as 2**46 // (l << (30 - z)),
+        # restoring division, merge_divide_bits(W) quotient bits a cycle.
+        top = ACC_BITS - 2                      # l's highest possible bit (l > 0)
+        z = Signal(range(top + 1))
+        z_val = Const(0, range(top + 1))
+        for b in range(top + 1):
+            z_val = Mux(pl[b], b, z_val)
+        pz, pos = Signal(range(top + 1)), Signal()
+        dnorm = Signal(top + 1)
+        rem = Signal(top + 3)
+        quo = Signal(NORM_QUOTIENT_BITS)
+        DB, DC = merge_divide_bits(W), merge_divide_cycles(W)
+        dcnt = Signal(range(DC))
+        nshift = Signal(range(top + 1))
+        m.d.comb += [z.eq(z_val), nshift.eq(top - z)]
+        with m.If(pst == NORM):
+            m.d.sync += [pz.eq(z), pos.eq(pl > 0), dnorm.eq(pl[:top + 1] << nshift),
+                         rem.eq(1 << top), quo.eq(0), dcnt.eq(0), pst.eq(DIV)]
+        r, qq = rem, quo
+        for b in range(DB):
+            ge = Signal(name=f"ndiv_ge{b}")
+            act = Signal(name=f"ndiv_act{b}")
+            r_b = Signal(top + 3, name=f"ndiv_rem{b}")
+            q_b = Signal(NORM_QUOTIENT_BITS, name=f"ndiv_quo{b}")
+            m.d.comb += [ge.eq(r >= dnorm), act.eq(dcnt * DB + b < NORM_QUOTIENT_BITS),
+                         r_b.eq(Mux(act, Mux(ge, r - dnorm, r) << 1, r)),
+                         q_b.eq(Mux(act, Cat(ge, qq[:-1]), qq))]
+            r, qq = r_b, q_b
+        with m.If(pst == DIV):
+            m.d.sync += [rem.eq(r), quo.eq(qq), dcnt.eq(dcnt + 1)]
+            with m.If(dcnt == DC - 1):
+                m.d.sync += pst.eq(DONE)
+        pend_ready = Signal()
+        m.d.comb += pend_ready.eq(pst == DONE)
+
+        # --- the state register and the emission of a row ----------------------------------
+        o_take = buf.o_out.valid & buf.o_out.ready
+        e_m = Signal(signed(SCORE_BITS))
+        e_l = Signal(i32)
+        e_fa, e_fb = Signal(MERGE_BITS + 1), Signal(MERGE_BITS + 1)
+        e_r = Signal(NORM_QUOTIENT_BITS)
+        e_sh = Signal(range(top + NORM_BITS - PROB_BITS + 1))
+        x = Signal(data.ArrayLayout(i32, SL))
+        e_act, c_act = Signal(), Signal()       # emitting state words; merging the last chunk
+        eq_ph = Signal()                        # emitting the Q words
+        e_off = Signal(range(N + D + N))        # lanes of the Q words emitted
+        jbase = Signal(range(SL + M + 1))       # state lanes emitted / merged
+        ccnt = Signal(range(K))
+        q_span = cfg.q_lane + cfg.d_head
+        w_q = Array(Const(-(-x_ // N), range(N + D + 1)) for x_ in range(N + D))[q_span]
+        with m.If(o_take & st):
+            m.d.sync += [e_m.eq(pm), e_l.eq(pl), e_fa.eq(fa), e_fb.eq(fb),
+                         e_r.eq(Mux(pos, quo, 0)), e_sh.eq(pz + NORM_BITS - PROB_BITS),
+                         jbase.eq(0), e_off.eq(0), ccnt.eq(0), pst.eq(IDLE)]
+            m.d.sync += [x[j].eq(0) for j in (0, 1)]
+            m.d.sync += [x[2 + d].eq(buf.o_out.payload.data[d]) for d in range(D)]
+            m.d.sync += [x[j].eq(0) for j in range(D + 2, SL)]
+            with m.If(st_out):
+                m.d.sync += [e_act.eq(1), eq_ph.eq(1)]
+            with m.Else():
+                m.d.sync += c_act.eq(1)
+                m.d.comb += rptr_nxt.eq(advance(rptr, w_q))
+
+        # One word's M lanes: the input state's (FIFO; 0 without one) merged with x's.
+        a_word = f_rd.data
+        merged = []
+        for i in range(M):
+            a_i = Signal(i32, name=f"mrg_a{i}")
+            mg = Signal(i32, name=f"mrg{i}")
+            m.d.comb += [a_i.eq(Mux(st_in & (jbase + i < cfg.d_head + 2),
+                                    a_word[32 * i:32 * (i + 1)].as_signed(), 0)),
+                         mg.eq((scale(a_i, e_fa) + scale(x[i], e_fb))[:ACC_BITS])]
+            merged.append(mg)
+        state_word = Signal(8 * N)
+        lanes = []
+        for i, mg in enumerate(merged):
+            j = jbase + i
+            lanes.append(Mux(j == 0, e_m.as_signed(), Mux(j == 1, e_l, mg))[:ACC_BITS])
+        m.d.comb += state_word.eq(Cat(*lanes))
+        # The last chunk: normalised lanes, (merged * R + 2**(sh-1)) >> sh, into the top.
+        accs = []
+        rounding = (Const(1, 1) << e_sh) >> 1
+        for i, mg in enumerate(merged):
+            a = Signal(i32, name=f"nrm{i}")
+            m.d.comb += a.eq(((mg * e_r + rounding) >> e_sh)[:ACC_BITS])
+            accs.append(a)
+        x_nxt = Signal(data.ArrayLayout(i32, SL))
+        m.d.comb += [x_nxt[j].eq(x[j + M]) for j in range(SL - M)]
+        m.d.comb += [x_nxt[SL - M + i].eq(Mux(c_act, accs[i], 0)) for i in range(M)]
+
+        class Emit:
+            valid = e_act
+            word = Signal(8 * N)
+            ready = Signal()
+            done = Signal()
+            load = Signal()
+            acc = Signal(data.ArrayLayout(i32, D))
+
+        emit = Emit()
+        m.d.comb += [emit.word.eq(Mux(eq_ph, f_rd.data, state_word)),
+                     emit.done.eq(~eq_ph & (jbase + M >= cfg.d_head + 2))]
+        fire = e_act & emit.ready
+        with m.If(fire):
+            with m.If(eq_ph):
+                m.d.comb += rptr_nxt.eq(advance(rptr))
+                with m.If(e_off + N >= q_span):
+                    m.d.sync += eq_ph.eq(0)
+                with m.Else():
+                    m.d.sync += e_off.eq(e_off + N)
+            with m.Else():
+                with m.If(st_in):
+                    m.d.comb += rptr_nxt.eq(advance(rptr))
+                m.d.sync += [x.eq(x_nxt), jbase.eq(jbase + M)]
+                with m.If(emit.done):
+                    m.d.sync += e_act.eq(0)
+                    m.d.comb += row_out.eq(1)
+        with m.If(c_act):
+            with m.If(jbase < cfg.d_head + 2):
+                m.d.comb += rptr_nxt.eq(advance(rptr))
+            m.d.sync += [x.eq(x_nxt), jbase.eq(jbase + M), ccnt.eq(ccnt + 1)]
+            with m.If(ccnt == K - 1):
+                m.d.sync += c_act.eq(0)
+                m.d.comb += [emit.load.eq(1), row_out.eq(1)]
+        m.d.comb += [emit.acc[d].eq(x_nxt[2 + d]) for d in range(D)]
+        busy = Signal()
+        m.d.comb += busy.eq(e_act | c_act)
+        return pend_ready, busy, emit

@@ -1,4 +1,5 @@
-"""Fixed-length masked softmax unit: int16 score rows in, unsigned 8-bit probability rows out."""
+"""Fixed-length masked softmax unit: int16 score rows in, unsigned 8-bit probability rows out
+(or, in partial mode, unnormalised probabilities with the row's maximum and sum)."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -14,18 +15,32 @@ from ..spec.softmax import (
     EXP_LUT,
     LOG2E_MULT,
     LOG2E_SHIFT,
+    PARTIAL_SHIFT,
     RECIP_BITS,
     Y_MASKED,
     max_sum_exponent,
+    partial_sum_bits,
     sum_bits,
 )
 from ..spec.timing.chip import SOFTMAX_STAGES, check_built
 
-__all__ = ["SoftmaxUnit"]
+__all__ = ["SoftmaxUnit", "softmax_in_layout", "softmax_out_layout"]
 
 #: The row stages :meth:`SoftmaxUnit.elaborate` builds, in order; their count is the spec's
 #: ``SOFTMAX_STAGES``, checked at construction.
 _ROW_STAGES = ("max", "log2", "exp and sum", "reciprocal", "normalise")
+
+
+def softmax_in_layout(length):
+    """``i``: a score row (int16 lanes), its visibility mask, ``partial`` (partial mode)."""
+    return lanes_layout(signed(SCORE_BITS), length, mask=data.ArrayLayout(1, length), partial=1)
+
+
+def softmax_out_layout(length):
+    """``o``: a probability row (unsigned 8-bit lanes) and, in partial mode, the row's maximum
+    ``max`` (int16) and the sum of its lanes ``sum``."""
+    return lanes_layout(unsigned(PROB_BITS), length, max=signed(SCORE_BITS),
+                        sum=unsigned(partial_sum_bits(length)))
 
 
 class SoftmaxUnit(wiring.Component):
@@ -45,14 +60,18 @@ class SoftmaxUnit(wiring.Component):
 
     Members
     -------
-    i : ``In(stream.Signature(lanes_layout(signed(16), L, mask=ArrayLayout(1, L))))``
+    i : ``In(stream.Signature(softmax_in_layout(L)))``
         One score row per beat: ``data[j]`` is lane ``j``'s score in Q8.8 (logit = score / 256,
         already scaled by 1/sqrt(d_head)); ``mask[j] = 1`` if lane ``j`` is visible; ``last``
-        marks the end of a group of rows and is passed through unchanged.
-    o : ``Out(stream.Signature(lanes_layout(unsigned(8), L)))``
+        marks the end of a group of rows and is passed through unchanged; ``partial`` selects
+        partial mode for this row.
+    o : ``Out(stream.Signature(softmax_out_layout(L)))``
         One probability row per input row, in order: ``data[j] = round(256 * p_j)``; a lane whose
         probability rounds to 256 gives 255; masked lanes are exactly 0; a fully masked row is
-        all zeros. ``last`` as received.
+        all zeros. ``last`` as received. In partial mode (``hw.spec.softmax``) ``data[j] =
+        min((e_j + 64) >> 7, 255)``, unnormalised (the maximum lane 255), ``max`` the row's
+        largest visible score (-32768 if none) and ``sum`` the sum of ``data``; outside partial
+        mode ``max`` is the same and ``sum`` is 0.
 
     Micro-architecture and timing
     -----------------------------
@@ -67,9 +86,12 @@ class SoftmaxUnit(wiring.Component):
     4. ``R = 2**(z+12) // S``: restoring long division of ``quotient_bits = 13 + log2(L)``
        bits, ``divide_bits = ceil(quotient_bits / (L/P))`` per cycle (2 for ``L = 16, P = 1``;
        1 for ``L = 64, P = 1``), then a shift by ``z``; the row waits in its register;
-    5. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place;
+    5. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place (partial mode:
+       ``u = min((e + 64) >> 7, 255)`` and their sum);
 
-    then an output register that holds the row on ``o`` until it is taken. All stages advance
+    then an output register that holds the row on ``o`` until it is taken. The row's maximum
+    travels with it from stage 1 (a 16-bit register per stage); partial mode costs the
+    multiplexer of stage 5, its sum's adder and those registers, and no cycle. All stages advance
     together every ``slot_cycles = L / P`` cycles (the *throughput*: back-to-back rows without
     backpressure come out one every ``L / P`` cycles). ``i.ready`` is high in the last cycle of
     a slot, or at once while the unit is empty. A row accepted in cycle ``t`` is valid on ``o``
@@ -98,9 +120,8 @@ class SoftmaxUnit(wiring.Component):
         check_built("SOFTMAX_STAGES", SOFTMAX_STAGES, len(_ROW_STAGES),
                     f"row stages ({', '.join(_ROW_STAGES)})", "hw/tile/softmax.py")
         super().__init__({
-            "i": In(stream.Signature(lanes_layout(signed(SCORE_BITS), length,
-                                                  mask=data.ArrayLayout(1, length)))),
-            "o": Out(stream.Signature(lanes_layout(unsigned(PROB_BITS), length))),
+            "i": In(stream.Signature(softmax_in_layout(length))),
+            "o": Out(stream.Signature(softmax_out_layout(length))),
         })
 
     @property
@@ -161,6 +182,9 @@ class SoftmaxUnit(wiring.Component):
         dstep = Signal()    # the divider computes divide_bits quotient bits this cycle
         v = [Signal(name=f"valid{k}") for k in range(SOFTMAX_STAGES)]
         last = [Signal(name=f"last{k}") for k in range(SOFTMAX_STAGES)]
+        part = [Signal(name=f"partial{k}") for k in range(SOFTMAX_STAGES)]
+        # The row's maximum, stages 2..5 (stage 1's is `top1` below).
+        tops = [Signal(signed(SCORE_BITS), name=f"top{k}") for k in range(2, SOFTMAX_STAGES)]
 
         m.d.comb += [
             boundary.eq(cnt == T - 1),
@@ -275,10 +299,12 @@ class SoftmaxUnit(wiring.Component):
             recip.eq(nxt_quo >> norm3),
         ]
 
-        # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place.
+        # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place;
+        # partial mode: u = min((e + 64) >> 7, 255), and their sum.
         buf4 = lanes("e4", EXP_BITS + 1)
         recip4 = Signal(RECIP_BITS + 1)
         k4 = Signal(range(KMAX + 1))
+        sum4 = Signal(partial_sum_bits(L))
         probs = []
         for p in range(P):
             prod = Signal(EXP_BITS + RECIP_BITS + 2, name=f"prod{p}")
@@ -287,21 +313,30 @@ class SoftmaxUnit(wiring.Component):
             prob = Signal(PROB_BITS, name=f"prob{p}")
             half = Const(1 << (RECIP_BITS + EXP_BITS - PROB_BITS - 1),
                          RECIP_BITS + EXP_BITS + KMAX)
+            unit = Signal(EXP_BITS + 1 - PARTIAL_SHIFT + 1, name=f"u{p}")
             m.d.comb += [
                 prod.eq(buf4[p] * recip4),
                 wide.eq(prod + (half << k4)),
                 q9.eq((wide >> (RECIP_BITS + EXP_BITS - PROB_BITS)) >> k4),
-                prob.eq(Mux(q9 > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, q9)),
+                unit.eq((buf4[p] + (1 << (PARTIAL_SHIFT - 1))) >> PARTIAL_SHIFT),
+                prob.eq(Mux(part[-1],
+                            Mux(unit > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, unit),
+                            Mux(q9 > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, q9))),
             ]
             probs.append(prob)
         nxt_buf4 = rotate(buf4, probs, "e4", EXP_BITS + 1)
+        nxt_sum4 = Signal(partial_sum_bits(L))
+        m.d.comb += nxt_sum4.eq(Mux(step & part[-1], sum4 + sum(probs), sum4))
 
         with m.If(run):
             with m.If(boundary):
                 # Every row moves one stage on; stage 0 takes the new row, if any.
                 m.d.sync += [
                     v[0].eq(self.i.valid), last[0].eq(self.i.payload.last), acc0.eq(score_min),
-                    top1.eq(nxt_acc0),
+                    part[0].eq(self.i.payload.partial),
+                    top1.eq(nxt_acc0), tops[0].eq(top1),
+                    *(tops[k + 1].eq(tops[k]) for k in range(len(tops) - 1)),
+                    sum4.eq(0),
                     sum2.eq(0),
                     div3.eq(nxt_sum2), rem.eq(1 << EXP_BITS), quo.eq(0),
                     recip4.eq(recip), k4.eq(k3),
@@ -311,6 +346,7 @@ class SoftmaxUnit(wiring.Component):
                 ]
                 m.d.sync += [v[k + 1].eq(v[k]) for k in range(SOFTMAX_STAGES - 1)]
                 m.d.sync += [last[k + 1].eq(last[k]) for k in range(SOFTMAX_STAGES - 1)]
+                m.d.sync += [part[k + 1].eq(part[k]) for k in range(SOFTMAX_STAGES - 1)]
                 for j in range(L):
                     m.d.sync += [
                         buf0[j].eq(self.i.payload.data[j]), msk0[j].eq(self.i.payload.mask[j]),
@@ -320,7 +356,9 @@ class SoftmaxUnit(wiring.Component):
                         buf4[j].eq(buf3[j]),
                     ]
                 with m.If(v[-1]):
-                    m.d.sync += [self.o.valid.eq(1), self.o.payload.last.eq(last[-1])]
+                    m.d.sync += [self.o.valid.eq(1), self.o.payload.last.eq(last[-1]),
+                                 self.o.payload.max.eq(tops[-1]),
+                                 self.o.payload.sum.eq(nxt_sum4)]
                     m.d.sync += [self.o.payload.data[j].eq(nxt_buf4[j][:PROB_BITS])
                                  for j in range(L)]
                 with m.Elif(self.o.ready):
@@ -332,6 +370,7 @@ class SoftmaxUnit(wiring.Component):
                     sum2.eq(nxt_sum2),
                     quo.eq(nxt_quo),
                     rem.eq(nxt_rem),
+                    sum4.eq(nxt_sum4),
                 ]
                 for j in range(L):
                     m.d.sync += [

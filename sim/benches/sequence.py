@@ -7,14 +7,19 @@ only). Quick mode runs one small model on 2 chips; the full run:
 - causal window 4 over 16 tokens on 2 and 4 chips, a bidirectional window on 4 chips, full
   attention (the K/V ring) on 4 chips;
 - one chip in passes: 80 tokens on the tiny preset (max_seq_len 64) in two passes of 40,
-  against 40 tokens in one pass (cycles per token).
+  against 40 tokens in one pass (cycles per token);
+- ring attention (full attention beyond one chip's K/V ring, partial softmaxes merged): the
+  4-layer tiny model over 64 tokens = 4 x attn_window, causal and bidirectional, on 2, 4 and 8
+  chips against one chip in passes over key chunks, timed by the ISS's cycle model (equal to
+  the RTL's cycles: Verilator on 4 chips in tests/sim/timing/test_cycle.py), with the merge's
+  share of the cycles and the causal imbalance.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from hw.spec import ModelConfig, npu_preset
+from hw.spec import ModelConfig, model_preset, npu_preset
 from sim.flows.simulate import simulate
 from sim.report.timeline import COMM_UNITS, COMPUTE_UNITS, busy_union
 
@@ -55,6 +60,31 @@ def _rows(label, r):
     return rows
 
 
+def _ring_attention(tiny) -> list[dict]:
+    rows = []
+    for causal in (True, False):
+        cfg = replace(model_preset("tiny"), seq_len=4 * tiny.attn_window, causal=causal,
+                      name="tiny-long")
+        kind = "causal" if causal else "bidirectional"
+        for chips in (2, 4, 8):
+            r = simulate(tiny, cfg, strategy="sequence", chips=chips, backend="iss",
+                         reference="same")
+            q = r.sequence
+            label = f"ring attention, {kind}, 64 tokens on {chips} tiny (iss timing)"
+            rows.append({"bench": f"{label}: speed-up over one chip in passes",
+                         "value": r.speedup, "unit": "x", "ref": chips,
+                         "ratio": r.scaling_efficiency,
+                         "note": f"{r.cycles:,} cycles, one chip {r.reference['cycles']:,}; "
+                                 f"ratio = scaling efficiency; golden match {r.golden_match}"})
+            rows.append({"bench": f"{label}: merge share", "value": max(q["merge_share"]),
+                         "unit": "of cycles",
+                         "note": f"the busiest chip's; transfer cycles hidden "
+                                 f"{sum(q['transfer_hidden_cycles']):,}, exposed "
+                                 f"{sum(q['halo_exposed_cycles']):,} (all chips); attention "
+                                 f"imbalance {q['attention_imbalance']}"})
+    return rows
+
+
 def run(quick: bool):
     tiny = npu_preset("tiny")
     if quick:
@@ -83,4 +113,5 @@ def run(quick: bool):
                  "note": f"passes {[b - a for a, b in passes.sequence['passes'][0]]}, K/V "
                          f"halo copies {passes.sequence['halo_copy_bytes']:,} bytes; ref = 40 "
                          f"tokens in one pass; golden match {passes.golden_match}"})
+    rows += _ring_attention(tiny)
     return rows

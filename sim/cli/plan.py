@@ -10,7 +10,7 @@ from hw.spec.topology import Topology
 from ..compiler.decode import DECODE_STRATEGIES, GRID_STRATEGIES
 from ..errors import EXIT_OK, BadInput
 from ..planner.decode import generate_table, grid_min_chips, plan_generate
-from ..planner.plan import plan, plan_chip_counts
+from ..planner.plan import longest_context, plan, plan_chip_counts
 from ..planner.training import plan_training, training_table
 from ..strategies import NAMES
 from ..strategies.base import parse_grid
@@ -49,6 +49,10 @@ def add_parser(sub):
                    help="the per-step gradient all-reduce of training (int32, one per "
                         "parameter) over every chip of --chips N or --topology, with the 1-D "
                         "and 2-D algorithms")
+    p.add_argument("--longest-context", action="store_true",
+                   help="with --chips N: per strategy the longest seq_len that fits N chips "
+                        "(max_seq_len, the K/V ring and its passes, every chip's bytes) and "
+                        "the limit one more token breaks")
     p.add_argument("--json")
     p.set_defaults(run=run)
 
@@ -134,6 +138,8 @@ def run(args) -> int:
     if args.batch != 1:
         raise BadInput("--batch applies to --generate only")
     npu, chips = system_of(args, npu, args.chips)
+    if args.longest_context:
+        return _longest(args, npu, model, chips)
     if args.training:
         if chips is None:
             raise BadInput("npu plan: --training needs --chips N or --topology N or XxY")
@@ -156,6 +162,27 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, report.to_json())
     print(report.table())
+    return EXIT_OK
+
+
+def _longest(args, npu, model, chips) -> int:
+    if chips is None or args.min_chips or args.up_to is not None:
+        raise BadInput("npu plan: --longest-context needs --chips N (or --topology N)")
+    start = time.perf_counter()
+    found = longest_context(npu, model, chips, strategy=args.strategy)
+    wall = time.perf_counter() - start
+    lines = [f"npu plan: the longest context of {model.name} on {chips} {npu.name} chips"]
+    for lc in found:
+        name = lc.strategy + (f" {lc.grid}" if lc.grid else "")
+        why = lc.beyond[0].message if lc.beyond else "the 16-bit positions' limit"
+        lines.append(f"  {name}: {lc.tokens:,} tokens" if lc.tokens else f"  {name}: none")
+        lines.append(f"    {'beyond' if lc.tokens else 'because'}: {why}")
+    lines.append(f"  searched in {wall:.2f} s")
+    if args.json:
+        write_json(args.json, {"npu": npu.name, "model": model.name, "chips": chips,
+                               "longest_context": [lc.to_json() for lc in found],
+                               "wall_s": wall})
+    print("\n".join(lines))
     return EXIT_OK
 
 

@@ -4,8 +4,9 @@
 schedule runs a whole sequence on one chip (or refuses); ``head_launches`` builds the launches of
 every head of a layer, whose results equal ``sim.golden.layer.attention_int``.
 ``partial_launch`` and ``reduced_launch`` are the two passes of split-score mode (a head whose
-lanes lie on several chips): raw partial score rows out, reduced rows back in. See
-``docs/isa.md`` (ATTN) for the registers and streams.
+lanes lie on several chips): raw partial score rows out, reduced rows back in.
+``state_launch`` is one chunk of keys of long context: the queries' states in and out (state
+rows). See ``docs/isa.md`` (ATTN) for the registers and streams.
 """
 
 from __future__ import annotations
@@ -13,13 +14,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from hw.spec.attention import LANE_REGS, flags_value, head_words, partial_row_words
+from hw.spec.attention import (
+    LANE_REGS,
+    chunk_order,
+    flags_value,
+    head_words,
+    partial_row_words,
+    state_words,
+)
 from hw.spec.isa import Op
 
 from .descriptors import Desc
 
 __all__ = ["AttentionLaunch", "attention_launch", "partial_launch", "reduced_launch",
-           "plan_schedule", "head_launches", "emit", "Schedule"]
+           "state_launch", "state_row_words", "plan_schedule", "long_order",
+           "chunk_bidirectional", "head_launches",
+           "emit", "Schedule"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +44,14 @@ class AttentionLaunch:
 @dataclass(frozen=True)
 class Schedule:
     """How one chip runs a whole sequence: ``interleaved`` (else preload), ``halo`` keys
-    before the interleaving, ``window`` for ``AT_WINDOW`` (0: no narrowing)."""
+    before the interleaving, ``window`` for ``AT_WINDOW`` (0: no narrowing); ``chunk`` > 0:
+    long context in passes, query blocks of ``chunk`` rows over key chunks of at most
+    ``chunk`` keys with state rows, merged in ``hw.spec.attention.chunk_order``."""
 
     interleaved: bool
     halo: int
     window: int
+    chunk: int = 0
 
 
 def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_base,
@@ -94,7 +107,8 @@ def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_b
                            wr1=rows(o_base, o_row_words, queries, "o"), regs=regs)
 
 
-def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule:
+def plan_schedule(*, seq: int, window: int, causal: bool, ring: int,
+                  passes: bool = False) -> Schedule:
     """The schedule that runs a whole sequence of ``seq`` tokens on one chip whose ring holds
     ``ring`` keys, for a model ``window`` (0 = full attention); ``ValueError`` if none does.
 
@@ -103,6 +117,10 @@ def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule
       the keys that leave the window);
     - bidirectional, ``0 < window`` and ``2 window - 1 <= ring``: interleaved with ``window - 1``
       keys ahead of the queries, so the ring holds both sides of each query's window.
+
+    - with ``passes`` (a caller that emits them), full attention (``window`` 0 or at least
+      ``seq``) over more keys than the ring holds: passes of ``ring`` queries over chunks of
+      ``ring`` keys, their partial softmaxes merged (``Schedule.chunk``).
 
     ``AT_WINDOW`` is the model window whenever it cuts (``0 < window < seq``), else 0.
     """
@@ -113,11 +131,42 @@ def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule
         return Schedule(interleaved=True, halo=0, window=cut)
     if not causal and window > 0 and 2 * window - 1 <= ring:
         return Schedule(interleaved=True, halo=window - 1, window=cut)
+    if passes and not cut:
+        return Schedule(interleaved=False, halo=0, window=0, chunk=ring)
     kind = "causal" if causal else "bidirectional"
     need = f"a window of at most {ring}" if causal else \
         f"a window of at most {(ring + 1) // 2} (2 window - 1 <= {ring})"
+    if passes:
+        need += " or full attention (window 0, in passes over key chunks)"
     raise ValueError(f"{kind} attention over {seq} tokens with window {window} does not fit one "
                      f"chip's K/V ring of {ring} keys (needs seq <= {ring} or {need})")
+
+
+def long_order(npu, cfg, seq: int) -> list | None:
+    """The merge order (``hw.spec.attention.chunk_order``) of the long passes a one-chip
+    program over ``seq`` tokens of ``cfg`` runs, None when it runs none (or nothing
+    schedules): the golden's ``kv_order``."""
+    try:
+        sched = plan_schedule(seq=seq, window=cfg.window, causal=cfg.causal,
+                              ring=npu.attn_window, passes=True)
+    except ValueError:
+        return None
+    if not sched.chunk:
+        return None
+    return chunk_order(seq, sched.chunk, causal=cfg.causal, ring=npu.attn_window)
+
+
+def chunk_bidirectional(q0: int, q1: int, k0: int, k1: int, *, causal: bool, ring: int) -> bool:
+    """Whether the launch of key chunk ``k0 .. k1 - 1`` for queries ``q0 .. q1 - 1`` runs
+    bidirectional: always for bidirectional attention, and for a causal chunk wholly in the
+    queries' past (the causal ring also hides keys ``ring`` or more positions back); a causal
+    chunk that reaches the queries' own positions must lie within ``ring`` of each."""
+    if not causal or k1 - 1 <= q0:
+        return True
+    if q1 - 1 - k0 >= ring:
+        raise ValueError(f"causal chunk of keys {k0}..{k1 - 1} for queries {q0}..{q1 - 1}: a "
+                         f"query sees keys at most {ring - 1} positions back in one launch")
+    return False
 
 
 def head_launches(*, npu, cfg, layer, q_base, k_base, v_base, o_base, row_words,
@@ -206,6 +255,53 @@ def reduced_launch(*, size, window, d_head, queries, keys, v_base, r_base, o_bas
                                                 split="reduced"))
     return dataclasses.replace(base, rd3=None,
                                rd5=_score_rows(r_base, queries, prw, r_row_words), regs=regs)
+
+
+def state_row_words(d_head: int, col: int, size: int) -> int:
+    """Words of one state row of a head whose Q lanes begin at column ``col`` of its rows: the
+    Q words (``head_words``) and the state words (``hw.spec.attention.state_words``)."""
+    return head_words(d_head, col % size, size) + state_words(d_head, size)
+
+
+def state_launch(*, mode: str, size, d_head, queries, keys, q_base, q_row_words, col,
+                 k_base, v_base, k_row_words, v_row_words, k_col, v_col, s_base,
+                 s_row_words=None, o_base=None, o_row_words=None, o_col=None, q_pos=0,
+                 k_pos=0, bidirectional=False, window=0, score_mult, score_shift, out_mult,
+                 out_shift) -> AttentionLaunch:
+    """One chunk of ``keys`` keys of long context for ``queries`` query rows of one head
+    (preload: the chunk fits the ring), merged into the queries' states.
+
+    ``mode``: ``"first"`` reads the Q rows (``q_base``, ``q_row_words``, columns from ``col``)
+    and writes state rows (row t at ``s_base + t * s_row_words``: the Q words as read, then the
+    chunk's state); ``"middle"`` reads and writes the state rows (in place); ``"last"`` reads
+    them and writes the int8 output (``o_base``, ``o_row_words``, columns from ``o_col``,
+    default ``col``). ``s_row_words`` defaults to :func:`state_row_words`.
+    """
+    if mode not in ("first", "middle", "last"):
+        raise ValueError(f"mode must be 'first', 'middle' or 'last', not {mode!r}")
+    srw = state_row_words(d_head, col, size)
+    s_row_words = srw if s_row_words is None else s_row_words
+    if s_row_words < srw:
+        raise ValueError(f"s_row_words={s_row_words} cannot hold a state row of {srw} words")
+    last = mode == "last"
+    if last and (o_base is None or o_row_words is None):
+        raise ValueError("the last chunk writes the output: o_base and o_row_words")
+    base = attention_launch(
+        size=size, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
+        v_base=v_base, o_base=o_base if last else q_base, q_row_words=q_row_words,
+        k_row_words=k_row_words, v_row_words=v_row_words,
+        o_row_words=o_row_words if last else q_row_words, col=col, k_col=k_col, v_col=v_col,
+        o_col=o_col if last else col, q_pos=q_pos, k_pos=k_pos, bidirectional=bidirectional,
+        window=window, score_mult=score_mult, score_shift=score_shift, out_mult=out_mult,
+        out_shift=out_shift)
+    regs = dict(base.regs, AT_FLAGS=flags_value(bidirectional=bidirectional, interleaved=False,
+                                                state_in=mode != "first",
+                                                state_out=not last))
+    state_rows = Desc(s_base, (srw, queries, 1, 1), (1, s_row_words, 0, 0))
+    if mode != "first":
+        regs["AT_Q_LANE"] = col % size
+    return dataclasses.replace(base, rd5=base.rd5 if mode == "first" else state_rows,
+                               wr1=base.wr1 if last else state_rows, regs=regs)
 
 
 #: The ``AT_`` registers whose values come from the data (the score and output scales).

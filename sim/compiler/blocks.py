@@ -217,6 +217,7 @@ class Activations:
     g16: Tensor | None = None
     u16: Tensor | None = None
     t16: Tensor | None = None
+    state: Tensor | None = None      # long context in passes: one query block's state rows
 
 
 def _rows(t: Tensor) -> vl.Rows:
@@ -618,7 +619,39 @@ class BlockEmitter:
         if cfg.rope:
             lanes = self.qkv_layout(shard).rope_lanes
             rope = tuple(al.alloc(f"rope.t{k}", rows, lanes, 2, "activations") for k in (1, 2))
-        return Activations(h, qkv, o, a, f, x8, p, g, rope, u, nrec, g16, u16, t16)
+        state = None
+        if shard.heads and self._long_chunk():
+            # One query block's state rows, reused by every head and block (the ATTN launches
+            # run in order).
+            state = al.alloc("attn.state", self._long_chunk(), 0, 1, "activations",
+                             row_words_=self.state_row_words(shard))
+        return Activations(h, qkv, o, a, f, x8, p, g, rope, u, nrec, g16, u16, t16, state)
+
+    @functools.cached_property
+    def sched(self) -> al_.Schedule:
+        """The attention's schedule over :attr:`seq` tokens (long passes included)."""
+        cfg = self.cfg
+        return al_.plan_schedule(seq=self.seq, window=cfg.window, causal=cfg.causal,
+                                 ring=self.npu.attn_window, passes=True)
+
+    def _long_chunk(self) -> int:
+        """The query block of long passes, 0 without (or when nothing schedules: the
+        attention refuses it when emitted)."""
+        try:
+            return self.sched.chunk
+        except ValueError:
+            return 0
+
+    def kv_order(self) -> list | None:
+        """The golden's merge order of the attention's key chunks
+        (``hw.spec.attention.chunk_order``), None without long passes."""
+        return al_.long_order(self.npu, self.cfg, self.seq)
+
+    def state_row_words(self, shard: Shard) -> int:
+        """Words of a state row: the widest of the shard's heads' (Q words and state)."""
+        lay = self.qkv_layout(shard)
+        return max(al_.state_row_words(self.cfg.d_head, lay.q_col(k), self.n)
+                   for k in range(len(shard.heads)))
 
     def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
                        transfer: bool = False) -> Tensor:
@@ -909,9 +942,48 @@ class BlockEmitter:
                                         params_base=w.rope_req.base, keep=lanes % n != 0))
             asm.wait(Unit.VEC)
 
+        def long_attention():
+            """Full attention over more keys than the ring holds: per head and query block,
+            one launch per key chunk in ``chunk_order``, the state rows carried in
+            ``acts.state`` (a block that sees one chunk: a plain launch)."""
+            rw = qkv.row_words
+            scales = {"score_mult": L.score_mult, "score_shift": L.score_shift,
+                      "out_mult": L.out_mult, "out_shift": L.out_shift}
+            for s in range(nseq):
+                row0 = s * self.seq_pad
+                base = qkv.base + row0 * rw
+                o_base = o.base + row0 * o.row_words
+                for k in range(hcount):
+                    g = kvs.index(shard.heads[k] // cfg.kv_group)
+                    cols = {"col": lay.q_col(k), "k_col": lay.k_col(g), "v_col": lay.v_col(g)}
+                    for q0, q1, chunks in self.kv_order():
+                        common = dict(size=n, d_head=cfg.d_head, queries=q1 - q0,
+                                      q_base=base + q0 * rw, q_row_words=rw,
+                                      k_row_words=rw, v_row_words=rw,
+                                      q_pos=pos_base + q0, **cols, **scales)
+                        for c, (k0, k1) in enumerate(chunks):
+                            bidir = al_.chunk_bidirectional(q0, q1, k0, k1, causal=cfg.causal,
+                                                            ring=self.npu.attn_window)
+                            kv = {"keys": k1 - k0, "k_base": base + k0 * rw,
+                                  "v_base": base + k0 * rw, "k_pos": pos_base + k0,
+                                  "bidirectional": bidir}
+                            out = {"o_base": o_base + q0 * o.row_words,
+                                   "o_row_words": o.row_words}
+                            if len(chunks) == 1:
+                                launch = al_.attention_launch(**common, **kv, **out)
+                            else:
+                                mode = "first" if c == 0 else \
+                                    "last" if c == len(chunks) - 1 else "middle"
+                                launch = al_.state_launch(
+                                    mode=mode, **common, **kv, s_base=acts.state.base,
+                                    s_row_words=acts.state.row_words,
+                                    **(out if mode == "last" else {}))
+                            al_.emit(asm, launch, ("attn", i))
+
         def attention():
-            sched = al_.plan_schedule(seq=self.seq, window=cfg.window, causal=cfg.causal,
-                                      ring=self.npu.attn_window)
+            sched = self.sched
+            if sched.chunk:
+                return long_attention()
             for s in range(nseq):
                 row0 = s * self.seq_pad
                 for k in range(hcount):

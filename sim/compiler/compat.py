@@ -8,6 +8,7 @@ compile stops there), and with ``Limits(collect=True)`` every one is collected a
 from __future__ import annotations
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.attention import STATE_LANE_BYTES
 from hw.spec.topology import MAX_CHIPS
 
 from .attention_launch import plan_schedule
@@ -60,9 +61,11 @@ class Limits:
             return None
 
 
-def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = None):
+def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = None, *,
+                      passes: bool = False):
     """Compatibility of a model with one chip's datapath: :class:`ConfigError` otherwise (or
-    each refusal reported to ``limits``)."""
+    each refusal reported to ``limits``); ``passes``: the caller runs full attention over
+    more keys than the ring holds in passes over key chunks (``plan_schedule``)."""
     limits = Limits() if limits is None else limits
     if cfg.quant == "smooth16" and cfg.ffn == "gated":
         # smooth16's FFN hidden is int16, and MUL multiplies int8 operands.
@@ -86,8 +89,13 @@ def check_single_chip(npu: NpuConfig, cfg: ModelConfig, limits: Limits | None = 
         limits.refuse(f"exceeds max_seq_len={npu.max_seq_len}", path=npu.path, key="seq_len",
                       value=cfg.seq_len, limit=npu.max_seq_len)
     try:
-        plan_schedule(seq=cfg.seq_len, window=cfg.window, causal=cfg.causal,
-                      ring=npu.attn_window)
+        sched = plan_schedule(seq=cfg.seq_len, window=cfg.window, causal=cfg.causal,
+                              ring=npu.attn_window, passes=passes)
+        if sched.chunk and npu.array_size % STATE_LANE_BYTES:
+            limits.refuse(f"is not a multiple of {STATE_LANE_BYTES}: full attention over "
+                          f"{cfg.seq_len} tokens, beyond attn_window={npu.attn_window}, merges "
+                          "partial softmaxes through state rows of int32 lanes in whole words",
+                          path=npu.path, key="array_size", value=npu.array_size)
     except ValueError as exc:
         key, value = ("window", cfg.window) if cfg.window else ("seq_len", cfg.seq_len)
         limits.refuse(f"does not fit attn_window={npu.attn_window}: {exc}", path=npu.path,

@@ -36,6 +36,7 @@ from hw.spec import ConfigError, NpuConfig
 from hw.spec.collective import word_bytes
 from hw.spec.isa import Op, Unit
 
+from . import attention_launch as al_
 from . import p2p_launch as pl
 from .alloc import Allocator
 from .assembler import Assembler
@@ -140,7 +141,7 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
              check, only, emit):
     cfg = qm.cfg
     if check:
-        check_single_chip(npu, cfg)
+        check_single_chip(npu, cfg, passes=True)
         check_ring_port(npu, grid.chips)
     seq = cfg.seq_len if seq is None else seq
     stages = stage_layers(cfg, grid.stages)
@@ -177,6 +178,9 @@ def _compile(npu, qm, grid, strategy, seq, samples, microbatches, *, transfer_ba
             "replica_samples": [len(rs) for rs in replica_samples],
             "heads_per_chip": [len(s.heads) for s in head_shards(cfg, grid.shards)],
             "ffn_columns_per_chip": [len(s.ffn) for s in head_shards(cfg, grid.shards)]}
+    if (order := al_.long_order(npu, cfg, seq)) is not None:
+        # Long context in passes: the merge order of the key chunks (the golden's kv_order).
+        meta["kv_order"] = order
     return SystemProgram(npu, cfg, strategy, programs, seq, pad_to(seq, n), inputs, outputs,
                          meta, comms)
 

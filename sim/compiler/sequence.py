@@ -56,8 +56,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
-from hw.spec.attention import POS_BITS
+from hw.spec.attention import (
+    FLAG_STATE_IN,
+    FLAG_STATE_OUT,
+    POS_BITS,
+    STATE_LANE_BYTES,
+    block_order,
+)
 from hw.spec.isa import Unit
+from hw.spec.timing import attention as attn_timing
 
 from . import attention_launch as al_
 from . import p2p_launch as pl
@@ -72,7 +79,7 @@ from .quantize import QModel
 from .single import check_single_chip
 
 __all__ = ["split_tokens", "key_span", "Transfer", "plan_transfers", "check_sequence",
-           "compile_sequence"]
+           "compile_sequence", "merge_order"]
 
 #: ``requant(x, 2**15, 15) = x`` for every int8 x: the vector unit's exact copy.
 _COPY_MULT, _COPY_SHIFT = 1 << 15, 15
@@ -182,14 +189,33 @@ def check_sequence(npu: NpuConfig, cfg: ModelConfig, chips: int, seq: int | None
     if w and not cfg.causal and 2 * w - 1 > ring:
         _refuse("window", w, f"does not fit attn_window={ring}: a bidirectional window needs "
                 f"2 window - 1 <= {ring}", npu.path, ring)
-    if not w:
-        widest = max(hi - lo for lo, hi in (key_span(c, seq, 0, cfg.causal)
-                                            for c in split_tokens(seq, chips)))
-        if widest > ring:
-            _refuse("seq_len", seq, f"does not fit attn_window={ring}: full attention needs "
-                    f"each query's {widest} keys in one K/V ring (its score row is one softmax "
-                    f"of softmax_len={npu.softmax_len} lanes); merging partial softmaxes "
-                    "exactly needs softmax max/sum modes the chip lacks", npu.path, ring)
+    if not w and _merge_blocks(npu, cfg, chips, seq) and npu.array_size % STATE_LANE_BYTES:
+        _refuse("array_size", npu.array_size, f"is not a multiple of {STATE_LANE_BYTES}: full "
+                f"attention over more than attn_window={ring} keys merges partial softmaxes "
+                "through state rows of int32 lanes in whole words", npu.path)
+
+
+def _merge_blocks(npu, cfg, chips, seq) -> list[tuple[int, int]] | None:
+    """Full attention whose queries see more keys than the K/V ring holds: the query blocks
+    whose partial softmaxes are merged (each chip's chunk, or one chip's blocks of
+    ``attn_window`` rows), None when every query's keys fit one ``ATTN``."""
+    if cfg.window:
+        return None
+    chunks = split_tokens(seq, chips)
+    if max(hi - lo for lo, hi in (key_span(c, seq, 0, cfg.causal) for c in chunks)) \
+            <= npu.attn_window:
+        return None
+    if chips == 1:
+        return [(a, min(a + npu.attn_window, seq)) for a in range(0, seq, npu.attn_window)]
+    return chunks
+
+
+def merge_order(npu, cfg, chips, seq) -> list | None:
+    """The golden's ``kv_order`` of a sequence-parallel run (``hw.spec.attention.block_order``
+    of :func:`_merge_blocks`), None without merging."""
+    blocks = _merge_blocks(npu, cfg, chips, seq)
+    return None if blocks is None else block_order(blocks, causal=cfg.causal,
+                                                   ring=npu.attn_window)
 
 
 def _passes(npu, cfg, chips, seq) -> list[tuple[int, int]]:
@@ -248,8 +274,66 @@ class _Chip:
         self.kv = self.al.alloc("qkv", kv_rows, em.qkv_width(self.shard), 1, "kv_cache",
                                 transfer=transfer)
 
-    def activations(self, rows):
+    #: The cycles the state rows add to this chip's launches (:func:`_merge_cycles`).
+    merge_cycles = 0
+
+    def activations(self, rows, merge_rows: int = 0):
+        """The block's tensors; ``merge_rows``: the query rows of the state rows each head
+        keeps while its partial softmaxes merge (ring attention)."""
         self.acts = self.em.alloc_activations(rows, self.shard, qkv=self.kv)
+        self.state = None
+        self.merge_rows = merge_rows
+        if merge_rows:
+            self.srw = max(al_.state_row_words(self.em.cfg.d_head, self.lay.q_col(k),
+                                               self.em.n) for k in range(self.em.cfg.n_heads))
+            self.state = self.al.alloc("ring.state", self.em.cfg.n_heads * merge_rows, 0, 1,
+                                       "activations", row_words_=self.srw)
+
+    def merge_launches(self, layer, q0, q1, chunks, *, lo, state_row=0):
+        """The launches of query rows ``q0 .. q1 - 1`` (positions; Q/K/V tensor rows from
+        position ``lo``) over their key ``chunks`` in merge order: ``[((k0, k1), [launch of
+        each head])]``; head h's state rows from row ``state_row`` of its own ``merge_rows``
+        (:meth:`activations`). One chunk: plain launches."""
+        em, kv = self.em, self.kv
+        cfg, npu = em.cfg, em.npu
+        L = em.qm.layers[layer]
+        rw = kv.row_words
+        out = []
+        for c, (k0, k1) in enumerate(chunks):
+            heads = []
+            for k in range(cfg.n_heads):
+                g = k // cfg.kv_group
+                common = {"size": em.n, "d_head": cfg.d_head, "queries": q1 - q0,
+                          "keys": k1 - k0, "q_base": kv.base + (q0 - lo) * rw,
+                          "q_row_words": rw, "k_base": kv.base + (k0 - lo) * rw,
+                          "v_base": kv.base + (k0 - lo) * rw, "k_row_words": rw,
+                          "v_row_words": rw, "col": self.lay.q_col(k),
+                          "k_col": self.lay.k_col(g), "v_col": self.lay.v_col(g),
+                          "q_pos": q0, "k_pos": k0,
+                          "bidirectional": al_.chunk_bidirectional(
+                              q0, q1, k0, k1, causal=cfg.causal, ring=npu.attn_window),
+                          "score_mult": L.score_mult, "score_shift": L.score_shift,
+                          "out_mult": L.out_mult, "out_shift": L.out_shift}
+                o = self.acts.o
+                dest = {"o_base": o.base + (q0 - self.q_lo) * o.row_words,
+                        "o_row_words": o.row_words}
+                if len(chunks) == 1:
+                    heads.append(al_.attention_launch(**common, **dest))
+                    continue
+                mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
+                launch = al_.state_launch(
+                    mode=mode,
+                    s_base=self.state.base + (k * self.merge_rows + state_row) * self.srw,
+                    s_row_words=self.srw, **common, **(dest if mode == "last" else {}))
+                heads.append(launch)
+                self.merge_cycles += _merge_cycles(npu, launch.regs)
+            out.append(((k0, k1), heads))
+        return out
+
+    def emit_launches(self, launches):
+        for _, heads in launches:
+            for launch in heads:
+                al_.emit(self.asm, launch)
 
     def kv_rows(self, row: int, rows: int) -> Desc:
         """The K|V words of ``rows`` rows of the Q/K/V tensor from ``row``."""
@@ -291,6 +375,16 @@ class _Chip:
             self.em.requant_input(x, self.acts.x8, 0)
 
 
+def _merge_cycles(npu, regs) -> int:
+    """What a launch's state rows cost in the engine: its exact cycles
+    (``hw.spec.timing.attention.launch_cycles``) less those of the same launch without them
+    (longer Q rows in, state words out, the last chunk's merge and normalisation)."""
+    timing = {"window": npu.attn_window, "length": npu.softmax_len, "size": npu.array_size,
+              "d_head": npu.d_head_max}
+    plain = dict(regs, AT_FLAGS=regs["AT_FLAGS"] & ~(FLAG_STATE_IN | FLAG_STATE_OUT))
+    return attn_timing.launch_cycles(regs, **timing) - attn_timing.launch_cycles(plain, **timing)
+
+
 def _check_message(npu, words, what):
     ratio = npu.ring_word_bytes // npu.array_size
     if words % ratio:
@@ -313,6 +407,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
     cfg, n = qm.cfg, npu.array_size
     chunks = split_tokens(seq, chips)
     spans = [key_span(c, seq, cfg.window, cfg.causal) for c in chunks]
+    blocks = _merge_blocks(npu, cfg, chips, seq)
     link = npu.link_bytes_per_cycle
     states = []
     for c, ((start, stop), (lo, hi)) in enumerate(zip(chunks, spans, strict=True)):
@@ -324,13 +419,15 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
         st = _Chip(npu, qm, c, tokens, kv_rows=max(hi - lo, start - lo + pad_to(tokens, n)),
                    transfer=transfer, contents=contents, rope_span=(start, pad_to(tokens, n)))
         st.xs = [st.em.alloc_residual(f"x{s}", 1) for s in range(samples)]
-        st.activations(st.em.seq_pad)
+        st.activations(st.em.seq_pad, merge_rows=tokens if blocks else 0)
+        st.q_lo = start
         if check:
             st.al.check_capacity()
         states.append(st)
     if not emit:
         return _layout(npu, cfg, chips, seq, states)
     phases = plan_transfers(chunks, seq, cfg.window, cfg.causal)
+    order = block_order(blocks, causal=cfg.causal, ring=npu.attn_window) if blocks else None
     for t in (t for phase in phases for t in phase):
         _check_message(npu, states[t.src].kv_words * t.rows,
                        f"the K/V rows of tokens {t.start}..{t.stop - 1}")
@@ -342,7 +439,51 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
                 start, stop = chunks[c]
                 lo, hi = spans[c]
 
+                def ring_attend(c=c, st=st, i=i, s=s, lo=lo, start=start, stop=stop):
+                    """Ring attention: the own chunk's launches while the first transfer
+                    runs, then each chunk's as it arrives (its forwarding issued first), the
+                    states merged in the ring's order (``block_order``)."""
+                    groups = {}
+                    for q0, q1, run in order:
+                        if not start <= q0 < stop:
+                            continue        # another chip's queries
+                        for chunk, heads in st.merge_launches(i, q0, q1, run, lo=lo,
+                                                              state_row=q0 - start):
+                            b = next(b for b, (a, z) in enumerate(blocks) if a <= chunk[0] < z)
+                            groups.setdefault(b, []).append((chunk, heads))
+                    pending = None
+                    for k, phase in enumerate(phases):
+                        if pending is not None:
+                            st.asm.wait(Unit.RECV)      # the rows to attend and pass on
+                        arrived = None
+                        for t in phase:
+                            if t.src == c:
+                                launch = pl.send_launch(dest=t.dst, desc=st.kv_rows(
+                                    t.start - lo, t.rows), size=n, link_bytes=link)
+                                pl.emit(st.asm, launch)
+                                comms.append({"kind": "send", "from": t.src, "to": t.dst,
+                                              "bytes": launch.words * n, "layer": i,
+                                              "sample": s, "tokens": [t.start, t.stop],
+                                              "what": what})
+                        for t in phase:
+                            if t.dst == c:
+                                pl.emit(st.asm, pl.recv_launch(src=t.src, desc=st.kv_rows(
+                                    t.start - lo, t.rows), size=n, link_bytes=link))
+                                arrived = next(b for b, (a, _) in enumerate(blocks)
+                                               if a == t.start)
+                        st.emit_launches(groups.pop(c if k == 0 else pending, []))
+                        pending = arrived
+                    if pending is not None:
+                        st.asm.wait(Unit.RECV)
+                        st.emit_launches(groups.pop(pending, []))
+                    st.emit_launches(groups.pop(c, []))     # no transfer at all
+                    assert not groups, f"chip {c}: chunks never attended {sorted(groups)}"
+                    if phases:
+                        st.asm.wait(Unit.SEND | Unit.RECV)
+
                 def attend(c=c, st=st, i=i, s=s, start=start, stop=stop, lo=lo, hi=hi):
+                    if order is not None:
+                        return ring_attend()
                     received = False
                     for phase in phases:
                         for t in phase:
@@ -382,6 +523,9 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
             inputs[s].append(place)
             outputs[s].append(place)
     meta = _meta(npu, cfg, chips, chunks, spans, [[c] for c in chunks], phases, comms, samples)
+    if order is not None:
+        meta["kv_order"] = order
+        meta["merge_cycles"] = [st.merge_cycles for st in states]
     return SystemProgram(npu, cfg, "sequence", programs, seq,
                          max(st.em.seq_pad for st in states), inputs, outputs, meta, comms)
 
@@ -429,7 +573,10 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
     copy_len = st.kv_words * n           # the words of a row that hold its K|V lanes
     stores = [st.al.alloc(f"layers.{i}.kv_halo", halo, copy_len, 1, "kv_cache")
               for i in range(cfg.n_layers)] if halo else []
-    st.activations(em.seq_pad)
+    blocks = _merge_blocks(npu, cfg, 1, seq)
+    order = block_order(blocks, causal=cfg.causal, ring=npu.attn_window) if blocks else None
+    st.activations(em.seq_pad, merge_rows=npu.attn_window if blocks else 0)
+    st.q_lo = 0
     if check:
         st.al.check_capacity()
     if not emit:
@@ -458,6 +605,12 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
                         copy(st.kv_view(last, after),
                              vl.Rows(store.base + (halo - after) * store.row_words, after,
                                      store.row_words, 1))
+                    if order is not None:
+                        # Full attention beyond the ring (one pass): query blocks of
+                        # attn_window rows over key chunks, merged.
+                        for q0, q1, run in order:
+                            st.emit_launches(st.merge_launches(i, q0, q1, run, lo=0))
+                        return
                     st.attention(i, queries=stop - start, q_row=ahead, q_pos=start,
                                  keys=ahead + stop - start, k_pos=start - ahead,
                                  causal=cfg.causal, window=cfg.window)
@@ -479,6 +632,9 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
     spans = [(max(0, a - halo), b) for a, b in passes]
     meta = _meta(npu, cfg, 1, [(0, seq)], [(0, seq)], [passes], [], comms, samples)
     meta["pass_key_spans"] = [list(x) for x in spans]
+    if order is not None:
+        meta["kv_order"] = order
+        meta["merge_cycles"] = [st.merge_cycles]
     meta["halo_store_bytes"] = sum(t.words for t in stores) * n
     meta["halo_copy_bytes"] = copied[0]
     return SystemProgram(npu, cfg, "sequence", [chip], seq, em.seq_pad, inputs, outputs, meta,

@@ -41,6 +41,7 @@ import numpy as np
 
 from .float_model import attention_mask
 from .matmul import linear16, matmul_unit, requant, wrap
+from .ring_softmax import chunked_attention
 from .rope import rope_int, rope_tables
 from .softmax import softmax
 from .vector import (
@@ -119,10 +120,13 @@ def qkv_int(cfg, layer, h, pos_base: int = 0, record: dict | None = None):
     return q, k, v
 
 
-def attention_int(cfg, layer, q, k, v, pos_base: int = 0, mask=None):
+def attention_int(cfg, layer, q, k, v, pos_base: int = 0, mask=None, kv_order=None):
     """Multi-head attention on int8 Q [seq, d_model], K, V [keys, d_kv] -> int8 [seq, d_model]
     (query head ``h`` on K/V head ``h // kv_group``); ``mask`` [seq, keys] (true = visible)
-    defaults to the model's over ``seq`` keys at ``pos_base``."""
+    defaults to the model's over ``seq`` keys at ``pos_base``. ``kv_order`` (long context:
+    runs of query rows and their key chunks in merge order,
+    :func:`sim.golden.ring_softmax.chunked_attention`) merges partial softmaxes instead of one
+    softmax per row."""
     dh = cfg.d_head
     if mask is None:
         mask = attention_mask(q.shape[0], cfg.window, cfg.causal, pos_base)
@@ -133,6 +137,10 @@ def attention_int(cfg, layer, q, k, v, pos_base: int = 0, mask=None):
         kvs = slice(g * dh, (g + 1) * dh)
         raw = wrap(q[:, sl] @ k[:, kvs].T)
         scores = np.where(mask, requant(raw, layer.score_mult, layer.score_shift, 16), 0)
+        if kv_order is not None:
+            out[:, sl] = chunked_attention(scores, mask, v[:, kvs], kv_order, layer.out_mult,
+                                           layer.out_shift)
+            continue
         probs = softmax(scores, mask).astype(np.int64)
         acc = wrap(np.where(mask, probs, 0) @ v[:, kvs])
         out[:, sl] = requant(acc, layer.out_mult, layer.out_shift, 8)
@@ -170,17 +178,18 @@ def ffn_int(L, x, h, record: dict | None = None, prefix: str = ""):
 
 
 def layer_int(qm, i: int, x, x8=None, record: dict | None = None, *, pos_base: int = 0,
-              attend=None):
+              attend=None, kv_order=None):
     """Block ``i`` on the int16 residual ``x`` [seq, d] at positions ``pos_base ..``; returns
     ``(x, x8)``.
 
     ``x8`` is the int8 copy of the residual that a post-norm block reads (None for pre-norm,
     and under smooth16, where each block requantises the residual per lane itself).
-    ``attend(q, k, v)`` replaces the attention over these rows alone (decode: over a KV cache).
+    ``attend(q, k, v)`` replaces the attention over these rows alone (decode: over a KV cache);
+    ``kv_order`` merges partial softmaxes over key chunks (:func:`attention_int`).
     """
     if attend is None:
         def attend(q, k, v):
-            return attention_int(qm.cfg, qm.layers[i], q, k, v, pos_base)
+            return attention_int(qm.cfg, qm.layers[i], q, k, v, pos_base, kv_order=kv_order)
     cfg, L = qm.cfg, qm.layers[i]
     rms = cfg.rmsnorm
     record = {} if record is None else record
@@ -212,13 +221,14 @@ def layer_int(qm, i: int, x, x8=None, record: dict | None = None, *, pos_base: i
     return x, x8
 
 
-def model_int(qm, x, record: dict | None = None):
-    """Every block on the int16 residual [seq, d] (or [batch, seq, d])."""
+def model_int(qm, x, record: dict | None = None, kv_order=None):
+    """Every block on the int16 residual [seq, d] (or [batch, seq, d]); ``kv_order``: long
+    context's merge order of key chunks, the same in every block (:func:`attention_int`)."""
     x = np.asarray(x, np.int64)
     if x.ndim == 3:
-        return np.stack([model_int(qm, xb, record) for xb in x])
+        return np.stack([model_int(qm, xb, record, kv_order) for xb in x])
     x8 = None
     for i in range(qm.cfg.n_layers):
-        x, x8 = layer_int(qm, i, x, x8, record)
+        x, x8 = layer_int(qm, i, x, x8, record, kv_order=kv_order)
     return x
 

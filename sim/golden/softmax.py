@@ -15,7 +15,8 @@ import numpy as np
 from hw.spec import softmax as spec
 from hw.spec.formats import PROB_BITS, SCORE_BITS, SCORE_FRAC_BITS
 
-__all__ = ["softmax", "softmax_parts", "softmax_float", "exponentials", "normalise"]
+__all__ = ["softmax", "softmax_parts", "softmax_float", "exponentials", "normalise",
+           "partial_softmax", "exp_factor"]
 
 _SCORE_MIN = -(1 << (SCORE_BITS - 1))
 _SCORE_MAX = (1 << (SCORE_BITS - 1)) - 1
@@ -68,6 +69,29 @@ def softmax_parts(scores, mask=None) -> dict:
     e = exponentials(s, m, top)
     total = e.sum(axis=-1, keepdims=True)
     return {"max": top, "e": e, "sum": total, **normalise(e, total)}
+
+
+def partial_softmax(scores, mask=None) -> dict:
+    """The unit's partial mode (``hw.spec.softmax``): each row's unnormalised probabilities
+    ``u`` (relative to its own maximum, 8-bit), its maximum ``max`` (the int16 minimum for a
+    fully masked row) and ``sum = sum(u)`` (row quantities without a trailing axis)."""
+    s, m = _check(scores, mask)
+    top = np.max(np.where(m, s, _SCORE_MIN), axis=-1, keepdims=True)
+    e = exponentials(s, m, top)
+    u = np.minimum((e + (1 << (spec.PARTIAL_SHIFT - 1))) >> spec.PARTIAL_SHIFT,
+                   (1 << PROB_BITS) - 1)
+    return {"u": u, "max": top[..., 0], "sum": u.sum(axis=-1)}
+
+
+def exp_factor(d) -> np.ndarray:
+    """The softmax's exp of ``-d / 256`` as a Q0.15 factor (``2**15`` for ``d = 0``), ``d >=
+    0`` in score units: ``d`` clamped to ``D_MAX``, times log2(e) rounded, looked up and
+    shifted (steps 2-4 of ``hw.spec.softmax``)."""
+    d = np.minimum(np.asarray(d, np.int64), spec.D_MAX)
+    if d.size and d.min() < 0:
+        raise ValueError(f"exp_factor needs d >= 0, not {d.min()}")
+    y = (d * spec.LOG2E_MULT + (1 << (spec.LOG2E_SHIFT - 1))) >> spec.LOG2E_SHIFT
+    return _LUT[y & ((1 << spec.EXP_FRAC_BITS) - 1)] >> (y >> spec.EXP_FRAC_BITS)
 
 
 def softmax(scores, mask=None) -> np.ndarray:

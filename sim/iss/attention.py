@@ -20,6 +20,14 @@ over the same keys, queries and schedule:
 - **reduced** (pass 2): V (RD4) and one reduced row per query (RD5, the same format: the
   partial rows of the head's chips summed, wrapping); the row replaces ``q . k`` in
   ``score_row``, then softmax, P.V and the int8 output as usual (WR1).
+
+Long context (``AT_FLAGS`` bits 4 and 5, ``hw.spec.attention.state_mode``): the softmax runs in
+partial mode (``sim.golden.softmax.partial_softmax``), P.V of the unnormalised ``u`` gives the
+chunk's state, which is merged (``sim.golden.ring_softmax.merge``) into the state read after
+each query's Q words (bit 4; else the empty state). With bit 5 the output row is the query's Q
+words as read and the merged state's ``state_words(h, N)`` words (int32 lanes ``m`` sign-extended,
+``l``, ``o``, the last word's other lanes 0); with bit 4 alone the merged state is
+normalised (``normalise_state``) and requantised to the int8 output.
 """
 
 from __future__ import annotations
@@ -34,19 +42,24 @@ from hw.spec.attention import (
     KNOWN_FLAGS,
     PARTIAL_BYTES,
     POS_BITS,
+    STATE_LANE_BYTES,
     flags_halo,
     head_lanes,
     head_words,
     partial_row_words,
     schedule,
     split_mode,
+    state_lanes_per_word,
+    state_mode,
+    state_words,
 )
 from hw.spec.formats import MULT_BITS, SHIFT_MAX, SHIFT_MIN
 from hw.spec.memory import pack_rows
 
 from ..golden.attention import KVRing, score_row
 from ..golden.matmul import requant
-from ..golden.softmax import softmax
+from ..golden.ring_softmax import State, empty_state, merge, normalise_state
+from ..golden.softmax import partial_softmax, softmax
 from .errors import IssError
 
 __all__ = ["exec_attention", "window_mask"]
@@ -87,12 +100,16 @@ def exec_attention(iss):
                            f"of the row's first word)")
     if flags < 0 or flags & ~KNOWN_FLAGS:
         raise IssError(f"ATTN with AT_FLAGS={flags:#x}: only bits 0 (bidirectional), 1 "
-                       f"(interleaved), 2 (partial), 3 (reduced) and "
-                       f"{HALO_SHIFT}..{HALO_SHIFT + HALO_BITS - 1} (halo) are defined")
+                       f"(interleaved), 2 (partial), 3 (reduced), 4 (state in), 5 (state out) "
+                       f"and {HALO_SHIFT}..{HALO_SHIFT + HALO_BITS - 1} (halo) are defined")
     try:
         split = split_mode(flags)
+        state = state_mode(flags)
     except ValueError as exc:
         raise IssError(f"ATTN with AT_FLAGS={flags:#x}: {exc}") from None
+    if state is not None and n % STATE_LANE_BYTES:
+        raise IssError(f"ATTN with state rows (AT_FLAGS={flags:#x}) needs words of a multiple "
+                       f"of {STATE_LANE_BYTES} bytes, not {n}")
     interleaved = bool(flags & FLAG_INTERLEAVED)
     halo = flags_halo(flags)
     if interleaved and halo > keys:
@@ -117,11 +134,14 @@ def exec_attention(iss):
 
     words = {s: head_words(h, lane, n) for s, lane in lanes.items()}
     prw = partial_row_words(ring, n)
+    st_in, st_out = state in ("middle", "last"), state in ("first", "middle")
+    sw = state_words(h, n) if state is not None else 0
     # Which streams the launch reads (docs/isa.md, ATTN): the partial pass no V, the reduced
-    # pass no K, and its RD5 carries reduced score rows instead of Q.
+    # pass no K, and its RD5 carries reduced score rows instead of Q; state rows carry a state
+    # after the Q words.
     reads = {"RD3": (keys, words["k"]) if split != "reduced" else None,
              "RD4": (keys, words["v"]) if split != "partial" else None,
-             "RD5": (queries, prw if split == "reduced" else words["q"])}
+             "RD5": (queries, prw if split == "reduced" else words["q"] + sw * st_in)}
     got = {}
     for gen, shape in reads.items():
         if shape is None:
@@ -138,7 +158,13 @@ def exec_attention(iss):
         raw_rows = got["RD5"].reshape(queries, prw * n)[:, :PARTIAL_BYTES * ring]
         reduced = np.ascontiguousarray(raw_rows).view("<i4").astype(np.int64)
         q = np.zeros((queries, h), np.int64)
+    elif st_in:
+        rows = got["RD5"].reshape(queries, (words["q"] + sw) * n)
+        q_words = rows[:, :words["q"] * n]
+        q = q_words.view(np.int8).astype(np.int64)[:, lanes["q"]:lanes["q"] + h]
+        lanes_in = np.ascontiguousarray(rows[:, words["q"] * n:]).view("<i4").astype(np.int64)
     else:
+        q_words = got["RD5"].reshape(queries, words["q"] * n)
         q = _rows(got["RD5"], queries, h, lanes["q"], n)
     bidir = bool(flags & FLAG_BIDIR)
     kv_ring = KVRing(window=ring, d_head=h, length=length)
@@ -160,8 +186,17 @@ def exec_attention(iss):
             raw = np.zeros(length, np.int64)
             raw[:ring] = reduced[i]
         scores = score_row(raw, mask, r["SCORE_MULT"], r["SCORE_SHIFT"])
+        if state is not None:
+            part = partial_softmax(scores, mask)
+            # The state of this query's chunk: (m, l, o) with o padded to the state lanes.
+            acc.append((part["max"], part["sum"], kv_ring.pv(part["u"], mask)))
+            continue
         # The buffer's P.V sees zero probabilities on the lanes the engine masked.
         acc.append(kv_ring.pv(softmax(scores, mask), mask))
+    if state is not None:
+        _state_rows(iss, acc, q_words, lanes_in if st_in else None, st_out, sw, h, n, r,
+                    lanes["o"], words["o"])
+        return
     acc = np.array(acc, np.int64)
     if split == "partial":
         out = np.zeros((queries, prw * n), np.uint8)
@@ -174,4 +209,29 @@ def exec_attention(iss):
     row = np.zeros((queries, wo * n), np.int64)
     row[:, lane:lane + h] = out
     mask = np.array([head_lanes(w, lane, h, n) for w in range(wo)] * queries, bool)
+    iss._scatter("WR1", pack_rows(row, 1, n), mask=mask)
+
+
+def _state_rows(iss, parts, q_words, lanes_in, st_out, sw, h, n, r, o_lane, o_words):
+    """Merge each query's chunk state into its input state (or the empty one) and write the
+    state rows (``st_out``) or the normalised int8 output."""
+    queries, width = len(parts), sw * state_lanes_per_word(n)
+    b = State(np.array([p[0] for p in parts], np.int64), np.array([p[1] for p in parts]),
+              np.zeros((queries, width - 2), np.int64))
+    b.o[:, :h] = np.array([p[2] for p in parts], np.int64).reshape(queries, h)
+    a = empty_state(queries, width - 2) if lanes_in is None else \
+        State(lanes_in[:, 0], lanes_in[:, 1], lanes_in[:, 2:])
+    a.o[:, h:] = 0          # the input's padding lanes are not read
+    merged = merge(a, b)
+    if st_out:
+        lanes = np.concatenate([merged.m[:, None], merged.l[:, None], merged.o], axis=1)
+        state = lanes.astype("<i4").view(np.uint8).reshape(queries, sw * n)
+        rows = np.concatenate([q_words.reshape(queries, -1), state], axis=1)
+        iss._scatter("WR1", rows.reshape(-1, n))
+        return
+    acc = normalise_state(State(merged.m, merged.l, merged.o[:, :h]))
+    out = requant(acc, r["OUT_MULT"], r["OUT_SHIFT"], 8)
+    row = np.zeros((queries, o_words * n), np.int64)
+    row[:, o_lane:o_lane + h] = out
+    mask = np.array([head_lanes(w, o_lane, h, n) for w in range(o_words)] * queries, bool)
     iss._scatter("WR1", pack_rows(row, 1, n), mask=mask)

@@ -36,13 +36,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hw.spec import ConfigError, ModelConfig, NpuConfig
+from hw.spec.attention import POS_BITS
 from hw.spec.collective import word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.memory import row_words
+from hw.spec.timing import attention as attn_timing
 from hw.spec.timing.collective import ring_bound_cycles
 from hw.spec.topology import MAX_CHIPS, DimLink, Topology
 from hw.spec.vector import GELU16_KNOTS
 
+from ..compiler import attention_launch as al_
 from ..compiler.attention_launch import plan_schedule
 from ..compiler.blocks import pad_to
 from ..compiler.program import SystemProgram
@@ -639,6 +642,67 @@ def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: st
     return out
 
 
+@dataclass
+class LongestContext:
+    """The longest ``seq_len`` one strategy fits on ``chips`` chips (0: not even one token),
+    and the limits the next token breaks (``beyond``)."""
+
+    strategy: str
+    chips: int
+    grid: str | None
+    tokens: int
+    beyond: list[Reason]
+
+    def to_json(self) -> dict:
+        return {"strategy": self.strategy, "chips": self.chips, "grid": self.grid,
+                "tokens": self.tokens, "beyond": [str(r) for r in self.beyond]}
+
+
+def longest_context(npu: NpuConfig, model: ModelConfig, chips: int, *,
+                    strategy: str = "all") -> list[LongestContext]:
+    """Per strategy, the longest ``seq_len`` of ``model`` that fits ``chips`` chips of ``npu``:
+    every check the strategy's compiler makes (``max_seq_len``, the K/V ring and the passes
+    over key chunks that lift it, 16-bit positions) and every chip's bytes against
+    ``sram_bytes``, by doubling and bisection up to ``2**16`` tokens (a chip's share only
+    grows with the sequence); a grid strategy on its best A x B grid of ``chips``."""
+    if not isinstance(chips, int) or not 1 <= chips <= MAX_CHIPS:
+        raise BadInput(f"--chips {chips!r} must be 1..{MAX_CHIPS}")
+    top = 1 << POS_BITS
+    out = []
+    for name in _names(strategy):
+        grids = _grids(chips, name) if name in GRIDS else [None]
+        best = None
+        for grid in grids:
+
+            def beyond(tokens, grid=grid, name=name):
+                cfg = dataclasses.replace(model, seq_len=tokens)
+                _, reasons = _bytes_and_reasons(npu, cfg, name, chips, grid, only="cuts")
+                return reasons
+
+            # Sequence parallelism needs a token per chip: its shortest sequence is chips.
+            first = chips if name == "sequence" else 1
+            if beyond(first):
+                found = LongestContext(name, chips, _grid_text(grid), 0, beyond(first))
+            else:
+                lo, hi = first, 2 * first
+                while hi < top and not beyond(hi):
+                    lo, hi = hi, min(top, 2 * hi)
+                if not beyond(hi):
+                    lo = hi
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if not beyond(mid) else (lo, mid)
+                found = LongestContext(name, chips, _grid_text(grid), lo,
+                                       beyond(lo + 1) if lo < top else [])
+            if best is None or found.tokens > best.tokens:
+                best = found
+        if best is None:
+            best = LongestContext(name, chips, None, 0, [Reason(
+                "chips", chips, 4, f"chips={chips} makes no A x B grid with A, B >= 2")])
+        out.append(best)
+    return out
+
+
 def _names(strategy):
     """The strategies ``strategy`` names (``all``: every planned one)."""
     planned = tuple(n for n in NAMES if REGISTRY[n].planned != "no")
@@ -768,10 +832,13 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> Strate
         timing=how, topology=torus)
 
 
-def _compatible(npu, cfg, tokens):
-    """The attention of a chip running ``tokens`` tokens can be scheduled."""
+def _compatible(npu, cfg, tokens, name=None):
+    """The attention of a chip running ``tokens`` tokens can be scheduled (by strategy
+    ``name``: the grid strategies run full attention beyond the ring in passes)."""
+    passes = name is not None and get_strategy(name).long_passes
     try:
-        plan_schedule(seq=tokens, window=cfg.window, causal=cfg.causal, ring=npu.attn_window)
+        plan_schedule(seq=tokens, window=cfg.window, causal=cfg.causal, ring=npu.attn_window,
+                      passes=passes)
     except ValueError:
         return False
     return True
@@ -803,7 +870,7 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
         if name in COMPILED:
             if not ring_ok or any(r.key in ("n_heads", "n_layers", "chips") for r in reasons):
                 return _scaled(timer, npu, cfg, name, chips, notes)
-            if not _compatible(npu, cfg, cfg.seq_len):
+            if not _compatible(npu, cfg, cfg.seq_len, name):
                 return None, None, notes
             cycles, how, size, more = _compiled_cycles(timer, npu, cfg, name, chips, b)
             if size > npu.imem_words:
@@ -816,6 +883,25 @@ def _cycles(timer, npu, cfg, name, chips, grid, reasons):
     except (ValueError, ConfigError) as exc:
         notes.append(f"not timed: {exc}")
         return None, None, notes
+
+
+def _ring_attention_cycles(npu, cfg, chunk, chips) -> int:
+    """Ring attention's attention beyond a chip's own chunk, per layer and sample, on the
+    busiest chip (causal: the last; bidirectional: every one): each head merges the other
+    ``chips - 1`` chunks into each of its query runs of at most ``attn_window`` rows, a
+    launch per key chunk of at most ``attn_window`` (``sim.compiler.sequence``), each as
+    long as ``launch_cycles`` of a middle state launch says; the transfers run beside them."""
+    ring = npu.attn_window
+    run, keys = min(chunk, ring), min(chunk, ring)
+    rw = -(-cfg.d_head // npu.array_size)          # a head's words (heads at lane 0)
+    launch = al_.state_launch(
+        mode="middle", size=npu.array_size, d_head=cfg.d_head, queries=run, keys=keys,
+        q_base=0, q_row_words=rw, col=0, k_base=0, v_base=0, k_row_words=rw, v_row_words=rw,
+        k_col=0, v_col=0, s_base=0, score_mult=1, score_shift=1, out_mult=1, out_shift=1)
+    one = attn_timing.launch_cycles(launch.regs, window=ring, length=npu.softmax_len,
+                                    size=npu.array_size, d_head=npu.d_head_max)
+    launches = math.ceil(chunk / ring) * (chips - 1) * math.ceil(chunk / ring)
+    return cfg.n_heads * launches * one
 
 
 def _scaled(timer, npu, cfg, name, chips, notes, link=None):
@@ -931,5 +1017,11 @@ def _analytic(timer, npu, cfg, name, chips, grid, notes):
         kv = b * max(cfg.window - 1, 0) * 2 * cfg.d_model
         cycles += cfg.n_layers * (math.ceil(kv / npu.link_bytes_per_cycle) +
                                   npu.link_latency_cycles) if chips > 1 else 0
+        if not cfg.window and chips > 1:
+            extra = _ring_attention_cycles(npu, cfg, chunk, chips)
+            cycles += cfg.n_layers * b * extra
+            notes = notes + [f"ring attention: {extra:,} cycles a layer on the busiest chip "
+                             f"for the other chunks' merged launches (the transfers behind "
+                             f"them)"]
         return cycles, "analytic", notes + more
     return None, None, notes

@@ -178,6 +178,13 @@ class SimReport:
             lines.append(f"  sequence ({q['mode']}): tokens {chunks}{passes}; window "
                          f"{q['window']}; K/V moved {q['halo_bytes']:,} bytes in "
                          f"{q['transfers_per_layer']} transfers per layer{halo}")
+            if q.get("merge_share") is not None:
+                lines.append(
+                    f"  ring attention: K/V sent per chip {q['kv_bytes_sent']} bytes; transfer "
+                    f"cycles hidden behind compute {q['transfer_hidden_cycles']}, exposed "
+                    f"{q['halo_exposed_cycles']}; merge "
+                    f"{[f'{m:.1%}' for m in q['merge_share']]} of the cycles; attention "
+                    f"imbalance {q['attention_imbalance']} (busiest / mean)")
         timed = [c for c in self.collectives if "cycles" in c]
         if timed:
             by_kind = {}

@@ -74,6 +74,9 @@ class Strategy:
     planned: str = "program"
     #: It runs on exactly one chip.
     one_chip: bool = False
+    #: Its compiler runs full attention over more keys than the K/V ring holds in passes over
+    #: key chunks (``sim.compiler.attention_launch.plan_schedule``).
+    long_passes: bool = False
 
     def __init_subclass__(cls, **attributes):
         """``class Head(GridStrategy, name="head", parts=("head",), ...)``: a subclass sets the
@@ -150,7 +153,7 @@ class Strategy:
                           value=chips, limit=1)
         check_ring_size(chips, limits)
         limits.run(self.check_quant, cfg.quant)
-        check_single_chip(npu, cfg, limits)
+        check_single_chip(npu, cfg, limits, passes=self.long_passes)
 
     def compile(self, npu: NpuConfig, qm: QModel, chips: int, *, seq: int, samples: int,
                 microbatches: int | None = None, grid: str | None = None,

@@ -25,6 +25,8 @@ AXES = {"data": "replicas", "pipeline": "stages", "head": "shards"}
 class GridStrategy(Strategy):
     """A strategy the grid compiler compiles: its chips on the axes of its :attr:`parts`."""
 
+    long_passes = True
+
     def layout(self, chips: int, grid: str | None = None) -> Grid:
         """The grid it runs on ``chips`` chips (``grid`` "AxB" for the 2-D ones)."""
         if self.is_grid:

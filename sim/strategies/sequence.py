@@ -18,17 +18,37 @@ from .roles import whole
 __all__ = ["SEQUENCE", "sequence_stats"]
 
 
-def sequence_stats(prog: SystemProgram, comms, spans) -> dict:
-    """The chunking and the K/V transfers: bytes, and on a timed backend their cycles (each
-    send's busy interval, summed) and the cycles in which a chip only moved K/V rows."""
+def sequence_stats(prog: SystemProgram, comms, spans, cycles=None) -> dict:
+    """The chunking and the K/V transfers: bytes (``kv_bytes_sent`` per chip), and on a timed
+    backend their cycles (each send's busy interval, summed), per chip the cycles in which it
+    only moved K/V rows (``halo_exposed_cycles``) and those in which its transfers ran beside
+    compute (``transfer_hidden_cycles``). Ring attention (``merge_cycles``: the cycles its
+    state rows add to each chip's launches): their share of each chip's ``cycles``
+    (``merge_share``), and the attention unit's busy cycles per chip with their imbalance
+    (the busiest over the mean: causal attention gives the last chunk the most keys)."""
     info = dict(prog.meta)
+    info.pop("kv_order", None)         # the golden's merge order, not a figure
+    info["kv_bytes_sent"] = [sum(c["bytes"] for c in comms
+                                 if c["kind"] == "send" and c["from"] == chip)
+                             for chip in range(len(prog.chips))]
     info["halo_cycles"] = None
     info["halo_exposed_cycles"] = None
+    info["transfer_hidden_cycles"] = None
     if spans is not None:
         info["halo_cycles"] = sum(c.get("cycles", 0) for c in comms if c["kind"] == "send")
         info["halo_exposed_cycles"] = [
             busy_union(span, COMPUTE_UNITS + COMM_UNITS) - busy_union(span, COMPUTE_UNITS)
             for span in spans]
+        info["transfer_hidden_cycles"] = [
+            busy_union(span, COMM_UNITS) - exposed
+            for span, exposed in zip(spans, info["halo_exposed_cycles"], strict=True)]
+        if "merge_cycles" in info and cycles:
+            info["merge_share"] = [round(m / c, 4) for m, c in
+                                   zip(info["merge_cycles"], cycles, strict=True)]
+            attn = [busy_union(span, ("attention",)) for span in spans]
+            info["attention_cycles"] = attn
+            info["attention_imbalance"] = round(max(attn) / (sum(attn) / len(attn)), 3) \
+                if sum(attn) else None
     return info
 
 
@@ -67,7 +87,8 @@ class Sequence(Strategy, name="sequence",
             return None, f"does not fit one chip: {exc}"
 
     def sections(self, prog, comms, res, spans) -> dict:
-        return {"sequence": sequence_stats(prog, comms, spans)}
+        cycles = [c.get("cycles") for c in res["chips"]] if res.get("chips") else None
+        return {"sequence": sequence_stats(prog, comms, spans, cycles)}
 
     def comm(self, npu, cfg, chips, grid=None):
         if chips <= 1:

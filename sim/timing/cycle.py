@@ -149,7 +149,8 @@ class ChipModel:
         self.level = [0] * len(READ_GENS)
         self.inflight = [False] * len(READ_GENS)
         self.mm = MatmulModel(n)
-        self.at = AttentionModel(window=npu.attn_window, length=npu.softmax_len, size=n)
+        self.at = AttentionModel(window=npu.attn_window, length=npu.softmax_len, size=n,
+                                 d_head=npu.d_head_max)
         self.vu = VectorModel(lanes=n)
         ratio = npu.ring_word_bytes // n
         self.co = [CollectiveModel(chip=chip, ratio=ratio, wbytes=npu.ring_word_bytes,

@@ -31,16 +31,23 @@ from hw.spec.attention import (
     launch_words,
     partial_row_words,
     softmax_lanes,
+    state_mode,
+    state_words,
 )
 from hw.spec.formats import OutMode, out_words
 from hw.spec.memory import PARAM_WORDS
 from hw.spec.timing.chip import (
     ATTN_DOT_CYCLES,
+    ATTN_MERGE_CYCLES,
+    ATTN_NORM_CYCLES,
     ATTN_PARTIAL_CYCLES,
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
+    ATTN_STATE_ROWS,
     SOFTMAX_STAGES,
     VEC_OUT_FIFO_DEPTH,
+    merge_divide_cycles,
+    merge_rotate_cycles,
 )
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.spec.timing.vector import RSQRT_CYCLES
@@ -197,6 +204,10 @@ class MatmulModel:
 
 _IDLE, _DOT, _SCORES, _PARTIAL, _REDUCED, _REQUANT = range(6)
 _SWEEP, _OUT = 1, 2
+# The merge factors' stages (hw/tile/attention_engine.py, _merge_path).
+_P_IDLE, _P_Y, _P_SUM, _P_NORM, _P_DIV, _P_DONE = 0, 1, ATTN_MERGE_CYCLES, \
+    ATTN_MERGE_CYCLES + 1, ATTN_MERGE_CYCLES + 1 + ATTN_NORM_CYCLES, \
+    ATTN_MERGE_CYCLES + 2 + ATTN_NORM_CYCLES
 
 
 class AttentionModel:
@@ -216,13 +227,30 @@ class AttentionModel:
     with a zero probability row and drops the output row; it ends once its last row is out and
     its last output row dropped. The reduced pass (no K) gathers one ``R``-word reduced row per
     query from RD5, drops the partial rows, and continues as a normal query.
+
+    State rows (``AT_FLAGS`` bits 4 and 5): a Q row is its Q words and, with a state in, its
+    state words, and its first word waits while the state FIFO holds ``ATTN_STATE_ROWS`` rows;
+    the merge factors take ``1 + ATTN_MERGE_CYCLES`` cycles from the probabilities' take (the
+    last chunk: ``ATTN_NORM_CYCLES`` and the division's more), the P.V row waits for them and
+    for the state register; then the row's Q and state words go out one per granted cycle
+    (released after the last), or the last chunk merges for ``K`` cycles (released) and its
+    int8 row enters the output register.
     """
 
-    def __init__(self, *, window: int, length: int, size: int):
+    def __init__(self, *, window: int, length: int, size: int, d_head: int = 1):
         self.W = window
         self.T = length // softmax_lanes(length)
         self.n = size
         self.R = partial_row_words(window, size)
+        self.K = merge_rotate_cycles(d_head, size) if size % 4 == 0 else 0
+        self.DC = merge_divide_cycles(window)
+        self.st_in = self.st_out = False
+        self.sw = 0
+        self.rows_held = 0
+        self.pst = _P_IDLE
+        self.dcnt = 0
+        self.e_act = self.c_act = False
+        self.e_word = self.ccnt = 0
         self.active = False
         self.Q = self.S = self.halo = 0
         self.kw = self.vw = self.qw = self.ow = 1
@@ -259,6 +287,12 @@ class AttentionModel:
         # Bit 3 wins if both are set, as in the engine (the ISS refuses that).
         self.reduced = bool(flags & FLAG_REDUCED)
         self.partial = bool(flags & FLAG_PARTIAL) and not self.reduced
+        mode = None if self.partial or self.reduced or not self.K else \
+            state_mode(flags & ~(FLAG_PARTIAL | FLAG_REDUCED))
+        self.st_in, self.st_out = mode in ("middle", "last"), mode in ("first", "middle")
+        self.sw = state_words(regs["AT_D_HEAD"], self.n) if mode is not None else 0
+        # An RD5 row: the Q words, then the state words.
+        self.qrow = self.qw + (self.sw if self.st_in else 0)
         self.written = self.issued = self.rows_out = self.dropped = 0
         self.kc = self.vc = self.qc = self.rc = 0
         self.out_done = False
@@ -273,11 +307,14 @@ class AttentionModel:
                 "WR1": True}
 
     def out_valid(self) -> bool:
+        if self.st_out:
+            return self.e_act
         return self.p_full if self.partial else self.o_full
 
     def idle(self) -> bool:
         return not (self.active or self.sm_ovalid or any(self.smv) or self.pv_full
-                    or self.sstate or self.pstate) and self.sm_cnt == self.T - 1
+                    or self.sstate or self.pstate or self.e_act or self.c_act) \
+            and self.sm_cnt == self.T - 1
 
     def step(self, rv3, rv4, rv5, wg1):
         active = self.active
@@ -300,8 +337,10 @@ class AttentionModel:
             self.kc < (0 if reduced else self.S)
         v_pop = rv4 and active and (not self.vf or kv_fire) and \
             self.vc < (0 if partial else self.S)
+        st = self.st_in or self.st_out
         q_pop = rv5 and active and (not self.qf or q_fire) and \
-            self.qc < (0 if reduced else self.Q)
+            self.qc < (0 if reduced else self.Q) and \
+            (not st or self.qo > 0 or self.rows_held < ATTN_STATE_ROWS)
         r_pop = rv5 and active and reduced and (not self.rf or red_take) and self.rc < self.Q
         # Softmax slots (the partial pass feeds it nothing and takes nothing from it).
         T = self.T
@@ -314,7 +353,9 @@ class AttentionModel:
         sm_in = scores_valid and not partial
         scores_fire = scores_valid and (partial or (boundary and run))
         probs_fire = probs_ready and (partial or self.sm_ovalid)
-        oout_fire = self.pstate == _OUT and active and (partial or not self.o_full)
+        oout_fire = self.pstate == _OUT and active and (partial or (
+            not self.o_full and not self.e_act and not self.c_act
+            and (not st or self.pst == _P_DONE)))
 
         # Score side.
         if self.sstate == _IDLE:
@@ -365,6 +406,23 @@ class AttentionModel:
                 self.sm_cnt += 1
                 if sm_o_ready:
                     self.sm_ovalid = False
+        # Merge factors (state rows).
+        released = False
+        if st:
+            if probs_fire:
+                self.pst = _P_Y
+            elif _P_Y <= self.pst < _P_SUM:
+                self.pst += 1
+            elif self.pst == _P_SUM:
+                self.pst = _P_NORM if not self.st_out else _P_DONE
+            elif self.pst == _P_NORM:
+                self.pst, self.dcnt = _P_DIV, 0
+            elif self.pst == _P_DIV:
+                if self.dcnt == self.DC - 1:
+                    self.pst = _P_DONE
+                self.dcnt += 1
+            if oout_fire:
+                self.pst = _P_IDLE
         # Gathers and schedule.
         if kv_fire:
             self.written += 1
@@ -387,7 +445,9 @@ class AttentionModel:
             else:
                 self.vo += 1
         if q_pop:
-            if self.qo + 1 == self.qw:
+            if st and self.qo == 0:
+                self.rows_held += 1
+            if self.qo + 1 == self.qrow:
                 self.qf, self.qo = True, 0
                 self.qc += 1
             else:
@@ -413,10 +473,32 @@ class AttentionModel:
                     self.rows_out += 1
                 else:
                     self.p_off += 1
-        else:
+        elif self.st_out:
+            # State rows out: the Q and state words, one per granted cycle.
             if oout_fire:
+                self.e_act, self.e_word = True, 0
+            elif wg1:
+                if self.e_word + 1 == self.qw + self.sw:
+                    self.e_act = False
+                    released = True
+                    final = self.rows_out == self.Q - 1
+                    self.rows_out += 1
+                else:
+                    self.e_word += 1
+        else:
+            if oout_fire and st:
+                self.c_act, self.ccnt = True, 0
+            elif oout_fire:
                 self.o_full = True
                 self.o_off = 0
+            if self.c_act and not oout_fire:
+                # The last chunk: K cycles of merging, then the int8 row.
+                if self.ccnt == self.K - 1:
+                    self.c_act = False
+                    self.o_full, self.o_off = True, 0
+                    released = True
+                else:
+                    self.ccnt += 1
             if wg1:
                 if self.o_off + 1 == self.ow:
                     self.o_full = False
@@ -425,6 +507,8 @@ class AttentionModel:
                     self.rows_out += 1
                 else:
                     self.o_off += 1
+        if released:
+            self.rows_held -= 1
         # Launch end: after the final word (the partial pass: and its last dropped row).
         if active:
             tail = not partial or dropped == self.Q or (oout_fire and dropped == self.Q - 1)

@@ -199,7 +199,8 @@ class LaunchTimer:
             return regs["VU_ROWS"] * (4 * -(-regs["VU_LEN"] // lanes) + 12)
         if op is Op.ATTN:
             return attn_timing.launch_cycles(regs, window=self.npu.attn_window,
-                                             length=self.npu.softmax_len, size=self.n) \
+                                             length=self.npu.softmax_len, size=self.n,
+                                             d_head=self.npu.d_head_max) \
                 if regs["AT_QUERIES"] + regs["AT_KEYS"] < 4096 else \
                 regs["AT_QUERIES"] * (2 * self.npu.attn_window + 5 * self.npu.softmax_len)
         if op in (Op.SEND, Op.RECV):

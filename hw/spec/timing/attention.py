@@ -15,19 +15,27 @@ from ..attention import (
     schedule,
     softmax_lanes,
     split_mode,
+    state_mode,
+    state_words,
 )
 from .chip import (
     ATTN_DOT_CYCLES,
+    ATTN_MERGE_CYCLES,
+    ATTN_NORM_CYCLES,
     ATTN_PARTIAL_CYCLES,
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
+    ATTN_STATE_ROWS,
     SOFTMAX_STAGES,
+    merge_divide_cycles,
+    merge_rotate_cycles,
 )
 
-__all__ = ["launch_cycles", "preload_cycles"]
+__all__ = ["launch_cycles", "preload_cycles", "state_cycles"]
 
 
-def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
+def launch_cycles(regs: dict, *, window: int, length: int, size: int,
+                  d_head: int | None = None) -> int:
     """Cycles of one launch in the engine, from its ``i_cfg`` transfer to its final ``o``
     transfer, with every input word available at once and ``o`` always ready (exact).
 
@@ -50,17 +58,43 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     Closed forms (every stream ``w`` words, valid while ``w <= W + 5``): preload
     ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys:
     ``w (H + 2) + Q (2W + 5T + 11)``.
+
+    State rows (long context; ``d_head`` = the engine's D, ``d_head_max``, is needed): a Q
+    row is ``w_q + s`` words with a state in (``s = state_words(h, N)``); its first word would
+    wait for room in the state FIFO, but never does: it comes after ``q(t-1) > s(t-2) >
+    p(t-3) > out(t-4)``, which is after row ``t-5``'s output, so at most 4 of the
+    ``ATTN_STATE_ROWS`` = 5 rows are held; the P.V row is taken once the merge factors are ready,
+    ``pend(t) = p(t) + 1 + ATTN_MERGE_CYCLES`` (the last chunk: ``+ ATTN_NORM_CYCLES +
+    merge_divide_cycles(W)`` more); a row's output then takes ``w_q + s`` cycles (state rows
+    out; released after them) or ``K + w_o`` (the last chunk: ``K = merge_rotate_cycles(D,
+    N)`` cycles of merging and normalising, released after them, then the int8 words).
+    :func:`state_cycles` gives the preload closed form.
     """
     words = launch_words(regs, size)
     beats = length // softmax_lanes(length)
     flags = regs["AT_FLAGS"]
     cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
                     halo=flags_halo(flags))
+    state = _state_params(regs, window, size, d_head)
     return _recurrence(cmds, split_mode(flags), words, partial_row_words(window, size),
-                       window, beats)
+                       window, beats, state)
 
 
-def _recurrence(cmds, split, words, rw, window, beats):
+def _state_params(regs, window, size, d_head):
+    """``None`` for a launch without state rows, else ``(mode, s, K, pend)``: the mode, the
+    state words per row, the last chunk's merge cycles and the factors' cycles after ``p``."""
+    mode = state_mode(regs["AT_FLAGS"])
+    if mode is None:
+        return None
+    if d_head is None:
+        raise ValueError("the cycles of a launch with state rows need the engine's d_head")
+    pend = 1 + ATTN_MERGE_CYCLES
+    if mode == "last":
+        pend += ATTN_NORM_CYCLES + merge_divide_cycles(window)
+    return mode, state_words(regs["AT_D_HEAD"], size), merge_rotate_cycles(d_head, size), pend
+
+
+def _recurrence(cmds, split, words, rw, window, beats, state=None):
     """:func:`launch_cycles`'s recurrence over the commands ``cmds``, ``split`` None for a
     normal launch; with the split-score passes (``docs/isa.md``, ATTN), ``part``/``red`` are the
     transfers of a query's partial row out of the buffer and of its reduced row into it:
@@ -77,6 +111,14 @@ def _recurrence(cmds, split, words, rw, window, beats):
     kvw = words["k"] if split == "partial" else words["v"] if split == "reduced" else \
         max(words["k"], words["v"])
     qw, ow = words["q"], words["o"]
+    pend = 0
+    if state is not None:
+        assert ATTN_STATE_ROWS > 4, "the state FIFO would bind (see launch_cycles)"
+        mode, sw, rot, pend = state
+        if mode != "first":
+            qw += sw
+        # Cycles from a P.V row's take to the next take.
+        ow = words["q"] + sw if mode != "last" else rot + words["o"]
     k_ready, q_ready = 1 + kvw, 1 + qw
     red_ready = 1 + rw
     prev = -1
@@ -109,7 +151,8 @@ def _recurrence(cmds, split, words, rw, window, beats):
             out = p + window + ATTN_PV_CYCLES
         else:
             p = max(s + SOFTMAX_STAGES * beats + 1, after_out)
-            out = max(p + window + ATTN_PV_CYCLES, out + ow + 1 if out is not None else 0)
+            out = max(p + window + ATTN_PV_CYCLES, out + ow + 1 if out is not None else 0,
+                      p + pend)
         last_out = out
         prev = t
     if split == "partial":
@@ -117,7 +160,8 @@ def _recurrence(cmds, split, words, rw, window, beats):
     return out + ow
 
 
-def preload_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
+def preload_cycles(regs: dict, *, window: int, length: int, size: int,
+                   d_head: int | None = None) -> int:
     """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
     bits clear) in closed form,
     ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when every stream has ``w``
@@ -125,9 +169,40 @@ def preload_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     counts = set(launch_words(regs, size).values())
     words = max(counts)
     beats = length // softmax_lanes(length)
+    if state_mode(regs["AT_FLAGS"]) is not None:
+        return state_cycles(regs, window=window, length=length, size=size, d_head=d_head)
     if regs["AT_FLAGS"] & FLAG_INTERLEAVED or split_mode(regs["AT_FLAGS"]) is not None or \
             words > window + 5 or len(counts) > 1:
-        return launch_cycles(regs, window=window, length=length, size=size)
+        return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
     return words * (s + 1) + 2 * window + 5 * beats + 11 + \
         (q - 1) * max(window + 6, 5 * beats + 2)
+
+
+def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int) -> int:
+    """:func:`launch_cycles` of a preload launch with state rows (``AT_FLAGS`` bits 4, 5) in
+    closed form: with ``w`` words per K, V, Q and output row (heads at lane 0), a Q row of
+    ``r = w + s`` words with a state in (``s = state_words(h, N)``; else ``w``) and a row's
+    output ``o = w + s`` cycles (state rows out) or ``K + w`` (the last chunk; ``K =
+    merge_rotate_cycles(D, N)``),
+
+    ``max(w (S + 1), r + w - 1) + 2W + 5T + 11 - w + o + (Q - 1) max(W + 6, 5T + 2)``,
+
+    valid while ``r <= W + 5``, ``o + 1 <= max(W + 6, 5T + 2)`` (the rows' output keeps up
+    with the queries) and the merge factors are ready by the P.V row, ``1 +
+    ATTN_MERGE_CYCLES <= W + 3`` (the last chunk: ``+ ATTN_NORM_CYCLES +
+    merge_divide_cycles(W)``); else the recurrence. The merge adds only the longer output of
+    the last row: ``o - w`` cycles a launch."""
+    mode, sw, rot, pend = _state_params(regs, window, size, d_head)
+    words = launch_words(regs, size)
+    w = words["k"]
+    beats = length // softmax_lanes(length)
+    r = w + (sw if mode != "first" else 0)
+    o = w + sw if mode != "last" else rot + w
+    period = max(window + 6, 5 * beats + 2)
+    if regs["AT_FLAGS"] & FLAG_INTERLEAVED or len(set(words.values())) > 1 or \
+            r > window + 5 or o + 1 > period or pend > window + ATTN_PV_CYCLES:
+        return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head)
+    s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
+    return max(w * (s + 1), r + w - 1) + 2 * window + 5 * beats + 11 - w + o + \
+        (q - 1) * period

@@ -15,12 +15,15 @@ where they hold.
 from __future__ import annotations
 
 from ..memory import PARAM_WORDS
+from ..softmax import NORM_QUOTIENT_BITS
 from ..vector import VectorOp, twin_of
 from ..vector_engine import row_words
 from .matmul import REQUANT_LATENCY, unit_latency
 
 __all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
+           "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "merge_divide_bits",
+           "merge_divide_cycles", "merge_rotate_cycles",
            "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
 
@@ -46,6 +49,35 @@ ATTN_PV_CYCLES = 3
 #: the offering state).
 ATTN_PARTIAL_CYCLES = 4
 ATTN_REDUCED_CYCLES = 2
+#: Long context (state rows): the query rows the attention engine holds in its state FIFO,
+#: from a row's first RD5 word until its output has used it (a row's first word waits while
+#: the FIFO holds this many).
+ATTN_STATE_ROWS = 5
+#: Cycles from taking a query's probabilities to its merge factors and merged ``l``: the
+#: exponent ``y`` of the maxima's distance, the factors (table and shift), the merged sum.
+ATTN_MERGE_CYCLES = 3
+#: The last chunk's normalisation: cycles to find ``z`` and normalise ``l`` before the
+#: division.
+ATTN_NORM_CYCLES = 1
+
+
+def merge_divide_bits(window: int) -> int:
+    """Quotient bits per cycle of the last chunk's reciprocal ``2**(z+16) // l``
+    (``NORM_QUOTIENT_BITS`` = 17 bits), so that it fits the P.V sweep: ``ceil(17 / (W - 2))``
+    (17 for ``W <= 3``)."""
+    return -(-NORM_QUOTIENT_BITS // max(1, window - 2))
+
+
+def merge_divide_cycles(window: int) -> int:
+    """Cycles of that division: ``ceil(17 / merge_divide_bits(W))``."""
+    return -(-NORM_QUOTIENT_BITS // merge_divide_bits(window))
+
+
+def merge_rotate_cycles(d_head: int, size: int) -> int:
+    """Cycles the last chunk's merge and normalisation take per query (N/4 int32 lanes a
+    cycle over the ``D + 2`` lanes of the engine's state register, ``D = d_head_max``):
+    ``ceil(4 (D + 2) / N)``."""
+    return -(-4 * (d_head + 2) // size)
 
 
 def check_built(name: str, value: int, built: int, what: str, where: str) -> None:

@@ -10,7 +10,7 @@ from amaranth.back import verilog
 from hw.spec import npu_preset
 from hw.tile.softmax import SoftmaxUnit
 from hw.tops import build_top
-from sim.golden.softmax import softmax
+from sim.golden.softmax import partial_softmax, softmax
 from sim.rtl.softmax_driver import simulate_rows
 from tests.helpers import edge_rows, random_rows
 
@@ -71,6 +71,27 @@ def test_other_sizes(rng, length, lanes):
     es, em = edge_rows(length)
     rs, rm = random_rows(rng, 12, length)
     check(dut, np.concatenate([es, rs]), np.concatenate([em, rm]), rng)
+
+
+@pytest.mark.parametrize("length, lanes", [(16, 4), (12, 3)])
+def test_partial_mode(rng, length, lanes):
+    """Rows in partial mode mixed with normal rows, under random idle and backpressure:
+    partial rows give the golden ``partial_softmax`` (u, max, sum), normal rows the softmax
+    and their max (sum 0), in the same cycles."""
+    dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes)
+    es, em = edge_rows(length)
+    rs, rm = random_rows(rng, 30, length)
+    scores, mask = np.concatenate([es, rs]), np.concatenate([em, rm])
+    partial = (rng.random(len(scores)) < 0.6).astype(np.int64)
+    res = simulate_rows(dut, scores, mask, partial=partial, rng=rng, idle=0.3, stall=0.3)
+    part = partial_softmax(scores, mask)
+    full = part["max"]
+    want = np.where(partial[:, None] == 1, part["u"], softmax(scores, mask))
+    assert_rows_equal(res["rows"], want)
+    for r in range(len(scores)):
+        assert res["max"][r] == full[r], f"row {r}: max {res['max'][r]}, expected {full[r]}"
+        want_sum = part["sum"][r] if partial[r] else 0
+        assert res["sum"][r] == want_sum, f"row {r}: sum {res['sum'][r]}, expected {want_sum}"
 
 
 @pytest.mark.parametrize("length, lanes", [(16, 1), (8, 1), (16, 4), (16, 16)])

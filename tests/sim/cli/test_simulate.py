@@ -100,8 +100,9 @@ def test_weights_and_input_files(capsys, tmp_path, norm_kind, ffn):
      "ffn='gated' is not supported with quant=\"smooth16\""),
     ({"d_model": 64, "n_heads": 2, "d_head": 32}, "d_head=32 exceeds datapath width "
                                                   "d_head_max=16"),
-    ({"seq_len": 40}, "seq_len=40 does not fit attn_window=16: causal attention over 40 "
-                      "tokens with window 0"),
+    # Full attention over 40 tokens runs in passes; a causal window beyond the ring does not.
+    ({"seq_len": 40, "window": 20}, "window=20 does not fit attn_window=16: causal attention "
+                                    "over 40 tokens with window 20"),
     ({"seq_len": 40, "window": 9, "causal": False}, "window=9 does not fit attn_window=16"),
     ({"seq_len": 80}, "seq_len=80 exceeds max_seq_len=64"),
     ({"d_model": 96, "n_heads": 12, "d_head": 8}, "d_model=96 exceeds d_model_max=64"),

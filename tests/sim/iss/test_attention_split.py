@@ -99,7 +99,7 @@ def test_one_shard_is_the_normal_launch():
 
 @pytest.mark.parametrize("change, match", [
     ({"AT_FLAGS": FLAG_PARTIAL | FLAG_REDUCED}, "exclusive"),
-    ({"AT_FLAGS": 32}, "AT_FLAGS=0x20"),
+    ({"AT_FLAGS": 128}, "AT_FLAGS=0x80"),
 ])
 def test_iss_rejects_bad_split_flags(change, match):
     rng = seeded(7)

@@ -17,8 +17,9 @@ from sim.compiler import vector_launch as vl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
-from sim.flows.simulate import simulate
+from sim.flows.simulate import read_outputs, simulate
 from sim.golden.float_model import random_weights
+from sim.golden.layer import model_int
 from sim.iss import IssError
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.system_runner import run_system_pysim
@@ -35,8 +36,9 @@ def test_trace_depth_follows_the_gateware():
     assert trace_depth(npu) == ports.trace_depth(npu)
 
 
-def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
-    """A small model compiled for the tiny chip: the system program and its images."""
+def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, golden=False, **model):
+    """A small model compiled for the tiny chip: the system program and its images (and,
+    ``golden``, each sample's golden output in the merge order the program records)."""
     fields = {"n_layers": n_layers, "d_model": 8, "n_heads": 2, "d_head": 4, "d_ff": 16,
               "seq_len": 4, "name": "small"} | model
     cfg = ModelConfig(**fields)
@@ -44,7 +46,12 @@ def compiled(strategy, chips, *, n_layers=1, samples=1, seed=0, **model):
     x = np.random.default_rng(seed).standard_normal((samples, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, seed), x)
     prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
-    return npu, prog, prog.images([quantize_input(qm, s) for s in x])
+    x_ints = [quantize_input(qm, s) for s in x]
+    if golden:
+        kv_order = prog.meta.get("kv_order")
+        return npu, prog, prog.images(x_ints), [model_int(qm, xi, kv_order=kv_order)
+                                                for xi in x_ints]
+    return npu, prog, prog.images(x_ints)
 
 
 def assert_rtl_equal(npu, programs, images, *, ring=None, max_cycles=200_000,
@@ -88,6 +95,43 @@ def test_one_block_on_one_chip(norm, causal, norm_kind):
     npu, prog, images = compiled("single", 1, norm=norm, causal=causal, d_model=16, d_head=8,
                                  d_ff=32, seq_len=6, norm_kind=norm_kind)
     assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator")
+
+
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
+def test_long_passes_on_one_chip(causal):
+    """Long context in passes (seq = 2 x attn_window: state launches first and last, the
+    merge and the normalisation in the engine): the RTL's cycles, counters and trace are the
+    model's, and its output is the golden's exact merge."""
+    npu, prog, images, want = compiled("single", 1, causal=causal, d_model=16, d_head=8,
+                                       d_ff=16, seq_len=2 * npu_preset("tiny").attn_window,
+                                       seed=2, golden=True)
+    assert prog.meta["kv_order"], "no long passes"
+    regions = assert_rtl_equal(npu, [prog.chips[0].program], images, backend="verilator",
+                               reads=prog.reads())
+    got = read_outputs(prog, regions)[0]
+    bad = np.argwhere(got != want[0])
+    assert not len(bad), f"output {bad[0].tolist()}: {got[tuple(bad[0])]}, want " \
+        f"{want[0][tuple(bad[0])]}"
+
+
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
+def test_ring_attention_on_four_chips(causal):
+    """Ring attention (sequence, seq = 4 x attn_window on 4 chips): K/V chunks around the ring,
+    each merged as it arrives; the RTL's cycles, counters and traces are the model's and the
+    output the golden's exact merge in the ring's order."""
+    npu, prog, images, want = compiled("sequence", 4, causal=causal, d_model=16, d_head=8,
+                                       d_ff=16, seq_len=4 * npu_preset("tiny").attn_window,
+                                       seed=3, golden=True)
+    regions = assert_rtl_equal(npu, [c.program for c in prog.chips], images,
+                               backend="verilator", reads=prog.reads())
+    got = read_outputs(prog, regions)[0]
+    bad = np.argwhere(got != want[0])
+    assert not len(bad), f"output {bad[0].tolist()}: {got[tuple(bad[0])]}, want " \
+        f"{want[0][tuple(bad[0])]}"
 
 
 @pytest.mark.verilator

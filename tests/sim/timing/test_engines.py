@@ -3,7 +3,7 @@ the gateware's own tests hold the engines to."""
 
 import pytest
 
-from hw.spec.attention import FLAG_PARTIAL, FLAG_REDUCED
+from hw.spec.attention import FLAG_PARTIAL, FLAG_REDUCED, FLAG_STATE_IN, FLAG_STATE_OUT
 from hw.spec.formats import OutMode
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import vector as vec_timing
@@ -71,6 +71,26 @@ def test_attention_model_is_the_engines_closed_form(queries, keys, flags, words)
 
     got = cycles(AttentionModel(window=16, length=16, size=4), step, regs)
     assert got == attn_timing.launch_cycles(regs, window=16, length=16, size=4)
+
+
+@pytest.mark.parametrize("queries, keys, flags", [
+    (6, 6, FLAG_STATE_OUT), (8, 8, FLAG_STATE_OUT | FLAG_STATE_IN), (8, 8, FLAG_STATE_IN),
+    (12, 16, FLAG_STATE_IN | 1), (1, 1, FLAG_STATE_IN), (20, 10, FLAG_STATE_OUT),
+])
+@pytest.mark.parametrize("d_head, window", [(4, 16), (8, 16), (8, 4), (16, 3)])
+def test_attention_model_with_state_rows(queries, keys, flags, d_head, window):
+    """State rows: the merge factors, the state FIFO's rows (which bind with a small ring)
+    and the rows' output, as the recurrence of ``launch_cycles``."""
+    regs = {"AT_QUERIES": queries, "AT_KEYS": min(keys, window), "AT_FLAGS": flags,
+            "AT_D_HEAD": d_head}
+
+    def step(m):
+        pops = m.step(True, True, True, m.out_valid())
+        # The chip model counts its FIFOs' levels with them: one word at most each.
+        assert all(type(p) is bool for p in pops), f"pops {pops}"
+
+    got = cycles(AttentionModel(window=window, length=16, size=4, d_head=16), step, regs)
+    assert got == attn_timing.launch_cycles(regs, window=window, length=16, size=4, d_head=16)
 
 
 @pytest.mark.parametrize("mode", list(OutMode))
