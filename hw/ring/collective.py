@@ -26,6 +26,10 @@ Protocol
 
 Cost (cycles, no stalls)
 ------------------------
+An all-reduce, reduce-scatter or all-gather starts its first step
+:data:`~hw.spec.timing.collective.SETUP_CYCLES` after the command is accepted: the length is
+divided by the group size three bits a cycle (no division in any cycle's path), then turned into
+the words of the steps' blocks. A barrier or send/recv starts in the cycle after acceptance.
 A word combined in cycle ``t`` enters the link in cycle ``t + 1`` (through the transmit buffer)
 and, with ``c = D/B`` cycles per word on the wire, is at the next engine after
 ``h = a + c - 1`` more cycles (:func:`hw.spec.collective.hop_latency`), where it is combined
@@ -53,14 +57,14 @@ cycles) is the bottleneck. Latency: one cycle from rx or local to out or to the 
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import small_divmod
 from ..layouts import ring_word_layout
 from ..spec.collective import LENGTH_BITS, Kind, ReduceOp, word_bytes
 from ..spec.ring import RTL_MAX_CHIPS
+from ..spec.timing.collective import DIVIDE_BITS, SETUP_CYCLES
 
 __all__ = ["command_layout", "CollectiveEngine"]
 
@@ -166,7 +170,6 @@ class CollectiveEngine(wiring.Component):
         kind = Signal(3)
         op = Signal(2)
         wide = Signal()
-        length = Signal(LENGTH_BITS)
         n = Signal(range(RTL_MAX_CHIPS + 1))
         p = Signal(range(RTL_MAX_CHIPS))
         member = Signal()
@@ -185,8 +188,6 @@ class CollectiveEngine(wiring.Component):
         s = Signal(range(2 * RTL_MAX_CHIPS))
         k = Signal(LENGTH_BITS)
         total = Signal(range(2 * RTL_MAX_CHIPS))
-        p_eff = Signal(range(RTL_MAX_CHIPS))
-        m.d.comb += p_eff.eq(Mux(member, p, n - 1))
 
         is_ag = kind == Kind.ALL_GATHER
         is_ar = kind == Kind.ALL_REDUCE
@@ -200,16 +201,6 @@ class CollectiveEngine(wiring.Component):
             m.d.comb += total.eq(Mux(member, 2 * n - 1, 2 * n - 2))
         with m.Else():
             m.d.comb += total.eq(Mux(member, n, n - 1))
-
-        # The block of this step, (p_eff + 2n - s - 1 + is_ag) mod n. The dividend gets 16n more
-        # (s < 2 * RTL_MAX_CHIPS = 16), so that it is non-negative in every state and can be
-        # unsigned; and the division is narrow: Yosys' generic `%` by a variable divisor crashes
-        # synth_ecp5 (hw.arith.small_divmod).
-        block = Signal(range(RTL_MAX_CHIPS))
-        shifted_pos = Signal(range(20 * RTL_MAX_CHIPS))
-        m.d.comb += [shifted_pos.eq(p_eff + 18 * n - s - ~is_ag),
-                     block.eq(small_divmod(m, shifted_pos, n, d_max=RTL_MAX_CHIPS,
-                                           name="block")[1])]
 
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
@@ -230,19 +221,56 @@ class CollectiveEngine(wiring.Component):
             m.d.comb += [use_rx.eq(~(is_ag & (s == 0))), use_local.eq(is_ag & (s == 0)),
                          to_tx.eq(~last_step), to_out.eq(1)]
 
-        # Words in this step: the block padded to whole words.
-        q = Signal(LENGTH_BITS)
+        # Words in a step: its block padded to whole words. Block b of the length split over n
+        # members has q + (b < r) elements (q, r = length divmod n), so a step has the words of
+        # a short block (q elements) or of a long one (q + 1); a send/recv the whole length.
+        # The division runs over SETUP_CYCLES - 1 cycles after the command is accepted,
+        # DIVIDE_BITS quotient bits a cycle (the dividend shifts out of `quot` at the top as the
+        # quotient shifts in at the bottom), and the last setup cycle turns q into both word
+        # counts; the first step waits for it (`setup`, hw.spec.timing.collective).
+        # A barrier and a send/recv start at once: their words are known at acceptance.
+        div_width = DIVIDE_BITS * (SETUP_CYCLES - 1)
+        quot = Signal(div_width)
+        rem = Signal(range(RTL_MAX_CHIPS))
+        setup = Signal(range(SETUP_CYCLES + 1))
         r = Signal(range(RTL_MAX_CHIPS))
-        quot, rest = small_divmod(m, length, n, d_max=RTL_MAX_CHIPS, name="step")
-        m.d.comb += [q.eq(quot), r.eq(rest)]
-        elems = Signal(LENGTH_BITS)
-        m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))
-        shift = Signal(range(epw32_log2 + 1))
-        m.d.comb += shift.eq(epw32_log2 - wide)
-        words = Signal(LENGTH_BITS)
-        epw_m1 = Signal(LENGTH_BITS)
-        m.d.comb += epw_m1.eq((Const(1, LENGTH_BITS) << shift) - 1)
-        m.d.comb += words.eq(Mux(is_bar, 1, (elems + epw_m1) >> shift))
+        short_m1 = Signal(LENGTH_BITS)   # words of a short block (or a send/recv) - 1
+        long_m1 = Signal(LENGTH_BITS)    # words of a long block - 1
+        short_zero = Signal()            # a short block has no words (length < n)
+
+        def shift_of(wide_):
+            # log2 of the elements per word: 32-bit lanes, or pairs of them
+            return Mux(wide_, epw32_log2 - 1, epw32_log2)
+
+        with m.If(setup > 1):
+            part = rem
+            bits = []
+            for i in reversed(range(DIVIDE_BITS)):
+                shifted = Cat(quot[div_width - DIVIDE_BITS + i], part)
+                ge = shifted >= n
+                nxt = Signal(range(RTL_MAX_CHIPS), name=f"div_rem{i}")
+                m.d.comb += nxt.eq(Mux(ge, shifted - n, shifted))
+                bits.append(ge)
+                part = nxt
+            m.d.sync += [quot.eq(Cat(*reversed(bits), quot[:div_width - DIVIDE_BITS])),
+                         rem.eq(part)]
+        with m.If(setup == 1):
+            q = quot[:LENGTH_BITS]
+            m.d.sync += [r.eq(rem), short_zero.eq(q == 0),
+                         short_m1.eq((q - 1)[:LENGTH_BITS] >> shift_of(wide)),
+                         long_m1.eq(q >> shift_of(wide))]
+        with m.If(setup != 0):
+            m.d.sync += setup.eq(setup - 1)
+
+        # The block of this step, (p_eff - s - 1 + is_ag) mod n for a member at position p_eff
+        # (a non-member forwards as position n - 1): set at acceptance, one down (mod n) at
+        # each step.
+        block = Signal(range(RTL_MAX_CHIPS))
+        long_block = ~is_sr & ~is_bar & (block < r)
+        words_m1 = Signal(LENGTH_BITS)
+        no_words = Signal()
+        m.d.comb += [words_m1.eq(Mux(is_bar, 0, Mux(long_block, long_m1, short_m1))),
+                     no_words.eq(~is_bar & ~long_block & short_zero)]
 
         # Results go straight into the transmit buffer, and through an output register to the
         # local output stream.
@@ -255,11 +283,11 @@ class CollectiveEngine(wiring.Component):
             m.d.sync += pend_out.eq(0)
         can_accept = (~to_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
 
-        stepping = running & (s < total)
+        stepping = running & (setup == 0) & (s < total)
         inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
         fire = Signal()
         m.d.comb += [
-            fire.eq(stepping & (words != 0) & inputs_ok & can_accept),
+            fire.eq(stepping & ~no_words & inputs_ok & can_accept),
             rx_take.eq(fire & use_rx),
             self.i_local.ready.eq(fire & use_local),
         ]
@@ -302,24 +330,36 @@ class CollectiveEngine(wiring.Component):
         else:
             m.d.comb += result.eq(src)
 
+        word_last = k == words_m1
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
-                     tx_fifo.w_data.eq(Cat(result, k == words - 1))]
+                     tx_fifo.w_data.eq(Cat(result, word_last))]
+        next_block = Mux(block == 0, n - 1, block - 1)
         with m.If(fire):
-            m.d.sync += [res.data.eq(result), res.last.eq(k == words - 1), pend_out.eq(to_out)]
-            with m.If(k == words - 1):
-                m.d.sync += [k.eq(0), s.eq(s + 1)]
+            m.d.sync += [res.data.eq(result), res.last.eq(word_last), pend_out.eq(to_out)]
+            with m.If(word_last):
+                m.d.sync += [k.eq(0), s.eq(s + 1), block.eq(next_block)]
             with m.Else():
                 m.d.sync += k.eq(k + 1)
-        with m.Elif(stepping & (words == 0)):
-            m.d.sync += s.eq(s + 1)
+        with m.Elif(stepping & no_words):
+            m.d.sync += [s.eq(s + 1), block.eq(next_block)]
 
         with m.If(running & (s >= total) & ~pend_out & (tx_fifo.level == 0)):
             m.d.sync += running.eq(0)
         with m.If(self.i_cmd.valid & self.i_cmd.ready):
+            # The first step's block (see `block`); a send/recv's words and the division's
+            # start (see `setup`).
+            in_group = pos < cmd.count
+            p_eff = Mux(in_group, pos, cmd.count - 1)
             m.d.sync += [
                 running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
-                length.eq(cmd.length), n.eq(cmd.count), p.eq(pos), member.eq(pos < cmd.count),
-                s.eq(0), k.eq(0),
+                n.eq(cmd.count), p.eq(pos), member.eq(in_group), s.eq(0), k.eq(0),
+                block.eq(Mux(cmd.kind == Kind.ALL_GATHER, p_eff,
+                             Mux(p_eff == 0, cmd.count - 1, p_eff - 1))),
+                quot.eq(cmd.length), rem.eq(0),
+                short_m1.eq((cmd.length - 1)[:LENGTH_BITS] >> shift_of(cmd.wide)),
+                short_zero.eq(cmd.length == 0), r.eq(0),
+                setup.eq(Mux((cmd.kind == Kind.SEND_RECV) | (cmd.kind == Kind.BARRIER), 0,
+                             SETUP_CYCLES)),
             ]
         m.d.comb += self.busy.eq(running)
         return m

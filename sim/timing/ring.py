@@ -19,6 +19,7 @@ from collections import deque
 from hw.spec.collective import CollectiveRequest, step_words, steps
 from hw.spec.isa import COLL_FIFO_WORDS, RECV_FIFO_WORDS
 from hw.spec.ring import CHAN_COLL, CHAN_CTS, CHAN_P2P
+from hw.spec.timing.collective import setup_cycles
 
 __all__ = ["LinkModel", "route", "CollectiveModel", "SendModel", "RecvModel"]
 
@@ -156,6 +157,7 @@ class CollectiveModel:
         self.steps = []
         self.words = []
         self.s = self.k = 0
+        self.wait = 0                     # cycles of the divider left before the first step
         self.pend_out = False
         self.rx_level = 0
         self.tx = deque()                 # words in the transmit buffer
@@ -168,6 +170,7 @@ class CollectiveModel:
         self.steps = steps(req, rank)
         self.words = [step_words(req, st, self.wbytes) for st in self.steps]
         self.s = self.k = 0
+        self.wait = setup_cycles(req.kind)
         self.dest = dest
 
     def busy_core(self) -> bool:
@@ -183,7 +186,7 @@ class CollectiveModel:
         """The cycle's handshakes: returns whether a word offered by the router is taken and
         stores what :meth:`update` needs."""
         ratio = self.ratio
-        stepping = self.running and self.s < len(self.steps)
+        stepping = self.running and self.wait == 0 and self.s < len(self.steps)
         st = self.steps[self.s] if stepping else None
         words = self.words[self.s] if stepping else 0
         rx_direct = self.rx_level == 0
@@ -208,6 +211,8 @@ class CollectiveModel:
         stepping, st, words, rx_direct, rx_take, fire, o_local_ready = self._c
         ratio = self.ratio
         end = self.running and self.s >= len(self.steps) and not self.pend_out and not self.tx
+        if self.running and self.wait:
+            self.wait -= 1
         if tx_taken:
             self.tx.popleft()
         if rx_in and not (rx_direct and rx_take):
