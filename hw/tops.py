@@ -11,13 +11,25 @@ from dataclasses import dataclass
 
 from .chip import Chip
 from .fpga.board import DEFAULT_BAUD, BoardTop, baud_divisor
+from .fpga.uart import HostLink
+from .fpga.units import AddrGenUnit, SequencerUnit
+from .ring.collective import CollectiveEngine
+from .ring.router import Router
 from .ring.testbed import RingTestbed
 from .spec import NpuConfig
+from .spec.attention import softmax_lanes
+from .spec.isa import COLL_FIFO_WORDS, READ_GENS, WRITE_GENS
 from .system import ChipNode, ChipSystem
 from .tile.attention import AttentionBuffer
+from .tile.attention_engine import AttentionEngine
 from .tile.matmul import MatmulUnit
+from .tile.matmul_engine import MatmulEngine
+from .tile.ports import trace_depth
+from .tile.scratchpad import Scratchpad
 from .tile.softmax import SoftmaxUnit
+from .tile.trace import TraceBuffer
 from .tile.vector import VectorUnit
+from .tile.vector_engine import VectorEngine
 
 __all__ = ["Top", "TOPS", "build_top"]
 
@@ -38,7 +50,8 @@ def _matmul(npu: NpuConfig, chips: int):
 
 
 def _softmax(npu: NpuConfig, chips: int):
-    return SoftmaxUnit(length=npu.softmax_len)
+    # As the attention engine builds it: softmax_lanes(L) lanes per cycle.
+    return SoftmaxUnit(length=npu.softmax_len, lanes_per_cycle=softmax_lanes(npu.softmax_len))
 
 
 def _attention(npu: NpuConfig, chips: int):
@@ -55,6 +68,53 @@ def _ring_fpga(npu: NpuConfig, chips: int):
 
 def _vector(npu: NpuConfig, chips: int):
     return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
+
+
+def _sequencer(npu: NpuConfig, chips: int):
+    return SequencerUnit(npu=npu)
+
+
+def _scratchpad(npu: NpuConfig, chips: int):
+    # The chip's ports: one per address generator and the host's.
+    return Scratchpad(words=npu.sram_words, banks=npu.sram_banks, word_bytes=npu.word_bytes,
+                      read_ports=len(READ_GENS) + 1, write_ports=len(WRITE_GENS) + 1)
+
+
+def _addrgen(npu: NpuConfig, chips: int):
+    return AddrGenUnit(npu=npu)
+
+
+def _matmul_engine(npu: NpuConfig, chips: int):
+    return MatmulEngine(size=npu.array_size)
+
+
+def _attention_engine(npu: NpuConfig, chips: int):
+    return AttentionEngine.for_npu(npu)
+
+
+def _vector_engine(npu: NpuConfig, chips: int):
+    return VectorEngine(lanes=npu.array_size, d_model_max=npu.d_model_max)
+
+
+def _collective(npu: NpuConfig, chips: int):
+    return CollectiveEngine(link_bytes=npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS)
+
+
+def _collective_fpga(npu: NpuConfig, chips: int):
+    return CollectiveEngine(link_bytes=npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
+                            avg=False)
+
+
+def _router(npu: NpuConfig, chips: int):
+    return Router(word_bytes=npu.ring_word_bytes)
+
+
+def _trace(npu: NpuConfig, chips: int):
+    return TraceBuffer(depth=trace_depth(npu))
+
+
+def _hostlink(npu: NpuConfig, chips: int):
+    return HostLink(npu=npu, divisor=baud_divisor(npu.clock_mhz, DEFAULT_BAUD))
 
 
 def _tile(npu: NpuConfig, chips: int):
@@ -91,6 +151,24 @@ TOPS: dict[str, Top] = {
     "attention": Top("attention", "windowed attention buffer", _attention),
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
                   _vector),
+    # The chip's units as the chip builds them (npu fpga --top NAME --synth-only: one row of
+    # the resource table in docs/fpga.md).
+    "sequencer": Top("sequencer", "sequencer with its instruction memory and registers",
+                     _sequencer),
+    "scratchpad": Top("scratchpad", "scratchpad banks with the chip's read and write ports",
+                      _scratchpad),
+    "addrgen": Top("addrgen", "the chip's address generators", _addrgen),
+    "matmul_engine": Top("matmul_engine", "matmul unit with its transposer and sequencing",
+                         _matmul_engine),
+    "attention_engine": Top("attention_engine", "attention buffer, softmax and requantiser",
+                            _attention_engine),
+    "vector_engine": Top("vector_engine", "vector unit with its word streams and sequencing",
+                         _vector_engine),
+    "collective": Top("collective", "collective engine with its ring buffers", _collective,
+                      build_fpga=_collective_fpga),
+    "router": Top("router", "ring router (collective, point-to-point, clear-to-send)", _router),
+    "trace": Top("trace", "busy trace buffer", _trace),
+    "hostlink": Top("hostlink", "UART host link protocol engine (board top)", _hostlink),
     "ring": Top("ring", "chips' collective engines on the ring, each with a stream DMA", _ring,
                 default_chips=4, build_fpga=_ring_fpga),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile,
