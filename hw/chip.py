@@ -9,7 +9,7 @@ via a word gearbox (its words are ``D = max(2B, 8)`` bytes, ``D/N`` scratchpad w
 owns the chip's ring port (``ring_tx``, ``ring_rx``).
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -18,16 +18,19 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from .ring.collective import CollectiveEngine
 from .ring.router import Router, tag_layout
 from .spec import NpuConfig
-from .spec.collective import Kind
+from .spec.collective import LENGTH_BITS, Kind
 from .spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
     COLL_FIFO_WORDS,
+    COUNT_BITS,
     INSN_BITS,
     READ_GENS,
     RECV_FIFO_WORDS,
     REG_INDEX,
+    REGS,
     UNIT_BITS,
+    VALUE_BITS,
     WRAP_GENS,
     WRITE_GENS,
     Op,
@@ -35,27 +38,67 @@ from .spec.isa import (
 )
 from .spec.ring import CHAN_COLL, CHAN_P2P, CHIP_BITS
 from .tile.attention_engine import AttentionEngine
+from .tile.attention_engine import cfg_layout as attention_cfg_layout
 from .tile.gearbox import WordPacker, WordUnpacker
 from .tile.matmul_engine import MatmulEngine
+from .tile.matmul_engine import cfg_layout as matmul_cfg_layout
 from .tile.ports import HostSignature, RingPortSignature, trace_depth
-from .tile.scratchpad import AddrGen, Scratchpad
+from .tile.scratchpad import AddrGen, Scratchpad, desc_layout
 from .tile.sequencer import LAUNCH_OPS, Sequencer
 from .tile.trace import TraceBuffer
 from .tile.vector_engine import CFG_REGS as VEC_CFG_REGS
 from .tile.vector_engine import VectorEngine
+from .tile.vector_engine import cfg_layout as vector_cfg_layout
 
-__all__ = ["Chip"]
+__all__ = ["Chip", "reg_widths"]
 
 # Scratchpad port numbers follow hw.spec.isa.READ_GENS and WRITE_GENS; the host has the last
 # (lowest-priority) read and write ports.
 #: Generators the attention and vector engines share (an attention launch uses RD3-RD5 and
 #: WR1, less RD4 or RD3 in the split-score passes: the engine's ``uses``).
 SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
+#: Which configuration register feeds each field of the matmul engine's ``i_cfg``.
+MM_CFG_REGS = {"k": "MM_K", "folds": "MM_FOLDS", "mode": "MM_MODE",
+               "a_unsigned": "MM_A_UNSIGNED"}
 #: Which configuration register feeds each field of the attention engine's ``i_cfg``.
 ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
                  "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
                  "score_mult": "AT_SCORE_MULT", "score_shift": "AT_SCORE_SHIFT",
                  "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD"}
+
+
+#: Bits of the COLL registers the chip reads: the command's fields (``_collective``), and
+#: CO_WIDTH whole (the chip compares it with 64; any other value runs as 32).
+CO_REG_BITS = {"CO_KIND": 3, "CO_OP": 2, "CO_WIDTH": VALUE_BITS, "CO_LEN": LENGTH_BITS,
+               "CO_CHIPS": 5, "CO_RANK": 4, "CO_FIRST": 4, "CO_COUNT": 5}
+
+
+def reg_widths(npu: NpuConfig) -> tuple[int, ...]:
+    """Bits of each configuration register (``hw.spec.isa.REGS`` order) that a chip built to
+    ``npu`` reads: an address generator's descriptor fields (``desc_layout``), each unit's
+    configuration field, the collective's (:data:`CO_REG_BITS`), SR_DEST and SR_SRC. The
+    sequencer keeps only these bits (:class:`~hw.tile.sequencer.Sequencer`'s ``reg_widths``):
+    the registers wrap modulo ``2**VALUE_BITS``, so a field's low bits are the same either way.
+    """
+    ab = npu.sram_addr_bits
+    widths = {}
+    for gen in READ_GENS + WRITE_GENS:
+        desc = desc_layout(ab, wrap=gen in WRAP_GENS)
+        widths[f"{gen}.base"] = desc.members["base"].width
+        for lv in range(ADDR_LEVELS):
+            widths[f"{gen}.n{lv}"] = COUNT_BITS
+            widths[f"{gen}.s{lv}"] = ab + 1
+        if gen in WRAP_GENS:
+            widths[f"{gen}.wrap"] = desc.members["wrap"].width
+            widths[f"{gen}.off"] = desc.members["off"].width
+    for layout, fields in ((matmul_cfg_layout(), MM_CFG_REGS),
+                           (attention_cfg_layout(npu.d_head_max), ATTN_CFG_REGS),
+                           (vector_cfg_layout(), VEC_CFG_REGS)):
+        widths.update({name: Shape.cast(layout.members[field]).width
+                       for field, name in fields.items()})
+    widths.update(CO_REG_BITS)
+    widths.update({"SR_DEST": CHIP_BITS, "SR_SRC": CHIP_BITS})
+    return tuple(widths[name] for name in REGS)
 
 
 def _write(m, addr, wp, src):
@@ -146,7 +189,8 @@ class Chip(wiring.Component):
         host = self.host
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
-        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words)
+        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
+                                           reg_widths=reg_widths(npu))
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
         imem_rd = imem.read_port()
         imem_wr = imem.write_port()
@@ -213,11 +257,9 @@ class Chip(wiring.Component):
         m.d.comb += [
             seq.can_launch[mm_bit].eq(~mm_busy),
             mm.i_cfg.valid.eq(go),
-            mm.i_cfg.payload.k.eq(reg("MM_K")),
-            mm.i_cfg.payload.folds.eq(reg("MM_FOLDS")),
-            mm.i_cfg.payload.mode.eq(reg("MM_MODE")),
-            mm.i_cfg.payload.a_unsigned.eq(reg("MM_A_UNSIGNED")),
         ]
+        for field, name in MM_CFG_REGS.items():
+            m.d.comb += getattr(mm.i_cfg.payload, field).eq(reg(name))
         for g in mm_gens:
             m.d.comb += gens[g].i.valid.eq(go)
 
@@ -369,9 +411,9 @@ class Chip(wiring.Component):
         m.d.comb += co_busy.eq(co.busy | ~idle(("RD6", "WR3")) | pack.busy)
         go = seq.launch[bit] & seq.can_launch[bit]
         cmd = co.i_cmd.payload
-        kind = Signal(3)
-        rank, first = Signal(4), Signal(4)
-        chips, count = Signal(5), Signal(5)
+        kind = Signal(CO_REG_BITS["CO_KIND"])
+        rank, first = Signal(CO_REG_BITS["CO_RANK"]), Signal(CO_REG_BITS["CO_FIRST"])
+        chips, count = Signal(CO_REG_BITS["CO_CHIPS"]), Signal(CO_REG_BITS["CO_COUNT"])
         diff = Signal(range(-16, 16))
         pos = Signal(range(16))
         m.d.comb += [

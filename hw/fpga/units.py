@@ -19,6 +19,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ..chip import reg_widths
 from ..spec import NpuConfig
 from ..spec.isa import INSN_BITS, READ_GENS, WRAP_GENS, WRITE_GENS
 from ..tile.scratchpad import AddrGen, addr_layout, desc_layout
@@ -28,7 +29,8 @@ __all__ = ["SequencerUnit", "AddrGenUnit"]
 
 
 class SequencerUnit(wiring.Component):
-    """The chip's :class:`~hw.tile.sequencer.Sequencer` and its instruction memory.
+    """The chip's :class:`~hw.tile.sequencer.Sequencer` (with the register widths the chip
+    reads, :func:`hw.chip.reg_widths`) and its instruction memory.
 
     Members: the sequencer's, less ``imem_addr`` / ``imem_data``, plus ``imem_wr``: a stream of
     ``{addr, data}`` (always ready), the host's write port.
@@ -38,7 +40,7 @@ class SequencerUnit(wiring.Component):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         self._npu = npu
-        self.seq = Sequencer(imem_words=npu.imem_words)
+        self.seq = Sequencer(imem_words=npu.imem_words, reg_widths=reg_widths(npu))
         members = {name: member for name, member in self.seq.signature.members.items()
                    if name not in ("imem_addr", "imem_data")}
         members["imem_wr"] = In(stream.Signature(data.StructLayout(

@@ -5,6 +5,7 @@ import re
 
 from amaranth.back import rtlil
 
+from hw.chip import reg_widths
 from hw.fpga.board import COLL_AVG, _ChipOnRing
 from hw.fpga.units import AddrGenUnit, SequencerUnit
 from hw.ring.collective import CollectiveEngine
@@ -71,11 +72,17 @@ def test_unit_tops_have_the_chips_sizes():
 
 
 def test_sequencer_unit_runs_a_program_from_its_memory():
-    """The wrapper's instruction memory is the sequencer's: SET then HALT, written through
-    ``imem_wr``, run to ``done`` with the register set."""
+    """The wrapper's instruction memory is the sequencer's: SETs, an ADD and HALT, written
+    through ``imem_wr``, run to ``done``. The registers keep the bits the chip reads
+    (``reg_widths``): RD0.base, ab bits, holds the low bits of the 48-bit sum, sign-extended."""
     npu = npu_preset("tiny")
     dut = SequencerUnit(npu=npu)
-    program = [encode(Insn(Op.SET, REG_INDEX["MM_K"], 12345)), encode(Insn(Op.HALT, 0, 0))]
+    base = REG_INDEX["RD0.base"]
+    ab = npu.sram_addr_bits
+    assert reg_widths(npu)[base] == ab and reg_widths(npu)[REG_INDEX["MM_K"]] == 16
+    big = (1 << 40) + (3 << ab) + 7
+    program = [encode(Insn(Op.SET, REG_INDEX["MM_K"], 12345)), encode(Insn(Op.SET, base, big)),
+               encode(Insn(Op.ADD, base, -9)), encode(Insn(Op.HALT, 0, 0))]
     seen = {}
 
     async def bench(ctx):
@@ -92,9 +99,12 @@ def test_sequencer_unit_runs_a_program_from_its_memory():
         await ctx.tick().until(dut.done)
         seen["error"] = ctx.get(dut.error)
         seen["k"] = ctx.get(dut.regs[REG_INDEX["MM_K"]])
+        seen["base"] = ctx.get(dut.regs[base])
 
     run_sim(dut, [bench], max_cycles=200)
-    assert seen == {"error": 0, "k": 12345}, seen
+    low = (big - 9) % (1 << ab)                        # 2**ab - 2: the top bit set
+    want = low - (1 << ab) if low >> (ab - 1) else low
+    assert seen == {"error": 0, "k": 12345, "base": want}, seen
 
 
 def test_addrgen_unit_walks_each_generator():
