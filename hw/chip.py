@@ -141,9 +141,11 @@ class Chip(wiring.Component):
 
     ``coll_avg=False`` builds the collective engine without AVG's divider (an FPGA build:
     :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
+    ``pe_dsp=True`` takes the matmul array's products in DSPs (an FPGA build with DSPs to
+    spare: :class:`hw.tile.matmul.MatmulArray`); function and timing are the same.
     """
 
-    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True):
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         if (error := npu.chip_error()) is not None:
@@ -151,6 +153,7 @@ class Chip(wiring.Component):
         self._coll_bytes = npu.ring_word_bytes
         self._npu = npu
         self._coll_avg = bool(coll_avg)
+        self._pe_dsp = bool(pe_dsp)
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
                          "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
                          "write_ports": len(WRITE_GENS) + 1}
@@ -175,6 +178,11 @@ class Chip(wiring.Component):
     def coll_avg(self) -> bool:
         """Whether the collective engine has AVG's divider (``coll_avg``)."""
         return self._coll_avg
+
+    @property
+    def pe_dsp(self) -> bool:
+        """Whether the matmul array's products are DSPs (``pe_dsp``)."""
+        return self._pe_dsp
 
     @property
     def ring_word_bytes(self) -> int:
@@ -243,7 +251,7 @@ class Chip(wiring.Component):
             return ~Cat(*[gens[g].o.valid for g in names]).any()
 
         # Matmul unit: A via RD0, B via RD1, parameters via RD2, results via WR0.
-        m.submodules.matmul = mm = MatmulEngine(size=n)
+        m.submodules.matmul = mm = MatmulEngine(size=n, pe_dsp=self._pe_dsp)
         for k, port in enumerate((mm.i_a, mm.i_b, mm.i_p)):
             rd = spad.rd[k].o_data
             m.d.comb += [port.valid.eq(rd.valid), rd.ready.eq(port.ready),

@@ -51,11 +51,11 @@ class ChipNode(wiring.Component):
         The chip's.
     """
 
-    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True):
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         self.npu = npu
-        self.chip = Chip(npu=npu, coll_avg=coll_avg)
+        self.chip = Chip(npu=npu, coll_avg=coll_avg, pe_dsp=pe_dsp)
         # The chip's own ports (the ring's tx now the link's far end: the same signature),
         # and the link's fault injection.
         super().__init__({**dict(self.chip.signature.members),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .chip import Chip
-from .fpga.board import DEFAULT_BAUD, BoardTop, baud_divisor
+from .fpga.board import DEFAULT_BAUD, PE_DSP, BoardTop, baud_divisor
 from .fpga.uart import HostLink
 from .fpga.units import AddrGenUnit, SequencerUnit
 from .ring.collective import CollectiveEngine
@@ -41,12 +41,17 @@ class Top:
     build: Callable[[NpuConfig, int], object] | None  # None: not built yet
     default_chips: int = 1  # chip count when ``--chips`` is not given
     #: What ``npu fpga`` builds instead of ``build`` (None: the same): the collective engines
-    #: without AVG's divider, which synth_ecp5 cannot synthesise (``CollectiveEngine``'s ``avg``).
+    #: without AVG's divider, which synth_ecp5 cannot synthesise (``CollectiveEngine``'s ``avg``),
+    #: and the matmul array's products in DSPs (``hw.fpga.board.PE_DSP``).
     build_fpga: Callable[[NpuConfig, int], object] | None = None
 
 
 def _matmul(npu: NpuConfig, chips: int):
     return MatmulUnit(size=npu.array_size)
+
+
+def _matmul_fpga(npu: NpuConfig, chips: int):
+    return MatmulUnit(size=npu.array_size, pe_dsp=PE_DSP)
 
 
 def _softmax(npu: NpuConfig, chips: int):
@@ -88,6 +93,10 @@ def _matmul_engine(npu: NpuConfig, chips: int):
     return MatmulEngine(size=npu.array_size)
 
 
+def _matmul_engine_fpga(npu: NpuConfig, chips: int):
+    return MatmulEngine(size=npu.array_size, pe_dsp=PE_DSP)
+
+
 def _attention_engine(npu: NpuConfig, chips: int):
     return AttentionEngine.for_npu(npu)
 
@@ -122,7 +131,7 @@ def _tile(npu: NpuConfig, chips: int):
 
 
 def _tile_fpga(npu: NpuConfig, chips: int):
-    return Chip(npu=npu, coll_avg=False)
+    return Chip(npu=npu, coll_avg=False, pe_dsp=PE_DSP)
 
 
 def _node(npu: NpuConfig, chips: int):
@@ -130,7 +139,7 @@ def _node(npu: NpuConfig, chips: int):
 
 
 def _node_fpga(npu: NpuConfig, chips: int):
-    return ChipNode(npu=npu, coll_avg=False)
+    return ChipNode(npu=npu, coll_avg=False, pe_dsp=PE_DSP)
 
 
 def _system(npu: NpuConfig, chips: int):
@@ -146,7 +155,8 @@ def _board(npu: NpuConfig, chips: int):
 
 
 TOPS: dict[str, Top] = {
-    "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul),
+    "matmul": Top("matmul", "systolic int8 matmul array with bias and requantisation", _matmul,
+                  build_fpga=_matmul_fpga),
     "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
     "attention": Top("attention", "windowed attention buffer", _attention),
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
@@ -159,7 +169,7 @@ TOPS: dict[str, Top] = {
                       _scratchpad),
     "addrgen": Top("addrgen", "the chip's address generators", _addrgen),
     "matmul_engine": Top("matmul_engine", "matmul unit with its transposer and sequencing",
-                         _matmul_engine),
+                         _matmul_engine, build_fpga=_matmul_engine_fpga),
     "attention_engine": Top("attention_engine", "attention buffer, softmax and requantiser",
                             _attention_engine),
     "vector_engine": Top("vector_engine", "vector unit with its word streams and sequencing",

@@ -27,7 +27,7 @@ from ..spec.ring import TAG_BITS
 from . import ulx3s
 from .uart import HostLink, UartRx, UartTx
 
-__all__ = ["BoardTop", "COLL_AVG", "DEFAULT_BAUD", "baud_divisor"]
+__all__ = ["BoardTop", "COLL_AVG", "DEFAULT_BAUD", "PE_DSP", "baud_divisor"]
 
 #: The FTDI FT231X of the ULX3S runs up to 3 Mbaud; 1 Mbaud leaves margin on any cable.
 DEFAULT_BAUD = 1_000_000
@@ -51,12 +51,18 @@ def baud_divisor(clock_mhz: float, baud: int) -> int:
 COLL_AVG = False
 
 
+#: The board's chip takes its matmul array's products in DSPs (``Chip``'s ``pe_dsp``): one
+#: MULT18X18D per PE instead of ~250 LUT4 slots (docs/fpga.md), while the other units leave
+#: enough of the ECP5-85k's 156.
+PE_DSP = True
+
+
 class _ChipOnRing(wiring.Component):
     """The chip with its ring port looped back through a link (a ring of one chip), so that
     nothing of the chip is optimised away and a one-chip collective runs."""
 
-    def __init__(self, npu):
-        self.chip = Chip(npu=npu, coll_avg=COLL_AVG)
+    def __init__(self, npu, *, pe_dsp=PE_DSP):
+        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp)
         super().__init__(wiring.Signature({}))
 
     def elaborate(self, platform):

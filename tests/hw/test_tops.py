@@ -6,7 +6,7 @@ import re
 from amaranth.back import rtlil
 
 from hw.chip import reg_widths
-from hw.fpga.board import COLL_AVG, _ChipOnRing
+from hw.fpga.board import COLL_AVG, PE_DSP, _ChipOnRing
 from hw.fpga.units import AddrGenUnit, SequencerUnit
 from hw.ring.collective import CollectiveEngine
 from hw.spec import npu_preset
@@ -49,6 +49,15 @@ def test_fpga_builds_leave_out_avg():
     assert not build_top("node", npu, fpga=True).chip.coll_avg
     assert not any(e.avg for e in build_top("ring", npu, fpga=True).engines)
     assert build_top("matmul", npu, fpga=True).size == npu.array_size
+
+
+def test_fpga_builds_take_pe_products_in_dsps():
+    npu = npu_preset("tiny")
+    assert build_top("tile", npu, fpga=True).pe_dsp and not build_top("tile", npu).pe_dsp
+    assert build_top("node", npu, fpga=True).chip.pe_dsp
+    assert build_top("matmul", npu, fpga=True).pe_dsp is PE_DSP is True
+    assert not build_top("matmul", npu).pe_dsp
+    assert _ChipOnRing(npu).chip.pe_dsp
     assert not _ChipOnRing(npu).chip.coll_avg and not COLL_AVG
 
 
