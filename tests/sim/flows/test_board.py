@@ -22,6 +22,7 @@ from sim.golden.float_model import random_weights
 from sim.golden.matmul import matmul_unit
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.uart_model import SimTransport
+from sim.rtl.verilator.board import VerilatorTransport
 from sim.strategies import compile_program
 from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, run, seeded, small_npu
 
@@ -53,6 +54,21 @@ def test_driver_runs_a_matmul_on_the_simulated_board():
     assert (out["cycles"], out["busy_cycles"]) == (ref["cycles"], ref["busy_cycles"])
     assert out["trace"] == ref["trace"] and out["load_cycles"] == ref["load_cycles"]
     assert not out["error"]
+
+
+@pytest.mark.slow
+def test_verilated_board_runs_the_matmul_like_the_simulated_one():
+    """The Verilated board top (sim.rtl.verilator.board) behind its C++ UART model: the same
+    result, cycles, busy counters and trace as the bare chip (a build of its own: slow)."""
+    npu = small_npu()
+    program, images, reads, want = _tiny_matmul(npu, seeded(21))
+    with VerilatorTransport(npu, divisor=4) as transport:
+        out = BoardDriver(transport).run_chip(npu, program, images, reads, max_cycles=10_000)
+    got = unpack_rows(out["regions"][0], npu.array_size, npu.array_size, 1)
+    assert (got == want).all(), f"board result\n{got}\ngolden\n{want}"
+    ref = run_chip_pysim(npu, program, images, reads, max_cycles=10_000)
+    assert (out["cycles"], out["busy_cycles"]) == (ref["cycles"], ref["busy_cycles"])
+    assert out["trace"] == ref["trace"] and out["load_cycles"] == ref["load_cycles"]
 
 
 def test_a_board_built_for_another_npu_is_refused():
