@@ -375,6 +375,22 @@ class VectorUnit(wiring.Component):
             m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
                          lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
             add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            # One multiplier per lane for stage 0's products, whose ops exclude each other:
+            # REQUANT's a * mult, MUL's (a8 * b8) * mult, LayerNorm's n * x (signed 32 x
+            # unsigned 16 bits: two 18 x 18 DSPs).
+            prod8 = Signal(signed(16), name=f"mul{j}")
+            m.d.comb += prod8.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed())
+            mul_a = Signal(signed(32), name=f"mul_a{j}")
+            mul_b = Signal(16, name=f"mul_b{j}")
+            with m.Switch(op):
+                with m.Case(VectorOp.MUL):
+                    m.d.comb += [mul_a.eq(prod8), mul_b.eq(mult)]
+                with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
+                    m.d.comb += [mul_a.eq(x_src[j]), mul_b.eq(n)]
+                with m.Default():
+                    m.d.comb += [mul_a.eq(a[j]), mul_b.eq(mult)]
+            product = Signal(signed(49), name=f"product{j}")
+            m.d.comb += product.eq(mul_a * mul_b)
             # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
             gx = a[j][0:16].as_signed()
             g = cmd.shift[0:4]
@@ -390,17 +406,13 @@ class VectorUnit(wiring.Component):
                     m.d.comb += lane.val.eq(add)
                 with m.Case(VectorOp.BIAS):
                     m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
-                with m.Case(VectorOp.REQUANT):
-                    m.d.comb += lane.val.eq(a[j] * mult)
-                with m.Case(VectorOp.MUL):
-                    # int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32.
-                    prod = Signal(signed(16), name=f"mul{j}")
-                    m.d.comb += [prod.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed()),
-                                 lane.val.eq(prod * mult)]
+                with m.Case(VectorOp.REQUANT, VectorOp.MUL):
+                    # MUL: int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32.
+                    m.d.comb += lane.val.eq(product)
                 with m.Case(VectorOp.RELU):
                     m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
-                    m.d.comb += lane.val.eq(n * x_src[j] - s1)
+                    m.d.comb += lane.val.eq(product - s1)
                 with m.Case(VectorOp.ONEHOT):
                     m.d.comb += lane.val.eq(rel == j)
                 with m.Case(VectorOp.GELU16):
@@ -412,36 +424,56 @@ class VectorUnit(wiring.Component):
                         m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
 
         # Stage 1 -> 2.
+        # One rounding shift and one clamp per lane serve the requantiser (REQUANT, MUL: the
+        # operand by `sh`, to int8 or int16) and LayerNorm (t * Y by zs, to LN_Z_BITS): the ops
+        # of a beat are one or the other, so the shifter, the rounding adder and the two
+        # comparators are shared, with the bounds chosen by the op.
         pb, pl = stages[1]
+        z_hi = (1 << (LN_Z_BITS - 1)) - 1
+        bound1 = Signal(signed(LN_Z_BITS))
+        m.d.comb += bound1.eq(Mux(pb.ln, z_hi, Mux(pb.out16, (1 << 15) - 1, (1 << 7) - 1)))
         for j in range(lanes):
-            rq8 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 8, f"rq8_{j}")
-            rq16 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 16, f"rq16_{j}")
             # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
             t = pl[j].val[0:34].as_signed()
-            z = _clamp(m, _round_shift(t * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
-            with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL))):
-                m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
+            src1 = Signal(signed(34 + RSQRT_FRAC_BITS + 2), name=f"rs1_src{j}")
+            m.d.comb += src1.eq(Mux(pb.ln, t * pb.y, pl[j].val))
+            rounded1 = Signal(signed(len(src1)), name=f"rs1_{j}")
+            m.d.comb += rounded1.eq(_round_shift(src1, Mux(pb.ln, pb.zs, pl[j].sh)))
+            clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
+            with m.If(rounded1 > bound1):
+                m.d.comb += clamped1.eq(bound1)
+            with m.Elif(rounded1 < -bound1 - 1):
+                m.d.comb += clamped1.eq(-bound1 - 1)
+            with m.Else():
+                m.d.comb += clamped1.eq(rounded1)
+            with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL) | pb.ln)):
+                m.d.sync += stages[2][1][j].val.eq(clamped1)
             with m.If(adv & (pb.op == VectorOp.LUT)):
                 m.d.sync += stages[2][1][j].val.eq(lut_r[j].data)
             entry = lut16_r[j].data
             with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
                 m.d.sync += [stages[2][1][j].val.eq(entry.delta * pl[j].val[0:8]),
                              stages[2][1][j].base.eq(entry.base)]
-            with m.If(adv & pb.ln):
-                m.d.sync += stages[2][1][j].val.eq(z)
 
-        # Stage 2 -> 3.
+        # Stage 2 -> 3: LayerNorm's ((z * gamma) >> gshift) + beta, clamped to int16, and
+        # GELU16's base + ((delta * f) >> g) (int16 between two knots, or x itself: no clamp)
+        # share one rounding shift and one adder.
         pb, pl = stages[2]
+        gelu2 = pb.op == VectorOp.GELU16
         for j in range(lanes):
             z = pl[j].val[0:LN_Z_BITS].as_signed()
-            y = _round_shift(z * pl[j].gamma, pb.gshift) + pl[j].beta
+            src2 = Signal(signed(LN_Z_BITS + 16), name=f"rs2_src{j}")
+            m.d.comb += src2.eq(Mux(pb.ln, z * pl[j].gamma, pl[j].val[0:LN_Z_BITS + 16]))
+            rounded2 = Signal(signed(len(src2)), name=f"rs2_{j}")
+            m.d.comb += rounded2.eq(_round_shift(src2, Mux(pb.ln, pb.gshift, pl[j].sh)))
+            y = Signal(signed(len(src2) + 1), name=f"y2_{j}")
+            m.d.comb += y.eq(Mux(pb.ln, rounded2, rounded2[0:17].as_signed())
+                             + Mux(pb.ln, pl[j].beta, pl[j].base))
             y16 = _clamp(m, y, 16, f"y16_{j}")
             with m.If(adv & pb.ln):
                 m.d.sync += stages[3][1][j].val.eq(y16)
-            with m.If(adv & (pb.op == VectorOp.GELU16)):
-                # Between two int16 knots (or x itself): int16 without a clamp.
-                m.d.sync += stages[3][1][j].val.eq(
-                    pl[j].base + _round_shift(pl[j].val, pl[j].sh)[0:17].as_signed())
+            with m.If(adv & gelu2):
+                m.d.sync += stages[3][1][j].val.eq(y)
 
         # Stage 3 -> output register.
         pb, pl = stages[3]
