@@ -195,7 +195,8 @@ class MatmulArray(_Lanes):
                 prod = Signal(signed(17), name=f"pe{i}_{j}_prod")
                 # LUTs unless pe_dsp: the chip's other units may need the ECP5-85k's 156
                 # DSPs, and a 9x8 product takes a whole 18x18 one.
-                m.d.comb += prod.eq(a * b if self._pe_dsp else lut_product(a, b))
+                m.d.comb += prod.eq(a * b if self._pe_dsp else
+                                    lut_product(a, b, m=m, name=f"pe{i}_{j}_pp"))
                 with m.If(en):
                     if j + 1 < n:
                         m.d.sync += [a_out.eq(a), v_out.eq(v), l_out.eq(last)]
