@@ -8,7 +8,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..arith import lut_product
+from ..arith import lut_product, tree_sum
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.chip import check_built
@@ -351,9 +351,12 @@ class Requantizer(_Lanes):
                     rnd2[j].eq(rounding),
                     shift2[j].eq(shift1[j]),
                 ]
+                # Two two-operand adders (carry chains), not one three-operand one that
+                # synthesis would build from full adders in LUTs (hw.arith.tree_sum).
                 m.d.sync += [
                     raw3[j].eq(raw2[j]),
-                    p3[j].eq((hi2[j] << LO_BITS) + lo2[j] + rnd2[j]),
+                    p3[j].eq(tree_sum([hi2[j] << LO_BITS, lo2[j], rnd2[j]], m=m,
+                                      name=f"p3sum{j}")),
                     shift3[j].eq(shift2[j]),
                 ]
                 q = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"q_{j}")

@@ -11,6 +11,7 @@ from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, 
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import tree_sum
 from ..layouts import lanes_layout
 from ..spec.timing.vector import RSQRT_CYCLES
 from ..spec.vector import (
@@ -494,8 +495,8 @@ class VectorUnit(wiring.Component):
         # Statistics of the incoming beat (lanes past `length` count as 0).
         xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
         m.d.comb += [xa[j].eq(Mux(lane_ok[j], a[j][0:16], 0)) for j in range(lanes)]
-        beat_s1 = sum(xa[1:], xa[0])
-        beat_s2 = sum((x * x for x in xa[1:]), xa[0] * xa[0])
+        beat_s1 = tree_sum(xa, m=m, name="beat_s1")
+        beat_s2 = tree_sum((x * x for x in xa), m=m, name="beat_s2")
         amax_v, amax_j = _argmax_tree(
             m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
         is_argmax = op == VectorOp.ARGMAX

@@ -2,8 +2,8 @@
 equals Python's ``divmod`` on every operand pair of small ranges."""
 
 import pytest
-from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.back import rtlil
+from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
 from hw.arith import lut_product, small_divmod, tree_sum
