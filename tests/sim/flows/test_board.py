@@ -101,6 +101,15 @@ def test_cli_refuses_a_missing_port(capsys):
                           "npu board: --port /dev/no-such-tty: cannot open at 1000000 baud")
 
 
+def test_cli_needs_a_port_or_sim(capsys):
+    assert_one_line_error(*run(capsys, "board", "--npu", TINY_NPU, "--model", TINY_MODEL),
+                          "npu board: one of the arguments --port --sim is required")
+    assert_one_line_error(*run(capsys, "board", "--sim", "--baud", "115200", "--npu", TINY_NPU,
+                               "--model", TINY_MODEL),
+                          "npu board: --baud 115200 is for a board (--port); --sim runs 4 "
+                          "clocks per bit")
+
+
 def test_cli_refuses_a_bad_timeout(capsys):
     assert_one_line_error(*run(capsys, "board", "--port", "x", "--npu", TINY_NPU, "--model",
                                TINY_MODEL, "--timeout", "0"),
