@@ -21,7 +21,7 @@ def add_parser(sub):
     p.add_argument("--device", default="ecp5-85k", choices=list(DEVICES))
     p.add_argument("--top", default="matmul", help="top from `npu export` (default: matmul)")
     p.add_argument("--json")
-    p.add_argument("--build", help="keep the Verilog, netlists, logs and report in this directory")
+    p.add_argument("--build", help="keep the RTLIL, netlists, logs and report in this directory")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     p.add_argument("--synth-only", action="store_true",
                    help="synthesis only: the top without the shell, use from Yosys' cells, "
