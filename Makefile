@@ -42,6 +42,13 @@ check-cxx:
 # data parallelism's: four sequences, so that every replica has one. GRID=AxB replaces CHIPS.
 BATCH    ?= $(if $(findstring pipeline,$(STRATEGY))$(findstring data,$(STRATEGY)),4,)
 GRID     ?=
+# TOPOLOGY=XxY: an X x Y torus (TOPOLOGY=N: a ring of N) instead of CHIPS; a grid strategy
+# is placed on the torus of its shape (head+pipeline AxB on A x B, the data grids on B x A,
+# data+pipeline+head AxBxC on C x AB), GRID defaulting to it but for data+pipeline+head.
+TOPOLOGY ?=
+swap      = $(word 2,$(subst x, ,$(1)))x$(word 1,$(subst x, ,$(1)))
+TORUS_GRID = $(if $(findstring x,$(TOPOLOGY)),$(if $(filter head+pipeline,$(STRATEGY)),$(TOPOLOGY),$(if $(filter data+head data+pipeline,$(STRATEGY)),$(call swap,$(TOPOLOGY)))))
+SYSTEM    = $(if $(GRID),--grid $(GRID),$(if $(TORUS_GRID),--grid $(TORUS_GRID),$(if $(TOPOLOGY),,--chips $(CHIPS)))) $(if $(TOPOLOGY),--topology $(TOPOLOGY))
 # GENERATE=N: greedy generation of N tokens after the prompt (a decoder), on chip.
 GENERATE ?=
 # A generation writes its timeline; the Chrome trace is of forward passes.
@@ -49,7 +56,7 @@ TIMED    := --plot $(BUILD)/sim-$(STRATEGY).png \
             $(if $(GENERATE),,--trace $(BUILD)/sim-$(STRATEGY)-trace.json)
 
 sim: $(STAMP)
-	$(NPU) sim --strategy $(STRATEGY) $(if $(GRID),--grid $(GRID),--chips $(CHIPS)) --backend $(BACKEND) \
+	$(NPU) sim --strategy $(STRATEGY) $(SYSTEM) --backend $(BACKEND) \
 		--npu $(NPU_TOML) --model $(MODEL) --seed $(SEED) $(if $(BATCH),--batch $(BATCH)) \
 		$(if $(QUANT),--quant $(QUANT)) $(if $(GENERATE),--generate $(GENERATE)) \
 		--json $(BUILD)/sim-$(STRATEGY).json $(TIMED)

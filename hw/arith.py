@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Mux, Signal, Value, signed, unsigned
 
-__all__ = ["tree_sum", "lut_product", "small_divmod"]
+__all__ = ["tree_sum", "lut_product"]
 
 
 def tree_sum(values, *, m=None, name: str = "sum"):
@@ -57,38 +57,3 @@ def lut_product(a, b, *, m=None, name: str = "prod"):
     # The exact product fits the shape: dropping the adders' extra top bits loses nothing.
     total = tree_sum(terms, m=m, name=name)[:shape.width]
     return total.as_signed() if shape.signed else total
-
-
-def small_divmod(m, x, d, *, d_max: int, name: str = "divmod"):
-    """``(x // d, x % d)`` for an unsigned ``x`` and an unsigned divisor ``1 <= d <= d_max``, as
-    restoring division whose partial remainder is only as wide as ``d_max``; the steps are
-    driven in ``m.d.comb`` (signals ``<name>_rem<i>``) and the quotient and remainder are
-    returned as signals ``<name>_q`` (the width of ``x``) and ``<name>_r``
-    (``d_max.bit_length()`` bits). A divisor of 0 or above ``d_max`` gives an unspecified result.
-
-    Why not ``//``: Yosys lowers a division to an array of full-width subtractors; here each of
-    the ``len(x)`` steps is a compare and subtract of ``d_max.bit_length() + 1`` bits (24 by 4
-    bits, placed on the ECP5: 512 LUT4 slots against 857). A wide signed one even stops
-    ``synth_ecp5`` (``tests/hw/test_yosys_regressions.py``). Either way the steps are one
-    combinational chain: 24 of them run at about 12 MHz on the ECP5. Why a signal
-    per step: each step uses the previous remainder three times, so as one expression the
-    steps would make a tree of ``3 ** len(x)`` nodes, which Amaranth's simulator compiles
-    without sharing.
-    """
-    if not isinstance(d_max, int) or isinstance(d_max, bool) or d_max < 1:
-        raise ValueError(f"d_max must be a positive integer, not {d_max!r}")
-    x, d = Value.cast(x), Value.cast(d)
-    if x.shape().signed or d.shape().signed:
-        raise TypeError(f"small_divmod takes unsigned operands, not {x.shape()} by {d.shape()}")
-    width = d_max.bit_length() + 1
-    # The partial remainder stays below d <= d_max: 2 * rem + 1 fits `width` bits.
-    rem = Const(0, width - 1)
-    quotient = Signal(len(x), name=f"{name}_q")
-    for i in reversed(range(len(x))):
-        shifted = Cat(x[i], rem)
-        ge = shifted >= d
-        rem = Signal(width - 1, name=f"{name}_rem{i}")
-        m.d.comb += [rem.eq(Mux(ge, shifted - d, shifted)), quotient[i].eq(ge)]
-    remainder = Signal(width - 1, name=f"{name}_r")
-    m.d.comb += remainder.eq(rem)
-    return quotient, remainder

@@ -18,13 +18,15 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 from .ring.collective import CollectiveEngine
 from .ring.router import Router, tag_layout
 from .spec import NpuConfig
-from .spec.collective import LENGTH_BITS, Kind
+from .spec.collective import CHUNKS_SHIFT, COUNT_FIELD_BITS, IN_PLACE_BIT, LENGTH_BITS, Kind
 from .spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
     COLL_FIFO_WORDS,
+    COLL_GENS,
     COUNT_BITS,
     INSN_BITS,
+    OPCODE_BITS,
     READ_GENS,
     RECV_FIFO_WORDS,
     REG_INDEX,
@@ -36,7 +38,8 @@ from .spec.isa import (
     Op,
     Unit,
 )
-from .spec.ring import CHAN_COLL, CHAN_P2P, CHIP_BITS
+from .spec.ring import CHAN_P2P, COLL_CHANS, CTS_SLOTS, NODE_CHIP_BITS
+from .spec.topology import MAX_CHIPS
 from .tile.attention_engine import AttentionEngine
 from .tile.attention_engine import cfg_layout as attention_cfg_layout
 from .tile.gearbox import WordPacker, WordUnpacker
@@ -59,24 +62,29 @@ __all__ = ["Chip", "reg_widths"]
 SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
 #: Which configuration register feeds each field of the matmul engine's ``i_cfg``.
 MM_CFG_REGS = {"k": "MM_K", "folds": "MM_FOLDS", "mode": "MM_MODE",
-               "a_unsigned": "MM_A_UNSIGNED"}
+               "a_unsigned": "MM_A_UNSIGNED", "b_rows": "MM_B_ROWS",
+               "b_blocks": "MM_B_BLOCKS", "b_last": "MM_B_LAST"}
 #: Which configuration register feeds each field of the attention engine's ``i_cfg``.
 ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
                  "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
                  "score_mult": "AT_SCORE_MULT", "score_shift": "AT_SCORE_SHIFT",
-                 "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD"}
+                 "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD",
+                 "q_lane": "AT_Q_LANE", "k_lane": "AT_K_LANE", "v_lane": "AT_V_LANE",
+                 "o_lane": "AT_O_LANE"}
 
 
 #: Bits of the COLL registers the chip reads: the command's fields (``_collective``), and
 #: CO_WIDTH whole (the chip compares it with 64; any other value runs as 32).
-CO_REG_BITS = {"CO_KIND": 3, "CO_OP": 2, "CO_WIDTH": VALUE_BITS, "CO_LEN": LENGTH_BITS,
-               "CO_CHIPS": 5, "CO_RANK": 4, "CO_FIRST": 4, "CO_COUNT": 5}
+CO_REG_BITS = {"CO_KIND": CHUNKS_SHIFT + 16, "CO_OP": 2, "CO_WIDTH": VALUE_BITS,
+               "CO_LEN": 2 * LENGTH_BITS, "CO_COUNT": 3 * COUNT_FIELD_BITS,
+               "CO_CHIPS": 1, "CO_RANK": (MAX_CHIPS + 1).bit_length()}
 
 
-def reg_widths(npu: NpuConfig) -> tuple[int, ...]:
+def reg_widths(npu: NpuConfig, chip_bits: int = NODE_CHIP_BITS) -> tuple[int, ...]:
     """Bits of each configuration register (``hw.spec.isa.REGS`` order) that a chip built to
     ``npu`` reads: an address generator's descriptor fields (``desc_layout``), each unit's
-    configuration field, the collective's (:data:`CO_REG_BITS`), SR_DEST and SR_SRC. The
+    configuration field, the collective's (:data:`CO_REG_BITS`), and CO_NEXT, SR_DEST and SR_SRC
+    (``chip_bits``). The
     sequencer keeps only these bits (:class:`~hw.tile.sequencer.Sequencer`'s ``reg_widths``):
     the registers wrap modulo ``2**VALUE_BITS``, so a field's low bits are the same either way.
     """
@@ -91,23 +99,25 @@ def reg_widths(npu: NpuConfig) -> tuple[int, ...]:
         if gen in WRAP_GENS:
             widths[f"{gen}.wrap"] = desc.members["wrap"].width
             widths[f"{gen}.off"] = desc.members["off"].width
-    for layout, fields in ((matmul_cfg_layout(), MM_CFG_REGS),
-                           (attention_cfg_layout(npu.d_head_max), ATTN_CFG_REGS),
+    for layout, fields in ((matmul_cfg_layout(npu.array_size), MM_CFG_REGS),
+                           (attention_cfg_layout(npu.d_head_max, npu.array_size), ATTN_CFG_REGS),
                            (vector_cfg_layout(), VEC_CFG_REGS)):
         widths.update({name: Shape.cast(layout.members[field]).width
                        for field, name in fields.items()})
     widths.update(CO_REG_BITS)
-    widths.update({"SR_DEST": CHIP_BITS, "SR_SRC": CHIP_BITS})
+    widths.update({"SR_DEST": chip_bits, "SR_SRC": chip_bits, "CO_NEXT": chip_bits})
     return tuple(widths[name] for name in REGS)
 
 
 def _write(m, addr, wp, src):
     """Join a write generator's addresses ``addr`` with a unit's words ``src`` into the
-    scratchpad write port ``wp``: a word is written when both are there and the port is free."""
+    scratchpad write port ``wp``: a word is written (every byte) when both are there and the
+    port is free."""
     m.d.comb += [
         wp.valid.eq(addr.valid & src.valid),
         wp.payload.addr.eq(addr.payload.addr),
         wp.payload.data.eq(src.payload.data),
+        wp.payload.mask.eq(-1),
         addr.ready.eq(wp.ready & src.valid),
         src.ready.eq(wp.ready & addr.valid),
     ]
@@ -129,35 +139,58 @@ class Chip(wiring.Component):
     - ``busy`` (the units busy now, ``hw.spec.isa.Unit`` bits) and ``pc``: what a watchdog
       reports about a chip that never halts.
 
-    Ring port ``ring`` (:class:`~hw.tile.ports.RingPortSignature`): ``ring.tx`` and ``ring.rx``
-    carry tagged words of ``D = max(2 * link_bytes_per_cycle, 8)`` bytes; join chip i's
-    ``ring.tx`` to chip (i + 1) mod N's ``ring.rx`` through a :class:`~hw.ring.link.RingLink`
-    (:class:`hw.system.ChipSystem`), and tie ``chip_id`` to i. A router
-    (:class:`~hw.ring.router.Router`) delivers the words for this chip to the collective engine,
-    the receive unit or the send unit's clear-to-send flags, and forwards the rest (see
-    ``hw.spec.ring``). ``D`` must be a multiple of the scratchpad word
-    (:meth:`~hw.spec.NpuConfig.ring_port_error`; the constructor raises
+    Ring ports (:class:`~hw.tile.ports.RingPortSignature`), one per dimension of the system
+    (``dims``: 1 on a ring, 2 on a torus): ``ring`` (dimension 0: ``ring.tx`` to the next chip
+    of the ring or row, ``ring.rx`` from the previous one) and, on a torus, ``ring_y``
+    (dimension 1, along the column). They carry tagged words of ``D = max(2 *
+    link_bytes_per_cycle, 8)`` bytes; join each ``tx`` to the next chip's ``rx`` through a
+    :class:`~hw.ring.link.RingLink` (:class:`hw.system.ChipSystem`), and tie ``chip_id`` to the
+    chip's id (and, on a torus, ``row_first`` and ``row_last`` to its row's first and last
+    ids). A router (:class:`~hw.ring.router.Router`) delivers the words for this chip to a
+    collective engine, the receive unit or the send unit's clear-to-send store, and forwards
+    the rest, the column first (``hw.spec.ring``). ``D`` must be a multiple of the scratchpad
+    word (:meth:`~hw.spec.NpuConfig.ring_port_error`; the constructor raises
     :meth:`~hw.spec.NpuConfig.chip_error`).
 
-    ``coll_avg=False`` builds the collective engine without AVG's divider (an FPGA build:
+    ``chip_bits``: bits of a chip id, the system's :func:`~hw.spec.topology.chip_bits`
+    (default :data:`hw.spec.ring.NODE_CHIP_BITS`: any system of up to 1,024 chips). A torus's
+    chip (``dims=2``) has two collective engines (the COLL's operand names one; engine 1 reads
+    through RD8 and writes through WR5); a ring's has one (a COLL runs on it whatever its
+    operand).
+
+    ``coll_avg=False`` builds the collective engines without AVG's divider (an FPGA build:
     :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
     ``pe_dsp=True`` takes the matmul array's products in DSPs (an FPGA build with DSPs to
     spare: :class:`hw.tile.matmul.MatmulArray`); function and timing are the same.
     """
 
-    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False):
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False,
+                 chip_bits: int | None = None, dims: int = 1):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         if (error := npu.chip_error()) is not None:
             raise error
+        chip_bits = NODE_CHIP_BITS if chip_bits is None else chip_bits
+        if not isinstance(chip_bits, int) or isinstance(chip_bits, bool) or \
+                not 1 <= chip_bits <= NODE_CHIP_BITS:
+            raise ValueError(f"chip_bits must be an integer 1..{NODE_CHIP_BITS}, not "
+                             f"{chip_bits!r}")
+        if dims not in (1, 2) or isinstance(dims, bool):
+            raise ValueError(f"dims must be 1 (a ring) or 2 (a torus), not {dims!r}")
         self._coll_bytes = npu.ring_word_bytes
         self._npu = npu
         self._coll_avg = bool(coll_avg)
         self._pe_dsp = bool(pe_dsp)
+        self._chip_bits = chip_bits
+        self._dims = dims
+        self._engines = dims
+        unused = set() if dims == 2 else {g for pair in COLL_GENS[1:] for g in pair}
+        self._read_gens = tuple(g for g in READ_GENS if g not in unused)
+        self._write_gens = tuple(g for g in WRITE_GENS if g not in unused)
         self._sp_args = {"words": npu.sram_words, "banks": npu.sram_banks,
-                         "word_bytes": npu.word_bytes, "read_ports": len(READ_GENS) + 1,
-                         "write_ports": len(WRITE_GENS) + 1}
-        super().__init__({
+                         "word_bytes": npu.word_bytes, "read_ports": len(self._read_gens) + 1,
+                         "write_ports": len(self._write_gens) + 1}
+        members = {
             "start": In(1),
             "done": Out(1),
             "error": Out(1),
@@ -165,10 +198,25 @@ class Chip(wiring.Component):
             "busy_cycles": Out(32).array(len(BUSY_COUNTERS)),
             "busy": Out(UNIT_BITS),
             "pc": Out(range(npu.imem_words)),
-            "chip_id": In(CHIP_BITS),
+            "chip_id": In(chip_bits),
             "host": In(HostSignature(npu)),
-            "ring": Out(RingPortSignature(self._coll_bytes)),
-        })
+            "ring": Out(RingPortSignature(self._coll_bytes, chip_bits)),
+        }
+        if dims == 2:
+            members.update({
+                "row_first": In(chip_bits),
+                "row_last": In(chip_bits),
+                "ring_y": Out(RingPortSignature(self._coll_bytes, chip_bits)),
+            })
+        super().__init__(members)
+
+    @property
+    def chip_bits(self) -> int:
+        return self._chip_bits
+
+    @property
+    def dims(self) -> int:
+        return self._dims
 
     @property
     def npu(self):
@@ -198,7 +246,7 @@ class Chip(wiring.Component):
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
         m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
-                                           reg_widths=reg_widths(npu))
+                                           reg_widths=reg_widths(npu, self._chip_bits))
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
         imem_rd = imem.read_port()
         imem_wr = imem.write_port()
@@ -217,14 +265,16 @@ class Chip(wiring.Component):
         ]
 
         # Host access through the last (lowest-priority) scratchpad ports.
-        host_rp = spad.rd[len(READ_GENS)]
+        read_gens, write_gens = self._read_gens, self._write_gens
+        host_rp = spad.rd[len(read_gens)]
         connect(m, flipped(host.rd_addr), host_rp.i_addr)
         connect(m, host_rp.o_data, flipped(host.rd_data))
-        host_wp = spad.wr[len(WRITE_GENS)]
+        host_wp = spad.wr[len(write_gens)]
         m.d.comb += [
             host_wp.i.valid.eq(host.wr.valid),
             host_wp.i.payload.addr.eq(host.wr.payload.addr),
             host_wp.i.payload.data.eq(host.wr.payload.data),
+            host_wp.i.payload.mask.eq(-1),
             host.wr.ready.eq(host_wp.i.ready),
         ]
 
@@ -232,7 +282,7 @@ class Chip(wiring.Component):
             return seq.regs[REG_INDEX[name]]
 
         gens = {}
-        for name in READ_GENS + WRITE_GENS:
+        for name in read_gens + write_gens:
             gen = AddrGen(addr_bits=ab, wrap=name in WRAP_GENS)
             m.submodules[f"gen_{name.lower()}"] = gen
             gens[name] = gen
@@ -243,7 +293,7 @@ class Chip(wiring.Component):
             for lv in range(ADDR_LEVELS):
                 m.d.comb += [gen.i.payload.n[lv].eq(reg(f"{name}.n{lv}")),
                              gen.i.payload.s[lv].eq(reg(f"{name}.s{lv}"))]
-        for k, name in enumerate(READ_GENS):
+        for k, name in enumerate(read_gens):
             connect(m, gens[name].o, spad.rd[k].i_addr)
 
         def idle(names):
@@ -277,7 +327,7 @@ class Chip(wiring.Component):
         m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max)
         owner_attn = Signal()
         shared_idle = idle(SHARED_GENS)
-        rd_index = {name: k for k, name in enumerate(READ_GENS)}
+        rd_index = {name: k for k, name in enumerate(read_gens)}
         for gen, at_port, vu_port in (("RD3", at.i_k, vu.i_a), ("RD4", at.i_v, vu.i_b),
                                       ("RD5", at.i_q, vu.i_stats)):
             rd = spad.rd[rd_index[gen]].o_data
@@ -286,21 +336,26 @@ class Chip(wiring.Component):
                              port.payload.data.eq(rd.payload.data),
                              port.payload.last.eq(rd.payload.last)]
             m.d.comb += rd.ready.eq(Mux(owner_attn, at_port.ready, vu_port.ready))
-        wr_index = {name: k for k, name in enumerate(WRITE_GENS)}
+        wr_index = {name: k for k, name in enumerate(write_gens)}
         for gen, at_port, vu_port in (("WR1", at.o, vu.o_data), ("WR2", None, vu.o_q)):
             addr, wp = gens[gen].o, spad.wr[wr_index[gen]].i
             if at_port is not None:
+                # WR1 writes the bytes its source enables: an attention row of a head packed
+                # with others in its words, a vector row ending inside a word (``keep``).
                 src_valid = Mux(owner_attn, at_port.valid, vu_port.valid)
                 src_data = Mux(owner_attn, at_port.payload.data.as_value(),
                                vu_port.payload.data.as_value())
+                src_mask = Mux(owner_attn, at_port.payload.mask, vu_port.payload.mask)
                 m.d.comb += at_port.ready.eq(owner_attn & wp.ready & addr.valid)
             else:
                 src_valid = ~owner_attn & vu_port.valid
                 src_data = vu_port.payload.data.as_value()
+                src_mask = -1
             m.d.comb += [
                 wp.valid.eq(addr.valid & src_valid),
                 wp.payload.addr.eq(addr.payload.addr),
                 wp.payload.data.eq(src_data),
+                wp.payload.mask.eq(src_mask),
                 addr.ready.eq(wp.ready & src_valid),
                 vu_port.ready.eq(~owner_attn & wp.ready & addr.valid),
             ]
@@ -330,11 +385,18 @@ class Chip(wiring.Component):
         at_busy = at.busy | (owner_attn & ~shared_idle)
         vu_busy = vu.busy | (~owner_attn & ~shared_idle)
 
-        m.submodules.router = router = Router(word_bytes=self._coll_bytes)
+        m.submodules.router = router = Router(word_bytes=self._coll_bytes,
+                                              chip_bits=self._chip_bits, dims=self._dims,
+                                              engines=self._engines)
         connect(m, router.o_link, flipped(self.ring.tx))
         connect(m, flipped(self.ring.rx), router.i_link)
         m.d.comb += router.chip_id.eq(self.chip_id)
-        co_busy = self._collective(m, seq, spad, gens, reg, idle, router)
+        if self._dims == 2:
+            connect(m, router.o_link_y, flipped(self.ring_y.tx))
+            connect(m, flipped(self.ring_y.rx), router.i_link_y)
+            m.d.comb += [router.row_first.eq(self.row_first),
+                         router.row_last.eq(self.row_last)]
+        co_busy = self._collective(m, seq, spad, gens, reg, idle, router, imem_rd.data)
         send_busy = self._send(m, seq, spad, gens, reg, idle, router)
         recv_busy = self._recv(m, seq, spad, gens, reg, idle, router)
 
@@ -361,103 +423,121 @@ class Chip(wiring.Component):
         ]
         return m
 
-    def _collective(self, m, seq, spad, gens, reg, idle, router):
-        """Collective engine: RD6 -> gearbox -> ``i_local``, ``o_local`` -> gearbox -> WR3;
-        ``o_tx`` and ``i_rx`` through the router (words tagged for the next group member).
+    def _collective(self, m, seq, spad, gens, reg, idle, router, insn):
+        """The collective engines: engine e reads through its RD generator -> gearbox ->
+        ``i_local`` and writes ``o_local`` -> gearbox -> its WR generator
+        (``hw.spec.isa.COLL_GENS``); ``o_tx`` and ``i_rx`` through the router (words tagged
+        for the next group member, on engine e's channel). A COLL launches the engine its
+        operand names (``insn``, the instruction being executed; engine 0 on a chip with one).
 
-        Returns its busy flag: the engine is busy, RD6/WR3 hold an address, or the read gearbox
-        holds a partial word.
+        Returns the collective unit's busy flag: an engine is busy, its generators hold an
+        address, or its read gearbox holds a partial word.
         """
         n = self._npu.word_bytes
         ratio = self._coll_bytes // n
         wbits = 8 * n
-        m.submodules.collective = co = CollectiveEngine(
-            link_bytes=self._npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
-            avg=self._coll_avg)
-        co_dest = Signal(CHIP_BITS)
-        tx_tag = data.View(tag_layout(), router.i_coll.payload.tag)
-        m.d.comb += [
-            router.i_coll.valid.eq(co.o_tx.valid),
-            router.i_coll.payload.data.eq(co.o_tx.payload.data),
-            router.i_coll.payload.last.eq(co.o_tx.payload.last),
-            tx_tag.dest.eq(co_dest), tx_tag.src.eq(self.chip_id), tx_tag.chan.eq(CHAN_COLL),
-            co.o_tx.ready.eq(router.i_coll.ready),
-        ]
-        connect(m, router.o_coll, co.i_rx)
-
-        # RD6 -> packer -> i_local: `ratio` scratchpad words make one engine word.
-        m.submodules.co_pack = pack = WordPacker(narrow_bits=wbits, ratio=ratio)
-        rd = spad.rd[READ_GENS.index("RD6")].o_data
-        m.d.comb += [
-            pack.i.valid.eq(rd.valid),
-            pack.i.payload.data.eq(rd.payload.data),
-            pack.i.payload.last.eq(rd.payload.last),
-            rd.ready.eq(pack.i.ready),
-            co.i_local.valid.eq(pack.o.valid),
-            co.i_local.payload.data.eq(pack.o.payload.data),
-            co.i_local.payload.last.eq(0),
-            pack.o.ready.eq(co.i_local.ready),
-        ]
-        # o_local -> unpacker -> WR3: each engine word leaves as `ratio` scratchpad words.
-        m.submodules.co_unpack = unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
-        out = co.o_local
-        m.d.comb += [
-            unpack.i.valid.eq(out.valid),
-            unpack.i.payload.data.eq(out.payload.data),
-            unpack.i.payload.last.eq(out.payload.last),
-            out.ready.eq(unpack.i.ready),
-        ]
-        _write(m, gens["WR3"].o, spad.wr[WRITE_GENS.index("WR3")].i, unpack.o)
+        cb = self._chip_bits
+        bit = LAUNCH_OPS.index(Op.COLL)
+        go = seq.launch[bit] & seq.can_launch[bit]
+        engine_sel = insn[OPCODE_BITS] if self._engines == 2 else 0
 
         # Launch: the CO_* registers become the engine's command. A chip outside the group
-        # takes no part (its router forwards the group's words): its COLL is a no-op. A
-        # member's schedule uses the local input (RD6) in a reduction or an all-gather, or as
-        # the sender of a send/recv; it produces output (WR3) as such a member, or the receiver.
-        # Only those generators start: a started generator that is never drained would hang.
-        bit = LAUNCH_OPS.index(Op.COLL)
-        co_busy = Signal()
-        m.d.comb += co_busy.eq(co.busy | ~idle(("RD6", "WR3")) | pack.busy)
-        go = seq.launch[bit] & seq.can_launch[bit]
-        cmd = co.i_cmd.payload
-        kind = Signal(CO_REG_BITS["CO_KIND"])
-        rank, first = Signal(CO_REG_BITS["CO_RANK"]), Signal(CO_REG_BITS["CO_FIRST"])
-        chips, count = Signal(CO_REG_BITS["CO_CHIPS"]), Signal(CO_REG_BITS["CO_COUNT"])
-        diff = Signal(range(-16, 16))
-        pos = Signal(range(16))
-        m.d.comb += [
-            kind.eq(reg("CO_KIND")),
-            rank.eq(reg("CO_RANK")), first.eq(reg("CO_FIRST")),
-            chips.eq(reg("CO_CHIPS")), count.eq(reg("CO_COUNT")),
-            seq.can_launch[bit].eq(~co_busy),
-            cmd.kind.eq(kind),
-            cmd.op.eq(reg("CO_OP")),
-            cmd.wide.eq(reg("CO_WIDTH") == 64),
-            cmd.length.eq(reg("CO_LEN")),
-            cmd.chips.eq(chips),
-            cmd.rank.eq(rank),
-            cmd.first.eq(first),
-            cmd.count.eq(count),
-            diff.eq(rank - first),
-            pos.eq(Mux(diff < 0, diff + chips, diff)),
-        ]
-        member = pos < count
-        # The next member's chip: (first + (pos + 1) mod count) mod chips.
-        nxt = Signal(range(16))
-        dest = Signal(range(32))
-        m.d.comb += [
-            co.i_cmd.valid.eq(go & member),
-            nxt.eq(Mux(pos + 1 == count, 0, pos + 1)),
-            dest.eq(first + nxt),
-        ]
-        with m.If(go):
-            m.d.sync += co_dest.eq(Mux(dest >= chips, dest - chips, dest))
+        # (CO_RANK >= the group size) takes no part (its router forwards the group's words):
+        # its COLL is a no-op. A member's schedule uses the local input in a reduction or an
+        # all-gather, or as the sender of a send/recv; it produces output as such a member, or
+        # the receiver. Only those generators start: a started generator that is never drained
+        # would hang.
+        kind = Signal(3)
+        count = Signal(range(MAX_CHIPS + 1))
+        rank = Signal(range(MAX_CHIPS + 1))
+        m.d.comb += [kind.eq(reg("CO_KIND")[:3]),
+                     count.eq(reg("CO_COUNT")[:COUNT_FIELD_BITS]), rank.eq(reg("CO_RANK"))]
+        member = rank < count
         data_kind = (kind == Kind.ALL_REDUCE) | (kind == Kind.REDUCE_SCATTER) | \
             (kind == Kind.ALL_GATHER)
         send_recv = kind == Kind.SEND_RECV
-        m.d.comb += [
-            gens["RD6"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 0)))),
-            gens["WR3"].i.valid.eq(go & member & (data_kind | (send_recv & (pos == 1)))),
-        ]
+        uses_rd = data_kind | (send_recv & (rank == 0))
+        uses_wr = data_kind | (send_recv & (rank == 1))
+
+        busies = []
+        for e in range(self._engines):
+            rd_gen, wr_gen = COLL_GENS[e]
+            sub = "collective" if e == 0 else f"collective{e}"
+            co = CollectiveEngine(link_bytes=self._npu.link_bytes_per_cycle,
+                                  fifo_words=COLL_FIFO_WORDS, avg=self._coll_avg,
+                                  max_count=min(MAX_CHIPS, 1 << cb))
+            m.submodules[sub] = co
+            i_coll = router.i_coll if e == 0 else router.i_coll1
+            o_coll = router.o_coll if e == 0 else router.o_coll1
+            co_dest = Signal(cb, name=f"co{e}_dest")
+            tx_tag = data.View(tag_layout(cb), i_coll.payload.tag)
+            m.d.comb += [
+                i_coll.valid.eq(co.o_tx.valid),
+                i_coll.payload.data.eq(co.o_tx.payload.data),
+                i_coll.payload.last.eq(co.o_tx.payload.last),
+                tx_tag.dest.eq(co_dest), tx_tag.src.eq(self.chip_id),
+                tx_tag.chan.eq(COLL_CHANS[e]),
+                co.o_tx.ready.eq(i_coll.ready),
+            ]
+            connect(m, o_coll, co.i_rx)
+
+            # RD -> packer -> i_local: `ratio` scratchpad words make one engine word.
+            pack = WordPacker(narrow_bits=wbits, ratio=ratio)
+            m.submodules[f"co{e}_pack" if e else "co_pack"] = pack
+            rd = spad.rd[self._read_gens.index(rd_gen)].o_data
+            m.d.comb += [
+                pack.i.valid.eq(rd.valid),
+                pack.i.payload.data.eq(rd.payload.data),
+                pack.i.payload.last.eq(rd.payload.last),
+                rd.ready.eq(pack.i.ready),
+                co.i_local.valid.eq(pack.o.valid),
+                co.i_local.payload.data.eq(pack.o.payload.data),
+                co.i_local.payload.last.eq(0),
+                pack.o.ready.eq(co.i_local.ready),
+            ]
+            # o_local -> unpacker -> WR: each engine word leaves as `ratio` scratchpad words.
+            unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
+            m.submodules[f"co{e}_unpack" if e else "co_unpack"] = unpack
+            out = co.o_local
+            m.d.comb += [
+                unpack.i.valid.eq(out.valid),
+                unpack.i.payload.data.eq(out.payload.data),
+                unpack.i.payload.last.eq(out.payload.last),
+                out.ready.eq(unpack.i.ready),
+            ]
+            _write(m, gens[wr_gen].o, spad.wr[self._write_gens.index(wr_gen)].i, unpack.o)
+
+            busy = Signal(name=f"co{e}_busy")
+            m.d.comb += busy.eq(co.busy | ~idle((rd_gen, wr_gen)) | pack.busy)
+            busies.append(busy)
+            mine = go & (engine_sel == e)
+            cmd = co.i_cmd.payload
+            m.d.comb += [
+                cmd.kind.eq(kind),
+                cmd.op.eq(reg("CO_OP")),
+                cmd.wide.eq(reg("CO_WIDTH") == 64),
+                # CO_LEN: length, block length; CO_COUNT: group size, longer blocks.
+                cmd.length.eq(reg("CO_LEN")[:LENGTH_BITS]),
+                cmd.block.eq(reg("CO_LEN")[LENGTH_BITS:2 * LENGTH_BITS]),
+                cmd.longer.eq(reg("CO_COUNT")[COUNT_FIELD_BITS:]),
+                cmd.count.eq(count),
+                cmd.rank.eq(rank),
+                cmd.divisor.eq(reg("CO_COUNT")[2 * COUNT_FIELD_BITS:3 * COUNT_FIELD_BITS]),
+                # CO_KIND: kind, in place (all-gather), chunks less one.
+                cmd.in_place.eq(reg("CO_KIND")[IN_PLACE_BIT]),
+                cmd.chunks.eq(reg("CO_KIND")[CHUNKS_SHIFT:CHUNKS_SHIFT + 16]),
+                co.i_cmd.valid.eq(mine & member),
+                gens[rd_gen].i.valid.eq(mine & member & uses_rd),
+                gens[wr_gen].i.valid.eq(mine & member & uses_wr),
+            ]
+            with m.If(mine):
+                m.d.sync += co_dest.eq(reg("CO_NEXT"))
+        if self._engines == 2:
+            m.d.comb += seq.can_launch[bit].eq(~Mux(engine_sel, busies[1], busies[0]))
+        else:
+            m.d.comb += seq.can_launch[bit].eq(~busies[0])
+        co_busy = Signal()
+        m.d.comb += co_busy.eq(Cat(*busies).any())
         return co_busy
 
     def _send(self, m, seq, spad, gens, reg, idle, router):
@@ -466,12 +546,12 @@ class Chip(wiring.Component):
         ratio = self._coll_bytes // self._npu.word_bytes
         m.submodules.send_pack = pack = WordPacker(narrow_bits=8 * self._npu.word_bytes,
                                                    ratio=ratio)
-        rd = spad.rd[READ_GENS.index("RD7")].o_data
+        rd = spad.rd[self._read_gens.index("RD7")].o_data
         connect(m, rd, pack.i)
+        cb = self._chip_bits
         active, clear = Signal(), Signal()
-        dest = Signal(CHIP_BITS)
-        cts = Signal(1 << CHIP_BITS)      # clear-to-send tokens held, by source chip
-        tag = data.View(tag_layout(), router.i_p2p.payload.tag)
+        dest = Signal(cb)
+        tag = data.View(tag_layout(cb), router.i_p2p.payload.tag)
         m.d.comb += [
             router.i_p2p.valid.eq(pack.o.valid & clear),
             router.i_p2p.payload.data.eq(pack.o.payload.data),
@@ -479,12 +559,38 @@ class Chip(wiring.Component):
             tag.dest.eq(dest), tag.src.eq(self.chip_id), tag.chan.eq(CHAN_P2P),
             pack.o.ready.eq(router.i_p2p.ready & clear),
         ]
-        take = active & ~clear & cts.bit_select(dest, 1)
-        consumed = Signal(1 << CHIP_BITS)
+        # Clear-to-send tokens held: CTS_SLOTS entries of (valid, source chip). A token from a
+        # source already held is merged with it (each receiver has at most one open RECV, so
+        # it cannot send a second before the first was used); a token arriving while the store
+        # is full waits on its link (the router's o_cts.ready). The SEND for `dest` takes the
+        # token from `dest`, and with it one arriving from `dest` in the same cycle.
+        held = Signal(CTS_SLOTS)
+        srcs = [Signal(cb, name=f"cts_src{k}") for k in range(CTS_SLOTS)]
+        arriving = router.o_cts
+        hit_in = Cat(*[held[k] & (srcs[k] == arriving.payload.src)
+                       for k in range(CTS_SLOTS)]).any()
+        m.d.comb += arriving.ready.eq(~held.all() | hit_in)
+        matches = Cat(*[held[k] & (srcs[k] == dest) for k in range(CTS_SLOTS)])
+        take = active & ~clear & matches.any()
         with m.If(take):
-            m.d.comb += consumed.eq(1 << dest)
             m.d.sync += clear.eq(1)
-        m.d.sync += cts.eq((cts | router.cts_set) & ~consumed)
+        consumed = Mux(take, matches, 0)
+        keep = held & ~consumed
+        store = arriving.valid & arriving.ready & ~hit_in & \
+            ~(take & (arriving.payload.src == dest))
+        free = Signal(range(CTS_SLOTS))
+        for k in reversed(range(CTS_SLOTS)):
+            with m.If(~held[k]):
+                m.d.comb += free.eq(k)
+        new_held = Signal(CTS_SLOTS)
+        m.d.comb += new_held.eq(keep)
+        with m.If(store):
+            m.d.comb += new_held.eq(keep | (1 << free))
+            with m.Switch(free):
+                for k in range(CTS_SLOTS):
+                    with m.Case(k):
+                        m.d.sync += srcs[k].eq(arriving.payload.src)
+        m.d.sync += held.eq(new_held)
         with m.If(router.i_p2p.valid & router.i_p2p.ready & pack.o.payload.last):
             m.d.sync += [active.eq(0), clear.eq(0)]
         bit = LAUNCH_OPS.index(Op.SEND)
@@ -505,7 +611,7 @@ class Chip(wiring.Component):
                                                  depth=RECV_FIFO_WORDS)
         m.submodules.recv_unpack = unpack = WordUnpacker(narrow_bits=wbits, ratio=ratio)
         open_, cts_due = Signal(), Signal()
-        src = Signal(CHIP_BITS)
+        src = Signal(self._chip_bits)
         inw = router.o_p2p
         m.d.comb += [
             router.p2p_open.eq(open_), router.p2p_src.eq(src),
@@ -522,7 +628,7 @@ class Chip(wiring.Component):
             m.d.sync += cts_due.eq(0)
         with m.If(inw.valid & inw.ready & inw.payload.last):
             m.d.sync += open_.eq(0)
-        _write(m, gens["WR4"].o, spad.wr[WRITE_GENS.index("WR4")].i, unpack.o)
+        _write(m, gens["WR4"].o, spad.wr[self._write_gens.index("WR4")].i, unpack.o)
         busy = Signal()
         m.d.comb += busy.eq(open_ | cts_due | fifo.r_rdy | ~idle(("WR4",)))
         bit = LAUNCH_OPS.index(Op.RECV)

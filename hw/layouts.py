@@ -8,7 +8,7 @@ needs it, a few more fields): :func:`lanes_layout` builds them so they look alik
 from amaranth.hdl import ShapeLike, signed, unsigned
 from amaranth.lib import data
 
-__all__ = ["lanes_layout", "spad_word_layout", "ring_word_layout"]
+__all__ = ["lanes_layout", "spad_word_layout", "spad_write_layout", "ring_word_layout"]
 
 
 def lanes_layout(shape: ShapeLike, count: int, **extra: ShapeLike) -> data.StructLayout:
@@ -22,6 +22,14 @@ def spad_word_layout(size: int) -> data.StructLayout:
     """A scratchpad word (``size`` = N bytes) seen as N int8 lanes, plus ``last``: what the
     scratchpad's read and write ports and the units' word streams carry."""
     return lanes_layout(signed(8), size)
+
+
+def spad_write_layout(size: int) -> data.StructLayout:
+    """A word a unit writes through a masked write port (WR1: the attention engine's output,
+    the vector engine's data): :func:`spad_word_layout` plus ``mask``, one write enable per
+    byte (lane ``i`` is written when bit ``i`` is set). Heads packed in shared words each write
+    their own lanes."""
+    return lanes_layout(signed(8), size, mask=unsigned(size))
 
 
 def ring_word_layout(word_bytes: int, *, tag_bits: int = 0) -> data.StructLayout:

@@ -18,7 +18,8 @@ from .ring.router import Router
 from .ring.testbed import RingTestbed
 from .spec import NpuConfig
 from .spec.attention import softmax_lanes
-from .spec.isa import COLL_FIFO_WORDS, READ_GENS, WRITE_GENS
+from .spec.isa import COLL_FIFO_WORDS, chip_gens
+from .spec.topology import chip_bits
 from .system import ChipNode, ChipSystem
 from .tile.attention import AttentionBuffer
 from .tile.attention_engine import AttentionEngine
@@ -80,9 +81,11 @@ def _sequencer(npu: NpuConfig, chips: int):
 
 
 def _scratchpad(npu: NpuConfig, chips: int):
-    # The chip's ports: one per address generator and the host's.
+    # A ring chip's ports: one per address generator (less the second collective engine's,
+    # which only a torus's chip has) and the host's.
+    reads, writes = chip_gens(1)
     return Scratchpad(words=npu.sram_words, banks=npu.sram_banks, word_bytes=npu.word_bytes,
-                      read_ports=len(READ_GENS) + 1, write_ports=len(WRITE_GENS) + 1)
+                      read_ports=len(reads) + 1, write_ports=len(writes) + 1)
 
 
 def _addrgen(npu: NpuConfig, chips: int):
@@ -106,16 +109,19 @@ def _vector_engine(npu: NpuConfig, chips: int):
 
 
 def _collective(npu: NpuConfig, chips: int):
-    return CollectiveEngine(link_bytes=npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS)
+    # As a chip of a ring of ``chips`` builds it: groups of up to 2**chip_bits chips.
+    return CollectiveEngine(link_bytes=npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
+                            max_count=1 << chip_bits(chips))
 
 
 def _collective_fpga(npu: NpuConfig, chips: int):
     return CollectiveEngine(link_bytes=npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
-                            avg=False)
+                            avg=False, max_count=1 << chip_bits(chips))
 
 
 def _router(npu: NpuConfig, chips: int):
-    return Router(word_bytes=npu.ring_word_bytes)
+    # A ring's router (one dimension, one collective engine), chip ids of chip_bits(chips).
+    return Router(word_bytes=npu.ring_word_bytes, chip_bits=chip_bits(chips))
 
 
 def _trace(npu: NpuConfig, chips: int):
@@ -134,12 +140,21 @@ def _tile_fpga(npu: NpuConfig, chips: int):
     return Chip(npu=npu, coll_avg=False, pe_dsp=PE_DSP)
 
 
+def _node_links(npu: NpuConfig):
+    """The links leaving a node of the NPU's ``[topology]`` (one per dimension: a torus's node
+    has two), or None: a ring's node with the NPU's ``link_*``."""
+    topo = npu.topology
+    if topo is None or not (topo.is_torus or topo.links):
+        return None
+    return tuple(topo.link(d, npu) for d in range(len(topo.dims)))
+
+
 def _node(npu: NpuConfig, chips: int):
-    return ChipNode(npu=npu)
+    return ChipNode(npu=npu, links=_node_links(npu))
 
 
 def _node_fpga(npu: NpuConfig, chips: int):
-    return ChipNode(npu=npu, coll_avg=False, pe_dsp=PE_DSP)
+    return ChipNode(npu=npu, coll_avg=False, pe_dsp=PE_DSP, links=_node_links(npu))
 
 
 def _system(npu: NpuConfig, chips: int):
@@ -183,7 +198,8 @@ TOPS: dict[str, Top] = {
                 default_chips=4, build_fpga=_ring_fpga),
     "tile": Top("tile", "one NPU chip (sequencer, scratchpad, units, host port)", _tile,
                 build_fpga=_tile_fpga),
-    "node": Top("node", "one chip with its outgoing ring link (the Verilator backend's unit)",
+    "node": Top("node", "one chip with its outgoing ring links, one per dimension of the NPU's "
+                "[topology] (the Verilator backend's unit)",
                 _node, build_fpga=_node_fpga),
     "system": Top("system", "N chips on the ring", _system, default_chips=2,
                   build_fpga=_system_fpga),

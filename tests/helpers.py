@@ -14,7 +14,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.spec import PRESETS_DIR, npu_preset
+from hw.spec import PRESETS_DIR, ModelConfig, npu_preset
 from hw.spec.attention import partial_row_words
 from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.isa import BUSY_COUNTERS, Op
@@ -171,6 +171,34 @@ def square_npu(size, *, sram_words, **changes):
                         sram_banks=4, **changes)
 
 
+#: Packed heads (heads narrower than a word, or not whole words, sharing words): models whose
+#: d_head is not a multiple of the array, on the tiny NPU (4-lane words: 6-lane heads straddle
+#: words) and on the tiny NPU with an 8-wide array (4-lane heads, two to a word). The Llama
+#: variants add RoPE (rotated over tables of lcm(d_head, N) lanes; [Q|K|V] not ending on a
+#: word, so the rotated projections are a matmul of their own), grouped-query attention (5
+#: query heads on 1 K/V head), RMSNorm and SwiGLU; d_model and d_ff not whole words (weights
+#: stored unpadded, the last column blocks packed).
+PACKED_NPU8 = dataclasses.replace(npu_preset("tiny"), array_size=8, vector_lanes=8,
+                                  sram_bytes=1 << 17, name="tiny8")
+_LLAMA_KW = {"norm_kind": "rmsnorm", "activation": "silu", "ffn": "gated", "bias": False,
+             "rope_theta": 10000.0}
+PACKED6 = ModelConfig(n_layers=2, d_model=24, n_heads=4, d_head=6, d_ff=42, seq_len=8,
+                      vocab_size=100, name="packed6")
+PACKED6_LLAMA = ModelConfig(n_layers=2, d_model=30, n_heads=5, n_kv_heads=1, d_head=6,
+                            d_ff=42, seq_len=8, vocab_size=100, name="packed6-llama",
+                            **_LLAMA_KW)
+PACKED4 = ModelConfig(n_layers=2, d_model=28, n_heads=7, d_head=4, d_ff=60, seq_len=8,
+                      vocab_size=100, name="packed4")
+PACKED4_LLAMA = ModelConfig(n_layers=2, d_model=20, n_heads=5, n_kv_heads=1, d_head=4,
+                            d_ff=44, seq_len=8, vocab_size=100, name="packed4-llama",
+                            **_LLAMA_KW)
+#: (NPU, model) pairs of packed heads, by name.
+PACKED = {"packed6": (npu_preset("tiny"), PACKED6),
+          "packed6-llama": (npu_preset("tiny"), PACKED6_LLAMA),
+          "packed4": (PACKED_NPU8, PACKED4),
+          "packed4-llama": (PACKED_NPU8, PACKED4_LLAMA)}
+
+
 def attention_npu(*, size=4, window=8, length=8, dmax=8):
     """A small attention engine's NPU: ring of ``window`` keys, softmax over ``length``."""
     return square_npu(size, sram_words=1024, attn_window=window, softmax_len=length,
@@ -275,11 +303,11 @@ def beat_rows(beats, width):
     return np.array([list(b["data"]) + [b["last"]] for b in beats], dtype=np.int64)
 
 
-def assert_cycle_model(npu, programs, rtl, *, ring=None):
+def assert_cycle_model(npu, programs, rtl, *, ring=None, topology=None):
     """The ISS's cycle model agrees with an RTL run of ``programs`` (``rtl``: per chip
-    ``(cycles, busy counters, trace)``) on cycles, busy counters and every trace entry;
-    returns the model's timing."""
-    model = time_programs(npu, programs, ring=ring)
+    ``(cycles, busy counters, trace)``) on cycles, busy counters and every trace entry (on
+    ``topology`` when given: a torus); returns the model's timing."""
+    model = time_programs(npu, programs, ring=ring, topology=topology)
     for c, (chip, (cyc, busy, trace)) in enumerate(zip(model.chips, rtl, strict=True)):
         assert chip.cycles == cyc, f"chip {c}: {chip.cycles} cycles, RTL {cyc}"
         assert chip.busy == busy, \
@@ -549,3 +577,43 @@ def write_spec(path, values, overrides=None):
 def comparable(rows):
     """Result rows without what differs from run to run (the wall-clock time)."""
     return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]
+
+
+def torus_programs(npu, topo, transfers, rng, *, length=16):
+    """Programs on ``topo`` (a torus) where every row all-reduces ``length`` int32 (words 100..)
+    on collective engine 0 while every column all-reduces another ``length`` (words 200..) on
+    engine 1, and each ``(src, dest)`` of ``transfers`` sends 16 words from word 0 to word 40
+    of ``dest``, all at the same time."""
+    from hw.spec.collective import CollectiveRequest
+    from hw.spec.isa import Unit
+    from sim.compiler import collective_launch as cl
+    from sim.compiler import p2p_launch as pl
+    from sim.compiler.assembler import Assembler
+
+    n, link = npu.array_size, npu.link_bytes_per_cycle
+    X, Y = topo.dims
+    programs, images = [], []
+    for c in range(topo.chips):
+        x, y = topo.coords(c)
+        asm = Assembler()
+        images.append({0: rng.integers(0, 256, (16, n), dtype=np.uint8),
+                       100: rng.integers(0, 256, (length, n), dtype=np.uint8),
+                       200: rng.integers(0, 256, (length, n), dtype=np.uint8)})
+        for src, dest in transfers:
+            if c == src:
+                pl.emit(asm, pl.send_launch(dest=dest, desc=pl.contiguous(0, 16), size=n,
+                                            link_bytes=link))
+            if c == dest:
+                pl.emit(asm, pl.recv_launch(src=src, desc=pl.contiguous(40, 16), size=n,
+                                            link_bytes=link))
+        row = CollectiveRequest("all_reduce", "sum", 32, length, topo.chips, first=y * X,
+                                count=X)
+        col = CollectiveRequest("all_reduce", "max", 32, length, topo.chips, first=x,
+                                count=Y, stride=X)
+        cl.emit(asm, cl.coll_launch_natural(row, c, base=100, size=n, link_bytes=link))
+        cl.emit(asm, cl.coll_launch_natural(col, c, base=200, size=n, link_bytes=link,
+                                            engine=1))
+        asm.wait(Unit.ALL)
+        asm.halt()
+        programs.append(asm.words())
+    return programs, images

@@ -23,7 +23,7 @@ from amaranth.lib.wiring import In, Out, connect
 from ..chip import Chip
 from ..ring.link import RingLink
 from ..spec import NpuConfig
-from ..spec.ring import TAG_BITS
+from ..spec.ring import tag_bits
 from . import ulx3s
 from .uart import HostLink, UartRx, UartTx
 
@@ -62,7 +62,8 @@ class _ChipOnRing(wiring.Component):
     nothing of the chip is optimised away and a one-chip collective runs."""
 
     def __init__(self, npu, *, pe_dsp=PE_DSP):
-        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp)
+        # A ring of one chip: 1-bit chip ids.
+        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp, chip_bits=1)
         super().__init__(wiring.Signature({}))
 
     def elaborate(self, platform):
@@ -71,7 +72,7 @@ class _ChipOnRing(wiring.Component):
         m.submodules.chip = chip = self.chip
         m.submodules.link = link = RingLink(
             width_bytes=npu.link_bytes_per_cycle, latency=npu.link_latency_cycles,
-            word_bytes=chip.ring_word_bytes, tag_bits=TAG_BITS)
+            word_bytes=chip.ring_word_bytes, tag_bits=tag_bits(chip.chip_bits))
         connect(m, chip.ring.tx, link.i)
         connect(m, link.o, chip.ring.rx)
         m.d.comb += [link.stall.eq(0), chip.chip_id.eq(0)]

@@ -5,9 +5,8 @@ several components, wrapped here so that each is one top with every port of the 
 
 - :class:`SequencerUnit`: the sequencer with its instruction memory (the chip's ``imem``), whose
   write port is the host's;
-- :class:`AddrGenUnit`: the chip's address generators (``hw.spec.isa.READ_GENS`` and
-  ``WRITE_GENS``, with ``wrap`` on ``WRAP_GENS``), each with its descriptor in and its address
-  stream out.
+- :class:`AddrGenUnit`: a ring chip's address generators (``hw.spec.isa.chip_gens(1)``,
+  with ``wrap`` on ``WRAP_GENS``), each with its descriptor in and its address stream out.
 
 The table of what each unit costs on the ECP5 is in ``docs/fpga.md``.
 """
@@ -21,7 +20,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..chip import reg_widths
 from ..spec import NpuConfig
-from ..spec.isa import INSN_BITS, READ_GENS, WRAP_GENS, WRITE_GENS
+from ..spec.isa import INSN_BITS, WRAP_GENS, chip_gens
 from ..tile.scratchpad import AddrGen, addr_layout, desc_layout
 from ..tile.sequencer import Sequencer
 
@@ -40,7 +39,7 @@ class SequencerUnit(wiring.Component):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         self._npu = npu
-        self.seq = Sequencer(imem_words=npu.imem_words, reg_widths=reg_widths(npu))
+        self.seq = Sequencer(imem_words=npu.imem_words, reg_widths=reg_widths(npu, chip_bits=1))
         members = {name: member for name, member in self.seq.signature.members.items()
                    if name not in ("imem_addr", "imem_data")}
         members["imem_wr"] = In(stream.Signature(data.StructLayout(
@@ -83,11 +82,11 @@ class AddrGenUnit(wiring.Component):
             f"gen_{name.lower()}": Out(wiring.Signature({
                 "i": In(stream.Signature(desc_layout(self._ab, wrap=name in WRAP_GENS))),
                 "o": Out(stream.Signature(addr_layout(self._ab)))}))
-            for name in READ_GENS + WRITE_GENS})
+            for name in sum(chip_gens(1), ())})
 
     def elaborate(self, platform):
         m = Module()
-        for name in READ_GENS + WRITE_GENS:
+        for name in sum(chip_gens(1), ()):
             gen = AddrGen(addr_bits=self._ab, wrap=name in WRAP_GENS)
             m.submodules[f"gen_{name.lower()}"] = gen
             port = getattr(self, f"gen_{name.lower()}")

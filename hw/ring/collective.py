@@ -1,4 +1,5 @@
-"""Collective engine: one per chip, streams only (the chip's stream contract).
+"""Collective engine: one on a ring's chip, two on a torus's, streams only (the chip's stream
+contract).
 
 The engine owns no addresses. It takes a command, consumes the local input stream and the ring
 receive stream, and produces the local output stream and the ring transmit stream, following
@@ -26,10 +27,6 @@ Protocol
 
 Cost (cycles, no stalls)
 ------------------------
-An all-reduce, reduce-scatter or all-gather starts its first step
-:data:`~hw.spec.timing.collective.SETUP_CYCLES` after the command is accepted: the length is
-divided by the group size three bits a cycle (no division in any cycle's path), then turned into
-the words of the steps' blocks. A barrier or send/recv starts in the cycle after acceptance.
 A word combined in cycle ``t`` enters the link in cycle ``t + 1`` (through the transmit buffer)
 and, with ``c = D/B`` cycles per word on the wire, is at the next engine after
 ``h = a + c - 1`` more cycles (:func:`hw.spec.collective.hop_latency`), where it is combined
@@ -57,28 +54,42 @@ cycles) is the bottleneck. Latency: one cycle from rx or local to out or to the 
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..layouts import ring_word_layout
-from ..spec.collective import LENGTH_BITS, Kind, ReduceOp, word_bytes
-from ..spec.ring import RTL_MAX_CHIPS
-from ..spec.timing.collective import DIVIDE_BITS, SETUP_CYCLES
+from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 
-__all__ = ["command_layout", "CollectiveEngine"]
+__all__ = ["command_layout", "command_fields", "CollectiveEngine"]
 
-#: Command of one collective (all chips get the same one, except ``rank``).
-command_layout = data.StructLayout({
-    "kind": unsigned(3),       # hw.spec.collective.Kind
-    "op": unsigned(2),         # hw.spec.collective.ReduceOp
-    "wide": unsigned(1),       # 0: 32-bit elements, 1: 64-bit elements
-    "length": unsigned(LENGTH_BITS),
-    "chips": unsigned(4),      # N, chips on the ring (1..8)
-    "rank": unsigned(3),       # this chip's ring position
-    "first": unsigned(3),      # group: first chip ...
-    "count": unsigned(4),      # ... and number of consecutive chips (1..N)
-})
+
+def command_layout(max_count: int = MAX_CHIPS) -> data.StructLayout:
+    """Command of one collective for an engine whose groups hold up to ``max_count`` chips.
+
+    Every member gets the same command but ``rank``. ``length`` is the message (send/recv);
+    the blocks of a reduction or a gather are ``block`` elements, ``block + 1`` for the
+    first ``longer`` ones (``numpy.array_split``'s, computed by whoever issues the command:
+    the engine has no divider). ``count`` is the group size, ``rank`` this chip's group rank;
+    a rank of ``count`` or more is a chip outside the group, which relays the last member's
+    transmitting steps (``hw.spec.collective.steps``). ``divisor``: what AVG divides by (0:
+    ``count``); ``chunks``: the schedule runs ``chunks + 1`` times on the next parts of the
+    streams, each chunk's last step merged with the next one's first where
+    :func:`hw.spec.collective.merges`; ``in_place``: an all-gather's own block is not output.
+    """
+    return data.StructLayout({
+        "kind": unsigned(3),       # hw.spec.collective.Kind
+        "op": unsigned(2),         # hw.spec.collective.ReduceOp
+        "wide": unsigned(1),       # 0: 32-bit elements, 1: 64-bit elements
+        "length": unsigned(LENGTH_BITS),
+        "block": unsigned(LENGTH_BITS),
+        "longer": range(max_count),
+        "count": range(max_count + 1),
+        "rank": range(max_count + 1),
+        "divisor": range(MAX_CHIPS + 1),    # AVG's divisor, 0: the group size
+        "chunks": unsigned(16),             # the schedule runs chunks + 1 times
+        "in_place": unsigned(1),            # all-gather: the own block is not output
+    })
 
 
 class CollectiveEngine(wiring.Component):
@@ -108,7 +119,8 @@ class CollectiveEngine(wiring.Component):
     before issuing them (zero length, groups outside the ring and the like are rejected there).
     """
 
-    def __init__(self, *, link_bytes: int, fifo_words: int = 256, avg: bool = True):
+    def __init__(self, *, link_bytes: int, fifo_words: int = 256, avg: bool = True,
+                 max_count: int = MAX_CHIPS):
         if not isinstance(link_bytes, int) or isinstance(link_bytes, bool):
             raise TypeError(f"link_bytes must be an integer, not {link_bytes!r}")
         if not isinstance(fifo_words, int) or isinstance(fifo_words, bool) or fifo_words < 2:
@@ -117,9 +129,13 @@ class CollectiveEngine(wiring.Component):
         self.link_bytes = link_bytes
         self.fifo_words = fifo_words
         self.avg = bool(avg)
+        if not isinstance(max_count, int) or isinstance(max_count, bool) or \
+                not 1 <= max_count <= MAX_CHIPS:
+            raise ValueError(f"max_count must be an integer 1..{MAX_CHIPS}, not {max_count!r}")
+        self.max_count = max_count
         word = ring_word_layout(self.word_bytes)
         super().__init__({
-            "i_cmd": In(stream.Signature(command_layout)),
+            "i_cmd": In(stream.Signature(command_layout(max_count))),
             "i_local": In(stream.Signature(word)),
             "o_local": Out(stream.Signature(word)),
             "i_rx": In(stream.Signature(word)),
@@ -167,27 +183,31 @@ class CollectiveEngine(wiring.Component):
                                 rx_fifo.r_data[:self.word_bytes * 8]))
 
         # Latched command.
+        mc = self.max_count
         kind = Signal(3)
         op = Signal(2)
         wide = Signal()
-        n = Signal(range(RTL_MAX_CHIPS + 1))
-        p = Signal(range(RTL_MAX_CHIPS))
+        length = Signal(LENGTH_BITS)
+        q = Signal(LENGTH_BITS)
+        r = Signal(range(mc))
+        n = Signal(range(mc + 1))
+        p = Signal(range(mc + 1))
+        div = Signal(range(MAX_CHIPS + 1))
+        left = Signal(16)                  # chunks still to run after this one
+        in_place = Signal()
+        block0 = Signal(range(mc))          # each chunk's first block
+        block1 = Signal(range(mc))          # and its second
         member = Signal()
         running = Signal()
 
         cmd = self.i_cmd.payload
+        accept = self.i_cmd.valid & self.i_cmd.ready
         m.d.comb += self.i_cmd.ready.eq(~running)
-        diff = Signal(range(-RTL_MAX_CHIPS, RTL_MAX_CHIPS))
-        pos = Signal(range(RTL_MAX_CHIPS))
-        m.d.comb += [
-            diff.eq(cmd.rank - cmd.first),
-            pos.eq(Mux(diff < 0, diff + cmd.chips, diff)),
-        ]
 
         # Step sequencer.
-        s = Signal(range(2 * RTL_MAX_CHIPS))
+        s = Signal(range(2 * mc + 1))
         k = Signal(LENGTH_BITS)
-        total = Signal(range(2 * RTL_MAX_CHIPS))
+        total = Signal(range(2 * mc + 1))
 
         is_ag = kind == Kind.ALL_GATHER
         is_ar = kind == Kind.ALL_REDUCE
@@ -202,11 +222,30 @@ class CollectiveEngine(wiring.Component):
         with m.Else():
             m.d.comb += total.eq(Mux(member, n, n - 1))
 
+        # The block of this step, (p_eff - s - 1 + is_ag) mod n, p_eff the rank (n - 1 outside
+        # the group): a register that starts at the first step's block and counts down modulo
+        # n at every step's end (no division by the group size).
+        block = Signal(range(mc))
+        cmd_member = cmd.rank < cmd.count
+        cmd_p = Signal(range(mc + 1))
+        m.d.comb += cmd_p.eq(Mux(cmd_member, cmd.rank, cmd.count - 1))
+        first_block = Mux(cmd.kind == Kind.ALL_GATHER, cmd_p,
+                          Mux(cmd_p == 0, cmd.count - 1, cmd_p - 1))
+        next_block = Mux(block == 0, n - 1, block - 1)
+
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
                                                     "final"))
         last_step = s == total - 1
-        with m.If(is_sr):
+        # A chunk's last step (ring -> out) merged with the next chunk's first (local -> ring):
+        # a member of an all-reduce or an all-gather in place whose blocks are alike
+        # (hw.spec.collective.merges). The step after it is the next chunk's second.
+        swap = Signal()
+        m.d.comb += swap.eq(member & (is_ar | (is_ag & in_place)) & (r == 0) & (n > 1) &
+                            last_step & (left != 0))
+        with m.If(swap):
+            m.d.comb += [use_rx.eq(1), use_local.eq(1), to_tx.eq(1), to_out.eq(1)]
+        with m.Elif(is_sr):
             m.d.comb += [use_local.eq(p == 0), to_tx.eq(p == 0),
                          use_rx.eq(p == 1), to_out.eq(p == 1)]
         with m.Elif(is_bar):
@@ -219,58 +258,17 @@ class CollectiveEngine(wiring.Component):
                          to_out.eq(s == n - 1), final.eq(s == n - 1)]
         with m.Else():                                 # gather phase
             m.d.comb += [use_rx.eq(~(is_ag & (s == 0))), use_local.eq(is_ag & (s == 0)),
-                         to_tx.eq(~last_step), to_out.eq(1)]
+                         to_tx.eq(~last_step), to_out.eq(~(is_ag & (s == 0) & in_place))]
 
-        # Words in a step: its block padded to whole words. Block b of the length split over n
-        # members has q + (b < r) elements (q, r = length divmod n), so a step has the words of
-        # a short block (q elements) or of a long one (q + 1); a send/recv the whole length.
-        # The division runs over SETUP_CYCLES - 1 cycles after the command is accepted,
-        # DIVIDE_BITS quotient bits a cycle (the dividend shifts out of `quot` at the top as the
-        # quotient shifts in at the bottom), and the last setup cycle turns q into both word
-        # counts; the first step waits for it (`setup`, hw.spec.timing.collective).
-        # A barrier and a send/recv start at once: their words are known at acceptance.
-        div_width = DIVIDE_BITS * (SETUP_CYCLES - 1)
-        quot = Signal(div_width)
-        rem = Signal(range(RTL_MAX_CHIPS))
-        setup = Signal(range(SETUP_CYCLES + 1))
-        r = Signal(range(RTL_MAX_CHIPS))
-        short_m1 = Signal(LENGTH_BITS)   # words of a short block (or a send/recv) - 1
-        long_m1 = Signal(LENGTH_BITS)    # words of a long block - 1
-        short_zero = Signal()            # a short block has no words (length < n)
-
-        def shift_of(wide_):
-            # log2 of the elements per word: 32-bit lanes, or pairs of them
-            return Mux(wide_, epw32_log2 - 1, epw32_log2)
-
-        with m.If(setup > 1):
-            part = rem
-            bits = []
-            for i in reversed(range(DIVIDE_BITS)):
-                shifted = Cat(quot[div_width - DIVIDE_BITS + i], part)
-                ge = shifted >= n
-                nxt = Signal(range(RTL_MAX_CHIPS), name=f"div_rem{i}")
-                m.d.comb += nxt.eq(Mux(ge, shifted - n, shifted))
-                bits.append(ge)
-                part = nxt
-            m.d.sync += [quot.eq(Cat(*reversed(bits), quot[:div_width - DIVIDE_BITS])),
-                         rem.eq(part)]
-        with m.If(setup == 1):
-            q = quot[:LENGTH_BITS]
-            m.d.sync += [r.eq(rem), short_zero.eq(q == 0),
-                         short_m1.eq((q - 1)[:LENGTH_BITS] >> shift_of(wide)),
-                         long_m1.eq(q >> shift_of(wide))]
-        with m.If(setup != 0):
-            m.d.sync += setup.eq(setup - 1)
-
-        # The block of this step, (p_eff - s - 1 + is_ag) mod n for a member at position p_eff
-        # (a non-member forwards as position n - 1): set at acceptance, one down (mod n) at
-        # each step.
-        block = Signal(range(RTL_MAX_CHIPS))
-        long_block = ~is_sr & ~is_bar & (block < r)
-        words_m1 = Signal(LENGTH_BITS)
-        no_words = Signal()
-        m.d.comb += [words_m1.eq(Mux(is_bar, 0, Mux(long_block, long_m1, short_m1))),
-                     no_words.eq(~is_bar & ~long_block & short_zero)]
+        # Words in this step: the block padded to whole words.
+        elems = Signal(LENGTH_BITS)
+        m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))
+        shift = Signal(range(epw32_log2 + 1))
+        m.d.comb += shift.eq(epw32_log2 - wide)
+        words = Signal(LENGTH_BITS)
+        epw_m1 = Signal(LENGTH_BITS)
+        m.d.comb += epw_m1.eq((Const(1, LENGTH_BITS) << shift) - 1)
+        m.d.comb += words.eq(Mux(is_bar, 1, (elems + epw_m1) >> shift))
 
         # Results go straight into the transmit buffer, and through an output register to the
         # local output stream.
@@ -283,11 +281,11 @@ class CollectiveEngine(wiring.Component):
             m.d.sync += pend_out.eq(0)
         can_accept = (~to_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
 
-        stepping = running & (setup == 0) & (s < total)
+        stepping = running & (s < total)
         inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
         fire = Signal()
         m.d.comb += [
-            fire.eq(stepping & ~no_words & inputs_ok & can_accept),
+            fire.eq(stepping & (words != 0) & inputs_ok & can_accept),
             rx_take.eq(fire & use_rx),
             self.i_local.ready.eq(fire & use_local),
         ]
@@ -317,49 +315,63 @@ class CollectiveEngine(wiring.Component):
         with m.Elif(use_local):
             m.d.comb += src.eq(b.as_value())
 
-        # AVG: the final reduction is divided by the group size (floor of the wrapped sum);
-        # without the divider (avg=False) the sum goes out.
+        # AVG: the final reduction is divided by the group size, or the command's divisor
+        # (floor of the wrapped sum); without the divider (avg=False) the sum goes out.
         result = Signal(self.word_bytes * 8)
         if self.avg:
-            div32 = [(src[32 * lane:32 * lane + 32].as_signed() // n)[:32]
+            div32 = [(src[32 * lane:32 * lane + 32].as_signed() // div)[:32]
                      for lane in range(lanes)]
-            div64 = [(src[64 * pair:64 * pair + 64].as_signed() // n)[:64]
+            div64 = [(src[64 * pair:64 * pair + 64].as_signed() // div)[:64]
                      for pair in range(pairs)]
             m.d.comb += result.eq(Mux(final & (op == ReduceOp.AVG),
                                       Mux(wide, Cat(*div64), Cat(*div32)), src))
         else:
             m.d.comb += result.eq(src)
 
-        word_last = k == words_m1
+        # A merged step sends the local word and outputs the ring's.
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
-                     tx_fifo.w_data.eq(Cat(result, word_last))]
-        next_block = Mux(block == 0, n - 1, block - 1)
+                     tx_fifo.w_data.eq(Cat(Mux(swap, b.as_value(), result), k == words - 1))]
+        # The end of a step: the next one, or the next chunk's first (its second after a
+        # merged step).
+        step_end = Signal()
+        with m.If(step_end):
+            with m.If(swap):
+                m.d.sync += [s.eq(1), block.eq(block1), left.eq(left - 1)]
+            with m.Elif((s + 1 == total) & (left != 0)):
+                m.d.sync += [s.eq(0), block.eq(block0), left.eq(left - 1)]
+            with m.Else():
+                m.d.sync += [s.eq(s + 1), block.eq(next_block)]
         with m.If(fire):
-            m.d.sync += [res.data.eq(result), res.last.eq(word_last), pend_out.eq(to_out)]
-            with m.If(word_last):
-                m.d.sync += [k.eq(0), s.eq(s + 1), block.eq(next_block)]
+            m.d.sync += [res.data.eq(Mux(swap, a.as_value(), result)),
+                         res.last.eq(k == words - 1), pend_out.eq(to_out)]
+            with m.If(k == words - 1):
+                m.d.comb += step_end.eq(1)
+                m.d.sync += k.eq(0)
             with m.Else():
                 m.d.sync += k.eq(k + 1)
-        with m.Elif(stepping & no_words):
-            m.d.sync += [s.eq(s + 1), block.eq(next_block)]
+        with m.Elif(stepping & (words == 0)):
+            m.d.comb += step_end.eq(1)
 
         with m.If(running & (s >= total) & ~pend_out & (tx_fifo.level == 0)):
             m.d.sync += running.eq(0)
-        with m.If(self.i_cmd.valid & self.i_cmd.ready):
-            # The first step's block (see `block`); a send/recv's words and the division's
-            # start (see `setup`).
-            in_group = pos < cmd.count
-            p_eff = Mux(in_group, pos, cmd.count - 1)
+        with m.If(accept):
             m.d.sync += [
                 running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
-                n.eq(cmd.count), p.eq(pos), member.eq(in_group), s.eq(0), k.eq(0),
-                block.eq(Mux(cmd.kind == Kind.ALL_GATHER, p_eff,
-                             Mux(p_eff == 0, cmd.count - 1, p_eff - 1))),
-                quot.eq(cmd.length), rem.eq(0),
-                short_m1.eq((cmd.length - 1)[:LENGTH_BITS] >> shift_of(cmd.wide)),
-                short_zero.eq(cmd.length == 0), r.eq(0),
-                setup.eq(Mux((cmd.kind == Kind.SEND_RECV) | (cmd.kind == Kind.BARRIER), 0,
-                             SETUP_CYCLES)),
+                length.eq(cmd.length), q.eq(cmd.block), r.eq(cmd.longer), n.eq(cmd.count),
+                p.eq(cmd.rank), member.eq(cmd_member), s.eq(0), k.eq(0), block.eq(first_block),
+                div.eq(Mux(cmd.divisor != 0, cmd.divisor, cmd.count)),
+                left.eq(cmd.chunks), in_place.eq(cmd.in_place), block0.eq(first_block),
+                block1.eq(Mux(first_block == 0, cmd.count - 1, first_block - 1)),
             ]
         m.d.comb += self.busy.eq(running)
         return m
+
+
+def command_fields(req, rank: int | None) -> dict:
+    """The :func:`command_layout` value of ``req`` for the member of group rank ``rank``
+    (``None``: a chip outside the group)."""
+    q, r = divmod(req.length, req.count)
+    return {"kind": int(req.kind), "op": int(req.op), "wide": int(req.width == 64),
+            "length": req.length, "block": q, "longer": r, "count": req.count,
+            "rank": req.count if rank is None else rank, "divisor": req.divisor or 0,
+            "chunks": req.chunks - 1, "in_place": int(req.in_place)}

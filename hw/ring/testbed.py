@@ -7,18 +7,31 @@ are :class:`hw.system.ChipSystem`.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import memory, stream, wiring
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..layouts import ring_word_layout
 from ..spec import NpuConfig
-from ..spec.collective import Kind, word_bytes
-from ..spec.ring import RTL_MAX_CHIPS, check_rtl_chips
-from .collective import CollectiveEngine, command_layout
+from ..spec.collective import LENGTH_BITS, MAX_CHIPS, word_bytes
+from ..spec.ring import check_rtl_chips
+from .collective import CollectiveEngine
 from .link import RingLink
 
-__all__ = ["StreamDma", "RingTestbed"]
+__all__ = ["StreamDma", "RingTestbed", "testbed_command_layout"]
+
+
+def testbed_command_layout(chips: int) -> data.StructLayout:
+    """The command of a testbed of ``chips``: an engine's
+    (:func:`hw.ring.collective.command_layout`) for a group of ``count`` consecutive chips
+    from ``first`` on the ring of ``chips``; each engine gets it with its group rank."""
+    return data.StructLayout({
+        "kind": unsigned(3), "op": unsigned(2), "wide": unsigned(1),
+        "length": unsigned(LENGTH_BITS), "block": unsigned(LENGTH_BITS),
+        "longer": range(chips), "chips": range(chips + 1),
+        "first": range(chips), "count": range(chips + 1),
+        "chunks": unsigned(16), "in_place": unsigned(1), "divisor": range(MAX_CHIPS + 1),
+    })
 
 
 class StreamDma(wiring.Component):
@@ -113,11 +126,11 @@ class RingTestbed(wiring.Component):
     """``chips`` collective engines on a ring, each with a :class:`StreamDma`.
 
     With ``npu.link_bidirectional`` every chip has a second engine and DMA on a reverse ring
-    (chip ``i`` to chip ``i - 1``) and an all-reduce is split in two: the first
-    ``length - length // 2`` elements go around the forward ring, the rest around the reverse
-    ring, which halves the bandwidth term (:func:`hw.spec.collective.bidirectional_split`).
-    The reverse engines see the reverse ring as a forward one: chip ``i`` has rank
-    ``chips - 1 - i`` there. Other kinds use the forward ring only.
+    (chip ``i`` to chip ``i - 1``), which runs ``rev_cmd``: the host splits an all-reduce in
+    two (:func:`hw.spec.collective.bidirectional_split`: the first ``length - length // 2``
+    elements around the forward ring, the rest around the reverse ring), which halves the
+    bandwidth term. The reverse engines see the reverse ring as a forward one: chip ``i`` has
+    rank ``chips - 1 - i`` there. Other kinds use the forward ring only.
 
     Parameters (keyword-only)
     -------------------------
@@ -125,7 +138,7 @@ class RingTestbed(wiring.Component):
         Gives the link width (``link_bytes_per_cycle``, a power of two), latency and
         ``link_bidirectional``.
     chips : int
-        Ring size, 1..8.
+        Ring size, 1..1,024.
     buffer_words : int
         Depth of each DMA's input and output buffers, in words of ``max(2B, 8)`` bytes.
     fifo_words : int
@@ -135,8 +148,11 @@ class RingTestbed(wiring.Component):
 
     Members
     -------
-    cmd : In(command_layout)
-        The collective; every chip receives it with ``rank`` replaced by its ring position.
+    cmd : In(testbed_command_layout(chips))
+        The collective; every engine receives it with its group rank.
+    rev_cmd : In(testbed_command_layout(chips))
+        The reverse ring's collective (bidirectional rings; ``count`` 0: none), in the
+        reverse ring's positions.
     start : In(1)
         Pulse for one cycle to issue ``cmd`` to every engine (they must be idle) and restart
         the DMAs.
@@ -178,7 +194,7 @@ class RingTestbed(wiring.Component):
 
         def ring():
             engines = [CollectiveEngine(link_bytes=self.link_bytes, fifo_words=fifo_words,
-                                        avg=avg) for _ in range(chips)]
+                                        avg=avg, max_count=chips) for _ in range(chips)]
             dmas = [StreamDma(word_bytes=self.word_bytes, depth=buffer_words)
                     for _ in range(chips)]
             links = [RingLink(width_bytes=self.link_bytes, latency=self.latency,
@@ -189,7 +205,8 @@ class RingTestbed(wiring.Component):
         self.rev_engines, self.rev_dmas, self.rev_links = ring() if self.bidirectional \
             else ([], [], [])
         super().__init__({
-            "cmd": In(command_layout),
+            "cmd": In(testbed_command_layout(chips)),
+            "rev_cmd": In(testbed_command_layout(chips)),
             "start": In(1),
             "start_chip": In(chips),
             "busy": Out(1),
@@ -209,23 +226,12 @@ class RingTestbed(wiring.Component):
         a, n = self.latency, self.chips
         cmd = self.cmd
 
-        # Bidirectional all-reduce: split the vector between the two rings.
-        split = Signal()
-        half = Signal.like(cmd.length)
-        rev_first = Signal(range(RTL_MAX_CHIPS))
-        rev_diff = Signal(range(-2 * RTL_MAX_CHIPS, RTL_MAX_CHIPS))
-        m.d.comb += [
-            split.eq(self.bidirectional & (cmd.kind == Kind.ALL_REDUCE)),
-            half.eq(cmd.length >> 1),
-            rev_diff.eq(cmd.chips - cmd.first - cmd.count),
-            rev_first.eq(Mux(rev_diff < 0, rev_diff + cmd.chips, rev_diff)),
-        ]
-
         rings = [(self.engines, self.dmas, self.links, 0)]
         if self.bidirectional:
             rings.append((self.rev_engines, self.rev_dmas, self.rev_links, 1))
         busy = []
         for engines, dmas, links, r in rings:
+            ring_cmd = cmd if r == 0 else self.rev_cmd
             for i, (engine, dma, link) in enumerate(zip(engines, dmas, links, strict=True)):
                 name = f"{'rev_' if r else ''}{{}}{i}"
                 m.submodules[name.format("engine")] = engine
@@ -235,21 +241,27 @@ class RingTestbed(wiring.Component):
                 wiring.connect(m, engine.o_local, dma.i_local)
                 wiring.connect(m, engine.o_tx, link.i)
                 go = self.start | self.start_chip[i]
-                if r == 0:
-                    m.d.comb += [
-                        engine.i_cmd.payload.eq(cmd),
-                        engine.i_cmd.payload.rank.eq(i),
-                        engine.i_cmd.payload.length.eq(Mux(split, cmd.length - half,
-                                                           cmd.length)),
-                    ]
-                else:
-                    go = go & split & (half != 0)
-                    m.d.comb += [
-                        engine.i_cmd.payload.eq(cmd),
-                        engine.i_cmd.payload.rank.eq(n - 1 - i),
-                        engine.i_cmd.payload.first.eq(rev_first),
-                        engine.i_cmd.payload.length.eq(half),
-                    ]
+                if r == 1:
+                    go = go & (ring_cmd.count != 0)
+                # This chip's position on the ring (i on the forward ring, n - 1 - i on the
+                # reverse one) relative to the group's first chip, modulo the ring.
+                where = i if r == 0 else n - 1 - i
+                diff = Signal(range(-n, max(n, 2)), name=name.format("diff"))
+                pos = Signal(range(max(n, 2)), name=name.format("pos"))
+                m.d.comb += [
+                    diff.eq(where - ring_cmd.first),
+                    pos.eq(Mux(diff < 0, diff + ring_cmd.chips, diff)),
+                ]
+                payload = engine.i_cmd.payload
+                m.d.comb += [
+                    payload.kind.eq(ring_cmd.kind), payload.op.eq(ring_cmd.op),
+                    payload.wide.eq(ring_cmd.wide), payload.length.eq(ring_cmd.length),
+                    payload.block.eq(ring_cmd.block), payload.longer.eq(ring_cmd.longer),
+                    payload.count.eq(ring_cmd.count), payload.chunks.eq(ring_cmd.chunks),
+                    payload.in_place.eq(ring_cmd.in_place),
+                    payload.divisor.eq(ring_cmd.divisor),
+                    payload.rank.eq(Mux(pos < ring_cmd.count, pos, ring_cmd.count)),
+                ]
                 lane = r * n + i
                 m.d.comb += [
                     engine.i_cmd.valid.eq(go),

@@ -12,7 +12,7 @@ from .isa import COUNT_BITS
 __all__ = ["POS_BITS", "FLAG_BIDIR", "FLAG_INTERLEAVED", "FLAG_PARTIAL", "FLAG_REDUCED",
            "HALO_SHIFT", "HALO_BITS", "FLAGS_WIDTH", "KNOWN_FLAGS", "PARTIAL_BYTES",
            "softmax_lanes", "schedule", "flags_value", "flags_halo", "split_mode",
-           "partial_row_words"]
+           "partial_row_words", "head_words", "head_lanes", "LANE_REGS", "launch_words"]
 
 #: Absolute token positions are unsigned 16-bit (a chunk's position base plus its index).
 POS_BITS = 16
@@ -70,6 +70,33 @@ def partial_row_words(window: int, size: int) -> int:
     ring as int32, little-endian, lane j at bytes ``4j .. 4j + 3``, the last word padded with
     zeros: ``ceil(4 W / N)``."""
     return -(-PARTIAL_BYTES * window // size)
+
+
+def head_words(d_head: int, lane: int, size: int) -> int:
+    """Scratchpad words of one token's slice of a head of ``d_head`` lanes whose first lane is
+    lane ``lane`` (``AT_Q_LANE`` .. ``AT_O_LANE``, 0..N-1) of its first word:
+    ``ceil((lane + d_head) / N)``.
+    Heads narrower than a word share words (packed heads); the engine reads the words and
+    keeps the head's lanes, and writes its output row into those lanes only."""
+    return -(-(lane + d_head) // size)
+
+
+#: The lane-offset registers of a launch's streams, by stream: Q (RD5), K (RD3), V (RD4) and the
+#: output (WR1).
+LANE_REGS = {"q": "AT_Q_LANE", "k": "AT_K_LANE", "v": "AT_V_LANE", "o": "AT_O_LANE"}
+
+
+def launch_words(regs: dict, size: int) -> dict[str, int]:
+    """Words per row of each stream of a launch (``regs``: its ``AT_*`` registers, the lane
+    offsets 0 when absent): ``{"q", "k", "v", "o"}``."""
+    h = regs["AT_D_HEAD"]
+    return {s: head_words(h, regs.get(reg, 0), size) for s, reg in LANE_REGS.items()}
+
+
+def head_lanes(word: int, lane: int, d_head: int, size: int) -> list[bool]:
+    """Which bytes of word ``word`` (0-based) of an output row belong to the head: lanes
+    ``lane .. lane + d_head - 1`` of the row's words (the write mask of that word)."""
+    return [lane <= word * size + i < lane + d_head for i in range(size)]
 
 
 def flags_halo(flags: int) -> int:

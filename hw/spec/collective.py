@@ -1,4 +1,4 @@
-"""Collective operations on the ring: encodings, requests, step schedules, word packing, costs.
+"""Collective operations on a ring: encodings, requests, step schedules, word packing, costs.
 
 Plain Python (and NumPy), no Amaranth: the collective engine's gateware
 (:mod:`hw.ring.collective`), the golden model (:mod:`sim.golden.collectives`), the host-side test
@@ -6,10 +6,13 @@ DMA packing and, later, the instruction-set simulator and the compiler all read 
 
 Semantics (MPI rank order)
 --------------------------
-A collective runs over a **group** of ``count`` consecutive chips starting at ``first`` on a ring
-of ``chips`` chips, wrapping around (first=6, count=4 on 8 chips is chips 6, 7, 0, 1). A member's
-**group rank** ``p`` is its distance from ``first`` along the ring. Chips outside the group
-forward ring traffic and produce no output.
+A collective runs over a **group** of ``count`` chips of a system of ``chips``: the chips
+``first + k * stride`` modulo ``chips``, ``k`` the member's **group rank** ``p`` (``stride`` 1:
+consecutive chips, wrapping around a ring, first=6, count=4 on 8 chips is chips 6, 7, 0, 1;
+``stride`` X: a column of an X x Y torus). Chips outside the group forward traffic and produce
+no output. A chip's COLL names its group by its rank and the next member's chip id
+(:func:`registers`, :class:`CollCommand`; the ISS finds the members along them:
+:func:`walk_group`).
 
 A vector of ``length`` elements is split into ``count`` blocks like ``numpy.array_split``: the
 first ``length % count`` blocks are one element longer. After a reduce-scatter group rank ``p``
@@ -18,7 +21,8 @@ rank (chip ``first`` first). For an all-gather, ``length`` is the *result* lengt
 contributes its block ``p``.
 
 Ops: ``SUM`` wraps modulo ``2**width`` (associative, so partial sums stay bit-exact); ``MAX`` and
-``MIN`` are signed; ``AVG`` is ``floor(wrap(sum) / count)``: the floor (towards minus infinity) of
+``MIN`` are signed; ``AVG`` is ``floor(wrap(sum) / count)`` (or by the request's ``divisor``):
+the floor (towards minus infinity) of
 the *wrapped* two's-complement sum divided by the group size. It equals the floor of the exact
 mean whenever the exact sum fits in ``width`` bits; when it does not, it is the wrapped sum's
 mean (documented, not an error: the sum is the same one ``SUM`` returns).
@@ -53,6 +57,7 @@ host-side packing) place them.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -65,7 +70,10 @@ __all__ = ["Kind", "ReduceOp", "WIDTHS", "MAX_CHIPS", "LENGTH_BITS", "Collective
            "block_sizes", "block_offsets", "word_bytes", "elements_per_word", "steps",
            "step_words", "max_block_words", "check_fits", "local_blocks", "output_blocks",
            "pack_blocks", "unpack_blocks", "bidirectional_split", "reverse_rank",
-           "engine_to_words", "words_to_engine", "check_chips"]
+           "engine_to_words", "words_to_engine", "check_chips", "COUNT_FIELD_BITS",
+           "len_register", "count_register", "CollCommand", "registers",
+           "command_from_registers", "walk_group", "kind_register", "IN_PLACE_BIT",
+           "CHUNKS_SHIFT", "chunk_of", "merges"]
 
 
 class Kind(enum.IntEnum):
@@ -94,6 +102,8 @@ WIDTHS = (32, 64)
 MAX_CHIPS = TOPOLOGY_MAX_CHIPS
 #: Bits of the command's ``length`` field: at most 2**24 - 1 elements per collective.
 LENGTH_BITS = 24
+#: Bits of ``CO_COUNT``'s group size field; the bits above it hold ``length mod count``.
+COUNT_FIELD_BITS = 16
 
 
 def block_sizes(length: int, n: int) -> list[int]:
@@ -141,6 +151,10 @@ class CollectiveRequest:
     ``length`` is the per-chip input length for all-reduce and reduce-scatter, the result length
     for all-gather, the message length for send/recv, ignored (but >= 1) for the barrier.
     ``count=None`` means the whole ring.
+
+    The group is the ``count`` chips ``first + k * stride`` (modulo ``chips``), in group-rank
+    order ``k``: consecutive chips (``stride`` 1: a ring, a row of a torus or a run of either)
+    or every ``stride``-th (a column of an X x Y torus, ``stride`` X: ``hw.spec.topology``).
     """
 
     kind: Kind
@@ -150,6 +164,18 @@ class CollectiveRequest:
     chips: int
     first: int = 0
     count: int | None = None
+    stride: int = 1
+    #: What AVG divides the wrapped sum by (None: ``count``): a collective that completes a
+    #: reduction begun by others (a torus's all-reduce over its rows' partial sums) divides by
+    #: every chip that contributed.
+    divisor: int | None = None
+    #: The collective runs this many times back to back on the next parts of the members'
+    #: streams (each part a collective of ``length`` elements), one command: a collective
+    #: whose blocks exceed the engines' buffers is cut into chunks without a launch per chunk.
+    chunks: int = 1
+    #: All-gather only: the member's own block is already in place in its output, and is not
+    #: written out again (its first step sends it and writes nothing).
+    in_place: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "kind", _enum(Kind, self.kind, "kind"))
@@ -177,16 +203,48 @@ class CollectiveRequest:
         if self.kind == Kind.SEND_RECV and self.count != 2:
             raise ValueError(f"send/recv needs a group of 2 chips (sender, receiver), "
                              f"not count={self.count}")
+        if not isinstance(self.stride, int) or isinstance(self.stride, bool):
+            raise TypeError(f"stride must be an integer, not {self.stride!r}")
+        if not 1 <= self.stride <= max(1, self.chips - 1):
+            raise ValueError(f"group stride={self.stride} must be 1..{max(1, self.chips - 1)} "
+                             f"(chips of the {self.chips} between consecutive members)")
+        members = tuple((self.first + p * self.stride) % self.chips for p in range(self.count))
+        if len(set(members)) != self.count:
+            raise ValueError(f"group first={self.first}, count={self.count}, "
+                             f"stride={self.stride} visits a chip twice on {self.chips} chips")
+        if self.divisor is not None and (not isinstance(self.divisor, int) or
+                                         isinstance(self.divisor, bool) or
+                                         not 1 <= self.divisor <= MAX_CHIPS):
+            raise ValueError(f"divisor={self.divisor!r} must be 1..{MAX_CHIPS} chips")
+        if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or \
+                not 1 <= self.chunks <= 1 << COUNT_FIELD_BITS:
+            raise ValueError(f"chunks={self.chunks!r} must be 1..{1 << COUNT_FIELD_BITS}")
+        if self.chunks > 1 and self.kind not in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER,
+                                                 Kind.ALL_GATHER):
+            raise ValueError(f"{self.kind.name.lower()} runs in one chunk, not {self.chunks}")
+        if self.in_place and (self.kind != Kind.ALL_GATHER or self.count < 2):
+            raise ValueError(f"in_place is an all-gather's of 2 or more chips, not a "
+                             f"{self.kind.name.lower()} of {self.count}")
+        object.__setattr__(self, "_members", members)
+        object.__setattr__(self, "_rank", {c: p for p, c in enumerate(members)})
 
     @property
     def members(self) -> tuple[int, ...]:
         """Chips of the group in group-rank order."""
-        return tuple((self.first + p) % self.chips for p in range(self.count))
+        return self._members
+
+    @property
+    def avg_divisor(self) -> int:
+        """What AVG divides by: ``divisor``, else the group size."""
+        return self.count if self.divisor is None else self.divisor
 
     def position(self, chip: int) -> int | None:
         """Group rank of ``chip``, or None when it is outside the group."""
-        p = (chip - self.first) % self.chips
-        return p if p < self.count else None
+        return self._rank.get(chip)
+
+    def next_member(self, chip: int) -> int:
+        """The member after ``chip`` in group-rank order (the last member's: the first)."""
+        return self._members[(self._rank[chip] + 1) % self.count]
 
     def blocks(self) -> list[int]:
         if self.kind == Kind.SEND_RECV:
@@ -220,10 +278,43 @@ class Step:
     tx: bool
     out: bool
     final: bool = False  # the reduction is complete: AVG divides here
+    #: A chunk's last step merged with the next chunk's first: the words from the ring go
+    #: out (block ``block``) while the local words of block ``tx_block`` go to the ring, one
+    #: of each per word of the step (equal blocks).
+    swap: bool = False
+    tx_block: int | None = None
+
+    @property
+    def local_block(self) -> int:
+        """The block the local stream delivers in this step."""
+        return self.tx_block if self.swap else self.block
+
+
+def merges(req: CollectiveRequest, chip: int) -> bool:
+    """Whether ``chip``'s schedule merges each chunk's last step (from the ring to the output
+    only) with the next chunk's first (from the local stream to the ring only): a member of an
+    all-reduce, or of an all-gather in place, whose blocks are all alike (``length`` a multiple
+    of ``count``), of several chunks. The ring's links then stay busy from one chunk to the
+    next; a lone chunk's last step leaves a chip's link idle for a block."""
+    return (req.chunks > 1 and req.count > 1 and req.position(chip) is not None and
+            (req.kind == Kind.ALL_REDUCE or (req.kind == Kind.ALL_GATHER and req.in_place)) and
+            req.length % req.count == 0)
 
 
 def steps(req: CollectiveRequest, chip: int) -> list[Step]:
-    """The step schedule of ``chip`` (see the module docstring); the hardware mirrors it."""
+    """The step schedule of ``chip`` (see the module docstring); the hardware mirrors it. A
+    request of several ``chunks`` repeats one chunk's schedule, each chunk's last step merged
+    with the next one's first where :func:`merges`."""
+    one = _chunk_steps(req, chip)
+    if not merges(req, chip):
+        return one * req.chunks
+    last, first = one[-1], one[0]
+    swap = Step(last.block, rx=True, local=True, tx=True, out=True, swap=True,
+                tx_block=first.block)
+    return one[:-1] + ([swap] + one[1:-1]) * (req.chunks - 1) + [last]
+
+
+def _chunk_steps(req: CollectiveRequest, chip: int) -> list[Step]:
     n, p = req.count, req.position(chip)
     if req.kind == Kind.SEND_RECV:
         return {0: [Step(0, False, True, True, False)],
@@ -237,7 +328,7 @@ def steps(req: CollectiveRequest, chip: int) -> list[Step]:
         release = Step(0, True, False, p != n - 1, False)
         return [first, release]
     if p is None:
-        relayed = steps(req, req.members[-1])[:-1]
+        relayed = _chunk_steps(req, req.members[-1])[:-1]
         return [Step(s.block, True, False, True, False) for s in relayed]
     gather = req.kind == Kind.ALL_GATHER
     total = {Kind.REDUCE_SCATTER: n, Kind.ALL_GATHER: n, Kind.ALL_REDUCE: 2 * n - 1}[req.kind]
@@ -250,7 +341,7 @@ def steps(req: CollectiveRequest, chip: int) -> list[Step]:
                         final=s == n - 1)
         else:                                  # gather phase
             step = Step(block, rx=not (gather and s == 0), local=gather and s == 0,
-                        tx=not last, out=True)
+                        tx=not last, out=not (gather and s == 0 and req.in_place))
         out.append(step)
     return out
 
@@ -280,7 +371,7 @@ def check_fits(req: CollectiveRequest, wbytes: int, fifo_words: int) -> None:
 
 def local_blocks(req: CollectiveRequest, chip: int) -> list[int]:
     """Blocks the local input stream must deliver, in order."""
-    return [s.block for s in steps(req, chip) if s.local]
+    return [s.local_block for s in steps(req, chip) if s.local]
 
 
 def output_blocks(req: CollectiveRequest, chip: int) -> list[int]:
@@ -388,3 +479,152 @@ def words_to_engine(words, wbytes: int) -> list[int]:
     if len(raw) % wbytes:
         raise ValueError(f"{len(raw)} bytes are not whole engine words of {wbytes} bytes")
     return [int.from_bytes(raw[i:i + wbytes], "little") for i in range(0, len(raw), wbytes)]
+
+
+def len_register(length: int, count: int) -> int:
+    """``CO_LEN``'s value for ``length`` elements over a group of ``count``: the length in bits
+    ``[23:0]`` and the block length ``length // count`` in bits ``[47:24]``.
+
+    The engine has no divider: the block geometry of every collective is a constant of the
+    program, so the compiler divides (a one-cycle divider of 24 bits by the group size set the
+    FPGA clock; a multi-cycle one would delay each collective's first word)."""
+    return length | (length // count) << LENGTH_BITS
+
+
+def count_register(count: int, length: int, divisor: int | None = None) -> int:
+    """``CO_COUNT``'s value: the group size in bits ``[15:0]``, ``length mod count`` (how many
+    blocks are one element longer, ``numpy.array_split``'s) in bits ``[31:16]`` and AVG's
+    divisor in bits ``[47:32]`` (0: the group size)."""
+    return count | (length % count) << COUNT_FIELD_BITS | \
+        (divisor or 0) << 2 * COUNT_FIELD_BITS
+
+
+@dataclass(frozen=True)
+class CollCommand:
+    """A COLL as one chip's ``CO_*`` registers give it (``docs/isa.md``, COLL): the
+    collective (``group`` in group-rank space: chips ``0..count-1``), the chip's group rank
+    (None: outside the group, the COLL is a no-op) and the chip its words go to (``next``, the
+    next member), on a system of ``chips`` chips."""
+
+    group: CollectiveRequest
+    rank: int | None
+    next: int
+    chips: int
+
+    def same(self, other: CollCommand) -> bool:
+        """Whether ``other`` is a member's command of the same collective."""
+        return self.group == other.group and self.chips == other.chips
+
+    def describe(self) -> str:
+        g = self.group
+        return (f"COLL {g.kind.name} {g.op.name} int{g.width} x{g.length} (rank {self.rank} of "
+                f"{g.count}, next chip {self.next})")
+
+
+#: ``CO_KIND``'s fields: the kind in bits ``[2:0]``, an all-gather in place in bit
+#: :data:`IN_PLACE_BIT`, the chunks less one in bits ``[31:16]``.
+IN_PLACE_BIT = 8
+CHUNKS_SHIFT = 16
+
+
+def kind_register(req: CollectiveRequest) -> int:
+    """``CO_KIND``'s value for ``req``: its kind, ``in_place`` and ``chunks``."""
+    return int(req.kind) | req.in_place << IN_PLACE_BIT | (req.chunks - 1) << CHUNKS_SHIFT
+
+
+def registers(req: CollectiveRequest, chip: int) -> dict:
+    """The ``CO_*`` registers of chip ``chip``'s COLL for ``req``: ``CO_RANK`` its group rank
+    (``count`` outside the group), ``CO_NEXT`` the next member's chip id (0 outside)."""
+    rank = req.position(chip)
+    return {"CO_KIND": kind_register(req), "CO_OP": int(req.op), "CO_WIDTH": req.width,
+            "CO_LEN": len_register(req.length, req.count), "CO_CHIPS": req.chips,
+            "CO_RANK": req.count if rank is None else rank,
+            "CO_NEXT": 0 if rank is None else req.next_member(chip),
+            "CO_COUNT": count_register(req.count, req.length, req.divisor)}
+
+
+def command_from_registers(regs) -> CollCommand:
+    """The :class:`CollCommand` a COLL's ``CO_*`` registers give (``regs`` maps each register's
+    name to its value). ``ValueError`` naming the registers when they do not describe a
+    collective, when the block fields of ``CO_LEN`` and ``CO_COUNT`` are not the division of
+    its length by its group size (the engine has no divider), or when ``CO_NEXT`` is not a
+    chip of the system."""
+    length_value, count_value = regs["CO_LEN"], regs["CO_COUNT"]
+    length = length_value & ((1 << LENGTH_BITS) - 1)
+    count = count_value & ((1 << COUNT_FIELD_BITS) - 1)
+    divisor = (count_value >> 2 * COUNT_FIELD_BITS) & ((1 << COUNT_FIELD_BITS) - 1) or None
+    chips = regs["CO_CHIPS"]
+    kind_value = regs["CO_KIND"]
+    try:
+        check_chips(chips)
+        if kind_value & ~(7 | 1 << IN_PLACE_BIT | 0xFFFF << CHUNKS_SHIFT):
+            raise ValueError(f"CO_KIND={kind_value:#x} sets bits outside its kind [2:0], "
+                             f"in-place [{IN_PLACE_BIT}] and chunks [31:16] fields")
+        group = CollectiveRequest(kind=kind_value & 7, op=regs["CO_OP"],
+                                  width=regs["CO_WIDTH"], length=length, chips=max(count, 1),
+                                  count=count, divisor=divisor,
+                                  in_place=bool(kind_value >> IN_PLACE_BIT & 1),
+                                  chunks=(kind_value >> CHUNKS_SHIFT & 0xFFFF) + 1)
+        if count > chips:
+            raise ValueError(f"group count={count} must be 1..{chips} (the system has {chips} "
+                             "chips)")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"COLL with invalid registers {dict(regs)}: {exc}") from None
+    want_len = len_register(length, count)
+    want_count = count_register(count, length, divisor)
+    if length_value != want_len or count_value != want_count:
+        raise ValueError(
+            f"COLL with CO_LEN={length_value:#x}, CO_COUNT={count_value:#x}: {length} elements "
+            f"over {count} chips need CO_LEN={want_len:#x} (block length {length // count} in "
+            f"bits [47:24]) and CO_COUNT={want_count:#x} ({length % count} longer blocks in "
+            "bits [31:16]); the engine has no divider")
+    rank, nxt = regs["CO_RANK"], regs["CO_NEXT"]
+    if rank < 0:
+        raise ValueError(f"COLL with CO_RANK={rank}: a group rank is 0..{count - 1} "
+                         f"({count} or more: outside the group)")
+    member = rank < count
+    if member and not 0 <= nxt < chips:
+        raise ValueError(f"COLL with CO_NEXT={nxt} outside the system's chips 0..{chips - 1}")
+    return CollCommand(group, rank if member else None, nxt, chips)
+
+
+def walk_group(commands, chip: int) -> CollectiveRequest | None:
+    """The collective that ``chip``'s posted command is part of, in system chip ids, once every
+    member has posted it: ``commands`` maps chips to their posted :class:`CollCommand`; the
+    members are found along the ``next`` chips from ``chip``, each with the same collective and
+    the next group rank. None while a member has not posted it (or has posted another one).
+    ``ValueError`` when the chain of ``next`` chips does not close into the group, or is not
+    ``first + k * stride`` (the groups the compiler emits: runs, rows and columns)."""
+    cmd = commands[chip]
+    n, p = cmd.group.count, cmd.rank
+    members = [None] * n
+    members[p] = chip
+    cur = chip
+    for k in range(1, n):
+        nxt = commands[cur].next
+        other = commands.get(nxt)
+        if other is None or not other.same(cmd) or other.rank != (p + k) % n:
+            return None
+        members[(p + k) % n] = nxt
+        cur = nxt
+    if commands[cur].next != chip or len(set(members)) != n:
+        raise ValueError(f"{cmd.describe()} on chip {chip}: the members' CO_NEXT chips "
+                         f"{[commands[m].next for m in members]} do not close into a group of "
+                         f"{n} ({members})")
+    stride = (members[1] - members[0]) % cmd.chips if n > 1 else 1
+    try:
+        req = CollectiveRequest(kind=cmd.group.kind, op=cmd.group.op, width=cmd.group.width,
+                                length=cmd.group.length, chips=cmd.chips, first=members[0],
+                                count=n, stride=stride, divisor=cmd.group.divisor,
+                                chunks=cmd.group.chunks, in_place=cmd.group.in_place)
+    except ValueError as exc:
+        raise ValueError(f"{cmd.describe()} on chip {chip}: group {members}: {exc}") from None
+    if list(req.members) != members:
+        raise ValueError(f"{cmd.describe()} on chip {chip}: group {members} is not first + k * "
+                         "stride (a run, a row or a column)")
+    return req
+
+
+def chunk_of(req: CollectiveRequest) -> CollectiveRequest:
+    """One chunk of ``req``: the same collective with ``chunks`` 1."""
+    return dataclasses.replace(req, chunks=1) if req.chunks > 1 else req

@@ -319,13 +319,9 @@ class NpuConfig:
 
     def chip_error(self) -> ConfigError | None:
         """Why :class:`hw.chip.Chip` cannot be built from this NPU, or None: the vector
-        path (:meth:`lanes_error`), whole-word attention rows, the ring port
-        (:meth:`ring_port_error`)."""
+        path (:meth:`lanes_error`), the ring port (:meth:`ring_port_error`)."""
         if (error := self.lanes_error()) is not None:
             return error
-        if self.d_head_max % self.array_size:
-            return self._error("d_head_max", f"must be a multiple of array_size="
-                               f"{self.array_size}: attention rows are whole words")
         return self.ring_port_error()
 
 

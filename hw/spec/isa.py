@@ -17,7 +17,8 @@ whose trip count is in the instruction (``LOOP body, count``: the ``body`` instr
 it run ``count`` times; ``ADD reg, value`` in the body advances addresses and positions per
 iteration), so a program that repeats a step does not grow with the repeats.
 
-Six units: matmul, attention, vector, collective (``COLL``: all chips of a group), send and
+Six units: matmul, attention, vector, collective (``COLL``: all chips of a group; a torus's
+chip has two collective engines, the COLL's operand naming one), send and
 receive (``SEND`` / ``RECV``: point-to-point, only the two chips take part).
 """
 
@@ -29,9 +30,11 @@ from dataclasses import dataclass
 __all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", "ADDR_GENS",
            "READ_GENS", "WRITE_GENS", "WRAP_GENS", "ADDR_LEVELS", "COUNT_BITS", "MAX_COUNT", "REGS",
            "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
+           "COLL_GENS", "chip_gens",
            "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError",
            "LOOP_BODY_BITS", "LOOP_COUNT_BITS", "loop_operand", "loop_fields", "LoopState",
-           "add_value", "ADDX_SCALE_BITS", "ITER_BITS", "check_addx_scale", "addx_value"]
+           "add_value", "ADDX_SCALE_BITS", "ITER_BITS", "check_addx_scale", "addx_value",
+           "START_CLEARED"]
 
 INSN_BITS = 64
 OPCODE_BITS = 6
@@ -64,7 +67,8 @@ class Op(enum.IntEnum):
     MATMUL = 8   #: matmul unit: A via RD0 (transposed in N x N blocks), B via RD1, params RD2
     ATTN = 9     #: attention buffer + softmax unit
     VEC = 10     #: vector unit
-    COLL = 11    #: collective engine: all-reduce, reduce-scatter, all-gather, send/recv, barrier
+    COLL = 11    #: collective engine (operand: which): all-reduce, reduce-scatter, all-gather,
+    #:              send/recv, barrier
     SEND = 12    #: send unit: the words RD7 walks, to chip SR_DEST (point-to-point)
     RECV = 13    #: receive unit: one message from chip SR_SRC, written through WR4
 
@@ -99,12 +103,25 @@ OP_UNIT = {Op.MATMUL: Unit.MATMUL, Op.ATTN: Unit.ATTN, Op.VEC: Unit.VEC, Op.COLL
 #: circular buffer of M words at ``base``, ``addr = base + fold(off + i0*s0 + ... + i3*s3)``
 #: where ``fold`` takes offsets in ``[-M, 2M)`` modulo M.
 #: Owners: matmul RD0 (A), RD1 (B), RD2 (params), WR0; attention and vector unit share RD3,
-#: RD4, RD5, WR1, WR2 (they never run at once); collectives RD6, WR3; send RD7; receive WR4.
-READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6", "RD7")
-WRITE_GENS = ("WR0", "WR1", "WR2", "WR3", "WR4")
+#: RD4, RD5, WR1, WR2 (they never run at once); collective engine 0 RD6, WR3; send RD7;
+#: receive WR4; collective engine 1 (a torus's chip) RD8, WR5.
+READ_GENS = ("RD0", "RD1", "RD2", "RD3", "RD4", "RD5", "RD6", "RD7", "RD8")
+WRITE_GENS = ("WR0", "WR1", "WR2", "WR3", "WR4", "WR5")
 ADDR_GENS = READ_GENS + WRITE_GENS
 #: Generators with a ``wrap`` register: a collective's blocks stream in a rotated order.
-WRAP_GENS = ("RD6", "WR3")
+WRAP_GENS = ("RD6", "WR3", "RD8", "WR5")
+#: Each collective engine's read and write generators (the COLL operand's engine index).
+COLL_GENS = (("RD6", "WR3"), ("RD8", "WR5"))
+
+
+def chip_gens(dims: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The read and write generators a chip of a ``dims``-dimensional system has: a ring's
+    chip (1) one collective engine's, a torus's (2) both (:data:`COLL_GENS`)."""
+    unused = set() if dims == 2 else {g for pair in COLL_GENS[dims:] for g in pair}
+    return (tuple(g for g in READ_GENS if g not in unused),
+            tuple(g for g in WRITE_GENS if g not in unused))
+
+
 ADDR_LEVELS = 4
 #: Bits of an address-generator count (``n0..n3``) and of the units' row and beat counters.
 COUNT_BITS = 16
@@ -129,11 +146,17 @@ _UNIT_REGS = (
     # vector unit
     "VU_OP", "VU_ROWS", "VU_LEN", "VU_N", "VU_MULT", "VU_SHIFT", "VU_GSHIFT", "VU_FLAGS",
     # collectives
-    "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_FIRST", "CO_COUNT",
-    # collectives: the ring's size and this chip's position on it (docs/isa.md, COLL)
+    "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_NEXT", "CO_COUNT",
+    # collectives: the system's size and this chip's group rank (docs/isa.md, COLL)
     "CO_CHIPS", "CO_RANK",
     # point-to-point: the chip a SEND goes to, the chip a RECV takes its message from
     "SR_DEST", "SR_SRC",
+    # attention: the head's first lane in the first word of a Q, K, V and output row (heads
+    # packed in shared words)
+    "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE", "AT_O_LANE",
+    # matmul: B rows stored per fold (the rest of MM_K's beats take zero B rows), column
+    # blocks per row tile, and the columns of the last block, stored packed (0: N)
+    "MM_B_ROWS", "MM_B_BLOCKS", "MM_B_LAST",
 )
 
 #: Depth in engine words of the collective engine's receive and transmit buffers in the chip:
@@ -141,6 +164,12 @@ _UNIT_REGS = (
 COLL_FIFO_WORDS = 64
 #: Depth in ring words of the receive unit's buffer between the ring port and WR4.
 RECV_FIFO_WORDS = 4
+
+#: Registers the sequencer sets to 0 when a program starts (``start``): the lane offsets of
+#: packed heads and the matmul's packed-B fields, whose 0 keeps the whole-word behaviour, so a
+#: program that never uses them need not set them (the assembler knows them as 0).
+START_CLEARED = ("AT_Q_LANE", "AT_K_LANE", "AT_V_LANE", "AT_O_LANE",
+                 "MM_B_ROWS", "MM_B_BLOCKS", "MM_B_LAST")
 
 REGS: tuple[str, ...] = tuple(f"{g}.{f}" for g in ADDR_GENS for f in gen_fields(g)) + _UNIT_REGS
 REG_INDEX = {name: i for i, name in enumerate(REGS)}

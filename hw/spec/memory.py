@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["bank_shift", "bank_of", "row_words", "pack_rows", "unpack_rows", "pack_params",
-           "pack_weight_blocks", "PARAM_WORDS"]
+           "pack_weight_blocks", "weight_words", "packed_block_words", "unpack_packed_block",
+           "PARAM_WORDS"]
 
 PARAM_WORDS = 7
 _DTYPES = {1: np.int8, 2: np.int16, 4: np.int32}
@@ -89,16 +90,54 @@ def pack_params(bias, mult, shift, word_bytes: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, n), np.uint8)
 
 
-def pack_weight_blocks(b, word_bytes: int) -> np.ndarray:
+def packed_block_words(rows: int, cols: int, word_bytes: int) -> int:
+    """Words of a packed column block of ``cols`` < N columns: its ``rows`` rows of ``cols``
+    bytes one after another, the last word padded: ``ceil(rows * cols / N)``."""
+    return -(-rows * cols // word_bytes)
+
+
+def weight_words(k: int, cols: int, word_bytes: int, *, packed: bool = False) -> int:
+    """Words :func:`pack_weight_blocks` makes of a [k, cols] matrix: ``ceil(cols / N)`` blocks
+    of k words, or with ``packed`` the last block of ``cols mod N`` columns in
+    :func:`packed_block_words`."""
+    n = word_bytes
+    full, last = divmod(cols, n)
+    if not packed or not last:
+        return -(-cols // n) * k
+    return full * k + packed_block_words(k, last, n)
+
+
+def pack_weight_blocks(b, word_bytes: int, *, packed: bool = False) -> np.ndarray:
     """[K, C] int8 weights -> block-major words: word ``nb*K + k`` is ``b[k, nb*N:(nb+1)*N]``.
 
-    Columns past C are zero-padded to whole blocks of ``word_bytes``.
+    Columns past C are zero-padded to whole blocks of ``word_bytes``; with ``packed`` the last
+    block of ``c = C mod N`` columns (if any) is stored unpadded instead, its rows of c bytes
+    one after another from word ``(C // N) * K`` (``ceil(K c / N)`` words, the last padded
+    with zeros): what the matmul engine unpacks with ``MM_B_LAST`` = c.
     """
     b = np.asarray(b, np.int64)
     k, cols = b.shape
     n = word_bytes
+    full, last = divmod(cols, n)
+    if packed and last:
+        head = pack_weight_blocks(b[:, :full * n], n) if full else np.zeros((0, n), np.uint8)
+        tail = np.zeros(packed_block_words(k, last, n) * n, np.int64)
+        tail[:k * last] = b[:, full * n:].reshape(-1)
+        return np.concatenate([head, pack_rows(tail.reshape(-1, n), 1, n)])
     blocks = -(-cols // n)
     padded = np.zeros((k, blocks * n), np.int64)
     padded[:, :cols] = b
     per_block = padded.reshape(k, blocks, n).transpose(1, 0, 2).reshape(blocks * k, n)
     return pack_rows(per_block, 1, n)
+
+
+def unpack_packed_block(words, rows: int, cols: int) -> np.ndarray:
+    """The [rows, N] int8 beats of a packed block of ``cols`` columns (its words, as
+    :func:`pack_weight_blocks` stores them): row r is bytes ``r*cols .. r*cols + cols - 1``,
+    the lanes past ``cols`` zero."""
+    words = np.asarray(words, np.uint8)
+    n = words.shape[-1]
+    flat = words.reshape(-1)[:rows * cols].view(np.int8).astype(np.int64)
+    out = np.zeros((rows, n), np.int64)
+    out[:, :cols] = flat.reshape(rows, cols)
+    return out

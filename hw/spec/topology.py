@@ -171,6 +171,28 @@ class Topology:
                     return dim
         return None
 
+    def group_links(self, members) -> str:
+        """Which links a collective over ``members`` (in group order) runs on: ``"row y"`` or
+        ``"column x"`` (one ring of the torus), ``"rows and columns"`` (routed over both),
+        ``"the ring"``."""
+        members = tuple(members)
+        if not self.is_torus:
+            return "the ring"
+        dim = 0 if len(members) == 1 else self.ring_of(members)
+        x, y = self.coords(members[0])
+        return {0: f"row {y}", 1: f"column {x}", None: "rows and columns"}[dim]
+
+    def route_links(self, src: int, dest: int) -> str:
+        """The links a word from ``src`` to ``dest`` takes (dimension-order, the column first:
+        ``hw.spec.ring.route_dim``): e.g. ``"column 1 (1 hop), row 3 (2 hops)"``."""
+        hops = self.hops(src, dest)
+        if not self.is_torus:
+            return f"the ring ({hops[0]} hop{'s' if hops[0] != 1 else ''})"
+        x, y2 = self.coords(src)[0], self.coords(dest)[1]
+        legs = [(f"column {x}", hops[1]), (f"row {y2}", hops[0])]
+        return ", ".join(f"{name} ({h} hop{'s' if h != 1 else ''})" for name, h in legs if h) \
+            or "none"
+
     def hops(self, src: int, dest: int) -> tuple[int, ...]:
         """Hops along each dimension from ``src`` to ``dest`` (each ring runs one way)."""
         a, b = self.coords(src), self.coords(dest)

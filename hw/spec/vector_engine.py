@@ -14,8 +14,11 @@ written (``docs/isa.md``, section VEC)::
                            (LN_STATS and ARGMAX: their records)
     bit 10    pairs        ARGMAX combines argmax records: ``VU_LEN`` of them per row from RD5
                            (the partial argmaxes of the chips a vocabulary is split over), no A
+    bit 11    keep         a ``data`` row that ends inside a word leaves the rest of that word
+                           as it is (byte write enables) instead of writing zeros there: a
+                           row of packed lanes written back among others (RoPE's Q and K)
 
-Bits 11 and up must be 0; a 2-bit width code of 3 is invalid.
+Bits 12 and up must be 0; a 2-bit width code of 3 is invalid.
 
 LayerNorm statistics (LN_STATS writes them through WR2, LN_APPLY and RMS_APPLY read them
 through RD5) are one record per row: ``[sum x, sum x^2]`` as two little-endian int64 (16
@@ -45,7 +48,7 @@ __all__ = ["VecFlags", "FLAG_BITS", "SUPPORTED_OPS", "ELEM_BYTES", "LOAD_OPS", "
 STATS_BYTES = 16
 
 #: Bits of ``VU_FLAGS`` that carry meaning (the rest must be 0).
-FLAG_BITS = 11
+FLAG_BITS = 12
 #: Element byte widths a 2-bit width code can name (code = index).
 ELEM_BYTES = (1, 2, 4)
 #: Ops a ``VEC`` launch supports.
@@ -91,6 +94,7 @@ class VecFlags:
     wr_data: bool = True
     wr_q: bool = False
     pairs: bool = False
+    keep: bool = False
 
     def __post_init__(self):
         for name in ("a_bytes", "b_bytes", "d_bytes"):
@@ -100,7 +104,8 @@ class VecFlags:
         return (int(bool(self.out16)) | int(bool(self.per_channel)) << 1
                 | _code("a_bytes", self.a_bytes) << 2 | _code("b_bytes", self.b_bytes) << 4
                 | _code("d_bytes", self.d_bytes) << 6 | int(bool(self.wr_data)) << 8
-                | int(bool(self.wr_q)) << 9 | int(bool(self.pairs)) << 10)
+                | int(bool(self.wr_q)) << 9 | int(bool(self.pairs)) << 10
+                | int(bool(self.keep)) << 11)
 
     @classmethod
     def decode(cls, value: int) -> VecFlags:
@@ -117,7 +122,7 @@ class VecFlags:
             widths[name] = ELEM_BYTES[code]
         return cls(out16=bool(value & 1), per_channel=bool(value >> 1 & 1),
                    wr_data=bool(value >> 8 & 1), wr_q=bool(value >> 9 & 1),
-                   pairs=bool(value >> 10 & 1), **widths)
+                   pairs=bool(value >> 10 & 1), keep=bool(value >> 11 & 1), **widths)
 
 
 def combines(op: VectorOp, pairs: bool) -> bool:

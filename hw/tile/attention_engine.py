@@ -6,8 +6,11 @@ and an output requantiser (``sim.golden.matmul.requant`` to int8). Golden model 
 ``sim.iss.attention.exec_attention`` (the golden ring sequence with the golden softmax).
 
 Memory formats (``size`` = N = bytes per scratchpad word): a token's head slice is ``d_head``
-int8 (``d_head / N`` words, ``d_head`` a multiple of N, starting at a word boundary); K, V and Q
-rows arrive as such word groups, the output row leaves as one. A partial or reduced score row
+int8 lanes from lane ``lane`` (0..N-1, one per stream: ``AT_Q_LANE``, ``AT_K_LANE``,
+``AT_V_LANE``, ``AT_O_LANE``) of its first word, so
+``hw.spec.attention.head_words(d_head, lane, N)`` words; heads narrower than a word share words
+(packed heads). K, V and Q rows arrive as such word groups; the output row leaves as one, with
+byte write enables on the head's lanes only. A partial or reduced score row
 (split-score mode) is the W ring lanes as int32, little-endian, in
 ``hw.spec.attention.partial_row_words(W, N)`` words.
 """
@@ -16,7 +19,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..layouts import spad_word_layout
+from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.attention import (
     FLAG_PARTIAL,
     FLAG_REDUCED,
@@ -35,7 +38,7 @@ from .softmax import SoftmaxUnit
 __all__ = ["AttentionEngine", "cfg_layout", "uses_layout"]
 
 
-def cfg_layout(d_head):
+def cfg_layout(d_head, size):
     """The launch configuration, one field per ``AT_*`` register."""
     return data.StructLayout({
         "queries": unsigned(COUNT_BITS),        # AT_QUERIES
@@ -49,6 +52,8 @@ def cfg_layout(d_head):
         "out_mult": unsigned(MULT_BITS),        # AT_OUT_MULT
         "out_shift": unsigned(SHIFT_BITS),      # AT_OUT_SHIFT
         "d_head": unsigned(d_head.bit_length()),   # AT_D_HEAD, lanes
+        # AT_Q_LANE .. AT_O_LANE: the head's first lane in a row's first word, per stream
+        **{f"{s}_lane": unsigned(max(1, (size - 1).bit_length())) for s in "qkvo"},
     })
 
 
@@ -65,7 +70,7 @@ class AttentionEngine(wiring.Component):
     window : int
         W, tokens the K/V ring holds (``attn_window``).
     d_head : int
-        D, lanes of the attention datapath (``d_head_max``), a multiple of ``size``.
+        D, lanes of the attention datapath (``d_head_max``), >= 1.
     length : int
         L, lanes of the score row and of the softmax (``softmax_len``), >= max(W, 2).
     size : int
@@ -76,7 +81,12 @@ class AttentionEngine(wiring.Component):
 
     Launch (``i_cfg``, one beat per ``ATTN``; fields as :func:`cfg_layout`)
     -------------------------------------------------------------------
-    ``h = cfg.d_head`` lanes per token (a multiple of N, at most D), ``h / N`` words per row.
+    ``h = cfg.d_head`` lanes per token (1..D) from lane ``o`` (0..N-1) of the row's first word,
+    ``o`` per stream (``q_lane``, ``k_lane``, ``v_lane``, ``o_lane``): ``w = ceil((o + h) / N)``
+    words per row of that stream (``hw.spec.attention.head_words``). The engine keeps lanes
+    ``o .. o + h - 1`` of the words it reads (the buffer's lanes beyond h are zero), and its
+    output rows write only those lanes (``o.mask``): heads narrower than a word are packed,
+    several to a word, each launch reading and writing its own lanes.
     The engine writes ``keys`` K/V tokens (positions ``k_pos, k_pos + 1, ...``; the first one
     restarts the ring) and issues ``queries`` queries (positions ``q_pos, q_pos + 1, ...``) in
     this order:
@@ -110,16 +120,17 @@ class AttentionEngine(wiring.Component):
 
     Members
     -------
-    i_cfg : ``In(stream.Signature(cfg_layout(D)))``
+    i_cfg : ``In(stream.Signature(cfg_layout(D, N)))``
         Taken while idle; ``busy`` rises the next cycle.
     i_k, i_v, i_q : ``In(stream.Signature(spad_word_layout(N)))``
-        K, V and Q rows, ``h / N`` words each (read ports RD3, RD4, RD5); lanes beyond ``h`` of
+        K, V and Q rows, ``w`` words each (read ports RD3, RD4, RD5); lanes beyond ``h`` of
         the buffer are zero. Exactly ``keys`` (``queries``) rows are taken per launch; ``last``
         is ignored. The partial pass takes no V, the reduced pass no K and R-word reduced rows
         on ``i_q``.
-    o : ``Out(stream.Signature(spad_word_layout(N)))``
-        ``queries`` output rows of ``h / N`` int8 words (write port WR1), or R-word partial
-        rows (partial pass); ``last`` on the launch's final word.
+    o : ``Out(stream.Signature(spad_write_layout(N)))``
+        ``queries`` output rows of ``w`` int8 words (write port WR1), ``mask`` set on the
+        head's lanes, or R-word partial rows (partial pass, every byte); ``last`` on the
+        launch's final word.
     uses : ``Out(uses_layout())``
         From the ``i_cfg`` payload offered (combinationally, before the transfer): ``k`` unless
         the launch is a reduced pass, ``v`` unless it is a partial pass. The chip starts only
@@ -133,8 +144,10 @@ class AttentionEngine(wiring.Component):
     Rows are gathered from the read ports while the buffer works (one row of K, V and Q each
     waits in the engine), a finished output row waits in an output register while the next query
     proceeds, and the requantiser emits one word per cycle (N 32 x 16-bit multipliers, a
-    variable shift and a clamp, combinational from the row register to ``o``; ``h/N`` cycles
-    per row). The window narrowing costs a copy of the W slot positions (16 bits each) and W
+    variable shift and a clamp, combinational from the row register to ``o``; ``w`` cycles
+    per row). The lane offset costs a shifter of the gathered words into the buffer's D lanes
+    (per read stream) and one of the output row into its words, combinational, and nothing in
+    cycles. The window narrowing costs a copy of the W slot positions (16 bits each) and W
     17-bit subtract-and-compare lanes, combinational between the buffer's score row and the
     softmax input register. Cycles per launch: ``hw.spec.timing.attention.launch_cycles``
     (exact with every word available, a lower bound otherwise) and the closed forms in
@@ -159,18 +172,17 @@ class AttentionEngine(wiring.Component):
             raise ValueError(f"window must be at least 1, not {window}")
         if length < max(window, 2):
             raise ValueError(f"length={length} must be at least max(window={window}, 2)")
-        if d_head < size or d_head % size:
-            raise ValueError(f"d_head={d_head} must be a positive multiple of size={size} "
-                             f"(a head slice is whole scratchpad words)")
+        if d_head < 1:
+            raise ValueError(f"d_head must be at least 1, not {d_head}")
         if window > 1 << POS_BITS:
             raise ValueError(f"window={window} exceeds the {POS_BITS}-bit position range")
         self._window, self._d_head, self._length, self._size = window, d_head, length, size
         super().__init__({
-            "i_cfg": In(stream.Signature(cfg_layout(d_head))),
+            "i_cfg": In(stream.Signature(cfg_layout(d_head, size))),
             "i_k": In(stream.Signature(spad_word_layout(size))),
             "i_v": In(stream.Signature(spad_word_layout(size))),
             "i_q": In(stream.Signature(spad_word_layout(size))),
-            "o": Out(stream.Signature(spad_word_layout(size))),
+            "o": Out(stream.Signature(spad_write_layout(size))),
             "uses": Out(uses_layout()),
             "busy": Out(1),
         })
@@ -203,7 +215,7 @@ class AttentionEngine(wiring.Component):
         m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L)
         m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L))
 
-        cfg = Signal(cfg_layout(D))
+        cfg = Signal(cfg_layout(D, N))
         active = Signal()
         m.d.comb += [self.busy.eq(active), self.i_cfg.ready.eq(~active)]
         # Split-score passes (bit 3 wins if both are set: the ISS refuses that).
@@ -222,34 +234,42 @@ class AttentionEngine(wiring.Component):
         for lane in range(L):
             m.d.comb += buf.i_probs.payload.data[lane].eq(Mux(partial, 0, sm.o.payload.data[lane]))
 
-        # --- row gathering: h/N words -> one row of D lanes, zero beyond h -----------------
+        # --- row gathering: w words -> the head's lanes o .. o + h - 1 of them, zero beyond h -
+        G = -(-(N - 1 + D) // N)        # the most words a row spans (lane offset N - 1)
         def gather(port, name, rows, ready):
-            row = Signal(data.ArrayLayout(i8, D), name=f"{name}_row")
-            off = Signal(range(D + 1), name=f"{name}_off")
+            lane = getattr(cfg, f"{name}_lane")
+            span = Signal(range(N + D), name=f"{name}_span")   # lanes up to the head's last
+            m.d.comb += span.eq(lane + cfg.d_head)
+            stage = Signal(8 * N * G, name=f"{name}_stage")
+            off = Signal(range(G * N + 1), name=f"{name}_off")
             full = Signal(name=f"{name}_full")
             take = Signal(name=f"{name}_take")
             mine = Signal(name=f"{name}_ready")
             count = Signal(COUNT_BITS, name=f"{name}_rows")    # rows complete this launch
             gathers.append(count)
             # A row's first word may arrive in the cycle the previous row is taken, so a
-            # one-word row (h = N) streams at one row per cycle. No word beyond the launch's
+            # one-word row (w = 1) streams at one row per cycle. No word beyond the launch's
             # rows is taken (they would belong to the next launch).
             m.d.comb += mine.eq(active & (~full | take) & (count < rows))
             ready.append(mine)
             with m.If(take):
-                # Cleared after use, so lanes beyond h stay zero for the next row (the word
-                # taken in the same cycle, below, overrides its own lanes).
-                m.d.sync += [row.eq(0), full.eq(0)]
+                m.d.sync += full.eq(0)
             with m.If(port.valid & mine):
                 with m.Switch(off):
-                    for w in range(D // N):
+                    for w in range(G):
                         with m.Case(w * N):
-                            m.d.sync += [row[w * N + i].eq(port.payload.data[i])
-                                         for i in range(N)]
-                with m.If(off + N >= cfg.d_head):
+                            m.d.sync += stage[8 * N * w:8 * N * (w + 1)].eq(
+                                port.payload.data.as_value())
+                with m.If(off + N >= span):
                     m.d.sync += [full.eq(1), off.eq(0), count.eq(count + 1)]
                 with m.Else():
                     m.d.sync += off.eq(off + N)
+            # The head's lanes, shifted down by the lane offset; lanes beyond h are zero.
+            row = Signal(data.ArrayLayout(i8, D), name=f"{name}_row")
+            shifted = Signal(8 * N * G, name=f"{name}_shifted")
+            m.d.comb += shifted.eq(stage >> (lane * 8))
+            for d in range(D):
+                m.d.comb += row[d].eq(Mux(d < cfg.d_head, shifted[8 * d:8 * d + 8], 0))
             return row, full, take
 
         gathers = []
@@ -371,22 +391,29 @@ class AttentionEngine(wiring.Component):
         with m.If(buf.i_reduced.valid & buf.i_reduced.ready & reduced):
             m.d.comb += red_take.eq(1)
 
-        # --- output: hold the raw row, requantise N lanes per word --------------------------
-        o_row = Signal(data.ArrayLayout(signed(ACC_BITS), D))
+        # --- output: hold the raw row at its lanes of the words, requantise N lanes per word
+        span = Signal(range(N + D))     # lanes of an output row's words up to the head's last
+        m.d.comb += span.eq(cfg.o_lane + cfg.d_head)
+        o_row = Signal(data.ArrayLayout(signed(ACC_BITS), G * N))
         o_full = Signal()
-        o_off = Signal(range(D + 1))
+        o_off = Signal(range(G * N + 1))
         rows_out = Signal(COUNT_BITS)
         m.d.comb += buf.o_out.ready.eq(active & (partial | ~o_full))
         with m.If(buf.o_out.valid & buf.o_out.ready & ~partial):
-            m.d.sync += [o_row.eq(buf.o_out.payload.data), o_full.eq(1), o_off.eq(0)]
+            m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
+                         o_full.eq(1), o_off.eq(0)]
         with m.If(buf.o_out.valid & buf.o_out.ready & partial):
             m.d.sync += dropped.eq(dropped + 1)
 
         sel = [Signal(signed(ACC_BITS), name=f"sel{i}") for i in range(N)]
         with m.Switch(o_off):
-            for w in range(D // N):
+            for w in range(G):
                 with m.Case(w * N):
                     m.d.comb += [sel[i].eq(o_row[w * N + i]) for i in range(N)]
+        # Byte write enables: the head's lanes of the word (every byte of a partial row).
+        for i in range(N):
+            at = o_off + i
+            m.d.comb += self.o.payload.mask[i].eq(partial | ((at >= cfg.o_lane) & (at < span)))
         rounding = (Const(1, 1) << cfg.out_shift) >> 1
         lo, hi = -(1 << (OPERAND_BITS - 1)), (1 << (OPERAND_BITS - 1)) - 1
         for i in range(N):
@@ -395,7 +422,7 @@ class AttentionEngine(wiring.Component):
             shifted = prod >> cfg.out_shift
             m.d.comb += self.o.payload.data[i].eq(
                 Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:OPERAND_BITS])))
-        row_done = Mux(partial, p_off == R - 1, o_off + N >= cfg.d_head)
+        row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
         final = row_done & (rows_out == cfg.queries - 1)
         m.d.comb += [self.o.valid.eq(Mux(partial, p_full, o_full)),
                      self.o.payload.last.eq(final)]

@@ -4,8 +4,16 @@ Memory formats (``size`` = N = array size = bytes per scratchpad word):
 
 - A operand: token-major int8 rows; the read port delivers, per fold, ``K/N`` blocks of N words
   (N rows of the tile, one column block each), which the :class:`Transposer` turns into K
-  column beats. ``K`` must be a multiple of N (the compiler pads weights with zero rows).
-- B operand: one word per beat, ``B[k, n0:n0+N]``.
+  column beats. ``K`` must be a multiple of N.
+- B operand: one word per beat, ``B[k, n0:n0+N]``, for the fold's first ``b_rows`` beats
+  (``MM_B_ROWS``; 0: all K); the rest of the fold's beats take zero rows without reading a
+  word, so a weight matrix of fewer rows than K (the A rows padded to whole words) is stored
+  without its zero rows. With ``b_last`` = c (``MM_B_LAST``, 1..N; 0: off), the last column
+  block of each row tile (fold ``b_blocks - 1`` of every ``b_blocks``, ``MM_B_BLOCKS``) holds
+  only c columns, stored packed: its rows are c bytes each, one after another across words
+  (``ceil(b_rows * c / N)`` words a fold), unpacked here into beats whose lanes past c are
+  zero. So a weight matrix is stored unpadded in both dimensions
+  (``hw.spec.memory.pack_weight_blocks``).
 - Parameters: 7 words per fold (per output tile): ``bias`` int32 x N (4 words), ``mult`` uint16
   x N (2 words), ``shift`` uint8 x N (1 word), all little-endian, lane j at byte offset
   ``j * element bytes``.
@@ -13,7 +21,7 @@ Memory formats (``size`` = N = array size = bytes per scratchpad word):
   words, lane j at byte offset ``j * element bytes``.
 """
 
-from amaranth.hdl import Cat, Module, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -27,12 +35,15 @@ from .transpose import Transposer
 __all__ = ["MatmulEngine", "cfg_layout"]
 
 
-def cfg_layout():
+def cfg_layout(size):
     return data.StructLayout({
         "k": unsigned(COUNT_BITS),          # beats per fold, a multiple of N
         "folds": unsigned(COUNT_BITS),      # output tiles
         "mode": unsigned(2),                # OutMode
         "a_unsigned": 1,
+        "b_rows": unsigned(COUNT_BITS),     # B rows read per fold (0: k)
+        "b_blocks": unsigned(COUNT_BITS),   # column blocks per row tile (packed last block)
+        "b_last": unsigned(size.bit_length()),   # its columns, packed (0: none)
     })
 
 
@@ -41,6 +52,12 @@ class MatmulEngine(wiring.Component):
 
     ``i_cfg`` starts one launch: ``folds`` output tiles of ``k`` beats each. ``busy`` is high
     from the configuration beat until the last output word has been taken.
+
+    B rows past ``b_rows`` are zero and read no word; the packed last column block
+    (``b_last``) is unpacked from a two-word window (the word being used and the next) by a
+    byte shifter, so a beat never waits for more than one word. A whole-word fold takes its
+    word straight from ``i_b`` as before: the timing of launches without ``b_rows`` and
+    ``b_last`` is unchanged, and the packed ones move fewer B words, never more per beat.
 
     Members
     -------
@@ -59,7 +76,7 @@ class MatmulEngine(wiring.Component):
         self._size = size
         self._pe_dsp = bool(pe_dsp)
         super().__init__({
-            "i_cfg": In(stream.Signature(cfg_layout())),
+            "i_cfg": In(stream.Signature(cfg_layout(size))),
             "i_a": In(stream.Signature(spad_word_layout(size))),
             "i_b": In(stream.Signature(spad_word_layout(size))),
             "i_p": In(stream.Signature(spad_word_layout(size))),
@@ -72,7 +89,7 @@ class MatmulEngine(wiring.Component):
         n = self._size
         m.submodules.unit = unit = MatmulUnit(size=n, pe_dsp=self._pe_dsp)
         m.submodules.transpose = tr = Transposer(size=n)
-        cfg = Signal(cfg_layout())
+        cfg = Signal(cfg_layout(n))
         active = Signal()
         m.d.comb += self.busy.eq(active)
 
@@ -96,12 +113,39 @@ class MatmulEngine(wiring.Component):
             with m.Else():
                 m.d.sync += beat.eq(beat + 1)
 
-        # B: a word is a beat.
+        # B: a word is a beat; past b_rows a zero row (no word); in the packed last column
+        # block, c bytes from the held word's unused bytes and then the next word's.
+        fold_end = unit.i_a.valid & unit.i_a.ready & (beat == cfg.k - 1)
+        blk = Signal(COUNT_BITS)            # column block of the fold (packed B)
+        hold = Signal(8 * n)                # the packed block's word in use
+        held = Signal(range(n + 1))         # its bytes not yet used (0: none)
+        kb = Mux(cfg.b_rows == 0, cfg.k, cfg.b_rows)
+        zero = beat >= kb
+        c = cfg.b_last
+        narrow = (c != 0) & (blk + 1 >= cfg.b_blocks)
+        need_word = ~zero & (~narrow | (held < c))
+        used = Signal(range(n + 1))         # bytes of the held word already used
+        m.d.comb += used.eq(n - held)
+        window = Cat(hold, self.i_b.payload.data.as_value()) >> (used * 8)
+        for j in range(n):
+            lane = Mux(narrow, Mux(j < c, window[8 * j:8 * j + 8], 0),
+                       self.i_b.payload.data[j])
+            m.d.comb += unit.i_b.payload.data[j].eq(Mux(zero, 0, lane))
         m.d.comb += [
-            unit.i_b.valid.eq(self.i_b.valid & active),
-            self.i_b.ready.eq(unit.i_b.ready & active),
-            unit.i_b.payload.data.eq(self.i_b.payload.data),
+            unit.i_b.valid.eq((self.i_b.valid | ~need_word) & active),
+            self.i_b.ready.eq(unit.i_b.ready & active & need_word),
         ]
+        with m.If(unit.i_b.valid & unit.i_b.ready & narrow & ~zero):
+            with m.If(need_word):
+                m.d.sync += [hold.eq(self.i_b.payload.data.as_value()),
+                             held.eq(n - (c - held))]
+            with m.Else():
+                m.d.sync += held.eq(held - c)
+        with m.If(fold_end):
+            # The block's last word's unused bytes are padding: the next fold starts afresh.
+            m.d.sync += [held.eq(0), blk.eq(Mux(blk + 1 >= cfg.b_blocks, 0, blk + 1))]
+        with m.If(self.i_cfg.valid & self.i_cfg.ready):
+            m.d.sync += [held.eq(0), blk.eq(0)]
 
         # Parameters: gather PARAM_WORDS words into one beat.
         pbuf = Signal(8 * n * PARAM_WORDS)

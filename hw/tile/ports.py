@@ -12,7 +12,7 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import ring_word_layout
 from ..spec import NpuConfig
 from ..spec.isa import INSN_BITS
-from ..spec.ring import TAG_BITS
+from ..spec.ring import tag_bits
 from .gearbox import words_layout
 from .scratchpad import addr_layout
 from .trace import entry_layout
@@ -62,12 +62,13 @@ class HostSignature(wiring.Signature):
 
 
 class RingPortSignature(wiring.Signature):
-    """A chip's ring port: ``tx`` to chip (i + 1) mod N's ``rx``, through a
-    :class:`~hw.ring.link.RingLink`. Words are :func:`hw.layouts.ring_word_layout` of
-    ``word_bytes`` bytes with a routing tag (:data:`hw.spec.ring.TAG_BITS`)."""
+    """A chip's ring port on one dimension: ``tx`` to the next chip's ``rx`` along it, through
+    a :class:`~hw.ring.link.RingLink`. Words are :func:`hw.layouts.ring_word_layout` of
+    ``word_bytes`` bytes with a routing tag of chip ids of ``chip_bits``
+    (:func:`hw.spec.ring.tag_bits`)."""
 
-    def __init__(self, word_bytes: int):
-        layout = ring_word_layout(word_bytes, tag_bits=TAG_BITS)
+    def __init__(self, word_bytes: int, chip_bits: int):
+        layout = ring_word_layout(word_bytes, tag_bits=tag_bits(chip_bits))
         super().__init__({
             "tx": Out(stream.Signature(layout)),
             "rx": In(stream.Signature(layout)),

@@ -177,12 +177,14 @@ class ReadPortSignature(wiring.Signature):
 
 
 class WritePortSignature(wiring.Signature):
-    """A scratchpad write port, seen from the scratchpad: address, word and ``last`` in."""
+    """A scratchpad write port, seen from the scratchpad: address, word, ``mask`` (one write
+    enable per byte: byte ``i`` of the word is written when bit ``i`` is set) and ``last``
+    in."""
 
     def __init__(self, addr_bits, word_bits):
         super().__init__({
             "i": In(stream.Signature(data.StructLayout(
-                {"addr": addr_bits, "data": word_bits, "last": 1}))),
+                {"addr": addr_bits, "data": word_bits, "mask": word_bits // 8, "last": 1}))),
         })
 
 
@@ -193,6 +195,10 @@ class Scratchpad(wiring.Component):
     lowest-numbered read port and, independently, the lowest-numbered write port that address
     it; the others wait (``ready`` low). Different banks serve different ports in the same
     cycle. The schedule stays data-independent because addresses are static.
+
+    A write port writes the bytes its ``mask`` enables (byte-wide write enables of the banks:
+    the attention engine's output rows of packed heads, and the vector engine's rows that end
+    inside a word, leave the other lanes of their words alone).
 
     A read port returns words in request order; a read taken in cycle t is in the port's output FIFO
     in cycle t + 2 and on ``o_data`` then (``hw.spec.timing.chip.READ_LATENCY``: the bank's read
@@ -243,7 +249,7 @@ class Scratchpad(wiring.Component):
         for b in range(nb):
             mem = Memory(shape=unsigned(self._word_bits), depth=self._bank_words, init=[])
             m.submodules[f"bank{b}"] = mem
-            mems.append((mem, mem.read_port(), mem.write_port()))
+            mems.append((mem, mem.read_port(), mem.write_port(granularity=8)))
 
         def bank_of(addr):
             return addr[low_bits:] if nb > 1 else 0
@@ -305,7 +311,8 @@ class Scratchpad(wiring.Component):
                 with m.If(want & ~_any(higher)):
                     m.d.comb += granted.eq(1)
                     wp = mems[b][2]
-                    m.d.comb += [wp.en.eq(1), wp.addr.eq(port.i.payload.addr[:low_bits]),
+                    m.d.comb += [wp.en.eq(port.i.payload.mask),
+                                 wp.addr.eq(port.i.payload.addr[:low_bits]),
                                  wp.data.eq(port.i.payload.data)]
             m.d.comb += port.i.ready.eq(granted)
         return m

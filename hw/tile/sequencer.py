@@ -12,7 +12,9 @@ from ..spec.isa import (
     LOOP_COUNT_BITS,
     OPCODE_BITS,
     REG_BITS,
+    REG_INDEX,
     REGS,
+    START_CLEARED,
     UNIT_BITS,
     VALUE_BITS,
     Op,
@@ -59,7 +61,8 @@ class Sequencer(wiring.Component):
 
     Members
     -------
-    start : In(1)        pulse: run from pc 0 (ignored while running)
+    start : In(1)        pulse: run from pc 0 (ignored while running); clears the registers
+                         of ``hw.spec.isa.START_CLEARED``
     done, error : Out(1) set when the program halts (cleared by ``start``)
     running : Out(1)
     cycles : Out(32)
@@ -146,6 +149,7 @@ class Sequencer(wiring.Component):
             with m.If(self.start):
                 m.d.sync += [self.running.eq(1), self.done.eq(0), self.error.eq(0),
                              self.cycles.eq(0), pc.eq(0), loop_active.eq(0)]
+                m.d.sync += [store[REG_INDEX[name]].eq(0) for name in START_CLEARED]
                 m.d.comb += self.imem_addr.eq(0)
         with m.Else():
             m.d.sync += self.cycles.eq(self.cycles + 1)

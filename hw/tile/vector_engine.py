@@ -12,7 +12,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from ..layouts import spad_word_layout
+from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.isa import COUNT_BITS
 from ..spec.timing.chip import VEC_OUT_FIFO_DEPTH
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp, argmax_words
@@ -38,7 +38,7 @@ GENS = {"i_a": "RD3", "i_b": "RD4", "i_stats": "RD5", "o_data": "WR1", "o_q": "W
 def flags_layout() -> data.StructLayout:
     """``VU_FLAGS``, bit 0 first (:mod:`hw.spec.vector_engine`)."""
     return data.StructLayout({"out16": 1, "per_channel": 1, "a_bytes": 2, "b_bytes": 2,
-                              "d_bytes": 2, "wr_data": 1, "wr_q": 1, "pairs": 1})
+                              "d_bytes": 2, "wr_data": 1, "wr_q": 1, "pairs": 1, "keep": 1})
 
 
 def cfg_layout() -> data.StructLayout:
@@ -126,12 +126,13 @@ class VectorEngine(wiring.Component):
     Per row the engine reads exactly ``ceil(length * eb / N)`` words of A (and of B when the op
     uses it) and writes exactly ``ceil(length * d_bytes / N)`` words of ``data`` (when
     ``wr_data``) and ``ceil(length / N)`` words of ``q`` (when ``wr_q``); padding bytes of a
-    row's last word are 0. LOAD_LUT reads one row of 256 entries (``length`` must be 256) per
-    command and writes nothing; so does LOAD_LUT16 with the 257 int16 knots of the GELU16
-    table (``length`` 257, usually ``a_bytes`` 2). GELU16 writes its two planes at once: ``data``
-    (WR1) is the high byte ``y >> 8`` with ``d_bytes`` 1 (or y with ``out16`` and ``d_bytes``
-    2), ``q`` (WR2) the low byte ``y & 0xFF``. ``last`` on input words is ignored (the engine
-    counts); ``last`` is set on each output stream's final word of the launch.
+    row's last word are 0, or, with ``keep``, not written in ``data`` (``o_data``'s ``mask``).
+    LOAD_LUT reads one row of 256 entries (``length`` must be 256) per command and writes
+    nothing; so does LOAD_LUT16 with the 257 int16 knots of the GELU16 table (``length`` 257,
+    usually ``a_bytes`` 2). GELU16 writes its two planes at once: ``data`` (WR1) is the high byte
+    ``y >> 8`` with ``d_bytes`` 1 (or y with ``out16`` and ``d_bytes`` 2), ``q`` (WR2) the low byte
+    ``y & 0xFF``. ``last`` on input words is ignored (the engine counts); ``last`` is set on each
+    output stream's final word of the launch.
 
     ``busy`` is high from the configuration beat until the last output word has been taken
     (LOAD_LUT, LOAD_LUT16: until the unit has consumed its last word). ``uses`` tells the chip, from
@@ -163,7 +164,9 @@ class VectorEngine(wiring.Component):
     -------
     i_cfg : ``In(stream.Signature(cfg_layout()))``
     i_a, i_b, i_stats : ``In(stream.Signature(spad_word_layout(lanes)))``: words from RD3, RD4, RD5
-    o_data, o_q : ``Out(stream.Signature(spad_word_layout(lanes)))``: words to WR1, WR2
+    o_data : ``Out(stream.Signature(spad_write_layout(lanes)))``: words to WR1, with their
+        byte write enables
+    o_q : ``Out(stream.Signature(spad_word_layout(lanes)))``: words to WR2
     uses : ``Out(uses_layout())``
     busy : ``Out(1)``
     """
@@ -178,7 +181,7 @@ class VectorEngine(wiring.Component):
             "i_a": In(stream.Signature(spad_word_layout(lanes))),
             "i_b": In(stream.Signature(spad_word_layout(lanes))),
             "i_stats": In(stream.Signature(spad_word_layout(lanes))),
-            "o_data": Out(stream.Signature(spad_word_layout(lanes))),
+            "o_data": Out(stream.Signature(spad_write_layout(lanes))),
             "o_q": Out(stream.Signature(spad_word_layout(lanes))),
             "uses": Out(uses_layout()),
             "busy": Out(1),
@@ -329,6 +332,9 @@ class VectorEngine(wiring.Component):
             self.o_data.valid.eq(full & ~d_done),
             self.o_data.payload.last.eq(d_row_end & final_row),
         ]
+        # ``keep``: the bytes of a row's last word past the row are not written.
+        for i in range(n):
+            m.d.comb += self.o_data.payload.mask[i].eq(~flags.keep | ~d_row_end | (d_left > i))
         q_valid = full & ~q_done
         with m.If(is_stats):
             m.d.comb += [self.o_q.valid.eq(so_full), self.o_q.payload.data.eq(so_word),

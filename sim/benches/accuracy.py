@@ -91,7 +91,8 @@ class _SerialSum(Iss):
             # Folds back to back: K beats each (at least N), then fill, drain and requantiser.
             self.busy["matmul"] += r("MM_FOLDS") * max(r("MM_K"), n) + unit_latency(n, 0)
         elif op is Op.ATTN:
-            regs = {k: r(k) for k in ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD")}
+            regs = {k: r(k) for k in ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD",
+                                      "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE", "AT_O_LANE")}
             self.busy["attention"] += attention_cycles(regs, window=npu.attn_window,
                                                        length=npu.softmax_len, size=n)
         elif op is Op.VEC:

@@ -16,7 +16,9 @@ incremental decode (:func:`_run` raises otherwise):
   K beats), and a step's ``B <= N`` token rows are one fold, so each weight is read once per
   step: the blocks' matrices (QKV, with RoPE's rotated Q' and K' columns; O; FFN1, the gate
   if any, FFN2), the one-hot embedding matmul's whole table ``[vocab, d_model]`` and the LM
-  head ``[d_model, vocab]``, all as padded to whole array blocks. The array does ``N * N``
+  head ``[d_model, vocab]``, all as the compiler stores them (unpadded, the last column block
+  packed: ``hw.spec.memory.weight_words``; heads packed, ``sim.compiler.blocks.QkvLayout``;
+  the LM head in whole blocks of the vocabulary). The array does ``N * N``
   MACs per cycle; the step's are those ``B`` tokens' of the same matrices. Not counted: the
   per-fold parameter words (another port, in parallel), the attention (its own engine), the
   vector launches (norms, GELU, residuals, ONEHOT, ARGMAX) and every matmul's fill and drain.
@@ -35,8 +37,9 @@ import dataclasses
 import numpy as np
 
 from hw.spec import ModelConfig, NpuConfig, model_preset, npu_preset
+from hw.spec.memory import weight_words
 
-from ..compiler.blocks import pad_to
+from ..compiler.blocks import QkvLayout, pad_to
 from ..flows.generate import generate
 from ..report.timeline import COMPUTE_UNITS
 
@@ -65,13 +68,18 @@ def step_bound(npu: NpuConfig, cfg: ModelConfig, batch: int = 1) -> dict:
     if not 1 <= batch <= n:
         raise ValueError(f"the bound reads each weight once per step: batch must be 1.."
                          f"{n} (one fold of array_size rows), not {batch}")
-    d, dh = pad_to(cfg.d_model, n), pad_to(cfg.d_head, n)
-    f, v = pad_to(cfg.d_ff, n), pad_to(cfg.vocab_size, n)
-    heads, kv = cfg.n_heads, cfg.n_kv_heads
-    qkv = (heads + 2 * kv + (heads + kv if cfg.rope else 0)) * dh
-    ffn_mats = 2 if cfg.ffn == "gated" else 1
-    block = d * qkv + heads * dh * d + ffn_mats * d * f + f * d
-    weights = {"blocks": cfg.n_layers * block, "embedding": v * d, "lm_head": d * v}
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    lay = QkvLayout(cfg.d_head, cfg.n_heads, cfg.n_kv_heads, n, cfg.rope)
+    qkv = [(d, lay.main + (lay.qk if cfg.rope else 0))] if lay.fused else \
+        [(d, lay.main), (d, lay.qk)]
+    mats = qkv + [(cfg.n_heads * cfg.d_head, d), (d, f), (f, d)] + \
+        ([(d, f)] if cfg.ffn == "gated" else [])
+
+    def stored(rows, cols):
+        return weight_words(rows, cols, n, packed=True) * n
+    block = sum(stored(r, c) for r, c in mats)
+    weights = {"blocks": cfg.n_layers * block, "embedding": stored(v, d),
+               "lm_head": stored(d, pad_to(v, n))}
     total = sum(weights.values())
     read = npu.word_bytes                # RD1: one word of the weight stream per cycle
     macs = batch * total                 # each weight element once per token row
@@ -161,7 +169,8 @@ def run(quick: bool):
                  "value": split, "unit": "cycles", "ref": single, "ratio": single / split,
                  "note": "ratio = speed-up of a decode step over one chip (mean step cycles): "
                          "each chip its 2 heads' blocks and a quarter of the LM head, the "
-                         "whole embedding table; all-reduces and the logits' all-gather; "
+                         "whole embedding table; all-reduces and the argmax records' "
+                         "all-gather; "
                          f"chip 0's last step busy: {u['launches']} matmuls {u['matmul']:,}, "
                          f"attention {u['attention']:,}, vector {u['vector']:,}, collectives "
                          f"{u['collective']:,} cycles; SRAM {max(head['sram_bytes']):,} bytes "

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import time
 
+from hw.spec.topology import Topology
+
 from ..compiler.decode import DECODE_STRATEGIES, GRID_STRATEGIES
 from ..errors import EXIT_OK, BadInput
 from ..planner.decode import generate_table, plan_generate
 from ..planner.plan import plan, plan_chip_counts
+from ..planner.training import plan_training, training_table
 from ..strategies import NAMES
 from .common import add_topology, load_config, positive, system_of, write_json
 
@@ -38,6 +41,10 @@ def add_parser(sub):
                    help="with --generate: the prompt's tokens (default: seq_len // 2)")
     p.add_argument("--batch", type=int, default=1,
                    help="with --generate: sequences decoding together (default 1)")
+    p.add_argument("--training", action="store_true",
+                   help="the per-step gradient all-reduce of training (int32, one per "
+                        "parameter) over every chip of --chips N or --topology, with the 1-D "
+                        "and 2-D algorithms")
     p.add_argument("--json")
     p.set_defaults(run=run)
 
@@ -49,9 +56,10 @@ def _run_generate(args, npu, model) -> int:
         raise BadInput(f"--generate plans strategy {', '.join(planned)}, not {args.strategy}")
     prompt = args.context if args.context is not None else max(1, model.seq_len // 2)
     kw = {"generate": args.generate, "prompt_len": prompt, "batch": args.batch}
-    # The most chips each strategy can use: a head, a layer, a sequence per chip.
+    # The most chips each strategy can use: a head, a layer, a sequence, a word of d_model
+    # per chip.
     most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
-            "data": args.batch}
+            "data": args.batch, "hidden": -(-model.d_model // npu.array_size)}
     plans = []
     for name in planned if args.strategy == "all" else (args.strategy,):
         if args.chips:
@@ -70,7 +78,8 @@ def _run_generate(args, npu, model) -> int:
     if not plans:
         raise BadInput(f"--generate with --strategy {args.strategy} and --chips {args.chips}: "
                        "nothing to plan (single runs on 1 chip; head on 2 to n_heads, pipeline "
-                       "on 2 to n_layers, data on 2 to --batch)")
+                       "on 2 to n_layers, data on 2 to --batch, hidden on 2 to d_model's "
+                       "words)")
     if args.json:
         write_json(args.json, {"generate": [p.to_json() for p in plans]})
     print(generate_table(plans))
@@ -93,6 +102,16 @@ def run(args) -> int:
     if args.batch != 1:
         raise BadInput("--batch applies to --generate only")
     npu, chips = system_of(args, npu, args.chips)
+    if args.training:
+        if chips is None:
+            raise BadInput("npu plan: --training needs --chips N or --topology N or XxY")
+        topo = npu.topology or Topology.ring(chips)
+        plans = plan_training(npu, model, topo)
+        if args.json:
+            write_json(args.json, {"npu": npu.name, "model": model.name,
+                                   "training": [p.to_json() for p in plans]})
+        print(training_table(plans))
+        return EXIT_OK
     if args.up_to is not None:
         return _up_to(args, npu, model)
     if args.min_chips and npu.topology is not None:

@@ -12,13 +12,13 @@ not 0) into the real program.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from hw.spec.isa import ADDX_SCALE_BITS, REGS, Op
 
 from .assembler import Assembler
 
-__all__ = ["emit_affine"]
+__all__ = ["emit_affine", "emit_affine_chips"]
 
 _SCALE_MIN, _SCALE_MAX = -(1 << (ADDX_SCALE_BITS - 1)), (1 << (ADDX_SCALE_BITS - 1)) - 1
 
@@ -54,6 +54,15 @@ def emit_affine(asm: Assembler, step: Callable[[Assembler, int], None], count: i
     :class:`AssertionError` names the instruction (the step is not static). ``count == 0``
     emits nothing.
     """
+    emit_affine_chips([asm], lambda recs, it: step(recs[0], it), count, check)
+
+
+def emit_affine_chips(asms: Sequence[Assembler],
+                      step: Callable[[list[Assembler], int], None], count: int,
+                      check: Iterable[int] = ()) -> None:
+    """:func:`emit_affine` for several chips whose steps are emitted together (in lock step,
+    as the hidden-dimension compiler does): ``step(recs, it)`` emits iteration ``it`` of chip
+    c into ``recs[c]``, and each chip's program gets its own ``LOOP``."""
     if count < 0:
         raise ValueError(f"a loop runs count >= 0 times, not {count}")
     if count == 0:
@@ -63,9 +72,14 @@ def emit_affine(asm: Assembler, step: Callable[[Assembler, int], None], count: i
     its = sorted({0, 1, count - 1, *(i for i in check if 0 <= i < count)})
     recs = {}
     for it in its:
-        rec = _Recorder()
-        step(rec, it)
-        recs[it] = rec
+        recs[it] = [_Recorder() for _ in asms]
+        step(recs[it], it)
+    for c, asm in enumerate(asms):
+        _emit(asm, {it: r[c] for it, r in recs.items()}, count)
+
+
+def _emit(asm: Assembler, recs: dict, count: int) -> None:
+    """The loop of ``count`` iterations from one chip's recordings ``{iteration: _Recorder}``."""
     first = recs[0]
     for it, rec in recs.items():
         if len(rec.insns) != len(first.insns):

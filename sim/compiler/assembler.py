@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hw.spec.isa import (
     ADDR_LEVELS,
+    START_CLEARED,
     WRAP_GENS,
     Insn,
     Op,
@@ -27,8 +28,8 @@ class Assembler:
         self.insns: list[Insn] = []
         # Register values this program has already set, with their sources: a SET of the
         # same value from the same source again is dropped (registers are not assumed to start
-        # at any value).
-        self._known: dict[int, tuple] = {}
+        # at any value, but those the sequencer clears at start, hw.spec.isa.START_CLEARED).
+        self._known: dict[int, tuple] = {reg(name): (0, None) for name in START_CLEARED}
         self._elide = elide
 
     def set(self, name: str, value: int, src=None):

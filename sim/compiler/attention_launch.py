@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from hw.spec.attention import flags_value, partial_row_words
+from hw.spec.attention import LANE_REGS, flags_value, head_words, partial_row_words
 from hw.spec.isa import Op
 
 from .descriptors import Desc
@@ -43,20 +43,23 @@ class Schedule:
 
 def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_base,
                      q_row_words, k_row_words, v_row_words, o_row_words, col=0, kv_col=None,
-                     q_pos=0, k_pos=0, bidirectional=False, interleaved=False, halo=0, window=0,
+                     k_col=None, v_col=None, o_col=None, q_pos=0, k_pos=0,
+                     bidirectional=False, interleaved=False, halo=0, window=0,
                      score_mult, score_shift, out_mult, out_shift) -> AttentionLaunch:
     """One head over ``queries`` query rows and ``keys`` key/value rows.
 
     Tensors are int8 token-major (``hw.spec.memory``); row r of Q is at ``q_base + r*q_row_words``
-    (likewise K, V, O); the head's slice is columns ``col .. col + d_head - 1`` (``col`` and
-    ``d_head`` multiples of ``size``) of Q and O, and columns from ``kv_col`` (default ``col``)
-    of K and V (grouped-query attention: the query head's K/V head). Key n has absolute
-    position ``k_pos + n``, query t
-    ``q_pos + t``. ``halo`` keys are written before the interleaving starts.
+    (likewise K, V, O); the head's slice is columns ``col .. col + d_head - 1`` of Q and (by
+    default) of O (``o_col``), and columns from ``kv_col`` (default ``col``) of K and V, or
+    from ``k_col`` and ``v_col`` (grouped-query attention: the query head's K/V head; a packed
+    row: its K and V sections). Columns need not be whole words: a head narrower than a word
+    shares its words with its neighbours (packed heads), the launch reads the words that hold
+    its lanes and writes only its own lanes of the output (``AT_Q_LANE`` .. ``AT_O_LANE``).
+    Key n has absolute position ``k_pos + n``, query t ``q_pos + t``. ``halo`` keys are written
+    before the interleaving starts.
     """
-    if d_head < size or d_head % size or col % size:
-        raise ValueError(f"d_head={d_head} and col={col} must be multiples of the word size "
-                         f"{size} (d_head > 0)")
+    if d_head < 1:
+        raise ValueError(f"d_head={d_head} must be at least 1")
     if queries < 1 or keys < 1:
         raise ValueError(f"queries={queries} and keys={keys} must be at least 1")
     if not 0 <= halo <= keys or (halo and not interleaved):
@@ -64,27 +67,31 @@ def attention_launch(*, size, d_head, queries, keys, q_base, k_base, v_base, o_b
     if interleaved and keys > halo + queries:
         raise ValueError(f"interleaved: keys={keys} exceeds halo={halo} + queries={queries}")
     kv_col = col if kv_col is None else kv_col
-    if kv_col % size or kv_col < 0:
-        raise ValueError(f"kv_col={kv_col} must be a non-negative multiple of the word size "
-                         f"{size}")
-    hw = d_head // size
-    for name, rw, c in (("q", q_row_words, col), ("k", k_row_words, kv_col),
-                        ("v", v_row_words, kv_col), ("o", o_row_words, col)):
-        if rw < c // size + hw:
-            raise ValueError(f"{name}_row_words={rw} cannot hold columns up to {c + d_head}")
+    cols = {"q": col, "k": kv_col if k_col is None else k_col,
+            "v": kv_col if v_col is None else v_col, "o": col if o_col is None else o_col}
+    for name, c in cols.items():
+        if c < 0:
+            raise ValueError(f"the {name.upper()} column {c} must be non-negative")
+    words = {name: head_words(d_head, c % size, size) for name, c in cols.items()}
+    for name, rw in (("q", q_row_words), ("k", k_row_words), ("v", v_row_words),
+                     ("o", o_row_words)):
+        if rw < cols[name] // size + words[name]:
+            raise ValueError(f"{name}_row_words={rw} cannot hold columns up to "
+                             f"{cols[name] + d_head}")
 
-    def rows(base, rw, count, c=col):
-        return Desc(base + c // size, (hw, count, 1, 1), (1, rw, 0, 0))
+    def rows(base, rw, count, name):
+        return Desc(base + cols[name] // size, (words[name], count, 1, 1), (1, rw, 0, 0))
 
     flags = flags_value(bidirectional=bidirectional, interleaved=interleaved, halo=halo)
     regs = {"AT_QUERIES": queries, "AT_KEYS": keys, "AT_Q_POS": q_pos, "AT_K_POS": k_pos,
             "AT_WINDOW": window, "AT_FLAGS": flags, "AT_SCORE_MULT": score_mult,
             "AT_SCORE_SHIFT": score_shift, "AT_OUT_MULT": out_mult, "AT_OUT_SHIFT": out_shift,
             "AT_D_HEAD": d_head}
-    return AttentionLaunch(rd3=rows(k_base, k_row_words, keys, kv_col),
-                           rd4=rows(v_base, v_row_words, keys, kv_col),
-                           rd5=rows(q_base, q_row_words, queries),
-                           wr1=rows(o_base, o_row_words, queries), regs=regs)
+    regs.update({reg: cols[name] % size for name, reg in LANE_REGS.items()})
+    return AttentionLaunch(rd3=rows(k_base, k_row_words, keys, "k"),
+                           rd4=rows(v_base, v_row_words, keys, "v"),
+                           rd5=rows(q_base, q_row_words, queries, "q"),
+                           wr1=rows(o_base, o_row_words, queries, "o"), regs=regs)
 
 
 def plan_schedule(*, seq: int, window: int, causal: bool, ring: int) -> Schedule:
@@ -150,23 +157,24 @@ def _score_row_words(prw, given, name, what):
 
 
 def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_base,
-                   q_row_words, k_row_words, col=0, kv_col=None, q_pos=0, k_pos=0,
-                   bidirectional=False, interleaved=False, halo=0,
+                   q_row_words, k_row_words, col=0, kv_col=None, k_col=None, q_pos=0,
+                   k_pos=0, bidirectional=False, interleaved=False, halo=0,
                    p_row_words=None) -> AttentionLaunch:
     """Split-score pass 1: this chip's ``d_head`` lanes of a head (Q and K as in
-    :func:`attention_launch`: K's from ``kv_col``), one raw int32 partial score row per query
-    out, row t at ``p_base + t * p_row_words`` (default and minimum:
-    ``partial_row_words(window, size)``, ``window`` the ring's W). The rows of the head's
-    chips, summed, are the reduced rows of :func:`reduced_launch` over the same keys, queries,
+    :func:`attention_launch`: K's from ``k_col``, default ``kv_col``), one raw int32 partial score
+    row per query out, row t at ``p_base + t * p_row_words`` (default and minimum:
+    ``partial_row_words(window, size)``, ``window`` the ring's W). The rows of the head's chips,
+    summed, are the reduced rows of :func:`reduced_launch` over the same keys, queries,
     positions and schedule."""
     prw = partial_row_words(window, size)
     p_row_words = _score_row_words(prw, p_row_words, "p_row_words", "partial")
     base = attention_launch(
         size=size, d_head=d_head, queries=queries, keys=keys, q_base=q_base, k_base=k_base,
         v_base=k_base, o_base=p_base, q_row_words=q_row_words, k_row_words=k_row_words,
-        v_row_words=k_row_words, o_row_words=q_row_words, col=col, kv_col=kv_col,
-        q_pos=q_pos, k_pos=k_pos, bidirectional=bidirectional, interleaved=interleaved,
-        halo=halo, score_mult=1, score_shift=1, out_mult=1, out_shift=1)
+        v_row_words=k_row_words, o_row_words=q_row_words, col=col, kv_col=kv_col, k_col=k_col,
+        v_col=k_col, q_pos=q_pos, k_pos=k_pos, bidirectional=bidirectional,
+        interleaved=interleaved, halo=halo, score_mult=1, score_shift=1, out_mult=1,
+        out_shift=1)
     regs = dict(base.regs, AT_FLAGS=flags_value(bidirectional=bidirectional,
                                                 interleaved=interleaved, halo=halo,
                                                 split="partial"))
@@ -175,21 +183,21 @@ def partial_launch(*, size, window, d_head, queries, keys, q_base, k_base, p_bas
 
 
 def reduced_launch(*, size, window, d_head, queries, keys, v_base, r_base, o_base,
-                   v_row_words, o_row_words, col=0, kv_col=None, q_pos=0, k_pos=0,
-                   bidirectional=False, interleaved=False, halo=0, window_cut=0,
+                   v_row_words, o_row_words, col=0, kv_col=None, v_col=None, q_pos=0,
+                   k_pos=0, bidirectional=False, interleaved=False, halo=0, window_cut=0,
                    r_row_words=None, score_mult, score_shift, out_mult,
                    out_shift) -> AttentionLaunch:
     """Split-score pass 2: the reduced score rows (row t at ``r_base + t * r_row_words``, the
     format of :func:`partial_launch`) replace ``q . k``; V in and the int8 output out as in
     :func:`attention_launch` (columns ``col .. col + d_head - 1`` of the output, from
-    ``kv_col``, default ``col``, of V). ``window_cut`` is ``AT_WINDOW``."""
+    ``v_col``, default ``kv_col``, default ``col``, of V). ``window_cut`` is ``AT_WINDOW``."""
     prw = partial_row_words(window, size)
     r_row_words = _score_row_words(prw, r_row_words, "r_row_words", "reduced")
     base = attention_launch(
         size=size, d_head=d_head, queries=queries, keys=keys, q_base=v_base, k_base=v_base,
         v_base=v_base, o_base=o_base, q_row_words=v_row_words, k_row_words=v_row_words,
         v_row_words=v_row_words, o_row_words=o_row_words, col=col, kv_col=kv_col,
-        q_pos=q_pos, k_pos=k_pos,
+        k_col=v_col, v_col=v_col, q_pos=q_pos, k_pos=k_pos,
         bidirectional=bidirectional, interleaved=interleaved, halo=halo, window=window_cut,
         score_mult=score_mult, score_shift=score_shift, out_mult=out_mult,
         out_shift=out_shift)

@@ -1,13 +1,16 @@
 """Transformer blocks on one chip, for every strategy: weight placement and the block program.
 
-Shapes are padded to the array: the sequence to whole blocks of N tokens, d_model and d_ff to
-whole words, every head's Q/K/V columns to a multiple of N (zero weights, so the padding
-changes no integer). Tensors are token-major and hold ``nseq`` sequences one after another
-(``seq_pad`` rows each): matmuls, LayerNorms and element-wise ops run over all of their rows,
-attention once per sequence and head. Per block (pre-norm)::
+Activations are padded to the array: the sequence to whole blocks of N tokens, rows (d_model,
+d_ff) to whole words. Weights are not: a matmul's rows past the weight matrix's are zero beats
+(``MM_B_ROWS``) and its last column block is stored packed (``MM_B_LAST``; :class:`Linear`).
+Heads are packed (:class:`QkvLayout`): ``d_head`` lanes each, several to a word when narrower
+than one, each ATTN reading and writing its own lanes. Tensors are token-major and hold ``nseq``
+sequences one after another (``seq_pad`` rows each): matmuls run whole folds, LayerNorms,
+element-wise ops and the row collectives one sequence's ``seq`` rows or several sequences' padded
+rows (:meth:`BlockEmitter.valid_rows`), attention once per sequence and head. Per block (pre-norm)::
 
     VEC  LN1     x (int16)        -> h (int8)
-    MM   QKV     h @ Wqkv         -> qkv (int8, per-head padded columns)
+    MM   QKV     h @ Wqkv         -> qkv (int8, packed heads)
     ATTN         per sequence and head: qkv -> o
     MM   O       o @ Wo           -> a (int16, residual scale)
     VEC  ADD     x + a            -> x
@@ -99,7 +102,14 @@ from hw.spec import ModelConfig, NpuConfig
 from hw.spec.collective import CollectiveRequest, elements_per_word, word_bytes
 from hw.spec.formats import OutMode
 from hw.spec.isa import COLL_FIFO_WORDS, Unit
-from hw.spec.memory import PARAM_WORDS, pack_params, pack_rows, pack_weight_blocks, row_words
+from hw.spec.memory import (
+    PARAM_WORDS,
+    pack_params,
+    pack_rows,
+    pack_weight_blocks,
+    row_words,
+    weight_words,
+)
 from hw.spec.vector import GELU16_KNOTS, LUT_ENTRIES, pack_gamma_beta, pack_requant
 
 from ..golden.rope import ROPE_MUL, rope_tables
@@ -108,10 +118,11 @@ from . import collective_launch as cl
 from . import vector_launch as vl
 from .alloc import Allocator, Tensor
 from .assembler import Assembler
-from .descriptors import emit_matmul, matmul_launch
+from .descriptors import emit_matmul, matmul_launches
 from .quantize import QLinear, QModel
 
-__all__ = ["Shard", "LayerWeights", "Activations", "BlockEmitter", "cdiv", "pad_to"]
+__all__ = ["Shard", "Linear", "LayerWeights", "Activations", "BlockEmitter", "QkvLayout", "cdiv",
+           "pad_to"]
 
 
 def cdiv(a, b):
@@ -141,14 +152,27 @@ class Shard:
         return cls(range(cfg.n_heads), range(cfg.d_ff))
 
 
+@dataclass(frozen=True)
+class Linear:
+    """A matmul's weights on a chip: ``w``, the ``rows`` x ``cols`` int8 matrix stored
+    unpadded (``hw.spec.memory.pack_weight_blocks(packed=True)``: the A operand's padding
+    beats take zero B rows, ``MM_B_ROWS``; the last column block is packed, ``MM_B_LAST``),
+    and ``p``, the per-column parameters (``PARAM_WORDS`` words per block of N columns)."""
+
+    w: Tensor
+    p: Tensor
+    cols: int
+    rows: int
+
+
 @dataclass
 class LayerWeights:
-    """One layer's tensors on a chip (``(weights, params, padded cols)`` per matmul)."""
+    """One layer's tensors on a chip (a :class:`Linear` per matmul)."""
 
-    qkv: tuple
-    o: tuple
-    ffn1: tuple
-    ffn2: tuple
+    qkv: Linear
+    o: Linear
+    ffn1: Linear
+    ffn2: Linear
     ln1: Tensor
     ln2: Tensor
     lut: Tensor | None               # the activation LUT (int8 FFN hidden) or the GELU16 knots
@@ -158,7 +182,9 @@ class LayerWeights:
     ffn2_hi_req: Tensor | None = None  # ... and its reduced sum's requantisation
     qkv_req: Tensor | None = None    # smooth16 post-norm: per-lane REQUANT to the QKV input
     ffn_req: Tensor | None = None    # ... and to the FFN1 input
-    gate: tuple | None = None        # a gated FFN's gate matrix (FFN1's shape and columns)
+    gate: Linear | None = None       # a gated FFN's gate matrix (FFN1's shape and columns)
+    qkr: Linear | None = None        # RoPE: the rotated projections' own matmul (QKV's row
+    #                                  does not end on a word: they start on the next)
     rope_req: Tensor | None = None   # RoPE: per-lane REQUANT of Q's and K's lanes
     lut16: Tensor | None = None      # llm16 gated: the identity GELU16 knots (``lut``: SiLU's)
 
@@ -196,6 +222,82 @@ def _part(t: Tensor, own: tuple[int, int] | None) -> Tensor:
     return dataclasses.replace(t, base=t.base + first * t.row_words, rows=count)
 
 
+@dataclass(frozen=True)
+class QkvLayout:
+    """Where a shard's heads lie in its QKV rows, in lanes. Heads are packed: ``d_head`` lanes
+    each, one after another, several to a word when narrower than one (the attention reads
+    them at their lane offsets, ``AT_Q_LANE`` .. ``AT_O_LANE``): Q of the shard's ``heads``
+    from lane 0, K of its ``kv_heads`` from :attr:`k`, V from :attr:`v`; under RoPE the
+    rotated projections ``[Q' | K']`` from :attr:`rope_at`, the first word boundary from
+    :attr:`main` (the vector unit reads rows from a word's first lane), with
+    :attr:`rope_lanes` lanes for them (the rotation runs over whole repeats of its tables'
+    rows). When ``[Q | K | V]`` ends on a word boundary one matmul writes the whole row
+    (:attr:`fused`), else the rotated projections are a matmul of their own."""
+
+    d_head: int
+    heads: int
+    kv_heads: int
+    size: int
+    rope: bool
+
+    @property
+    def k(self) -> int:
+        return self.heads * self.d_head
+
+    @property
+    def v(self) -> int:
+        return (self.heads + self.kv_heads) * self.d_head
+
+    @property
+    def main(self) -> int:
+        """Lanes of ``[Q | K | V]``."""
+        return (self.heads + 2 * self.kv_heads) * self.d_head
+
+    @property
+    def qk(self) -> int:
+        """Lanes of ``[Q | K]`` (what RoPE rotates) and of ``[Q' | K']``."""
+        return (self.heads + self.kv_heads) * self.d_head
+
+    @staticmethod
+    def table_lanes_of(d_head: int, size: int) -> int:
+        """Lanes of a RoPE table row: the fewest whole words of whole heads,
+        ``lcm(d_head, N)``."""
+        return math.lcm(d_head, size)
+
+    @property
+    def table_lanes(self) -> int:
+        return self.table_lanes_of(self.d_head, self.size)
+
+    @property
+    def rope_at(self) -> int:
+        return pad_to(self.main, self.size) if self.rope else self.main
+
+    @property
+    def rope_lanes(self) -> int:
+        """Lanes the rotation runs over: :attr:`qk` up to whole table rows."""
+        return pad_to(self.qk, self.table_lanes) if self.rope else 0
+
+    @property
+    def fused(self) -> bool:
+        """One matmul writes the whole row (no RoPE, or ``[Q | K | V]`` ends on a word)."""
+        return not self.rope or self.main % self.size == 0
+
+    @property
+    def width(self) -> int:
+        """Columns of a row."""
+        return self.rope_at + self.rope_lanes if self.rope else self.main
+
+    def q_col(self, k: int) -> int:
+        """The first lane of the shard's k-th head's Q (and of its output row)."""
+        return k * self.d_head
+
+    def k_col(self, g: int) -> int:
+        return self.k + g * self.d_head
+
+    def v_col(self, g: int) -> int:
+        return self.v + g * self.d_head
+
+
 @dataclass
 class BlockEmitter:
     """Emits blocks on one chip: ``asm``, ``al`` are that chip's assembler and allocator."""
@@ -225,7 +327,6 @@ class BlockEmitter:
         self.n = n
         self.seq_pad = pad_to(self.seq, n)
         self.d_pad = pad_to(cfg.d_model, n)
-        self.dh_pad = pad_to(cfg.d_head, n)
 
     # --- weights ---------------------------------------------------------------------------
     def _store(self, name: str, words: int, make, *, low: bool = False) -> Tensor:
@@ -240,26 +341,28 @@ class BlockEmitter:
             raise AssertionError(f"{name}: {packed.size // self.n} words packed, {words} sized")
         return self.al.alloc_words(name, packed, "weights", low=low)
 
-    def _linear(self, name: str, ql, k_pad: int, cols_pad: int, col_map=None, rows=None,
-                bias=True):
-        """Store weights block-major (``k_pad`` rows: the input rows, zero-padded; ``rows()``
-        selects and places them) and per-column parameters of ``cols_pad`` columns;
-        ``col_map`` places output column j at padded column ``col_map[j]``; without ``bias``
-        the biases are 0. ``ql``, ``rows`` and ``col_map`` are callables, called only with
-        :attr:`contents` (the shapes-only compile reads no weights)."""
+    def _linear(self, name: str, ql, k_rows: int, cols: int, col_map=None, rows=None,
+                bias=True) -> Linear:
+        """Store a ``k_rows`` x ``cols`` weight matrix unpadded (:class:`Linear`: block-major,
+        the last block of ``cols mod N`` columns packed; ``rows()`` selects and places the
+        input rows, the rest zero) and per-column parameters of whole blocks; ``col_map``
+        places output column j at column ``col_map[j]``; without ``bias`` the biases are 0.
+        ``ql``, ``rows`` and ``col_map`` are callables, called only with :attr:`contents`
+        (the shapes-only compile reads no weights)."""
         n = self.n
+        cols_pad = pad_to(cols, n)
         get = functools.cache(ql)
 
         def placed():
             w_in = get().w if rows is None else rows()
-            k, cols = w_in.shape
-            return (np.arange(cols) if col_map is None else np.asarray(col_map())), w_in, k
+            k, c = w_in.shape
+            return (np.arange(c) if col_map is None else np.asarray(col_map())), w_in, k
 
         def weights():
             cmap, w_in, k = placed()
-            w = np.zeros((k_pad, cols_pad), np.int64)
+            w = np.zeros((k_rows, cols), np.int64)
             w[:k, cmap] = w_in
-            return pack_weight_blocks(w, n)
+            return pack_weight_blocks(w, n, packed=True)
 
         def params():
             cmap, _, _ = placed()
@@ -272,9 +375,10 @@ class BlockEmitter:
             mult[cmap], shift[cmap] = q.mult, q.shift
             return pack_params(bias_v, mult, shift, n)
 
-        wt = self._store(name + ".w", k_pad * cols_pad // n, weights, low=True)
+        wt = self._store(name + ".w", weight_words(k_rows, cols, n, packed=True), weights,
+                         low=True)
         pt = self._store(name + ".p", PARAM_WORDS * cols_pad // n, params)
-        return wt, pt, cols_pad
+        return Linear(wt, pt, cols, k_rows)
 
     def _requant_params(self, name: str, params):
         """Per-lane ``(mult, shift)`` words for a per-channel REQUANT of d_model lanes
@@ -291,28 +395,34 @@ class BlockEmitter:
         whose query heads lie on several chips is held by each of them)."""
         return sorted({h // self.cfg.kv_group for h in shard.heads})
 
+    def qkv_layout(self, shard: Shard) -> QkvLayout:
+        """Where ``shard``'s heads lie in its QKV rows (:class:`QkvLayout`)."""
+        return QkvLayout(self.cfg.d_head, len(shard.heads), len(self.kv_heads(shard)), self.n,
+                         self.cfg.rope)
+
     def qkv_width(self, shard: Shard) -> int:
-        """Columns of a QKV row of ``shard``: ``[Q | K | V]`` of its heads and K/V heads
-        (``dh_pad`` each), and under RoPE the rotated projections ``[Q' | K']`` after them."""
-        hcount, kvcount = len(shard.heads), len(self.kv_heads(shard))
-        rope = hcount + kvcount if self.cfg.rope else 0
-        return (hcount + 2 * kvcount + rope) * self.dh_pad
+        """Columns of a QKV row of ``shard`` (:attr:`QkvLayout.width`)."""
+        return self.qkv_layout(shard).width
 
     def rope_tables(self) -> tuple[Tensor, Tensor]:
-        """RoPE's int8 tables ``C`` and ``S`` (:func:`sim.golden.rope.rope_tables`): one row of
-        ``d_head`` lanes per position of :attr:`rope_span` (default the sequence's, rows past
-        its end zero), placed once per chip and read by every layer and head."""
+        """RoPE's int8 tables ``C`` and ``S`` (:func:`sim.golden.rope.rope_tables`): one row
+        per position of :attr:`rope_span` (default the sequence's, rows past its end zero) of
+        :attr:`QkvLayout.table_lanes` lanes, the position's ``d_head`` values repeated (one
+        head's when ``d_head`` is whole words), placed once per chip and read by every layer
+        and head."""
         if getattr(self, "_rope", None) is None:
             cfg, n = self.cfg, self.n
             first, count = self.rope_span or (0, self.seq_pad)
             valid = count if self.rope_span else self.seq
-            words = count * row_words(self.dh_pad, 1, n)
+            lanes = QkvLayout.table_lanes_of(cfg.d_head, n)
+            words = count * row_words(lanes, 1, n)
 
             def table(k):
                 def make():
-                    rows = np.zeros((count, self.dh_pad), np.int64)
-                    rows[:valid, :cfg.d_head] = rope_tables(
-                        cfg.d_head, cfg.rope_theta, first + np.arange(valid))[k]
+                    rows = np.zeros((count, lanes), np.int64)
+                    rows[:valid] = np.tile(rope_tables(
+                        cfg.d_head, cfg.rope_theta, first + np.arange(valid))[k],
+                        (1, lanes // cfg.d_head))
                     return pack_rows(rows, 1, n)
                 return make
             self._rope = tuple(self._store(f"rope.{name}", words, table(k))
@@ -321,16 +431,16 @@ class BlockEmitter:
 
     def _rope_params(self, name: str, L, hcount: int, kvcount: int) -> Tensor:
         """Per-lane ``(mult, shift)`` words of RoPE's REQUANT over the Q and K lanes of a QKV
-        row (``hcount`` and ``kvcount`` heads of ``dh_pad`` lanes; the padding lanes 0)."""
-        lanes = (hcount + kvcount) * self.dh_pad
+        row (``hcount`` and ``kvcount`` heads of ``d_head`` lanes)."""
         dh = self.cfg.d_head
+        lanes = (hcount + kvcount) * dh
 
         def make():
             mult, shift = np.zeros(lanes, np.int64), np.ones(lanes, np.int64)
             for k in range(hcount + kvcount):
                 m, sh = L.rope.q_req if k < hcount else L.rope.k_req
-                mult[k * self.dh_pad:k * self.dh_pad + dh] = m
-                shift[k * self.dh_pad:k * self.dh_pad + dh] = sh
+                mult[k * dh:(k + 1) * dh] = m
+                shift[k * dh:(k + 1) * dh] = sh
             return pack_rows(pack_requant(mult, shift)[None, :], 4, self.n)
         return self._store(name, row_words(lanes, 4, self.n), make)
 
@@ -339,7 +449,7 @@ class BlockEmitter:
         :attr:`contents`: only the layer's flags are read, ``ffn16`` and whether it has the
         post-norm smooth16 requantisations)."""
         cfg, n, L = self.cfg, self.n, self.qm.layers[i]
-        dh, dh_pad, d = cfg.d_head, self.dh_pad, cfg.d_model
+        dh, d = cfg.d_head, cfg.d_model
         heads, hcount = list(shard.heads), len(shard.heads)
         reduce = shard.group is not None
         p = f"layers.{i}."
@@ -361,30 +471,28 @@ class BlockEmitter:
         if cfg.rope:
             parts += [(lambda: L.rope.qr, heads), (lambda: L.rope.kr, kvs)]
 
-        def qkv_ql():
-            pick = [(get(), cols(hs)) for get, hs in parts]
-            return QLinear(*(np.concatenate([getattr(x, f)[..., c] for x, c in pick], axis=-1)
-                             for f in ("w", "bias", "mult", "shift")), OutMode.INT8)
+        def ql_of(some):
+            def make():
+                pick = [(get(), cols(hs)) for get, hs in some]
+                return QLinear(*(np.concatenate([getattr(x, f)[..., c] for x, c in pick],
+                                                axis=-1)
+                                 for f in ("w", "bias", "mult", "shift")), OutMode.INT8)
+            return make
 
-        def qkv_map():
-            out, at = [], 0
-            for _, hs in parts:
-                out += [np.arange(dh) + at + k * dh_pad for k in range(len(hs))]
-                at += len(hs) * dh_pad
-            return np.concatenate(out)
-        qkv_width = sum(len(hs) for _, hs in parts) * dh_pad
-        qkv = self._linear(p + "qkv", qkv_ql, self.d_pad, qkv_width, qkv_map)
+        # Heads packed (QkvLayout): the columns one after another, d_head lanes each.
+        lay = self.qkv_layout(shard)
+        qkr = None
+        if lay.fused:
+            qkv = self._linear(p + "qkv", ql_of(parts), d, sum(len(hs) for _, hs in parts) * dh)
+        else:
+            qkv = self._linear(p + "qkv", ql_of(parts[:3]), d, lay.main)
+            qkr = self._linear(p + "qkr", ql_of(parts[3:]), d, lay.qk)
 
-        # Wo rows of the local heads (padded rows of zeros between heads).
-        def wo_rows():
-            o_map = np.concatenate([np.arange(dh) + k * dh_pad for k in range(hcount)])
-            rows = np.zeros((hcount * dh_pad, d), np.int64)
-            rows[o_map] = L.o.w[q_cols()]
-            return rows
-        o = self._linear(p + "o", lambda: L.o, hcount * dh_pad, self.d_pad, rows=wo_rows,
+        # Wo rows of the local heads, one head after another as their outputs lie in `o`.
+        o = self._linear(p + "o", lambda: L.o, hcount * dh, d, rows=lambda: L.o.w[q_cols()],
                          bias=shard.bias)
         # FFN: W1 columns and W2 rows of the local FFN columns.
-        f_pad = pad_to(len(shard.ffn), n)
+        f_cols = len(shard.ffn)
 
         def ffn_columns(ql):
             """``ql`` (FFN1 or the gate) on this shard's FFN columns (read only with
@@ -392,10 +500,10 @@ class BlockEmitter:
             fcols = np.asarray(shard.ffn)
             return QLinear(ql.w[:, fcols], ql.bias[fcols], ql.mult[fcols], ql.shift[fcols],
                            OutMode.INT8)
-        ffn1 = self._linear(p + "ffn1", lambda: ffn_columns(L.ffn1), self.d_pad, f_pad)
+        ffn1 = self._linear(p + "ffn1", lambda: ffn_columns(L.ffn1), d, f_cols)
         gate = None if L.gate is None else self._linear(
-            p + "gate", lambda: ffn_columns(L.gate), self.d_pad, f_pad)
-        ffn2 = self._linear(p + "ffn2", lambda: L.ffn2, f_pad, self.d_pad,
+            p + "gate", lambda: ffn_columns(L.gate), d, f_cols)
+        ffn2 = self._linear(p + "ffn2", lambda: L.ffn2, f_cols, d,
                             rows=lambda: L.ffn2.w[np.asarray(shard.ffn)], bias=shard.bias)
         # LayerNorm parameters and the activation table (smooth16: the GELU16 knots).
         ln = [self._store(f"{p}ln{k}.gamma_beta", row_words(d, 4, n),
@@ -410,7 +518,8 @@ class BlockEmitter:
                               lambda: pack_rows(L.lut[None, :], 1, n))
         else:
             lut, lut16 = lut16, None
-        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate, lut16=lut16)
+        w = LayerWeights(qkv, o, ffn1, ffn2, ln[0], ln[1], lut, gate=gate, lut16=lut16,
+                         qkr=qkr)
         if cfg.rope:
             w.rope_req = self._rope_params(p + "rope.requant", L, hcount, len(kvs))
         if L.ffn16:
@@ -440,12 +549,12 @@ class BlockEmitter:
         widest shard sizes them); ``qkv``: a Q/K/V tensor the caller allocated (sequence
         parallelism: with rows for the neighbours' keys) instead of one of ``rows`` rows."""
         al, cfg = self.al, self.cfg
-        hcount, kvcount = len(shard.heads), len(self.kv_heads(shard))
+        hcount = len(shard.heads)
         f_pad = pad_to(len(shard.ffn), self.n)
         h = al.alloc("h", rows, self.d_pad, 1, "activations")
         if qkv is None:
             qkv = al.alloc("qkv", rows, self.qkv_width(shard), 1, "kv_cache")
-        o = al.alloc("o", rows, hcount * self.dh_pad, 1, "activations")
+        o = al.alloc("o", rows, hcount * cfg.d_head, 1, "activations")
         a = al.alloc("a", rows, self.d_pad, 2, "activations")
         if self.qm.quant in ("smooth16", "llm16"):
             # int16 rows, then half a row below them for row 0's lo plane (module docstring;
@@ -471,8 +580,8 @@ class BlockEmitter:
             p = al.alloc("p", 1, elems, 4, "activations")
         rope = None
         if cfg.rope:
-            rope = tuple(al.alloc(f"rope.t{k}", rows, (hcount + kvcount) * self.dh_pad, 2,
-                                  "activations") for k in (1, 2))
+            lanes = self.qkv_layout(shard).rope_lanes
+            rope = tuple(al.alloc(f"rope.t{k}", rows, lanes, 2, "activations") for k in (1, 2))
         return Activations(h, qkv, o, a, f, x8, p, g, rope, u)
 
     def alloc_residual(self, name: str, nseq: int, *, multiple: int = 1,
@@ -490,14 +599,18 @@ class BlockEmitter:
         return self.al.alloc(name, rows, self.d_pad, 2, "activations", transfer=transfer)
 
     # --- the program -----------------------------------------------------------------------
-    def _matmul(self, src: Tensor, weights, dst: Tensor, k: int, mode: OutMode, *,
-                params: Tensor | None = None, a_unsigned: bool = False):
-        """``dst = src @ weights``; ``params`` replaces the weights' own parameters."""
-        wt, pt, cols = weights
-        emit_matmul(self.asm, matmul_launch(
-            size=self.n, m=src.rows, k=k, n=cols, a_base=src.base, a_row_words=src.row_words,
-            b_base=wt.base, p_base=(pt if params is None else params).base, c_base=dst.base,
-            c_row_words=dst.row_words, mode=mode, a_unsigned=a_unsigned))
+    def _matmul(self, src: Tensor, weights: Linear, dst: Tensor, k: int, mode: OutMode, *,
+                params: Tensor | None = None, a_unsigned: bool = False, col: int = 0):
+        """``dst = src @ weights`` (``k`` beats: the A rows' width, whole words; the weights'
+        rows past theirs are zero beats); ``params`` replaces the weights' own parameters;
+        ``col``: the output's first column (whole words) in ``dst``'s rows."""
+        for launch in matmul_launches(
+                size=self.n, m=pad_to(src.rows, self.n), k=k, n=weights.cols, a_base=src.base,
+                a_row_words=src.row_words, b_base=weights.w.base,
+                p_base=(weights.p if params is None else params).base,
+                c_base=dst.base + col // self.n, c_row_words=dst.row_words, mode=mode,
+                a_unsigned=a_unsigned, b_rows=weights.rows, packed=True):
+            emit_matmul(self.asm, launch)
 
     def _vec(self, launch, tag=None):
         vl.emit(self.asm, launch, tag)
@@ -613,11 +726,19 @@ class BlockEmitter:
                                "bytes": length * 4, "group": [first, count], "layer": layer,
                                "what": what})
 
+    def valid_rows(self, nseq: int) -> int:
+        """The rows a block's row-wise work covers on ``nseq`` sequences: one sequence's
+        ``seq`` tokens (a decode step's ``B`` rows on a wide array are not padded to a
+        fold), several sequences' padded rows (they lie ``seq_pad`` rows apart). Matmuls
+        still run whole folds (:meth:`_matmul`): the rows past these hold what the folds
+        compute and are never read."""
+        return self.seq if nseq == 1 else nseq * self.seq_pad
+
     def gather_residual(self, x: Tensor, shard: Shard, nseq: int):
         """Make the residual ``x`` whole on every chip of the head group again (an all-gather
         of the rows each one holds), if its rows are split."""
         if x.base in self.split_residuals:
-            self._row_collective("all_gather", shard, x, nseq * self.seq_pad, None,
+            self._row_collective("all_gather", shard, x, self.valid_rows(nseq), None,
                                  "residual")
             self.split_residuals.discard(x.base)
 
@@ -635,7 +756,7 @@ class BlockEmitter:
         """
         asm, cfg, qm, n = self.asm, self.cfg, self.qm, self.n
         L = qm.layers[i]
-        rows = nseq * self.seq_pad
+        rows = self.valid_rows(nseq)
         h, qkv, o, a, f = (_view(t, rows) for t in (acts.h, acts.qkv, acts.o, acts.a, acts.f))
         x8 = _view(acts.x8, rows) if acts.x8 is not None else None
         x = _view(x, rows)
@@ -692,34 +813,36 @@ class BlockEmitter:
             self._row_collective("all_gather", shard, out, rows, i, "LayerNorm output")
 
         kvs = self.kv_heads(shard)
-        dh_w = self.dh_pad // n
-        q_words, kv_words = hcount * dh_w, len(kvs) * dh_w     # of Q, and of K or V, in a row
+        lay = self.qkv_layout(shard)
 
         def rope():
-            """RoPE of Q and K in place (sim.golden.rope): MUL by C, MUL of Q', K' by S, ADD,
-            per-lane REQUANT; the tables' rows from position ``pos_base``."""
+            """RoPE of Q and K in place (sim.golden.rope): MUL by C, MUL of Q', K' by S, ADD
+            (over whole table rows: :attr:`QkvLayout.rope_lanes`), per-lane REQUANT back into
+            the Q and K lanes (their last word's other lanes, V's, kept); the tables' rows from
+            position ``pos_base``."""
             t1, t2 = (_view(t, rows) for t in acts.rope)
-            lanes = (hcount + len(kvs)) * self.dh_pad
+            lanes, span = lay.qk, lay.rope_lanes
+            tw = lay.table_lanes // n                        # words of a table row
             rot = qkv if qkv_out is None else qkv_out       # where the QKV matmul wrote
             qk = vl.Rows(rot.base, rows, rot.row_words, 1)
-            qkr = vl.Rows(rot.base + q_words + 2 * kv_words, rows, rot.row_words, 1)
+            qkr = vl.Rows(rot.base + lay.rope_at // n, rows, rot.row_words, 1)
             first, count = self.rope_span or (0, self.seq_pad)
             row0 = pos_base - first
-            period = 1 if one_position else self.seq_pad
+            period = 1 if one_position else rows if nseq == 1 else self.seq_pad
             if row0 < 0 or row0 + period > count or (nseq > 1 and row0):
                 raise AssertionError(f"RoPE tables of positions {first}..{first + count - 1} "
                                      f"do not hold {nseq} x {period} rows from {pos_base}")
-            cos, sin = (vl.Tiled(t.base + row0 * dh_w, period, dh_w, 1,
-                                 hcount + len(kvs)) for t in self.rope_tables())
+            cos, sin = (vl.Tiled(t.base + row0 * tw, period, tw, 1, span // lay.table_lanes)
+                        for t in self.rope_tables())
             for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
-                self._vec(vl.mul_launch(size=n, length=lanes, a=src, b=table, out=_rows(out),
+                self._vec(vl.mul_launch(size=n, length=span, a=src, b=table, out=_rows(out),
                                         mult=ROPE_MUL[0], shift=ROPE_MUL[1]), tag=("rope", i))
                 asm.wait(Unit.VEC)
-            self._vec(vl.add_launch(size=n, length=lanes, a=_rows(t1), b=_rows(t2),
+            self._vec(vl.add_launch(size=n, length=span, a=_rows(t1), b=_rows(t2),
                                     out=_rows(t1)))
             asm.wait(Unit.VEC)
             self._vec(vl.requant_launch(size=n, length=lanes, a=_rows(t1), out=qk,
-                                        params_base=w.rope_req.base))
+                                        params_base=w.rope_req.base, keep=lanes % n != 0))
             asm.wait(Unit.VEC)
 
         def attention():
@@ -731,26 +854,28 @@ class BlockEmitter:
                     base = qkv.base + row0 * qkv.row_words
                     g = kvs.index(shard.heads[k] // cfg.kv_group)
                     al_.emit(asm, al_.attention_launch(
-                        size=n, d_head=self.dh_pad, queries=self.seq, keys=self.seq,
-                        q_base=base, k_base=base + q_words, v_base=base + q_words + kv_words,
+                        size=n, d_head=cfg.d_head, queries=self.seq, keys=self.seq,
+                        q_base=base, k_base=base, v_base=base,
                         o_base=o.base + row0 * o.row_words, q_row_words=qkv.row_words,
                         k_row_words=qkv.row_words, v_row_words=qkv.row_words,
-                        o_row_words=o.row_words, col=k * self.dh_pad,
-                        kv_col=g * self.dh_pad, q_pos=pos_base,
+                        o_row_words=o.row_words, col=lay.q_col(k), k_col=lay.k_col(g),
+                        v_col=lay.v_col(g), q_pos=pos_base,
                         k_pos=pos_base, bidirectional=not cfg.causal,
                         interleaved=sched.interleaved, halo=sched.halo, window=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
                         out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
 
         def attention_block(h_in):
-            self._matmul(h_in, w.qkv, qkv if qkv_out is None else qkv_out, self.d_pad,
-                         OutMode.INT8)
+            dst = qkv if qkv_out is None else qkv_out
+            self._matmul(h_in, w.qkv, dst, self.d_pad, OutMode.INT8)
+            if w.qkr is not None:
+                self._matmul(h_in, w.qkr, dst, self.d_pad, OutMode.INT8, col=lay.rope_at)
             asm.wait(Unit.MATMUL)
             if w.rope_req is not None:
                 rope()
             (attention if attend is None else attend)()
             asm.wait(Unit.ATTN)
-            linear_out(o, w.o, hcount * self.dh_pad, w.o_req, "attention output")
+            linear_out(o, w.o, pad_to(hcount * cfg.d_head, n), w.o_req, "attention output")
             add()
 
         def ffn_block(h_in):

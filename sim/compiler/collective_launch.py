@@ -20,20 +20,23 @@ from hw.spec.collective import (
     CollectiveRequest,
     Kind,
     check_fits,
+    chunk_of,
     elements_per_word,
     engine_to_words,
     local_blocks,
     output_blocks,
     pack_blocks,
+    registers,
     unpack_blocks,
     word_bytes,
     words_to_engine,
 )
-from hw.spec.isa import COLL_FIFO_WORDS, MAX_COUNT, Op
+from hw.spec.isa import COLL_FIFO_WORDS, COLL_GENS, MAX_COUNT, Op
 
 from .descriptors import Desc
 
-__all__ = ["CollLaunch", "coll_launch", "coll_launch_natural", "natural_block_words", "emit"]
+__all__ = ["CollLaunch", "coll_registers", "coll_launch", "coll_launch_natural",
+           "natural_block_words", "emit", "emit_descs"]
 
 #: Largest count of one address-generator level.
 
@@ -50,6 +53,7 @@ class CollLaunch:
     in_words: int        #: scratchpad words of the input buffer
     out_words: int       #: scratchpad words of the output buffer
     regs: dict
+    engine: int = 0      #: the collective engine (the COLL's operand; a torus's chip has 2)
 
     def pack_input(self, vector) -> np.ndarray:
         """[in_words, N] uint8 input buffer for this chip's local ``vector`` (for all-gather its
@@ -70,6 +74,12 @@ class CollLaunch:
         return np.concatenate([got[b] for b in sorted(got)]).astype(dtype)
 
 
+def coll_registers(req: CollectiveRequest, chip: int) -> dict:
+    """The ``CO_*`` registers of chip ``chip``'s COLL for ``req`` (docs/isa.md, COLL:
+    :func:`hw.spec.collective.registers`)."""
+    return registers(req, chip)
+
+
 def _blocks_words(req, blocks, wbytes):
     if req.kind == Kind.BARRIER:
         return 0
@@ -85,7 +95,8 @@ def _desc(base, words, name):
 
 
 def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: int, size: int,
-                link_bytes: int, fifo_words: int = COLL_FIFO_WORDS) -> CollLaunch:
+                link_bytes: int, fifo_words: int = COLL_FIFO_WORDS,
+                engine: int = 0) -> CollLaunch:
     """Chip ``chip``'s COLL for ``req``; buffers at ``in_base``/``out_base`` (scratchpad words).
 
     ``size`` is the scratchpad word (``array_size``), ``link_bytes`` the link width. Raises
@@ -106,10 +117,9 @@ def coll_launch(req: CollectiveRequest, chip: int, *, in_base: int, out_base: in
     out_words = ratio * _blocks_words(req, out, wbytes)
     rd6 = _desc(in_base, in_words, "input") if local else None
     wr3 = _desc(out_base, out_words, "output") if out else None
-    regs = {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
-            "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
-            "CO_FIRST": req.first, "CO_COUNT": req.count}
-    return CollLaunch(req, chip, size, wbytes, rd6, wr3, in_words, out_words, regs)
+    regs = coll_registers(req, chip)
+    return CollLaunch(req, chip, size, wbytes, rd6, wr3, in_words, out_words, regs,
+                      _engine(engine))
 
 
 def natural_block_words(req: CollectiveRequest, size: int, link_bytes: int) -> int:
@@ -136,7 +146,7 @@ def _rotation(blocks, n):
 def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: int,
                         link_bytes: int, out_base: int | None = None,
                         block_stride: int | None = None,
-                        fifo_words: int = COLL_FIFO_WORDS) -> CollLaunch:
+                        fifo_words: int = COLL_FIFO_WORDS, engine: int = 0) -> CollLaunch:
     """Chip ``chip``'s COLL for ``req`` on buffers that hold the whole vector in natural order.
 
     The vector (all-reduce, reduce-scatter: the chip's input; all-gather: the result, with the
@@ -147,9 +157,12 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
     goes to ``out_base`` (default ``base``: in place, which every kind allows: a block is
     written only after it was read). Reduce-scatter writes only the chip's block, at its place.
 
-    ``block_stride``: words from one block's start to the next (default: the block's words, no
-    gap), so that the blocks of a collective can be every ``block_stride`` words of a larger
-    tensor (one chunk of rows of each chip's part).
+    ``block_stride``: words from one block's start to the next (default: the block's words
+    times ``req.chunks``, no gap), so that the blocks of a collective can be every
+    ``block_stride`` words of a larger tensor (one chunk of rows of each chip's part). A
+    request of several ``chunks`` (``length`` elements each) walks chunk ``c`` at ``c`` times
+    a chunk's block words into each block: block ``j`` is the ``chunks`` chunks' parts side
+    by side, so the buffer holds the whole vector in natural order.
     """
     if not isinstance(req, CollectiveRequest):
         raise TypeError(f"req must be a CollectiveRequest, not {req!r}")
@@ -163,36 +176,52 @@ def coll_launch_natural(req: CollectiveRequest, chip: int, *, base: int, size: i
     check_fits(req, wbytes, fifo_words)
     out_base = base if out_base is None else out_base
     w = natural_block_words(req, size, link_bytes)
-    stride = w if block_stride is None else block_stride
-    if stride < w:
-        raise ValueError(f"block_stride={stride} is less than a block's {w} words")
+    k = req.chunks
+    stride = w * k if block_stride is None else block_stride
+    if stride < w * k:
+        raise ValueError(f"block_stride={stride} is less than a block's {w * k} words")
     n = req.count
     total = n * stride
     if w > MAX_COUNT or n > MAX_COUNT:
         raise ValueError(f"{n} blocks of {w} words exceed a generator's 16-bit counts")
     p = req.position(chip)
+    one = chunk_of(req)
 
     def walk(start, blocks):
         if p is None or not blocks:
             return None
         j0 = _rotation(blocks, n)
-        return Desc(start, (w, len(blocks), 1, 1), (1, -stride, 0, 0), wrap=total,
-                    off=j0 * stride)
+        # (A lone chunk's level 2 walks nothing: its stride 0, as the program always set it.)
+        return Desc(start, (w, len(blocks), k, 1), (1, -stride, w if k > 1 else 0, 0),
+                    wrap=total, off=j0 * stride)
 
-    rd6 = walk(base, local_blocks(req, chip))
-    wr3 = walk(out_base, output_blocks(req, chip))
-    regs = {"CO_KIND": int(req.kind), "CO_OP": int(req.op), "CO_WIDTH": req.width,
-            "CO_LEN": req.length, "CO_CHIPS": req.chips, "CO_RANK": chip,
-            "CO_FIRST": req.first, "CO_COUNT": req.count}
-    return CollLaunch(req, chip, size, wbytes, rd6, wr3, total, total, regs)
+    rd6 = walk(base, local_blocks(one, chip))
+    wr3 = walk(out_base, output_blocks(one, chip))
+    regs = coll_registers(req, chip)
+    return CollLaunch(req, chip, size, wbytes, rd6, wr3, total, total, regs, _engine(engine))
 
 
-def emit(asm, launch: CollLaunch):
-    """Append the launch's SETs and ``COLL`` to a :class:`sim.compiler.assembler.Assembler`."""
+def _engine(engine) -> int:
+    if engine not in range(len(COLL_GENS)) or isinstance(engine, bool):
+        raise ValueError(f"engine must be 0..{len(COLL_GENS) - 1}, not {engine!r}")
+    return engine
+
+
+def emit_descs(asm, launch: CollLaunch):
+    """The SETs of the launch's descriptors, to the generators of its engine
+    (``hw.spec.isa.COLL_GENS``: RD6 and WR3 for engine 0, RD8 and WR5 for engine 1)."""
+    rd, wr = COLL_GENS[launch.engine]
     if launch.rd6 is not None:
-        asm.set_desc("RD6", launch.rd6)
+        asm.set_desc(rd, launch.rd6)
     if launch.wr3 is not None:
-        asm.set_desc("WR3", launch.wr3)
+        asm.set_desc(wr, launch.wr3)
+
+
+def emit(asm, launch: CollLaunch, *, descs: bool = True):
+    """Append the launch's SETs and ``COLL`` to a :class:`sim.compiler.assembler.Assembler`
+    (``descs=False``: its descriptors were set before, :func:`emit_descs`)."""
+    if descs:
+        emit_descs(asm, launch)
     for name, value in launch.regs.items():
         asm.set(name, value)
-    asm.launch(Op.COLL)
+    asm.launch(Op.COLL, launch.engine)

@@ -5,10 +5,11 @@ The host loads the weights, the head's tables and the prompts' token ids once (`
 sequences of ``P`` tokens); the program runs each sequence's prefill (a loop over the
 sequences), then ``n - 1`` decode steps of all ``B`` sequences at once, and the host reads
 the ``n`` generated ids and int16 logit rows per sequence back at the end. Per block,
-the QKV matmul writes its rows straight into that block's **cache**: ``[Q | K | V]`` rows,
-position-major and sequence-minor (row ``p * B + b`` is sequence ``b`` at position ``p``), so
-a step's ``B`` tokens are one contiguous fold and a prefill writes its sequence's rows with a
-stride of ``B`` rows. Program (``t``: the step, ``p = P + t``)::
+the QKV matmul writes its rows straight into that block's **cache**: ``[Q | K | V]`` rows
+(heads packed as :class:`sim.compiler.blocks.QkvLayout` lays them out), position-major and
+sequence-minor (row ``p * B + b`` is sequence ``b`` at position ``p``), so a step's ``B`` tokens are
+one contiguous fold and a prefill writes its sequence's rows with a stride of ``B`` rows. Program
+(``t``: the step, ``p = P + t``)::
 
     LOOP B times, sequence b:
         VEC  ONEHOT   ids[0 .. P-1, b]         -> e (int8 one-hot rows)
@@ -44,16 +45,14 @@ sequences decode for the weight reads of one. The step's addresses and lengths a
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from hw.spec import ConfigError, NpuConfig
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
-from hw.spec.memory import pack_rows, row_words, unpack_rows
-from hw.spec.vector import argmax_words, pack_argmax, pack_gamma_beta, unpack_argmax
+from hw.spec.memory import pack_rows, row_words
+from hw.spec.vector import argmax_words, pack_gamma_beta
 
 from ..golden.decode import check_decode, learned_positions
 from ..golden.matmul import requant
@@ -65,8 +64,11 @@ from .alloc import Allocator, Tensor
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .compat import check_ring_port, check_single_chip
+from .decode_hidden import compile_hidden_decode
+from .decode_program import DecodeProgram
 from .decode_quant import QHead
 from .grid import head_shards, split_batch, stage_layers
+from .pick import block_argmax, combine_argmax, records_block, vocab_block
 from .program import ChipProgram, finish
 from .quantize import QLinear, QModel
 
@@ -75,108 +77,10 @@ __all__ = ["DecodeProgram", "compile_decode", "check_generate", "strategy_axes",
            "GRID_STRATEGIES"]
 
 #: The strategies generation compiles for.
-DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "head+pipeline", "data+head",
-                     "data+pipeline")
+DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "hidden", "head+pipeline",
+                     "data+head", "data+pipeline")
 #: The 2-D ones (``--grid AxB``).
 GRID_STRATEGIES = ("head+pipeline", "data+head", "data+pipeline")
-
-
-@dataclass
-class DecodeProgram:
-    """Every chip's generation program and where the inputs and outputs live."""
-
-    npu: NpuConfig
-    qm: QModel
-    chips: list          #: :class:`~sim.compiler.program.ChipProgram` per chip
-    prompt_len: int
-    generate: int
-    batch: int
-    #: Per chip: the global indices of the sequences whose prompts it holds (loaded into
-    #: ``prompts``) and of those whose ids and logits are read back from it (``outputs``).
-    holds: list
-    outputs: list
-    #: Per chip: its sequences' prompts as argmax records, sequence-major (loaded; None on a
-    #: chip that embeds no prompt).
-    prompts: list
-    #: Per chip: its sequences' generated ids as argmax records, step-major (None on a
-    #: pipeline's middle stages).
-    ids: list
-    #: Per chip: its int16 logits, step-major rows of the padded vocabulary (and the rows of a
-    #: fold's padding; None but on the chips that pick tokens).
-    logits: list
-    caches: list         #: per chip, per block: its ``[Q | K | V]`` rows (module docstring)
-    #: Per chip: bytes of K and V its caches hold for the whole context (``P + n - 1``
-    #: positions of each of its sequences).
-    kv_bytes: list = field(default_factory=list)
-    #: Per chip: the collectives of the prefill and of one decode step (``{"prefill", "step"}``).
-    comms: list = field(default_factory=list)
-    strategy: str = "single"
-    #: The chips form pipelines: each stage picks one sequence's token at a time.
-    pipelined: bool = False
-
-    @property
-    def context(self) -> int:
-        return self.prompt_len + self.generate - 1
-
-    @property
-    def picker(self) -> int:
-        """The chip whose ARGMAX launches pick the tokens that are read back first (the
-        first chip with outputs: the last stage of a pipeline)."""
-        return next(c for c, seqs in enumerate(self.outputs) if seqs)
-
-    @property
-    def picks_per_step(self) -> int:
-        """The picker's ARGMAX launches per step: one for all its sequences, or in a pipeline
-        one per sequence."""
-        return len(self.outputs[self.picker]) if self.pipelined else 1
-
-    @property
-    def programs(self) -> list[list[int]]:
-        return [c.program for c in self.chips]
-
-    def images(self, prompts) -> list[dict[int, np.ndarray]]:
-        """Every chip's initial memory: its weights and tables, and its sequences' prompts
-        (``prompts``: ``[B, P]`` ids)."""
-        n = self.npu.array_size
-        prompts = np.asarray(prompts, np.int64).reshape(self.batch, self.prompt_len)
-        out = []
-        for c, t, seqs in zip(self.chips, self.prompts, self.holds, strict=True):
-            image = dict(c.images)
-            if seqs:
-                ids = prompts[seqs].reshape(-1)
-                image[t.base] = pack_argmax(ids, np.zeros_like(ids), n).reshape(-1, n)
-            out.append(image)
-        return out
-
-    def reads(self) -> list[list[tuple[int, int]]]:
-        """Per chip, the ``(base, words)`` regions to read back: its ids, then its logits
-        (none on a chip without outputs)."""
-        out = []
-        for seqs, ids, logits in zip(self.outputs, self.ids, self.logits, strict=True):
-            rows = self.generate * len(seqs)
-            out.append([(ids.base, ids.words), (logits.base, rows * logits.row_words)]
-                       if seqs else [])
-        return out
-
-    def read(self, regions) -> dict:
-        """``ids`` [B, n] (the generated) and ``logits`` [B, n, vocab] from each chip's words
-        :meth:`reads` asked for."""
-        n, cfg = self.npu.array_size, self.qm.cfg
-        ids = np.zeros((self.batch, self.generate), np.int64)
-        logits = np.zeros((self.batch, self.generate, cfg.vocab_size), np.int64)
-        for seqs, words, t, rec in zip(self.outputs, regions, self.logits, self.ids,
-                                       strict=True):
-            if not seqs:
-                continue
-            b = len(seqs)
-            records = np.asarray(words[0], np.uint8).reshape(-1, rec.row_words,
-                                                             n)[:, :argmax_words(n)]
-            got, _ = unpack_argmax(records)
-            ids[seqs] = got.reshape(self.generate, b).T
-            rows = unpack_rows(words[1], self.generate * b, t.cols, 2)
-            logits[seqs] = rows[:, :cfg.vocab_size].reshape(self.generate, b,
-                                                             -1).transpose(1, 0, 2)
-        return {"ids": ids, "logits": logits}
 
 
 def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
@@ -204,19 +108,18 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
                    contents: bool = True) -> DecodeProgram:
     """The programs that generate ``generate`` tokens after a ``prompt_len``-token prompt on
     ``chips`` chips (module docstring): one chip, or head parallelism (each chip its heads'
-    share of every block and their KV caches, the partial sums all-reduced as in a prefill;
-    the whole embedding on every chip; the LM head's columns split, the logits all-gathered so
-    that every chip picks the same token); or data parallelism (``strategy="data"``: the
-    sequences split over the chips, each chip the whole model and its own sequences, no
-    communication); or ``head+pipeline`` on ``grid = (A, B)``: B stages of A head shards each
-    (chip ``s * A + h``), each stage a head group, shard ``h`` of a stage sending to shard ``h``
-    of the next and the last stage's shard ``h`` its tokens to the first stage's.
-    ``strategy`` defaults to single on one chip, head on several. ``batch``
-    sequences of ``prompt_len`` tokens
-    decode together; ``contents=False`` places the weights without their contents (the
-    planner's shapes-only compile: ``qm`` and ``head`` need no arrays). The transfer bank
-    (:class:`~sim.compiler.alloc.Allocator`) holds the tables read beside a matmul when there
-    is room."""
+    share of every block and their KV caches, the partial sums all-reduced as in a prefill; the
+    embedding's rows and the LM head's columns split in the same vocabulary blocks, the
+    embeddings all-reduced and the picks combined so that every chip picks the same token); or
+    data parallelism (``strategy="data"``: the sequences split over the chips, each chip the
+    whole model and its own sequences, no communication); or ``head+pipeline`` on ``grid = (A,
+    B)``: B stages of A head shards each (chip ``s * A + h``), each stage a head group, shard
+    ``h`` of a stage sending to shard ``h`` of the next and the last stage's shard ``h`` its
+    tokens to the first stage's. ``strategy`` defaults to single on one chip, head on several.
+    ``batch`` sequences of ``prompt_len`` tokens decode together; ``contents=False`` places the
+    weights without their contents (the planner's shapes-only compile: ``qm`` and ``head`` need
+    no arrays). The transfer bank (:class:`~sim.compiler.alloc.Allocator`) holds the tables read
+    beside a matmul when there is room."""
     check_generate(npu, qm.cfg, prompt_len, generate)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"the batch must be at least 1 sequence, not {batch}")
@@ -232,6 +135,11 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
         check_single_chip(npu, qm.cfg)
     if check and chips > 1:
         check_ring_port(npu, chips)
+    if strategy == "hidden":
+        return compile_hidden_decode(npu, qm, head, prompt_len=prompt_len, generate=generate,
+                                     batch=batch, chips=chips,
+                                     vocab_columns=_vocab_split(npu, qm.cfg.vocab_size, chips),
+                                     check=check, contents=contents)
     try:
         return _compile(npu, qm, head, prompt_len, generate, batch, check, contents,
                         chips=chips, strategy=strategy, axes=axes, transfer_bank=True)
@@ -243,14 +151,9 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
 
 
 def _vocab_split(npu: NpuConfig, vocab: int, chips: int) -> int:
-    """Columns of the LM head on each of ``chips`` chips: the vocabulary padded to whole
-    array blocks per chip and, split, to whole engine words per chip (the logits' all-gather
-    is of int16 rows)."""
-    n = npu.array_size
-    if chips == 1:
-        return pad_to(vocab, n)
-    unit = math.lcm(n, npu.ring_word_bytes // 2)
-    return pad_to(-(-vocab // chips), unit)
+    """Columns of the LM head on each of ``chips`` chips: the vocabulary split in blocks of
+    whole array blocks (the last chips' blocks may hold padding, or only padding)."""
+    return pad_to(-(-vocab // chips), npu.array_size)
 
 
 def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
@@ -264,7 +167,7 @@ def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
         return {"head+pipeline": (1, b, a), "data+head": (a, 1, b),
                 "data+pipeline": (a, b, 1)}[strategy]
     return {"single": (1, 1, 1), "head": (1, 1, chips), "pipeline": (1, chips, 1),
-            "data": (chips, 1, 1)}[strategy]
+            "data": (chips, 1, 1), "hidden": (1, 1, chips)}[strategy]
 
 
 def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
@@ -275,7 +178,7 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
     replicas, count, shards = axes
     stages = stage_layers(cfg, count)
     vc = _vocab_split(npu, cfg.vocab_size, shards)
-    out, holds, outputs = [], [], []
+    out, holds, outputs, logit_seqs = [], [], [], []
     for r, seqs in enumerate(split_batch(batch, replicas, "replicas (data parallelism)")):
         for s in range(count):
             first = (r * count + s) * shards
@@ -289,21 +192,25 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
                     prev=first - shards + h if s else None,
                     nxt=first + shards + h if s + 1 < count else None,
                     last=(r * count + count - 1) * shards + h, home=r * count * shards + h))
-                # The first stage embeds the prompts; the last stage's first shard is read.
+                # The first stage embeds the prompts; the last stage's first shard's ids are
+                # read, and every shard's block of the logits.
                 holds.append(list(seqs) if s == 0 or not piped else [])
                 outputs.append(list(seqs) if s == count - 1 and h == 0 else [])
+                logit_seqs.append(list(seqs) if s == count - 1 else [])
     return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
                          holds, outputs, [c["prompts"] for c in out], [c["ids"] for c in out],
                          [c["logits"] for c in out], [c["caches"] for c in out],
                          [c["kv_bytes"] for c in out], [c["comms"] for c in out], strategy,
-                         pipelined=count > 1)
+                         pipelined=count > 1, logit_seqs=logit_seqs,
+                         vocab=[c["vocab"] for c in out])
 
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
           transfer_bank, layers=None, prev=None, nxt=None, last=None, home=0) -> dict:
-    """One chip's program: its heads' share of every block (all of it on one chip), the
-    whole embedding, its ``vc`` columns of the LM head. A pipeline stage (``layers``, the
-    chips ``prev`` and ``nxt`` it receives from and sends to; None at the ends): its layers,
+    """One chip's program: its heads' share of every block (all of it on one chip), its
+    ``vc`` rows of the embedding and columns of the LM head (all of them on one chip). A
+    pipeline stage (``layers``, the chips ``prev`` and ``nxt`` it receives from and sends
+    to; None at the ends): its layers,
     the embedding on the first stage, the final norm and the LM head on the last (chip
     ``last``, which sends each token back to the first stage's chip ``home``), one sequence
     at a time (module docstring); with a head ``shard`` of a group of ``chips``, the group's
@@ -322,25 +229,39 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     em = BlockEmitter(npu, qm, asm, al, seq=P, chip=chip, contents=contents)
     em.rope_span = (0, max(p_pad, context + n))
     weights = {i: em.place_layer(i, shard) for i in layers}
-    v_pad, d_pad = pad_to(cfg.vocab_size, n), em.d_pad
+    d_pad = em.d_pad
     # The chip's block of the LM head's columns: its place in its head group.
     part = chip - shard.group[0] if shard.group is not None else 0
-    v0 = part * vc
+    v0, v1 = vocab_block(cfg.vocab_size, vc, part)
 
-    # The head's tables.
+    # The head's tables. A head group shares the embedding by vocabulary rows, the blocks
+    # of the LM head's columns: each chip's one-hot rows hold its block's lanes (all 0 for a
+    # token outside it), its int32 products are the token's row or 0, and their all-reduce
+    # is the row exactly, requantised per column as one chip would (``embed``).
+    emb_split = shard.group is not None
+    e0, e_rows = (v0, max(v1 - v0, 1)) if emb_split else (0, cfg.vocab_size)
+    e_pad = pad_to(e_rows, n)
+    d = cfg.d_model
+    emb_params = (np.full(d, head.emb_req[0], np.int64), np.full(d, head.emb_req[1], np.int64))
+
     def emb():
-        d = cfg.d_model
-        return QLinear(head.emb8, np.zeros(d, np.int64), np.full(d, head.emb_req[0], np.int64),
-                       np.full(d, head.emb_req[1], np.int64), OutMode.INT16)
-    emb_w = em._linear("embed", emb, v_pad, d_pad) if first_stage else None
+        w = head.emb8 if not emb_split else np.zeros((e_rows, d), np.int64)
+        if emb_split:
+            w[:v1 - v0] = head.emb8[v0:v1]
+        return QLinear(w, np.zeros(d, np.int64), *emb_params, OutMode.INT16)
+    emb_w = emb_req = None
+    if first_stage:
+        emb_w = em._linear("embed", emb, e_rows, d)
+        if emb_split:
+            emb_req = em._requant_params("embed.requant", lambda: emb_params)
 
     def lm_block():
-        cols = np.arange(v0, min(v0 + vc, cfg.vocab_size))
+        cols = np.arange(v0, v1)
         lm = head.lm
         return QLinear(lm.w[:, cols], lm.bias[cols], lm.mult[cols], lm.shift[cols], lm.mode)
     lm_w = norm_gb = None
     if last_stage:
-        lm_w = em._linear("lm_head", lm_block, d_pad, vc)
+        lm_w = em._linear("lm_head", lm_block, cfg.d_model, vc)
         norm_gb = em._store("norm.gamma_beta", row_words(cfg.d_model, 4, n),
                             lambda: pack_rows(pack_gamma_beta(head.norm.gamma,
                                                               head.norm.beta)[None, :], 4, n))
@@ -369,14 +290,19 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     prompts = e = logits = hf = ids = None
     if first_stage:
         prompts = al.alloc("prompts", P * B, aw * n, 1, "activations", row_words_=aw)
-        e = al.alloc("onehot", rows_max, v_pad, 1, "activations")
+        e = al.alloc("onehot", rows_max, e_pad, 1, "activations")
     if first_stage or last_stage:
         ids = al.alloc("ids", generate * B, rs * n, 1, "activations", row_words_=rs,
                        transfer=piped)
+    picks = None
     if last_stage:
         logits = al.alloc("logits", (generate - 1) * B + pad_to(fold_rows, n) + B - fold_rows,
-                          vc * chips, 2, "activations")
+                          vc, 2, "activations")
         hf = al.alloc("hf", pad_to(fold_rows, n), d_pad, 1, "activations")
+        if shard.group is not None:
+            # Every chip's argmax records of a pick, gathered side by side.
+            picks = al.alloc("picks", chips * records_block(npu, fold_rows), n, 1,
+                             "activations", row_words_=1)
     x_rw = row_words(d_pad, 2, n)
     xs = [em.alloc_residual(f"x{b}", 1, multiple=pl.message_words(x_rw, n, link),
                             transfer=True) for b in range(B)] if piped else \
@@ -395,9 +321,7 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                                    row_words=t.row_words * stride)
 
     hcount = len(shard.heads)
-    q_words = hcount * em.dh_pad // n
-    kv_words = len(kv_heads) * em.dh_pad // n
-    vc_words = row_words(vc, 2, n)
+    lay = em.qkv_layout(shard)
     rw = caches[layers[0]].row_words
 
     def attend(a: Assembler, i: int, cache: Tensor, pos: int, queries: int, b: int,
@@ -411,11 +335,11 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         for k in range(hcount):
             g = kv_heads.index(shard.heads[k] // cfg.kv_group)
             al_.emit(a, al_.attention_launch(
-                size=n, d_head=em.dh_pad, queries=queries, keys=keys,
-                q_base=cache.base + q_row * rw, k_base=seq_base + q_words,
-                v_base=seq_base + q_words + kv_words, o_base=acts.o.base + o_row *
-                acts.o.row_words, q_row_words=B * rw, k_row_words=B * rw, v_row_words=B * rw,
-                o_row_words=acts.o.row_words, col=k * em.dh_pad, kv_col=g * em.dh_pad,
+                size=n, d_head=cfg.d_head, queries=queries, keys=keys,
+                q_base=cache.base + q_row * rw, k_base=seq_base, v_base=seq_base,
+                o_base=acts.o.base + o_row * acts.o.row_words, q_row_words=B * rw,
+                k_row_words=B * rw, v_row_words=B * rw, o_row_words=acts.o.row_words,
+                col=lay.q_col(k), k_col=lay.k_col(g), v_col=lay.v_col(g),
                 q_pos=pos, k_pos=0, bidirectional=False, interleaved=False, halo=0,
                 window=cfg.window, score_mult=L.score_mult, score_shift=L.score_shift,
                 out_mult=L.out_mult, out_shift=L.out_shift), ("attn", i))
@@ -425,11 +349,18 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         """The one-hot rows of ``rows`` records from ``record``, their embedding into ``x``
         and the learned positions ``pos`` added."""
         folds = pad_to(rows, n)
-        vl.emit(a, vl.onehot_launch(size=n, length=cfg.vocab_size, record_base=record,
-                                    out=rows_of(e, 0, rows)))
+        vl.emit(a, vl.onehot_launch(size=n, length=e_rows, record_base=record,
+                                    out=rows_of(e, 0, rows), offset=e0))
         a.wait(Unit.VEC)
-        step._matmul(view(e, 0, folds), emb_w, view(x, 0, folds), v_pad, OutMode.INT16)
-        a.wait(Unit.MATMUL)
+        if not emb_split:
+            step._matmul(view(e, 0, folds), emb_w, view(x, 0, folds), e_pad, OutMode.INT16)
+            a.wait(Unit.MATMUL)
+        else:
+            step._matmul(view(e, 0, folds), emb_w, Tensor(
+                "p.rows", acts.p.base, folds, d_pad, 4, d_pad * 4 // n, "activations"), e_pad,
+                OutMode.RAW)
+            a.wait(Unit.MATMUL)
+            step._reduce(shard, acts, rows, emb_req, view(x, 0, rows), None, "embedding")
         if pos16 is not None:
             vl.emit(a, vl.add_launch(size=n, length=cfg.d_model, a=rows_of(x, 0, rows),
                                      b=pos, out=rows_of(x, 0, rows)))
@@ -452,24 +383,28 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
         a.wait(Unit.VEC)
 
     def pick(a: Assembler, step: BlockEmitter, first: int, rows: int):
-        """The LM head of ``hf``'s ``rows`` rows into the logits rows from ``first``, every
-        chip's columns gathered, and their tokens' records from ``ids[first]``."""
-        block = Tensor("logits.block", logits.base + first * logits.row_words + part * vc_words,
-                       pad_to(rows, n), vc, 2, logits.row_words, "activations")
-        step._matmul(hf, lm_w, block, d_pad, OutMode.INT16)
+        """The LM head of ``hf``'s ``rows`` rows into the logits rows from ``first`` (the
+        chip's block of the vocabulary), and their tokens' records from ``ids[first]``: the
+        ARGMAX of the row, or of a split vocabulary each chip's block's, the group's records
+        gathered and combined (:mod:`sim.compiler.pick`)."""
+        step._matmul(hf, lm_w, view(logits, first, pad_to(rows, n)), d_pad, OutMode.INT16)
         a.wait(Unit.MATMUL)
-        if shard.group is not None:
-            for b in range(rows):     # each row: every chip's block at its place
-                row = logits.base + (first + b) * logits.row_words
-                step._row_collective("all_gather", shard, Tensor(
-                    "logits.row", row, chips, vc, 2, vc_words, "activations"), chips, None,
-                    "logits")
         if rows > 1 and rs != aw:
             raise AssertionError("an ARGMAX of several rows writes records of its own size")
-        vl.emit(a, vl.argmax_launch(size=n, length=cfg.vocab_size,
-                                    x=rows_of(logits, first, rows),
-                                    record_base=ids.base + first * rs))
-        a.wait(Unit.VEC)
+        x = rows_of(logits, first, rows)
+        if shard.group is None:
+            vl.emit(a, vl.argmax_launch(size=n, length=cfg.vocab_size, x=x,
+                                        record_base=ids.base + first * rs))
+            a.wait(Unit.VEC)
+            return
+        block_argmax(npu, a, vocab=cfg.vocab_size, v0=v0, vc=vc, part=part, x=x,
+                     picks=picks.base)
+        blk = records_block(npu, rows)
+        step._row_collective("all_gather", shard, Tensor("picks", picks.base, chips, blk * n,
+                                                         1, blk, "activations"), chips, None,
+                             "argmax records")
+        combine_argmax(npu, a, vocab=cfg.vocab_size, vc=vc, chips=chips, rows=rows,
+                       picks=picks.base, record_base=ids.base + first * rs)
 
     def emitter(a: Assembler, rows: int) -> BlockEmitter:
         step = em if rows == em.seq else dataclasses.replace(em, seq=rows)
@@ -596,9 +531,10 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                 ids.base + ((generate - 1) * B + b) * rs, rs), size=n, link_bytes=link),
                 Unit.RECV)
     role = {"layers": layers, "heads": list(shard.heads),
-            "vocab_columns": [v0, min(v0 + vc, cfg.vocab_size)], "sequences": B}
+            "vocab_columns": [v0, v1], "sequences": B}
     if cfg.n_kv_heads != cfg.n_heads:
         role["kv_heads"] = kv_heads
     return {"program": finish(npu, ChipProgram(chip, asm, al, role=role), check=check),
             "prompts": prompts, "ids": ids, "logits": logits, "caches": list(caches.values()),
-            "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms}}
+            "kv_bytes": kv_bytes, "comms": {"prefill": list(em.comms), "step": step_comms},
+            "vocab": (v0, v1) if last_stage else None}

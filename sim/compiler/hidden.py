@@ -72,8 +72,10 @@ matmul computes block mb + 1 and the vector unit requantises block mb - 1.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,9 +114,10 @@ SEED_COLLECTIVES = "3-4"
 @dataclass(frozen=True)
 class Piece:
     """The lanes of head ``head`` on one chip: d_model columns ``lo .. hi - 1``, at column
-    ``off`` of the chip's Q (and attention output) layout, ``width`` = ``hi - lo`` padded to
-    whole words (its ``AT_D_HEAD``); ``group`` = ``(first, count)`` of the head's chips;
-    ``kv_off``: the column of the same lanes of its K/V head in the chip's K (and V) layout
+    ``off`` of the chip's Q (and attention output) layout, ``width`` = ``hi - lo`` (its
+    ``AT_D_HEAD``; the pieces are packed, one after another, sharing words); ``group`` = ``(first,
+    count)`` of the head's chips; ``kv_off``: the column of the same lanes of its K/V head in the
+    chip's K (and V) layout
     (:class:`KvPiece`)."""
 
     head: int
@@ -134,7 +137,8 @@ class Piece:
 class KvPiece:
     """The lanes of K/V head ``head`` that a chip's query pieces read: K (and V) columns
     ``lo .. hi - 1`` (of ``d_kv``), at column ``off`` of the chip's K and V layout, ``width``
-    padded like the pieces'. Without grouped-query attention one per piece, at its ``off``;
+    ``hi - lo``, packed like the pieces. Without grouped-query attention one per piece, at its
+    ``off``;
     with it, the query pieces of one K/V head with the same lanes share one."""
 
     head: int
@@ -142,6 +146,25 @@ class KvPiece:
     hi: int
     off: int
     width: int
+
+
+@dataclass(frozen=True)
+class Span:
+    """One sample's attention operands on a chip: the words of its first Q, K and V rows
+    (``row_words`` apart), its first output row, ``queries`` queries from position ``q_pos``
+    over ``keys`` keys from position 0; the pieces are packed (one after another, sharing
+    words), so K's and V's layouts begin at lanes ``k_lane`` and ``v_lane`` of their rows."""
+
+    q: int
+    k: int
+    v: int
+    row_words: int
+    o: int
+    queries: int
+    keys: int
+    q_pos: int = 0
+    k_lane: int = 0
+    v_lane: int = 0
 
 
 @dataclass(frozen=True)
@@ -233,7 +256,7 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
         kvs, kv_at = {}, 0        # (K/V head, first lane, last lane) -> its KvPiece
         for h in range(lo // dh, cdiv(hi, dh)):
             a, b = max(lo, h * dh), min(hi, (h + 1) * dh)
-            width = pad_to(b - a, n)
+            width = b - a             # packed: the pieces one after another, lanes of words
             g = h // cfg.kv_group
             lanes = (g, a - h * dh, b - h * dh)
             if lanes not in kvs:
@@ -248,7 +271,7 @@ def hidden_plan(npu: NpuConfig, cfg: ModelConfig, chips: int, *, widths=None,
             if p.width > npu.d_head_max:
                 raise ConfigError(f"exceeds datapath width d_head_max={npu.d_head_max} on chip "
                                   f"{c} of {chips}: it holds {p.hi - p.lo} lanes of head "
-                                  f"{p.head} ({p.width} padded)", path=npu.path, key="d_head",
+                                  f"{p.head}", path=npu.path, key="d_head",
                                   value=cfg.d_head)
         if widths[c] > npu.d_model_max:
             raise ConfigError(f"exceeds d_model_max={npu.d_model_max} on chip {c} of {chips}: "
@@ -391,6 +414,10 @@ class Reduction:
 
 # --- one chip's share of the program ------------------------------------------------------------
 
+#: The working tensors of a row per token (a view of fewer rows cuts them: ``_Compiler.view``).
+_ROW_WISE = ("x", "h", "x8", "qkv", "rope1", "rope2", "o", "a", "f", "g")
+
+
 @dataclass
 class _Chip:
     """One chip while the programs are built: its assembler, allocator and tensors."""
@@ -401,25 +428,36 @@ class _Chip:
     t: dict = field(default_factory=dict)          # working tensors by name
     layers: list = field(default_factory=list)     # per layer: {name: tensor or (w, p)}
     rope: tuple | None = None                      # RoPE: the C and S tables (vl.Tiled)
+    #: Weights outside the layers, by projection name (:meth:`_Compiler.add_projection`).
+    extra: dict = field(default_factory=dict)
 
 
 class _Compiler:
     """Builds every chip's program in lock step, phase by phase."""
 
     def __init__(self, npu, qm, plan, *, seq, samples, reduce, contents=True,
-                 transfer_bank=True):
+                 transfer_bank=True, rope_positions=None):
         self.npu, self.qm, self.plan, self.cfg = npu, qm, plan, qm.cfg
         self.contents = contents
         self.n = n = npu.array_size
         self.seq, self.nseq = seq, samples
         self.seq_pad = pad_to(seq, n)
         self.rows = samples * self.seq_pad
+        #: Rows of one sample in the row-wise tensors (the attention's output: sample s from
+        #: row ``s * sample_rows``).
+        self.sample_rows = self.seq_pad
+        #: RoPE: the positions the tables hold (default the sequence's), and where a block's
+        #: rows read them: ``(first row, period)`` (default every sample from position 0).
+        self.rope_positions = seq if rope_positions is None else rope_positions
+        self.rope_at = (0, self.seq_pad)
+        #: The attention's operands per chip and sample (:meth:`spans`); None: the QKV rows.
+        self.span_of = None
         self.link = npu.link_bytes_per_cycle
         self.ratio = word_bytes(self.link, self.n) // n
         self.chips = plan.chips
         self.reduce = reduce
         self.comms: list[dict] = []
-        self.coll_id = 0
+        self._ids = itertools.count()          # collective ids, shared by every view
         self.layer = 0
         self.prw = partial_row_words(npu.attn_window, n)
         #: Words of one split head's partial (or reduced) score rows, every sample's.
@@ -435,14 +473,20 @@ class _Compiler:
         dkv = cfg.d_kv
 
         def lanes(pieces, at):
-            return [g for p in pieces for g in
-                    [at + x for x in range(p.lo, p.hi)] + [-1] * (p.width - p.hi + p.lo)]
+            return [at + x for p in pieces for x in range(p.lo, p.hi)]
+
+        def words(cols):
+            """``cols`` padded with -1 to whole words."""
+            return cols + [-1] * (pad_to(len(cols), n) - len(cols))
         for c in range(self.chips):
+            # Pieces packed (one after another, sharing words); under RoPE the rotated
+            # projections from the first word boundary after V (the vector unit reads rows
+            # from a word's first lane).
             qs, kvs = plan.pieces[c], plan.kv_pieces[c]
             q = lanes(qs, 0) + lanes(kvs, d) + lanes(kvs, d + dkv)
             if cfg.rope:
-                q += lanes(qs, d + 2 * dkv) + lanes(kvs, 2 * d + 2 * dkv)
-            self.dest["qkv"].append(q)
+                q = words(q) + lanes(qs, d + 2 * dkv) + lanes(kvs, 2 * d + 2 * dkv)
+            self.dest["qkv"].append(words(q))
             lo, hi = plan.cols[c]
             self.dest["o"].append(list(range(lo, hi)) + [-1] * (pad_to(hi - lo, n) - hi + lo))
             self.dest["ffn2"].append(self.dest["o"][c])
@@ -460,14 +504,50 @@ class _Compiler:
             self.inputs["ffn2"].append(self.dest["ffn1"][c])
             if cfg.ffn == "gated":
                 self.inputs.setdefault("gate", []).append(self.dest["o"][c])
-            self.inputs["o"].append([g for p in plan.pieces[c] for g in
-                                     list(range(p.lo, p.hi)) + [-1] * (p.width - p.hi + p.lo)])
-        self.red = {}
-        if self.chips > 1:
-            for name in self.dest:
-                self.red[name] = Reduction(widths=[len(x) for x in self.dest[name]],
-                                           rows=self.rows, size=n, link_bytes=self.link,
-                                           mode=reduce)
+            self.inputs["o"].append(words(lanes(plan.pieces[c], 0)))
+        #: The projections every layer has (others: :meth:`add_projection`).
+        self.layer_projections = tuple(self.dest)
+        self.red = self._reductions(self.rows)
+
+    def _reductions(self, rows: int) -> dict:
+        """Every projection's :class:`Reduction` of ``rows`` rows (none on one chip). The
+        weights' column order does not depend on the rows, so views of other row counts
+        (:meth:`view`) use the same weights."""
+        if self.chips == 1:
+            return {}
+        return {name: Reduction(widths=[len(x) for x in dest], rows=rows, size=self.n,
+                                link_bytes=self.link, mode=self.reduce)
+                for name, dest in self.dest.items()}
+
+    def add_projection(self, name: str, dest: list, inputs: list, *, place):
+        """A projection outside the layers (generation's LM head): ``dest[c]`` chip c's output
+        columns (-1: padding), ``inputs[c]`` its input rows, reduced like the layers' (before
+        :meth:`activations`, which sizes the partial sums' buffers); ``place(c)`` gives the
+        ``QLinear`` whose columns and rows they index (called only with contents)."""
+        self.dest[name], self.inputs[name] = dest, inputs
+        self.red = self._reductions(self.rows)
+        for ch in self.ch:
+            ch.extra[name] = self._place(ch, None, name, ql=place)
+
+    def view(self, *, rows: int, seq: int, samples: int, sample_rows: int) -> _Compiler:
+        """This compiler emitting over ``rows`` rows of the same tensors (a multiple of N, at
+        most the rows they were allocated for): ``samples`` samples of ``seq`` queries, sample
+        s's from row ``s * sample_rows``. The chips' programs, allocators and weights are
+        shared; each chip's row-wise tensors are views of their first ``rows`` rows (the
+        caller may replace them, e.g. "qkv" by a KV cache's rows)."""
+        if rows % self.n or rows > self.rows:
+            raise AssertionError(f"a view of {rows} rows of tensors of {self.rows}")
+        v = copy.copy(self)
+        v.rows, v.seq, v.nseq, v.sample_rows = rows, seq, samples, sample_rows
+        v.seq_pad = pad_to(seq, self.n)
+        v.red = self._reductions(rows)
+        v.__dict__.pop("sched", None)
+
+        def cut(name, t):
+            return dataclasses.replace(t, rows=rows) if name in _ROW_WISE else t
+        v.ch = [dataclasses.replace(ch, t={k: cut(k, t) for k, t in ch.t.items()})
+                for ch in self.ch]
+        return v
 
     @functools.cached_property
     def sched(self):
@@ -487,16 +567,17 @@ class _Compiler:
                        np.concatenate([x.mult for x in parts]),
                        np.concatenate([x.shift for x in parts]), OutMode.INT8)
 
-    def _place(self, ch: _Chip, i: int, name: str):
+    def _place(self, ch: _Chip, i: int | None, name: str, ql=None):
         """Chip ``ch``'s weights of projection ``name`` of layer ``i``: its input rows, every
         destination's columns (in the reduction's order), the biases on chip 0 only; and the
-        per-channel requantisation of its own columns."""
+        per-channel requantisation of its own columns. ``i`` None: a projection outside the
+        layers, ``ql(c)`` its ``QLinear``."""
         n = self.n
         rows = np.asarray(self.inputs[name][ch.c], np.int64)
         direct = self.chips == 1
         cols = np.asarray(self.dest[name][0], np.int64) if direct else \
             self.red[name].columns(self.dest[name])
-        p = f"layers.{i}.{name}"
+        p = name if i is None else f"layers.{i}.{name}"
         if not self.contents:
             # The planner's shapes-only compile: the same blocks, without their contents.
             blocks = cdiv(len(cols), n)
@@ -505,7 +586,7 @@ class _Compiler:
             req = None if direct else ch.al.alloc_block(
                 p + ".requant", row_words(len(self.dest[name][ch.c]), 4, n), "weights")
             return wt, pt, req
-        ql = self._qlinear(self.qm.layers[i], name)
+        ql = ql(ch.c) if i is None else self._qlinear(self.qm.layers[i], name)
         w = np.zeros((len(rows), len(cols)), np.int64)
         rk, ck = rows >= 0, cols >= 0
         w[np.ix_(rk, ck)] = ql.w[np.ix_(rows[rk], cols[ck])]
@@ -543,15 +624,17 @@ class _Compiler:
 
     def _rope_tables(self, ch: _Chip):
         """Chip ``ch``'s RoPE tables ``C`` and ``S`` as B operands over its ``[Q | K]`` lanes
-        (``vl.Tiled``): a row per position (``seq_pad`` rows, read again for every sample) of
-        the lanes of one piece repeated for every piece when all of them hold the same lanes
-        (whole heads), else of the whole row (a split head's pieces hold parts of a head)."""
-        n, seq_pad = self.n, self.seq_pad
+        (``vl.Tiled``): a row per position (:attr:`rope_positions` padded to whole blocks,
+        by default the sequence's ``seq_pad`` rows, read again for every sample) of the lanes
+        of one piece repeated for every piece when all of them hold the same lanes (whole
+        heads), else of the whole row (a split head's pieces hold parts of a head)."""
+        n, positions = self.n, self.rope_positions
+        seq_pad = pad_to(positions, n)
         lanes, _ = self._rope_lanes(ch.c)
         first = self.plan.pieces[ch.c][0].width
         repeat = len(lanes) // first
         unit = lanes[:first]
-        if len(lanes) % first or not np.array_equal(np.tile(unit, repeat), lanes):
+        if first % n or len(lanes) % first or not np.array_equal(np.tile(unit, repeat), lanes):
             unit, repeat = lanes, 1
         rw = row_words(len(unit), 1, n)
         out = []
@@ -560,9 +643,9 @@ class _Compiler:
                 t = ch.al.alloc_block(f"rope.{name}", seq_pad * rw, "weights")
             else:
                 table = rope_tables(self.cfg.d_head, self.cfg.rope_theta,
-                                    np.arange(self.seq))[k]
+                                    np.arange(positions))[k]
                 rows = np.zeros((seq_pad, len(unit)), np.int64)
-                rows[:self.seq, unit >= 0] = table[:, unit[unit >= 0]]
+                rows[:positions, unit >= 0] = table[:, unit[unit >= 0]]
                 t = ch.al.alloc_words(f"rope.{name}", pack_rows(rows, 1, n), "weights")
             out.append(vl.Tiled(t.base, seq_pad, rw, 1, repeat))
         return tuple(out)
@@ -589,7 +672,7 @@ class _Compiler:
                 ch.rope = self._rope_tables(ch)
             for i in range(cfg.n_layers):
                 L = self.qm.layers[i]
-                lw = {name: self._place(ch, i, name) for name in self.dest}
+                lw = {name: self._place(ch, i, name) for name in self.layer_projections}
                 if cfg.rope:
                     lw["rope_req"] = self._rope_params(ch, i)
                 if not self.contents:
@@ -609,7 +692,9 @@ class _Compiler:
                 ch.layers.append(lw)
 
     # --- activations --------------------------------------------------------------------------
-    def activations(self):
+    def activations(self, *, qkv: bool = True):
+        """Every chip's working tensors for :attr:`rows` rows; ``qkv=False``: no "qkv" (the
+        caller points it at its own rows, e.g. a KV cache's: :meth:`view`)."""
         n, rows, plan = self.n, self.rows, self.plan
         rec = stats_words(n)
         for ch in self.ch:
@@ -619,7 +704,8 @@ class _Compiler:
             t["h"] = al.alloc("h", rows, wpad, 1, "activations")
             if self.cfg.norm == "post":
                 t["x8"] = al.alloc("x8", rows, wpad, 1, "activations")
-            t["qkv"] = al.alloc("qkv", rows, len(self.dest["qkv"][c]), 1, "kv_cache")
+            if qkv:
+                t["qkv"] = al.alloc("qkv", rows, len(self.dest["qkv"][c]), 1, "kv_cache")
             if self.cfg.rope:
                 # The int16 q C and q' S over the [Q | K] lanes.
                 for k in (1, 2):
@@ -683,8 +769,7 @@ class _Compiler:
         per_chip = {m: chunks(self.ch[m]) for m in members}
         count_chunks = len(per_chip[members[0]])
         if ident is None:
-            ident = self.coll_id
-            self.coll_id += 1
+            ident = next(self._ids)
         for k in range(count_chunks):
             length = per_chip[members[0]][k][1]
             req = CollectiveRequest(kind, "sum", width, length, self.chips, first=first,
@@ -713,29 +798,47 @@ class _Compiler:
     def _rows(self, t: Tensor) -> Rows:
         return Rows(t.base, t.rows, t.row_words, t.eb)
 
+    def _weights(self, ch: _Chip, name: str):
+        """Chip ``ch``'s ``(weights, params, requant)`` of projection ``name``: the current
+        layer's, or one outside the layers (:meth:`add_projection`)."""
+        if name in ch.extra:
+            return ch.extra[name]
+        return ch.layers[self.layer][name]
+
     def layernorm(self, which: int, q: str | None, y: str | None):
-        """LayerNorm ``which`` (1 or 2) of every chip's slice of ``x``: LN_STATS, an int64
-        all-reduce of the records over all chips, LN_APPLY into ``q`` (int8) / ``y`` (int16);
+        """LayerNorm ``which`` (1 or 2) of every chip's slice of ``x`` into ``q`` (int8) /
+        ``y`` (int16) (:meth:`norm`)."""
+        i = self.layer
+        self.norm(getattr(self.qm.layers[i], f"ln{which}"),
+                  lambda ch: ch.layers[i][f"ln{which}"], lambda ch: ch.t["x"],
+                  lambda ch: ch.t[q] if q else None, lambda ch: ch.t[y] if y else None,
+                  tag=("ln", i, which), what=f"LN{which} statistics")
+
+    def norm(self, ln, gamma_beta, x, q, y, *, tag, what: str):
+        """The LayerNorm ``ln`` of every chip's slice of the rows ``x(ch)`` (a Tensor): LN_STATS,
+        an int64 all-reduce of the records (those rows' only) over all chips, LN_APPLY with
+        ``gamma_beta(ch)`` into ``q(ch)`` (int8) / ``y(ch)`` (int16) (None: not written);
         RMSNorm: the same with RMS_APPLY (which ignores the records' ``sum x``)."""
-        n, i, d = self.n, self.layer, self.cfg.d_model
-        ln = getattr(self.qm.layers[i], f"ln{which}")
+        n, d = self.n, self.cfg.d_model
+        unit = self.chips * elements_per_word(word_bytes(self.link, n), 64)
         for ch in self.ch:
-            x = self._rows(ch.t["x"])
-            vl.emit(ch.asm, vl.ln_stats_launch(size=n, length=self.plan.width(ch.c), x=x,
+            vl.emit(ch.asm, vl.ln_stats_launch(size=n, length=self.plan.width(ch.c),
+                                               x=self._rows(x(ch)),
                                                stats_base=ch.t["stats"].base))
             ch.asm.wait(Unit.VEC)
         if self.chips > 1:
             self.collective((0, self.chips),
-                            lambda ch: self._flat(ch.t["stats"], ch.t["stats"].words * n // 8,
-                                                  self.chips, 64),
-                            width=64, what=f"LN{which} statistics")
+                            lambda ch: self._flat(ch.t["stats"], pad_to(
+                                x(ch).rows * stats_words(n) * n // 8, unit), self.chips, 64),
+                            width=64, what=what)
         for ch in self.ch:
+            qt, yt = q(ch), y(ch)
             vl.emit(ch.asm, vl.ln_apply_launch(
-                size=n, length=self.plan.width(ch.c), n=d, x=self._rows(ch.t["x"]),
-                gamma_beta_base=ch.layers[i][f"ln{which}"].base, stats_base=ch.t["stats"].base,
-                q=self._rows(ch.t[q]) if q else None, y=self._rows(ch.t[y]) if y else None,
-                gshift=ln.gshift, mult=ln.mult, shift=ln.shift, rms=self.cfg.rmsnorm),
-                ("ln", i, which))
+                size=n, length=self.plan.width(ch.c), n=d, x=self._rows(x(ch)),
+                gamma_beta_base=gamma_beta(ch).base, stats_base=ch.t["stats"].base,
+                q=self._rows(qt) if qt is not None else None,
+                y=self._rows(yt) if yt is not None else None,
+                gshift=ln.gshift, mult=ln.mult, shift=ln.shift, rms=self.cfg.rmsnorm), tag)
             ch.asm.wait(Unit.VEC)
 
     def project(self, name: str, src: str, dst: str, *, lut: bool = False):
@@ -749,7 +852,7 @@ class _Compiler:
             self._project_blocks(name, src, dst, lut=lut)
             return
         for ch in self.ch:
-            wt, pt, _ = ch.layers[i][name]
+            wt, pt, _ = self._weights(ch, name)
             a, out = ch.t[src], ch.t[dst]
             k = len(self.inputs[name][ch.c])
             if direct:
@@ -775,7 +878,7 @@ class _Compiler:
                         what=f"{name.upper()} projection", kind=kind)
         for ch in self.ch:
             for launch in red.requant_launches(ch.c, ch.t["p"].base,
-                                               ch.layers[i][name][2].base, ch.t[dst]):
+                                               self._weights(ch, name)[2].base, ch.t[dst]):
                 vl.emit(ch.asm, launch)
             ch.asm.wait(Unit.VEC)
 
@@ -795,7 +898,7 @@ class _Compiler:
             return buf.base + (mb // 2 - mb) * red.block_words
 
         def matmul(ch, mb):
-            wt, pt, _ = ch.layers[i][name]
+            wt, pt, _ = self._weights(ch, name)
             a = ch.t[src]
             launch = matmul_launch(size=n, m=n, k=len(self.inputs[name][ch.c]), n=red.nb * n,
                                    a_base=a.base + mb * n * a.row_words,
@@ -807,7 +910,8 @@ class _Compiler:
 
         def requant(ch, mb):
             for launch in red.requant_launches(ch.c, base(ch, mb),
-                                               ch.layers[i][name][2].base, ch.t[dst], mb=mb):
+                                               self._weights(ch, name)[2].base, ch.t[dst],
+                                               mb=mb):
                 vl.emit(ch.asm, launch)
 
         for ch in self.ch:
@@ -872,39 +976,51 @@ class _Compiler:
                     ("mul", self.layer))
             ch.asm.wait(Unit.VEC)
 
+    def spans(self, ch: _Chip, s: int) -> Span:
+        """Sample ``s``'s attention operands on chip ``ch``: :attr:`span_of` when set (a
+        decode's cache), else its rows of "qkv" and "o", every query over every key."""
+        if self.span_of is not None:
+            return self.span_of(ch, s)
+        qkv, o = ch.t["qkv"], ch.t["o"]
+        base = qkv.base + s * self.sample_rows * qkv.row_words
+        q, kv = self.plan.q_width(ch.c), self.plan.kv_width(ch.c)
+        return Span(base, base, base, qkv.row_words,
+                    o.base + s * self.sample_rows * o.row_words, self.seq, self.seq,
+                    k_lane=q, v_lane=q + kv)
+
     def attention(self):
-        """Every head piece of every chip: the split pieces' pass 1 into their slots of
-        "scores_in", one all-reduce of every split head's partial rows over all chips, the
-        whole heads while it runs, then the split pieces' pass 2 from "scores"."""
+        """Every head piece of every chip (each sample's operands: :meth:`spans`): the split
+        pieces' pass 1 into their slots of "scores_in", one all-reduce of every split head's
+        partial rows over all chips, the whole heads while it runs, then the split pieces'
+        pass 2 from "scores"."""
         n, L, cfg = self.n, self.qm.layers[self.layer], self.cfg
         sched, seq = self.sched, self.seq
         W = self.npu.attn_window
-        common = {"size": n, "queries": seq, "keys": seq, "bidirectional": not cfg.causal,
+        common = {"size": n, "bidirectional": not cfg.causal,
                   "interleaved": sched.interleaved, "halo": sched.halo}
         slot = {h: k for k, h in enumerate(self.plan.split_heads)}
         tag = ("attn", self.layer)
 
-        def qkv_bases(ch, s):
-            qkv = ch.t["qkv"]
-            base = qkv.base + s * self.seq_pad * qkv.row_words
-            q, kv = self.plan.q_width(ch.c) // n, self.plan.kv_width(ch.c) // n
-            return base, base + q, base + q + kv, qkv.row_words
-
         def rows(h, s):
-            """Offset of head h's score rows of sample s in "scores_in" and "scores"."""
+            """Offset of head h's score rows of sample s in "scores_in" and "scores" (a slot
+            per split head, the same in every view: a chip's partial passes write only its
+            own heads' slots)."""
             return slot[h] * self.score_slot + s * seq * self.prw
+
+        def where(sp: Span) -> dict:
+            return {"queries": sp.queries, "keys": sp.keys, "q_pos": sp.q_pos}
 
         split = {ch.c: [p for p in self.plan.pieces[ch.c] if p.split] for ch in self.ch}
         if self.plan.split_heads:
             for ch in self.ch:
                 for piece in split[ch.c]:
                     for s in range(self.nseq):
-                        q, k, _, rw = qkv_bases(ch, s)
+                        sp = self.spans(ch, s)
                         al_.emit(ch.asm, al_.partial_launch(
-                            window=W, d_head=piece.width, q_base=q, k_base=k,
+                            window=W, d_head=piece.width, q_base=sp.q, k_base=sp.k,
                             p_base=ch.t["scores_in"].base + rows(piece.head, s),
-                            q_row_words=rw, k_row_words=rw, col=piece.off,
-                            kv_col=piece.kv_off, **common), tag)
+                            q_row_words=sp.row_words, k_row_words=sp.row_words, col=piece.off,
+                            k_col=sp.k_lane + piece.kv_off, **where(sp), **common), tag)
                 ch.asm.wait(Unit.ATTN)
 
             def chunks(ch):
@@ -922,14 +1038,16 @@ class _Compiler:
                 if piece.split:
                     continue
                 for s in range(self.nseq):
-                    q, k, v, rw = qkv_bases(ch, s)
+                    sp = self.spans(ch, s)
+                    rw = sp.row_words
                     al_.emit(ch.asm, al_.attention_launch(
-                        d_head=piece.width, q_base=q, k_base=k, v_base=v,
-                        o_base=o.base + s * self.seq_pad * o.row_words, q_row_words=rw,
-                        k_row_words=rw, v_row_words=rw, o_row_words=o.row_words, col=piece.off,
-                        kv_col=piece.kv_off, q_pos=0, k_pos=0, window=sched.window,
-                        score_mult=L.score_mult, score_shift=L.score_shift,
-                        out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
+                        d_head=piece.width, q_base=sp.q, k_base=sp.k, v_base=sp.v,
+                        o_base=sp.o, q_row_words=rw, k_row_words=rw, v_row_words=rw,
+                        o_row_words=o.row_words, col=piece.off, k_col=sp.k_lane + piece.kv_off,
+                        v_col=sp.v_lane + piece.kv_off, k_pos=0,
+                        window=sched.window, score_mult=L.score_mult,
+                        score_shift=L.score_shift, out_mult=L.out_mult,
+                        out_shift=L.out_shift, **where(sp), **common), tag)
             if not split[ch.c]:
                 # The next projection's COLL waits for this one's on its own.
                 ch.asm.wait(Unit.ATTN)
@@ -937,33 +1055,37 @@ class _Compiler:
             ch.asm.wait(Unit.COLL)
             for piece in split[ch.c]:
                 for s in range(self.nseq):
-                    _, _, v, rw = qkv_bases(ch, s)
+                    sp = self.spans(ch, s)
                     al_.emit(ch.asm, al_.reduced_launch(
-                        window=W, d_head=piece.width, v_base=v,
+                        window=W, d_head=piece.width, v_base=sp.v,
                         r_base=ch.t["scores"].base + rows(piece.head, s),
-                        o_base=o.base + s * self.seq_pad * o.row_words, v_row_words=rw,
-                        o_row_words=o.row_words, col=piece.off, kv_col=piece.kv_off,
+                        o_base=sp.o, v_row_words=sp.row_words,
+                        o_row_words=o.row_words, col=piece.off, v_col=sp.v_lane + piece.kv_off,
                         window_cut=sched.window,
                         score_mult=L.score_mult, score_shift=L.score_shift,
-                        out_mult=L.out_mult, out_shift=L.out_shift, **common), tag)
+                        out_mult=L.out_mult, out_shift=L.out_shift, **where(sp), **common),
+                        tag)
             ch.asm.wait(Unit.ATTN)
 
     def rope(self):
         """RoPE of every chip's Q and K lanes in place (``sim.golden.rope``): MUL by C, MUL of
         the rotated projections Q', K' by S, ADD, per-lane REQUANT. Lane-wise, so a split
         head's chips each rotate their own lanes (their Q' lanes came with the QKV
-        reduction), and the partial scores of the rotated lanes sum to the rotated head's."""
+        reduction), and the partial scores of the rotated lanes sum to the rotated head's.
+        The rows read the tables from :attr:`rope_at` = ``(first row, period)``."""
         if not self.cfg.rope:
             return
         n, i = self.n, self.layer
+        row0, period = self.rope_at
         for ch in self.ch:
             qkv, plan = ch.t["qkv"], self.plan
             qw, kw = plan.q_width(ch.c), plan.kv_width(ch.c)
             lanes = qw + kw
             qk = Rows(qkv.base, self.rows, qkv.row_words, 1)
-            qkr = Rows(qkv.base + (qw + 2 * kw) // n, self.rows, qkv.row_words, 1)
+            qkr = Rows(qkv.base + pad_to(qw + 2 * kw, n) // n, self.rows, qkv.row_words, 1)
             t1, t2 = self._rows(ch.t["rope1"]), self._rows(ch.t["rope2"])
-            cos, sin = ch.rope
+            cos, sin = (dataclasses.replace(t, base=t.base + row0 * t.row_words, period=period)
+                        for t in ch.rope)
             for src, table, out in ((qk, cos, t1), (qkr, sin, t2)):
                 vl.emit(ch.asm, vl.mul_launch(size=n, length=lanes, a=src, b=table, out=out,
                                               mult=ROPE_MUL[0], shift=ROPE_MUL[1]),
@@ -972,7 +1094,8 @@ class _Compiler:
             vl.emit(ch.asm, vl.add_launch(size=n, length=lanes, a=t1, b=t2, out=t1))
             ch.asm.wait(Unit.VEC)
             vl.emit(ch.asm, vl.requant_launch(size=n, length=lanes, a=t1, out=qk,
-                                              params_base=ch.layers[i]["rope_req"].base))
+                                              params_base=ch.layers[i]["rope_req"].base,
+                                              keep=lanes % n != 0))
             ch.asm.wait(Unit.VEC)
 
     def block(self, i: int):

@@ -31,13 +31,14 @@ keys of ``sim.golden.float_model.attention_mask`` and softmax and P.V do not dep
 of the keys.
 
 Grouped-query attention: a row's K and V are ``n_kv_heads`` heads wide, so the rows sent and
-received (and the halo store below) are ``2 n_kv_heads d_head`` lanes; query head h attends
-the columns of K/V head ``h // kv_group`` (``ATTN`` ``kv_col``). RoPE rotates Q and K in the
-QKV tensor right after the QKV matmul (``sim.golden.rope``, the block emitter's), at each
-chip's own positions: its tables hold the rows of positions ``start_c ..`` (one chip in
-passes: every pass's positions, each pass reading from its start), so the K rows sent are
-already rotated at their absolute positions and the receivers use them as they are. The
-rotated projections Q' and K' sit after V in the row and are never sent.
+received (and the halo store below) are the words of ``2 n_kv_heads d_head`` lanes (heads
+packed: :class:`sim.compiler.blocks.QkvLayout`; the first word may hold Q's last lanes); query head
+h attends the columns of K/V head ``h // kv_group`` (``ATTN`` ``kv_col``). RoPE rotates Q and K in
+the QKV tensor right after the QKV matmul (``sim.golden.rope``, the block emitter's), at each chip's
+own positions: its tables hold the rows of positions ``start_c ..`` (one chip in passes: every
+pass's positions, each pass reading from its start), so the K rows sent are already rotated at their
+absolute positions and the receivers use them as they are. The rotated projections Q' and K' sit
+after V in the row and are never sent.
 
 **One chip, a sequence longer than ``max_seq_len``** (``--chips 1``): the tokens run in passes
 of at most ``max_seq_len`` (``numpy.array_split`` into ``ceil(seq / max_seq_len)``), each pass
@@ -237,10 +238,13 @@ class _Chip:
         self.shard = Shard.whole(cfg)
         self.weights = [self.em.place_layer(i, self.shard) for i in range(cfg.n_layers)]
         n, em = npu.array_size, self.em
-        # A row is [Q | K | V] (and under RoPE [Q' | K'] after them, never sent): words of Q,
-        # and of K or V (n_kv_heads heads: grouped-query attention).
-        self.q_words = cfg.n_heads * em.dh_pad // n
-        self.kv_words = cfg.n_kv_heads * em.dh_pad // n
+        # A row is [Q | K | V] (and under RoPE [Q' | K'] after them, never sent), heads packed
+        # (QkvLayout): the words that hold K and V (n_kv_heads heads: grouped-query attention)
+        # from the word of K's first lane (its first lanes may be Q's: harmless in the rows of
+        # other chips' positions a chip receives, whose queries it never runs).
+        self.lay = lay = em.qkv_layout(self.shard)
+        self.kv_first = lay.k // n
+        self.kv_words = -(-lay.main // n) - self.kv_first
         self.kv = self.al.alloc("qkv", kv_rows, em.qkv_width(self.shard), 1, "kv_cache",
                                 transfer=transfer)
 
@@ -250,11 +254,11 @@ class _Chip:
     def kv_rows(self, row: int, rows: int) -> Desc:
         """The K|V words of ``rows`` rows of the Q/K/V tensor from ``row``."""
         kv = self.kv
-        return Desc(kv.base + row * kv.row_words + self.q_words, (2 * self.kv_words, rows, 1, 1),
+        return Desc(kv.base + row * kv.row_words + self.kv_first, (self.kv_words, rows, 1, 1),
                     (1, kv.row_words, 0, 0))
 
     def kv_view(self, row: int, rows: int) -> vl.Rows:
-        return vl.Rows(self.kv.base + row * self.kv.row_words + self.q_words, rows,
+        return vl.Rows(self.kv.base + row * self.kv.row_words + self.kv_first, rows,
                        self.kv.row_words, 1)
 
     def attention(self, layer, *, queries, q_row, q_pos, keys, k_pos, causal, window):
@@ -268,14 +272,15 @@ class _Chip:
             ahead = q_pos - k_pos
             interleaved, halo = True, min(keys, ahead + (0 if causal else window - 1))
         o = self.acts.o
+        lay = self.lay
         for k in range(em.cfg.n_heads):
+            g = k // em.cfg.kv_group
             al_.emit(self.asm, al_.attention_launch(
-                size=em.n, d_head=em.dh_pad, queries=queries, keys=keys,
-                q_base=kv.base + q_row * kv.row_words, k_base=kv.base + self.q_words,
-                v_base=kv.base + self.q_words + self.kv_words, o_base=o.base,
-                q_row_words=kv.row_words, k_row_words=kv.row_words, v_row_words=kv.row_words,
-                o_row_words=o.row_words, col=k * em.dh_pad,
-                kv_col=k // em.cfg.kv_group * em.dh_pad, q_pos=q_pos, k_pos=k_pos,
+                size=em.n, d_head=em.cfg.d_head, queries=queries, keys=keys,
+                q_base=kv.base + q_row * kv.row_words, k_base=kv.base, v_base=kv.base,
+                o_base=o.base, q_row_words=kv.row_words, k_row_words=kv.row_words,
+                v_row_words=kv.row_words, o_row_words=o.row_words, col=lay.q_col(k),
+                k_col=lay.k_col(g), v_col=lay.v_col(g), q_pos=q_pos, k_pos=k_pos,
                 bidirectional=not causal,
                 interleaved=interleaved, halo=halo, window=window,
                 score_mult=L.score_mult, score_shift=L.score_shift, out_mult=L.out_mult,
@@ -327,7 +332,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
         return _layout(npu, cfg, chips, seq, states)
     phases = plan_transfers(chunks, seq, cfg.window, cfg.causal)
     for t in (t for phase in phases for t in phase):
-        _check_message(npu, states[t.src].kv_words * 2 * t.rows,
+        _check_message(npu, states[t.src].kv_words * t.rows,
                        f"the K/V rows of tokens {t.start}..{t.stop - 1}")
     what = "K/V ring" if cfg.window == 0 else "K/V halo"
     comms = []
@@ -421,7 +426,7 @@ def _compile_passes(npu, qm, seq, samples, *, contents, check, emit):
     # The pass residuals of every sample (each a tensor of one pass, padded to N rows).
     xs = [[em.alloc_residual(f"x{s}.{j}", 1) for j in range(len(passes))]
           for s in range(samples)]
-    copy_len = 2 * cfg.n_kv_heads * em.dh_pad           # the K|V lanes of a row
+    copy_len = st.kv_words * n           # the words of a row that hold its K|V lanes
     stores = [st.al.alloc(f"layers.{i}.kv_halo", halo, copy_len, 1, "kv_cache")
               for i in range(cfg.n_layers)] if halo else []
     st.activations(em.seq_pad)

@@ -144,7 +144,8 @@ def vector_launch(*, size: int, op, length: int, a: Rows | None,
                   b: Rows | Tiled | None = None,
                   data: Rows | None = None, q: Rows | None = None, mult: int = 1,
                   shift: int = 1, gshift: int = 16, per_channel: bool = False,
-                  stats_base: int | None = None, n: int | None = None) -> VectorLaunch:
+                  stats_base: int | None = None, n: int | None = None,
+                  keep: bool = False) -> VectorLaunch:
     """``a.rows`` commands of ``op`` over rows of ``length`` elements.
 
     ``b`` (when the op reads B) has one row per row of ``a`` or a single row shared by all; ``data``
@@ -156,6 +157,8 @@ def vector_launch(*, size: int, op, length: int, a: Rows | None,
     writes statistics records (WR2), LN_APPLY and RMS_APPLY read them (RD5) and take ``n``, the
     element count over all chips; ARGMAX writes argmax records (WR2), ONEHOT reads them (RD5,
     and no ``a``: its rows are ``data``'s); both take ``n`` as the index offset (default 0).
+    ``keep``: a ``data`` row that ends inside a word leaves the rest of the word as it is
+    (``VecFlags.keep``; lanes packed with others, e.g. RoPE's Q and K written back).
     """
     op = VectorOp(op)
     apply = op in STATS_IN_OPS
@@ -219,7 +222,7 @@ def vector_launch(*, size: int, op, length: int, a: Rows | None,
                      b_bytes=b.eb if b is not None else 4,
                      d_bytes=data.eb if data is not None else 1,
                      wr_data=data is not None,
-                     wr_q=q is not None or op in RECORD_OUT_OPS)
+                     wr_q=q is not None or op in RECORD_OUT_OPS, keep=bool(keep))
     rec = record_words(op, size)
     stats = None if stats_base is None else Desc(stats_base, (rec, rows, 1, 1), (1, rec, 0, 0))
     regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length,
@@ -299,12 +302,14 @@ def load_lut_launch(*, size, base: int) -> VectorLaunch:
 
 
 def requant_launch(*, size, length, a: Rows, out: Rows, mult: int = 1, shift: int = 1,
-                   params_base: int | None = None) -> VectorLaunch:
+                   params_base: int | None = None, keep: bool = False) -> VectorLaunch:
     """``out = requant(a)`` to int8 (``out.eb`` 1) or int16 (2); per tensor with ``mult`` and
-    ``shift``, or per channel with ``pack_requant`` words (int32 elements) at ``params_base``."""
+    ``shift``, or per channel with ``pack_requant`` words (int32 elements) at ``params_base``;
+    ``keep``: the bytes of a row's last word past the row are not written."""
     b = None if params_base is None else Rows(params_base, 1, row_words(length, 4, size), 4)
     return vector_launch(size=size, op=VectorOp.REQUANT, length=length, a=a, b=b, data=out,
-                         mult=mult, shift=shift, per_channel=params_base is not None)
+                         mult=mult, shift=shift, per_channel=params_base is not None,
+                         keep=keep)
 
 
 def bias_launch(*, size, length, a: Rows, bias_base: int, out: Rows) -> VectorLaunch:
@@ -351,11 +356,15 @@ def argmax_launch(*, size, length, x: Rows, record_base: int, offset: int = 0) -
 
 
 def argmax_pairs_launch(*, size, count: int, records_base: int, record_base: int,
-                        rows: int = 1) -> VectorLaunch:
-    """ARGMAX in pair mode: for each of ``rows`` rows, ``count`` argmax records contiguous at
+                        rows: int = 1, stride: int | None = None,
+                        row_stride: int | None = None) -> VectorLaunch:
+    """ARGMAX in pair mode: for each of ``rows`` rows, ``count`` argmax records at
     ``records_base`` (the chips' partial argmaxes, e.g. all-gathered: global indices) combine
     into one record at ``record_base`` (contiguous, one per row): the largest value, the lowest
-    index winning a tie."""
+    index winning a tie. A row's records are ``stride`` words apart (default: a record's,
+    contiguous), the rows' first records ``row_stride`` words apart (default: ``count``
+    records'); e.g. every chip's block of records of all rows, side by side: ``stride`` the
+    block's words, ``row_stride`` a record's."""
     for name, value in (("count", count), ("rows", rows)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
             raise ValueError(f"ARGMAX pairs {name} must be in 1..{MAX_COUNT}, not {value!r}")
@@ -366,10 +375,18 @@ def argmax_pairs_launch(*, size, count: int, records_base: int, record_base: int
     flags = VecFlags(a_bytes=2, wr_data=False, wr_q=True, pairs=True)
     regs = {"VU_OP": int(VectorOp.ARGMAX), "VU_ROWS": rows, "VU_LEN": count, "VU_N": 0,
             "VU_MULT": 1, "VU_SHIFT": 1, "VU_GSHIFT": 16, "VU_FLAGS": flags.encode()}
+    if stride is None and row_stride is None:
+        rd5 = Desc(records_base, (count * rec, rows, 1, 1), (1, count * rec, 0, 0))
+    else:
+        stride = rec if stride is None else stride
+        row_stride = count * rec if row_stride is None else row_stride
+        if stride < rec and count > 1:
+            raise ValueError(f"ARGMAX pairs: records {stride} words apart overlap records of "
+                             f"{rec} words")
+        rd5 = Desc(records_base, (rec, count, rows, 1), (1, stride, row_stride, 0))
     return VectorLaunch(
         op=VectorOp.ARGMAX, rows=rows, length=count, flags=flags, regs=regs, rd3=None,
-        rd4=None, rd5=Desc(records_base, (count * rec, rows, 1, 1), (1, count * rec, 0, 0)),
-        wr1=None, wr2=Desc(record_base, (rec, rows, 1, 1), (1, rec, 0, 0)))
+        rd4=None, rd5=rd5, wr1=None, wr2=Desc(record_base, (rec, rows, 1, 1), (1, rec, 0, 0)))
 
 
 def onehot_launch(*, size, length, record_base: int, out: Rows, offset: int = 0) -> VectorLaunch:

@@ -16,7 +16,6 @@ import numpy as np
 
 from hw.spec import QUANT_SCHEMES, ConfigError, ModelConfig, NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
-from hw.spec.ring import RTL_MAX_CHIPS
 from hw.spec.timing.collective import ring_bound_cycles
 from hw.spec.topology import system_topology
 
@@ -35,7 +34,6 @@ from ..rtl.system_runner import run_system_pysim
 from ..rtl.toolchain import ToolchainMissing
 from ..rtl.verilator.runner import run_system_verilator
 from ..timing.cycle import time_programs, trace_entries
-from ..timing.launch import time_programs_fast
 
 __all__ = ["simulate", "run_backend", "read_outputs", "STRATEGIES", "BACKENDS",
            "DEFAULT_MAX_CYCLES", "check_input"]
@@ -66,8 +64,9 @@ def run_backend(backend, npu, programs, images, reads, *, max_cycles, vcd=None,
     region), ``"cycles"``, ``"chips"`` (per chip its ``cycles``, ``busy`` counters and
     ``trace``), ``"wall_s"}``. The ISS is timed by its cycle model (the RTL's cycles)."""
     n_chips = len(programs)
+    topo = system_topology(npu, n_chips)
     if backend == "iss":
-        system = IssSystem(npu, n_chips)
+        system = IssSystem(npu, n_chips, topo)
         for iss, img in zip(system.chip, images, strict=True):
             for base, words in img.items():
                 iss.write_words(base, words)
@@ -77,19 +76,11 @@ def run_backend(backend, npu, programs, images, reads, *, max_cycles, vcd=None,
         except IssError as exc:
             raise BadInput(f"the programs cannot run: {exc}") from None
         # The same programs through the ISS's cycle model: the RTL's cycles, busy counters
-        # and traces (one chip alone as chip_runner runs it, several on ChipSystem's ring).
-        # A torus has no gateware yet: its launch-level model times each collective and
-        # transfer on the rings of the dimensions it uses, with their links.
+        # and traces (one chip alone as chip_runner runs it, several on ChipSystem's ring or
+        # torus).
         try:
-            topo = system_topology(npu, n_chips)
-            if topo.is_torus:
-                timed = time_programs_fast(npu, programs)
-                if timed.cycles > max_cycles:
-                    raise IssError(f"timing: the chips did not all halt within {max_cycles} "
-                                   "cycles")
-            else:
-                timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles,
-                                      link=topo.links[0] if topo.links else None)
+            timed = time_programs(npu, programs, ring=n_chips > 1, max_cycles=max_cycles,
+                                  topology=topo)
         except IssError as exc:
             raise Watchdog(str(exc)) from None
         wall = time.perf_counter() - start
@@ -118,10 +109,10 @@ def run_backend(backend, npu, programs, images, reads, *, max_cycles, vcd=None,
         if backend == "pysim":
             out = run_system_pysim(npu, programs, images, reads, max_cycles=max_cycles,
                                    vcd=vcd, link_stalls=link_stalls, seed=seed,
-                                   progress=progress)
+                                   progress=progress, topology=topo)
         else:
             out = run_system_verilator(npu, programs, images, reads, max_cycles=max_cycles,
-                                       link_stalls=link_stalls, seed=seed)
+                                       link_stalls=link_stalls, seed=seed, topology=topo)
     except SimulationTimeout as exc:
         raise Watchdog(str(exc)) from None
     except ToolchainMissing as exc:
@@ -201,6 +192,12 @@ def _comms(prog: SystemProgram, res, spans) -> list[dict]:
     out, seen = [], {"coll": [0] * len(prog.chips), "send": {}}
     for comm in prog.comms:
         entry = dict(comm)
+        if comm["kind"] in COLLECTIVE_KINDS:
+            first, count = comm["group"]
+            entry["links"] = topo.group_links((first + j) % len(prog.chips)
+                                              for j in range(count))
+        elif comm["kind"] == "send":
+            entry["links"] = topo.route_links(comm["from"], comm["to"])
         if spans is not None and comm["kind"] in COLLECTIVE_KINDS:
             first, count = comm["group"]
             members = [(first + j) % len(prog.chips) for j in range(count)]
@@ -288,13 +285,9 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
         except ValueError as exc:
             raise BadInput(str(exc)) from None
     try:
-        topology = system_topology(npu, chips)
+        system_topology(npu, chips)        # a topology that does not fit: bad input
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    if backend in ("pysim", "verilator") and (chips > RTL_MAX_CHIPS or topology.is_torus):
-        raise BadInput(f"--backend {backend}: the gateware is a ring of at most {RTL_MAX_CHIPS} "
-                       f"chips (hw.spec.ring.RTL_MAX_CHIPS), not the {topology}; run it on "
-                       "--backend iss")
     if not 0.0 <= link_stalls < 1.0:
         raise BadInput(f"--link-stalls {link_stalls} is outside [0, 1)")
     if link_stalls and (chips == 1 or backend == "iss"):

@@ -20,10 +20,11 @@ def _dtype(width):
     return np.int32 if width == 32 else np.int64
 
 
-def reduce(rows, op, width: int) -> np.ndarray:
+def reduce(rows, op, width: int, divisor: int | None = None) -> np.ndarray:
     """Element-wise reduction of ``rows`` ([n, length]) with ``op`` at ``width`` bits.
 
-    SUM wraps modulo ``2**width``; MAX and MIN are signed; AVG is ``floor(wrap(sum) / n)``.
+    SUM wraps modulo ``2**width``; MAX and MIN are signed; AVG is ``floor(wrap(sum) / n)``
+    (``floor(wrap(sum) / divisor)`` when given).
     """
     op = ReduceOp[op.upper()] if isinstance(op, str) else ReduceOp(op)
     rows = np.asarray(rows)
@@ -38,7 +39,7 @@ def reduce(rows, op, width: int) -> np.ndarray:
         # uint64 arithmetic wraps modulo 2**64 without warnings; reinterpret as signed.
         total = rows.astype(np.int64).view(np.uint64).sum(axis=0, dtype=np.uint64).view(np.int64)
     if op == ReduceOp.AVG:
-        total = np.floor_divide(total, n)
+        total = np.floor_divide(total, n if divisor is None else divisor)
     return np.asarray(total).astype(_dtype(width))
 
 
@@ -47,13 +48,13 @@ def _member_rows(req: CollectiveRequest, inputs):
 
 
 def all_reduce(req: CollectiveRequest, inputs) -> list[np.ndarray]:
-    total = reduce(_member_rows(req, inputs), req.op, req.width)
+    total = reduce(_member_rows(req, inputs), req.op, req.width, req.divisor)
     return [total.copy() if req.position(c) is not None else np.zeros(0, _dtype(req.width))
             for c in range(req.chips)]
 
 
 def reduce_scatter(req: CollectiveRequest, inputs) -> list[np.ndarray]:
-    total = reduce(_member_rows(req, inputs), req.op, req.width)
+    total = reduce(_member_rows(req, inputs), req.op, req.width, req.divisor)
     blocks = np.array_split(total, req.count)
     out = []
     for c in range(req.chips):

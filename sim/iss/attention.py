@@ -6,6 +6,11 @@ and ``score_row``, as ``run_sequence`` uses them) with the golden softmax, the e
 window (:func:`window_mask`), then the output requantiser (``sim.golden.matmul.requant`` to
 int8). See ``docs/isa.md`` (ATTN) for the registers.
 
+A head's lanes need not fill whole words: ``AT_Q_LANE``, ``AT_K_LANE``, ``AT_V_LANE`` and
+``AT_O_LANE`` name the lane of each stream's first word where the head's ``AT_D_HEAD`` lanes
+begin (``hw.spec.attention.head_words`` words per row); the output row writes only its lanes
+(byte write enables), so heads packed in shared words each write their own.
+
 Split-score mode (hidden-dimension parallelism, ``AT_FLAGS`` bits 2 and 3), in two launches
 over the same keys, queries and schedule:
 
@@ -30,6 +35,8 @@ from hw.spec.attention import (
     PARTIAL_BYTES,
     POS_BITS,
     flags_halo,
+    head_lanes,
+    head_words,
     partial_row_words,
     schedule,
     split_mode,
@@ -54,8 +61,10 @@ def window_mask(slot_pos, qpos: int, window: int, *, bidirectional: bool) -> np.
     return (diff < window) & (diff > -window if bidirectional else True)
 
 
-def _rows(words: np.ndarray, rows: int, h: int, n: int) -> np.ndarray:
-    return words.reshape(rows, h // n * n).view(np.int8).astype(np.int64)[:, :h]
+def _rows(words: np.ndarray, rows: int, h: int, lane: int, n: int) -> np.ndarray:
+    """The head's ``h`` lanes from lane ``lane`` of each row's words."""
+    width = head_words(h, lane, n) * n
+    return words.reshape(rows, width).view(np.int8).astype(np.int64)[:, lane:lane + h]
 
 
 def exec_attention(iss):
@@ -64,14 +73,18 @@ def exec_attention(iss):
     ring, length, dmax = npu.attn_window, npu.softmax_len, npu.d_head_max
     r = {name: iss._reg(f"AT_{name}") for name in (
         "QUERIES", "KEYS", "Q_POS", "K_POS", "WINDOW", "FLAGS", "SCORE_MULT", "SCORE_SHIFT",
-        "OUT_MULT", "OUT_SHIFT", "D_HEAD")}
+        "OUT_MULT", "OUT_SHIFT", "D_HEAD", "Q_LANE", "K_LANE", "V_LANE", "O_LANE")}
     queries, keys, h, flags = r["QUERIES"], r["KEYS"], r["D_HEAD"], r["FLAGS"]
+    lanes = {s: r[f"{s.upper()}_LANE"] for s in "qkvo"}
     if not 1 <= queries < 1 << 16 or not 1 <= keys < 1 << 16:
         raise IssError(f"ATTN with AT_QUERIES={queries} and AT_KEYS={keys} (each 1..65535; "
                        "the first key restarts the ring)")
-    if h < n or h % n or h > dmax:
-        raise IssError(f"ATTN with AT_D_HEAD={h}: must be a positive multiple of the word size "
-                       f"{n} and at most d_head_max={dmax}")
+    if not 1 <= h <= dmax:
+        raise IssError(f"ATTN with AT_D_HEAD={h}: must be 1..d_head_max={dmax}")
+    for s, lane in lanes.items():
+        if not 0 <= lane < n:
+            raise IssError(f"ATTN with AT_{s.upper()}_LANE={lane}: must be 0..{n - 1} (a lane "
+                           f"of the row's first word)")
     if flags < 0 or flags & ~KNOWN_FLAGS:
         raise IssError(f"ATTN with AT_FLAGS={flags:#x}: only bits 0 (bidirectional), 1 "
                        f"(interleaved), 2 (partial), 3 (reduced) and "
@@ -102,13 +115,13 @@ def exec_attention(iss):
             raise IssError(f"ATTN with AT_{name}_MULT={mult} (unsigned {MULT_BITS}-bit) and "
                            f"AT_{name}_SHIFT={shift} ({SHIFT_MIN}..{SHIFT_MAX})")
 
-    words = h // n
+    words = {s: head_words(h, lane, n) for s, lane in lanes.items()}
     prw = partial_row_words(ring, n)
     # Which streams the launch reads (docs/isa.md, ATTN): the partial pass no V, the reduced
     # pass no K, and its RD5 carries reduced score rows instead of Q.
-    reads = {"RD3": (keys, words) if split != "reduced" else None,
-             "RD4": (keys, words) if split != "partial" else None,
-             "RD5": (queries, prw if split == "reduced" else words)}
+    reads = {"RD3": (keys, words["k"]) if split != "reduced" else None,
+             "RD4": (keys, words["v"]) if split != "partial" else None,
+             "RD5": (queries, prw if split == "reduced" else words["q"])}
     got = {}
     for gen, shape in reads.items():
         if shape is None:
@@ -119,14 +132,14 @@ def exec_attention(iss):
             raise IssError(f"ATTN {gen} walks {len(got[gen])} words, the launch needs {rows} "
                            f"rows of {per_row} words")
     zeros = np.zeros((keys, h), np.int64)
-    k = _rows(got["RD3"], keys, h, n) if "RD3" in got else zeros
-    v = _rows(got["RD4"], keys, h, n) if "RD4" in got else zeros
+    k = _rows(got["RD3"], keys, h, lanes["k"], n) if "RD3" in got else zeros
+    v = _rows(got["RD4"], keys, h, lanes["v"], n) if "RD4" in got else zeros
     if split == "reduced":
         raw_rows = got["RD5"].reshape(queries, prw * n)[:, :PARTIAL_BYTES * ring]
         reduced = np.ascontiguousarray(raw_rows).view("<i4").astype(np.int64)
         q = np.zeros((queries, h), np.int64)
     else:
-        q = _rows(got["RD5"], queries, h, n)
+        q = _rows(got["RD5"], queries, h, lanes["q"], n)
     bidir = bool(flags & FLAG_BIDIR)
     kv_ring = KVRing(window=ring, d_head=h, length=length)
     acc = []
@@ -156,4 +169,9 @@ def exec_attention(iss):
         iss._scatter("WR1", out.reshape(queries * prw, n))
         return
     out = requant(acc, r["OUT_MULT"], r["OUT_SHIFT"], 8)
-    iss._scatter("WR1", pack_rows(out, 1, n))
+    # The output row goes to the head's lanes of its words; the others are not written.
+    lane, wo = lanes["o"], words["o"]
+    row = np.zeros((queries, wo * n), np.int64)
+    row[:, lane:lane + h] = out
+    mask = np.array([head_lanes(w, lane, h, n) for w in range(wo)] * queries, bool)
+    iss._scatter("WR1", pack_rows(row, 1, n), mask=mask)

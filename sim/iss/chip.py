@@ -83,8 +83,8 @@ class Iss:
         self.pc = 0
         #: The sequencer's counted loop (``LOOP``), run by :mod:`sim.iss.scheduler`.
         self.loop = LoopState()
-        #: Launches whose words are still in flight, by unit.
-        self.inflight: dict[Unit, Access] = {}
+        #: Launches whose words are still in flight, by (unit, instance).
+        self.inflight: dict[tuple[Unit, int], Access] = {}
         self._access: Access | None = None
 
     # --- memory helpers -------------------------------------------------------------------
@@ -128,32 +128,49 @@ class Iss:
             self._access.reads.append(addrs)
         return self.mem[addrs]
 
-    def _scatter(self, gen: str, words: np.ndarray, addrs: np.ndarray | None = None):
+    def _scatter(self, gen: str, words: np.ndarray, addrs: np.ndarray | None = None,
+                 mask: np.ndarray | None = None):
+        """Write ``words`` where ``gen`` walks; ``mask`` ([words, N] bool): only those bytes
+        (the byte write enables of a masked write port, WR1), the others keep their value."""
         addrs = self.desc(gen) if addrs is None else addrs
         if len(addrs) != len(words):
             raise IssError(f"{gen} walks {len(addrs)} addresses but the unit writes "
                            f"{len(words)} words")
         if self._access is not None:
             self._access.writes.append(addrs)
-        self.mem[addrs] = words
+        if mask is None:
+            self.mem[addrs] = words
+            return
+        words, mask = np.asarray(words, np.uint8), np.asarray(mask, bool)
+        if len(np.unique(addrs)) == len(addrs):
+            cur = self.mem[addrs]
+            cur[mask] = words[mask]
+            self.mem[addrs] = cur
+            return
+        for addr, word, enable in zip(addrs, words, mask, strict=True):   # in walk order
+            self.mem[addr, enable] = word[enable]
 
     def _reg(self, name: str) -> int:
         return int(self.regs[REG_INDEX[name]])
 
-    # --- in-flight words ------------------------------------------------------------------
-    def begin(self, unit: Unit, what: str):
-        """Start recording a launch of ``unit``: the unit (and one sharing its generators) is
-        idle first, so its previous launch is no longer in flight."""
-        for u in Unit:
-            if u is not Unit.ALL and u & SHARED_UNITS.get(unit, unit):
-                self.inflight.pop(u, None)
+    # --- in-flight words ---------------------------------------------------------------
+    # Launches in flight are kept by (unit, index): the index tells a torus chip's two
+    # collective engines apart (every other unit has one instance, index 0).
+    def begin(self, unit: Unit, what: str, index: int = 0):
+        """Start recording a launch of ``unit`` (instance ``index``): the unit (and one sharing
+        its generators) is idle first, so its previous launch is no longer in flight."""
+        shared = SHARED_UNITS.get(unit)
+        for key in list(self.inflight):
+            if key == (unit, index) or (shared is not None and key[0] & shared):
+                del self.inflight[key]
         self._access = Access(what)
 
-    def end(self, unit: Unit) -> Access:
+    def end(self, unit: Unit, index: int = 0) -> Access:
         """Stop recording; check the launch against the other units' in-flight words."""
         access, self._access = self._access, None
         reads, writes = access.read_set(), access.write_set()
-        for other, flight in self.inflight.items():
+        for (other, k), flight in self.inflight.items():
+            name = other.name + (f" engine {k}" if k else "")
             for mine, theirs, verb in ((writes, flight.read_set(), "reads"),
                                        (writes, flight.write_set(), "writes"),
                                        (reads, flight.write_set(), "writes")):
@@ -161,16 +178,16 @@ class Iss:
                 if len(clash):
                     raise IssError(
                         f"race: {access.what} accesses word {int(clash[0])} that "
-                        f"{flight.what} (unit {other.name}, still running) {verb}; WAIT for "
+                        f"{flight.what} (unit {name}, still running) {verb}; WAIT for "
                         f"{other.name} first")
-        self.inflight[unit] = access
+        self.inflight[(unit, index)] = access
         return access
 
     def retire(self, mask: int):
         """The program waited for the units in ``mask``: their words are no longer in flight."""
-        for u in list(self.inflight):
-            if u & mask:
-                del self.inflight[u]
+        for key in list(self.inflight):
+            if key[0] & mask:
+                del self.inflight[key]
 
     # --- execution ------------------------------------------------------------------------
     def launch(self, op: Op):

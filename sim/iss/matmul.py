@@ -10,7 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec.formats import OutMode
-from hw.spec.memory import PARAM_WORDS, pack_rows, unpack_rows
+from hw.spec.memory import (
+    PARAM_WORDS,
+    pack_rows,
+    packed_block_words,
+    unpack_packed_block,
+    unpack_rows,
+)
 
 from ..golden.matmul import bias_add, requant, wrap
 from .errors import IssError
@@ -27,18 +33,38 @@ def exec_matmul(iss):
     if k <= 0 or k % n or folds <= 0:
         raise IssError(f"MATMUL with MM_K={k} (a positive multiple of {n}) and "
                        f"MM_FOLDS={folds}")
+    kb, blocks, last = (iss._reg(f"MM_B_{x}") for x in ("ROWS", "BLOCKS", "LAST"))
+    if not 0 <= kb <= k:
+        raise IssError(f"MATMUL with MM_B_ROWS={kb}: 0 (all MM_K={k}) or 1..{k}")
+    if not 0 <= last <= n or blocks < 0:
+        raise IssError(f"MATMUL with MM_B_LAST={last} (0..{n}) and MM_B_BLOCKS={blocks} "
+                       f"(>= 0)")
+    kb = kb or k
+    # B words per fold: kb rows, or the packed last column block's ceil(kb c / N) words.
+    narrow = [bool(last) and (f % max(blocks, 1)) + 1 >= blocks for f in range(folds)]
+    per_fold = [packed_block_words(kb, last, n) if nw else kb for nw in narrow]
     a_words = iss._gather("RD0")
     b_words = iss._gather("RD1")
     p_words = iss._gather("RD2")
-    if len(a_words) != folds * k or len(b_words) != folds * k:
+    if len(a_words) != folds * k or len(b_words) != sum(per_fold):
         raise IssError(f"MATMUL reads {len(a_words)} A and {len(b_words)} B words for "
-                       f"{folds} folds of {k}")
+                       f"{folds} folds of {k} beats ({sum(per_fold)} B words)")
     if len(p_words) != folds * PARAM_WORDS:
         raise IssError(f"MATMUL reads {len(p_words)} parameter words for {folds} folds")
     # Transposer: each block of n words (rows) becomes n column beats.
     a = a_words.reshape(folds, k // n, n, n).transpose(0, 1, 3, 2).reshape(folds, k, n)
     a = a.astype(np.int64) if a_unsigned else a.view(np.int8).astype(np.int64)
-    b = b_words.view(np.int8).astype(np.int64).reshape(folds, k, n)
+    b = np.zeros((folds, k, n), np.int64)
+    if not last:
+        b[:, :kb] = b_words.view(np.int8).astype(np.int64).reshape(folds, kb, n)
+    at = 0
+    for f, (count, nw) in enumerate(zip(per_fold, narrow, strict=True)):
+        if not last:
+            break
+        words = b_words[at:at + count]
+        at += count
+        b[f, :kb] = unpack_packed_block(words, kb, last) if nw else \
+            words.view(np.int8).astype(np.int64)
     acc = np.einsum("fkr,fkc->frc", a, b)          # [fold, row, col]; exact in int64
     p = p_words.reshape(folds, PARAM_WORDS, n)
     bias = unpack_rows(p[:, 0:4].reshape(-1, n), folds, n, 4)[:, None, :]

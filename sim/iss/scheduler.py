@@ -1,4 +1,4 @@
-"""Run the programs of the chips of a ring together: collectives and transfers meet here.
+"""Run the programs of the chips of a system together: collectives and transfers meet here.
 
 Each chip executes its program in order (:class:`sim.iss.Iss` runs SET, WAIT and the matmul,
 attention and vector launches). ``COLL``, ``SEND`` and ``RECV`` are **posted**, as the RTL's
@@ -12,7 +12,8 @@ waiting chip, its pc and what it waits for (the RTL would end at its watchdog).
 
 from __future__ import annotations
 
-from hw.spec.isa import OP_UNIT, IsaError, LoopState, Op, Unit, decode
+from hw.spec.collective import walk_group
+from hw.spec.isa import OP_UNIT, REG_INDEX, START_CLEARED, IsaError, LoopState, Op, Unit, decode
 
 from .collective import PendingColl, execute_coll, post_coll
 from .errors import IssError, begin_loop
@@ -20,23 +21,24 @@ from .p2p import PendingRecv, PendingSend, execute_transfer, post_recv, post_sen
 
 __all__ = ["run_programs"]
 
-_POST = {Op.COLL: post_coll, Op.SEND: post_send, Op.RECV: post_recv}
+_POST = {Op.SEND: post_send, Op.RECV: post_recv}
 
 
 class _Chip:
     """The scheduler's view of one chip: its ISS, program, and the posted operations that have
-    not met their partners yet (by unit)."""
+    not met their partners yet (by unit and instance: a torus's chip has two collective
+    engines)."""
 
     def __init__(self, iss, program):
         self.iss = iss
         self.program = program
         self.halted = False
-        self.waiting: dict[Unit, PendingColl | PendingSend | PendingRecv] = {}
+        self.waiting: dict[tuple[Unit, int], PendingColl | PendingSend | PendingRecv] = {}
         self.blocked = ""          # why the chip cannot go on (for the deadlock report)
         self.executed = 0
 
 
-def _advance(chip: _Chip, chips: int, max_insns: int) -> bool:
+def _advance(chip: _Chip, chips: int, max_insns: int, engines: int) -> bool:
     """Run ``chip`` until it halts or blocks; True if it executed anything."""
     iss = chip.iss
     moved = False
@@ -52,30 +54,35 @@ def _advance(chip: _Chip, chips: int, max_insns: int) -> bool:
         op = insn.op
         if op is Op.HALT or op is Op.WAIT:
             mask = int(Unit.ALL) if op is Op.HALT else insn.value
-            pending = [u for u in chip.waiting if u & mask]
+            pending = [key for key in chip.waiting if key[0] & mask]
             if pending:
                 chip.blocked = f"{'HALT' if op is Op.HALT else 'WAIT'} for " + ", ".join(
-                    chip.waiting[u].describe() for u in pending)
+                    chip.waiting[key].describe() for key in pending)
                 return moved
             iss.retire(mask)
             if op is Op.HALT:
                 chip.halted = True
-        elif op in _POST:
+        elif op in _POST or op is Op.COLL:
             unit = OP_UNIT[op]
-            if unit in chip.waiting:
-                chip.blocked = f"{op.name} while its previous {chip.waiting[unit].describe()} " \
+            index = insn.value if op is Op.COLL else 0
+            key = (unit, index)
+            if key in chip.waiting:
+                chip.blocked = f"{op.name} while its previous {chip.waiting[key].describe()} " \
                                "has not met its partner"
                 return moved
-            iss.begin(unit, f"{op.name} (pc {iss.pc})")
+            iss.begin(unit, f"{op.name} (pc {iss.pc})", index if 0 <= index < engines else 0)
             try:
-                posted = _POST[op](iss, chips)
+                if op is Op.COLL:
+                    posted = post_coll(iss, chips, index, engines)
+                else:
+                    posted = _POST[op](iss, chips)
             except IssError as exc:
                 iss._access = None
                 raise IssError(f"chip {iss.chip} pc {iss.pc}: {exc}") from None
-            iss.end(unit)
+            iss.end(unit, index)
             iss.launches[op] += 1
             if posted is not None:
-                chip.waiting[unit] = posted
+                chip.waiting[key] = posted
         elif op is Op.LOOP:
             iss.pc = begin_loop(iss.loop, iss.chip, iss.pc, insn.value)
             chip.executed += 1
@@ -98,25 +105,35 @@ def _meet(chips: list[_Chip]) -> bool:
     """Execute every posted operation whose partners are there; True if any was."""
     isses = [c.iss for c in chips]
     met = False
+    keys = {k for c in chips for k in c.waiting if k[0] == Unit.COLL}
+    for key in sorted(keys):
+        posted = {c.iss.chip: c.waiting[key].cmd for c in chips if key in c.waiting}
+        for chip in list(posted):
+            if chip not in posted:
+                continue                  # met with an earlier member
+            try:
+                req = walk_group(posted, chip)
+            except ValueError as exc:
+                raise IssError(str(exc)) from None
+            if req is None:
+                continue
+            members = [chips[m].waiting[key] for m in req.members]
+            try:
+                execute_coll(members, isses)
+            except IssError as exc:
+                raise IssError(f"{members[0].describe()}: {exc}") from None
+            for m in req.members:
+                del chips[m].waiting[key]
+                del posted[m]
+            met = True
     for chip in chips:
-        coll = chip.waiting.get(Unit.COLL)
-        if coll is not None:
-            members = [chips[m].waiting.get(Unit.COLL) for m in coll.req.members]
-            if all(isinstance(m, PendingColl) and m.req == coll.req for m in members):
-                try:
-                    execute_coll(members, isses)
-                except IssError as exc:
-                    raise IssError(f"{coll.describe()}: {exc}") from None
-                for m in coll.req.members:
-                    del chips[m].waiting[Unit.COLL]
-                met = True
-        send = chip.waiting.get(Unit.SEND)
+        send = chip.waiting.get((Unit.SEND, 0))
         if send is not None:
-            recv = chips[send.dest].waiting.get(Unit.RECV)
+            recv = chips[send.dest].waiting.get((Unit.RECV, 0))
             if recv is not None and recv.src == send.chip:
                 execute_transfer(send, recv, isses)
-                del chip.waiting[Unit.SEND]
-                del chips[send.dest].waiting[Unit.RECV]
+                del chip.waiting[(Unit.SEND, 0)]
+                del chips[send.dest].waiting[(Unit.RECV, 0)]
                 met = True
     return met
 
@@ -128,18 +145,26 @@ def _partners(chip: _Chip, chips: list[_Chip]) -> str:
     def doing(other: _Chip) -> str:
         return "halted" if other.halted else f"at pc {other.iss.pc}: {other.blocked}"
 
-    for op in chip.waiting.values():
+    for key, op in chip.waiting.items():
         if isinstance(op, PendingColl):
-            for m in op.req.members:
-                other = chips[m].waiting.get(Unit.COLL)
-                if m != chip.iss.chip and (other is None or other.req != op.req):
-                    theirs = f"posted {other.describe()}" if other else doing(chips[m])
-                    notes.append(f"chip {m} {theirs}")
+            # Along the next members until one has not posted this collective.
+            seen, cur = {chip.iss.chip}, op
+            while True:
+                nxt = cur.cmd.next
+                other = chips[nxt].waiting.get(key)
+                if nxt in seen:
+                    break
+                if other is None or not other.cmd.same(op.cmd):
+                    theirs = f"posted {other.describe()}" if other else doing(chips[nxt])
+                    notes.append(f"chip {nxt} {theirs}")
+                    break
+                seen.add(nxt)
+                cur = other
         else:
             # A SEND waits for the peer's RECV from it, a RECV for the peer's SEND to it.
             unit, want, way = (Unit.RECV, "RECV", "from") if isinstance(op, PendingSend) \
                 else (Unit.SEND, "SEND", "to")
-            theirs = chips[op.peer].waiting.get(unit)
+            theirs = chips[op.peer].waiting.get((unit, 0))
             if theirs is None:
                 notes.append(f"chip {op.peer} never posts a {want} {way} chip {op.chip} "
                              f"({doing(chips[op.peer])})")
@@ -148,19 +173,22 @@ def _partners(chip: _Chip, chips: list[_Chip]) -> str:
     return "; ".join(notes)
 
 
-def run_programs(isses, programs, *, max_insns: int = 1_000_000) -> list[int]:
-    """Run ``programs[i]`` on ``isses[i]`` (chip ``i`` of a ring of ``len(isses)``) until every
-    chip halts; return the instructions each executed. :class:`IssError` on a deadlock."""
+def run_programs(isses, programs, *, max_insns: int = 1_000_000, engines: int = 1) -> list[int]:
+    """Run ``programs[i]`` on ``isses[i]`` (chip ``i`` of a system of ``len(isses)``, each with
+    ``engines`` collective engines) until every chip halts; return the instructions each
+    executed. :class:`IssError` on a deadlock."""
     if len(programs) != len(isses):
         raise ValueError(f"{len(programs)} programs for {len(isses)} chips")
     chips = [_Chip(iss, program) for iss, program in zip(isses, programs, strict=True)]
     for chip in chips:
         chip.iss.pc = 0
         chip.iss.loop = LoopState()
+        for name in START_CLEARED:          # the sequencer clears them at start
+            chip.iss.regs[REG_INDEX[name]] = 0
     while True:
         moved = False
         for chip in chips:
-            moved |= _advance(chip, len(chips), max_insns)
+            moved |= _advance(chip, len(chips), max_insns, engines)
         met = _meet(chips)
         if all(c.halted for c in chips):
             return [c.executed for c in chips]

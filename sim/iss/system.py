@@ -12,6 +12,7 @@ from __future__ import annotations
 from hw.spec import NpuConfig
 from hw.spec.collective import check_chips
 from hw.spec.isa import Op
+from hw.spec.topology import Topology
 
 from .chip import Iss
 from .scheduler import run_programs
@@ -20,20 +21,27 @@ __all__ = ["IssSystem"]
 
 
 class IssSystem:
-    """``chips`` ISS chips on a ring; ``self.chip[i]`` is chip ``i``'s :class:`Iss`."""
+    """``chips`` ISS chips on a ring, or the chips of ``topology`` (a ring or a torus: a
+    torus's chips have two collective engines); ``self.chip[i]`` is chip ``i``'s
+    :class:`Iss`."""
 
-    def __init__(self, npu: NpuConfig, chips: int):
+    def __init__(self, npu: NpuConfig, chips: int, topology: Topology | None = None):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         check_chips(chips)
+        if topology is not None and topology.chips != chips:
+            raise ValueError(f"chips={chips} is not the {topology.chips} chips of the "
+                             f"{topology}")
         self.npu = npu
         self.chips = chips
+        self.topology = topology or Topology.ring(chips)
+        self.engines = 2 if self.topology.is_torus else 1
         self.chip = [Iss(npu, chip=i) for i in range(chips)]
 
     def run(self, programs, *, max_insns: int = 1_000_000) -> list[int]:
         """Run ``programs[i]`` on chip ``i`` until every chip halts; returns the instructions
         each executed. Raises :class:`IssError` on a deadlock, a race or a bad launch."""
-        return run_programs(self.chip, programs, max_insns=max_insns)
+        return run_programs(self.chip, programs, max_insns=max_insns, engines=self.engines)
 
     @property
     def collectives(self) -> int:

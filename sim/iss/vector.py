@@ -166,6 +166,14 @@ def exec_vector(iss):
         return
     if flags.wr_data:
         d = wrap(np.stack([o["data"] for o in outs]), 8 * flags.d_bytes)
-        iss._scatter("WR1", pack_rows(d, flags.d_bytes, iss.n))
+        words = pack_rows(d, flags.d_bytes, iss.n)
+        mask = None
+        if flags.keep:
+            # The bytes of a row's last word past the row are left as they are.
+            rw = len(words) // rows
+            mask = np.zeros((rows, rw * iss.n), bool)
+            mask[:, :length * flags.d_bytes] = True
+            mask = mask.reshape(rows * rw, iss.n)
+        iss._scatter("WR1", words, mask=mask)
     if flags.wr_q:
         iss._scatter("WR2", pack_rows(np.stack([o["q"] for o in outs]), 1, iss.n))

@@ -234,11 +234,14 @@ WHOLE_LAYER_CHIPS = 64
 
 def _reduced(npu, model, out, stages, shards, layers, batch):
     """A compiled and timed generation of ``model`` cut to ``layers`` layers on ``stages``
-    stages of ``shards`` head shards (one data replica), with no capacity check."""
+    stages of ``shards`` head shards, or under hidden parallelism ``shards`` d_model shards
+    (one data replica), with no capacity check."""
     cfg = dataclasses.replace(model, n_layers=layers)
     strategy, grid = {(1, 1): ("single", None), (1, 0): ("head", None),
                       (0, 1): ("pipeline", None)}.get(
         (int(stages == 1), int(shards == 1)), ("head+pipeline", (shards, stages)))
+    if out.strategy == "hidden":
+        strategy = "hidden"
     chips = stages * shards
     system = placed(npu, strategy, chips, grid)
     check_generate(npu, cfg, out.prompt_len, out.generate)

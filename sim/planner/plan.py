@@ -621,10 +621,15 @@ def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: st
 
 
 def _names(strategy):
-    names = NAMES if strategy == "all" else (strategy,)
+    """The strategies ``strategy`` names (``all``: every planned one)."""
+    planned = tuple(n for n in NAMES if REGISTRY[n].planned != "no")
+    names = planned if strategy == "all" else (strategy,)
     for name in names:
         if name not in REGISTRY:
             raise BadInput(f"strategy {name!r} is not one of all, {', '.join(NAMES)}")
+        if REGISTRY[name].planned == "no":
+            raise BadInput(f"--strategy {name} is not planned yet (the planner plans "
+                           f"{', '.join(planned)}); simulate it with npu sim")
     return names
 
 
@@ -729,11 +734,6 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> Strate
         notes.insert(0, f"analytic: {name}'s own programs are not timed by the planner yet "
                         "(its layout is its compiler's); cycles estimated from the 1-D "
                         "strategies' timed programs")
-    dh_pad = pad_to(cfg.d_head, npu.array_size)
-    if dh_pad > cfg.d_head and name != "hidden":
-        notes.append(f"d_head={cfg.d_head} is padded to {dh_pad} lanes (whole words of the "
-                     f"{npu.array_size}-wide array): QKV and O weights, the K/V cache and "
-                     f"the attention's words grow {dh_pad / cfg.d_head:.3g}x")
     program = [n for n in more if n.startswith("program of")]
     if program:
         reasons.append(Reason("imem_words", program[0], npu.imem_words,

@@ -187,8 +187,15 @@ class SimReport:
                 cycles = sum(c["cycles"] for c in items)
                 nbytes = sum(c["bytes"] for c in items)
                 ratio = cycles / sum(c["bound_cycles"] for c in items)
+                links = sorted({c["links"] for c in items if "links" in c})
+                where = ""
+                if links and links != ["the ring"] and not links[0].startswith("the ring"):
+                    # A torus: which rows', columns' links each kind used.
+                    shown = ", ".join(links[:6]) + (f", ... ({len(links)})" if len(links) > 6
+                                                    else "")
+                    where = f"; on {shown}"
                 lines.append(f"  {len(items)} x {kind}: {nbytes:,} bytes, {cycles:,} cycles, "
-                             f"{ratio:.2f} of the ring bound")
+                             f"{ratio:.2f} of the ring bound{where}")
         elif self.collectives:
             lines.append(f"  {len(self.collectives)} collectives/transfers "
                          f"({sum(c['bytes'] for c in self.collectives):,} bytes)")

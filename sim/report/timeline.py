@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from hw.spec.isa import UNIT_NAMES, Op, decode, loop_fields, reg
 from hw.spec.vector import VectorOp
+from hw.spec.vector_engine import VecFlags
 
 __all__ = ["intervals", "busy_union", "step_ends", "COMPUTE_UNITS", "COMM_UNITS"]
 
 _VU_OP = reg("VU_OP")
+_VU_FLAGS = reg("VU_FLAGS")
 
 COMPUTE_UNITS = ("matmul", "attention", "vector")
 COMM_UNITS = ("collective", "send", "recv")
@@ -54,27 +56,33 @@ def busy_union(spans: dict[str, list[tuple[int, int]]], units) -> int:
 
 def _vec_launches(program) -> list[bool]:
     """Per VEC launch the program runs, in order (each loop body as often as its count):
-    whether it is an ARGMAX."""
-    out, vu_op, pc, insns = [], None, 0, [decode(w) for w in program]
+    whether it picks tokens, an ARGMAX whose records are final (not followed by an ARGMAX in
+    pair mode that combines them with other chips')."""
+    out, regs, pc, insns = [], {}, 0, [decode(w) for w in program]
+
+    def launch():
+        argmax = regs.get(_VU_OP) == VectorOp.ARGMAX
+        return argmax, argmax and VecFlags.decode(regs.get(_VU_FLAGS, 0)).pairs
     while pc < len(insns):
         insn = insns[pc]
         if insn.op is Op.LOOP:
             body, count = loop_fields(insn.value)
-            flags = []
+            got = []
             for i in insns[pc + 1:pc + 1 + body]:
-                if i.op is Op.SET and i.reg == _VU_OP:
-                    vu_op = i.value
+                if i.op is Op.SET and i.reg in (_VU_OP, _VU_FLAGS):
+                    regs[i.reg] = i.value
                 elif i.op is Op.VEC:
-                    flags.append(vu_op == VectorOp.ARGMAX)
-            out += flags * count
+                    got.append(launch())
+            out += got * count
             pc += body + 1
             continue
-        if insn.op is Op.SET and insn.reg == _VU_OP:
-            vu_op = insn.value
+        if insn.op is Op.SET and insn.reg in (_VU_OP, _VU_FLAGS):
+            regs[insn.reg] = insn.value
         elif insn.op is Op.VEC:
-            out.append(vu_op == VectorOp.ARGMAX)
+            out.append(launch())
         pc += 1
-    return out
+    return [argmax and not (k + 1 < len(out) and out[k + 1] == (True, True))
+            for k, (argmax, _) in enumerate(out)]
 
 
 def step_ends(program, trace_spans) -> list[int]:

@@ -2,10 +2,10 @@
 
 Stands in for the chip: for each launch (``sim.compiler.attention_launch.AttentionLaunch``) it
 offers the configuration beat and the words the read descriptors (RD3 K, RD4 V, RD5 Q) select
-from a memory image, takes the output words, and scatters them at the write descriptor's (WR1)
-addresses into a copy of the memory. A launch without a descriptor for RD3 or RD4 (the
-split-score passes) streams no words there; the engine's ``uses`` must agree. Shared by the
-tests and the benchmark.
+from a memory image, takes the output words, and scatters their enabled bytes (``mask``: a packed
+head's lanes) at the write descriptor's (WR1) addresses into a copy of the memory. A launch
+without a descriptor for RD3 or RD4 (the split-score passes) streams no words there; the engine's
+``uses`` must agree. Shared by the tests and the benchmark.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def cfg_payload(launch) -> dict:
             "k_pos": r["AT_K_POS"], "window": r["AT_WINDOW"], "flags": r["AT_FLAGS"],
             "score_mult": r["AT_SCORE_MULT"], "score_shift": r["AT_SCORE_SHIFT"],
             "out_mult": r["AT_OUT_MULT"], "out_shift": r["AT_OUT_SHIFT"],
-            "d_head": r["AT_D_HEAD"]}
+            "d_head": r["AT_D_HEAD"],
+            **{f"{s}_lane": r.get(f"AT_{s.upper()}_LANE", 0) for s in "qkvo"}}
 
 
 def run_attention_engine(dut, mem, launches, *, addr_bits, rng=None, idle=0.0, stall=0.0,
@@ -68,7 +69,7 @@ def run_attention_engine(dut, mem, launches, *, addr_bits, rng=None, idle=0.0, s
     async def drain(ctx):
         out.extend(await collect(ctx, dut.o, sum(counts), rng=rngs[0], stall=stall,
                                  convert=lambda p: ([int(x) & 0xFF for x in p.data],
-                                                    int(p.last))))
+                                                    int(p.last), int(p.mask))))
         times["last"] = clock[0]
         # A partial pass ends when the buffer's last dropped row is taken too (a few cycles
         # after its last word); every other launch with its last word.
@@ -89,14 +90,18 @@ def run_attention_engine(dut, mem, launches, *, addr_bits, rng=None, idle=0.0, s
             await send_all(ctx, getattr(dut, name), streams[name], rng=rngs[1 + i], idle=idle)
         benches.append(feed)
     stats = run_sim(dut, benches, processes=[count], max_cycles=max_cycles)
-    lasts = [last for _, last in out]
+    lasts = [last for _, last, _ in out]
     want = [int(i == c - 1) for c in counts for i in range(c)]
     assert lasts == want, f"`last` flags {lasts}, want each launch's final word only"
     result = mem.copy()
     start = 0
+    size = mem.shape[1]
     for launch, n in zip(launches, counts, strict=True):
         d = launch.wr1
-        result[addr_sequence(d.base, d.n, d.s, addr_bits)] = \
-            np.array([w for w, _ in out[start:start + n]], np.uint8)
+        # Each word's bytes where its mask is set (a packed head's lanes).
+        for addr, (word, _, mask) in zip(addr_sequence(d.base, d.n, d.s, addr_bits),
+                                         out[start:start + n], strict=True):
+            enable = np.array([mask >> i & 1 for i in range(size)], bool)
+            result[addr, enable] = np.array(word, np.uint8)[enable]
         start += n
     return result, times["last"] - times["cfg"], stats

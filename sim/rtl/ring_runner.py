@@ -16,6 +16,7 @@ from hw.spec.collective import (
     Kind,
     bidirectional_split,
     check_fits,
+    chunk_of,
     local_blocks,
     max_block_words,
     output_blocks,
@@ -32,11 +33,17 @@ from .pysim import run_sim
 __all__ = ["command_value", "simulate_collective"]
 
 
-def command_value(req: CollectiveRequest) -> dict:
-    """The ``command_layout`` value of ``req`` (``rank`` is set per chip by the system)."""
+def command_value(req: CollectiveRequest | None) -> dict:
+    """The testbed's command (:func:`hw.ring.testbed.testbed_command_layout`) for ``req``
+    (None: no collective, ``count`` 0): the block geometry divided here, on the host."""
+    if req is None:
+        return {"kind": 0, "op": 0, "wide": 0, "length": 0, "block": 0, "longer": 0,
+                "chips": 0, "first": 0, "count": 0, "chunks": 0, "in_place": 0, "divisor": 0}
+    q, r = divmod(req.length, req.count)
     return {"kind": int(req.kind), "op": int(req.op), "wide": int(req.width == 64),
-            "length": req.length, "chips": req.chips, "rank": 0, "first": req.first,
-            "count": req.count}
+            "length": req.length, "block": q, "longer": r, "chips": req.chips,
+            "first": req.first, "count": req.count, "chunks": req.chunks - 1,
+            "in_place": int(req.in_place), "divisor": req.divisor or 0}
 
 
 def buffer_words_needed(req: CollectiveRequest, wbytes: int) -> int:
@@ -85,13 +92,17 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
     dma_sets = [system.dmas, system.rev_dmas][:len(rings)]
     plans = []   # per ring: loads, output word counts, output blocks per chip
     for r, rank, vectors in rings:
+        one = chunk_of(r)
         loads, counts, blocks = [], [], []
         for chip in range(req.chips):
             v = rank[chip]
-            local = local_blocks(r, v)
-            loads.append(pack_blocks(vectors[chip], r, local, wbytes) if local else [])
+            local = local_blocks(one, v)
+            size = len(np.asarray(vectors[chip])) // r.chunks if local else 0
+            loads.append([w for c in range(r.chunks) for w in pack_blocks(
+                np.asarray(vectors[chip])[c * size:(c + 1) * size], one, local, wbytes)]
+                if local else [])
             counts.append(sum(step_words(r, s, wbytes) for s in steps(r, v) if s.out))
-            blocks.append(output_blocks(r, v))
+            blocks.append(output_blocks(one, v))
         plans.append((loads, counts, blocks))
     result = {}
 
@@ -100,7 +111,8 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
             for dma, words in zip(dmas, loads, strict=True):
                 for addr, word in enumerate(words):
                     ctx.set(dma.in_mem.data[addr], word)
-        ctx.set(system.cmd, command_value(req))
+        ctx.set(system.cmd, command_value(rings[0][0]))
+        ctx.set(system.rev_cmd, command_value(rings[1][0] if len(rings) > 1 else None))
         ctx.set(system.start, 1)
         await ctx.tick()
         ctx.set(system.start, 0)
@@ -132,14 +144,22 @@ def simulate_collective(npu, req: CollectiveRequest, inputs: list, *, stall: flo
     outputs = []
     for chip in range(req.chips):
         pieces = []
-        for (r, _, _), (_, _, blocks), words in zip(rings, plans, result["words"],
-                                                        strict=True):
+        for (r, rank, vectors), (_, _, blocks), words in zip(rings, plans, result["words"],
+                                                             strict=True):
             if not blocks[chip]:
                 continue
-            parts = unpack_blocks(words[chip], r, blocks[chip], wbytes)
-            if r.kind in (Kind.REDUCE_SCATTER, Kind.SEND_RECV):
-                pieces.append(parts[blocks[chip][0]])
-            else:
-                pieces.append(np.concatenate([parts[b] for b in sorted(parts)]))
+            one = chunk_of(r)
+            per = len(words[chip]) // r.chunks
+            for c in range(r.chunks):
+                parts = unpack_blocks(words[chip][c * per:(c + 1) * per], one, blocks[chip],
+                                      wbytes)
+                if r.in_place:      # the own block stayed where it was: the chip's input
+                    own = np.asarray(vectors[chip])
+                    size = len(own) // r.chunks
+                    parts[one.position(rank[chip])] = own[c * size:(c + 1) * size]
+                if r.kind in (Kind.REDUCE_SCATTER, Kind.SEND_RECV):
+                    pieces.append(parts[blocks[chip][0]])
+                else:
+                    pieces.append(np.concatenate([parts[b] for b in sorted(parts)]))
         outputs.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype))
     return {"outputs": outputs, "cycles": result["cycles"], "sim": stats}

@@ -9,6 +9,7 @@ import numpy as np
 from hw.spec import NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
 from hw.spec.ring import check_rtl_chips
+from hw.spec.topology import Topology
 from hw.system import ChipSystem
 from hw.tile.ports import trace_depth
 
@@ -20,8 +21,8 @@ __all__ = ["run_system_pysim", "check_system_inputs"]
 
 def check_system_inputs(npu, programs, images, reads) -> int:
     """The chip count of a system run; ``ValueError`` when the images or reads do not match
-    the programs, a program exceeds ``imem_words`` or the gateware's ring holds fewer chips
-    (``hw.spec.ring.RTL_MAX_CHIPS``; shared by every system backend)."""
+    the programs, a program exceeds ``imem_words`` or there are more chips than a system
+    holds (shared by every system backend)."""
     chips = check_rtl_chips(len(programs))
     if len(images) != chips or len(reads) != chips:
         raise ValueError(f"{chips} programs but {len(images)} images and {len(reads)} reads")
@@ -35,8 +36,10 @@ def check_system_inputs(npu, programs, images, reads) -> int:
 def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
                      images: list[dict[int, np.ndarray]], reads: list[list[tuple[int, int]]], *,
                      max_cycles: int = 1_000_000, vcd: str | None = None,
-                     link_stalls: float = 0.0, seed: int = 0, progress=None) -> dict:
+                     link_stalls: float = 0.0, seed: int = 0, progress=None,
+                     topology: Topology | None = None) -> dict:
     """Chip ``i`` runs ``programs[i]`` on ``images[i]``; ``reads[i]`` are read back from it.
+    The chips are a ring, or ``topology`` (a ring or a torus: ``ChipSystem`` of it).
 
     ``link_stalls`` is the probability per cycle and per link register of a stall (from
     ``seed``): only cycles change. Returns ``{"regions": [[words per read] per chip],
@@ -46,7 +49,7 @@ def run_system_pysim(npu: NpuConfig, programs: list[list[int]],
     naming what each unfinished chip was doing.
     """
     chips = check_system_inputs(npu, programs, images, reads)
-    dut = ChipSystem(npu=npu, chips=chips)
+    dut = ChipSystem(npu=npu, chips=chips, topology=topology)
     out = {"regions": [[] for _ in range(chips)]}
     load_words = sum(len(p) for p in programs) + sum(
         len(w) for img in images for w in img.values())

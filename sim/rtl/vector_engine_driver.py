@@ -28,7 +28,15 @@ def cfg_payload(launch) -> dict:
             "flags": {"out16": flags & 1, "per_channel": flags >> 1 & 1,
                       "a_bytes": flags >> 2 & 3, "b_bytes": flags >> 4 & 3,
                       "d_bytes": flags >> 6 & 3, "wr_data": flags >> 8 & 1,
-                      "wr_q": flags >> 9 & 1, "pairs": flags >> 10 & 1}}
+                      "wr_q": flags >> 9 & 1, "pairs": flags >> 10 & 1,
+                      "keep": flags >> 11 & 1}}
+
+
+def _word(p) -> tuple:
+    """An output word: its bytes, ``last`` and byte write enables (every byte without
+    ``mask``)."""
+    mask = int(p.mask) if hasattr(p, "mask") else (1 << len(p.data)) - 1
+    return [int(x) & 0xFF for x in p.data], int(p.last), mask
 
 
 def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: float = 0.0,
@@ -79,10 +87,13 @@ def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: flo
                 if desc is None:
                     continue
                 got = state["out"][k][s]
-                lasts = [last for _, last in got]
+                lasts = [last for _, last, _ in got]
                 assert lasts == [0] * (len(got) - 1) + [1], f"launch {k} {s}: last flags"
-                mem[addr_sequence(desc.base, desc.n, desc.s, addr_bits)] = \
-                    np.array([w for w, _ in got], np.uint8)
+                # The bytes each word enables (o_data's mask; o_q writes whole words).
+                for addr, (w, _, mask) in zip(addr_sequence(desc.base, desc.n, desc.s,
+                                                            addr_bits), got, strict=True):
+                    on = np.array([mask >> i & 1 for i in range(mem.shape[1])], bool)
+                    mem[addr, on] = np.array(w, np.uint8)[on]
             state["k"] = k + 0.5
 
     def port(name, gen):
@@ -98,7 +109,7 @@ def run_vector_engine(dut, mem, launches, *, addr_bits: int, rng=None, idle: flo
                 elif desc is not None:
                     state["out"][k][name] = await collect(
                         ctx, getattr(dut, name), desc.total, rng=rng, stall=stall,
-                        convert=lambda p: ([int(x) & 0xFF for x in p.data], int(p.last)))
+                        convert=_word)
                 while state["k"] == k:
                     await ctx.tick()
         return bench

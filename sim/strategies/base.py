@@ -12,6 +12,7 @@ planner's view of it (:meth:`Strategy.split`, :meth:`Strategy.search_limit`). Th
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -31,12 +32,16 @@ REGISTRY: dict[str, Strategy] = {}
 OPTIONS = ("microbatches", "grid", "reduce")
 
 
-def parse_grid(text: str) -> tuple[int, int]:
-    """``"2x3"`` -> ``(2, 3)``; ValueError for anything else."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text or "")
-    if not match or int(match[1]) < 1 or int(match[2]) < 1:
-        raise ValueError(f"--grid {text!r} is not AxB with A, B >= 1 (e.g. 2x2)")
-    return int(match[1]), int(match[2])
+def parse_grid(text: str, parts: int = 2) -> tuple[int, ...]:
+    """``"2x3"`` -> ``(2, 3)`` (``parts`` 3: ``"2x2x4"`` -> ``(2, 2, 4)``); ValueError for
+    anything else."""
+    pattern = r"\s*[xX]\s*".join([r"(\d+)"] * parts)
+    match = re.fullmatch(rf"\s*{pattern}\s*", text or "")
+    shape = "x".join("ABC"[:parts])
+    example = "x".join(["2"] * parts)
+    if not match or any(int(g) < 1 for g in match.groups()):
+        raise ValueError(f"--grid {text!r} is not {shape} with each side >= 1 (e.g. {example})")
+    return tuple(int(g) for g in match.groups())
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,9 @@ class Strategy:
     quants: tuple[str, ...] = QUANT_SCHEMES
     #: Options besides ``chips`` it takes (of :data:`OPTIONS`).
     options: frozenset = frozenset()
-    #: How the planner times it: ``"program"`` (its programs compiled from the shapes) or
-    #: ``"analytic"`` (from the built strategies' timed programs).
+    #: How the planner times it: ``"program"`` (its programs compiled from the shapes),
+    #: ``"analytic"`` (from the built strategies' timed programs) or ``"no"`` (not planned:
+    #: ``npu plan`` leaves it out).
     planned: str = "program"
     #: It runs on exactly one chip.
     one_chip: bool = False
@@ -90,11 +96,11 @@ class Strategy:
         return "microbatches" in self.options
 
     def chips_of(self, grid: str | None) -> int:
-        """The chips a run takes when ``--chips`` is not given: A x B of the grid, else 1."""
+        """The chips a run takes when ``--chips`` is not given: A x B (x C) of the grid, else
+        1."""
         if grid is None:
             return 1
-        a, b = parse_grid(grid)
-        return a * b
+        return math.prod(parse_grid(grid, max(2, len(self.parts))))
 
     def check_options(self, *, chips: int, microbatches=None, grid=None, reduce=None):
         """ValueError for an option this strategy does not take, naming it."""

@@ -1,13 +1,14 @@
 """The strategies of the grid compiler (:mod:`sim.compiler.grid`): data replicas, pipeline
-stages and head shards, alone or two at a time.
+stages and head shards, alone, two or three at a time.
 
 A 1-D strategy puts all of its chips on one axis of the grid; a 2-D one (:class:`Composite`)
-puts ``--grid AxB``'s A chips on its first part's axis and B on its second's, and adds both
-parts' report sections and limits."""
+puts ``--grid AxB``'s A chips on its first part's axis and B on its second's, a 3-D one
+``--grid AxBxC``'s on its three, and adds the parts' report sections and limits."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -27,20 +28,21 @@ class GridStrategy(Strategy):
     def layout(self, chips: int, grid: str | None = None) -> Grid:
         """The grid it runs on ``chips`` chips (``grid`` "AxB" for the 2-D ones)."""
         if self.is_grid:
+            shape = "x".join("ABC"[:len(self.parts)])
             if grid is None:
-                raise ValueError(f"--strategy {self.name} needs --grid AxB (A x B = --chips "
-                                 f"{chips})")
-            a, b = parse_grid(grid)
-            if a * b != chips:
-                raise ValueError(f"--grid {grid} is {a * b} chips, not --chips {chips}")
-            sizes = (a, b)
+                raise ValueError(f"--strategy {self.name} needs --grid {shape} ("
+                                 f"{' x '.join(shape.split('x'))} = --chips {chips})")
+            sizes = parse_grid(grid, len(self.parts))
+            if math.prod(sizes) != chips:
+                raise ValueError(f"--grid {grid} is {math.prod(sizes)} chips, not --chips "
+                                 f"{chips}")
         else:
             if grid is not None:
                 self.check_options(chips=chips, grid=grid)
             sizes = (chips,) * len(self.parts)
         return Grid(**{AXES[p]: size for p, size in zip(self.parts, sizes, strict=True)})
 
-    def split(self, chips: int, grid: tuple[int, int] | None = None) -> Split:
+    def split(self, chips: int, grid: tuple[int, ...] | None = None) -> Split:
         sizes = grid if self.is_grid else (chips,) * len(self.parts)
         axes = {AXES[p]: size for p, size in zip(self.parts, sizes, strict=True)}
         return Split(axes.get("shards", 1), axes.get("stages", 1), axes.get("replicas", 1))
@@ -48,8 +50,8 @@ class GridStrategy(Strategy):
     def report_limits(self, npu, cfg, chips, grid, limits, *, samples=None):
         """And a head, a layer and (``samples``) a sample for each chip splitting them."""
         super().report_limits(npu, cfg, chips, grid, limits, samples=samples)
-        split = self.split(chips, parse_grid(grid) if isinstance(grid, str) else grid) \
-            if grid is not None or not self.is_grid else Split()
+        split = self.split(chips, parse_grid(grid, len(self.parts)) if isinstance(grid, str)
+                           else grid) if grid is not None or not self.is_grid else Split()
         limits.run(head_shards, cfg, split.shards)
         limits.run(stage_layers, cfg, split.stages)
         if samples is not None and split.replicas > samples:
@@ -95,22 +97,36 @@ class GridStrategy(Strategy):
 
 
 class Composite(GridStrategy):
-    """A 2-D grid of two 1-D grid strategies (``first+second``)."""
+    """A grid of two or three 1-D grid strategies (``first+second``, ``first+second+third``):
+    ``--grid AxB`` (``AxBxC``) gives each part its axis's chips."""
 
-    def __init__(self, first: GridStrategy, second: GridStrategy):
-        self.first, self.second = first, second
-        self.name = f"{first.name}+{second.name}"
-        self.parts = (first.name, second.name)
-        self.splits = f"{first.name} (A chips) x {second.name} (B chips)"
-        self.relieves = "both parts' limits"
-        self.quants = tuple(q for q in first.quants if q in second.quants)
-        self.options = first.options | second.options | {"grid"}
-        self.planned = "analytic"
+    def __init__(self, *parts: GridStrategy):
+        self.members = parts
+        self.first, self.second = parts[0], parts[1]
+        self.name = "+".join(p.name for p in parts)
+        self.parts = tuple(p.name for p in parts)
+        self.splits = " x ".join(f"{p.name} ({c} chips)" for p, c in zip(parts, "ABC",
+                                                                         strict=False))
+        self.relieves = "every part's limits" if len(parts) > 2 else "both parts' limits"
+        self.quants = tuple(q for q in parts[0].quants if all(q in p.quants for p in parts))
+        self.options = frozenset().union(*(p.options for p in parts)) | {"grid"}
+        self.planned = "analytic" if len(parts) == 2 else "no"
 
     def parts_of(self):
-        return (self.first, self.second)
+        return self.members
 
     def roles(self, npu, cfg, chips, grid, picks):
+        if len(self.members) == 3:
+            # Data replicas of head+pipeline grids: replica c // (B C) runs its share of the
+            # batch on B stages of C head shards (chip (r, s, h) = (r B + s) C + h).
+            a, b, c3 = grid
+            out = []
+            for c in picks:
+                r, k = divmod(c, b * c3)
+                sub = dataclasses.replace(cfg, batch=max(1, part(cfg.batch, a, r)))
+                role = stage_roles(sub, b, c3, [k])[0]
+                out.append(dataclasses.replace(role, chip=c))
+            return out
         a, b = grid
         if self.first.parts == ("head",):
             # Pipeline stages of head groups: stage c // a, member c % a.
@@ -125,8 +141,10 @@ class Composite(GridStrategy):
         return out
 
     def sections(self, prog, comms, res, spans) -> dict:
-        return {**self.first.part_sections(prog, comms, res, spans),
-                **self.second.part_sections(prog, comms, res, spans)}
+        out = {}
+        for p in self.members:
+            out.update(p.part_sections(prog, comms, res, spans))
+        return out
 
     def search_limit(self, cfg, npu) -> int:
-        return self.first.search_limit(cfg, npu) * self.second.search_limit(cfg, npu)
+        return math.prod(p.search_limit(cfg, npu) for p in self.members)

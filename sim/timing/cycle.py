@@ -32,10 +32,11 @@ import copy
 from dataclasses import dataclass, field
 
 from hw.spec import NpuConfig
-from hw.spec.collective import CollectiveRequest, Kind
+from hw.spec.collective import Kind, command_from_registers
 from hw.spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
+    COLL_GENS,
     READ_GENS,
     REG_INDEX,
     REGS,
@@ -48,9 +49,8 @@ from hw.spec.isa import (
     decode,
 )
 from hw.spec.memory import bank_of
-from hw.spec.ring import coll_dest
 from hw.spec.timing.chip import READ_FIFO_DEPTH
-from hw.spec.topology import DimLink
+from hw.spec.topology import DimLink, Topology
 
 from ..golden.scratchpad import AddressError, addr_sequence
 from ..iss.errors import IssError
@@ -70,11 +70,20 @@ _GEN_REGS = {g: (REG_INDEX[f"{g}.base"],
                  tuple(REG_INDEX[f"{g}.s{lv}"] for lv in range(ADDR_LEVELS)),
                  (REG_INDEX[f"{g}.wrap"], REG_INDEX[f"{g}.off"]) if g in WRAP_GENS else None)
              for g in _GENS}
-_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE"),
-              Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD"),
+_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_B_ROWS", "MM_B_BLOCKS",
+                          "MM_B_LAST"),
+              Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD", "AT_Q_LANE",
+                        "AT_K_LANE", "AT_V_LANE", "AT_O_LANE"),
               Op.VEC: ("VU_OP", "VU_ROWS", "VU_LEN", "VU_FLAGS")}
 _MM_GENS = ("RD0", "RD1", "RD2", "WR0")
 _AT_GENS = ("RD3", "RD4", "RD5", "WR1")
+_NR = len(READ_GENS)
+_G = {g: k for k, g in enumerate(_GENS)}          # a generator's index in ChipModel.gens
+_SHARED = tuple(_G[g] for g in ("RD3", "RD4", "RD5", "WR1", "WR2"))
+_MM = tuple(_G[g] for g in _MM_GENS)
+_COLL = tuple((_G[rd], _G[wr]) for rd, wr in COLL_GENS)
+#: Each write port's unit, in WRITE_GENS order.
+_WR_SRC = {"WR0": "mm", "WR1": "at_vd", "WR2": "vq", "WR3": "co0", "WR4": "recv", "WR5": "co1"}
 
 
 @dataclass
@@ -114,12 +123,17 @@ class _Gen:
 
 
 class ChipModel:
-    """One chip's cycle model running ``program`` (instruction words) as chip ``chip``."""
+    """One chip's cycle model running ``program`` (instruction words) as chip ``chip``; on a
+    torus (``row``: its row's first and last chip ids) with two links and two collective
+    engines."""
 
-    def __init__(self, npu: NpuConfig, program, chip: int = 0, chips: int = 1):
+    def __init__(self, npu: NpuConfig, program, chip: int = 0, chips: int = 1,
+                 row: tuple[int, int] | None = None):
         self.npu = npu
         self.chip = chip
         self.chips = chips
+        self.row = row
+        self.engines = 1 if row is None else 2
         n = npu.array_size
         try:
             self.program = [decode(int(w)) for w in program]
@@ -138,8 +152,8 @@ class ChipModel:
         self.at = AttentionModel(window=npu.attn_window, length=npu.softmax_len, size=n)
         self.vu = VectorModel(lanes=n)
         ratio = npu.ring_word_bytes // n
-        self.co = CollectiveModel(chip=chip, ratio=ratio,
-                                  wbytes=npu.ring_word_bytes)
+        self.co = [CollectiveModel(chip=chip, ratio=ratio, wbytes=npu.ring_word_bytes,
+                                   engine=e) for e in range(self.engines)]
         self.send = SendModel(chip=chip, ratio=ratio)
         self.recv = RecvModel(chip=chip, ratio=ratio)
         self.owner_attn = False
@@ -148,7 +162,9 @@ class ChipModel:
         self.prev = 0
         self.launches = []
         self.issue = []
-        self._open = {}                  # unit bit -> index in launches of its running launch
+        # unit bit (or ("coll", engine)) -> index in launches of its running launch
+        self._open = {}
+        self.co_busy = [False] * self.engines
         self._bank_words = npu.bank_words if npu.sram_banks > 1 else None
         self._addr_bits = npu.sram_addr_bits
         self._cache = {}
@@ -184,13 +200,15 @@ class ChipModel:
         gens = self.gens
         gv = [g.pos < g.n for g in gens]
         self.gv = gv
-        shared = gv[3] or gv[4] or gv[5] or gv[9] or gv[10]
-        mm_b = self.mm.active or gv[0] or gv[1] or gv[2] or gv[8]
+        shared = any(gv[k] for k in _SHARED)
+        mm_b = self.mm.active or any(gv[k] for k in _MM)
         at_b = self.at.active or (self.owner_attn and shared)
         vu_b = self.vu.active or (not self.owner_attn and shared)
-        co_b = self.co.busy_core() or gv[6] or gv[11]
-        send_b = self.send.busy_core() or gv[7]
-        recv_b = self.recv.busy_core() or gv[12]
+        co_e = [co.busy_core() or gv[_COLL[e][0]] or gv[_COLL[e][1]]
+                for e, co in enumerate(self.co)]
+        co_b = any(co_e)
+        send_b = self.send.busy_core() or gv[_G["RD7"]]
+        recv_b = self.recv.busy_core() or gv[_G["WR4"]]
         busy = mm_b | at_b << 1 | vu_b << 2 | co_b << 3 | send_b << 4 | recv_b << 5
         self.busy = busy
         self.shared_busy = shared
@@ -207,9 +225,14 @@ class ChipModel:
                 self.trace.append((cycle, busy))
                 fell = self.prev & ~busy
                 for u in range(6):
-                    if fell >> u & 1 and u in self._open:
+                    if u != 3 and fell >> u & 1 and u in self._open:
                         self.launches[self._open.pop(u)][3] = cycle
                 self.prev = busy
+            # A COLL's launch ends when its engine is idle again.
+            for e, b in enumerate(co_e):
+                if self.co_busy[e] and not b and ("coll", e) in self._open:
+                    self.launches[self._open.pop(("coll", e))][3] = cycle
+        self.co_busy = co_e
         # Reads: the lowest-numbered port requesting a bank wins it.
         level, inflight = self.level, self.inflight
         taken = set()
@@ -225,13 +248,15 @@ class ChipModel:
         # Writes: the same, among the write ports whose source offers a word.
         owner = self.owner_attn
         vd, vq = self.vu.out_valid()
+        co = self.co
         src = (self.mm.out_valid(), self.at.out_valid() if owner else vd,
-               (not owner) and vq, self.co.out_valid(), self.recv.out_valid())
+               (not owner) and vq, co[0].out_valid(), self.recv.out_valid(),
+               len(co) > 1 and co[1].out_valid())
         taken = set()
         wgrant = [False] * len(WRITE_GENS)
         for k in range(len(WRITE_GENS)):
-            if src[k] and gv[8 + k]:
-                g = gens[8 + k]
+            if src[k] and gv[_NR + k]:
+                g = gens[_NR + k]
                 b = g.banks[g.pos]
                 if b not in taken:
                     taken.add(b)
@@ -239,31 +264,33 @@ class ChipModel:
         self.wgrant = wgrant
 
     # --- one cycle: the ring side --------------------------------------------------------
-    def ring(self, rx, tx_ready: bool):
-        """Router, collective engine, send and receive units. ``rx``: the word the previous
-        link offers; returns ``(word into the next link or None, rx taken)``."""
+    def ring(self, rxs, tx_readies):
+        """Router, collective engines, send and receive units. ``rxs[d]``: the word the link
+        of dimension d offers; returns ``(per link the word into its next link or None, per
+        link whether its word was taken)``."""
         co, send, recv = self.co, self.send, self.recv
         wg = self.wgrant
-        rv6 = self.level[6] > 0
-        rv7 = self.level[7] > 0
+        level = self.level
         pw = send.word()
-        co_ready = [False]
-
-        def coll_ready(valid):
-            co_ready[0] = co.comb(valid, wg[3])
-            return co_ready[0]
-
-        tx, rx_taken, to_coll, to_p2p, cts_from, took = route(
-            self.chip, rx, tx_ready, recv.cts_due, recv.cts_word() if recv.cts_due else None,
-            co.tx_word(), pw, coll_ready, recv.open, recv.src, recv.fifo_ready())
-        sent = took == "p2p"
-        pop6 = rv6 and co.pack_ready()
-        pop7 = rv7 and send.pack_ready(sent)
-        co.update(to_coll, pop6, took == "coll", wg[3])
+        write = (_WR["WR3"], _WR["WR5"])
+        fns = []
+        for e, engine in enumerate(co):
+            fns.append(lambda valid, engine=engine, e=e: engine.comb(valid, wg[write[e]]))
+        txs, rx_taken, to_coll, to_p2p, cts_from, took = route(
+            self.chip, self.row, rxs, tx_readies,
+            recv.cts_word() if recv.cts_due else None, [e.tx_word() for e in co], pw, fns,
+            recv.open, recv.src, recv.fifo_ready(), send.cts_ready)
+        sent = "p2p" in took
+        pops = []
+        for e, engine in enumerate(co):
+            pop = level[_RD[COLL_GENS[e][0]]] > 0 and engine.pack_ready()
+            engine.update(to_coll[e], pop, f"coll{e}" in took, wg[write[e]])
+            pops.append(pop)
+        pop7 = level[_RD["RD7"]] > 0 and send.pack_ready(sent)
         send.update(pop7, sent, cts_from)
-        recv.update(rx if to_p2p else None, took == "cts", wg[4])
-        self.pop67 = (pop6, pop7)
-        return tx, rx_taken
+        recv.update(to_p2p, "cts" in took, wg[_WR["WR4"]])
+        self.ring_pops = (pops, pop7)
+        return txs, rx_taken
 
     # --- one cycle: units, sequencer, state -----------------------------------------------
     def post(self, cycle: int):
@@ -279,7 +306,9 @@ class ChipModel:
                 pops[3], pops[4], pops[5] = self.at.step(rv[3], rv[4], rv[5], wg[1])
         elif not self.vu.idle() or rv[3] or rv[4] or rv[5]:
             pops[3], pops[4], pops[5] = self.vu.step(rv[3], rv[4], rv[5], wg[1], wg[2])
-        pops[6], pops[7] = self.pop67
+        coll_pops, pops[_RD["RD7"]] = self.ring_pops
+        for e, pop in enumerate(coll_pops):
+            pops[_RD[COLL_GENS[e][0]]] = pop
         if self.running:
             self._sequence(cycle)
         # Read ports: the word granted now is in the FIFO next cycle, on its output after.
@@ -294,7 +323,7 @@ class ChipModel:
                 gens[k].pos += 1
         for k in range(len(WRITE_GENS)):
             if wg[k]:
-                gens[8 + k].pos += 1
+                gens[_NR + k].pos += 1
         for fn in self._starts:
             fn()
         self._starts.clear()
@@ -333,9 +362,9 @@ class ChipModel:
                 self.running = False
                 self.cycles = cycle + 1
         elif op in _BIT:
-            advance = self._can_launch(op)
+            advance = self._can_launch(op, insn.value)
             if advance:
-                self._launch(op, cycle)
+                self._launch(op, cycle, insn.value)
         elif op is not Op.NOP:
             self.running, self.error = False, True
             self.cycles = cycle + 1
@@ -346,12 +375,19 @@ class ChipModel:
         elif not self.running:
             self.issue.append(cycle)
 
-    def _can_launch(self, op) -> bool:
+    def _engine(self, value: int) -> int:
+        """The collective engine a COLL with operand ``value`` runs on (a ring's chip has
+        one: every COLL runs on it)."""
+        return value & 1 if self.engines == 2 else 0
+
+    def _can_launch(self, op, value: int = 0) -> bool:
         busy = self.busy
         if op is Op.MATMUL:
             return not busy & 1
         if op in (Op.ATTN, Op.VEC):
             return not (self.at.active or self.vu.active or self.shared_busy)
+        if op is Op.COLL:
+            return not self.co_busy[self._engine(value)]
         return not busy & (1 << _BIT[op])
 
     def _start_gens(self, names):
@@ -362,13 +398,14 @@ class ChipModel:
                 gen.banks, gen.pos, gen.n = b, 0, len(b)
         self._starts.append(go)
 
-    def _launch(self, op, cycle):
+    def _launch(self, op, cycle, value: int = 0):
         bit = _BIT[op]
         self.launches.append([self.pc, op.name, cycle, None])
         index = len(self.launches) - 1
+        key = ("coll", self._engine(value)) if op is Op.COLL else bit
 
         def opened():
-            self._open[bit] = index
+            self._open[key] = index
         self._starts.append(opened)
         if op is Op.MATMUL:
             regs = self._unit_regs(op)
@@ -385,7 +422,7 @@ class ChipModel:
             self._start_gens([g for g in ("RD3", "RD4", "RD5", "WR1", "WR2") if uses[g]])
             self._starts.append(lambda: (self.vu.start(regs), self._own(False)))
         elif op is Op.COLL:
-            self._coll()
+            self._coll(self._engine(value))
         elif op is Op.SEND:
             dest = self.regs[REG_INDEX["SR_DEST"]]
             banks = self._banks("RD7")
@@ -399,33 +436,30 @@ class ChipModel:
     def _own(self, attn: bool):
         self.owner_attn = attn
 
-    def _coll(self):
+    def _coll(self, engine: int):
         r = {name: self.regs[REG_INDEX[name]] for name in (
-            "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_CHIPS", "CO_RANK", "CO_FIRST",
+            "CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_CHIPS", "CO_RANK", "CO_NEXT",
             "CO_COUNT")}
         try:
-            req = CollectiveRequest(kind=r["CO_KIND"], op=r["CO_OP"], width=r["CO_WIDTH"],
-                                    length=r["CO_LEN"], chips=r["CO_CHIPS"],
-                                    first=r["CO_FIRST"], count=r["CO_COUNT"])
-        except (TypeError, ValueError) as exc:
-            raise IssError(f"chip {self.chip} pc {self.pc}: COLL with invalid registers "
-                           f"{r}: {exc}") from None
-        rank = r["CO_RANK"]
-        pos = req.position(rank)
-        if pos is None:               # outside the group: a no-op (the router forwards)
+            cmd = command_from_registers(r)
+        except ValueError as exc:
+            raise IssError(f"chip {self.chip} pc {self.pc}: {exc}") from None
+        if cmd.rank is None:          # outside the group: a no-op (the router forwards)
             self._starts.pop()
             self.launches[-1][3] = self.launches[-1][2] + 1
             return
+        req, rank = cmd.group, cmd.rank
         data = req.kind in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER, Kind.ALL_GATHER)
         sr = req.kind == Kind.SEND_RECV
+        rd, wr = COLL_GENS[engine]
         gens = []
-        if data or (sr and pos == 0):
-            gens.append("RD6")
-        if data or (sr and pos == 1):
-            gens.append("WR3")
+        if data or (sr and rank == 0):
+            gens.append(rd)
+        if data or (sr and rank == 1):
+            gens.append(wr)
         self._start_gens(gens)
-        dest = coll_dest(first=req.first, count=req.count, chips=req.chips, rank=rank)
-        self._starts.append(lambda: self.co.start(req, rank, dest))
+        co = self.co[engine]
+        self._starts.append(lambda: co.start(req, rank, cmd.next))
 
     def result(self) -> ChipTiming:
         return ChipTiming(self.chip, self.cycles, list(self.counters), list(self.trace),
@@ -453,13 +487,16 @@ def _timeless(word: int) -> int:
 
 
 def time_programs(npu: NpuConfig, programs, *, ring: bool | None = None,
-                  max_cycles: int = 5_000_000, link: DimLink | None = None) -> SystemTiming:
+                  max_cycles: int = 5_000_000, link: DimLink | None = None,
+                  topology: Topology | None = None) -> SystemTiming:
     """Cycles of ``programs[i]`` on chip ``i`` of a ring (``ChipSystem``), or of one program on
     a lone chip (``ring=False``, the default for one program: ``Chip`` with its ring port
-    unconnected, as ``sim/rtl/chip_runner.py`` runs it). :class:`IssError` when a chip never
-    halts within ``max_cycles`` (a deadlock: the functional ISS names it first).
+    unconnected, as ``sim/rtl/chip_runner.py`` runs it), or of the chips of ``topology`` (a
+    ring, or a torus: ``ChipSystem`` of that topology, two links and two collective engines
+    per chip, each dimension's links from ``topology.link``). :class:`IssError` when a chip
+    never halts within ``max_cycles`` (a deadlock: the functional ISS names it first).
 
-    ``link`` (a :class:`hw.spec.topology.DimLink`): the ring's links are that wide and deep
+    ``link`` (a :class:`hw.spec.topology.DimLink`): a ring's links are that wide and deep
     instead of the NPU's ``link_*`` (one dimension of a torus, :mod:`sim.timing.launch`); the
     chip's ring word stays ``max(2 * link_bytes_per_cycle, 8)`` bytes of the NPU, cut into
     flits of the link's width.
@@ -467,32 +504,63 @@ def time_programs(npu: NpuConfig, programs, *, ring: bool | None = None,
     The last results are kept by the programs with their :data:`TIMELESS_REGS` values
     cleared: the same model over other seeds or weights is not walked again."""
     chips = len(programs)
+    if topology is not None:
+        if topology.chips != chips:
+            raise ValueError(f"{chips} programs for the {topology.chips} chips of the "
+                             f"{topology}")
+        if not topology.is_torus:
+            link = link or (topology.links[0] if topology.links else None)
+            topology = None
     if ring is None:
         ring = chips > 1
-    key = (npu, ring, link, tuple(tuple(_timeless(int(w)) for w in p) for p in programs))
+    key = (npu, ring, link, topology,
+           tuple(tuple(_timeless(int(w)) for w in p) for p in programs))
     if key in _RESULTS:
         result = _RESULTS[key]
         if result.cycles > max_cycles:
             raise IssError(f"timing: the chips did not all halt within {max_cycles} cycles")
         return copy.deepcopy(result)
-    result = _walk(npu, programs, ring, max_cycles, link)
+    result = _walk(npu, programs, ring, max_cycles, link, topology)
     if len(_RESULTS) >= _RESULTS_KEPT:
         del _RESULTS[next(iter(_RESULTS))]
     _RESULTS[key] = copy.deepcopy(result)
     return result
 
 
-def _walk(npu, programs, ring, max_cycles, link=None) -> SystemTiming:
+def _walk(npu, programs, ring, max_cycles, link=None, topology=None) -> SystemTiming:
     chips = len(programs)
-    models = [ChipModel(npu, p, chip=i, chips=chips) for i, p in enumerate(programs)]
-    link = link or DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)
     wbytes = npu.ring_word_bytes
-    if wbytes % link.bytes_per_cycle:
-        raise ValueError(f"link_bytes_per_cycle={link.bytes_per_cycle} does not divide the "
-                         f"chip's ring word of {wbytes} bytes (a word is whole flits)")
-    links = [LinkModel(ratio=wbytes // link.bytes_per_cycle, latency=link.latency_cycles)
-             for _ in programs] if ring else None
+    if topology is not None:
+        # A torus: each chip's link of dimension 0 goes to (x + 1, y), of dimension 1 to
+        # (x, y + 1); a chip's router needs its row's first and last ids.
+        X = topology.dims[0]
+        rows = [(c - c % X, c - c % X + X - 1) for c in range(chips)]
+        dim_links = [topology.link(d, npu) for d in range(2)]
+        prev = [[topology.chip_at((x - 1) % X, y) for x, y in map(topology.coords,
+                                                                 range(chips))],
+                [topology.chip_at(x, (y - 1) % topology.dims[1])
+                 for x, y in map(topology.coords, range(chips))]]
+    else:
+        rows = [None] * chips
+        dim_links = [link or DimLink(npu.link_bytes_per_cycle, npu.link_latency_cycles)]
+        prev = [[(c - 1) % chips for c in range(chips)]]
+    for d in dim_links:
+        if wbytes % d.bytes_per_cycle:
+            raise ValueError(f"link_bytes_per_cycle={d.bytes_per_cycle} does not divide the "
+                             f"chip's ring word of {wbytes} bytes (a word is whole flits)")
+    models = [ChipModel(npu, p, chip=i, chips=chips, row=rows[i])
+              for i, p in enumerate(programs)]
+    dims = len(dim_links)
+    # links[d][i]: the link of dimension d leaving chip i
+    links = [[LinkModel(ratio=wbytes // d.bytes_per_cycle, latency=d.latency_cycles)
+              for _ in programs] for d in dim_links] if ring else None
+    nxt = [[0] * chips for _ in range(dims)]
+    for d in range(dims):
+        for c in range(chips):
+            nxt[d][prev[d][c]] = c
     cycle = 0
+    none = [None] * dims
+    unready = [False] * dims
     while any(m.running for m in models):
         if cycle >= max_cycles:
             waiting = [f"chip {m.chip} at pc {m.pc}" for m in models if m.running]
@@ -501,18 +569,20 @@ def _walk(npu, programs, ring, max_cycles, link=None) -> SystemTiming:
         for m in models:
             m.pre(cycle)
         if ring:
-            outs = [link.out_word() for link in links]
-            readies = [link.in_ready() for link in links]
+            outs = [[lk.out_word() for lk in links[d]] for d in range(dims)]
+            readies = [[lk.in_ready() for lk in links[d]] for d in range(dims)]
             txs, taken = [], []
             for i, m in enumerate(models):
-                tx, rx_taken = m.ring(outs[i - 1], readies[i])
+                tx, rx_taken = m.ring([outs[d][prev[d][i]] for d in range(dims)],
+                                      [readies[d][i] for d in range(dims)])
                 txs.append(tx)
                 taken.append(rx_taken)
-            for i, link in enumerate(links):
-                link.step(txs[i], taken[(i + 1) % chips])
+            for d in range(dims):
+                for i, lk in enumerate(links[d]):
+                    lk.step(txs[i][d], taken[nxt[d][i]][d])
         else:
             for m in models:
-                m.ring(None, False)
+                m.ring(none, unready)
         for m in models:
             m.post(cycle)
         cycle += 1

@@ -28,6 +28,7 @@ from hw.spec.attention import (
     FLAG_PARTIAL,
     FLAG_REDUCED,
     flags_halo,
+    launch_words,
     partial_row_words,
     softmax_lanes,
 )
@@ -68,12 +69,16 @@ class MatmulModel:
     deskew registers) in enabled cycle ``e + array_row_delay(N) + r`` (``hw/tile/matmul.py``,
     :func:`hw.spec.timing.matmul.array_row_delay`); the model keeps those rows in a queue and
     counts enabled cycles. The requantiser is ``REQUANT_LATENCY`` valid bits on its own enable.
+    B beats past ``MM_B_ROWS`` take no word; in the packed last column block (``MM_B_LAST``) a
+    beat takes a word only when the held word's unused bytes are fewer than its columns.
     """
 
     def __init__(self, size: int):
         self.n = size
         self.active = False
         self.k = self.folds = 0
+        self.kb = self.blocks = self.last = 0
+        self.blk = self.held = 0
         self.nwords = 1
         self.tfull = [False, False]
         self.wsel = self.rsel = self.trow = self.tcol = 0
@@ -91,6 +96,10 @@ class MatmulModel:
         self.active = True
         self.k = regs["MM_K"]
         self.folds = regs["MM_FOLDS"]
+        self.kb = regs.get("MM_B_ROWS", 0) or self.k
+        self.blocks = regs.get("MM_B_BLOCKS", 0)
+        self.last = regs.get("MM_B_LAST", 0)
+        self.blk = self.held = 0
         self.nwords = out_words(OutMode(regs["MM_MODE"]))
         self.part = self.tile_row = self.fold = 0
 
@@ -116,7 +125,10 @@ class MatmulModel:
         en = (not arr_valid) or arr_ready
         a_valid = self.active and self.tfull[self.rsel]
         a_last = self.beat == self.k - 1
-        take = (en and a_valid and self.active and rv1
+        zero = self.beat >= self.kb
+        narrow = bool(self.last) and self.blk + 1 >= self.blocks
+        need_word = not zero and (not narrow or self.held < self.last)
+        take = (en and a_valid and self.active and (rv1 or not need_word)
                 and (self.since_last == n or not a_last))
         p0 = rv0 and not self.tfull[self.wsel]
         p2 = rv2 and self.active and not self.pfull
@@ -129,6 +141,12 @@ class MatmulModel:
             else:
                 self.trow += 1
         if take:
+            if narrow and not zero:
+                self.held = n - (self.last - self.held) if need_word else \
+                    self.held - self.last
+            if a_last:
+                self.held = 0
+                self.blk = 0 if self.blk + 1 >= self.blocks else self.blk + 1
             if self.tcol == n - 1:
                 self.tcol = 0
                 self.tfull[self.rsel] = False
@@ -174,7 +192,7 @@ class MatmulModel:
                 self.pcount += 1
         if param_xfer:
             self.pfull = False
-        return p0, take, p2
+        return p0, take and need_word, p2
 
 
 _IDLE, _DOT, _SCORES, _PARTIAL, _REDUCED, _REQUANT = range(6)
@@ -206,7 +224,8 @@ class AttentionModel:
         self.n = size
         self.R = partial_row_words(window, size)
         self.active = False
-        self.Q = self.S = self.w = self.halo = 0
+        self.Q = self.S = self.halo = 0
+        self.kw = self.vw = self.qw = self.ow = 1
         self.interleaved = False
         self.partial = self.reduced = False
         self.kf = self.vf = self.qf = self.rf = False
@@ -232,7 +251,8 @@ class AttentionModel:
     def start(self, regs):
         self.active = True
         self.Q, self.S = regs["AT_QUERIES"], regs["AT_KEYS"]
-        self.w = regs["AT_D_HEAD"] // self.n
+        words = launch_words(regs, self.n)
+        self.kw, self.vw, self.qw, self.ow = (words[s] for s in "kvqo")
         flags = regs["AT_FLAGS"]
         self.interleaved = bool(flags & FLAG_INTERLEAVED)
         self.halo = flags_halo(flags)
@@ -346,7 +366,6 @@ class AttentionModel:
                 if sm_o_ready:
                     self.sm_ovalid = False
         # Gathers and schedule.
-        w = self.w
         if kv_fire:
             self.written += 1
             self.kf = self.vf = False
@@ -356,19 +375,19 @@ class AttentionModel:
         if red_take:
             self.rf = False
         if k_pop:
-            if self.ko + 1 == w:
+            if self.ko + 1 == self.kw:
                 self.kf, self.ko = True, 0
                 self.kc += 1
             else:
                 self.ko += 1
         if v_pop:
-            if self.vo + 1 == w:
+            if self.vo + 1 == self.vw:
                 self.vf, self.vo = True, 0
                 self.vc += 1
             else:
                 self.vo += 1
         if q_pop:
-            if self.qo + 1 == w:
+            if self.qo + 1 == self.qw:
                 self.qf, self.qo = True, 0
                 self.qc += 1
             else:
@@ -399,7 +418,7 @@ class AttentionModel:
                 self.o_full = True
                 self.o_off = 0
             if wg1:
-                if self.o_off + 1 == w:
+                if self.o_off + 1 == self.ow:
                     self.o_full = False
                     self.o_off = 0
                     final = self.rows_out == self.Q - 1

@@ -24,12 +24,13 @@ the same cycle. On the programs the compiler emits this costs a few cycles per s
 from __future__ import annotations
 
 from hw.spec import NpuConfig
-from hw.spec.attention import FLAG_INTERLEAVED, flags_halo
-from hw.spec.collective import CollectiveRequest
+from hw.spec.attention import FLAG_INTERLEAVED, flags_halo, launch_words
+from hw.spec.collective import command_from_registers, walk_group
 from hw.spec.formats import OutMode, out_words
 from hw.spec.isa import (
     ADDR_LEVELS,
     BUSY_COUNTERS,
+    COLL_GENS,
     REG_INDEX,
     REGS,
     WRAP_GENS,
@@ -39,7 +40,7 @@ from hw.spec.isa import (
     Unit,
     decode,
 )
-from hw.spec.memory import bank_of
+from hw.spec.memory import bank_of, packed_block_words
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import chip as chip_timing
 from hw.spec.timing import vector as vec_timing
@@ -56,13 +57,17 @@ _UNIT_BIT = {Op.MATMUL: 0, Op.ATTN: 1, Op.VEC: 2, Op.COLL: 3, Op.SEND: 4, Op.REC
 _GENS_OF = {Op.MATMUL: ("RD0", "RD1", "RD2", "WR0"), Op.ATTN: ("RD3", "RD4", "RD5", "WR1"),
             Op.VEC: ("RD3", "RD4", "RD5", "WR1", "WR2"), Op.COLL: ("RD6", "WR3"),
             Op.SEND: ("RD7",), Op.RECV: ("WR4",)}
-_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED"),
+_UNIT_REGS = {Op.MATMUL: ("MM_K", "MM_FOLDS", "MM_MODE", "MM_A_UNSIGNED", "MM_B_ROWS",
+                          "MM_B_BLOCKS", "MM_B_LAST"),
               Op.ATTN: ("AT_QUERIES", "AT_KEYS", "AT_Q_POS", "AT_K_POS", "AT_WINDOW",
-                        "AT_FLAGS", "AT_D_HEAD"),
+                        "AT_FLAGS", "AT_D_HEAD", "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE",
+                        "AT_O_LANE"),
               Op.VEC: ("VU_OP", "VU_ROWS", "VU_LEN", "VU_N", "VU_FLAGS"),
               Op.COLL: ("CO_KIND", "CO_OP", "CO_WIDTH", "CO_LEN", "CO_CHIPS", "CO_RANK",
-                        "CO_FIRST", "CO_COUNT"),
+                        "CO_NEXT", "CO_COUNT"),
               Op.SEND: ("SR_DEST",), Op.RECV: ("SR_SRC",)}
+#: The walk's slot of collective engine 1 (a torus's chip): busy as the collective unit (bit 3).
+_COLL1 = 6
 #: Launches shorter than this many cycles are timed exactly, by the cycle model alone.
 EXACT_CYCLES = 4000
 #: Longer launches outside the exact closed forms are cut to a few repeats and simulated up
@@ -233,10 +238,13 @@ class LaunchTimer:
             if flags & FLAG_INTERLEAVED and shared != (
                     self._share(regs, "RD3", "RD4") and self._share(regs, "RD4", "RD5")):
                 return None                 # two of the three share a bank: not modelled
+            words = launch_words(regs, n)
+            if shared and flags & FLAG_INTERLEAVED and len(set(words.values())) > 1:
+                return None                 # rows of different lengths in one bank
             base = attn_timing.preload_cycles(regs, window=self.npu.attn_window,
                                               length=self.npu.softmax_len, size=n)
             return chip_timing.attention_cycles(
-                base, keys=regs["AT_KEYS"], words=regs["AT_D_HEAD"] // n, shared=shared,
+                base, keys=regs["AT_KEYS"], words=words, shared=shared,
                 interleaved=bool(flags & FLAG_INTERLEAVED), halo=flags_halo(flags))
         return None
 
@@ -244,7 +252,7 @@ class LaunchTimer:
         """The launch cut to a few repeats, timed by the cycle model, extended linearly."""
         points = []
         for r in (4, 6, 8):
-            cut = _cut(op, regs, r)
+            cut = _cut(op, regs, r, self.n)
             if cut is None:
                 break
             reps, cregs = cut
@@ -285,12 +293,12 @@ def _repeats(op, regs) -> int:
     return 1
 
 
-def _cut(op, regs, r):
+def _cut(op, regs, r, n):
     """``regs`` with the launch cut to about ``r`` repeats: ``(repeats, regs)`` or None."""
     out = dict(regs)
     if op is Op.MATMUL:
         folds = regs["MM_FOLDS"]
-        nb, mb = max(1, regs["RD1.n1"]), max(1, regs["RD1.n2"])
+        nb, mb = max(1, regs["RD2.n1"]), max(1, regs["RD2.n2"])   # column blocks, row tiles
         if folds <= r:
             return None
         if nb >= r:
@@ -298,9 +306,19 @@ def _cut(op, regs, r):
         else:
             nb2, mb2 = nb, min(mb, -(-r // nb))
         f2 = nb2 * mb2
-        for gen, lv_nb, lv_mb in (("RD0", 2, 3), ("RD1", 1, 2), ("RD2", 1, 2), ("WR0", 2, 3)):
+        for gen, lv_nb, lv_mb in (("RD0", 2, 3), ("RD2", 1, 2), ("WR0", 2, 3)):
             out[f"{gen}.n{lv_nb}"] = nb2
             out[f"{gen}.n{lv_mb}"] = mb2
+        last = regs.get("MM_B_LAST", 0)
+        if last:
+            # A packed B walks its row tile's words in one run: fewer whole blocks, then the
+            # packed one.
+            kb = regs.get("MM_B_ROWS", 0) or regs["MM_K"]
+            words = (nb2 - 1) * kb + packed_block_words(kb, last, n)
+            out.update({"RD1.n0": words, "RD1.n1": 1, "RD1.s1": words, "RD1.n2": mb2,
+                        "MM_B_BLOCKS": nb2})
+        else:
+            out["RD1.n1"], out["RD1.n2"] = nb2, mb2
         out["MM_FOLDS"] = f2
         return f2, out
     if op is Op.VEC:
@@ -337,18 +355,20 @@ class _Chip:
         self.pc = 0
         self.loop = LoopState()
         self.t = 0                       # the cycle the next instruction may issue in
-        self.free = [0] * 6              # first cycle each unit is idle (None: pending)
-        self.spans = [[] for _ in range(6)]
+        # Per slot (the unit bits, then collective engine 1: _COLL1): the first cycle it is
+        # idle (None: a posted launch pending) and its busy intervals.
+        self.free = [0] * 7
+        self.spans = [[] for _ in range(7)]
         self.regs = {}
         self.launches = []
+        self.slots = []                  # each launch's slot
         self.cycles = None
-        self.pending = {}                # unit bit -> posted operation
+        self.pending = {}                # slot -> posted operation
 
-    def done_launch(self, bit, end):
-        """The unit's posted launch (the last of its unit still open) ends at ``end``."""
-        name = {3: "COLL", 4: "SEND", 5: "RECV"}[bit]
-        for launch in reversed(self.launches):
-            if launch[1] == name and launch[3] is None:
+    def done_launch(self, slot, end):
+        """The slot's posted launch (the last of its slot still open) ends at ``end``."""
+        for launch, at in zip(reversed(self.launches), reversed(self.slots), strict=True):
+            if at == slot and launch[3] is None:
                 launch[3] = end
                 return
 
@@ -409,7 +429,8 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             c.t += 1
         elif op in (Op.WAIT, Op.HALT):
             mask = int(Unit.ALL) if op is Op.HALT else insn.value
-            units = [u for u in range(6) if mask >> u & 1]
+            units = [u for u in range(6) if mask >> u & 1] + \
+                ([_COLL1] if mask & Unit.COLL else [])
             if any(c.free[u] is None for u in units):
                 return moved
             at = max([c.t] + [c.free[u] for u in units])
@@ -418,18 +439,21 @@ def _advance(c: _Chip, timer: LaunchTimer, comm) -> bool:
             c.t = at + 1
         elif op in _UNIT_BIT:
             bit = _UNIT_BIT[op]
+            if op is Op.COLL and comm.engines == 2 and insn.value & 1:
+                bit = _COLL1
             deps = (1, 2) if op in (Op.ATTN, Op.VEC) else (bit,)
             if any(c.free[u] is None for u in deps):
                 return moved
             at = max([c.t] + [c.free[u] for u in deps])
             c.launches.append([c.pc, op.name, at, None])
+            c.slots.append(bit)
             if op in (Op.MATMUL, Op.ATTN, Op.VEC):
                 dur = timer.duration(op, c.regs)
                 c.spans[bit].append((at + 1, at + 1 + dur))
                 c.free[bit] = at + 1 + dur
                 c.launches[-1][3] = at + 1 + dur
             else:
-                comm.post(c, op, at)
+                comm.post(c, op, at, bit)
             c.t = at + 1
         else:
             raise IssError(f"chip {c.chip} pc {c.pc}: {op.name} cannot be timed")
@@ -460,6 +484,8 @@ class _Comm:
         self.timer = timer
         self.chips = chips
         self.topology = topology or Topology.ring(chips)
+        #: Collective engines per chip (a torus's chip has two).
+        self.engines = 2 if self.topology.is_torus else 1
         #: A ring's links when its topology gives its own (None: the NPU's).
         self.ring_link = None if self.topology.is_torus or not self.topology.links else \
             self.topology.links[0]
@@ -488,31 +514,61 @@ class _Comm:
         for m, regs, off in zip(req.members, member_regs, offsets, strict=True):
             regs = dict(regs)
             if n != req.chips or where[m] != m:
-                regs.update(CO_CHIPS=n, CO_RANK=where[m], CO_FIRST=first)
+                regs.update(CO_CHIPS=n, CO_NEXT=where[req.next_member(m)])
             words = [int(Op.NOP)] * off
             words += [_set(name, regs.get(name, 0)) for name in _REGS_OF[Op.COLL]]
             words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
             programs[where[m]] = words
         return programs, where, link
 
-    def post(self, c: _Chip, op, at):
-        bit = _UNIT_BIT[op]
+    def post(self, c: _Chip, op, at, slot):
         r = c.regs
         if op is Op.COLL:
-            req = CollectiveRequest(kind=r["CO_KIND"], op=r["CO_OP"], width=r["CO_WIDTH"],
-                                    length=r["CO_LEN"], chips=r["CO_CHIPS"],
-                                    first=r["CO_FIRST"], count=r["CO_COUNT"])
-            if req.position(r["CO_RANK"]) is None:
+            try:
+                cmd = command_from_registers(r)
+            except ValueError as exc:
+                raise IssError(f"chip {c.chip} pc {c.pc}: {exc}") from None
+            if cmd.rank is None:
                 c.launches[-1][3] = at + 1  # outside the group: a no-op, never busy
                 return
-            c.pending[bit] = ("coll", req, at, dict(r))
+            # Timed on a ring's chip (one engine): engine 1's generators become engine 0's.
+            regs = dict(r)
+            if slot == _COLL1:
+                for (rd, wr), (rd1, wr1) in [(COLL_GENS[0], COLL_GENS[1])]:
+                    for g, g1 in ((rd, rd1), (wr, wr1)):
+                        for name in _gen_regs(g):
+                            regs[name] = r.get(g1 + name[len(g):], 0)
+            c.pending[slot] = ("coll", cmd, at, self._placed_at_zero(regs))
         elif op is Op.SEND:
             words = _extent(r, "RD7")[2]
-            c.pending[bit] = ("send", r["SR_DEST"], at, words)
+            c.pending[slot] = ("send", r["SR_DEST"], at, words)
         else:
             words = _extent(r, "WR4")[2]
-            c.pending[bit] = ("recv", r["SR_SRC"], at, words)
-        c.free[bit] = None
+            c.pending[slot] = ("recv", r["SR_SRC"], at, words)
+        c.free[slot] = None
+
+    def _placed_at_zero(self, regs) -> dict:
+        """A COLL's registers with its buffers moved down as far as its timing allows, so
+        that the same collective on other addresses (the blocks of a split collective, the
+        layers of a model) is timed once. The cycle model's only use of an address is its
+        bank (the ports' arbitration): buffers in one bank move to the start of bank 0;
+        otherwise they move down by whole banks (the same bank pattern); a walk that wraps
+        at the scratchpad's end stays where it is."""
+        regs = dict(regs)
+        gens = ("RD6", "WR3")
+        spans = [_extent(regs, g) for g in gens]
+        lo = min(s[0] for s in spans)
+        if lo < 0 or max(s[1] for s in spans) >= self.npu.sram_words:
+            return regs
+        bank_words = self.npu.bank_words if self.npu.sram_banks > 1 else None
+        if bank_words is None or len({bank_of(a, bank_words) for s in spans
+                                      for a in s[:2]}) == 1:
+            shift = lo
+        else:
+            shift = lo - lo % bank_words
+        for g in gens:
+            regs[f"{g}.base"] = regs.get(f"{g}.base", 0) - shift
+        return regs
 
     def meet(self, chips) -> bool:
         met = self._meet_collectives(chips)
@@ -542,20 +598,27 @@ class _Comm:
         launch (the early members' words move before the last member launches). Those whose
         groups run at the same time (their intervals overlap) share the ring's links, the
         routers forwarding each group's words past the others: they are timed together."""
-        ready, seen = [], set()
-        for c in chips:
-            coll = c.pending.get(3)
-            if coll is None or c.chip in seen:
-                continue
-            req = coll[1]
-            posts = [chips[m].pending.get(3) for m in req.members]
-            if all(p is not None and p[1] == req for p in posts):
-                seen.update(req.members)
+        ready = []
+        for slot in (3, _COLL1):
+            posted = {c.chip: c.pending[slot][1] for c in chips
+                      if c.pending.get(slot) is not None}
+            for chip in list(posted):
+                if chip not in posted:
+                    continue
+                try:
+                    req = walk_group(posted, chip)
+                except ValueError as exc:
+                    raise IssError(str(exc)) from None
+                if req is None:
+                    continue
+                for m in req.members:
+                    del posted[m]
+                posts = [chips[m].pending[slot] for m in req.members]
                 regs = [p[3] for p in posts]
                 alone = self._coll(req, regs)       # every member starting with the last
                 last = max(p[2] for p in posts)
                 ready.append((req, posts, min(p[2] for p in posts),
-                              last + 1 + max(alone.values())))
+                              last + 1 + max(alone.values()), slot))
         if not ready:
             return False
         # Clusters of overlapping intervals (by first launch, each joining the previous
@@ -563,19 +626,23 @@ class _Comm:
         ready.sort(key=lambda r: r[2])
         clusters = []
         for item in ready:
-            if clusters and item[2] < max(x[3] for x in clusters[-1]):
+            # Collectives of different engines run on different links (a torus's two
+            # dimensions): only one engine's overlap on shared links.
+            if clusters and item[4] == clusters[-1][0][4] and \
+                    item[2] < max(x[3] for x in clusters[-1]):
                 clusters[-1].append(item)
             else:
                 clusters.append([item])
         for cluster in clusters:
-            for (req, posts, _, _), dur in zip(cluster, self._colls(cluster), strict=True):
+            for (req, posts, _, _, slot), dur in zip(cluster, self._colls(cluster),
+                                                     strict=True):
                 for m, p in zip(req.members, posts, strict=True):
                     chip = chips[m]
                     end = p[2] + 1 + dur[m]
-                    chip.spans[3].append((p[2] + 1, end))
-                    chip.free[3] = end
-                    chip.done_launch(3, end)
-                    del chip.pending[3]
+                    chip.spans[slot].append((p[2] + 1, end))
+                    chip.free[slot] = end
+                    chip.done_launch(slot, end)
+                    del chip.pending[slot]
         return True
 
     def _colls(self, cluster) -> list[dict]:
@@ -589,7 +656,7 @@ class _Comm:
             return self._coll_cache[key]
         if self.topology.is_torus:
             out = []
-            for req, posts, _, _ in cluster:
+            for req, posts, _, _, _ in cluster:
                 programs, where, link = self._group_programs(
                     req, [p[3] for p in posts], [p[2] - t0 for p in posts])
                 t = time_programs(self.npu, programs, ring=len(programs) > 1, link=link)
@@ -599,7 +666,7 @@ class _Comm:
             return out
         chips = cluster[0][0].chips
         programs = [[int(Op.HALT)] for _ in range(chips)]
-        for req, posts, _, _ in cluster:
+        for req, posts, _, _, _ in cluster:
             for m, p in zip(req.members, posts, strict=True):
                 words = [int(Op.NOP)] * (p[2] - t0)
                 words += [_set(name, p[3].get(name, 0)) for name in _REGS_OF[Op.COLL]]
@@ -709,10 +776,11 @@ def _chip_result(c: _Chip) -> ChipTiming:
     end = c.cycles
     events = {}
     for u, spans in enumerate(c.spans):
+        bit = 3 if u == _COLL1 else u       # either collective engine: the collective unit
         for s, e in spans:
             if e > s:
-                events.setdefault(s, []).append((u, 1))
-                events.setdefault(e, []).append((u, -1))
+                events.setdefault(s, []).append((bit, 1))
+                events.setdefault(e, []).append((bit, -1))
     depth = [0] * 6
     trace = []
     busy = 0

@@ -5,9 +5,10 @@ decides *when* a word moves and carries no data: a ring word is its tag ``(dest,
 and its ``last`` bit.
 
 - :class:`LinkModel`: ``hw/ring/link.py`` (serialiser, ``latency`` skid stages, deserialiser);
-- :func:`route`: ``hw/ring/router.py`` (combinational: deliver, forward, transmit priority);
-- :class:`CollectiveModel`: ``hw/ring/collective.py`` with the chip's RD6 word packer and WR3
-  unpacker (``hw/tile/gearbox.py``);
+- :func:`route`: ``hw/ring/router.py`` (combinational: deliver, forward along the column
+  first, transmit priority), on a ring's chip (one link) or a torus's (two);
+- :class:`CollectiveModel`: ``hw/ring/collective.py`` with the chip's word packer on its read
+  generator and unpacker on its write generator (``hw/tile/gearbox.py``);
 - :class:`SendModel`, :class:`RecvModel`: the chip's send unit (RD7, packer, clear-to-send
   tokens) and receive unit (FIFO, unpacker, WR4) of ``hw/chip.py``.
 """
@@ -18,8 +19,7 @@ from collections import deque
 
 from hw.spec.collective import CollectiveRequest, step_words, steps
 from hw.spec.isa import COLL_FIFO_WORDS, RECV_FIFO_WORDS
-from hw.spec.ring import CHAN_COLL, CHAN_CTS, CHAN_P2P
-from hw.spec.timing.collective import setup_cycles
+from hw.spec.ring import CHAN_COLL, CHAN_COLL1, CHAN_CTS, CHAN_P2P, COLL_CHANS, CTS_SLOTS
 
 __all__ = ["LinkModel", "route", "CollectiveModel", "SendModel", "RecvModel"]
 
@@ -100,64 +100,101 @@ class LinkModel:
                     main[k] = inw
 
 
-def route(chip: int, rx, tx_ready: bool, cts_valid: bool, cts_word, coll_word, p2p_word,
-          coll_ready_fn, p2p_open: bool, p2p_src: int, p2p_ready: bool):
-    """One cycle of a router (combinational). ``rx``: the word the previous link offers (or
-    None); ``coll_word`` / ``p2p_word`` / ``cts_word``: what the collective engine, the send
-    unit and the receive unit's clear-to-send offer (None: nothing). ``coll_ready_fn(valid)``
-    returns whether the engine takes an offered ring word.
+def route(chip: int, row: tuple[int, int] | None, rxs, tx_readies, cts_word, coll_words,
+          p2p_word, coll_ready_fns, p2p_open: bool, p2p_src: int, p2p_ready: bool,
+          cts_ready_fn):
+    """One cycle of a router (combinational), ``hw/ring/router.py``: per link (dimension 0,
+    and on a torus dimension 1) ``rxs[d]`` the word it offers (or None) and ``tx_readies[d]``
+    whether its outgoing link takes one; ``row`` the chip's row's first and last ids (None on
+    a ring); ``cts_word``, ``coll_words[e]`` (per engine), ``p2p_word``: what the receive
+    unit's clear-to-send, the collective engines and the send unit offer (None: nothing).
+    ``coll_ready_fns[e](valid)`` returns whether engine e takes an offered ring word;
+    ``cts_ready_fn(src)`` whether the send unit's store takes a token from ``src``.
 
-    Returns ``(tx_word, rx_taken, to_coll, to_p2p, cts_from, took)`` where ``took`` names the
-    unit whose offer was transmitted (``"cts"``, ``"coll"``, ``"p2p"`` or None) and
-    ``cts_from`` the source chip of a clear-to-send token that arrived (or None).
+    Returns ``(txs, rx_taken, to_coll, to_p2p, cts_from, took)``: per link the word entering
+    it (None: none), per link whether its word was taken, per engine whether a word reached
+    it, the message word for the receive unit (or None), the source chip of a clear-to-send
+    token taken (or None), and the set of local offers transmitted (``"cts"``, ``"coll0"``,
+    ``"coll1"``, ``"p2p"``).
     """
-    mine = rx is not None and rx[0] == chip
-    chan = rx[2] if rx is not None else -1
-    to_coll = mine and chan == CHAN_COLL
-    to_p2p = mine and chan == CHAN_P2P and p2p_open and rx[1] == p2p_src
-    cts_from = rx[1] if mine and chan == CHAN_CTS else None
-    fwd = rx is not None and not mine
-    took = None
-    if fwd:
-        tx = rx
-    elif cts_valid:
-        tx, took = cts_word, "cts"
-    elif coll_word is not None:
-        tx, took = coll_word, "coll"
-    elif p2p_word is not None:
-        tx, took = p2p_word, "p2p"
-    else:
-        tx = None
-    if not tx_ready:
-        took = None
-    coll_ready = coll_ready_fn(to_coll)
-    if rx is None:
-        rx_taken = False
-    elif fwd:
-        rx_taken = tx_ready
-    elif chan == CHAN_COLL:
-        rx_taken = coll_ready
-    elif chan == CHAN_P2P:
-        rx_taken = p2p_ready and p2p_open and rx[1] == p2p_src
-    else:
-        rx_taken = True
-    return (tx if tx_ready else None), rx_taken, to_coll and rx_taken, \
-        to_p2p and rx_taken, cts_from, took
+    dims = len(rxs)
+    mine = [rx is not None and rx[0] == chip for rx in rxs]
+
+    def along_row(dest):
+        return row is None or row[0] <= dest <= row[1]
+
+    # Receive side: each unit takes one word, dimension 0's first.
+    delivered = [False] * dims
+    to_coll = [False] * len(coll_words)
+    to_p2p = None
+    cts_from = None
+    sinks = [("coll", e, CHAN_COLL if e == 0 else CHAN_COLL1) for e in range(len(coll_words))]
+    sinks += [("p2p", 0, CHAN_P2P), ("cts", 0, CHAN_CTS)]
+    for what, e, chan in sinks:
+        offers = [mine[d] and rxs[d][2] == chan and
+                  (what != "p2p" or (p2p_open and rxs[d][1] == p2p_src)) for d in range(dims)]
+        pick = 0 if offers[0] else (1 if dims == 2 and offers[1] else None)
+        valid = pick is not None
+        if what == "coll":
+            ready = coll_ready_fns[e](valid)
+        elif not valid:
+            continue
+        elif what == "p2p":
+            ready = p2p_ready
+        else:
+            ready = cts_ready_fn(rxs[pick][1])
+        if valid and ready:
+            delivered[pick] = True
+            if what == "coll":
+                to_coll[e] = True
+            elif what == "p2p":
+                to_p2p = rxs[pick]
+            else:
+                cts_from = rxs[pick][1]
+
+    # Transmit side: per link, forwarded words first, then the local offers routed to it.
+    forwarded = [False] * dims
+    took = set()
+    txs = [None] * dims
+    locals_ = [("cts", cts_word)] + [(f"coll{e}", w) for e, w in enumerate(coll_words)] + \
+        [("p2p", p2p_word)]
+    for d in range(dims):
+        cands = []
+        if d == 0:
+            if rxs[0] is not None and not mine[0]:
+                cands.append((0, rxs[0]))
+            if dims == 2 and rxs[1] is not None and not mine[1] and along_row(rxs[1][0]):
+                cands.append((1, rxs[1]))
+        elif rxs[1] is not None and not mine[1] and not along_row(rxs[1][0]):
+            cands.append((1, rxs[1]))
+        for name, word in locals_:
+            if word is not None and along_row(word[0]) == (d == 0):
+                cands.append((name, word))
+        if not cands or not tx_readies[d]:
+            continue
+        owner, word = cands[0]
+        txs[d] = word
+        if isinstance(owner, int):
+            forwarded[owner] = True
+        else:
+            took.add(owner)
+    rx_taken = [delivered[d] or forwarded[d] for d in range(dims)]
+    return txs, rx_taken, to_coll, to_p2p, cts_from, took
 
 
 class CollectiveModel:
     """The collective engine of one chip with its RD6 packer and WR3 unpacker (``ratio``
     scratchpad words per engine word)."""
 
-    def __init__(self, *, chip: int, ratio: int, wbytes: int):
+    def __init__(self, *, chip: int, ratio: int, wbytes: int, engine: int = 0):
         self.chip = chip
+        self.chan = COLL_CHANS[engine]
         self.ratio = ratio
         self.wbytes = wbytes
         self.running = False
         self.steps = []
         self.words = []
         self.s = self.k = 0
-        self.wait = 0                     # cycles of the divider left before the first step
         self.pend_out = False
         self.rx_level = 0
         self.tx = deque()                 # words in the transmit buffer
@@ -166,11 +203,11 @@ class CollectiveModel:
         self.upart = 0                    # WR3 unpacker
 
     def start(self, req: CollectiveRequest, rank: int, dest: int):
+        """Run ``req`` (in group-rank space) as group rank ``rank``, sending to ``dest``."""
         self.running = True
         self.steps = steps(req, rank)
         self.words = [step_words(req, st, self.wbytes) for st in self.steps]
         self.s = self.k = 0
-        self.wait = setup_cycles(req.kind)
         self.dest = dest
 
     def busy_core(self) -> bool:
@@ -186,7 +223,7 @@ class CollectiveModel:
         """The cycle's handshakes: returns whether a word offered by the router is taken and
         stores what :meth:`update` needs."""
         ratio = self.ratio
-        stepping = self.running and self.wait == 0 and self.s < len(self.steps)
+        stepping = self.running and self.s < len(self.steps)
         st = self.steps[self.s] if stepping else None
         words = self.words[self.s] if stepping else 0
         rx_direct = self.rx_level == 0
@@ -211,8 +248,6 @@ class CollectiveModel:
         stepping, st, words, rx_direct, rx_take, fire, o_local_ready = self._c
         ratio = self.ratio
         end = self.running and self.s >= len(self.steps) and not self.pend_out and not self.tx
-        if self.running and self.wait:
-            self.wait -= 1
         if tx_taken:
             self.tx.popleft()
         if rx_in and not (rx_direct and rx_take):
@@ -227,7 +262,7 @@ class CollectiveModel:
         self.fill = (0 if give else self.fill) + rx6_pop
         if fire:
             if st.tx:
-                self.tx.append((self.dest, self.chip, CHAN_COLL, self.k == words - 1))
+                self.tx.append((self.dest, self.chip, self.chan, self.k == words - 1))
             self.pend_out = st.out
             if self.k == words - 1:
                 self.k = 0
@@ -242,7 +277,7 @@ class CollectiveModel:
 
 class SendModel:
     """The send unit: RD7 -> packer -> the router, to ``dest``, once it holds a clear-to-send
-    token from ``dest``."""
+    token from ``dest`` (a store of :data:`~hw.spec.ring.CTS_SLOTS` tokens' sources)."""
 
     def __init__(self, *, chip: int, ratio: int):
         self.chip = chip
@@ -250,7 +285,7 @@ class SendModel:
         self.active = False
         self.clear = False
         self.dest = 0
-        self.cts = set()                  # chips whose clear-to-send token is held
+        self.cts = set()                  # sources of the clear-to-send tokens held
         self.fill = 0
         self.total = self.taken = 0       # scratchpad words of the message, taken so far
 
@@ -262,6 +297,11 @@ class SendModel:
 
     def busy_core(self) -> bool:
         return self.active or self.fill != 0
+
+    def cts_ready(self, src: int) -> bool:
+        """Whether the store takes a token from ``src`` this cycle (it has room, or holds one
+        from ``src`` already)."""
+        return len(self.cts) < CTS_SLOTS or src in self.cts
 
     def word(self):
         """The ring word offered to the router, or None."""

@@ -8,6 +8,7 @@ from hw.spec.collective import CollectiveRequest, Kind
 from hw.spec.formats import OutMode
 from hw.spec.isa import Unit
 from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks
+from hw.spec.topology import Topology
 from hw.system import ChipSystem
 from sim.compiler.assembler import Assembler
 from sim.compiler.collective_launch import coll_launch, emit
@@ -16,7 +17,7 @@ from sim.golden.collectives import collective
 from sim.golden.matmul import matmul_unit
 from sim.iss import IssSystem
 from sim.rtl.system_runner import run_system_pysim
-from tests.helpers import assert_cycle_model, input_length, seeded, small_npu
+from tests.helpers import assert_cycle_model, input_length, seeded, small_npu, torus_programs
 
 
 def random_input(rng, req, chip):
@@ -75,10 +76,11 @@ def build(npu, chips, reqs, rng, *, matmul=False):
     return programs, images, reads, launches, want
 
 
-def assert_timed(npu, programs, rtl):
+def assert_timed(npu, programs, rtl, topology=None):
     """The cycle model (sim.timing.cycle) agrees with the pysim run ``rtl`` of ``programs``."""
     model = assert_cycle_model(npu, programs, list(zip(
-        rtl["chip_cycles"], rtl["busy_cycles"], rtl["traces"], strict=True)))
+        rtl["chip_cycles"], rtl["busy_cycles"], rtl["traces"], strict=True)),
+        topology=topology)
     assert model.cycles == rtl["cycles"], (model.cycles, rtl["cycles"])
 
 
@@ -142,8 +144,10 @@ def test_rejections():
     npu = small_npu()
     with pytest.raises(TypeError, match="npu must be an NpuConfig"):
         ChipSystem(npu="tiny", chips=2)
-    with pytest.raises(ValueError, match="chips must be 1..8, not 9"):
-        ChipSystem(npu=npu, chips=9)
+    with pytest.raises(ValueError, match="1025 chips: a system holds at most 1024"):
+        ChipSystem(npu=npu, chips=1025)
+    with pytest.raises(ValueError, match="chips=4 is not the 6 chips of the 2x3"):
+        ChipSystem(npu=npu, chips=4, topology=Topology((2, 3)))
 
 
 def test_four_chips_reduce_scatter_gather_send_recv_barrier():
@@ -226,3 +230,38 @@ def test_a_send_nobody_receives_hits_the_watchdog_naming_the_chip():
     programs[1] = programs[1][-1:]          # chip 1 only halts
     with pytest.raises(SimulationTimeout, match=r"chip 0 at pc \d+ busy with send"):
         run_system_pysim(npu, programs, images, [[], []], max_cycles=2_000)
+
+
+# --- a torus: a router with a port per dimension, two collective engines per chip ----------
+
+def run_torus_case(topo, transfers, seed, *, max_cycles=20_000):
+    npu = small_npu()
+    programs, images = torus_programs(npu, topo, transfers, seeded(seed))
+    system = IssSystem(npu, topo.chips, topo)
+    for iss, img in zip(system.chip, images, strict=True):
+        for base, words in img.items():
+            iss.write_words(base, words)
+    system.run(programs)
+    rtl = run_system_pysim(npu, programs, images, [[(0, 300)]] * topo.chips,
+                           max_cycles=max_cycles, topology=topo)
+    assert not any(rtl["errors"]), rtl["errors"]
+    for c in range(topo.chips):
+        got, want = rtl["regions"][c][0], system.chip[c].read_words(0, 300)
+        bad = np.argwhere(got != want)
+        assert not len(bad), f"chip {c}: RTL differs from the ISS at word {bad[0][0]}"
+    for src, dest in transfers:
+        assert (system.chip[dest].read_words(40, 16) == images[src][0]).all(), (src, dest)
+    assert_timed(npu, programs, rtl, topology=topo)
+    return rtl
+
+
+# About 100 s of pysim on the shared cores: the suite runs the same on Verilator
+# (tests/sim/rtl/verilator/test_runner.py); this one holds the torus to Amaranth's simulator.
+@pytest.mark.slow
+def test_torus_rows_and_columns_at_once_and_routed_sends():
+    """A 2 x 2 torus: every row all-reduces on engine 0 while every column all-reduces on
+    engine 1, and two messages cross both dimensions (0 -> 3 and 1 -> 2: along the column,
+    then the row) while chip 2 sends to chip 0 along the column: RTL == ISS, the cycle model
+    gives the RTL's cycles, busy counters and traces."""
+    rtl = run_torus_case(Topology((2, 2)), [(0, 3), (1, 2), (2, 0)], seed=31)
+    print(f"cycles={rtl['cycles']} busy={rtl['busy_cycles']} wall={rtl['wall_s']:.1f}s")

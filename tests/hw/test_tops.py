@@ -11,7 +11,7 @@ from hw.fpga.units import AddrGenUnit, SequencerUnit
 from hw.ring.collective import CollectiveEngine
 from hw.spec import npu_preset
 from hw.spec.attention import softmax_lanes
-from hw.spec.isa import READ_GENS, REG_INDEX, WRITE_GENS, Insn, Op, encode
+from hw.spec.isa import READ_GENS, REG_INDEX, WRITE_GENS, Insn, Op, chip_gens, encode
 from hw.tops import build_top
 from sim.rtl.pysim import collect, run_sim
 
@@ -67,11 +67,13 @@ def test_unit_tops_have_the_chips_sizes():
     npu = npu_preset("fpga")
     assert isinstance(build_top("sequencer", npu), SequencerUnit)
     spad = build_top("scratchpad", npu)
-    assert (len(spad.rd), len(spad.wr)) == (len(READ_GENS) + 1, len(WRITE_GENS) + 1)
+    reads, writes = chip_gens(1)       # a ring's chip: one collective engine's generators
+    assert (len(spad.rd), len(spad.wr)) == (len(reads) + 1, len(writes) + 1)
+    assert (len(spad.rd), len(spad.wr)) == (len(READ_GENS), len(WRITE_GENS))
     assert spad.addr_bits == npu.sram_addr_bits
     gens = build_top("addrgen", npu)
     assert isinstance(gens, AddrGenUnit)
-    assert len(gens.signature.members) == len(READ_GENS) + len(WRITE_GENS)
+    assert len(gens.signature.members) == len(reads) + len(writes)
     sm = build_top("softmax", npu)
     assert sm.length == npu.softmax_len
     assert build_top("attention_engine", npu).length == npu.softmax_len

@@ -7,8 +7,8 @@ AVG's divider, the floor division of a signed 64-bit lane by the group size
 WebAssembly call stack is exhausted (``wasm trap: call stack exhausted``, after a few seconds).
 That stopped Yosys on the whole chip. The 32-bit signed division and unsigned 24- and 64-bit
 ones do synthesise. The FPGA build leaves AVG out (``avg=False``; ``hw.tops``' ``build_fpga``,
-``hw.fpga.board.COLL_AVG``); the engine's division of the length by the group size runs over
-several cycles (``hw.spec.timing.collective.SETUP_CYCLES``).
+``hw.fpga.board.COLL_AVG``); the engine divides nothing else (the compiler divides the
+collective's length by the group size: ``hw.spec.collective.len_register``).
 
 The vector engine of the fpga preset's chip (:class:`hw.tile.vector_engine.VectorEngine`, 8
 lanes): plain ``synth_ecp5`` stops in ABC9's reintegration, ``Assert `GetSize(conn.first) ==
@@ -79,7 +79,8 @@ def test_avg_64_bit_divider_exhausts_the_call_stack(tmp_path):
 
 def test_collective_engine_as_the_fpga_builds_it_synthesises(tmp_path):
     """The engine of the fpga preset's chip (8-byte links, 16-byte words, the chip's buffers),
-    without AVG: its division by the group size is sequential, and Yosys gets through."""
+    without AVG (and with no divider of the length: the compiler divides), and Yosys gets
+    through."""
     engine = CollectiveEngine(link_bytes=8, fifo_words=COLL_FIFO_WORDS, avg=False)
     status, log = _synth(tmp_path, engine, timeout=900)
     assert status == 0, f"synth_ecp5 failed (exit {status}) on the FPGA build's engine:\n{log}"

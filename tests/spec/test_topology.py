@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from hw.spec import ConfigError, load_npu, npu_preset
-from hw.spec.ring import CHIP_BITS, RTL_MAX_CHIPS, check_rtl_chips
+from hw.spec.ring import NODE_CHIP_BITS, check_rtl_chips, route_dim, tag_bits
 from hw.spec.topology import (
     MAX_CHIPS,
     DimLink,
@@ -27,8 +27,19 @@ def test_chip_bits_is_the_one_rule(chips, bits):
 
 
 def test_the_gateware_tag_comes_from_the_rule():
-    assert CHIP_BITS == chip_bits(RTL_MAX_CHIPS) == 3
-    assert chip_bits(MAX_CHIPS) == 10
+    """Chip ids (and the tags that carry two of them) are sized from the system: 3 bits for 8
+    chips, 4 for a 4 x 4 torus, 10 for the node the Verilator backend builds for any."""
+    assert chip_bits(8) == 3 and chip_bits(16) == 4 and tag_bits(4) == 10
+    assert NODE_CHIP_BITS == chip_bits(MAX_CHIPS) == 10
+
+
+def test_dimension_order_routing_goes_along_the_column_first():
+    """On a 4 x 4 torus chip 5 (1, 1) sends a word for chip 6 (its row) along the row, a word
+    for chip 13 (another row) along the column; a ring's chip sends every word along it."""
+    row = (4, 7)
+    assert route_dim(6, *row) == 0 and route_dim(4, *row) == 0
+    assert route_dim(13, *row) == 1 and route_dim(1, *row) == 1
+    assert all(route_dim(d, 0, 15) == 0 for d in range(16))
 
 
 @pytest.mark.parametrize("text, dims, chips", [("16", (16,), 16), ("4x4", (4, 4), 16),
@@ -119,8 +130,8 @@ def test_a_bad_topology_table_names_the_key_and_file(tmp_path, table, match):
     assert info.value.key == "topology" and "torus.toml" in str(info.value)
 
 
-def test_the_gateware_ring_refuses_more_than_its_chips():
-    assert check_rtl_chips(8) == 8
-    with pytest.raises(ValueError, match=r"chips must be 1\.\.8, not 9: the gateware's ring "
-                                         r"\(hw.spec.ring.RTL_MAX_CHIPS"):
-        check_rtl_chips(9)
+def test_the_gateware_refuses_more_than_a_system_holds():
+    assert check_rtl_chips(1024) == 1024
+    with pytest.raises(ValueError, match=r"chips must be 1\.\.1024, not 1025: the gateware "
+                                         "holds at most 1024"):
+        check_rtl_chips(1025)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..attention import (
     FLAG_INTERLEAVED,
     flags_halo,
+    launch_words,
     partial_row_words,
     schedule,
     softmax_lanes,
@@ -30,23 +31,27 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     """Cycles of one launch in the engine, from its ``i_cfg`` transfer to its final ``o``
     transfer, with every input word available at once and ``o`` always ready (exact).
 
-    The pipeline recurrence (``W`` window, ``T = L / P`` softmax beats, ``w = d_head / N``
-    words per row; ``kv``/``q``/``s``/``p``/``out`` are the transfer cycles of a key write, a
-    query, its score row, its probabilities and its raw output row):
+    The pipeline recurrence (``W`` window, ``T = L / P`` softmax beats, ``w`` words per row of
+    each stream, :func:`hw.spec.attention.launch_words`: ``w_k`` of K, ``w_v`` of V, ``w_q`` of
+    Q, ``w_o`` of the output, all ``d_head / N`` for heads of whole words at lane 0;
+    ``kv``/``q``/``s``/``p``/``out`` are the transfer cycles of a key write, a query, its score
+    row, its probabilities and its raw output row):
 
-    - a K/V (Q) row is complete ``w`` cycles after the previous one was used (the first at
-      ``1 + w``);
+    - a K/V row is complete ``max(w_k, w_v)`` cycles after the previous one was used (the
+      first at ``1 + max(w_k, w_v)``; the partial pass reads no V, the reduced pass no K), a Q
+      row ``w_q`` cycles;
     - ``kv(n) = max(row ready, previous command + 1, out(last query) + 1)`` (the ring is
       written only while no query is in flight);
     - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
     - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
     - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
-      out(t-1) + w + 1)``; the launch ends at ``out(Q-1) + w``.
+      out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1) + w_o``.
 
-    Closed forms (valid while ``w <= W + 5``): preload ``w (S + 1) + 2W + 5T + 11 + (Q - 1)
-    max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys: ``w (H + 2) + Q (2W + 5T + 11)``.
+    Closed forms (every stream ``w`` words, valid while ``w <= W + 5``): preload
+    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys:
+    ``w (H + 2) + Q (2W + 5T + 11)``.
     """
-    words = regs["AT_D_HEAD"] // size
+    words = launch_words(regs, size)
     beats = length // softmax_lanes(length)
     flags = regs["AT_FLAGS"]
     cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
@@ -69,7 +74,10 @@ def _recurrence(cmds, split, words, rw, window, beats):
       ``s(t) = max(red(t) + W + 2, p(t-1) + 1)``; then softmax, P.V and output as a normal
       query.
     """
-    k_ready = q_ready = 1 + words
+    kvw = words["k"] if split == "partial" else words["v"] if split == "reduced" else \
+        max(words["k"], words["v"])
+    qw, ow = words["q"], words["o"]
+    k_ready, q_ready = 1 + kvw, 1 + qw
     red_ready = 1 + rw
     prev = -1
     s = p = out = part = None
@@ -77,7 +85,7 @@ def _recurrence(cmds, split, words, rw, window, beats):
     for kind, _ in cmds:
         if kind == "k":
             t = max(k_ready, prev + 1, last_out + 1 if last_out is not None else 0)
-            k_ready = t + words
+            k_ready = t + kvw
             prev = t
             continue
         after_p = p + 1 if p is not None else 0
@@ -89,7 +97,7 @@ def _recurrence(cmds, split, words, rw, window, beats):
             s = max(red + window + ATTN_REDUCED_CYCLES, after_p)
         else:
             t = max(q_ready, prev + 1, s + 1 if s is not None else 0)
-            q_ready = t + words
+            q_ready = t + qw
             if split is None:
                 s = max(t + window + ATTN_DOT_CYCLES, after_p)
             else:
@@ -101,23 +109,24 @@ def _recurrence(cmds, split, words, rw, window, beats):
             out = p + window + ATTN_PV_CYCLES
         else:
             p = max(s + SOFTMAX_STAGES * beats + 1, after_out)
-            out = max(p + window + ATTN_PV_CYCLES, out + words + 1 if out is not None else 0)
+            out = max(p + window + ATTN_PV_CYCLES, out + ow + 1 if out is not None else 0)
         last_out = out
         prev = t
     if split == "partial":
         return max(part + rw, out)
-    return out + words
+    return out + ow
 
 
 def preload_cycles(regs: dict, *, window: int, length: int, size: int) -> int:
     """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
     bits clear) in closed form,
-    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when ``w <= W + 5``; else the
-    recurrence."""
-    words = regs["AT_D_HEAD"] // size
+    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when every stream has ``w``
+    words per row and ``w <= W + 5``; else the recurrence."""
+    counts = set(launch_words(regs, size).values())
+    words = max(counts)
     beats = length // softmax_lanes(length)
     if regs["AT_FLAGS"] & FLAG_INTERLEAVED or split_mode(regs["AT_FLAGS"]) is not None or \
-            words > window + 5:
+            words > window + 5 or len(counts) > 1:
         return launch_cycles(regs, window=window, length=length, size=size)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
     return words * (s + 1) + 2 * window + 5 * beats + 11 + \

@@ -149,16 +149,38 @@ def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int,
     return max(engine_cycles, rows * (wa + wb) + 6 + last) + READ_LATENCY
 
 
-def attention_cycles(engine_cycles: int, *, keys: int, words: int, shared: bool,
+#: :func:`attention_cycles`, a preload of K rows of 2 words and V rows of 1 through one bank:
+#: the cycles its last key's load ends behind ``keys`` (by ``keys mod 4``; the read ports'
+#: ``READ_FIFO_DEPTH`` = 4 words let K's port run up to two rows ahead of V's).
+_K2V1_LAG = (0, 1, 2, 1)
+
+
+def attention_cycles(engine_cycles: int, *, keys: int, words, shared: bool,
                      interleaved: bool = False, halo: int = 0) -> int:
     """Busy cycles of an ``ATTN`` launch in the chip from the engine's own
     (:func:`hw.spec.timing.attention.launch_cycles`, every word at once): plus the read
-    latency. ``shared``: K, V and Q in one bank (one tensor, as the compiler stores them),
-    whose port serves one of them per cycle. A preload launch then loads each key's K and V
-    words one after the other, ``keys * words + words - 1`` more cycles; an interleaved one
-    loses ``(halo + 4) * words + 7`` (the halo keys load that way too, then the ports prefetch
-    each key's words while the previous query runs)."""
+    latency. ``words``: words per row of every stream, or ``{"k", "v", "q"}`` per stream
+    (heads at lane offsets, :func:`hw.spec.attention.launch_words`). ``shared``: K, V and Q in
+    one bank (one tensor, as the compiler stores them), whose port serves one of them per
+    cycle. A preload launch then loads each key's K and V words one after the other,
+    ``keys * min(w_k, w_v) + w_q - 1`` more cycles (``keys * w + w - 1`` when they are
+    equal; K rows of 2 words and V rows of 1: ``keys + max(w_q - 1, lag)``, the lag 0, 1, 2,
+    1 for ``keys mod 4`` = 1, 2, 3, 0: the read FIFOs' depth; measured against the cycle model
+    for rows of 1 to 4 words); an interleaved one loses ``(halo + 4) * w + 7`` (the halo keys
+    load that way too, then the ports prefetch each key's words while the previous query
+    runs; equal words only: ValueError otherwise)."""
+    if isinstance(words, int):
+        words = {"k": words, "v": words, "q": words}
+    kw, vw, qw = words["k"], words["v"], words["q"]
     extra = 0
-    if shared:
-        extra = (halo + 4) * words + 7 if interleaved else keys * words + words - 1
+    if shared and interleaved:
+        if not kw == vw == qw:
+            raise ValueError(f"no closed form of an interleaved launch with rows of {kw}, {vw} "
+                             f"and {qw} words in one bank")
+        extra = (halo + 4) * kw + 7
+    elif shared:
+        tail = qw - 1
+        if (kw, vw) == (2, 1):
+            tail = max(tail, _K2V1_LAG[(keys - 1) % 4])
+        extra = keys * min(kw, vw) + tail
     return engine_cycles + READ_LATENCY + extra

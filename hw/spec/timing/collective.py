@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 from ..collective import (
-    LENGTH_BITS,
     CollectiveRequest,
     Kind,
     bidirectional_split,
@@ -18,26 +17,7 @@ from ..collective import (
     word_bytes,
 )
 
-__all__ = ["DIVIDE_BITS", "SETUP_CYCLES", "setup_cycles", "ring_bound_cycles", "hop_latency",
-           "predicted_cycles", "system_cycles"]
-
-#: Bits of a collective's length the engine's divider takes per cycle. The blocks' sizes come
-#: from the length over the group size; the engine finds them over several cycles after the
-#: command is accepted instead of in one chain of 24 compare-and-subtract steps (which alone
-#: ran at 12.6 MHz on the ECP5).
-DIVIDE_BITS = 3
-#: Cycles between an all-reduce, reduce-scatter or all-gather's acceptance and its first step:
-#: ``ceil(LENGTH_BITS / DIVIDE_BITS)`` of division, then one that turns quotient and remainder
-#: into the words of the short and the long blocks. A barrier and a send/recv divide nothing
-#: and start at once (:func:`setup_cycles`).
-SETUP_CYCLES = -(-LENGTH_BITS // DIVIDE_BITS) + 1
-
-
-def setup_cycles(kind) -> int:
-    """Cycles a collective of ``kind`` waits after its acceptance before its first step
-    (:data:`SETUP_CYCLES` for the kinds that split the vector into blocks, else 0)."""
-    return SETUP_CYCLES if Kind(kind) in (Kind.ALL_REDUCE, Kind.REDUCE_SCATTER,
-                                          Kind.ALL_GATHER) else 0
+__all__ = ["ring_bound_cycles", "hop_latency", "predicted_cycles", "system_cycles"]
 
 
 def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
@@ -66,16 +46,15 @@ def hop_latency(link_bytes: int, latency: int) -> int:
 def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> int:
     """Cycles the engines take for ``req`` without stalls (the ``cycles`` of RingTestbed).
 
-    A word-level walk of every chip's schedule with the engine's rules: a chip starts its first
-    step :func:`setup_cycles` after the command, combines at most one word per cycle, once its
-    local word is there (the test DMA's first word two cycles
+    A word-level walk of every chip's schedule with the engine's rules: a chip combines at most
+    one word per cycle, once its local word is there (the test DMA's first word two cycles
     after ``start``) and its ring word is: in the cycle the word leaves the link (``hop_latency``
     after the upstream chip's link took it) if the chip's receive buffer is empty and it is
     waiting, else one cycle later at the earliest. A combined word enters its link one cycle
     later, at most one per ``c = D/B`` cycles. The walk iterates to a fixed point around the
     ring and assumes no stalls and an always-ready output stream. In closed form, for blocks of
     ``w`` words and ``S`` transmitting steps, the result is about ``S * max(w*c, hop + 1) +
-    hop + 4`` (plus :func:`setup_cycles`).
+    hop + 4``.
     """
     wbytes = word_bytes(link_bytes)
     c = wbytes // link_bytes
@@ -84,12 +63,12 @@ def predicted_cycles(req: CollectiveRequest, link_bytes: int, latency: int) -> i
     scheds = [steps(req, i) for i in range(chips)]
     sent = [[] for _ in range(chips)]
     done = [0] * chips
-    for _ in range(2 * chips + 2):
+    # Each round settles one more hop of the ring's dependencies.
+    for _ in range(2 * chips + 2 + 2 * max(len(x) for x in scheds)):
         new_sent = [[] for _ in range(chips)]
         for i in range(chips):
             up = sent[(i - 1) % chips]
-            # first cycle an engine may fire (command accepted at 0)
-            t = 1 + setup_cycles(req.kind)
+            t = 1                 # first cycle an engine may fire (command accepted at 0)
             local_ready = 2       # the test DMA's first word is valid two cycles after start
             link_free = 0         # first cycle the link accepts the next word
             last_accept = 0

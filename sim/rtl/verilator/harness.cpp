@@ -1,12 +1,15 @@
-// The C++ host of a ring of Verilated ChipNodes (npu_node: one chip and its outgoing ring link):
-// load, run, read back, with no Python per cycle. Built once per hardware configuration by
-// sim/rtl/verilator/build.py, which generates "ports.h" (the payload field offsets and every
-// port's address and width); the chip count is the job's, one model per chip.
+// The C++ host of a ring or a torus of Verilated ChipNodes (npu_node: one chip and its outgoing
+// ring links): load, run, read back, with no Python per cycle. Built once per hardware
+// configuration by sim/rtl/verilator/build.py, which generates "ports.h" (the payload field
+// offsets and every port's address and width; NPU_TORUS when the node has a column's link);
+// the chip count and the torus's shape are the job's, one model per chip.
 //
 //   harness JOB RESULT      run the job file JOB, write RESULT (formats: sim/rtl/verilator/runner.py)
 //
-// The models are joined as hw.system.ChipSystem joins its nodes (node i's ring.tx to node
-// (i + 1) mod N's ring.rx, chip_id = i) and clocked in lockstep; the host keeps ChipSystem's
+// The models are joined as hw.system.ChipSystem joins its nodes (on a ring of N, node i's
+// ring.tx to node (i + 1) mod N's ring.rx; on an X x Y torus, node (x, y)'s ring.tx to node
+// (x + 1, y)'s ring.rx and its ring_y.tx to node (x, y + 1)'s ring_y.rx; chip_id = y * X + x,
+// row_first and row_last its row's ids) and clocked in lockstep; the host keeps ChipSystem's
 // own `cycles` counter. It drives the chips with the same handshakes as sim/rtl/system_runner.py:
 // every chip's program through host.imem and its images through host.wr (one word per cycle,
 // all chips at once), one `start` pulse, the clock until every chip is done or max_cycles, then
@@ -31,10 +34,11 @@
 
 namespace {
 
-// A port of the Verilated model: its storage (CData/SData/IData/QData or VlWide words) and width.
+// A port of the Verilated model: its storage (CData/SData/IData/QData or VlWide words) and width
+// (a ring's node has no column ports: those stay null).
 struct Port {
-    void* p;
-    int bits;
+    void* p = nullptr;
+    int bits = 0;
 };
 
 // Every port of one node (sim/rtl/verilator/build.py: NODE_PORTS).
@@ -47,6 +51,9 @@ struct NodePorts {
     Port done, error, cycles, busy, pc;
     Port rx_valid, rx_ready, rx_payload, tx_valid, tx_ready, tx_payload;
     Port busy_cycles[16];  // hw.spec.isa.BUSY_COUNTERS, NPU_BUSY_COUNTERS of them
+    // A torus's node: its row's ids, its column's link (build.py: TORUS_PORTS).
+    Port row_first, row_last, link_stall_y;
+    Port rx_y_valid, rx_y_ready, rx_y_payload, tx_y_valid, tx_y_ready, tx_y_payload;
 };
 
 }  // namespace
@@ -241,15 +248,38 @@ struct Node {
 
 class Harness {
   public:
-    // `check`: test at every settle that the ring's signals need no second pass (settle()).
-    Harness(int chips, bool check) : ctx_(new VerilatedContext), node_(chips), check_(check) {
+    // `chips` = x_dim * y_dim nodes (a ring: y_dim 1). `check`: test at every settle that the
+    // signals between the nodes need no second pass (settle()).
+    Harness(int x_dim, int y_dim, bool check)
+        : ctx_(new VerilatedContext), node_(x_dim * y_dim), x_(x_dim), y_(y_dim), check_(check) {
+        const int chips = x_dim * y_dim;
+        if (y_dim > 1 && !NPU_TORUS) fail("a torus job for a ring's node (built without ring_y)");
         for (int c = 0; c < chips; c++) {
             Node& n = node_[c];
             n.top.reset(new Vnpu_fast(ctx_.get(), ("node" + std::to_string(c)).c_str()));
             npu_bind(n.top.get(), &n.p);
-            put_int(n.p.chip_id, c & ((1 << n.p.chip_id.bits) - 1));  // a bare ring may be longer
+            const uint64_t mask = (uint64_t{1} << n.p.chip_id.bits) - 1;
+            put_int(n.p.chip_id, c & mask);  // a bare ring may be longer than the ids
+            if (torus()) {
+                put_int(n.p.row_first, (c - c % x_) & mask);
+                put_int(n.p.row_last, (c - c % x_ + x_ - 1) & mask);
+            }
+        }
+        west_.resize(chips);
+        east_.resize(chips);
+        north_.resize(chips);
+        south_.resize(chips);
+        for (int c = 0; c < chips; c++) {
+            const int x = c % x_, y = c / x_;
+            west_[c] = y * x_ + (x + x_ - 1) % x_;
+            east_[c] = y * x_ + (x + 1) % x_;
+            north_[c] = (y + y_ - 1) % y_ * x_ + x;
+            south_[c] = (y + 1) % y_ * x_ + x;
         }
     }
+
+    // Whether the nodes are joined along columns too (a torus; a ring's nodes have no ring_y).
+    bool torus() const { return y_ > 1; }
 
     int chips() const { return static_cast<int>(node_.size()); }
 
@@ -272,14 +302,23 @@ class Harness {
     // registers, and ring.tx.ready reaches only the next state of the link's registers
     // (hw.system.ChipNode), so the ready written last changes no output before the clock edge,
     // whose eval() reads it with the other inputs. With `check_`, every settle tests both.
+    // On a torus the same, each node's ring_y.rx from the node above it and its ring_y.tx.ready
+    // from the node below.
     void settle() {
         const int n = chips();
+        const bool t = torus();
         for (int c = 0; c < n; c++) {
-            const NodePorts& from = node_[(c + n - 1) % n].p;
+            const NodePorts& from = node_[west_[c]].p;
             Node& to = node_[c];
             const bool valid = copy(from.tx_valid, to.p.rx_valid);
             const bool payload = copy(from.tx_payload, to.p.rx_payload);
             if (valid || payload) to.dirty = true;
+            if (t) {
+                const NodePorts& up = node_[north_[c]].p;
+                const bool vy = copy(up.tx_y_valid, to.p.rx_y_valid);
+                const bool py = copy(up.tx_y_payload, to.p.rx_y_payload);
+                if (vy || py) to.dirty = true;
+            }
         }
         for (Node& node : node_) {
             if (!node.dirty) continue;
@@ -293,7 +332,10 @@ class Harness {
             }
             node.dirty = false;
         }
-        for (int c = 0; c < n; c++) copy(node_[(c + 1) % n].p.rx_ready, node_[c].p.tx_ready);
+        for (int c = 0; c < n; c++) {
+            copy(node_[east_[c]].p.rx_ready, node_[c].p.tx_ready);
+            if (t) copy(node_[south_[c]].p.rx_y_ready, node_[c].p.tx_y_ready);
+        }
         if (check_) {
             for (Node& node : node_) {
                 const Snapshot before(node.p);
@@ -404,20 +446,25 @@ class Harness {
     }
 
     // Pulse start, clock until done; false when more than max_cycles passed (as wait_done).
-    // Link stalls: bit k of chip c's link_stall is bit c * latency + k of ChipSystem's, drawn
-    // in that order.
+    // Link stalls: bit k of chip c's link_stall is bit c * latency + k of ChipSystem's, and on
+    // a torus bit k of its link_stall_y bit chips * latency + c * latency_y + k, drawn in that
+    // order.
     bool run(uint64_t max_cycles, double stall_prob, uint64_t seed, uint64_t* ran) {
         Rng rng(seed);
         const int n = chips();
-        const int lat = node_[0].p.link_stall.bits;
         const bool stalls = stall_prob > 0;
-        auto stall = [&] {
+        auto draw = [&](Port NodePorts::*port) {
+            const int lat = (node_[0].p.*port).bits;
             for (int c = 0; c < n; c++) {
                 uint64_t bits = 0;
                 for (int b = 0; b < lat; b++)
                     if (rng.uniform() < stall_prob) bits |= uint64_t{1} << b;
-                if (bits != get(c, &NodePorts::link_stall)) set(c, &NodePorts::link_stall, bits);
+                if (bits != get(c, port)) set(c, port, bits);
             }
+        };
+        auto stall = [&] {
+            draw(&NodePorts::link_stall);
+            if (torus()) draw(&NodePorts::link_stall_y);
         };
         start_ = true;
         for (int c = 0; c < n; c++) set(c, &NodePorts::start, 1);
@@ -433,7 +480,10 @@ class Harness {
             if (++k > max_cycles) break;
         }
         if (stalls) {
-            for (int c = 0; c < n; c++) set(c, &NodePorts::link_stall, 0);
+            for (int c = 0; c < n; c++) {
+                set(c, &NodePorts::link_stall, 0);
+                if (torus()) set(c, &NodePorts::link_stall_y, 0);
+            }
             settle();
         }
         *ran = k;
@@ -508,29 +558,40 @@ class Harness {
         return true;
     }
 
-    // A node's ring outputs, to test that an eval() left them as they were.
+    // A node's ring outputs (of both dimensions on a torus), to test that an eval() left them
+    // as they were.
     struct Snapshot {
         explicit Snapshot(const NodePorts& p) {
-            take(p.tx_valid, valid);
-            take(p.tx_payload, payload);
-            take(p.rx_ready, ready);
+            tx = {&p.tx_valid, &p.tx_payload};
+            rdy = {&p.rx_ready};
+            if (p.tx_y_valid.p) {
+                tx.push_back(&p.tx_y_valid);
+                tx.push_back(&p.tx_y_payload);
+                rdy.push_back(&p.rx_y_ready);
+            }
+            for (const Port* q : tx) tx_bytes.push_back(take(*q));
+            for (const Port* q : rdy) ready_bytes.push_back(take(*q));
         }
-        static void take(const Port& q, std::vector<uint8_t>& into) {
+        static std::vector<uint8_t> take(const Port& q) {
             const auto* b = static_cast<const uint8_t*>(q.p);
-            into.assign(b, b + storage(q));
+            return std::vector<uint8_t>(b, b + storage(q));
         }
-        bool same_tx(const NodePorts& p) const {
-            return !std::memcmp(p.tx_valid.p, valid.data(), valid.size()) &&
-                   !std::memcmp(p.tx_payload.p, payload.data(), payload.size());
+        static bool same(const std::vector<const Port*>& ports,
+                         const std::vector<std::vector<uint8_t>>& bytes) {
+            for (size_t k = 0; k < ports.size(); k++)
+                if (std::memcmp(ports[k]->p, bytes[k].data(), bytes[k].size())) return false;
+            return true;
         }
-        bool same_ready(const NodePorts& p) const {
-            return !std::memcmp(p.rx_ready.p, ready.data(), ready.size());
-        }
-        std::vector<uint8_t> valid, payload, ready;
+        bool same_tx(const NodePorts&) const { return same(tx, tx_bytes); }
+        bool same_ready(const NodePorts&) const { return same(rdy, ready_bytes); }
+        std::vector<const Port*> tx, rdy;
+        std::vector<std::vector<uint8_t>> tx_bytes, ready_bytes;
     };
 
     std::unique_ptr<VerilatedContext> ctx_;
     std::vector<Node> node_;
+    int x_, y_;                                     // the torus's dimensions (a ring: N x 1)
+    std::vector<int> west_, east_, north_, south_;  // each node's neighbours
     bool check_;
     bool start_ = false, running_ = false;  // ChipSystem's `start` input and `running` register
     uint32_t cycles_ = 0;                   // ChipSystem's `cycles` (32 bits)
@@ -542,14 +603,15 @@ class Harness {
 int main(int argc, char** argv) {
     if (argc != 3) fail("usage: harness JOB RESULT");
     Reader job(argv[1]);
-    if (std::memcmp(job.bytes(8), "NPUJOB02", 8)) fail("not a job file");
+    if (std::memcmp(job.bytes(8), "NPUJOB03", 8)) fail("not a job file");
     const uint64_t chips = job.u64(), word_bytes = job.u64(), max_cycles = job.u64(),
-                   seed = job.u64(), bare = job.u64(), flags = job.u64();
+                   seed = job.u64(), bare = job.u64(), flags = job.u64(), x_dim = job.u64();
     const double stall_prob = job.f64();
     if (word_bytes != NPU_WORD_BYTES)
         fail("job for " + std::to_string(word_bytes) + "-byte words, model built for " +
              std::to_string(NPU_WORD_BYTES));
     if (chips < 1 || chips > 4096) fail("job for " + std::to_string(chips) + " chips");
+    if (x_dim < 1 || chips % x_dim) fail("job for a torus whose rows do not divide its chips");
     const int n = static_cast<int>(chips);
     std::vector<ChipJob> jobs(n);
     for (auto& cj : jobs) {
@@ -568,9 +630,9 @@ int main(int argc, char** argv) {
         }
     }
 
-    Harness h(n, flags & 1);
+    Harness h(static_cast<int>(x_dim), static_cast<int>(chips / x_dim), flags & 1);
     Writer out;
-    out.raw("NPURES02", 8);
+    out.raw("NPURES03", 8);
     h.init();
     if (bare) {
         const double t0 = now();

@@ -1,15 +1,17 @@
-"""Run one program per chip on a ring of Verilated :class:`hw.system.ChipNode` models from the
-C++ harness (the chips and links of :class:`hw.system.ChipSystem`, one model per chip): the
-contract of :func:`sim.rtl.system_runner.run_system_pysim`, with no Python per cycle.
+"""Run one program per chip on a ring or a torus of Verilated :class:`hw.system.ChipNode` models
+from the C++ harness (the chips and links of :class:`hw.system.ChipSystem`, one model per
+chip): the contract of :func:`sim.rtl.system_runner.run_system_pysim`, with no Python per
+cycle.
 
 The job goes to the harness as a binary file and the results come back as one (both
 little-endian, 8-byte fields; ``harness.cpp`` reads and writes them):
 
-- job: ``b"NPUJOB02"``, chips, word_bytes, max_cycles, seed, bare_cycles, flags (bit 0: test
-  at every settle that the ring's signals need no second pass, ``check_cut``), link-stall
-  probability (float64); then per chip: the program (count, 64-bit words), the images (count;
-  per image base, words, ``words * word_bytes`` bytes) and the reads (count; base, words).
-- result: ``b"NPURES02"``, status (0 done, 1 watchdog, 2 bare loop). Bare: cycles, wall s.
+- job: ``b"NPUJOB03"``, chips, word_bytes, max_cycles, seed, bare_cycles, flags (bit 0: test
+  at every settle that the links' signals need no second pass, ``check_cut``), the chips of a
+  row (a ring: all of them; a torus: X), link-stall probability (float64); then per chip:
+  the program (count, 64-bit words), the images (count; per image base, words, ``words *
+  word_bytes`` bytes) and the reads (count; base, words).
+- result: ``b"NPURES03"``, status (0 done, 1 watchdog, 2 bare loop). Bare: cycles, wall s.
   Otherwise: cycles, run cycles, load cycles, then per chip its cycles, done, error, pc, busy
   vector and ``len(BUSY_COUNTERS)`` counters; when done, per chip the trace (count, overflow,
   ``(cycle, busy)`` pairs), then every read's bytes; last the total cycles clocked and the
@@ -17,12 +19,13 @@ little-endian, 8-byte fields; ``harness.cpp`` reads and writes them):
 
 Link stalls come from the harness's own seeded generator (xoshiro256**), not NumPy's: the
 results are the same integers as pysim's, the cycle counts those of another stall pattern
-(in each cycle, bit ``i * link_latency_cycles + k`` of ChipSystem's ``link_stall`` is drawn in
-that order).
+(in each cycle, the bits of ChipSystem's ``link_stall`` are drawn in order: on a torus the
+row links' bits first, then the column links').
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import subprocess
 import tempfile
@@ -33,6 +36,7 @@ import numpy as np
 
 from hw.spec import NpuConfig
 from hw.spec.isa import BUSY_COUNTERS
+from hw.spec.topology import Topology
 
 from ..chip_runner import busy_units
 from ..pysim import SimulationTimeout
@@ -47,10 +51,12 @@ class HarnessFailed(RuntimeError):
 
 
 def _job(npu: NpuConfig, programs, images, reads, *, max_cycles: int, seed: int,
-         link_stalls: float, bare: int = 0, check_cut: bool = False) -> bytes:
+         link_stalls: float, bare: int = 0, check_cut: bool = False,
+         row: int | None = None) -> bytes:
     n = npu.word_bytes
-    parts = [b"NPUJOB02", struct.pack("<6Qd", len(programs), n, max_cycles,
-                                      seed % (1 << 64), bare, int(check_cut), link_stalls)]
+    parts = [b"NPUJOB03", struct.pack("<7Qd", len(programs), n, max_cycles,
+                                      seed % (1 << 64), bare, int(check_cut),
+                                      row or len(programs), link_stalls)]
     for program, image, read in zip(programs, images, reads, strict=True):
         parts += [struct.pack("<Q", len(program)),
                   np.asarray(program, dtype=np.uint64).astype("<u8").tobytes()]
@@ -96,7 +102,7 @@ def _execute(build: Build, job: bytes, timeout: float | None) -> _Cursor:
             raise HarnessFailed(f"{build.binary} exited {proc.returncode}: "
                                 f"{(proc.stdout + proc.stderr)[-2000:]}")
         cur = _Cursor(out_path.read_bytes())
-    if cur.take(8) != b"NPURES02":
+    if cur.take(8) != b"NPURES03":
         raise HarnessFailed("the harness's result file has a bad magic")
     return cur
 
@@ -105,8 +111,10 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
                          images: list[dict[int, np.ndarray]],
                          reads: list[list[tuple[int, int]]], *, max_cycles: int = 1_000_000,
                          link_stalls: float = 0.0, seed: int = 0, check_cut: bool = False,
-                         timeout: float | None = None) -> dict:
+                         timeout: float | None = None, topology: Topology | None = None) -> dict:
     """Chip ``i`` runs ``programs[i]`` on ``images[i]``; ``reads[i]`` are read back from it.
+    The chips are a ring, or ``topology`` (a ring, or a torus: a torus's node, built once for
+    every shape, joined along rows and columns).
 
     The contract of :func:`sim.rtl.system_runner.run_system_pysim` (the same keys, types, and
     for the same job the same integers, cycles, counters and traces), plus ``load_cycles``
@@ -124,9 +132,12 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
     chips = check_system_inputs(npu, programs, images, reads)
     if not 0.0 <= link_stalls < 1.0:
         raise ValueError(f"link_stalls {link_stalls} is outside [0, 1)")
-    build = ensure_build(npu)
+    topology = topology or npu.topology or Topology.ring(chips)
+    if topology.chips != chips:
+        raise ValueError(f"{chips} programs for the {topology.chips} chips of the {topology}")
+    build = ensure_build(dataclasses.replace(npu, topology=topology))
     job = _job(npu, programs, images, reads, max_cycles=max_cycles, seed=seed,
-               link_stalls=link_stalls, check_cut=check_cut)
+               link_stalls=link_stalls, check_cut=check_cut, row=topology.dims[0])
     start = time.perf_counter()
     cur = _execute(build, job, timeout)
     process_s = time.perf_counter() - start
@@ -173,12 +184,11 @@ def run_system_verilator(npu: NpuConfig, programs: list[list[int]],
 def run_bare_loop(npu: NpuConfig, chips: int, cycles: int) -> dict:
     """The speed limit: the same ring of ``chips`` Verilated models clocked ``cycles`` times
     from reset by the harness's clock loop, every host input at 0 (no host traffic, no ``done``
-    test). ``chips`` may exceed the gateware ring's :data:`~hw.spec.ring.RTL_MAX_CHIPS` (the
-    chip ids then repeat; nothing is sent): the cost of a cycle at a chip count. Returns
+    test): the cost of a cycle at a chip count. Returns
     ``{"cycles", "wall_s", "cycles_per_s", "build_s", "build_cached"}``."""
     if not isinstance(chips, int) or isinstance(chips, bool) or chips < 1:
         raise ValueError(f"chips must be a positive integer, not {chips!r}")
-    build = ensure_build(npu)
+    build = ensure_build(dataclasses.replace(npu, topology=None))
     empty = [[] for _ in range(chips)]
     cur = _execute(build, _job(npu, empty, [{} for _ in range(chips)], empty, max_cycles=0,
                                seed=0, link_stalls=0.0, bare=cycles), None)

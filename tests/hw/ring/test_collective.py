@@ -208,7 +208,7 @@ def test_subgroups_every_position_slow(chips, rng):
 def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
     """`npu export --top ring` (4 chips, tiny preset) under cocotb + Verilator: an all-reduce
     gives the golden results in exactly the cycles Amaranth's simulator counts."""
-    from hw.ring.collective import command_layout
+    from hw.ring.testbed import testbed_command_layout
     from hw.spec.collective import local_blocks, output_blocks, pack_blocks, unpack_blocks
     from sim.rtl.cocotb_tb import run_cocotb
     from sim.rtl.ring_runner import command_value
@@ -218,7 +218,8 @@ def test_verilator_ring_matches_pysim(verilator_ok, tmp_path, rng):
     inputs = _inputs(rng, req)
     wbytes = 8
     data = {"chips": np.array(4), "max_cycles": np.array(100_000),
-            "cmd": np.array(command_layout.const(command_value(req)).as_bits(), dtype=np.uint64),
+            "cmd": np.array(testbed_command_layout(4).const(command_value(req)).as_bits(),
+                            dtype=np.uint64),
             "out_counts": np.array([sum(-(-req.blocks()[b] // 2) for b in output_blocks(req, c))
                                     for c in range(4)])}
     for chip in range(4):
@@ -327,3 +328,35 @@ def test_buffers_smaller_than_a_block_deadlock(monkeypatch):
     with pytest.raises(SimulationTimeout):
         simulate_collective(TINY, req, [np.zeros(256, np.int32)] * 2, fifo_words=8,
                             max_cycles=3_000)
+
+
+@pytest.mark.parametrize("kind, op, chips, length, chunks, in_place, divisor, merged", [
+    ("all_reduce", "sum", 4, 16, 3, False, None, True),       # chunk boundaries merged
+    ("all_gather", "sum", 3, 12, 4, True, None, True),        # in place: merged too
+    ("reduce_scatter", "max", 3, 9, 2, False, None, False),   # its last step reads locally
+    ("all_reduce", "avg", 3, 7, 2, False, 6, False),          # unequal blocks; AVG by 6
+])
+def test_chunks_in_one_command(kind, op, chips, length, chunks, in_place, divisor, merged,
+                               rng):
+    """One command runs ``chunks`` collectives back to back on the next parts of the streams,
+    each chunk's last step merged with the next one's first where the schedule allows
+    (``hw.spec.collective.merges``): every chunk's result is the golden one, and the cycles
+    are the engine's model's."""
+    from hw.spec.collective import chunk_of, merges
+
+    req = CollectiveRequest(kind=kind, op=op, width=32, length=length, chips=chips,
+                            chunks=chunks, in_place=in_place, divisor=divisor)
+    assert merges(req, 0) == merged
+    one = chunk_of(req)
+    parts = [_inputs(rng, one) for _ in range(chunks)]
+    inputs = [np.concatenate([p[c] for p in parts]) for c in range(chips)]
+    run = simulate_collective(TINY, req, inputs)
+    want = [np.concatenate([golden.collective(one, p)[c] for p in parts]) for c in range(chips)]
+    for chip, (got, exp) in enumerate(zip(run["outputs"], want, strict=True)):
+        bad = np.flatnonzero(got != exp)
+        assert got.shape == exp.shape and not bad.size, \
+            f"chip {chip}: element {bad[:1]} {got[bad[:1]]} != golden {exp[bad[:1]]}"
+    model = predicted_cycles(req, TINY.link_bytes_per_cycle, TINY.link_latency_cycles)
+    assert run["cycles"] == model, f"{run['cycles']} cycles, model {model}"
+    alone = predicted_cycles(one, TINY.link_bytes_per_cycle, TINY.link_latency_cycles)
+    assert run["cycles"] < chunks * alone, "no faster than one command per chunk"

@@ -11,8 +11,8 @@ TINY = npu_preset("tiny")
 
 
 @pytest.mark.parametrize("build, error, match", [
-    (lambda: RingTestbed(npu=TINY, chips=0), ValueError, r"chips must be 1\.\.8, not 0"),
-    (lambda: RingTestbed(npu=TINY, chips=9), ValueError, r"chips must be 1\.\.8, not 9"),
+    (lambda: RingTestbed(npu=TINY, chips=0), ValueError, r"chips must be 1\.\.1024, not 0"),
+    (lambda: RingTestbed(npu=TINY, chips=1025), ValueError, r"chips must be 1\.\.1024, not 1025"),
     (lambda: RingTestbed(npu="tiny", chips=2), TypeError, r"npu must be an NpuConfig"),
     (lambda: RingTestbed(npu=TINY, chips=2, buffer_words=0), ValueError,
      r"buffer_words must be a positive integer, not 0"),

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from hw.spec.formats import OutMode
-from hw.spec.memory import pack_params, pack_rows, pack_weight_blocks, row_words, unpack_rows
+from hw.spec.memory import (
+    pack_params,
+    pack_rows,
+    pack_weight_blocks,
+    row_words,
+    unpack_rows,
+    weight_words,
+)
 from hw.tile.matmul_engine import MatmulEngine
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.golden.matmul import matmul_unit
@@ -23,36 +30,49 @@ from tests.helpers import (
 )
 
 
-def setup(rng, size, m, k, n, mode, a_unsigned=False):
+def setup(rng, size, m, k, n, mode, a_unsigned=False, kr=None, packed=False):
+    """A [m, k] @ B [kr, n]: A's columns past ``kr`` are garbage (the zero B rows past
+    MM_B_ROWS cancel them); ``packed``: B's last column block stored packed."""
     iss = Iss(square_npu(size, sram_words=1024))
+    kr = k if kr is None else kr
     a, b, bias, mult = matmul_operands(rng, m, k, n, a_unsigned=a_unsigned)
+    b = b[:kr]
     shift = rng.integers(12, 30, n)
     arw = row_words(k, 1, size)
     eb = {OutMode.INT8: 1, OutMode.INT16: 2, OutMode.RAW: 4}[mode]
     ncols = -(-n // size) * size   # C rows hold whole column blocks
     crw = row_words(ncols, eb, size)
     a_base, b_base = 0, m * arw
-    p_base = b_base + len(pack_weight_blocks(b, size))
+    weights = pack_weight_blocks(b, size, packed=packed)
+    assert len(weights) == weight_words(kr, n, size, packed=packed)
+    p_base = b_base + len(weights)
     c_base = p_base + len(pack_params(bias, mult, shift, size))
     iss.write_words(a_base, pack_rows(np.where(a > 127, a - 256, a), 1, size))
-    iss.write_words(b_base, pack_weight_blocks(b, size))
+    iss.write_words(b_base, weights)
     iss.write_words(p_base, pack_params(bias, mult, shift, size))
     launch = matmul_launch(size=size, m=m, k=k, n=n, a_base=a_base, a_row_words=arw,
                            b_base=b_base, p_base=p_base, c_base=c_base, c_row_words=crw,
-                           mode=mode, a_unsigned=a_unsigned)
-    want = matmul_unit(a, b, bias, mult, shift, mode, a_unsigned=a_unsigned)
+                           mode=mode, a_unsigned=a_unsigned, b_rows=kr, packed=packed)
+    want = matmul_unit(a[:, :kr], b, bias, mult, shift, mode, a_unsigned=a_unsigned)
     return iss, launch, want, (c_base, m, ncols, eb)
 
 
-@pytest.mark.parametrize("seed, size, m, k, n, mode, a_unsigned", [
-    (1, 4, 8, 8, 6, OutMode.INT8, False),
-    (2, 4, 4, 12, 9, OutMode.INT16, True),
-    (3, 4, 8, 4, 4, OutMode.RAW, False),
-    (4, 2, 6, 4, 3, OutMode.INT16, False),
+@pytest.mark.parametrize("seed, size, m, k, n, mode, a_unsigned, kr, packed", [
+    (1, 4, 8, 8, 6, OutMode.INT8, False, None, False),
+    (2, 4, 4, 12, 9, OutMode.INT16, True, None, False),
+    (3, 4, 8, 4, 4, OutMode.RAW, False, None, False),
+    (4, 2, 6, 4, 3, OutMode.INT16, False, None, False),
+    (5, 4, 8, 12, 11, OutMode.INT8, False, 10, True),    # B 10 x 11: packed block of 3
+    (6, 4, 4, 16, 5, OutMode.INT16, True, 13, True),     # packed block of 1 lane
+    (7, 4, 8, 8, 2, OutMode.RAW, False, 7, True),        # only a packed block
+    (8, 4, 4, 8, 8, OutMode.INT8, False, 5, True),       # whole blocks: b_rows alone
 ])
-def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
+def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned, kr, packed):
+    """A matmul launch, B whole or stored unpadded (``kr`` rows of the k beats, the last
+    column block packed): RTL memory == ISS == golden."""
     rng = seeded(seed)
-    iss, launch, want, (c_base, rows, cols, eb) = setup(rng, size, m, k, n, mode, a_unsigned)
+    iss, launch, want, (c_base, rows, cols, eb) = setup(rng, size, m, k, n, mode, a_unsigned,
+                                                        kr, packed)
     before = iss.mem.copy()
     iss.run(assemble(emit_matmul, [launch]))
     got_iss = unpack_rows(iss.read_words(c_base, rows * row_words(cols, eb, size)), rows, cols,
@@ -70,7 +90,10 @@ def test_engine_equals_iss_and_golden(seed, size, m, k, n, mode, a_unsigned):
     async def control(ctx):
         await stream_put(ctx, dut.i_cfg, {"k": launch.k, "folds": launch.folds,
                                           "mode": int(launch.mode),
-                                          "a_unsigned": int(launch.a_unsigned)})
+                                          "a_unsigned": int(launch.a_unsigned),
+                                          "b_rows": launch.b_rows,
+                                          "b_blocks": launch.b_blocks,
+                                          "b_last": launch.b_last})
 
     async def drain(ctx):
         out.extend(await collect(ctx, dut.o, total, rng=rng, stall=0.2, convert=byte_beat))

@@ -119,12 +119,17 @@ def test_rejects_bad_parameters():
 
 
 def test_scratchpad_ports_contend_and_return_in_order():
-    """Two write ports fill the memory (often the same bank), then three read ports read it
-    back concurrently with backpressure: every word and every order must be right."""
+    """Two write ports fill the memory (often the same bank), each word with random byte
+    write enables (the memory starts at zeros: the disabled bytes stay 0), then three read
+    ports read it back concurrently with backpressure: every byte and every order must be
+    right."""
     rng = seeded(5)
     words, banks = 64, 4
     dut = Scratchpad(words=words, banks=banks, word_bytes=4, read_ports=3, write_ports=2)
-    contents = {int(a): int(rng.integers(0, 1 << 32)) for a in range(words)}
+    written_words = {int(a): int(rng.integers(0, 1 << 32)) for a in range(words)}
+    masks = {a: int(rng.integers(0, 16)) if a % 3 else 15 for a in range(words)}
+    contents = {a: sum(w & (0xFF << 8 * i) for i in range(4) if masks[a] >> i & 1)
+                for a, w in written_words.items()}
     halves = [list(range(0, words, 2)), list(range(1, words, 2))]
     reads = [rng.integers(0, words, 40) for _ in range(3)]
     written = [False]
@@ -134,7 +139,8 @@ def test_scratchpad_ports_contend_and_return_in_order():
         async def bench(ctx):
             addrs = halves[k]
             await send_all(ctx, dut.wr[k].i, [
-                {"addr": a, "data": contents[a], "last": int(i == len(addrs) - 1)}
+                {"addr": a, "data": written_words[a], "mask": masks[a],
+                 "last": int(i == len(addrs) - 1)}
                 for i, a in enumerate(addrs)], rng=rng, idle=0.2)
             written[0] += 1
         return bench

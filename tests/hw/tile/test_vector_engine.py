@@ -142,9 +142,12 @@ def test_load_lut_then_lut():
     check_case(iss, launches, [(tout, length, table[x & 0xFF])], rng, max_cycles=30_000)
 
 
-@pytest.mark.parametrize("seed, size, out_eb, per_channel, a_eb", [
-    (6, 4, 1, False, 2), (7, 4, 2, True, 4), (8, 2, 1, True, 4)])
-def test_requant(seed, size, out_eb, per_channel, a_eb):
+@pytest.mark.parametrize("seed, size, out_eb, per_channel, a_eb, keep", [
+    (6, 4, 1, False, 2, False), (7, 4, 2, True, 4, False), (8, 2, 1, True, 4, False),
+    (10, 4, 1, True, 2, True), (11, 4, 2, False, 2, True)])
+def test_requant(seed, size, out_eb, per_channel, a_eb, keep):
+    """REQUANT per tensor or per channel; with ``keep`` the bytes of each row's last word past
+    the row keep what was there (the memory is random garbage)."""
     rng = seeded(seed)
     rows, length = 3, 5
     iss = vector_iss(size)
@@ -158,12 +161,20 @@ def test_requant(seed, size, out_eb, per_channel, a_eb):
         mult, shift = rng.integers(0, 1 << 16, length), rng.integers(10, 30, length)
         words = pack_requant(mult, shift)[None, :]
         place(iss, 30, words, 4)
-        launch = requant_launch(size=size, length=length, a=ta, out=tout, params_base=30)
+        launch = requant_launch(size=size, length=length, a=ta, out=tout, params_base=30,
+                                keep=keep)
         want, _ = golden_rows(VectorOp.REQUANT, a, np.repeat(words, rows, 0), **cmd)
     else:
-        launch = requant_launch(size=size, length=length, a=ta, out=tout, mult=40000, shift=20)
+        launch = requant_launch(size=size, length=length, a=ta, out=tout, mult=40000, shift=20,
+                                keep=keep)
         want, _ = golden_rows(VectorOp.REQUANT, a, mult=40000, shift=20, **cmd)
+    before = iss.mem.copy()
     check_case(iss, [launch], [(tout, length, want)], rng)
+    rw = tout.row_words
+    tail = (before if keep else np.zeros_like(before))[50:50 + rows * rw].reshape(
+        rows, rw * size)[:, length * out_eb:]
+    got = iss.mem[50:50 + rows * rw].reshape(rows, rw * size)[:, length * out_eb:]
+    assert (got == tail).all(), f"keep={keep}: the bytes past each row are {got}, want {tail}"
 
 
 def test_bias_and_relu():

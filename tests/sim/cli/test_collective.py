@@ -105,7 +105,12 @@ def _bad(tmp_path, name, array):
         "chip0": np.zeros(3, np.int32), "chip1": np.zeros(4, np.int32)})],
      r"length mismatch between chips: chip0 has 3 elements, chip1 has 4"),
     (lambda t: ["--chips", "2", "--input", str(t / "missing.npy")], r"cannot read --input"),
-    (lambda t: ["--chips", "9"], r"chips must be 1\.\.8, not 9"),
+    (lambda t: ["--chips", "1025"], r"chips must be 1\.\.1024, not 1025"),
+    (lambda t: ["--topology", "4x4", "--group", "0:2"], r"--group is a ring's; a torus's group"),
+    (lambda t: ["--chips", "4", "--rect", "0,0,2x2"], r"--rect is a torus's"),
+    (lambda t: ["--topology", "4x4", "--rect", "3,0,2x2"], r"--rect rectangle 2x2 at \(3, 0\) "
+     r"leaves the 4x4 \(x0 \+ w <= 4"),
+    (lambda t: ["--topology", "4x4", "--rect", "a,b"], r"--rect 'a,b' is not X0,Y0,WxH"),
 ])
 def test_bad_arguments_exit_2_with_one_line(make_args, message, tmp_path, capsys):
     code, _, err = _run(capsys, "--kind", "all_reduce", *make_args(tmp_path))
@@ -138,3 +143,23 @@ def test_watchdog_exits_3(capsys):
     code, _, err = _run(capsys, "--kind", "all_reduce", "--chips", "4", "--max-cycles", "5")
     assert code == 3
     assert err.strip() == "npu collective: simulation did not finish within max_cycles=5"
+
+
+@pytest.mark.parametrize("args, what", [
+    (["--topology", "3x3", "--kind", "reduce_scatter", "--op", "avg", "--width", "64"],
+     "reduce_scatter avg int64 on 9 of the 3x3 torus (columns_rows) of 9 chips"),
+    (["--topology", "4x4", "--rect", "1,0,2x3", "--kind", "all_gather"],
+     "all_gather sum int32 on 6 of the 4x4 torus (rows_columns) of 16 chips"),
+    (["--chips", "6", "--backend", "iss", "--kind", "all_reduce", "--op", "max"],
+     "all_reduce max int32 on 6 of 6 chips"),
+])
+def test_a_torus_runs_its_2d_collective_on_the_chips(args, what, capsys, tmp_path):
+    """npu collective --topology XxY: the 2-D collective's programs on the ISS (timed by the
+    cycle model), MPI order checked; a ring's on its chips with --backend iss."""
+    out_json = tmp_path / "r.json"
+    code, out, err = _run(capsys, *args, "--json", str(out_json))
+    assert code == EXIT_OK, err
+    assert what in out and "golden match" in out, out
+    report = json.loads(out_json.read_text())
+    assert report["golden_match"] and report["backend"] == "iss" and report["cycles"] > 0
+    assert report["cycles"] == report["model_cycles"]

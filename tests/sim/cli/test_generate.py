@@ -46,7 +46,7 @@ def test_generate_refusals(capsys, tmp_path):
     assert_one_line_error(status, out, err, "prompt id 999 at index 1 is outside 0..255")
     status, out, err = run(capsys, *base, "--strategy", "sequence", "--generate", "2")
     assert_one_line_error(status, out, err, "--generate runs strategy single, head, "
-                                            "pipeline, data, head+pipeline, data+head, "
+                                            "pipeline, data, hidden, head+pipeline, data+head, "
                                             "data+pipeline, not sequence")
     status, out, err = run(capsys, *base, "--strategy", "head", "--generate", "9",
                            "--prompt-ids", str(tmp_path / "missing.npy"))

@@ -42,8 +42,8 @@ def test_min_chips_all_strategies_names_what_does_not_fit(capsys):
     assert "data on 1" not in out or "does not fit" in out
 
 
-def test_llama_2_7b_on_lpu_like_answers_in_seconds(tmp_path):
-    """As a real process, as the issue asks (all strategies, the fewest chips)."""
+def test_llama_2_7b_on_lpu_like_as_a_process(tmp_path):
+    """As a real process: every strategy, the fewest chips, the JSON report."""
     out_json = tmp_path / "llama.json"
     proc = run_process("plan", "--npu", LPU, "--model", LLAMA, "--min-chips", "--strategy",
                        "all", "--json", str(out_json), timeout=120)

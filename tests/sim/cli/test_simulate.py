@@ -190,11 +190,13 @@ def test_the_strategy_choices_are_the_registry():
     (["--strategy", "head+pipeline", "--chips", "4", "--grid", "2x3"],
      "--grid 2x3 is 6 chips, not --chips 4"),
     (["--strategy", "data+head", "--chips", "4", "--grid", "2by2"],
-     "--grid '2by2' is not AxB with A, B >= 1"),
+     "--grid '2by2' is not AxB with each side >= 1"),
     (["--strategy", "head", "--chips", "4", "--grid", "2x2"],
-     "--grid applies to head+pipeline, data+head, data+pipeline, not --strategy head"),
+     "--grid applies to head+pipeline, data+head, data+pipeline, data+pipeline+head, not "
+     "--strategy head"),
     (["--strategy", "hidden", "--chips", "4", "--grid", "2x2"],
-     "--grid applies to head+pipeline, data+head, data+pipeline, not --strategy hidden"),
+     "--grid applies to head+pipeline, data+head, data+pipeline, data+pipeline+head, not "
+     "--strategy hidden"),
     (["--strategy", "hidden", "--chips", "2", "--microbatches", "2"],
      "--microbatches applies to strategies with a pipeline"),
 ])

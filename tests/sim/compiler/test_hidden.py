@@ -117,12 +117,14 @@ def test_default_shards_cut_across_heads():
     assert plan.q_width(1) == 12 and plan.ffn == ((0, 24), (24, 44), (44, 64))
 
 
-def test_explicit_uneven_shards_pad_each_piece():
-    """Columns 4, 6, 6 of heads of 4: head 2 (8..11) is 2 + 2 lanes, each padded to a word."""
+def test_explicit_uneven_shards_pack_each_piece():
+    """Columns 4, 6, 6 of heads of 4: head 2 (8..11) is 2 + 2 lanes, the pieces packed one
+    after another (head 3's from lane 2 of chip 2's first word)."""
     plan = hidden_plan(TINY, FOUR_HEADS, 3, widths=[4, 6, 6], ffn_widths=[4, 12, 16])
     assert plan.groups == ((0, 1), (1, 1), (1, 2), (2, 1))
     assert [(p.head, p.lo, p.hi, p.off, p.width) for p in plan.pieces[2]] == \
-        [(2, 10, 12, 0, 4), (3, 12, 16, 4, 4)]
+        [(2, 10, 12, 0, 2), (3, 12, 16, 2, 4)]
+    assert plan.q_width(2) == 6
     assert plan.ffn == ((0, 4), (4, 16), (16, 32))
 
 

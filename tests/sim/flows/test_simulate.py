@@ -19,7 +19,7 @@ from sim.errors import BadInput
 from sim.flows.simulate import simulate
 from sim.report.chrome_trace import trace_events
 from sim.report.plot import plot_timeline
-from tests.helpers import check_report
+from tests.helpers import PACKED, check_report
 
 TINY = npu_preset("tiny")
 #: Eight heads and eight layers: head and pipeline parallelism on up to 8 chips.
@@ -169,6 +169,44 @@ def test_llama_tokens_and_columns_split_on_the_iss(strategy, chips, cfg):
     print(f"{cfg.name} {strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
 
 
+@pytest.mark.parametrize("model, strategy, chips, grid, batch", [
+    pytest.param(model, strategy, chips, grid, batch, marks=[] if default else
+                 [pytest.mark.slow])
+    for model, runs in {
+        "packed6-llama": ["single", "head2", "head3", "pipeline", "sequence", "data+head",
+                          "head+pipeline", "data", "data+pipeline", "hidden"],
+        "packed4": ["single", "head2", "pipeline", "data", "hidden", "sequence", "head3",
+                    "data+head", "head+pipeline", "data+pipeline"],
+        "packed6": ["hidden", "hidden3", "data+pipeline", "single", "head2", "head3", "pipeline",
+                    "sequence", "data", "data+head", "head+pipeline"],
+        "packed4-llama": ["head2", "sequence", "single", "head3", "pipeline", "data",
+                          "hidden", "data+head", "head+pipeline", "data+pipeline"]}.items()
+    for k, run in enumerate(runs)
+    for default in [k < {"packed6-llama": 7, "packed4": 5, "packed6": 3,
+                         "packed4-llama": 2}[model]]
+    for strategy, chips, grid, batch in [{
+        "single": ("single", 1, None, 1), "head2": ("head", 2, None, 1),
+        "head3": ("head", 3, None, 1), "pipeline": ("pipeline", 2, None, 2),
+        "data": ("data", 2, None, 2), "hidden": ("hidden", 2, None, 1),
+        "hidden3": ("hidden", 3, None, 1),
+        "sequence": ("sequence", 2, None, 1), "data+head": ("data+head", 4, "2x2", 2),
+        "head+pipeline": ("head+pipeline", 4, "2x2", 2),
+        "data+pipeline": ("data+pipeline", 4, "2x2", 2)}[run]]])
+def test_packed_heads_on_the_iss(model, strategy, chips, grid, batch):
+    """Heads narrower than a word, or not whole words, share words (6-lane heads on the tiny
+    chip's 4-lane words, 4-lane heads two to a word on an 8-wide chip), every ATTN at its
+    lanes; weights stored unpadded; RoPE over whole table rows; 5 query heads on 1 K/V head
+    (head on 2 and 3 chips each hold it); hidden's pieces packed too (on 3 chips head 1 split
+    between lanes 6..7 and 8..11): every strategy that places heads, bit for bit the golden,
+    near float64."""
+    npu, cfg = PACKED[model]
+    kw = {"grid": grid} if grid else {}
+    r = simulate(npu, cfg, strategy=strategy, chips=chips, backend="iss", seed=1,
+                 batch=batch, **kw)
+    check_report(r, f"{model}, {strategy} on {chips} chips")
+    print(f"{model} {strategy} on {chips}: cosine {r.cosine:.5f}, {r.cycles} cycles")
+
+
 def test_swiglu_refusals():
     """smooth16's int16 hidden does not take the gate (MUL is int8): a ConfigError naming the
     key. A SiLU MLP under smooth16 runs, with SiLU's GELU16 knots, bit-exact."""
@@ -251,16 +289,23 @@ def _rtl_equals_iss(rtl, iss, what):
     pytest.param("small", "pipeline", 3, 3, "pysim", 4, marks=pytest.mark.slow),
     pytest.param("small", "pipeline", 4, 4, "pysim", 4, marks=pytest.mark.slow),
     pytest.param("llama", "single", 1, 1, "pysim", 1, marks=pytest.mark.slow),
-    pytest.param("llama", "head", 2, 1, "pysim", 4, marks=pytest.mark.slow)])
+    pytest.param("llama", "head", 2, 1, "pysim", 4, marks=pytest.mark.slow),
+    # Packed heads: 6-lane heads on the tiny chip's 4-lane words (Verilator's build of it),
+    # RoPE, 5 query heads on one K/V head; the 8-wide chip's 4-lane heads on pysim.
+    ("packed6-llama", "head", 2, 1, "verilator", 2),
+    pytest.param("packed6-llama", "pipeline", 2, 2, "verilator", 2, marks=pytest.mark.slow),
+    pytest.param("packed6-llama", "single", 1, 1, "pysim", 1, marks=pytest.mark.slow),
+    pytest.param("packed4-llama", "single", 1, 1, "pysim", 1, marks=pytest.mark.slow)])
 def test_rtl_equals_the_iss(model, strategy, chips, batch, backend, n_layers, request):
     """Each multi-chip strategy on the RTL: bit-exact, the same outputs, cycles, busy
     counters and collectives as the ISS."""
     if backend == "verilator":
         request.getfixturevalue("verilator_ok")
-    cfg = dataclasses.replace({"small": SMALL, "llama": LLAMA}[model], n_layers=n_layers)
-    iss = simulate(TINY, cfg, strategy=strategy, chips=chips, backend="iss", batch=batch,
+    npu, cfg = {"small": (TINY, SMALL), "llama": (TINY, LLAMA), **PACKED}[model]
+    cfg = dataclasses.replace(cfg, n_layers=n_layers)
+    iss = simulate(npu, cfg, strategy=strategy, chips=chips, backend="iss", batch=batch,
                    seed=2)
-    rtl = simulate(TINY, cfg, strategy=strategy, chips=chips, backend=backend, batch=batch,
+    rtl = simulate(npu, cfg, strategy=strategy, chips=chips, backend=backend, batch=batch,
                    seed=2)
     what = f"{model}: {strategy} on {chips} chips ({backend})"
     _rtl_equals_iss(rtl, iss, what)

@@ -10,7 +10,7 @@ from tests.helpers import edge_rows, random_rows
 
 @pytest.mark.parametrize("length", [2, 5, 16, 64])
 def test_error_vs_float64(rng, length):
-    """Max abs error <= 2**-8 (the issue asks for 2**-7): 0.5 LSB rounding + exp/reciprocal
+    """Max abs error <= 2**-8 (the contract allows 2**-7): 0.5 LSB rounding + exp/reciprocal
     error stays below 0.62 LSB; a lane of probability ~1.0 saturates to 255/256 (1 LSB)."""
     scores, mask = random_rows(rng, 20_000, length)
     es, em = edge_rows(length)

@@ -13,8 +13,11 @@ from tests.helpers import AttentionCase, assemble, attention_npu
 @pytest.mark.parametrize("reg, value, match", [
     ("AT_QUERIES", 0, "AT_QUERIES=0"),
     ("AT_KEYS", 0, "AT_KEYS=0"),
-    ("AT_D_HEAD", 6, "AT_D_HEAD=6"),
+    ("AT_D_HEAD", 0, "AT_D_HEAD=0"),
     ("AT_D_HEAD", 16, "AT_D_HEAD=16"),
+    ("AT_Q_LANE", 4, "AT_Q_LANE=4"),
+    ("AT_O_LANE", -1, "AT_O_LANE=-1"),
+    ("AT_K_LANE", 2, "RD3 walks 6 words, the launch needs 3 rows of 3 words"),
     ("AT_FLAGS", 16, "AT_FLAGS=0x10"),
     ("AT_FLAGS", 2 | (9 << 8), "halo 9"),
     ("AT_FLAGS", 5 << 8, "needs the interleaved schedule"),

@@ -272,7 +272,7 @@ def test_iss_addx_across_iterations(count, scale, init):
     model, cycle = ChipModel(small_npu(), asm.words()), 0
     while model.running:                          # a lone chip, as time_programs walks it
         model.pre(cycle)
-        model.ring(None, False)
+        model.ring([None], [False])
         model.post(cycle)
         cycle += 1
     assert [model.regs[reg(n)] for n in ("RD3.base", "RD4.base")] == [want3, want4]

@@ -27,7 +27,7 @@ def _good_add(size=4):
     ({"VU_OP": int(VectorOp.RMS_APPLY), "VU_N": 0}, r"RMS_APPLY with VU_N=0: must be in "
                                                     r"1\.\.65535"),
     ({"VU_OP": 16}, r"VU_OP=16: not a vector-unit op"),
-    ({"VU_FLAGS": 1 << 11}, r"sets bits outside 0\.\.10"),
+    ({"VU_FLAGS": 1 << 12}, r"sets bits outside 0\.\.11"),
     ({"VU_FLAGS": VecFlags(a_bytes=2, b_bytes=2, d_bytes=2, pairs=True).encode()},
      r"ADD has no pair mode: clear pairs"),
     ({"VU_FLAGS": 3 << 2}, r"a_bytes code 3 is invalid"),

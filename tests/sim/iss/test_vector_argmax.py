@@ -100,6 +100,31 @@ def test_iss_pairs_matrix(size):
             assert (got_i[r], got_v[r]) == want, f"trial {trial} row {r}: {(got_i[r], got_v[r])}"
 
 
+@pytest.mark.parametrize("size", [4, 8])
+def test_iss_pairs_over_the_chips_blocks(size):
+    """Pair mode over records gathered chip by chip (each chip's block of every row's record,
+    padded to whole engine words: ``stride`` the block, ``row_stride`` a record), as the
+    multi-chip pick reads them: ISS == argmax_pairs of each row's records."""
+    rng = seeded(40 + size)
+    rec = argmax_words(size)
+    for trial in range(6):
+        count, rows = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        blk = rows * rec + int(rng.integers(0, 3))
+        index = rng.integers(0, 1 << 16, (count, rows))
+        value = rng.integers(-2, 2, (count, rows))
+        iss = vector_iss(size)
+        iss.mem[:] = rng.integers(0, 256, iss.mem.shape, dtype=np.uint8)
+        for c in range(count):
+            iss.write_words(c * blk, pack_argmax(index[c], value[c], size).reshape(-1, size))
+        iss.run(assemble(emit, [argmax_pairs_launch(size=size, count=count, records_base=0,
+                                                    record_base=300, rows=rows, stride=blk,
+                                                    row_stride=rec)]))
+        got_i, got_v = unpack_argmax(iss.read_words(300, rows * rec).reshape(rows, rec, size))
+        for r in range(rows):
+            want = argmax_pairs(index[:, r], value[:, r])
+            assert (got_i[r], got_v[r]) == want, f"trial {trial} row {r}: {(got_i[r], got_v[r])}"
+
+
 def test_onehot_matmul_is_the_embedding():
     """one-hot[1, V] @ E8[V, d] (int32) is E8[t] exactly, so requantising it per column by
     emb_req gives embed_int's REQUANT(E8[t], emb_req, 16)."""

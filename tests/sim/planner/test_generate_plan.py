@@ -22,19 +22,23 @@ D128 = dataclasses.replace(model_preset("tiny"), d_model=128, n_heads=8, d_head=
 NPU128 = tiny_variant(sram_bytes=1 << 19, imem_words=1 << 14, d_model_max=128)
 
 
-@pytest.mark.parametrize("name,npu,strategy,chips,batch", [
-    ("tiny", tiny_variant(sram_bytes=1 << 17), "single", 1, 1),
-    ("tiny", npu_preset("tiny"), "head", 2, 1),
-    ("tiny", npu_preset("tiny"), "pipeline", 2, 2),
-    pytest.param("tiny", npu_preset("tiny"), "pipeline", 4, 4, marks=pytest.mark.slow),
-    pytest.param("tiny-llama", npu_preset("tiny"), "head", 4, 2, marks=pytest.mark.slow)])
-def test_plan_equals_the_iss(name, npu, strategy, chips, batch):
-    """The planned first token, every step's cycles and the KV bytes are the ISS's."""
+@pytest.mark.parametrize("name,npu,strategy,chips,batch,n", [
+    ("tiny", tiny_variant(sram_bytes=1 << 17), "single", 1, 1, 4),
+    ("tiny", npu_preset("tiny"), "head", 2, 1, 4),
+    ("tiny", npu_preset("tiny"), "pipeline", 2, 2, 4),
+    ("tiny", npu_preset("tiny"), "hidden", 2, 1, 2),
+    pytest.param("tiny", npu_preset("tiny"), "pipeline", 4, 4, 4, marks=pytest.mark.slow),
+    pytest.param("tiny-llama", npu_preset("tiny"), "head", 4, 2, 4, marks=pytest.mark.slow),
+    pytest.param("tiny-llama", tiny_variant(imem_words=8192), "hidden", 3, 2, 4,
+                 marks=pytest.mark.slow)])
+def test_plan_equals_the_iss(name, npu, strategy, chips, batch, n):
+    """The planned first token, every step's cycles and the KV bytes are the ISS's (hidden:
+    from the same compiler, shapes only)."""
     cfg = model_preset(name)
     prompts = seeded(11).integers(0, cfg.vocab_size, (batch, 3))
-    ran = generate(npu, cfg, prompt=prompts, n=4, backend="iss", strategy=strategy,
+    ran = generate(npu, cfg, prompt=prompts, n=n, backend="iss", strategy=strategy,
                    chips=chips, seed=11)
-    planned = plan_generate(npu, cfg, generate=4, prompt_len=3, batch=batch,
+    planned = plan_generate(npu, cfg, generate=n, prompt_len=3, batch=batch,
                             strategy=strategy, chips=chips, search=False)
     assert planned.fits and planned.timed_by == "cycle model"
     assert planned.ttft_cycles == ran["ttft_cycles"]
@@ -78,13 +82,13 @@ def test_plan_generate_cli(capsys, tmp_path):
     assert "single on 1 chip" in out and "does not fit" in out and "head on 2 chips" in out
     plans = json.loads(out_json.read_text())["generate"]
     assert [(p["strategy"], p["fits"]) for p in plans] == [
-        ("single", False), ("head", True), ("pipeline", True)]
+        ("single", False), ("head", True), ("pipeline", True), ("hidden", True)]
     assert len(plans[1]["step_cycles"]) == 2 and np.isfinite(plans[1]["tokens_per_s"])
     for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
                       (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
-                      (["--generate", "2", "--strategy", "hidden", "--chips", "2"],
-                       "--generate plans strategy single, head, pipeline, data, not "
-                       "hidden")):
+                      (["--generate", "2", "--strategy", "sequence", "--chips", "2"],
+                       "--generate plans strategy single, head, pipeline, data, hidden, not "
+                       "sequence")):
         status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
         assert_one_line_error(status, out, err, msg)
 
@@ -94,9 +98,16 @@ DEEP = dataclasses.replace(model_preset("tiny-llama"), n_layers=8)
 DEEP_NPU = tiny_variant(sram_bytes=1 << 17, imem_words=1 << 14)
 
 
+#: DEEP_NPU with 512 KiB: hidden's 8 layers on 2 chips of 128 KiB reach the banks of the
+#: reduce-scatter buffers, whose reductions then run 4.3% slower than the cuts' (whose
+#: weights do not): a layout the linear extension cannot see (docs/architecture.md).
+WIDE_NPU = tiny_variant(sram_bytes=1 << 19, imem_words=1 << 14)
+
+
 @pytest.mark.parametrize("strategy,chips,grid,batch,tol", [
     ("head+pipeline", 8, (2, 4), 1, 1e-3),
     pytest.param("head", 2, None, 1, 1e-3, marks=pytest.mark.slow),
+    pytest.param("hidden", 2, None, 1, 1e-3, marks=pytest.mark.slow),
     # The whole 2x2 torus is timed at launch level, the cut's one replica (a ring of 2) by
     # the cycle model: the two models' 2%.
     pytest.param("data+head", 4, (2, 2), 2, 2e-2, marks=pytest.mark.slow)])
@@ -106,8 +117,9 @@ def test_scaled_plan_equals_the_whole_compile(strategy, chips, grid, batch, tol)
     instructions per chip."""
     kw = {"generate": 4, "prompt_len": 3, "batch": batch, "strategy": strategy,
           "chips": chips, "grid": grid, "search": False}
-    whole = plan_generate(DEEP_NPU, DEEP, scaled=False, **kw)
-    cut = plan_generate(DEEP_NPU, DEEP, scaled=True, **kw)
+    npu = WIDE_NPU if strategy == "hidden" else DEEP_NPU
+    whole = plan_generate(npu, DEEP, scaled=False, **kw)
+    cut = plan_generate(npu, DEEP, scaled=True, **kw)
     assert whole.fits and cut.fits and cut.notes, (whole.reason, cut.reason)
     for got, want in [(cut.ttft_cycles, whole.ttft_cycles),
                       *zip(cut.step_cycles, whole.step_cycles, strict=True)]:

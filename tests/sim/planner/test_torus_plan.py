@@ -43,26 +43,26 @@ def test_a_grid_laid_out_on_its_distinct_shares_is_every_chip_laid_out(monkeypat
 
 
 def test_llama2_7b_fits_a_torus_on_lpu_like():
-    """The fewest chips: head+pipeline 32x16 on the 32 x 16 torus (16x16 needs 268 MB a
-    chip of 220 MiB)."""
+    """The fewest chips: head+pipeline 32x7 on the 32 x 7 torus (32x6 needs 232,898,560 bytes
+    a chip of 230,686,720; heads packed, five 128-lane heads to two 320-lane words)."""
     report = plan(LPU, LLAMA, min_chips=True, strategy="head+pipeline")
     (p,) = report.strategies
-    assert p.fits and p.chips == p.min_chips == 512 and p.grid == "32x16"
-    assert p.topology == "32x16" and p.predicted_cycles > 0
-    assert any("placed on the 32x16 torus: its rows (dimension 0: 64 B/cycle, 200 cycles) "
+    assert p.fits and p.chips == p.min_chips == 224 and p.grid == "32x7"
+    assert p.topology == "32x7" and p.predicted_cycles > 0
+    assert any("placed on the 32x7 torus: its rows (dimension 0: 64 B/cycle, 200 cycles) "
                "hold the head groups" in n for n in p.notes), p.notes
     assert report.best is p
-    at = plan(dataclasses.replace(LPU, topology=Topology((16, 16))), LLAMA, chips=256,
+    at = plan(dataclasses.replace(LPU, topology=Topology((32, 6))), LLAMA, chips=192,
               strategy="head+pipeline").strategies[0]
-    assert at.grid == "16x16" and not at.fits
+    assert at.grid == "32x6" and not at.fits
     assert any(r.key == "sram_bytes" for r in at.reasons)
 
 
 def test_every_chip_count_shares_one_timer():
-    reports = plan_chip_counts(LPU, LLAMA, [256, 512, 1024], strategy="head+pipeline")
+    reports = plan_chip_counts(LPU, LLAMA, [192, 224, 1024], strategy="head+pipeline")
     fits = [(r.strategies[0].chips, r.strategies[0].grid, r.strategies[0].fits)
             for r in reports]
-    assert fits == [(256, fits[0][1], False), (512, "32x16", True), (1024, "32x32", True)]
+    assert fits == [(192, fits[0][1], False), (224, "32x7", True), (1024, "32x32", True)]
     with pytest.raises(BadInput, match=r"chip count 1025 must be 1..1024"):
         plan_chip_counts(LPU, LLAMA, [1025])
 
@@ -76,7 +76,7 @@ def test_all_chip_counts_up_to_1024():
     wall = time.perf_counter() - start
     fitting = [r.best.chips for r in reports if r.best]
     print(f"1..1024 chips, every strategy: {wall:.1f} s, {len(fitting)} counts fit")
-    assert fitting and fitting[0] == 512
+    assert fitting and fitting[0] == 224
 
 
 def test_each_dimension_is_charged_its_links():

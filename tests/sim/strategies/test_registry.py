@@ -9,7 +9,7 @@ from hw.spec import model_preset, npu_preset
 from sim.errors import BadInput
 from sim.flows.simulate import simulate
 from sim.planner.plan import plan
-from sim.strategies import GRIDS, NAMES, REGISTRY, get, table
+from sim.strategies import GRIDS, GRIDS3, NAMES, REGISTRY, get, table
 from sim.strategies.base import Strategy, register
 from tests.helpers import ROOT
 
@@ -20,8 +20,9 @@ MODEL = dataclasses.replace(model_preset("tiny"), n_layers=2)
 def test_names_are_the_registry_in_order():
     assert set(NAMES) == set(REGISTRY)
     assert NAMES[0] == "single"
-    assert tuple(n for n in NAMES if "+" in n) == GRIDS
-    assert all(get(n).is_grid for n in GRIDS)
+    assert tuple(n for n in NAMES if n.count("+") == 1) == GRIDS
+    assert tuple(n for n in NAMES if n.count("+") == 2) == GRIDS3 == ("data+pipeline+head",)
+    assert all(get(n).is_grid for n in GRIDS + GRIDS3)
 
 
 def test_unknown_name_is_refused_naming_the_choices():
@@ -39,7 +40,9 @@ def test_a_name_registers_once():
 def _chips(name):
     if get(name).one_chip:
         return {"chips": 1}
-    return {"grid": "2x2"} if get(name).is_grid else {"chips": 2}
+    if get(name).is_grid:
+        return {"grid": "x".join(["2"] * len(get(name).parts))}
+    return {"chips": 2}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -65,7 +68,8 @@ def test_a_scheme_the_strategy_does_not_compile_is_refused_by_the_registry(name)
                                               "pipeline"),
     ("data+head", {"grid": "2x2", "microbatches": 2}, "--microbatches applies"),
     ("pipeline", {"chips": 2, "grid": "1x2"}, "--grid applies to head\\+pipeline, data\\+head, "
-                                              "data\\+pipeline, not --strategy pipeline"),
+                                              "data\\+pipeline, data\\+pipeline\\+head, not "
+                                              "--strategy pipeline"),
     ("head", {"chips": 2, "reduce": "all_reduce"}, "reduce applies to --strategy hidden"),
     ("single", {"chips": 2}, "--strategy single runs on one chip, not --chips 2"),
     ("head+pipeline", {"chips": 4}, "--strategy head\\+pipeline needs --grid AxB"),

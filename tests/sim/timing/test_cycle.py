@@ -10,8 +10,10 @@ from hw.spec import ModelConfig, model_preset, npu_preset
 from hw.spec.collective import CollectiveRequest
 from hw.spec.formats import OutMode
 from hw.spec.isa import Op, Unit
+from sim.compiler import attention_launch as al_
 from sim.compiler import collective_launch as cl
 from sim.compiler import p2p_launch as pl
+from sim.compiler import vector_launch as vl
 from sim.compiler.assembler import Assembler
 from sim.compiler.descriptors import emit_matmul, matmul_launch
 from sim.compiler.quantize import quantize_input, quantize_model
@@ -261,6 +263,36 @@ def test_lone_chip_and_matmul_chain():
                                    b_base=100, p_base=150, c_base=300, c_row_words=2,
                                    mode=OutMode.INT16))
     asm.launch(Op.NOP)
+    asm.halt()
+    assert_rtl_equal(npu, [asm.words()], [{}])
+
+
+def test_packed_launches_on_one_chip():
+    """Launches of packed operands: matmuls whose B is stored unpadded (zero rows past
+    MM_B_ROWS, the last column block packed; its words in the A bank too), attention heads at
+    lane offsets (rows of 1 to 3 words, Q, K and V from different lanes; one whole, one
+    interleaved) and a REQUANT with ``keep``: the cycle model equals the RTL."""
+    npu = dataclasses.replace(small_npu(), sram_bytes=4096)
+    asm = Assembler()
+    emit_matmul(asm, matmul_launch(size=4, m=8, k=12, n=11, a_base=0, a_row_words=3,
+                                   b_base=40, p_base=80, c_base=200, c_row_words=3,
+                                   mode=OutMode.INT8, b_rows=10, packed=True))
+    emit_matmul(asm, matmul_launch(size=4, m=4, k=8, n=6, a_base=300, a_row_words=2,
+                                   b_base=310, p_base=330, c_base=360, c_row_words=4,
+                                   mode=OutMode.INT16, b_rows=7, packed=True))
+    asm.wait(Unit.MATMUL)
+    common = {"size": 4, "queries": 5, "keys": 5, "q_base": 200, "k_base": 200,
+              "v_base": 200, "o_base": 400, "q_row_words": 3, "k_row_words": 3,
+              "v_row_words": 3, "o_row_words": 2, "score_mult": 1, "score_shift": 8,
+              "out_mult": 1, "out_shift": 8}
+    for kw in ({"d_head": 3, "col": 1, "k_col": 4, "v_col": 9},
+               {"d_head": 6, "col": 2, "k_col": 3, "v_col": 5, "o_col": 1,
+                "interleaved": True, "window": 2},
+               {"d_head": 4, "col": 4}):
+        al_.emit(asm, al_.attention_launch(**common, **kw))
+    asm.wait(Unit.ATTN)
+    vl.emit(asm, vl.requant_launch(size=4, length=7, a=vl.Rows(400, 5, 2, 1),
+                                   out=vl.Rows(420, 5, 2, 1), mult=3, shift=2, keep=True))
     asm.halt()
     assert_rtl_equal(npu, [asm.words()], [{}])
 

@@ -7,10 +7,13 @@ import pytest
 
 from hw.spec import ModelConfig, npu_preset
 from hw.spec.collective import CollectiveRequest
+from hw.spec.isa import Unit
+from hw.spec.topology import Topology
 from sim.compiler import collective_launch as cl
 from sim.compiler.assembler import Assembler
 from sim.compiler.hidden import compile_hidden
 from sim.compiler.quantize import quantize_model
+from sim.compiler.torus_collective import torus_collective
 from sim.golden.float_model import random_weights
 from sim.iss import IssError
 from sim.strategies import compile_program
@@ -109,3 +112,23 @@ def test_a_program_that_cannot_go_on():
     lone.halt()
     with pytest.raises(IssError, match="cannot go on .*chip 0"):
         time_programs_fast(TINY, [asm.words(), lone.words()])
+
+
+@pytest.mark.parametrize("nbytes, algorithm", [(4096, "halves"), (64, "rows_columns")])
+def test_two_engines_on_a_torus_are_timed_as_the_cycle_model_times_them(nbytes, algorithm):
+    """The 2-D all-reduce's programs on a 4 x 4 torus (both engines of every chip at once, on
+    rows' and columns' rings): the launch-level model gives the cycle model's cycles."""
+    npu, topo = npu_preset("tiny"), Topology((4, 4))
+    plan = torus_collective("all_reduce", "sum", 32, nbytes // 4, topo, base=0, size=4,
+                            link_bytes=4, algorithm=algorithm, half_base=8192)
+    programs = []
+    for c in range(16):
+        asm = Assembler()
+        plan.emit(asm, c, 4)
+        asm.wait(Unit.ALL)
+        asm.halt()
+        programs.append(asm.words())
+    exact = time_programs(npu, programs, topology=topo)
+    fast = time_programs_fast(npu, programs, topology=topo)
+    assert fast.cycles == exact.cycles, (fast.cycles, exact.cycles)
+    assert [c.busy for c in fast.chips] == [c.busy for c in exact.chips]

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from hw.spec import npu_preset
+from hw.spec.attention import launch_words
 from hw.spec.formats import OutMode, out_words
 from hw.spec.timing import attention as attn_timing
 from hw.spec.timing import chip
@@ -138,3 +139,28 @@ def test_attention_launches(size, window, queries, halo, keys, interleaved):
             want = chip.attention_cycles(engine, keys=keys, words=words, shared=shared,
                                          interleaved=interleaved, halo=halo)
             assert busy(npu, asm, "attention") == want, (words, shared)
+
+
+@pytest.mark.parametrize("size, h", [(4, 3), (4, 6), (8, 5), (8, 12)])
+@pytest.mark.parametrize("keys", [1, 2, 3, 4, 7, 12])
+def test_attention_launches_of_packed_heads(size, h, keys):
+    """Preload launches of heads at lane offsets, Q, K and V of different lengths (rows of
+    1 to 3 words) in one bank or in three: the closed form equals the cycle model."""
+    npu = npu_of(size, attn_window=16, softmax_len=16, max_seq_len=512, d_head_max=16)
+    bw = npu.bank_words
+    for q_lane, k_lane, v_lane in ((0, size - 1, 0), (size - 1, 0, size // 2),
+                                   (size // 2, size - 1, size - 1), (1, size - 1, 0)):
+        for shared in (True, False):
+            bases = (0, 0, 0) if shared else (0, bw, 2 * bw)
+            launch = al.attention_launch(
+                size=size, d_head=h, queries=keys, keys=keys, q_base=bases[0],
+                k_base=bases[1], v_base=bases[2], o_base=3 * bw, q_row_words=12,
+                k_row_words=12, v_row_words=12, o_row_words=4, col=q_lane,
+                k_col=4 * size + k_lane, v_col=8 * size + v_lane, score_mult=1,
+                score_shift=1, out_mult=1, out_shift=1)
+            asm = Assembler()
+            al.emit(asm, launch)
+            engine = attn_timing.launch_cycles(launch.regs, window=16, length=16, size=size)
+            words = launch_words(launch.regs, size)
+            want = chip.attention_cycles(engine, keys=keys, words=words, shared=shared)
+            assert busy(npu, asm, "attention") == want, (q_lane, k_lane, v_lane, words, shared)

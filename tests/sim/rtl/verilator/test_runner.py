@@ -13,6 +13,7 @@ import pytest
 
 from hw.spec import ModelConfig, npu_preset
 from hw.spec.collective import CollectiveRequest
+from hw.spec.topology import Topology
 from sim.compiler.assembler import Assembler
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
@@ -28,6 +29,7 @@ from sim.rtl.system_runner import run_system_pysim
 from sim.rtl.verilator.runner import run_bare_loop, run_system_verilator
 from sim.strategies import compile_program
 from sim.timing.cycle import time_programs, trace_entries
+from tests.helpers import seeded, torus_programs
 
 pytestmark = [pytest.mark.verilator, pytest.mark.usefixtures("verilator_ok")]
 
@@ -59,15 +61,15 @@ def outputs(prog, regions):
     return out
 
 
-def iss_reference(npu, programs, images, reads):
+def iss_reference(npu, programs, images, reads, topology=None):
     """What run_system_pysim returns (regions, cycles, counters, traces), from the ISS and its
-    cycle model."""
-    system = IssSystem(npu, len(programs))
+    cycle model (on ``topology``: a ring or a torus)."""
+    system = IssSystem(npu, len(programs), topology)
     for iss, image in zip(system.chip, images, strict=True):
         for base, words in image.items():
             iss.write_words(base, words)
     system.run(programs)
-    timed = time_programs(npu, programs, ring=True)
+    timed = time_programs(npu, programs, ring=True, topology=topology)
     return {"regions": [[iss.read_words(b, w) for b, w in chip_reads]
                         for iss, chip_reads in zip(system.chip, reads, strict=True)],
             "cycles": timed.cycles, "chip_cycles": [c.cycles for c in timed.chips],
@@ -225,8 +227,10 @@ def test_rejections():
         run_system_verilator(npu, [[0] * 4097], [{}], [[]])
     with pytest.raises(ValueError, match=r"link_stalls 1.0 is outside \[0, 1\)"):
         run_system_verilator(npu, [[]], [{}], [[]], link_stalls=1.0)
-    with pytest.raises(ValueError, match="chips must be 1..8, not 9"):
-        run_system_verilator(npu, [[]] * 9, [{}] * 9, [[]] * 9)
+    with pytest.raises(ValueError, match="chips must be 1..1024, not 1025"):
+        run_system_verilator(npu, [[]] * 1025, [{}] * 1025, [[]] * 1025)
+    with pytest.raises(ValueError, match="4 programs for the 8 chips of the 2x4"):
+        run_system_verilator(npu, [[]] * 4, [{}] * 4, [[]] * 4, topology=Topology((2, 4)))
 
 
 @pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 4), ("pipeline", 4)])
@@ -243,3 +247,61 @@ def test_simulate_runs_every_chip_count_on_verilator(strategy, chips):
 def test_simulate_watchdog_on_verilator():
     with pytest.raises(Watchdog, match=r"within max_cycles=50: chip 0 at pc \d+ busy with"):
         simulate(npu_preset("tiny"), SMALL, backend="verilator", max_cycles=50)
+
+
+
+# --- a torus: the torus's node (a link per dimension), joined along rows and columns ---------
+
+def test_torus_collectives_and_sends_equal_the_iss():
+    """A 2 x 2 torus: every row all-reduces on collective engine 0 while every column
+    all-reduces on engine 1, and messages cross both dimensions: the ISS's integers and its
+    cycle model's cycles, busy counters and traces; the harness's one pass a cycle holds on
+    both dimensions' links (``check_cut``), under link stalls on both too."""
+    npu, topo = npu_preset("tiny"), Topology((2, 2))
+    programs, images = torus_programs(npu, topo, [(0, 3), (1, 2), (2, 0)], seeded(41))
+    reads = [[(0, 300)]] * 4
+    fast = run_system_verilator(npu, programs, images, reads, topology=topo, check_cut=True)
+    check_types(fast, 4, npu.word_bytes)
+    assert_same(fast, iss_reference(npu, programs, images, reads, topo), 4, "the ISS")
+    stalled = run_system_verilator(npu, programs, images, reads, topology=topo,
+                                   link_stalls=0.3, seed=3, check_cut=True)
+    assert all((a == b).all() for c in range(4)
+               for a, b in zip(stalled["regions"][c], fast["regions"][c], strict=True))
+    assert stalled["cycles"] > fast["cycles"]
+    print(f"{fast['cycles']} cycles, {stalled['cycles']} with stalls")
+
+
+def test_a_deadlock_on_the_torus_ends_at_the_watchdog_naming_the_waiting_chips():
+    """Chip 2 never joins its column's all-reduce: chip 0 waits for it, the watchdog names
+    chip 0 (busy with its collective) and not the halted chips."""
+    npu, topo = npu_preset("tiny"), Topology((2, 2))
+    programs, images = torus_programs(npu, topo, [], seeded(42))
+    programs[2] = programs[2][-1:]                   # chip 2 only halts
+    with pytest.raises(SimulationTimeout, match=r"max_cycles=3000: chip 0 at pc \d+ busy with "
+                                                r"collective") as info:
+        run_system_verilator(npu, programs, images, [[]] * 4, topology=topo, max_cycles=3000)
+    assert "chip 2" not in str(info.value)
+
+
+@pytest.mark.parametrize("strategy, grid, dims, batch", [
+    ("head+pipeline", "2x2", (2, 2), 2),
+    pytest.param("data+head", "2x2", (2, 2), 2, marks=pytest.mark.slow),
+    pytest.param("head+pipeline", "2x4", (2, 4), 2, marks=pytest.mark.slow),
+    ("data+head", "2x4", (4, 2), 2),
+    ("head+pipeline", "4x4", (4, 4), 2),
+    pytest.param("data+head", "4x4", (4, 4), 4, marks=pytest.mark.slow),
+])
+def test_grids_on_the_torus_of_their_shape_equal_the_iss(strategy, grid, dims, batch):
+    """A grid on the torus of its shape (head+pipeline AxB on an A x B torus, data+head on a
+    B x A one) through the flow on Verilator, from the one build of the torus's node: bit-exact
+    with the golden model, and the cycles and every chip's busy counters of the ISS's cycle
+    model."""
+    npu = dataclasses.replace(npu_preset("tiny"), topology=Topology(dims))
+    kw = {"strategy": strategy, "grid": grid, "batch": batch, "seed": 3, "reference": "none"}
+    fast = simulate(npu, FOUR, backend="verilator", **kw)
+    iss = simulate(npu, FOUR, backend="iss", **kw)
+    assert fast.golden_match and iss.golden_match
+    assert fast.cycles == iss.cycles, (fast.cycles, iss.cycles)
+    for a, b in zip(fast.per_chip, iss.per_chip, strict=True):
+        assert a.busy == b.busy, (a.chip, a.busy, b.busy)
+    print(f"{strategy} {grid} on {dims}: {fast.cycles} cycles")
