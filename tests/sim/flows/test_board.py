@@ -3,11 +3,12 @@ driver that runs a real board talks, through the bit-level UART model of sim.rtl
 to the board top's UART pins (4 clocks per bit), loads a program, runs it, reads it back."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
-from hw.spec import model_preset, npu_preset
+from hw.spec import PRESETS_DIR, model_preset, npu_preset
 from hw.spec.collective import ReduceOp
 from hw.spec.formats import OutMode
 from hw.spec.isa import Op, decode
@@ -181,3 +182,37 @@ def test_the_compiler_emits_no_avg(strategy, chips, grid):
         assert avg_collectives(c.program) == [], f"{strategy}: chip {chip} runs AVG"
         colls += sum(1 for w in c.program if decode(w).op is Op.COLL)
     assert colls > 0 or chips == 1, f"{strategy}: no COLL at all, nothing was checked"
+
+
+# --- the board preset (constraints/npu/ulx3s.toml: the chip `make fpga` builds) ----------------
+
+def test_board_preset_runs_a_one_layer_model_bit_exact_on_the_iss():
+    """The ULX3S preset's chip (a ring chip, one collective engine, the ring port kept) runs a
+    one-layer model of the tiny shape: every output integer equals the golden model's."""
+    npu = npu_preset("ulx3s")
+    assert npu.chip_error() is None and npu.ring_port_buildable
+    model = dataclasses.replace(model_preset("tiny"), n_layers=1)
+    report = simulate(npu, model, backend="iss", seed=11)
+    assert report.golden_match, report.first_mismatch
+    assert report.cycles and report.cycles > 0 and report.chips == 1
+
+
+@pytest.mark.slow
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
+def test_board_preset_runs_a_one_layer_model_on_the_verilated_board(capsys, tmp_path):
+    """``npu board --sim`` on the board preset: a one-layer model of the tiny shape compiled,
+    loaded over the Verilated board's UART, run and read back, equal to the golden model, in
+    the cycles the ISS's cycle model gives the bare chip (a board build of its own: slow)."""
+    model = dataclasses.replace(model_preset("tiny"), n_layers=1)
+    path = tmp_path / "one-layer.toml"
+    text = (PRESETS_DIR / "models" / "tiny.toml").read_text()
+    assert "n_layers = 4\n" in text
+    path.write_text(text.replace("n_layers = 4\n", "n_layers = 1\n"))
+    code, out, err = run(capsys, "board", "--sim", "--npu", "constraints/npu/ulx3s.toml",
+                         "--model", str(path), "--seed", "11", "--json", str(tmp_path / "r.json"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["golden_match"] and report["backend"] == "board", report
+    ref = simulate(npu_preset("ulx3s"), model, backend="iss", seed=11)
+    assert report["cycles"] == ref.cycles, (report["cycles"], ref.cycles)
