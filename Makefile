@@ -97,12 +97,12 @@ $(FPGASTAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,sweep,fpga]'
 	@touch $@
 
-# Synthesis, place and route of one top on the ECP5-85k: by default the fpga preset's whole chip
+# Synthesis, place and route of one top on the ECP5-85k: by default the ulx3s preset's whole chip
 # on the ULX3S-85F board top (bitstream $(BUILD)/fpga-board/npu_board.bit); FPGA_TOP=matmul for a
 # unit in the serial shell. The first run JIT-compiles the tools (~1 min). Writes
-# $(BUILD)/fpga-<top>.json; keeps the Verilog, netlist, logs and report in $(BUILD)/fpga-<top>/.
+# $(BUILD)/fpga-<top>.json; keeps the RTLIL, netlist, logs and report in $(BUILD)/fpga-<top>/.
 FPGA_TOP ?= board
-FPGA_NPU ?= constraints/npu/fpga.toml
+FPGA_NPU ?= constraints/npu/ulx3s.toml
 # FPGA_MHZ=40: build for another clock than the NPU's clock_mhz (the board's PLL output).
 FPGA_MHZ ?=
 fpga: $(FPGASTAMP)

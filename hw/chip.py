@@ -9,7 +9,7 @@ via a word gearbox (its words are ``D = max(2B, 8)`` bytes, ``D/N`` scratchpad w
 owns the chip's ring port (``ring_tx``, ``ring_rx``).
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -24,12 +24,15 @@ from .spec.isa import (
     BUSY_COUNTERS,
     COLL_FIFO_WORDS,
     COLL_GENS,
+    COUNT_BITS,
     INSN_BITS,
     OPCODE_BITS,
     READ_GENS,
     RECV_FIFO_WORDS,
     REG_INDEX,
+    REGS,
     UNIT_BITS,
+    VALUE_BITS,
     WRAP_GENS,
     WRITE_GENS,
     Op,
@@ -38,22 +41,29 @@ from .spec.isa import (
 from .spec.ring import CHAN_P2P, COLL_CHANS, CTS_SLOTS, NODE_CHIP_BITS
 from .spec.topology import MAX_CHIPS
 from .tile.attention_engine import AttentionEngine
+from .tile.attention_engine import cfg_layout as attention_cfg_layout
 from .tile.gearbox import WordPacker, WordUnpacker
 from .tile.matmul_engine import MatmulEngine
+from .tile.matmul_engine import cfg_layout as matmul_cfg_layout
 from .tile.ports import HostSignature, RingPortSignature, trace_depth
-from .tile.scratchpad import AddrGen, Scratchpad
+from .tile.scratchpad import AddrGen, Scratchpad, desc_layout
 from .tile.sequencer import LAUNCH_OPS, Sequencer
 from .tile.trace import TraceBuffer
 from .tile.vector_engine import CFG_REGS as VEC_CFG_REGS
 from .tile.vector_engine import VectorEngine
+from .tile.vector_engine import cfg_layout as vector_cfg_layout
 
-__all__ = ["Chip"]
+__all__ = ["Chip", "reg_widths"]
 
 # Scratchpad port numbers follow hw.spec.isa.READ_GENS and WRITE_GENS; the host has the last
 # (lowest-priority) read and write ports.
 #: Generators the attention and vector engines share (an attention launch uses RD3-RD5 and
 #: WR1, less RD4 or RD3 in the split-score passes: the engine's ``uses``).
 SHARED_GENS = ("RD3", "RD4", "RD5", "WR1", "WR2")
+#: Which configuration register feeds each field of the matmul engine's ``i_cfg``.
+MM_CFG_REGS = {"k": "MM_K", "folds": "MM_FOLDS", "mode": "MM_MODE",
+               "a_unsigned": "MM_A_UNSIGNED", "b_rows": "MM_B_ROWS",
+               "b_blocks": "MM_B_BLOCKS", "b_last": "MM_B_LAST"}
 #: Which configuration register feeds each field of the attention engine's ``i_cfg``.
 ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS",
                  "k_pos": "AT_K_POS", "window": "AT_WINDOW", "flags": "AT_FLAGS",
@@ -61,6 +71,42 @@ ATTN_CFG_REGS = {"queries": "AT_QUERIES", "keys": "AT_KEYS", "q_pos": "AT_Q_POS"
                  "out_mult": "AT_OUT_MULT", "out_shift": "AT_OUT_SHIFT", "d_head": "AT_D_HEAD",
                  "q_lane": "AT_Q_LANE", "k_lane": "AT_K_LANE", "v_lane": "AT_V_LANE",
                  "o_lane": "AT_O_LANE"}
+
+
+#: Bits of the COLL registers the chip reads: the command's fields (``_collective``), and
+#: CO_WIDTH whole (the chip compares it with 64; any other value runs as 32).
+CO_REG_BITS = {"CO_KIND": CHUNKS_SHIFT + 16, "CO_OP": 2, "CO_WIDTH": VALUE_BITS,
+               "CO_LEN": 2 * LENGTH_BITS, "CO_COUNT": 3 * COUNT_FIELD_BITS,
+               "CO_CHIPS": 1, "CO_RANK": (MAX_CHIPS + 1).bit_length()}
+
+
+def reg_widths(npu: NpuConfig, chip_bits: int = NODE_CHIP_BITS) -> tuple[int, ...]:
+    """Bits of each configuration register (``hw.spec.isa.REGS`` order) that a chip built to
+    ``npu`` reads: an address generator's descriptor fields (``desc_layout``), each unit's
+    configuration field, the collective's (:data:`CO_REG_BITS`), and CO_NEXT, SR_DEST and SR_SRC
+    (``chip_bits``). The
+    sequencer keeps only these bits (:class:`~hw.tile.sequencer.Sequencer`'s ``reg_widths``):
+    the registers wrap modulo ``2**VALUE_BITS``, so a field's low bits are the same either way.
+    """
+    ab = npu.sram_addr_bits
+    widths = {}
+    for gen in READ_GENS + WRITE_GENS:
+        desc = desc_layout(ab, wrap=gen in WRAP_GENS)
+        widths[f"{gen}.base"] = desc.members["base"].width
+        for lv in range(ADDR_LEVELS):
+            widths[f"{gen}.n{lv}"] = COUNT_BITS
+            widths[f"{gen}.s{lv}"] = ab + 1
+        if gen in WRAP_GENS:
+            widths[f"{gen}.wrap"] = desc.members["wrap"].width
+            widths[f"{gen}.off"] = desc.members["off"].width
+    for layout, fields in ((matmul_cfg_layout(npu.array_size), MM_CFG_REGS),
+                           (attention_cfg_layout(npu.d_head_max, npu.array_size), ATTN_CFG_REGS),
+                           (vector_cfg_layout(), VEC_CFG_REGS)):
+        widths.update({name: Shape.cast(layout.members[field]).width
+                       for field, name in fields.items()})
+    widths.update(CO_REG_BITS)
+    widths.update({"SR_DEST": chip_bits, "SR_SRC": chip_bits, "CO_NEXT": chip_bits})
+    return tuple(widths[name] for name in REGS)
 
 
 def _write(m, addr, wp, src):
@@ -114,10 +160,12 @@ class Chip(wiring.Component):
 
     ``coll_avg=False`` builds the collective engines without AVG's divider (an FPGA build:
     :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
+    ``pe_dsp=True`` takes the matmul array's products in DSPs (an FPGA build with DSPs to
+    spare: :class:`hw.tile.matmul.MatmulArray`); function and timing are the same.
     """
 
-    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, chip_bits: int | None = None,
-                 dims: int = 1):
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False,
+                 chip_bits: int | None = None, dims: int = 1):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         if (error := npu.chip_error()) is not None:
@@ -132,6 +180,7 @@ class Chip(wiring.Component):
         self._coll_bytes = npu.ring_word_bytes
         self._npu = npu
         self._coll_avg = bool(coll_avg)
+        self._pe_dsp = bool(pe_dsp)
         self._chip_bits = chip_bits
         self._dims = dims
         self._engines = dims
@@ -179,6 +228,11 @@ class Chip(wiring.Component):
         return self._coll_avg
 
     @property
+    def pe_dsp(self) -> bool:
+        """Whether the matmul array's products are DSPs (``pe_dsp``)."""
+        return self._pe_dsp
+
+    @property
     def ring_word_bytes(self) -> int:
         """Bytes of the words on the ring port (the collective engine's ``D``)."""
         return self._coll_bytes
@@ -191,7 +245,8 @@ class Chip(wiring.Component):
         host = self.host
 
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
-        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words)
+        m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
+                                           reg_widths=reg_widths(npu, self._chip_bits))
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
         imem_rd = imem.read_port()
         imem_wr = imem.write_port()
@@ -246,7 +301,7 @@ class Chip(wiring.Component):
             return ~Cat(*[gens[g].o.valid for g in names]).any()
 
         # Matmul unit: A via RD0, B via RD1, parameters via RD2, results via WR0.
-        m.submodules.matmul = mm = MatmulEngine(size=n)
+        m.submodules.matmul = mm = MatmulEngine(size=n, pe_dsp=self._pe_dsp)
         for k, port in enumerate((mm.i_a, mm.i_b, mm.i_p)):
             rd = spad.rd[k].o_data
             m.d.comb += [port.valid.eq(rd.valid), rd.ready.eq(port.ready),
@@ -260,14 +315,9 @@ class Chip(wiring.Component):
         m.d.comb += [
             seq.can_launch[mm_bit].eq(~mm_busy),
             mm.i_cfg.valid.eq(go),
-            mm.i_cfg.payload.k.eq(reg("MM_K")),
-            mm.i_cfg.payload.folds.eq(reg("MM_FOLDS")),
-            mm.i_cfg.payload.mode.eq(reg("MM_MODE")),
-            mm.i_cfg.payload.a_unsigned.eq(reg("MM_A_UNSIGNED")),
-            mm.i_cfg.payload.b_rows.eq(reg("MM_B_ROWS")),
-            mm.i_cfg.payload.b_blocks.eq(reg("MM_B_BLOCKS")),
-            mm.i_cfg.payload.b_last.eq(reg("MM_B_LAST")),
         ]
+        for field, name in MM_CFG_REGS.items():
+            m.d.comb += getattr(mm.i_cfg.payload, field).eq(reg(name))
         for g in mm_gens:
             m.d.comb += gens[g].i.valid.eq(go)
 

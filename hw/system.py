@@ -61,8 +61,8 @@ class ChipNode(wiring.Component):
         The chip's.
     """
 
-    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, chip_bits: int | None = None,
-                 links: tuple[DimLink, ...] | None = None):
+    def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False,
+                 chip_bits: int | None = None, links: tuple[DimLink, ...] | None = None):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         links = tuple(links) if links is not None else (
@@ -77,7 +77,7 @@ class ChipNode(wiring.Component):
                                  f"of {npu.ring_word_bytes} bytes")
         self.npu = npu
         self.links = links
-        self.chip = Chip(npu=npu, coll_avg=coll_avg,
+        self.chip = Chip(npu=npu, coll_avg=coll_avg, pe_dsp=pe_dsp,
                          chip_bits=NODE_CHIP_BITS if chip_bits is None else chip_bits,
                          dims=len(links))
         # The chip's own ports (each ring's tx now its link's far end: the same signature),

@@ -27,7 +27,7 @@ from ..spec.ring import tag_bits
 from . import ulx3s
 from .uart import HostLink, UartRx, UartTx
 
-__all__ = ["BoardTop", "COLL_AVG", "DEFAULT_BAUD", "baud_divisor"]
+__all__ = ["BoardTop", "COLL_AVG", "DEFAULT_BAUD", "PE_DSP", "baud_divisor"]
 
 #: The FTDI FT231X of the ULX3S runs up to 3 Mbaud; 1 Mbaud leaves margin on any cable.
 DEFAULT_BAUD = 1_000_000
@@ -51,13 +51,19 @@ def baud_divisor(clock_mhz: float, baud: int) -> int:
 COLL_AVG = False
 
 
+#: The board's chip takes its matmul array's products in DSPs (``Chip``'s ``pe_dsp``): one
+#: MULT18X18D per PE instead of ~250 LUT4 slots (docs/fpga.md), while the other units leave
+#: enough of the ECP5-85k's 156.
+PE_DSP = True
+
+
 class _ChipOnRing(wiring.Component):
     """The chip with its ring port looped back through a link (a ring of one chip), so that
     nothing of the chip is optimised away and a one-chip collective runs."""
 
-    def __init__(self, npu):
+    def __init__(self, npu, *, pe_dsp=PE_DSP):
         # A ring of one chip: 1-bit chip ids.
-        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, chip_bits=1)
+        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp, chip_bits=1)
         super().__init__(wiring.Signature({}))
 
     def elaborate(self, platform):

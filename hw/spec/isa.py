@@ -30,7 +30,7 @@ from dataclasses import dataclass
 __all__ = ["Op", "Unit", "UNIT_BITS", "UNIT_NAMES", "BUSY_COUNTERS", "OP_UNIT", "ADDR_GENS",
            "READ_GENS", "WRITE_GENS", "WRAP_GENS", "ADDR_LEVELS", "COUNT_BITS", "MAX_COUNT", "REGS",
            "REG_INDEX", "INSN_BITS", "VALUE_BITS", "COLL_FIFO_WORDS", "RECV_FIFO_WORDS", "Insn",
-           "COLL_GENS",
+           "COLL_GENS", "chip_gens",
            "encode", "decode", "disassemble", "reg", "gen_regs", "gen_fields", "IsaError",
            "LOOP_BODY_BITS", "LOOP_COUNT_BITS", "loop_operand", "loop_fields", "LoopState",
            "add_value", "ADDX_SCALE_BITS", "ITER_BITS", "check_addx_scale", "addx_value",
@@ -112,6 +112,16 @@ ADDR_GENS = READ_GENS + WRITE_GENS
 WRAP_GENS = ("RD6", "WR3", "RD8", "WR5")
 #: Each collective engine's read and write generators (the COLL operand's engine index).
 COLL_GENS = (("RD6", "WR3"), ("RD8", "WR5"))
+
+
+def chip_gens(dims: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The read and write generators a chip of a ``dims``-dimensional system has: a ring's
+    chip (1) one collective engine's, a torus's (2) both (:data:`COLL_GENS`)."""
+    unused = set() if dims == 2 else {g for pair in COLL_GENS[dims:] for g in pair}
+    return (tuple(g for g in READ_GENS if g not in unused),
+            tuple(g for g in WRITE_GENS if g not in unused))
+
+
 ADDR_LEVELS = 4
 #: Bits of an address-generator count (``n0..n3``) and of the units' row and beat counters.
 COUNT_BITS = 16

@@ -276,9 +276,9 @@ class AttentionBuffer(wiring.Component):
         in_window = (diff >= 0) & (diff < W)
         m.d.sync += [v2.eq(v1), l2.eq(l1), m2.eq(held & (bidir | in_window))]
         for d in range(D):
-            m.d.sync += prods[d].eq(lut_product(q[d], k_rd.data.k[d]))
+            m.d.sync += prods[d].eq(lut_product(q[d], k_rd.data.k[d], m=m, name=f"qk{d}"))
         m.d.sync += [v3.eq(v2), l3.eq(l2), m3.eq(m2),
-                     raw3.eq(tree_sum(prods[d] for d in range(D)))]
+                     raw3.eq(tree_sum((prods[d] for d in range(D)), m=m, name="dot"))]
         with m.If(v3):
             m.d.sync += [raw_row[l3].eq(raw3), mask_row.bit_select(l3, 1).eq(m3)]
 
@@ -359,7 +359,7 @@ class AttentionBuffer(wiring.Component):
             with m.If(pj == W - 1):
                 m.d.sync += [pv_issuing.eq(0), pj.eq(0)]
         for d in range(D):
-            m.d.sync += vprods[d].eq(lut_product(v_rd.data[d], probs[pl1]))
+            m.d.sync += vprods[d].eq(lut_product(v_rd.data[d], probs[pl1], m=m, name=f"pv{d}"))
             with m.If(pv2):
                 m.d.sync += out_acc[d].eq(out_acc[d] + vprods[d])
 

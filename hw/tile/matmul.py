@@ -8,7 +8,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..arith import lut_product
+from ..arith import lut_product, tree_sum
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.chip import check_built
@@ -98,6 +98,11 @@ class MatmulArray(_Lanes):
     - Backpressure on ``o`` stalls the whole array (one clock enable), so no result is dropped;
       an idle input cycle inserts a bubble that carries no data.
 
+    Products: ``pe_dsp=False`` (default) builds each PE's 9 x 8 product from LUTs and carry
+    chains (:func:`hw.arith.lut_product`), ``pe_dsp=True`` as a multiplication that synthesis
+    maps to one 18 x 18 DSP per PE (an FPGA build whose DSPs suffice: ``hw.fpga.board``). The
+    function and the timing are the same.
+
     Members
     -------
     i_a : ``In(stream.Signature(a_layout(size)))``
@@ -109,12 +114,17 @@ class MatmulArray(_Lanes):
         Row ``r`` of the output tile, ``data[j]`` = C[r, j] (int32, wrapped).
     """
 
-    def __init__(self, *, size):
+    def __init__(self, *, size, pe_dsp=False):
+        self._pe_dsp = bool(pe_dsp)
         super().__init__(size, lambda size: {
             "i_a": In(stream.Signature(a_layout(size))),
             "i_b": In(stream.Signature(b_layout(size))),
             "o": Out(stream.Signature(acc_layout(size))),
         })
+
+    @property
+    def pe_dsp(self):
+        return self._pe_dsp
 
     @staticmethod
     def latency(size, k):
@@ -183,9 +193,10 @@ class MatmulArray(_Lanes):
                 acc = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_acc")
                 hold = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_hold")
                 prod = Signal(signed(17), name=f"pe{i}_{j}_prod")
-                # LUTs, not a DSP: the chip's other units need the ECP5-85k's 156 DSPs, and a
-                # 9x8 product would take a whole 18x18 one.
-                m.d.comb += prod.eq(lut_product(a, b))
+                # LUTs unless pe_dsp: the chip's other units may need the ECP5-85k's 156
+                # DSPs, and a 9x8 product takes a whole 18x18 one.
+                m.d.comb += prod.eq(a * b if self._pe_dsp else
+                                    lut_product(a, b, m=m, name=f"pe{i}_{j}_pp"))
                 with m.If(en):
                     if j + 1 < n:
                         m.d.sync += [a_out.eq(a), v_out.eq(v), l_out.eq(last)]
@@ -340,9 +351,12 @@ class Requantizer(_Lanes):
                     rnd2[j].eq(rounding),
                     shift2[j].eq(shift1[j]),
                 ]
+                # Two two-operand adders (carry chains), not one three-operand one that
+                # synthesis would build from full adders in LUTs (hw.arith.tree_sum).
                 m.d.sync += [
                     raw3[j].eq(raw2[j]),
-                    p3[j].eq((hi2[j] << LO_BITS) + lo2[j] + rnd2[j]),
+                    p3[j].eq(tree_sum([hi2[j] << LO_BITS, lo2[j], rnd2[j]], m=m,
+                                      name=f"p3sum{j}")),
                     shift3[j].eq(shift2[j]),
                 ]
                 q = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"q_{j}")
@@ -366,6 +380,8 @@ class MatmulUnit(_Lanes):
     ``K + 2*size + 4 + r`` after its first beat is taken (``K + 3*size + 4`` cycles first input to
     last output); back-to-back folds as :class:`MatmulArray`.
 
+    ``pe_dsp``: as :class:`MatmulArray`'s.
+
     Members
     -------
     i_a, i_b : as :class:`MatmulArray`
@@ -373,13 +389,18 @@ class MatmulUnit(_Lanes):
     o : requantised rows of each output tile
     """
 
-    def __init__(self, *, size):
+    def __init__(self, *, size, pe_dsp=False):
+        self._pe_dsp = bool(pe_dsp)
         super().__init__(size, lambda size: {
             "i_a": In(stream.Signature(a_layout(size))),
             "i_b": In(stream.Signature(b_layout(size))),
             "i_param": In(stream.Signature(param_layout(size))),
             "o": Out(stream.Signature(acc_layout(size))),
         })
+
+    @property
+    def pe_dsp(self):
+        return self._pe_dsp
 
     @staticmethod
     def latency(size, k):
@@ -389,7 +410,7 @@ class MatmulUnit(_Lanes):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.array = array = MatmulArray(size=self._size)
+        m.submodules.array = array = MatmulArray(size=self._size, pe_dsp=self._pe_dsp)
         m.submodules.requant = requant = Requantizer(size=self._size)
         connect(m, flipped(self.i_a), array.i_a)
         connect(m, flipped(self.i_b), array.i_b)

@@ -66,12 +66,15 @@ class MatmulEngine(wiring.Component):
     o : ``Out(stream.Signature(spad_word_layout(size)))``: words to the write port, ``last`` on the
         launch's final word
     busy : ``Out(1)``
+
+    ``pe_dsp``: the PEs' products in DSPs (:class:`~hw.tile.matmul.MatmulArray`).
     """
 
-    def __init__(self, *, size):
+    def __init__(self, *, size, pe_dsp=False):
         if not isinstance(size, int) or isinstance(size, bool) or size < 2:
             raise ValueError(f"Array size must be an integer of at least 2, not {size!r}")
         self._size = size
+        self._pe_dsp = bool(pe_dsp)
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout(size))),
             "i_a": In(stream.Signature(spad_word_layout(size))),
@@ -84,7 +87,7 @@ class MatmulEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = self._size
-        m.submodules.unit = unit = MatmulUnit(size=n)
+        m.submodules.unit = unit = MatmulUnit(size=n, pe_dsp=self._pe_dsp)
         m.submodules.transpose = tr = Transposer(size=n)
         cfg = Signal(cfg_layout(n))
         active = Signal()

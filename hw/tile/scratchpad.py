@@ -101,9 +101,13 @@ class AddrGen(wiring.Component):
         idx = [Signal(COUNT_BITS, name=f"i{lv}") for lv in range(levels)]
         addr = Signal(ab)
         at_end = [Signal(name=f"end{lv}") for lv in range(levels)]
+        # idx + 1 serves both the step and the end test (idx == n - 1 is idx + 1 == n, with
+        # no subtractor of its own).
+        inc = [Signal(COUNT_BITS + 1, name=f"inc{lv}") for lv in range(levels)]
         for lv in range(levels):
             n = desc.n[lv]
-            m.d.comb += at_end[lv].eq((n == 0) | (idx[lv] == n - 1))
+            m.d.comb += [inc[lv].eq(idx[lv] + 1),
+                         at_end[lv].eq((n == 0) | (inc[lv] == n))]
 
         m.d.comb += [
             self.i.ready.eq(~self.o.valid),
@@ -148,7 +152,7 @@ class AddrGen(wiring.Component):
             for lv in range(levels):
                 inner_at_end = Cat(*at_end[:lv]).all() if lv else 1
                 with m.If(inner_at_end & ~at_end[lv]):
-                    m.d.sync += idx[lv].eq(idx[lv] + 1)
+                    m.d.sync += idx[lv].eq(inc[lv])
                     for inner in range(lv):
                         m.d.sync += idx[inner].eq(0)
                     if lv == 0:

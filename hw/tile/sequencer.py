@@ -49,6 +49,12 @@ class Sequencer(wiring.Component):
       is busy, then raises ``done`` and stops. An unknown opcode, or the launch of a unit the
       chip does not have (``launch_ops``), halts with ``error`` set.
 
+    ``reg_widths`` (default: every register ``VALUE_BITS``) keeps only the low bits of each
+    register that the chip reads (:func:`hw.chip.reg_widths`): a write stores the low bits of
+    the 48-bit value, ``regs`` gives them sign-extended. SET, ADD and ADDX wrap modulo
+    ``2**VALUE_BITS``, so the low bits of every result are those of the full register's: a unit
+    that reads a register's low bits sees the same value either way.
+
     Timing: one instruction per cycle when nothing stalls (the instruction memory's read
     address is the next pc, so its synchronous read delivers the instruction just in time).
     ``cycles`` counts from the cycle after ``start`` to ``done``.
@@ -67,9 +73,16 @@ class Sequencer(wiring.Component):
     pc : Out(range(imem_words))   the instruction being executed (for a watchdog's report)
     """
 
-    def __init__(self, *, imem_words, launch_ops=LAUNCH_OPS):
+    def __init__(self, *, imem_words, launch_ops=LAUNCH_OPS, reg_widths=None):
         if not isinstance(imem_words, int) or imem_words < 2:
             raise ValueError(f"imem_words must be an integer of at least 2, not {imem_words!r}")
+        if reg_widths is None:
+            reg_widths = (VALUE_BITS,) * len(REGS)
+        reg_widths = tuple(reg_widths)
+        if len(reg_widths) != len(REGS) or not all(
+                isinstance(w, int) and 1 <= w <= VALUE_BITS for w in reg_widths):
+            raise ValueError(f"reg_widths must be {len(REGS)} widths of 1..{VALUE_BITS} bits")
+        self._reg_widths = reg_widths
         unknown = [op for op in launch_ops if op not in LAUNCH_OPS]
         if unknown:
             raise ValueError(f"launch_ops {unknown!r} are not launch opcodes")
@@ -112,6 +125,12 @@ class Sequencer(wiring.Component):
         jump = Signal()                  # a LOOP that skips its body (count 0)
         target = Signal(range(self._imem_words))
 
+        # The registers' stored bits (the read for ADD zero-extends them: the bits above a
+        # register's width are constants, not a multiplexer's inputs).
+        store = [Signal(w, name=f"reg_{REGS[i].replace('.', '_')}")
+                 for i, w in enumerate(self._reg_widths)]
+        m.d.comb += [out.eq(r.as_signed()) for out, r in zip(self.regs, store, strict=True)]
+
         m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc), target.eq(pc + 1)]
         with m.If(jump):
             m.d.comb += target.eq(pc + body + 1)
@@ -130,7 +149,7 @@ class Sequencer(wiring.Component):
             with m.If(self.start):
                 m.d.sync += [self.running.eq(1), self.done.eq(0), self.error.eq(0),
                              self.cycles.eq(0), pc.eq(0), loop_active.eq(0)]
-                m.d.sync += [self.regs[REG_INDEX[name]].eq(0) for name in START_CLEARED]
+                m.d.sync += [store[REG_INDEX[name]].eq(0) for name in START_CLEARED]
                 m.d.comb += self.imem_addr.eq(0)
         with m.Else():
             m.d.sync += self.cycles.eq(self.cycles + 1)
@@ -144,7 +163,7 @@ class Sequencer(wiring.Component):
                     # signal, so every register's case shares the one product and sum.
                     addend = Mux(op == Op.ADDX, scale * loop_iter, value)
                     m.d.comb += written.eq(
-                        Mux(op == Op.SET, value, Array(self.regs)[reg_index] + addend))
+                        Mux(op == Op.SET, value, Array(store)[reg_index] + addend))
                     with m.If((op == Op.ADDX) & ~loop_active):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
                     with m.Else():
@@ -152,7 +171,7 @@ class Sequencer(wiring.Component):
                         with m.Switch(reg_index):
                             for i in range(len(REGS)):
                                 with m.Case(i):
-                                    m.d.sync += self.regs[i].eq(written)
+                                    m.d.sync += store[i].eq(written)
                 with m.Case(Op.LOOP):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]

@@ -11,6 +11,7 @@ from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, 
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..arith import tree_sum
 from ..layouts import lanes_layout
 from ..spec.timing.vector import RSQRT_CYCLES
 from ..spec.vector import (
@@ -210,8 +211,12 @@ class VectorUnit(wiring.Component):
     2**(g-1)) >> g)``; ``y = x`` for ``i >= 128`` and 0 for ``i < -128``. The table is held as
     256 entries ``(T[k], T[k+1] - T[k])`` (16 + 17 bits; written by LOAD_LUT16 as each knot
     arrives, the previous knot kept from the lane to its left or the previous beat), so each
-    lane reads one entry and does one 17 x 8-bit multiply; the rounding shift and the add
-    reuse the requantiser's stage. It resets to all zeros.
+    lane reads one entry and does one 17 x 8-bit multiply (stage 1), then the rounding shift
+    and the add (stage 2). It resets to all zeros.
+
+    Both tables are per-lane copies in block RAM (:class:`~hw.tile.lane_table.LaneTable` with
+    ``sync``): a beat's reads are issued as it enters the pipeline and their entries are used
+    one stage later, so they cost no cycle.
 
     ARGMAX takes its B beats like LN_STATS (one per cycle, no pipeline): a tree of compares
     finds each beat's largest int16 (lanes past ``length`` count as -32768 and, being last,
@@ -297,8 +302,10 @@ class VectorUnit(wiring.Component):
         # Every lane reads the tables in the same cycle and a load writes a beat of entries:
         # LaneTable keeps them in distributed RAM (one Memory with a port per lane would be
         # flip-flops and a 256:1 multiplexer per lane and bit).
+        # Both are read synchronously (block RAM, enabled with the pipeline): a beat's
+        # entries arrive with it in stage 1.
         m.submodules.lut = lut = LaneTable(
-            shape=signed(8), depth=LUT_ENTRIES, lanes=lanes,
+            shape=signed(8), depth=LUT_ENTRIES, lanes=lanes, sync=True,
             init=[max(i if i < 128 else i - 256, 0) for i in range(LUT_ENTRIES)])
         lut_w, lut_r = _lane_ports(lut)
 
@@ -306,7 +313,7 @@ class VectorUnit(wiring.Component):
         # LOAD16 beat writes entries beat + j - 1: offset -1.
         m.submodules.lut16 = lut16 = LaneTable(
             shape=data.StructLayout({"base": signed(16), "delta": signed(17)}),
-            depth=GELU16_KNOTS - 1, lanes=lanes, offset=-1)
+            depth=GELU16_KNOTS - 1, lanes=lanes, offset=-1, sync=True)
         lut16_w, lut16_r = _lane_ports(lut16)
         knot_prev = Signal(signed(16))          # LOAD_LUT16: the previous beat's last knot
 
@@ -322,24 +329,26 @@ class VectorUnit(wiring.Component):
         # Four register stages, all advancing together whenever the output register is free
         # (`adv`); each beat carries its own command fields and rsqrt result, so the next
         # command may start while earlier beats are still in flight.
-        #   0 -> 1: operands in: add/bias/relu/LUT done; a * mult (requant); n*x - S1 (LN);
-        #           GELU16 table read, delta * f
-        #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs); GELU16 y = base +
+        #   0 -> 1: operands in: add/bias/relu done; a * mult (requant); n*x - S1 (LN); the
+        #           LUT and GELU16 table reads issued (block RAM: the entries are there in 1)
+        #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs); LUT entry; GELU16
+        #           delta * f (f, the fraction, came in val)
+        #   2 -> 3: LN y16 = clamp(((z * gamma) >> gshift) + beta); GELU16 y = base +
         #           round(delta * f >> g)
-        #   2 -> 3: LN y16 = clamp(((z * gamma) >> gshift) + beta)
         #   3 -> o: LN q8 = requant(y16, mult, shift, 8); GELU16 hi/lo bytes; padding lanes 0
         beat_l = data.StructLayout({
             "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
             "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes})
         lane_l = data.ArrayLayout(data.StructLayout({
             "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16),
-            "base": signed(16)}), lanes)
+            "base": signed(16), "mid": 1}), lanes)
         stages = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
                   for k in range(4)]   # stage 0 is combinational (the input beat)
         valid = [Signal(name=f"p{k}_valid") for k in range(4)]
         adv = Signal()
         fire = Signal()                        # an input beat enters the pipeline
-        m.d.comb += [adv.eq(~o.valid | o.ready), valid[0].eq(fire)]
+        m.d.comb += [adv.eq(~o.valid | o.ready), valid[0].eq(fire),
+                     lut.r_en.eq(adv), lut16.r_en.eq(adv)]
         with m.If(adv):
             m.d.sync += o.valid.eq(valid[3])
             for k in range(1, 4):
@@ -367,6 +376,22 @@ class VectorUnit(wiring.Component):
             m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
                          lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
             add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            # One multiplier per lane for stage 0's products, whose ops exclude each other:
+            # REQUANT's a * mult, MUL's (a8 * b8) * mult, LayerNorm's n * x (signed 32 x
+            # unsigned 16 bits: two 18 x 18 DSPs).
+            prod8 = Signal(signed(16), name=f"mul{j}")
+            m.d.comb += prod8.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed())
+            mul_a = Signal(signed(32), name=f"mul_a{j}")
+            mul_b = Signal(16, name=f"mul_b{j}")
+            with m.Switch(op):
+                with m.Case(VectorOp.MUL):
+                    m.d.comb += [mul_a.eq(prod8), mul_b.eq(mult)]
+                with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
+                    m.d.comb += [mul_a.eq(x_src[j]), mul_b.eq(n)]
+                with m.Default():
+                    m.d.comb += [mul_a.eq(a[j]), mul_b.eq(mult)]
+            product = Signal(signed(49), name=f"product{j}")
+            m.d.comb += product.eq(mul_a * mul_b)
             # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
             gx = a[j][0:16].as_signed()
             g = cmd.shift[0:4]
@@ -377,59 +402,79 @@ class VectorUnit(wiring.Component):
             m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
                          above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO),
                          lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
-            entry = lut16_r[j].data
             with m.Switch(op):
                 with m.Case(VectorOp.ADD):
                     m.d.comb += lane.val.eq(add)
                 with m.Case(VectorOp.BIAS):
                     m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
-                with m.Case(VectorOp.REQUANT):
-                    m.d.comb += lane.val.eq(a[j] * mult)
-                with m.Case(VectorOp.MUL):
-                    # int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32.
-                    prod = Signal(signed(16), name=f"mul{j}")
-                    m.d.comb += [prod.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed()),
-                                 lane.val.eq(prod * mult)]
+                with m.Case(VectorOp.REQUANT, VectorOp.MUL):
+                    # MUL: int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32.
+                    m.d.comb += lane.val.eq(product)
                 with m.Case(VectorOp.RELU):
                     m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
-                with m.Case(VectorOp.LUT):
-                    m.d.comb += lane.val.eq(lut_r[j].data)
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
-                    m.d.comb += lane.val.eq(n * x_src[j] - s1)
+                    m.d.comb += lane.val.eq(product - s1)
                 with m.Case(VectorOp.ONEHOT):
                     m.d.comb += lane.val.eq(rel == j)
                 with m.Case(VectorOp.GELU16):
-                    # Above the table y = x: (x << g) rounded back by the next stage's >> g.
+                    # Above the table y = x: (x << g) rounded back by stage 2's >> g. Between
+                    # two knots (`mid`) the fraction goes on to meet its entry in stage 1.
                     with m.If(above):
                         m.d.comb += lane.val.eq(gx << g)
                     with m.Elif(~below):
-                        m.d.comb += [lane.val.eq(entry.delta * gf), lane.base.eq(entry.base)]
+                        m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
 
         # Stage 1 -> 2.
+        # One rounding shift and one clamp per lane serve the requantiser (REQUANT, MUL: the
+        # operand by `sh`, to int8 or int16) and LayerNorm (t * Y by zs, to LN_Z_BITS): the ops
+        # of a beat are one or the other, so the shifter, the rounding adder and the two
+        # comparators are shared, with the bounds chosen by the op.
         pb, pl = stages[1]
+        z_hi = (1 << (LN_Z_BITS - 1)) - 1
+        bound1 = Signal(signed(LN_Z_BITS))
+        m.d.comb += bound1.eq(Mux(pb.ln, z_hi, Mux(pb.out16, (1 << 15) - 1, (1 << 7) - 1)))
         for j in range(lanes):
-            rq8 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 8, f"rq8_{j}")
-            rq16 = _clamp(m, _round_shift(pl[j].val, pl[j].sh), 16, f"rq16_{j}")
             # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
             t = pl[j].val[0:34].as_signed()
-            z = _clamp(m, _round_shift(t * pb.y, pb.zs), LN_Z_BITS, f"z{j}")
-            with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL))):
-                m.d.sync += stages[2][1][j].val.eq(Mux(pb.out16, rq16, rq8))
-            with m.If(adv & (pb.op == VectorOp.GELU16)):
-                # Between two int16 knots (or x itself): int16 without a clamp.
-                m.d.sync += stages[2][1][j].val.eq(
-                    pl[j].base + _round_shift(pl[j].val, pl[j].sh)[0:17].as_signed())
-            with m.If(adv & pb.ln):
-                m.d.sync += stages[2][1][j].val.eq(z)
+            src1 = Signal(signed(34 + RSQRT_FRAC_BITS + 2), name=f"rs1_src{j}")
+            m.d.comb += src1.eq(Mux(pb.ln, t * pb.y, pl[j].val))
+            rounded1 = Signal(signed(len(src1)), name=f"rs1_{j}")
+            m.d.comb += rounded1.eq(_round_shift(src1, Mux(pb.ln, pb.zs, pl[j].sh)))
+            clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
+            with m.If(rounded1 > bound1):
+                m.d.comb += clamped1.eq(bound1)
+            with m.Elif(rounded1 < -bound1 - 1):
+                m.d.comb += clamped1.eq(-bound1 - 1)
+            with m.Else():
+                m.d.comb += clamped1.eq(rounded1)
+            with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL) | pb.ln)):
+                m.d.sync += stages[2][1][j].val.eq(clamped1)
+            with m.If(adv & (pb.op == VectorOp.LUT)):
+                m.d.sync += stages[2][1][j].val.eq(lut_r[j].data)
+            entry = lut16_r[j].data
+            with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
+                m.d.sync += [stages[2][1][j].val.eq(entry.delta * pl[j].val[0:8]),
+                             stages[2][1][j].base.eq(entry.base)]
 
-        # Stage 2 -> 3.
+        # Stage 2 -> 3: LayerNorm's ((z * gamma) >> gshift) + beta, clamped to int16, and
+        # GELU16's base + ((delta * f) >> g) (int16 between two knots, or x itself: no clamp)
+        # share one rounding shift and one adder.
         pb, pl = stages[2]
+        gelu2 = pb.op == VectorOp.GELU16
         for j in range(lanes):
             z = pl[j].val[0:LN_Z_BITS].as_signed()
-            y = _round_shift(z * pl[j].gamma, pb.gshift) + pl[j].beta
+            src2 = Signal(signed(LN_Z_BITS + 16), name=f"rs2_src{j}")
+            m.d.comb += src2.eq(Mux(pb.ln, z * pl[j].gamma, pl[j].val[0:LN_Z_BITS + 16]))
+            rounded2 = Signal(signed(len(src2)), name=f"rs2_{j}")
+            m.d.comb += rounded2.eq(_round_shift(src2, Mux(pb.ln, pb.gshift, pl[j].sh)))
+            y = Signal(signed(len(src2) + 1), name=f"y2_{j}")
+            m.d.comb += y.eq(Mux(pb.ln, rounded2, rounded2[0:17].as_signed())
+                             + Mux(pb.ln, pl[j].beta, pl[j].base))
             y16 = _clamp(m, y, 16, f"y16_{j}")
             with m.If(adv & pb.ln):
                 m.d.sync += stages[3][1][j].val.eq(y16)
+            with m.If(adv & gelu2):
+                m.d.sync += stages[3][1][j].val.eq(y)
 
         # Stage 3 -> output register.
         pb, pl = stages[3]
@@ -450,8 +495,8 @@ class VectorUnit(wiring.Component):
         # Statistics of the incoming beat (lanes past `length` count as 0).
         xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
         m.d.comb += [xa[j].eq(Mux(lane_ok[j], a[j][0:16], 0)) for j in range(lanes)]
-        beat_s1 = sum(xa[1:], xa[0])
-        beat_s2 = sum((x * x for x in xa[1:]), xa[0] * xa[0])
+        beat_s1 = tree_sum(xa, m=m, name="beat_s1")
+        beat_s2 = tree_sum((x * x for x in xa), m=m, name="beat_s2")
         amax_v, amax_j = _argmax_tree(
             m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
         is_argmax = op == VectorOp.ARGMAX

@@ -6,18 +6,28 @@ from __future__ import annotations
 import numpy as np
 
 from hw.fpga.board import DEFAULT_BAUD
+from hw.fpga.uart import MIN_DIVISOR
 
 from ..errors import EXIT_MISMATCH, EXIT_OK, BadInput
 from ..flows.board import BoardDriver, SerialTransport, run_board
+from ..rtl.toolchain import ToolchainMissing
+from ..rtl.verilator.board import VerilatorTransport
 from .common import load_array, load_config, positive, write_json
 from .simulate import _weights
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "SIM_DIVISOR"]
+
+#: Clocks per UART bit of ``--sim``'s board top: the fewest the link takes (a short simulation).
+SIM_DIVISOR = MIN_DIVISOR
 
 
 def add_parser(sub):
     p = sub.add_parser("board", help="run a model on an FPGA board (ULX3S-85F) over UART")
-    p.add_argument("--port", required=True, help="the board's serial port, e.g. /dev/ttyUSB0")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", help="the board's serial port, e.g. /dev/ttyUSB0")
+    where.add_argument("--sim", action="store_true",
+                       help="no board: the board top Verilated behind a UART model "
+                            f"({SIM_DIVISOR} clocks per bit)")
     p.add_argument("--baud", type=positive, default=None,
                    help="UART baud rate the bitstream was built for (default 1000000)")
     p.add_argument("--npu", required=True)
@@ -44,7 +54,16 @@ def run(args) -> int:
     if x is not None and not isinstance(x, np.ndarray):
         raise BadInput(f"--input {args.input}: expected an .npy array, not an archive")
     calib = load_array(args.calib, "--calib") if args.calib else None
-    transport = SerialTransport(args.port, args.baud or DEFAULT_BAUD, timeout=args.timeout)
+    if args.sim:
+        if args.baud is not None:
+            raise BadInput(f"--baud {args.baud} is for a board (--port); --sim runs "
+                           f"{SIM_DIVISOR} clocks per bit")
+        try:
+            transport = VerilatorTransport(npu, divisor=SIM_DIVISOR)
+        except ToolchainMissing as exc:
+            raise BadInput(f"--sim: {exc}") from None
+    else:
+        transport = SerialTransport(args.port, args.baud or DEFAULT_BAUD, timeout=args.timeout)
     try:
         report = run_board(npu, model, BoardDriver(transport), seed=args.seed, weights=weights,
                            x=x, calib=calib, batch=args.batch, max_cycles=args.max_cycles)

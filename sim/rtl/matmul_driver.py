@@ -119,16 +119,18 @@ class MatmulJob:
 
 
 def simulate_pysim(job: MatmulJob, *, rng: np.random.Generator | None = None, idle: float = 0.0,
-                   stall: float = 0.0, max_cycles: int = 200_000, vcd: str | None = None) -> dict:
+                   stall: float = 0.0, max_cycles: int = 200_000, vcd: str | None = None,
+                   pe_dsp: bool = False) -> dict:
     """Run ``job`` through :class:`hw.tile.matmul.MatmulUnit` in Amaranth's simulator.
 
     Random idle cycles on every input (probability ``idle``) and backpressure on the output
     (``stall``) come from ``rng``. Returns ``result`` ([M, N]), ``first_in`` / ``last_out`` (the
     cycles of the first input transfer and the last output transfer), ``cycles``
-    (``last_out - first_in + 1``) and the simulator's speed.
+    (``last_out - first_in + 1``) and the simulator's speed. ``pe_dsp``: the unit's products
+    as an FPGA build with DSPs takes them (:class:`hw.tile.matmul.MatmulArray`).
     """
 
-    dut = MatmulUnit(size=job.size)
+    dut = MatmulUnit(size=job.size, pe_dsp=pe_dsp)
     rows, lasts, marks = [], [], {}
 
     async def put_a(ctx):

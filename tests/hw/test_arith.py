@@ -1,6 +1,7 @@
 """hw.arith: the LUT product equals ``*`` for every sign combination; the adder tree."""
 
 import pytest
+from amaranth.back import rtlil
 from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
@@ -8,15 +9,17 @@ from hw.arith import lut_product, tree_sum
 from tests.helpers import seeded
 
 
+@pytest.mark.parametrize("kept", [False, True])
 @pytest.mark.parametrize("sa, sb, wa, wb", [(True, True, 8, 8), (True, False, 8, 8),
                                             (False, True, 9, 8), (False, False, 5, 7)])
-def test_lut_product_is_exact(sa, sb, wa, wb):
+def test_lut_product_is_exact(sa, sb, wa, wb, kept):
+    """Every sign combination; ``kept``: the partial sums as kept signals of the module."""
     rng = seeded(wa * 100 + wb + 10 * sa + sb)
     a = Signal((signed if sa else unsigned)(wa))
     b = Signal((signed if sb else unsigned)(wb))
-    prod = lut_product(a, b)
-    assert prod.shape() == (a * b).shape()
     m = Module()
+    prod = lut_product(a, b, m=m if kept else None)
+    assert prod.shape() == (a * b).shape()
     y = Signal(prod.shape())
     m.d.comb += y.eq(prod)
     lo_a, hi_a = (-(1 << (wa - 1)), 1 << (wa - 1)) if sa else (0, 1 << wa)
@@ -40,3 +43,30 @@ def test_lut_product_is_exact(sa, sb, wa, wb):
 def test_tree_sum_of_one():
     a = Signal(4)
     assert tree_sum([a]) is a
+
+
+def test_tree_sum_keeps_its_partial_sums():
+    """With a module, each addition drives a signal marked keep (carry chains on the FPGA),
+    and the sum is the same."""
+    xs = [Signal(signed(6), name=f"x{i}") for i in range(5)]
+    m = Module()
+    total = tree_sum(xs, m=m, name="t")
+    y = Signal(total.shape())
+    m.d.comb += y.eq(total)
+    text = rtlil.convert(m, ports=[*xs, y])
+    assert text.count("attribute \\keep 1") >= 4, text
+    m = Module()
+    total = tree_sum(xs, m=m, name="t")
+    y = Signal(total.shape())
+    m.d.comb += y.eq(total)
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for values in ([-32, -32, -32, -32, -32], [31, 31, 31, 31, 31], [1, -2, 3, -4, 5]):
+            for x, v in zip(xs, values, strict=True):
+                ctx.set(x, v)
+            assert ctx.get(y) == sum(values), values
+
+    sim.add_testbench(bench)
+    sim.run()
+

@@ -309,13 +309,13 @@ def test_planner_only_preset_loads_without_a_ring_port():
     lpu = npu_preset("lpu-like")
     assert not lpu.ring_port_buildable
     assert lpu.ring_port_error().key == "link_bytes_per_cycle"
-    for name in ("tiny", "fpga"):
+    for name in ("tiny", "fpga", "ulx3s"):
         npu = npu_preset(name)
         assert npu.chip_error() is None and npu.ring_port_buildable, name
 
 
 def test_presets_present():
-    assert {p.stem for p in NPU_PRESETS} >= {"tiny", "fpga", "lpu-like"}
+    assert {p.stem for p in NPU_PRESETS} >= {"tiny", "fpga", "lpu-like", "ulx3s"}
     assert {p.stem for p in MODEL_PRESETS} >= {"tiny", "gpt2-small", "minilm-l6", "llama2-7b",
                                                "llama2-70b", "tiny-llama"}
 

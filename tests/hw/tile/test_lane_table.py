@@ -9,12 +9,16 @@ from sim.rtl.pysim import run_sim
 from tests.helpers import seeded
 
 
+@pytest.mark.parametrize("sync", [False, True])
 @pytest.mark.parametrize("lanes, offset", [(4, 0), (4, -1), (2, 1), (3, 0)])
-def test_reads_what_beats_wrote(lanes, offset):
+def test_reads_what_beats_wrote(lanes, offset, sync):
+    """Random beats of writes, then reads of random entries by every lane; ``sync``: the
+    read's data is there the cycle after, and holds while ``r_en`` is low."""
     rng = seeded(lanes * 10 + offset)
     depth = 12 if lanes == 3 else 16
     init = [int(v) for v in rng.integers(-128, 128, depth)]
-    table = LaneTable(shape=signed(8), depth=depth, lanes=lanes, init=init, offset=offset)
+    table = LaneTable(shape=signed(8), depth=depth, lanes=lanes, init=init, offset=offset,
+                      sync=sync)
     assert table.banked == (lanes != 3)
     model = list(init)
     checked = []
@@ -38,6 +42,13 @@ def test_reads_what_beats_wrote(lanes, offset):
                 addrs = [int(a) for a in rng.integers(0, depth, lanes)]
                 for j, a in enumerate(addrs):
                     ctx.set(table.r_addr[j], a)
+                if sync:
+                    ctx.set(table.r_en, 1)
+                    await ctx.tick()
+                    ctx.set(table.r_en, 0)
+                    for j in range(lanes):         # another address, not read: data holds
+                        ctx.set(table.r_addr[j], (addrs[j] + 1) % depth)
+                    await ctx.tick()
                 got = [ctx.get(table.r_data[j]) for j in range(lanes)]
                 assert got == [model[a] for a in addrs], (base, addrs)
                 checked.append(addrs)

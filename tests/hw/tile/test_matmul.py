@@ -54,6 +54,16 @@ def test_random_shapes_with_backpressure(seed, m, k, n, size, mode, a_unsigned):
     assert_equal_matrix(got, golden(job), f"{m}x{k}x{n} on {size}x{size}, {mode.name}")
 
 
+def test_products_in_dsps_are_the_same():
+    """``pe_dsp``: the PEs' products as multiplications (DSPs on the FPGA) give the golden
+    integers and the same cycles as the LUT products."""
+    rng = seeded(8)
+    job = random_job(rng, 5, 9, 6, 4, OutMode.INT8, a_unsigned=True)
+    lut, dsp = simulate_pysim(job), simulate_pysim(job, pe_dsp=True)
+    assert_equal_matrix(dsp["result"], golden(job), "pe_dsp 5x9x6 on 4x4, INT8")
+    assert dsp["cycles"] == lut["cycles"], (dsp["cycles"], lut["cycles"])
+
+
 @pytest.mark.parametrize("a_val, b_val, a_unsigned", [
     (-128, -128, False),
     (127, 127, False),

@@ -161,3 +161,55 @@ def test_end_to_end_tiny_matmul(capsys, tmp_path):
     assert 10 < result["fmax_mhz"] < 500, result["fmax_mhz"]
     assert result["critical_path"]["delay_ns"] > 0
     assert out.startswith("matmul (tiny, 4x4 array) on ecp5-85k")
+
+
+# --- --synth-only: use from Yosys' cells, no nextpnr ---------------------------------------------
+
+FAKE_STAT = '''import json
+def run(argv):
+    # What `stat -json` writes for a design of 1,000 LUT4, 100 CCU2C, 10 LUT RAMs and
+    # 170 DP16KD; nextpnr must not run.
+    cells = {"LUT4": 1000, "CCU2C": 100, "TRELLIS_DPR16X4": 10, "TRELLIS_FF": 700,
+             "MULT18X18D": 3, "DP16KD": %d, "PFUMX": 40}
+    with open("stat.json", "w") as f:
+        json.dump({"design": {"num_cells_by_type": cells}}, f)
+    return 0
+'''
+
+
+@pytest.mark.parametrize("brams, status", [(170, errors.EXIT_OK), (209, errors.EXIT_MISMATCH)])
+def test_synth_only_counts_slots_from_yosys_cells(capsys, fake_tools, tmp_path, brams, status):
+    """LUT4 slots = LUT4 + 2 per CCU2C + 6 per TRELLIS_DPR16X4; no placement, no fmax; a
+    design over the device exits 1 naming the resource."""
+    build = fake_tools(FAKE_STAT % brams, FAKE_FAIL)
+    out_json = tmp_path / "synth.json"
+    got, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "wire", "--synth-only",
+                        "--build", str(build), "--json", str(out_json))
+    assert got == status, err
+    result = json.loads(out_json.read_text())
+    assert result["synth_only"] is True and result["fmax_mhz"] is None
+    assert result["shell"] is None and result["bitstream"] is None
+    assert result["resources"]["LUT4"] == {"used": 1260, "available": 83640, "percent": 1.5}
+    assert result["resources"]["FF"]["used"] == 700
+    assert result["resources"]["DP16KD"]["used"] == brams
+    assert set(result["wall_s"]) == {"export", "synth"}
+    assert "synthesis only" in out and not any(x.startswith("fmax") for x in out.splitlines())
+    assert "1,000 LUT4, 100 CCU2C carry cells (2 slots each) and 10 TRELLIS_DPR16X4" in out
+    if status:
+        assert_one_line(err, "npu fpga: wire does not fit ecp5-85k: DP16KD over")
+
+
+@pytest.mark.fpga
+def test_synth_only_router_with_the_real_tools(capsys, tmp_path):
+    """The ring router of the tiny preset (combinational) through real Yosys (seconds): LUTs,
+    no flip-flop, DSP or block RAM, and no nextpnr."""
+    if fpga.tools_missing():
+        pytest.skip("FPGA tools not installed (make fpga)")
+    out_json = tmp_path / "router.json"
+    status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "router", "--synth-only",
+                           "--build", str(tmp_path / "b"), "--json", str(out_json))
+    assert status == errors.EXIT_OK, err
+    res = json.loads(out_json.read_text())["resources"]
+    assert res["LUT4"]["used"] > 50 and res["FF"]["used"] == 0, res
+    assert res["MULT18X18D"]["used"] == 0 and res["DP16KD"]["used"] == 0, res
+    assert not (tmp_path / "b" / "nextpnr.log").exists()

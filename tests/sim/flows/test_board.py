@@ -3,11 +3,12 @@ driver that runs a real board talks, through the bit-level UART model of sim.rtl
 to the board top's UART pins (4 clocks per bit), loads a program, runs it, reads it back."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
-from hw.spec import model_preset, npu_preset
+from hw.spec import PRESETS_DIR, model_preset, npu_preset
 from hw.spec.collective import ReduceOp
 from hw.spec.formats import OutMode
 from hw.spec.isa import Op, decode
@@ -22,6 +23,7 @@ from sim.golden.float_model import random_weights
 from sim.golden.matmul import matmul_unit
 from sim.rtl.chip_runner import run_chip_pysim
 from sim.rtl.uart_model import SimTransport
+from sim.rtl.verilator.board import VerilatorTransport
 from sim.strategies import compile_program
 from tests.helpers import TINY_MODEL, TINY_NPU, assert_one_line_error, run, seeded, small_npu
 
@@ -55,6 +57,21 @@ def test_driver_runs_a_matmul_on_the_simulated_board():
     assert not out["error"]
 
 
+@pytest.mark.slow
+def test_verilated_board_runs_the_matmul_like_the_simulated_one():
+    """The Verilated board top (sim.rtl.verilator.board) behind its C++ UART model: the same
+    result, cycles, busy counters and trace as the bare chip (a build of its own: slow)."""
+    npu = small_npu()
+    program, images, reads, want = _tiny_matmul(npu, seeded(21))
+    with VerilatorTransport(npu, divisor=4) as transport:
+        out = BoardDriver(transport).run_chip(npu, program, images, reads, max_cycles=10_000)
+    got = unpack_rows(out["regions"][0], npu.array_size, npu.array_size, 1)
+    assert (got == want).all(), f"board result\n{got}\ngolden\n{want}"
+    ref = run_chip_pysim(npu, program, images, reads, max_cycles=10_000)
+    assert (out["cycles"], out["busy_cycles"]) == (ref["cycles"], ref["busy_cycles"])
+    assert out["trace"] == ref["trace"] and out["load_cycles"] == ref["load_cycles"]
+
+
 def test_a_board_built_for_another_npu_is_refused():
     transport = SimTransport(small_npu(), divisor=4)
     other = npu_preset("tiny")
@@ -83,6 +100,15 @@ def test_cli_refuses_a_missing_port(capsys):
     assert_one_line_error(*run(capsys, "board", "--port", "/dev/no-such-tty", "--npu",
                                TINY_NPU, "--model", TINY_MODEL),
                           "npu board: --port /dev/no-such-tty: cannot open at 1000000 baud")
+
+
+def test_cli_needs_a_port_or_sim(capsys):
+    assert_one_line_error(*run(capsys, "board", "--npu", TINY_NPU, "--model", TINY_MODEL),
+                          "npu board: one of the arguments --port --sim is required")
+    assert_one_line_error(*run(capsys, "board", "--sim", "--baud", "115200", "--npu", TINY_NPU,
+                               "--model", TINY_MODEL),
+                          "npu board: --baud 115200 is for a board (--port); --sim runs 4 "
+                          "clocks per bit")
 
 
 def test_cli_refuses_a_bad_timeout(capsys):
@@ -156,3 +182,37 @@ def test_the_compiler_emits_no_avg(strategy, chips, grid):
         assert avg_collectives(c.program) == [], f"{strategy}: chip {chip} runs AVG"
         colls += sum(1 for w in c.program if decode(w).op is Op.COLL)
     assert colls > 0 or chips == 1, f"{strategy}: no COLL at all, nothing was checked"
+
+
+# --- the board preset (constraints/npu/ulx3s.toml: the chip `make fpga` builds) ----------------
+
+def test_board_preset_runs_a_one_layer_model_bit_exact_on_the_iss():
+    """The ULX3S preset's chip (a ring chip, one collective engine, the ring port kept) runs a
+    one-layer model of the tiny shape: every output integer equals the golden model's."""
+    npu = npu_preset("ulx3s")
+    assert npu.chip_error() is None and npu.ring_port_buildable
+    model = dataclasses.replace(model_preset("tiny"), n_layers=1)
+    report = simulate(npu, model, backend="iss", seed=11)
+    assert report.golden_match, report.first_mismatch
+    assert report.cycles and report.cycles > 0 and report.chips == 1
+
+
+@pytest.mark.slow
+@pytest.mark.verilator
+@pytest.mark.usefixtures("verilator_ok")
+def test_board_preset_runs_a_one_layer_model_on_the_verilated_board(capsys, tmp_path):
+    """``npu board --sim`` on the board preset: a one-layer model of the tiny shape compiled,
+    loaded over the Verilated board's UART, run and read back, equal to the golden model, in
+    the cycles the ISS's cycle model gives the bare chip (a board build of its own: slow)."""
+    model = dataclasses.replace(model_preset("tiny"), n_layers=1)
+    path = tmp_path / "one-layer.toml"
+    text = (PRESETS_DIR / "models" / "tiny.toml").read_text()
+    assert "n_layers = 4\n" in text
+    path.write_text(text.replace("n_layers = 4\n", "n_layers = 1\n"))
+    code, out, err = run(capsys, "board", "--sim", "--npu", "constraints/npu/ulx3s.toml",
+                         "--model", str(path), "--seed", "11", "--json", str(tmp_path / "r.json"))
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["golden_match"] and report["backend"] == "board", report
+    ref = simulate(npu_preset("ulx3s"), model, backend="iss", seed=11)
+    assert report["cycles"] == ref.cycles, (report["cycles"], ref.cycles)
