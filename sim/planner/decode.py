@@ -37,7 +37,8 @@ from ..timing.cycle import time_programs
 from ..timing.launch import time_programs_fast
 from .plan import EXACT_CHIP_CYCLES, _dummy_qmodel, dim_links, torus_of
 
-__all__ = ["GeneratePlan", "plan_generate", "grid_min_chips", "generate_table", "dummy_head"]
+__all__ = ["GeneratePlan", "plan_generate", "grid_capacity", "grid_min_chips", "generate_table",
+           "dummy_head"]
 
 #: The largest batch the search tries.
 MAX_BATCH = 64
@@ -343,57 +344,68 @@ def scaled_generate(npu: NpuConfig, model: ModelConfig, out: GeneratePlan,
                    [worst[1]], [big])
 
 
-def grid_min_chips(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_len: int,
-                   batch: int = 1, most: int = 1024) -> GeneratePlan:
-    """Generation under ``head+pipeline`` on the fewest chips that hold it (at most ``most``).
-
-    Capacity first, from compiles alone: for each head-group size ``A`` dividing
-    ``n_heads`` (2 or more), two stages of ``A`` shards with one and two layers a stage are
-    compiled (shapes only, not timed); a chip's bytes are linear in its stage's layers
-    (:func:`scaled_generate`), so they give the most layers ``k`` a stage can hold and the
-    fewest stages ``B = max(2, ceil(n_layers / k))``. The ``A x B`` with the fewest chips (on a tie,
-    the more head shards: fewer weights a chip, a shorter step) is then planned and timed by
-    :func:`plan_generate`. A model no grid holds is a plan that does not fit, naming the
-    largest head group's bytes."""
+def grid_capacity(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_len: int,
+                  batch: int = 1, most: int = 1024) -> list[tuple]:
+    """``(A, layers a stage, B, None)`` for each head-group size ``A`` dividing ``n_heads``
+    (2 or more) whose fewest stages ``B`` fit, else ``(A, None, None, why)``: two stages of
+    ``A`` shards with one and two layers a stage are compiled (shapes only, not timed); a
+    chip's bytes are linear in its stage's layers (:func:`scaled_generate`), so they give the
+    most layers a stage holds and the fewest stages ``B = max(2, ceil(n_layers / k))``."""
     L = model.n_layers
-    out = GeneratePlan("head+pipeline", 0, prompt_len, generate, batch, fits=False)
-    check = None
-    best = None
     if L < 2 or model.n_heads < 2:
-        out.reason = (f"head+pipeline needs 2 or more layers and heads, not n_layers={L}, "
-                      f"n_heads={model.n_heads}")
-        return out
+        raise BadInput(f"head+pipeline needs 2 or more layers and heads, not n_layers={L}, "
+                       f"n_heads={model.n_heads}")
+    out = GeneratePlan("head+pipeline", 0, prompt_len, generate, batch, fits=False)
+    rows = []
     for a in (d for d in range(2, model.n_heads + 1) if model.n_heads % d == 0):
-        if a > most:
+        if a * 2 > most:
             break
         try:
             cuts = [_reduced(npu, model, out, 2, a, 2 * k, batch, timed=False)
                     for k in (1, 2)]
         except ValueError as exc:
-            check = str(exc)
+            rows.append((a, None, None, str(exc)))
             continue
         per_layer = max(c2 - c1 for c1, c2 in zip(cuts[0]["sram"], cuts[1]["sram"],
                                                    strict=True))
         fixed = max(c1 - per_layer for c1 in cuts[0]["sram"])
-        k = (npu.sram_bytes - fixed) // per_layer if per_layer > 0 else L
+        k = min(L, (npu.sram_bytes - fixed) // per_layer if per_layer > 0 else L)
         if k < 1:
-            check = (f"sram_bytes={npu.sram_bytes:,} is too small: a chip of a head group of "
-                     f"{a} needs {fixed + per_layer:,} bytes for one layer")
+            rows.append((a, None, None, f"sram_bytes={npu.sram_bytes:,} is too small: a chip "
+                         f"of a head group of {a} needs {fixed + per_layer:,} bytes for one "
+                         "layer"))
             continue
-        stages = max(2, -(-L // min(k, L)))        # a grid: two stages at least
+        stages = max(2, -(-L // k))
         if a * stages > most:
-            check = f"{a} x {stages} = {a * stages:,} chips exceed the {most:,} planned"
+            rows.append((a, None, None, f"{a} x {stages} = {a * stages:,} chips exceed the "
+                         f"{most:,} planned"))
             continue
-        if best is None or a * stages <= best[0] * best[1]:
-            best = (a, stages)
-    if best is None:
-        out.reason = check or "no head group divides n_heads"
+        rows.append((a, -(-L // stages), stages, None))
+    return rows
+
+
+def grid_min_chips(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_len: int,
+                   batch: int = 1, most: int = 1024) -> GeneratePlan:
+    """Generation under ``head+pipeline`` on the fewest chips that hold it (at most ``most``):
+    each head group's fewest stages from :func:`grid_capacity`, then the ``A x B`` with the
+    fewest chips (on a tie, the more head shards: fewer weights a chip, a shorter step)
+    planned and timed by :func:`plan_generate`. A model no grid holds is a plan that does not
+    fit, naming the last head group's limit. The notes list every head group's grid."""
+    rows = grid_capacity(npu, model, generate=generate, prompt_len=prompt_len, batch=batch,
+                         most=most)
+    fitting = [r for r in rows if r[3] is None]
+    if not fitting:
+        out = GeneratePlan("head+pipeline", 0, prompt_len, generate, batch, fits=False)
+        out.reason = rows[-1][3] if rows else "no head group divides n_heads"
         return out
-    a, b = best
+    a, _, b, _ = min(fitting, key=lambda r: (r[0] * r[2], -r[0]))
     plan = plan_generate(npu, model, generate=generate, prompt_len=prompt_len, batch=batch,
                          strategy="head+pipeline", chips=a * b, grid=(a, b), search=False)
-    plan.notes.insert(0, f"the fewest chips: head groups of {a} (a divisor of n_heads="
-                         f"{model.n_heads}) on {b} stages of at most {-(-L // b)} layers")
+    plan.notes[:0] = [f"the fewest chips: head groups of {a} (a divisor of n_heads="
+                      f"{model.n_heads}) on {b} stages of at most {-(-model.n_layers // b)} "
+                      "layers; by head group: " + "; ".join(
+                          f"{r[0]}: {r[0] * r[2]} chips ({r[0]}x{r[2]}, {r[1]} layers a stage)"
+                          if r[3] is None else f"{r[0]}: {r[3]}" for r in rows)]
     return plan
 
 
