@@ -175,6 +175,10 @@ class VerilatorTransport:
             self._proc.stdin.write("q\n")
             self._proc.stdin.close()
             self._proc.wait(timeout=10)
+        # Both pipes, also when the simulator has already exited (no ResourceWarning).
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
 
     def __enter__(self):
         return self

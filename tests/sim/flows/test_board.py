@@ -203,7 +203,8 @@ def test_board_preset_runs_a_one_layer_model_bit_exact_on_the_iss():
 def test_board_preset_runs_a_one_layer_model_on_the_verilated_board(capsys, tmp_path):
     """``npu board --sim`` on the board preset: a one-layer model of the tiny shape compiled,
     loaded over the Verilated board's UART, run and read back, equal to the golden model, in
-    the cycles the ISS's cycle model gives the bare chip (a board build of its own: slow)."""
+    the cycles the ISS's cycle model gives the bare chip (5 s warm; a cold board build takes
+    minutes: slow)."""
     model = dataclasses.replace(model_preset("tiny"), n_layers=1)
     path = tmp_path / "one-layer.toml"
     text = (PRESETS_DIR / "models" / "tiny.toml").read_text()
