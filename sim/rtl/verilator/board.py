@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,16 +30,18 @@ from hw.fpga.board import BoardTop
 from hw.spec import NpuConfig
 
 from ...errors import TransportTimeout
-from ..toolchain import ToolchainMissing, file_lock, verilator_env
+from ..toolchain import file_lock
 from .build import (
     _SRC_ATTR,
     VERILATOR_FLAGS,
-    BuildFailed,
     _digest,
     _root,
     _version,
     config_key,
     make_opt,
+    publish,
+    run_verilator,
+    write_index,
 )
 
 __all__ = ["VerilatorTransport", "ensure_board_build", "MODULE"]
@@ -60,25 +61,12 @@ def _build_name(digest: str) -> str:
 
 
 def _compile(work: Path, text: str) -> None:
-    for tool in ("g++", "make"):
-        if shutil.which(tool) is None:
-            raise ToolchainMissing(f"{tool} not found: Verilator needs it (Debian: apt-get "
-                                   f"install {tool})")
     (work / f"{MODULE}.v").write_text(text)
     shutil.copy(HARNESS, work / "board.cpp")
     cmd = ["verilator", "--cc", "--exe", "--build", "-j", str(os.cpu_count() or 1),
            *VERILATOR_FLAGS, "--top-module", MODULE, "--Mdir", "obj_dir", "-o", "board",
            "-MAKEFLAGS", " ".join(make_opt()), f"{MODULE}.v", "board.cpp"]
-    with open(work / "build.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=work, env=verilator_env(), stdout=log,
-                              stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = (work / "build.log").read_text()[-4000:]
-        raise BuildFailed(f"verilator build of {MODULE} exited {proc.returncode}:\n{tail}")
-    shutil.move(work / "obj_dir" / "board", work / "board")
-    for pattern in ("*.o", "*.gch", "*.a"):
-        for path in (work / "obj_dir").glob(pattern):
-            path.unlink()
+    run_verilator(work, cmd, MODULE, "board")
 
 
 def ensure_board_build(npu: NpuConfig, divisor: int) -> Path:
@@ -99,28 +87,10 @@ def ensure_board_build(npu: NpuConfig, divisor: int) -> Path:
         digest = _digest(text)
         final = root / _build_name(digest)
         if not (final / "board").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
-            try:
-                _compile(work, text)
-                record = {"directory": final.name, "build_s": round(time.perf_counter() - start, 2),
-                          "verilog_lines": text.count("\n"), "when": time.time(),
-                          "pid": os.getpid()}
-                (work / "build.json").write_text(json.dumps(record, indent=2) + "\n")
-                try:
-                    work.rename(final)
-                except OSError:     # built meanwhile by another process
-                    shutil.rmtree(work, ignore_errors=True)
-                else:
-                    with open(root / "builds.log", "a") as log:
-                        log.write(json.dumps(record) + "\n")
-            except BaseException:
-                shutil.rmtree(work, ignore_errors=True)
-                raise
-        index.parent.mkdir(parents=True, exist_ok=True)
-        part = index.with_suffix(f".{os.getpid()}.part")
-        part.write_text(json.dumps({"verilog": digest}) + "\n")
-        part.replace(index)
+            publish(root, final, lambda work: _compile(work, text),
+                    lambda: {"build_s": round(time.perf_counter() - start, 2),
+                             "verilog_lines": text.count("\n")})
+        write_index(index, digest)
         return final / "board"
 
 

@@ -280,12 +280,59 @@ def builds_made() -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def _compile(work: Path, text: str, header: str) -> None:
+def run_verilator(work: Path, cmd: list[str], top: str, exe: str) -> None:
+    """Run the Verilator build ``cmd`` in ``work`` (its output in ``build.log``), keep its
+    executable ``exe`` in ``work`` and drop the objects. Raises
+    :class:`~sim.rtl.toolchain.ToolchainMissing` or :class:`BuildFailed`."""
     for tool in ("g++", "make"):
         if shutil.which(tool) is None:
             raise ToolchainMissing(f"{tool} not found: Verilator needs it (Debian: apt-get "
                                    f"install {tool})")
-    env = verilator_env()
+    with open(work / "build.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=work, env=verilator_env(), stdout=log,
+                              stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = (work / "build.log").read_text()[-4000:]
+        raise BuildFailed(f"verilator build of {top} exited {proc.returncode}:\n{tail}")
+    shutil.move(work / "obj_dir" / exe, work / exe)
+    # Objects and precompiled headers are 200x the executable; the generated C++ stays.
+    for pattern in ("*.o", "*.gch", "*.a"):
+        for path in (work / "obj_dir").glob(pattern):
+            path.unlink()
+
+
+def publish(root: Path, final: Path, make, record) -> None:
+    """Build into a fresh directory under ``root`` with ``make(work)`` and move it to
+    ``final`` with its record (``record()``'s fields, the time and the process) in
+    ``build.json`` and ``builds.log``; a process that built the same Verilog first keeps its
+    directory. A failed build leaves nothing behind."""
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
+    try:
+        make(work)
+        entry = {"directory": final.name, **record(), "when": time.time(), "pid": os.getpid()}
+        (work / "build.json").write_text(json.dumps(entry, indent=2) + "\n")
+        try:
+            work.rename(final)
+        except OSError:     # the same Verilog built meanwhile
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            with open(root / "builds.log", "a") as log:
+                log.write(json.dumps(entry) + "\n")
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def write_index(index: Path, digest: str) -> None:
+    """Point ``index`` (a configuration's key) at the build of the Verilog ``digest``."""
+    index.parent.mkdir(parents=True, exist_ok=True)
+    part = index.with_suffix(f".{os.getpid()}.part")
+    part.write_text(json.dumps({"verilog": digest}) + "\n")
+    part.replace(index)
+
+
+def _compile(work: Path, text: str, header: str) -> None:
     (work / f"{TOP}.v").write_text(text)
     (work / f"{MODEL}.v").write_text(wrapper(text))
     (work / "ports.h").write_text(header)
@@ -294,16 +341,7 @@ def _compile(work: Path, text: str, header: str) -> None:
            *VERILATOR_FLAGS, "--top-module", MODEL, "--Mdir", "obj_dir", "-o", "harness",
            "-MAKEFLAGS", " ".join(make_opt()),
            f"{MODEL}.v", f"{TOP}.v", "harness.cpp"]
-    with open(work / "build.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = (work / "build.log").read_text()[-4000:]
-        raise BuildFailed(f"verilator build of {TOP} exited {proc.returncode}:\n{tail}")
-    shutil.move(work / "obj_dir" / "harness", work / "harness")
-    # Objects and precompiled headers are 200x the executable; the generated C++ stays.
-    for pattern in ("*.o", "*.gch", "*.a"):
-        for path in (work / "obj_dir").glob(pattern):
-            path.unlink()
+    run_verilator(work, cmd, TOP, "harness")
 
 
 def ensure_build(npu: NpuConfig) -> Build:
@@ -325,27 +363,9 @@ def ensure_build(npu: NpuConfig) -> Build:
         final = root / _build_name(digest)
         cached = (final / "harness").exists()
         if not cached:
-            root.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
-            try:
-                _compile(work, text, ports_header(npu, text))
-                build_s = time.perf_counter() - start
-                record = {"directory": final.name, "verilog_s": round(verilog_s, 2),
-                          "build_s": round(build_s, 2), "verilog_lines": text.count("\n"),
-                          "when": time.time(), "pid": os.getpid()}
-                (work / "build.json").write_text(json.dumps(record, indent=2) + "\n")
-                try:
-                    work.rename(final)
-                except OSError:     # another key with the same Verilog built it meanwhile
-                    shutil.rmtree(work, ignore_errors=True)
-                else:
-                    with open(root / "builds.log", "a") as log:
-                        log.write(json.dumps(record) + "\n")
-            except BaseException:
-                shutil.rmtree(work, ignore_errors=True)
-                raise
-        index.parent.mkdir(parents=True, exist_ok=True)
-        part = index.with_suffix(f".{os.getpid()}.part")
-        part.write_text(json.dumps({"verilog": digest}) + "\n")
-        part.replace(index)
+            publish(root, final, lambda work: _compile(work, text, ports_header(npu, text)),
+                    lambda: {"verilog_s": round(verilog_s, 2),
+                             "build_s": round(time.perf_counter() - start, 2),
+                             "verilog_lines": text.count("\n")})
+        write_index(index, digest)
         return Build(final / "harness", final, cached, time.perf_counter() - start)
