@@ -123,7 +123,7 @@ def test_run_board_matches_the_golden_model():
     (~3,000 bytes over the UART: minutes of pysim)."""
     npu = dataclasses.replace(npu_preset("tiny"), sram_bytes=8192, imem_words=512)
     model = dataclasses.replace(model_preset("tiny"), n_layers=1, d_model=4, n_heads=1,
-                                d_head=4, d_ff=4, seq_len=4)
+                                n_kv_heads=1, d_head=4, d_ff=4, seq_len=4)
     transport = SimTransport(npu, divisor=4)
     report = run_board(npu, model, BoardDriver(transport), seed=3)
     assert report.golden_match and report.backend == "board"
