@@ -168,8 +168,8 @@ def run(quick: bool):
     rows.append({"bench": f"head parallelism, {D128.name} on 4 {NPU.name}, batch 1",
                  "value": split, "unit": "cycles", "ref": single, "ratio": single / split,
                  "note": "ratio = speed-up of a decode step over one chip (mean step cycles): "
-                         "each chip its 2 heads' blocks and a quarter of the LM head, the "
-                         "whole embedding table; all-reduces and the argmax records' "
+                         "each chip its 2 heads' blocks and a quarter of the LM head and of "
+                         "the embedding table; all-reduces and the argmax records' "
                          "all-gather; "
                          f"chip 0's last step busy: {u['launches']} matmuls {u['matmul']:,}, "
                          f"attention {u['attention']:,}, vector {u['vector']:,}, collectives "
