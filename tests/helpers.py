@@ -459,21 +459,46 @@ def attention_reference(q, k, v, visible):
     return requant(wrap(np.where(visible, probs, 0) @ v), OUT_MULT, OUT_SHIFT, 8)
 
 
+def _qkv_in_memory(case, rng, npu, queries, keys, d_model):
+    """Random int8 Q [queries, d_model], K and V [keys, d_model] written one row after another
+    from word 0 of ``case``'s ISS (``case.npu``, ``case.iss``, ``case.rw`` the words of a row,
+    ``case.q``, ``case.k``, ``case.v``, ``case.o_base`` the word after V); their bases."""
+    n = npu.array_size
+    case.npu, case.iss = npu, Iss(npu)
+    case.rw = rw = row_words(d_model, 1, n)
+    case.q = rng.integers(-128, 128, (queries, d_model))
+    case.k = rng.integers(-128, 128, (keys, d_model))
+    case.v = rng.integers(-128, 128, (keys, d_model))
+    q_base, k_base = 0, queries * rw
+    v_base = k_base + keys * rw
+    case.o_base = v_base + keys * rw
+    for base, x in ((q_base, case.q), (k_base, case.k), (v_base, case.v)):
+        case.iss.write_words(base, pack_rows(x, 1, n))
+    return q_base, k_base, v_base
+
+
+def emit_transfers(asm, chip, transfers, npu):
+    """``chip``'s SEND of words 0..15 to each transfer's destination and RECV into words
+    40..55 from each transfer's source (``transfers``: (source, destination) pairs)."""
+    from sim.compiler import p2p_launch as pl
+
+    n, link = npu.array_size, npu.link_bytes_per_cycle
+    for src, dest in transfers:
+        if chip == src:
+            pl.emit(asm, pl.send_launch(dest=dest, desc=pl.contiguous(0, 16), size=n,
+                                        link_bytes=link))
+        if chip == dest:
+            pl.emit(asm, pl.recv_launch(src=src, desc=pl.contiguous(40, 16), size=n,
+                                        link_bytes=link))
+
+
 class AttentionCase:
     """Q [queries, d_model], K/V [keys, d_model] int8 in memory, one head's launch."""
 
     def __init__(self, rng, npu, *, queries, keys, d_model, col, d_head, **kw):
         n = npu.array_size
-        self.npu, self.iss = npu, Iss(npu)
-        self.rw = rw = row_words(d_model, 1, n)
-        self.q = rng.integers(-128, 128, (queries, d_model))
-        self.k = rng.integers(-128, 128, (keys, d_model))
-        self.v = rng.integers(-128, 128, (keys, d_model))
-        q_base, k_base = 0, queries * rw
-        v_base = k_base + keys * rw
-        self.o_base = v_base + keys * rw
-        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
-            self.iss.write_words(base, pack_rows(x, 1, n))
+        q_base, k_base, v_base = _qkv_in_memory(self, rng, npu, queries, keys, d_model)
+        rw = self.rw
         # Garbage in the output tensor: only the head's columns may change.
         self.garbage = rng.integers(-128, 128, (queries, d_model))
         self.iss.write_words(self.o_base, pack_rows(self.garbage, 1, n))
@@ -580,18 +605,10 @@ class StateCase:
         n = npu.array_size
         k_col = col if k_col is None else k_col
         v_col = col if v_col is None else v_col
-        self.npu, self.iss = npu, Iss(npu)
-        self.rw = rw = row_words(d_model, 1, n)
-        self.q = rng.integers(-128, 128, (queries, d_model))
-        self.k = rng.integers(-128, 128, (keys, d_model))
-        self.v = rng.integers(-128, 128, (keys, d_model))
-        q_base, k_base = 0, queries * rw
-        v_base = k_base + keys * rw
-        self.o_base = v_base + keys * rw
-        self.s_base = self.o_base + queries * rw
+        q_base, k_base, v_base = _qkv_in_memory(self, rng, npu, queries, keys, d_model)
+        rw = self.rw
+        self.s_base = self.o_base + queries * self.rw
         self.srw = state_row_words(d_head, col, n)
-        for base, x in ((q_base, self.q), (k_base, self.k), (v_base, self.v)):
-            self.iss.write_words(base, pack_rows(x, 1, n))
         self.garbage = rng.integers(-128, 128, (queries, d_model))
         self.iss.write_words(self.o_base, pack_rows(self.garbage, 1, n))
         # Garbage in the state rows too: the first launch must overwrite all of it.
@@ -656,7 +673,6 @@ def torus_programs(npu, topo, transfers, rng, *, length=16):
     from hw.spec.collective import CollectiveRequest
     from hw.spec.isa import Unit
     from sim.compiler import collective_launch as cl
-    from sim.compiler import p2p_launch as pl
     from sim.compiler.assembler import Assembler
 
     n, link = npu.array_size, npu.link_bytes_per_cycle
@@ -668,13 +684,7 @@ def torus_programs(npu, topo, transfers, rng, *, length=16):
         images.append({0: rng.integers(0, 256, (16, n), dtype=np.uint8),
                        100: rng.integers(0, 256, (length, n), dtype=np.uint8),
                        200: rng.integers(0, 256, (length, n), dtype=np.uint8)})
-        for src, dest in transfers:
-            if c == src:
-                pl.emit(asm, pl.send_launch(dest=dest, desc=pl.contiguous(0, 16), size=n,
-                                            link_bytes=link))
-            if c == dest:
-                pl.emit(asm, pl.recv_launch(src=src, desc=pl.contiguous(40, 16), size=n,
-                                            link_bytes=link))
+        emit_transfers(asm, c, transfers, npu)
         row = CollectiveRequest("all_reduce", "sum", 32, length, topo.chips, first=y * X,
                                 count=X)
         col = CollectiveRequest("all_reduce", "max", 32, length, topo.chips, first=x,

@@ -17,7 +17,14 @@ from sim.golden.collectives import collective
 from sim.golden.matmul import matmul_unit
 from sim.iss import IssSystem
 from sim.rtl.system_runner import run_system_pysim
-from tests.helpers import assert_cycle_model, input_length, seeded, small_npu, torus_programs
+from tests.helpers import (
+    assert_cycle_model,
+    emit_transfers,
+    input_length,
+    seeded,
+    small_npu,
+    torus_programs,
+)
 
 
 def random_input(rng, req, chip):
@@ -168,7 +175,6 @@ def p2p_programs(npu, chips, transfers, groups, rng, *, length=60):
     in natural order (``length`` a multiple of the group size times 2 elements per engine
     word), all at the same time."""
     from sim.compiler import collective_launch as cl
-    from sim.compiler import p2p_launch as pl
 
     n, link = npu.array_size, npu.link_bytes_per_cycle
     programs, images = [], []
@@ -176,13 +182,7 @@ def p2p_programs(npu, chips, transfers, groups, rng, *, length=60):
         asm = Assembler()
         images.append({0: rng.integers(0, 256, (16, n), dtype=np.uint8),
                        100: rng.integers(0, 256, (length, n), dtype=np.uint8)})
-        for src, dest in transfers:
-            if c == src:
-                pl.emit(asm, pl.send_launch(dest=dest, desc=pl.contiguous(0, 16), size=n,
-                                            link_bytes=link))
-            if c == dest:
-                pl.emit(asm, pl.recv_launch(src=src, desc=pl.contiguous(40, 16), size=n,
-                                            link_bytes=link))
+        emit_transfers(asm, c, transfers, npu)
         for first, count in groups:
             req = CollectiveRequest("all_reduce", "sum", 32, length, chips, first=first,
                                     count=count)
