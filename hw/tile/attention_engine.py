@@ -20,6 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..arith import saturate
 from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.attention import (
     FLAG_PARTIAL,
@@ -542,13 +543,12 @@ class AttentionEngine(wiring.Component):
             at = o_off + i
             m.d.comb += self.o.payload.mask[i].eq(partial | ((at >= cfg.o_lane) & (at < span)))
         rounding = (Const(1, 1) << cfg.out_shift) >> 1
-        lo, hi = -(1 << (OPERAND_BITS - 1)), (1 << (OPERAND_BITS - 1)) - 1
         for i in range(N):
             prod = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"rq{i}")
             m.d.comb += prod.eq(sel[i] * cfg.out_mult + rounding)
-            shifted = prod >> cfg.out_shift
+            # Saturation by bit tests (hw.arith.saturate), not comparisons of the 51-bit value.
             m.d.comb += self.o.payload.data[i].eq(
-                Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:OPERAND_BITS])))
+                saturate(m, prod >> cfg.out_shift, OPERAND_BITS, f"rq_sat{i}"))
         row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
         final = row_done & (rows_out == cfg.queries - 1)
         m.d.comb += [self.o.valid.eq(Mux(partial, p_full, o_full)),

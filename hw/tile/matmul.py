@@ -8,7 +8,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..arith import lut_product, tree_sum
+from ..arith import lut_product, saturate, tree_sum
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.chip import check_built
@@ -362,11 +362,13 @@ class Requantizer(_Lanes):
                 q = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"q_{j}")
                 m.d.comb += q.eq(p3[j] >> shift3[j])
                 out = Signal(signed(ACC_BITS), name=f"out_{j}")
+                # Saturation by bit tests (hw.arith.saturate), not 51-bit comparisons.
+                q8, q16 = saturate(m, q, 8, f"q8_{j}"), saturate(m, q, 16, f"q16_{j}")
                 with m.Switch(mode3):
                     with m.Case(OutMode.INT8):
-                        m.d.comb += out.eq(Mux(q > 127, 127, Mux(q < -128, -128, q)))
+                        m.d.comb += out.eq(q8)
                     with m.Case(OutMode.INT16):
-                        m.d.comb += out.eq(Mux(q > 32767, 32767, Mux(q < -32768, -32768, q)))
+                        m.d.comb += out.eq(q16)
                     with m.Default():
                         m.d.comb += out.eq(raw3[j])
                 m.d.sync += self.o.payload.data[j].eq(out)

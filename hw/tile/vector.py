@@ -11,7 +11,7 @@ from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, 
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import tree_sum
+from ..arith import saturate, tree_sum
 from ..layouts import lanes_layout
 from ..spec.timing.vector import RSQRT_CYCLES
 from ..spec.vector import (
@@ -77,15 +77,7 @@ def stats_layout() -> data.StructLayout:
 
 
 def _clamp(m, value, bits, name):
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    out = Signal(signed(bits), name=name)
-    with m.If(value > hi):
-        m.d.comb += out.eq(hi)
-    with m.Elif(value < lo):
-        m.d.comb += out.eq(lo)
-    with m.Else():
-        m.d.comb += out.eq(value)
-    return out
+    return saturate(m, value, bits, name)
 
 
 def _round_shift(value, amount):

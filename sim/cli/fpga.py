@@ -26,6 +26,9 @@ def add_parser(sub):
     p.add_argument("--synth-only", action="store_true",
                    help="synthesis only: the top without the shell, use from Yosys' cells, "
                         "no placement and no fmax (minutes)")
+    p.add_argument("--place-only", action="store_true",
+                   help="place without routing: fmax and critical path as nextpnr estimates "
+                        "them after placement (minutes for a unit)")
     p.add_argument("--clock-mhz", type=float,
                    help="clock target instead of the NPU's clock_mhz (the board's PLL output)")
     p.set_defaults(run=run)
@@ -33,12 +36,16 @@ def add_parser(sub):
 
 def run(args) -> int:
     npu = load_config(args, "npu")
+    if args.synth_only and args.place_only:
+        raise BadInput("--synth-only and --place-only exclude each other (synthesis only has "
+                       "no placement)")
     if args.clock_mhz is not None:
         if not 0 < args.clock_mhz <= 400:
             raise BadInput(f"--clock-mhz {args.clock_mhz:g} is outside (0, 400] MHz")
         npu = dataclasses.replace(npu, clock_mhz=args.clock_mhz)
     result = synthesize(npu, top=args.top, device=args.device, build_dir=args.build,
-                        seed=args.seed, synth_only=args.synth_only)
+                        seed=args.seed, synth_only=args.synth_only,
+                        place_only=args.place_only)
     print(format_table(result))
     if args.json:
         write_json(args.json, result)

@@ -173,8 +173,20 @@ def parse_report(report: dict, device: Device, target_mhz: float) -> dict:
             "to": _cell(steps[-1].get("to", {}).get("cell")),
             "delay_ns": round(sum(s.get("delay", 0.0) for s in steps), 3),
             "logic_levels": sum(1 for s in steps if s.get("type") == "logic"),
+            # The nets the path runs through, in order (Amaranth's signal names where
+            # synthesis kept them): where in the design the path is.
+            "nets": list(dict.fromkeys(_signal(s["net"]) for s in steps
+                                       if s.get("net") and not s["net"].startswith("$"))),
         }
     return result
+
+
+def _signal(net):
+    """A placed net's name cut to the design's signal (``x_TRELLIS_FF_Q_3_DI_LUT4_Z`` and
+    ``x$CCU2_FCI_INT`` -> x): the names synthesis and packing append say which cell pin the
+    net drives, not where in the design it is."""
+    return re.split(r"_(?:TRELLIS|LUT4|CCU2C|PFUMX|L6MUX21|MULT18X18D|DP16KD|ALU54B)|\$",
+                    net, maxsplit=1)[0] or net
 
 
 def _cell(name):
@@ -196,6 +208,18 @@ def _log_utilisation(log, device):
         resources[name] = {"used": used, "available": available,
                            "percent": round(100.0 * used / available, 1)}
     return resources
+
+
+def _log_fmax(log, target_mhz):
+    """fmax per clock from nextpnr's log (its last "Max frequency for clock" lines): the
+    estimate after placement when it does not route (``--no-route`` writes no timing into the
+    report). No critical path: nextpnr logs it only after routing."""
+    found = re.findall(r"Max frequency for clock '([^']+)': ([0-9.]+) MHz",
+                       Path(log).read_text(errors="replace"))
+    clocks = {name: {"achieved": float(mhz), "constraint": target_mhz} for name, mhz in found}
+    fmax = round(min(c["achieved"] for c in clocks.values()), 2) if clocks else None
+    return {"fmax_mhz": fmax, "timing_met": fmax is not None and fmax >= target_mhz,
+            "clocks": clocks}
 
 
 def format_table(result: dict) -> str:
@@ -221,12 +245,17 @@ def format_table(result: dict) -> str:
         if path:
             lines.append(f"critical path {path['delay_ns']:.2f} ns, {path['logic_levels']} logic "
                          f"levels: {path['from']} -> {path['to']}")
+            if path.get("nets"):
+                lines.append("  through " + " > ".join(path["nets"]))
     cells = result.get("synth_cells") or {}
     if "LUT4" in cells:
         lines.append(f"LUT4 counts logic slots: {cells['LUT4']:,} LUT4, "
                      f"{cells.get('CCU2C', 0):,} CCU2C carry cells (2 slots each) and "
                      f"{cells.get('TRELLIS_DPR16X4', 0):,} TRELLIS_DPR16X4 LUT RAMs (6 slots "
                      "each) after synthesis")
+    if result.get("place_only"):
+        lines.append("placement only (--place-only): fmax is nextpnr's estimate after placement, "
+                     "before routing")
     if result.get("synth_only"):
         lines.append("synthesis only (--synth-only): use counted from Yosys' cells; no "
                      "placement, no fmax")
@@ -272,7 +301,7 @@ def synth_resources(cells: dict, device: Device) -> dict:
 
 
 def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1,
-             synth_only: bool = False) -> dict:
+             synth_only: bool = False, place_only: bool = False) -> dict:
     """Export, synthesise, place and route ``top`` for ``device``; return the report dict.
 
     A unit is wrapped in the serial shell; the board top (:class:`hw.fpga.board.BoardTop`)
@@ -282,6 +311,10 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1,
 
     ``synth_only``: the top as it is (no shell), synthesised only; its use is counted from
     Yosys' cells (:func:`synth_resources`) and there is no fmax.
+
+    ``place_only``: nextpnr places and stops (``--no-route``); fmax and the critical path are
+    its estimate after placement (routing delays estimated from the placed wire lengths), and
+    a board top gets no bitstream.
     """
     build_dir.mkdir(parents=True, exist_ok=True)
     wall = {}
@@ -338,7 +371,7 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1,
                    "--timing-allow-fail", "--report", "report.json", "--seed", str(seed),
                    # The default router1 did not converge on the 8x8 matmul unit in 15 min
                    # (1,500 congested wires left); router2 routes it in a few minutes.
-                   "--router", "router2"],
+                   "--router", "router2", *(["--no-route"] if place_only else [])],
                   cwd=build_dir, log=pnr_log)
     except FpgaToolError:
         resources = _log_utilisation(pnr_log, device) if pnr_log.exists() else {}
@@ -348,7 +381,7 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1,
     wall["pnr"] = time.monotonic() - t0
 
     bitstream = None
-    if fits and board:
+    if fits and board and not place_only:
         t0 = time.monotonic()
         _run_tool("ecppack", ["--compress", f"{name}.config", f"{name}.bit"], cwd=build_dir,
                   log=build_dir / "ecppack.log")
@@ -357,12 +390,16 @@ def run_fpga(*, top, npu, device: Device, build_dir: Path, seed: int = 1,
 
     if fits:
         result = parse_report(json.loads(report_path.read_text()), device, npu.clock_mhz)
+        if place_only and result["fmax_mhz"] is None:
+            # Without routing nextpnr's report has no timing: its log has the placer's fmax.
+            result.update(_log_fmax(pnr_log, npu.clock_mhz))
     else:
         result = {"resources": resources, "fmax_mhz": None, "target_mhz": npu.clock_mhz,
                   "timing_met": False, "clocks": {}, "critical_path": None}
     return {
         "top": top, "npu": npu.name, "array": f"{npu.array_size}x{npu.array_size} array",
-        "device": device.name, "part": device.part, "synth_only": False, "fits": fits,
+        "device": device.name, "part": device.part, "synth_only": False,
+        "place_only": place_only, "fits": fits,
         **result,
         "synth_cells": synth_cells,
         "shell": None if shell is None else {
@@ -399,9 +436,10 @@ def _tool_versions():
 
 def synthesize(npu, *, top: str = "matmul", device: str = "ecp5-85k",
                build_dir: str | Path | None = None, seed: int = 1,
-               synth_only: bool = False) -> dict:
+               synth_only: bool = False, place_only: bool = False) -> dict:
     """Synthesise, place and route ``top`` for ``device``: ``npu fpga`` as a function
-    (``synth_only``: synthesis alone, ``npu fpga --synth-only``).
+    (``synth_only``: synthesis alone, ``npu fpga --synth-only``; ``place_only``: no routing,
+    fmax estimated after placement, ``npu fpga --place-only``).
 
     Returns the report (:func:`run_fpga`; ``fits`` says whether the design fits). Keeps the
     RTLIL, netlists and logs in ``build_dir`` (a temporary directory when None). Raises
@@ -425,11 +463,11 @@ def synthesize(npu, *, top: str = "matmul", device: str = "ecp5-85k",
         except OSError as exc:
             raise BadInput(f"cannot create build directory {build_dir}: {exc.strerror}") from None
         return run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=build_dir, seed=seed,
-                        synth_only=synth_only)
+                        synth_only=synth_only, place_only=place_only)
     with tempfile.TemporaryDirectory(prefix="npu-fpga-") as tmp:
         try:
             result = run_fpga(top=top, npu=npu, device=DEVICES[device], build_dir=Path(tmp),
-                              seed=seed, synth_only=synth_only)
+                              seed=seed, synth_only=synth_only, place_only=place_only)
         except FpgaToolError as exc:
             # The temporary directory (and the log) is about to go: keep the message useful.
             raise FpgaToolError(f"{str(exc).split(' (log: ')[0]} (rerun with --build DIR to "

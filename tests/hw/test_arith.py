@@ -1,11 +1,11 @@
-"""hw.arith: the LUT product equals ``*`` for every sign combination; the adder tree."""
+"""hw.arith: the LUT product equals ``*`` for every sign combination; the adder tree; saturation."""
 
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
-from hw.arith import lut_product, tree_sum
+from hw.arith import lut_product, saturate, tree_sum
 from tests.helpers import seeded
 
 
@@ -70,3 +70,25 @@ def test_tree_sum_keeps_its_partial_sums():
     sim.add_testbench(bench)
     sim.run()
 
+
+
+@pytest.mark.parametrize("shape, bits", [(signed(9), 4), (signed(4), 4), (signed(3), 4),
+                                         (unsigned(6), 4), (unsigned(4), 4), (unsigned(3), 4)])
+def test_saturate_equals_clamp_for_every_value(shape, bits):
+    """Every value of the input shape: the bit tests give ``clamp(v, -2**(b-1), 2**(b-1)-1)``."""
+    v = Signal(shape)
+    m = Module()
+    out = saturate(m, v, bits, "sat")
+    assert out.shape() == signed(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    values = range(-(1 << (shape.width - 1)), 1 << (shape.width - 1)) if shape.signed else \
+        range(1 << shape.width)
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for x in values:
+            ctx.set(v, x)
+            assert ctx.get(out) == min(max(x, lo), hi), (shape, x)
+
+    sim.add_testbench(bench)
+    sim.run()

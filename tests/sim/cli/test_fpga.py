@@ -213,3 +213,38 @@ def test_synth_only_router_with_the_real_tools(capsys, tmp_path):
     assert res["LUT4"]["used"] > 50 and res["FF"]["used"] == 0, res
     assert res["MULT18X18D"]["used"] == 0 and res["DP16KD"]["used"] == 0, res
     assert not (tmp_path / "b" / "nextpnr.log").exists()
+
+
+# --- --place-only: nextpnr places and stops; fmax from its log -----------------------------------
+
+FAKE_PLACER = '''import json, sys
+def run(argv):
+    # nextpnr --no-route: a report with use and no timing, the placer's fmax in the log.
+    if "--no-route" not in argv:
+        print("ERROR: expected --no-route")
+        return 1
+    with open(argv[argv.index("--report") + 1], "w") as f:
+        json.dump({"utilization": {"TRELLIS_COMB": {"used": 5949, "available": 83640}},
+                   "fmax": {}, "critical_paths": []}, f)
+    print("Info: Max frequency for clock '$glbnet$clk': 41.20 MHz (FAIL at 75.00 MHz)")
+    return 0
+'''
+
+
+def test_place_only_reads_the_placer_fmax(capsys, fake_tools, tmp_path):
+    build = fake_tools(FAKE_OK, FAKE_PLACER)
+    out_json = tmp_path / "place.json"
+    status, out, err = run(capsys, "fpga", "--npu", TINY_NPU, "--top", "wire", "--place-only",
+                           "--build", str(build), "--json", str(out_json))
+    assert status == errors.EXIT_OK, err
+    result = json.loads(out_json.read_text())
+    assert result["place_only"] is True and result["fmax_mhz"] == 41.2
+    assert result["critical_path"] is None and result["bitstream"] is None
+    assert result["resources"]["LUT4"]["used"] == 5949
+    assert "fmax 41.2 MHz" in out and "placement only (--place-only)" in out
+
+
+def test_place_only_and_synth_only_exclude_each_other(capsys):
+    assert_one_line_error(*run(capsys, "fpga", "--npu", TINY_NPU, "--synth-only",
+                               "--place-only"),
+                          "npu fpga: --synth-only and --place-only exclude each other")

@@ -33,7 +33,7 @@ def test_parse_report_fixture():
     # The register-to-register path, not the pad paths nextpnr lists as <async>.
     assert result["critical_path"] == {"from": "design.requant.p2_3",
                                        "to": "design.o__payload$25.data[3]",
-                                       "delay_ns": 15.718, "logic_levels": 45}
+                                       "delay_ns": 15.718, "logic_levels": 45, "nets": []}
     # The path's delay is the clock period nextpnr achieved.
     assert abs(1000 / result["critical_path"]["delay_ns"] - result["fmax_mhz"]) < 0.01
 
@@ -52,6 +52,42 @@ def test_parse_report_slowest_clock_and_missing_cells():
     # A cell type the report does not list is unused; the device total fills in.
     assert result["resources"]["DP16KD"] == {"used": 0, "available": 208, "percent": 0.0}
     assert result["critical_path"] is None
+
+
+def test_parse_report_names_the_nets_of_the_path():
+    """The path's nets cut to the design's signal names, in order, once each; nextpnr's own
+    nets ($nextpnr...) left out."""
+    def step(kind, net=None):
+        return {"type": kind, "delay": 1.0, "from": {"cell": "a_TRELLIS_FF_Q"},
+                "to": {"cell": "b_TRELLIS_FF_Q_2"}, **({"net": net} if net else {})}
+    report = {"fmax": {"clk": {"achieved": 200.0, "constraint": 75.0}},
+              "critical_paths": [{"from": "posedge clk", "to": "posedge clk", "path": [
+                  step("clk-to-q"), step("routing", "design.x.acc[3]"), step("logic"),
+                  step("routing", "design.x.sum_0_1_CCU2C_A0_COUT"),
+                  step("routing", "design.x.sum_0_1$CCU2_FCI_INT"),
+                  step("routing", "$nextpnr_CCU2C_28$CIN"),
+                  step("routing", "design.o_row_TRELLIS_FF_Q_5_DI_LUT4_Z"), step("setup")]}]}
+    path = fpga.parse_report(report, ECP5, 75.0)["critical_path"]
+    assert path == {"from": "a", "to": "b", "delay_ns": 8.0, "logic_levels": 1,
+                    "nets": ["design.x.acc[3]", "design.x.sum_0_1", "design.o_row"]}
+    assert "  through design.x.acc[3] > design.x.sum_0_1 > design.o_row" in \
+        fpga.format_table({**fpga.parse_report(report, ECP5, 75.0), "top": "t", "npu": "n",
+                           "array": "a", "device": "d", "part": "p"}).splitlines()
+
+
+def test_log_fmax_after_placement(tmp_path):
+    """--place-only: nextpnr's report has no timing then; the placer's estimate comes from its
+    log (the last line per clock), the slowest clock sets fmax."""
+    log = tmp_path / "nextpnr.log"
+    log.write_text("Info: Max frequency for clock '$glbnet$clk': 12.50 MHz (FAIL at 75.00 MHz)\n"
+                   "Info: Max frequency for clock '$glbnet$clk': 17.89 MHz (FAIL at 75.00 MHz)\n"
+                   "Info: Max frequency for clock 'ref': 160.44 MHz (PASS at 75.00 MHz)\n")
+    result = fpga._log_fmax(log, 75.0)
+    assert result["fmax_mhz"] == 17.89 and result["timing_met"] is False
+    assert set(result["clocks"]) == {"$glbnet$clk", "ref"}
+    empty = tmp_path / "empty.log"
+    empty.write_text("Info: Program finished normally.\n")
+    assert fpga._log_fmax(empty, 75.0)["fmax_mhz"] is None
 
 
 def test_format_table():
