@@ -50,6 +50,7 @@ from ..spec.softmax import (
 )
 from ..spec.timing.chip import (
     ATTN_MERGE_CYCLES,
+    ATTN_MERGE_PIPE,
     ATTN_NORM_CYCLES,
     ATTN_STATE_ROWS,
     check_built,
@@ -282,7 +283,7 @@ class AttentionEngine(wiring.Component):
         if self.state_rows:
             M = N // STATE_LANE_BYTES           # int32 lanes of a state row per word
             SL = -(-(D + 2) // M) * M           # lanes of the engine's state register
-            K = merge_rotate_cycles(D, N)       # = SL / M
+            K = SL // M                         # words of a query's state row
             G0 = -(-(N - 1 + D) // N)
             depth = ATTN_STATE_ROWS * (G0 + K)
             m.submodules.state_fifo = fifo = Memory(shape=8 * N, depth=depth, init=[])
@@ -513,7 +514,7 @@ class AttentionEngine(wiring.Component):
         if self.state_rows:
             pend_ready, emit_busy, emit = self._merge_path(
                 m, cfg, buf, sm, st_in, st_out, last_chunk, hdr_m, hdr_l, hdr_r, f_rd, rptr,
-                rptr_nxt, row_out, advance, M, SL, K)
+                rptr_nxt, row_out, advance, M, SL, merge_rotate_cycles(D, N))
         else:
             pend_ready, emit_busy, emit = Const(1), Const(0), None
 
@@ -722,14 +723,26 @@ class AttentionEngine(wiring.Component):
         e_act, c_act = Signal(), Signal()       # emitting state words; merging the last chunk
         eq_ph = Signal()                        # emitting the Q words
         e_off = Signal(range(N + D + N))        # lanes of the Q words emitted
-        jbase = Signal(range(SL + M + 1))       # state lanes emitted / merged
+        # State lanes emitted / merged (the last chunk's merge runs ATTN_MERGE_PIPE cycles
+        # past the register's SL lanes).
+        jbase = Signal(range(SL + (ATTN_MERGE_PIPE + 1) * M + 1))
+        # Lane i of the word at jbase: an input-state lane (j < d_head + 2), lane 0 (m), lane 1
+        # (l); registered with jbase so that no comparison precedes the merge's multiply.
+        j_in = Signal(M)
+        j_m, j_l = Signal(M), Signal(M)
+
+        def set_jbase(value):
+            return [jbase.eq(value),
+                    *(j_in[i].eq(value + i < cfg.d_head + 2) for i in range(M)),
+                    *(j_m[i].eq(value + i == 0) for i in range(M)),
+                    *(j_l[i].eq(value + i == 1) for i in range(M))]
         ccnt = Signal(range(K))
         q_span = cfg.q_lane + cfg.d_head
         w_q = Array(Const(-(-x_ // N), range(N + D + 1)) for x_ in range(N + D))[q_span]
         with m.If(o_take & st):
             m.d.sync += [e_m.eq(pm), e_l.eq(pl), e_fa.eq(fa), e_fb.eq(fb),
                          e_r.eq(Mux(pos, quo, 0)), e_sh.eq(pz + NORM_BITS - PROB_BITS),
-                         jbase.eq(0), e_off.eq(0), ccnt.eq(0), pst.eq(IDLE)]
+                         *set_jbase(0), e_off.eq(0), ccnt.eq(0), pst.eq(IDLE)]
             m.d.sync += [x[j].eq(0) for j in (0, 1)]
             m.d.sync += [x[2 + d].eq(buf.o_out.payload.data[d]) for d in range(D)]
             m.d.sync += [x[j].eq(0) for j in range(D + 2, SL)]
@@ -745,23 +758,33 @@ class AttentionEngine(wiring.Component):
         for i in range(M):
             a_i = Signal(i32, name=f"mrg_a{i}")
             mg = Signal(i32, name=f"mrg{i}")
-            m.d.comb += [a_i.eq(Mux(st_in & (jbase + i < cfg.d_head + 2),
-                                    a_word[32 * i:32 * (i + 1)].as_signed(), 0)),
+            m.d.comb += [a_i.eq(Mux(st_in & j_in[i], a_word[32 * i:32 * (i + 1)].as_signed(), 0)),
                          mg.eq((scale(a_i, e_fa) + scale(x[i], e_fb))[:ACC_BITS])]
             merged.append(mg)
         state_word = Signal(8 * N)
         lanes = []
         for i, mg in enumerate(merged):
-            j = jbase + i
-            lanes.append(Mux(j == 0, e_m.as_signed(), Mux(j == 1, e_l, mg))[:ACC_BITS])
+            lanes.append(Mux(j_m[i], e_m.as_signed(), Mux(j_l[i], e_l, mg))[:ACC_BITS])
         m.d.comb += state_word.eq(Cat(*lanes))
-        # The last chunk: normalised lanes, (merged * R + 2**(sh-1)) >> sh, into the top.
+        # The last chunk: normalised lanes, (merged * R + 2**(sh-1)) >> sh, into the top,
+        # through ATTN_MERGE_PIPE registers (the merged lanes, their product with R): the
+        # lanes merged in cycle c enter the top in cycle c + 2, and the two words that enter
+        # first (the registers' old contents) leave the bottom before the merge ends.
+        pipe_regs = []
         accs = []
         rounding = (Const(1, 1) << e_sh) >> 1
         for i, mg in enumerate(merged):
+            mg_r = Signal(i32, name=f"mrg_r{i}")
+            prod_r = Signal((mg_r * e_r).shape(), name=f"nprod_r{i}")
+            m.d.sync += [mg_r.eq(mg), prod_r.eq(mg_r * e_r)]
             a = Signal(i32, name=f"nrm{i}")
-            m.d.comb += a.eq(((mg * e_r + rounding) >> e_sh)[:ACC_BITS])
+            m.d.comb += a.eq(((prod_r + rounding) >> e_sh)[:ACC_BITS])
             accs.append(a)
+            if i == 0:
+                pipe_regs += [mg_r, prod_r]
+        check_built("ATTN_MERGE_PIPE", ATTN_MERGE_PIPE, len(pipe_regs),
+                    "pipeline registers (merged lanes, their product with R)",
+                    "hw/tile/attention_engine.py")
         x_nxt = Signal(data.ArrayLayout(i32, SL))
         m.d.comb += [x_nxt[j].eq(x[j + M]) for j in range(SL - M)]
         m.d.comb += [x_nxt[SL - M + i].eq(Mux(c_act, accs[i], 0)) for i in range(M)]
@@ -788,14 +811,14 @@ class AttentionEngine(wiring.Component):
             with m.Else():
                 with m.If(st_in):
                     m.d.comb += rptr_nxt.eq(advance(rptr))
-                m.d.sync += [x.eq(x_nxt), jbase.eq(jbase + M)]
+                m.d.sync += [x.eq(x_nxt), *set_jbase(jbase + M)]
                 with m.If(emit.done):
                     m.d.sync += e_act.eq(0)
                     m.d.comb += row_out.eq(1)
         with m.If(c_act):
             with m.If(jbase < cfg.d_head + 2):
                 m.d.comb += rptr_nxt.eq(advance(rptr))
-            m.d.sync += [x.eq(x_nxt), jbase.eq(jbase + M), ccnt.eq(ccnt + 1)]
+            m.d.sync += [x.eq(x_nxt), *set_jbase(jbase + M), ccnt.eq(ccnt + 1)]
             with m.If(ccnt == K - 1):
                 m.d.sync += c_act.eq(0)
                 m.d.comb += [emit.load.eq(1), row_out.eq(1)]

@@ -22,7 +22,8 @@ from .matmul import REQUANT_LATENCY, unit_latency
 
 __all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
-           "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "merge_divide_bits",
+           "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "ATTN_MERGE_PIPE",
+           "merge_divide_bits",
            "merge_divide_cycles", "merge_rotate_cycles",
            "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
@@ -59,6 +60,12 @@ ATTN_MERGE_CYCLES = 3
 #: The last chunk's normalisation: cycles to find ``z`` and normalise ``l`` before the
 #: division.
 ATTN_NORM_CYCLES = 1
+#: Pipeline registers in the last chunk's merge and normalisation of a query's state lanes
+#: (the merged lanes, then their product with the reciprocal ``R``), so that no path chains
+#: the merge's multiply, the normalisation's multiply and its shift (44 ns on the ECP5, the
+#: attention engine's critical path without them): the merge takes this many cycles more
+#: than the state register's rotation.
+ATTN_MERGE_PIPE = 2
 
 
 def merge_divide_bits(window: int) -> int:
@@ -74,10 +81,10 @@ def merge_divide_cycles(window: int) -> int:
 
 
 def merge_rotate_cycles(d_head: int, size: int) -> int:
-    """Cycles the last chunk's merge and normalisation take per query (N/4 int32 lanes a
-    cycle over the ``D + 2`` lanes of the engine's state register, ``D = d_head_max``):
-    ``ceil(4 (D + 2) / N)``."""
-    return -(-4 * (d_head + 2) // size)
+    """Cycles the last chunk's merge and normalisation take per query: N/4 int32 lanes a
+    cycle over the ``D + 2`` lanes of the engine's state register (``D = d_head_max``), then
+    the pipeline's ``ATTN_MERGE_PIPE``: ``ceil(4 (D + 2) / N) + 2``."""
+    return -(-4 * (d_head + 2) // size) + ATTN_MERGE_PIPE
 
 
 def check_built(name: str, value: int, built: int, what: str, where: str) -> None:
