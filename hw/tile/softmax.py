@@ -296,7 +296,9 @@ class SoftmaxUnit(wiring.Component):
         m.d.comb += [
             k3.eq(k_val), norm3.eq(norm_val),
             # S == 0 only for a fully masked row, whose e are all 0: any R gives p = 0 there.
-            recip.eq(nxt_quo >> norm3),
+            # When the division ends before the slot's last cycle, the quotient register
+            # holds it there: the shift then starts at a register, not after the divider.
+            recip.eq((quo if self.divide_cycles < T else nxt_quo) >> norm3),
         ]
 
         # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place;
@@ -319,9 +321,10 @@ class SoftmaxUnit(wiring.Component):
                 wide.eq(prod + (half << k4)),
                 q9.eq((wide >> (RECIP_BITS + EXP_BITS - PROB_BITS)) >> k4),
                 unit.eq((buf4[p] + (1 << (PARTIAL_SHIFT - 1))) >> PARTIAL_SHIFT),
+                # Saturation at 255 by the bits above the result, not a comparison.
                 prob.eq(Mux(part[-1],
-                            Mux(unit > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, unit),
-                            Mux(q9 > (1 << PROB_BITS) - 1, (1 << PROB_BITS) - 1, q9))),
+                            Mux(unit[PROB_BITS:].any(), (1 << PROB_BITS) - 1, unit),
+                            Mux(q9[PROB_BITS:].any(), (1 << PROB_BITS) - 1, q9))),
             ]
             probs.append(prob)
         nxt_buf4 = rotate(buf4, probs, "e4", EXP_BITS + 1)
