@@ -419,12 +419,9 @@ class VectorUnit(wiring.Component):
         # Stage 1 -> 2.
         # One rounding shift and one clamp per lane serve the requantiser (REQUANT, MUL: the
         # operand by `sh`, to int8 or int16) and LayerNorm (t * Y by zs, to LN_Z_BITS): the ops
-        # of a beat are one or the other, so the shifter, the rounding adder and the two
-        # comparators are shared, with the bounds chosen by the op.
+        # of a beat are one or the other, so the shifter and the rounding adder are shared,
+        # and the clamp's bound is chosen by the op.
         pb, pl = stages[1]
-        z_hi = (1 << (LN_Z_BITS - 1)) - 1
-        bound1 = Signal(signed(LN_Z_BITS))
-        m.d.comb += bound1.eq(Mux(pb.ln, z_hi, Mux(pb.out16, (1 << 15) - 1, (1 << 7) - 1)))
         for j in range(lanes):
             # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
             t = pl[j].val[0:34].as_signed()
@@ -432,13 +429,12 @@ class VectorUnit(wiring.Component):
             m.d.comb += src1.eq(Mux(pb.ln, t * pb.y, pl[j].val))
             rounded1 = Signal(signed(len(src1)), name=f"rs1_{j}")
             m.d.comb += rounded1.eq(_round_shift(src1, Mux(pb.ln, pb.zs, pl[j].sh)))
+            # The three clamps by bit tests (hw.arith.saturate), chosen by the op, rather than
+            # two comparisons of the 62-bit value with a chosen bound.
             clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
-            with m.If(rounded1 > bound1):
-                m.d.comb += clamped1.eq(bound1)
-            with m.Elif(rounded1 < -bound1 - 1):
-                m.d.comb += clamped1.eq(-bound1 - 1)
-            with m.Else():
-                m.d.comb += clamped1.eq(rounded1)
+            m.d.comb += clamped1.eq(Mux(pb.ln, saturate(m, rounded1, LN_Z_BITS, f"clz{j}"),
+                                        Mux(pb.out16, saturate(m, rounded1, 16, f"cl16_{j}"),
+                                            saturate(m, rounded1, 8, f"cl8_{j}"))))
             with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL) | pb.ln)):
                 m.d.sync += stages[2][1][j].val.eq(clamped1)
             with m.If(adv & (pb.op == VectorOp.LUT)):
@@ -667,9 +663,11 @@ class VectorUnit(wiring.Component):
             with m.Case(0):
                 full = Signal(signed(96))
                 m.d.comb += full.eq(n * s2 - s1 * s1)
-                with m.If(full < 0):
+                # LN_D_MAX = 2**62 - 1: the sign bit and the bits above 62, not comparisons.
+                assert LN_D_MAX == (1 << len(d)) - 1
+                with m.If(full[-1]):
                     m.d.sync += d.eq(0)
-                with m.Elif(full > LN_D_MAX):
+                with m.Elif(full[len(d):].any()):
                     m.d.sync += d.eq(LN_D_MAX)
                 with m.Else():
                     m.d.sync += d.eq(full)
