@@ -664,7 +664,7 @@ class VectorUnit(wiring.Component):
                 full = Signal(signed(96))
                 m.d.comb += full.eq(n * s2 - s1 * s1)
                 # LN_D_MAX = 2**62 - 1: the sign bit and the bits above 62, not comparisons.
-                assert LN_D_MAX == (1 << len(d)) - 1
+                assert (1 << len(d)) - 1 == LN_D_MAX
                 with m.If(full[-1]):
                     m.d.sync += d.eq(0)
                 with m.Elif(full[len(d):].any()):
