@@ -139,7 +139,8 @@ def test_swiglu_on_the_iss(strategy, chips):
 
 @pytest.mark.parametrize("strategy, chips, grid, batch", [
     ("single", 1, None, 1), ("head", 2, None, 1), ("head", 3, None, 1), ("head", 4, None, 1),
-    ("pipeline", 2, None, 2), ("pipeline", 4, None, 4), ("data", 2, None, 2),
+    ("pipeline", 2, None, 2), pytest.param("pipeline", 4, None, 4, marks=pytest.mark.slow),
+    ("data", 2, None, 2),
     ("data+head", 4, "2x2", 2), ("head+pipeline", 4, "2x2", 2)])
 def test_llama_on_the_iss(strategy, chips, grid, batch):
     """RoPE (the rotated projections beside QKV, MUL by the tables, ADD, per-lane REQUANT) and
@@ -364,7 +365,8 @@ def test_link_stalls_change_only_cycles():
     assert stalled.cycles > calm.cycles, (stalled.cycles, calm.cycles)
 
 
-@pytest.mark.parametrize("chips", range(1, 9))
+@pytest.mark.parametrize("chips", [1, 2, 3, 8] + [
+    pytest.param(chips, marks=pytest.mark.slow) for chips in range(4, 8)])
 def test_data_on_the_iss(chips):
     """The batch split over full-model replicas (uneven: 9 samples), no communication."""
     r = simulate(TINY, SMALL, strategy="data", chips=chips, backend="iss", batch=9, seed=chips)
