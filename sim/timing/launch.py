@@ -50,6 +50,7 @@ from hw.spec.vector_engine import VecFlags, uses_b
 
 from ..iss.errors import IssError, begin_loop, loop_iteration
 from .cycle import ChipTiming, SystemTiming, time_programs
+from .ring_collective import member_busy
 
 __all__ = ["LaunchTimer", "time_programs_fast"]
 
@@ -480,6 +481,10 @@ class _Comm:
       cycles added (a message crossing both dimensions is counted as two transfers).
     """
 
+    #: Time collectives by :mod:`sim.timing.ring_collective` where it is exact (False: by
+    #: the cycle model always, which it equals; the tests compare the two).
+    closed_form = True
+
     def __init__(self, npu, timer, chips, topology: Topology | None = None):
         self.npu = npu
         self.timer = timer
@@ -521,6 +526,27 @@ class _Comm:
             words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
             programs[where[m]] = words
         return programs, where, link
+
+    def _closed(self, req, member_regs, offsets) -> dict | None:
+        """Each member's busy cycles of one collective alone on the ring it is timed on,
+        member ``i`` launching ``offsets[i]`` cycles after the first: the word-level
+        recurrence of :mod:`sim.timing.ring_collective`, equal to the cycle model's
+        (``_group_programs`` on :func:`time_programs`); None where that is not exact (the
+        cycle model then times it), or when :attr:`closed_form` is off."""
+        if not self.closed_form:
+            return None
+        n, where, _, link = self._placed(req)
+        regs = {}
+        for m, r in zip(req.members, member_regs, strict=True):
+            r = dict(r)
+            if n != req.chips or where[m] != m:
+                r.update(CO_CHIPS=n, CO_NEXT=where[req.next_member(m)])
+            regs[m] = r
+        try:
+            return member_busy(self.npu, n, where, regs,
+                               dict(zip(req.members, offsets, strict=True)), link)
+        except ValueError as exc:
+            raise IssError(str(exc)) from None
 
     def post(self, c: _Chip, op, at, slot):
         r = c.regs
@@ -655,6 +681,14 @@ class _Comm:
                                     for p in x[1]) for x in cluster)
         if key in self._coll_cache:
             return self._coll_cache[key]
+        if self.topology.is_torus or len(cluster) == 1:
+            # Groups on rings of their own (a torus's rows and columns), or one group on
+            # the ring: each in closed form where it is exact.
+            out = [self._closed(req, [p[3] for p in posts], [p[2] - t0 for p in posts])
+                   for req, posts, _, _, _ in cluster]
+            if None not in out:
+                self._coll_cache[key] = out
+                return out
         if self.topology.is_torus:
             out = []
             for req, posts, _, _, _ in cluster:
@@ -686,6 +720,10 @@ class _Comm:
         key = (req, descs)
         if key in self._coll_cache:
             return self._coll_cache[key]
+        out = self._closed(req, member_regs, [0] * req.count)
+        if out is not None:
+            self._coll_cache[key] = out
+            return out
         if self.topology.is_torus:
             programs, where, link = self._group_programs(req, member_regs, [0] * req.count)
             t = time_programs(self.npu, programs, ring=len(programs) > 1, link=link)
