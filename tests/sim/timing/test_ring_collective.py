@@ -127,13 +127,17 @@ def test_equals_the_cycle_model_on_other_links(link):
         _check(TINY, req, [rng.randint(0, 30) for _ in range(6)], link, case=f"{link} {index}")
 
 
-def test_declines_a_full_receive_buffer():
-    """A member launching long after its upstream neighbour has streamed more than the
-    engine's receive buffer holds: the link stalls, which the recurrence does not model."""
-    req = CollectiveRequest(kind=Kind.ALL_GATHER, op=ReduceOp.SUM, width=32, length=8 * 120,
-                            chips=8)
-    want, got = _compare(TINY, req, [0] * 7 + [3000])
-    assert got is None, f"expected a decline, got {got} (the cycle model: {want})"
+@pytest.mark.parametrize("npu", [TINY, LPU], ids=["tiny", "lpu-like"])
+def test_a_full_receive_buffer_stalls_the_links(npu):
+    """A member launching long after the others: its upstream neighbour streams more than its
+    receive buffer holds, the link stalls, its registers fill, the neighbour's transmit buffer
+    fills and its engine waits, and so on up the ring."""
+    req = CollectiveRequest(kind=Kind.ALL_GATHER, op=ReduceOp.SUM, width=32,
+                            length=8 * (120 if npu is TINY else 64 * 80), chips=8)
+    late = 3000 if npu is TINY else 30000
+    want, got = _compare(npu, req, [0] * 7 + [late])
+    assert want[6] > late, f"member 6 busy {want[6]}: it did not wait for member 7"
+    assert got == want, f"recurrence {got}, cycle model {want}"
 
 
 def _torus_cluster(npu, topo, groups):
