@@ -23,6 +23,8 @@ the same cycle. On the programs the compiler emits this costs a few cycles per s
 
 from __future__ import annotations
 
+import numpy as np
+
 from hw.spec import NpuConfig
 from hw.spec.attention import FLAG_INTERLEAVED, flags_halo, launch_words
 from hw.spec.collective import command_from_registers, walk_group
@@ -48,6 +50,7 @@ from hw.spec.topology import DimLink, Topology, system_topology
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, uses_b
 
+from ..golden.scratchpad import AddressError, addr_sequence
 from ..iss.errors import IssError, begin_loop, loop_iteration
 from .cycle import ChipTiming, SystemTiming, time_programs
 from .ring_collective import member_busy
@@ -109,6 +112,7 @@ class LaunchTimer:
         self.npu = npu
         self.n = npu.array_size
         self._cache = {}
+        self._sims = {}
         self.bank_words = npu.bank_words
 
     # --- exact: the cycle model on the launch alone ---------------------------------------
@@ -121,9 +125,46 @@ class LaunchTimer:
         return words
 
     def simulate(self, op, regs) -> int:
-        """Busy cycles of the launch with ``regs`` run alone (the cycle model)."""
-        t = time_programs(self.npu, [self._program(op, regs)], ring=False)
-        return _busy_span(t.chips[0].trace, _UNIT_BIT[op], t.chips[0].cycles)
+        """Busy cycles of the launch with ``regs`` run alone (the cycle model), once per
+        :meth:`_bank_pattern`."""
+        key = self._bank_pattern(op, regs)
+        got = self._sims.get(key) if key is not None else None
+        if got is None:
+            t = time_programs(self.npu, [self._program(op, regs)], ring=False)
+            got = _busy_span(t.chips[0].trace, _UNIT_BIT[op], t.chips[0].cycles)
+            if key is not None:
+                self._sims[key] = got
+        return got
+
+    def _bank_pattern(self, op, regs):
+        """What the cycle model's timing of a launch alone depends on: its unit's registers
+        and the banks each of its generators walks, one per cycle, the banks renamed in the
+        order they first appear (the scratchpad's ports only compare banks: the same launch on
+        other addresses with the same pattern of bank collisions takes the same cycles).
+        None for a walk the cycle model rejects (it then names the error)."""
+        walks = []
+        for g in _GENS_OF[op]:
+            try:
+                addrs = addr_sequence(
+                    regs.get(f"{g}.base", 0),
+                    [regs.get(f"{g}.n{lv}", 0) for lv in range(ADDR_LEVELS)],
+                    [regs.get(f"{g}.s{lv}", 0) for lv in range(ADDR_LEVELS)],
+                    self.npu.sram_addr_bits, regs.get(f"{g}.wrap", 0) if g in WRAP_GENS else 0,
+                    regs.get(f"{g}.off", 0) if g in WRAP_GENS else 0)
+            except (AddressError, ValueError):
+                return None
+            walks.append(addrs)
+        sizes = [len(w) for w in walks]
+        if self.npu.sram_banks == 1:
+            names = np.zeros(sum(sizes), dtype=np.int64)
+        else:
+            banks = bank_of(np.concatenate(walks), self.bank_words)
+            _, first, inverse = np.unique(banks, return_index=True, return_inverse=True)
+            order = np.empty(len(first), dtype=np.int64)
+            order[np.argsort(first)] = np.arange(len(first))
+            names = order[inverse.reshape(-1)]
+        return (op, tuple(regs.get(name, 0) for name in _UNIT_REGS[op]), tuple(sizes),
+                names.tobytes())
 
     # --- the launch's banks ---------------------------------------------------------------
     def _banks(self, regs, gen):
