@@ -10,9 +10,12 @@ comes from the chip-context closed forms of :mod:`hw.spec.timing.chip` when they
 (every stream of the launch in a bank of its own, or the same-bank cases they model), and
 otherwise from the cycle model (:mod:`sim.timing.cycle`) run on the launch alone: exactly when the
 launch is short, or on the launch cut to a few repeats (folds, rows, queries, message words)
-and extrapolated along its steady state. Collectives start when the last member of the group
-has launched (they are timed alone by the cycle model, all members starting together); a
-SEND/RECV pair when both sides have launched.
+and extrapolated along its steady state; the cycle model walks a launch once per pattern of
+bank collisions (:meth:`LaunchTimer._bank_pattern`). A collective is timed from each member's
+own launch once the last member has launched, alone on its ring by the word-level recurrence of
+:mod:`sim.timing.ring_collective` (equal to the cycle model), or by the cycle model where that
+does not apply (groups sharing a ring's links at once); a SEND/RECV pair when both sides have
+launched.
 
 What it leaves out is what happens *between* launches on different units: a launch that runs
 beside another (LOAD_LUT beside the FFN1 matmul, a SEND/RECV beside a stage's compute) is timed
