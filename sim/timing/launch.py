@@ -718,7 +718,9 @@ class _Comm:
 
     def _colls(self, cluster) -> list[dict]:
         """Each member's busy cycles of collectives on disjoint groups, every member launching
-        in its own cycle (the cycle model on them together)."""
+        in its own cycle: each group alone on its ring by :meth:`_closed` (a torus's groups,
+        or a ring's one group), else the cycle model on them together (a ring's groups at
+        once share its links)."""
         t0 = min(x[2] for x in cluster)
         key = tuple((x[0],) + tuple((p[2] - t0,) + tuple(p[3].get(name, 0)
                                                          for name in _REGS_OF[Op.COLL])
@@ -758,8 +760,9 @@ class _Comm:
         return out
 
     def _coll(self, req, member_regs) -> dict:
-        """Each member's busy cycles when every member launches in the same cycle (the cycle
-        model on the collective alone, with each member's own RD6/WR3 descriptors)."""
+        """Each member's busy cycles when every member launches in the same cycle (the
+        collective alone, with each member's own RD6/WR3 descriptors: :meth:`_closed`, or
+        the cycle model where that does not apply)."""
         descs = tuple(tuple(r.get(name, 0) for name in _REGS_OF[Op.COLL]) for r in member_regs)
         key = (req, descs)
         if key in self._coll_cache:
