@@ -312,7 +312,9 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                             transfer=True) for b in range(B)] if piped else \
         [al.alloc("x", rows_max, d_pad, 2, "activations")]
     acts = em.alloc_activations(rows_max, shard, qkv=caches[layers[0]])
-    if check:
+    if check or al.high_word < 0:
+        # Tensors below word 0 have no address to emit (a long prompt's activations): the
+        # capacity check's refusal, also for a compile without it (the planner's cuts).
         al.check_capacity()
     kv_heads = em.kv_heads(shard)
     kv_bytes = 2 * len(layers) * context * B * len(kv_heads) * cfg.d_head

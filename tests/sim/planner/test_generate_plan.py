@@ -136,6 +136,19 @@ def test_scaled_plan_names_the_bytes_that_do_not_fit():
     assert not cut.fits and "sram_bytes=65,536 is too small" in cut.reason, cut.reason
 
 
+@pytest.mark.parametrize("prompt_len", [3, 12])
+def test_a_cut_below_the_scratchpad_names_its_bytes(prompt_len):
+    """A scratchpad too small for even a one-layer cut's tensors (the compile places some
+    below word 0): the plan does not fit and says by how many bytes, naming sram_bytes, not
+    an address."""
+    npu = tiny_variant(sram_bytes=1 << 12, imem_words=1 << 14)
+    p = plan_generate(npu, DEEP, generate=2, prompt_len=prompt_len, strategy="head+pipeline",
+                      chips=4, grid=(2, 2), search=False, scaled=True)
+    assert not p.fits and p.reason.startswith("sram_bytes=4096 is too small: the model needs "), \
+        p.reason
+    assert "activations" in p.reason and "base" not in p.reason, p.reason
+
+
 def test_grid_min_chips_is_the_fewest_grid_that_fits():
     """head+pipeline's fewest chips for generation, from the cuts' bytes: the grid it names
     fits, and every grid of fewer chips (head groups dividing n_heads, two stages or more)
