@@ -79,7 +79,7 @@ from .quantize import QModel
 from .single import check_single_chip
 
 __all__ = ["split_tokens", "key_span", "Transfer", "plan_transfers", "check_sequence",
-           "compile_sequence", "merge_order"]
+           "compile_sequence", "merge_order", "merge_launches"]
 
 #: ``requant(x, 2**15, 15) = x`` for every int8 x: the vector unit's exact copy.
 _COPY_MULT, _COPY_SHIFT = 1 << 15, 15
@@ -291,43 +291,13 @@ class _Chip:
 
     def merge_launches(self, layer, q0, q1, chunks, *, lo, state_row=0):
         """The launches of query rows ``q0 .. q1 - 1`` (positions; Q/K/V tensor rows from
-        position ``lo``) over their key ``chunks`` in merge order: ``[((k0, k1), [launch of
-        each head])]``; head h's state rows from row ``state_row`` of its own ``merge_rows``
-        (:meth:`activations`). One chunk: plain launches."""
-        em, kv = self.em, self.kv
-        cfg, npu = em.cfg, em.npu
-        L = em.qm.layers[layer]
-        rw = kv.row_words
-        out = []
-        for c, (k0, k1) in enumerate(chunks):
-            heads = []
-            for k in range(cfg.n_heads):
-                g = k // cfg.kv_group
-                common = {"size": em.n, "d_head": cfg.d_head, "queries": q1 - q0,
-                          "keys": k1 - k0, "q_base": kv.base + (q0 - lo) * rw,
-                          "q_row_words": rw, "k_base": kv.base + (k0 - lo) * rw,
-                          "v_base": kv.base + (k0 - lo) * rw, "k_row_words": rw,
-                          "v_row_words": rw, "col": self.lay.q_col(k),
-                          "k_col": self.lay.k_col(g), "v_col": self.lay.v_col(g),
-                          "q_pos": q0, "k_pos": k0,
-                          "bidirectional": al_.chunk_bidirectional(
-                              q0, q1, k0, k1, causal=cfg.causal, ring=npu.attn_window),
-                          "score_mult": L.score_mult, "score_shift": L.score_shift,
-                          "out_mult": L.out_mult, "out_shift": L.out_shift}
-                o = self.acts.o
-                dest = {"o_base": o.base + (q0 - self.q_lo) * o.row_words,
-                        "o_row_words": o.row_words}
-                if len(chunks) == 1:
-                    heads.append(al_.attention_launch(**common, **dest))
-                    continue
-                mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
-                launch = al_.state_launch(
-                    mode=mode,
-                    s_base=self.state.base + (k * self.merge_rows + state_row) * self.srw,
-                    s_row_words=self.srw, **common, **(dest if mode == "last" else {}))
-                heads.append(launch)
-                self.merge_cycles += _merge_cycles(npu, launch.regs)
-            out.append(((k0, k1), heads))
+        position ``lo``) over their key ``chunks`` in merge order (:func:`merge_launches`);
+        head h's state rows from row ``state_row`` of its own ``merge_rows``
+        (:meth:`activations`)."""
+        out, cycles = merge_launches(self.em, self.kv, self.lay, self.acts.o, self.q_lo,
+                                     self.state, self.merge_rows, self.srw, layer, q0, q1,
+                                     chunks, lo=lo, state_row=state_row)
+        self.merge_cycles += cycles
         return out
 
     def emit_launches(self, launches):
@@ -373,6 +343,51 @@ class _Chip:
     def input_requant(self, x):
         if self.em.qm.cfg.norm == "post":
             self.em.requant_input(x, self.acts.x8, 0)
+
+
+def merge_launches(em, kv, lay, o, o_lo, state, merge_rows, srw, layer, q0, q1, chunks, *,
+                   lo, state_row=0, q_rows=None) -> tuple[list, int]:
+    """The launches of query rows ``q0 .. q1 - 1`` (positions; rows of the Q/K/V tensor
+    ``kv`` from position ``lo``, heads laid out by ``lay``) over their key ``chunks`` in merge
+    order, and the cycles their state rows add (:func:`_merge_cycles`): ``[((k0, k1), [launch
+    of each head])]``. Head h keeps its state rows in ``state`` from row ``h * merge_rows +
+    state_row`` (``srw`` words a row); the last chunk writes the output rows ``o`` from
+    position ``o_lo``; ``q_rows``: ``(Q row of kv, row of o)`` of the queries instead (the
+    zig-zag order, whose queries are not at their positions' rows). One chunk: plain
+    launches. Ring attention, one chip in passes and a split-KV decode's prefill
+    (``sim.compiler.decode_split``) use it."""
+    cfg, npu = em.cfg, em.npu
+    L = em.qm.layers[layer]
+    rw = kv.row_words
+    q_row, o_row = (q0 - lo, q0 - o_lo) if q_rows is None else q_rows
+    out, cycles = [], 0
+    for c, (k0, k1) in enumerate(chunks):
+        heads = []
+        for k in range(cfg.n_heads):
+            g = k // cfg.kv_group
+            common = {"size": em.n, "d_head": cfg.d_head, "queries": q1 - q0,
+                      "keys": k1 - k0, "q_base": kv.base + q_row * rw,
+                      "q_row_words": rw, "k_base": kv.base + (k0 - lo) * rw,
+                      "v_base": kv.base + (k0 - lo) * rw, "k_row_words": rw,
+                      "v_row_words": rw, "col": lay.q_col(k),
+                      "k_col": lay.k_col(g), "v_col": lay.v_col(g),
+                      "q_pos": q0, "k_pos": k0,
+                      "bidirectional": al_.chunk_bidirectional(
+                          q0, q1, k0, k1, causal=cfg.causal, ring=npu.attn_window),
+                      "score_mult": L.score_mult, "score_shift": L.score_shift,
+                      "out_mult": L.out_mult, "out_shift": L.out_shift}
+            dest = {"o_base": o.base + o_row * o.row_words, "o_row_words": o.row_words}
+            if len(chunks) == 1:
+                heads.append(al_.attention_launch(**common, **dest))
+                continue
+            mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
+            launch = al_.state_launch(
+                mode=mode, s_base=state.base + (k * merge_rows + state_row) * srw,
+                s_row_words=srw, **common, **(dest if mode == "last" else {}))
+            heads.append(launch)
+            cycles += _merge_cycles(npu, launch.regs)
+        out.append(((k0, k1), heads))
+    return out, cycles
 
 
 def _merge_cycles(npu, regs) -> int:

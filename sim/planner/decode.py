@@ -92,7 +92,8 @@ def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, g
 def _attempt(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, grid=None):
     """``(program, None)`` if it compiles and fits, else ``(None, the limit's message)``."""
     try:
-        check_generate(npu, cfg, prompt_len, generate)
+        check_generate(npu, cfg, prompt_len, generate,
+                       split_chips=chips if strategy == "sequence" else 0)
         return _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy,
                         grid), None
     except ValueError as exc:
@@ -207,8 +208,11 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
                             strategy, grid)
     if search:
         # The prompt's longest at this batch; the batch's largest at this prompt.
-        caps = [(npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys hold "
-                 "the context"), (npu.max_seq_len, f"max_seq_len={npu.max_seq_len}")]
+        # Split-KV decode (sequence): each chip's chunk of the context within its ring.
+        rings = chips if strategy == "sequence" else 1
+        caps = [(rings * npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys "
+                 f"{'a chip ' if rings > 1 else ''}hold the context"),
+                (npu.max_seq_len, f"max_seq_len={npu.max_seq_len}")]
         if learned_positions(model):
             caps.append((model.seq_len - generate + 1, f"seq_len={model.seq_len} learned "
                          "positions hold the context"))
