@@ -28,6 +28,7 @@ from ..compiler.decode import (
     strategy_axes,
 )
 from ..compiler.decode_quant import QHead
+from ..compiler.decode_split import kv_chunks
 from ..compiler.quantize import QLayerNorm, QLinear
 from ..errors import BadInput
 from ..golden.decode import learned_positions
@@ -218,9 +219,14 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
                          "positions hold the context"))
         most, cap = min(caps)
         args = (system, model, qm, head)
+        # Split-KV decode: the last chip, which caches the generated tokens, needs a prompt
+        # token too, so the search starts at the shortest prompt that reaches it.
+        low = 1 if rings == 1 else next(
+            (p for p in range(1, max(1, most) + 1)
+             if kv_chunks(p + generate - 1, chips)[-1][0] < p), 1)
         out.longest_prompt, out.longest_prompt_limit = _largest(
-            lambda p: _fits(*args, p, generate, batch, chips, strategy, grid), 1,
-            max(1, most), cap)
+            lambda p: _fits(*args, p, generate, batch, chips, strategy, grid), low,
+            max(low, most), cap)
         out.largest_batch, out.largest_batch_limit = _largest(
             lambda b: _fits(*args, prompt_len, generate, b, chips, strategy, grid),
             max(1, axes[0]), MAX_BATCH, f"searched to {MAX_BATCH}")

@@ -129,7 +129,8 @@ def test_one_chip_is_refused_and_two_suffice(capsys):
 
 def test_the_cli_and_the_planner(tmp_path, capsys):
     """``npu sim --generate`` refuses one chip (exit 2, one line naming attn_window);
-    ``npu plan --generate`` times the split's program: its figures are the ISS run's."""
+    ``npu plan --generate`` times the split's program (its figures are the ISS run's) and
+    finds the longest prompt its chips' rings hold."""
     ids = tmp_path / "p.npy"
     np.save(ids, _prompts(LONG, 2, 1, 24)[0])
     status, out, err = run(capsys, "sim", "--npu", str(TINY.path), "--model", str(LONG.path),
@@ -138,8 +139,10 @@ def test_the_cli_and_the_planner(tmp_path, capsys):
     ran = generate(W8, LONG, prompt=_prompts(LONG, 2, 1, 12), n=5, backend="iss",
                    strategy="sequence", chips=2)
     planned = plan_generate(W8, LONG, generate=5, prompt_len=12, strategy="sequence",
-                            chips=2, search=False)
+                            chips=2)
     assert planned.fits and planned.timed_by == "cycle model"
+    # The longest prompt: the context of 2 chips' rings, 2 x 8 keys.
+    assert planned.longest_prompt == 12 and "attn_window=8" in planned.longest_prompt_limit
     assert planned.ttft_cycles == ran["ttft_cycles"]
     assert planned.step_cycles == ran["step_cycles"]
     assert planned.kv_bytes == ran["kv_bytes"] and planned.sram_bytes == ran["sram_bytes"]
