@@ -114,6 +114,7 @@ def test_zigzag_order_equals_the_plain_order(chips):
     assert q["attention_imbalance"] < 1.01 and p["attention_imbalance"] > 1.3, \
         (q["attention_imbalance"], p["attention_imbalance"])
     assert zig.cycles < plain.cycles, (zig.cycles, plain.cycles)
+    assert "zigzag order): tokens " in zig.summary()
 
 
 def test_zigzag_order_where_it_applies():
