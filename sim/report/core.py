@@ -177,7 +177,7 @@ class SimReport:
             passes = f"; passes {[b - a for a, b in q['passes'][0]]}" \
                 if len(q["passes"][0]) > 1 else ""
             halo = "" if q["halo_cycles"] is None else f", {q['halo_cycles']:,} send cycles"
-            order = f", {q['order']} order" if "order" in q else ""
+            order = f", {q['order']} order" if q["mode"] == "ring" and "order" in q else ""
             lines.append(f"  sequence ({q['mode']}{order}): tokens {chunks}{passes}; window "
                          f"{q['window']}; K/V moved {q['halo_bytes']:,} bytes in "
                          f"{q['transfers_per_layer']} transfers per layer{halo}")
