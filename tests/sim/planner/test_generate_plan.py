@@ -25,7 +25,7 @@ NPU128 = tiny_variant(sram_bytes=1 << 19, imem_words=1 << 14, d_model_max=128)
 @pytest.mark.parametrize("name,npu,strategy,chips,batch,n", [
     ("tiny", tiny_variant(sram_bytes=1 << 17), "single", 1, 1, 4),
     ("tiny", npu_preset("tiny"), "head", 2, 1, 4),
-    ("tiny", npu_preset("tiny"), "pipeline", 2, 2, 4),
+    pytest.param("tiny", npu_preset("tiny"), "pipeline", 2, 2, 4, marks=pytest.mark.slow),
     ("tiny", npu_preset("tiny"), "hidden", 2, 1, 2),
     pytest.param("tiny", npu_preset("tiny"), "pipeline", 4, 4, 4, marks=pytest.mark.slow),
     pytest.param("tiny-llama", npu_preset("tiny"), "head", 4, 2, 4, marks=pytest.mark.slow),
