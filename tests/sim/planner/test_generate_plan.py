@@ -81,14 +81,19 @@ def test_plan_generate_cli(capsys, tmp_path):
     assert status == 0, err
     assert "single on 1 chip" in out and "does not fit" in out and "head on 2 chips" in out
     plans = json.loads(out_json.read_text())["generate"]
+    # Split-KV decode (sequence): the last chip caches the generated tokens and must hold a
+    # prompt token too, which a 2-token prompt and 3 generated on 2 chips do not give it.
     assert [(p["strategy"], p["fits"]) for p in plans] == [
-        ("single", False), ("head", True), ("pipeline", True), ("hidden", True)]
+        ("single", False), ("head", True), ("pipeline", True), ("hidden", True),
+        ("sequence", False)]
+    assert "must hold a prompt token" in plans[-1]["reason"]
     assert len(plans[1]["step_cycles"]) == 2 and np.isfinite(plans[1]["tokens_per_s"])
     for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
                       (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
-                      (["--generate", "2", "--strategy", "sequence", "--chips", "2"],
+                      (["--generate", "2", "--strategy", "data+pipeline+head", "--chips", "8"],
                        "--generate plans strategy single, head, pipeline, data, hidden, "
-                       "head+pipeline, data+head, data+pipeline, not sequence")):
+                       "sequence, head+pipeline, data+head, data+pipeline, not "
+                       "data+pipeline+head")):
         status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
         assert_one_line_error(status, out, err, msg)
 
