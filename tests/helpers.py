@@ -696,3 +696,51 @@ def torus_programs(npu, topo, transfers, rng, *, length=16):
         asm.halt()
         programs.append(asm.words())
     return programs, images
+
+
+def pairwise(*axes):
+    """Every combination of the axes' values as ``pytest.param``\\ s, for a
+    ``parametrize`` over the axes' names in order (a value that is a tuple fills several
+    names). A subset in which every pair of values of two axes occurs at least once runs in
+    the default suite; the rest of the full product is marked ``slow``. The subset is chosen
+    greedily (the case covering most uncovered pairs first, ties to the earliest), so it does
+    not change from run to run."""
+    import pytest
+
+    cases = list(itertools.product(*axes))
+
+    def pairs(case):
+        return {(i, case[i], j, case[j])
+                for i, j in itertools.combinations(range(len(case)), 2)}
+
+    need = set().union(*(pairs(c) for c in cases))
+    default = set()
+    while need:
+        best = max(range(len(cases)), key=lambda k: (len(pairs(cases[k]) & need), -k))
+        default.add(best)
+        need -= pairs(cases[best])
+    out = []
+    for k, case in enumerate(cases):
+        values = [v for axis in case for v in (axis if isinstance(axis, tuple) else (axis,))]
+        out.append(pytest.param(*values, id=_case_id(values),
+                                marks=() if k in default else (pytest.mark.slow,)))
+    return out
+
+
+def _case_id(values) -> str:
+    """A test id from parameter values: a model's or an NPU's name, else the value."""
+    return "-".join(str(getattr(v, "name", v)) for v in values)
+
+
+def one_each(first, second):
+    """``pytest.param``\\ s of ``first x second`` (each a list of values or of tuples that
+    fill several names): each value of ``first`` with one value of ``second`` in turn in the
+    default suite, so that every value of either occurs there; the rest marked ``slow``."""
+    import pytest
+
+    def flat(v):
+        return v if isinstance(v, tuple) else (v,)
+
+    return [pytest.param(*flat(a), *flat(b), id=_case_id(flat(a) + flat(b)),
+                         marks=() if j == k % len(second) else (pytest.mark.slow,))
+            for k, a in enumerate(first) for j, b in enumerate(second)]

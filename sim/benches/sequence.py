@@ -12,7 +12,8 @@ only). Quick mode runs one small model on 2 chips; the full run:
   4-layer tiny model over 64 tokens = 4 x attn_window, causal and bidirectional, on 2, 4 and 8
   chips against one chip in passes over key chunks, timed by the ISS's cycle model (equal to
   the RTL's cycles: Verilator on 4 chips in tests/sim/timing/test_cycle.py), with the merge's
-  share of the cycles and the causal imbalance.
+  share of the cycles and the causal imbalance; causal in the order ``auto`` picks (zig-zag
+  on 2 and 4 chips, plain on 8) and, where that is zig-zag, in the plain order too.
 """
 
 from __future__ import annotations
@@ -66,11 +67,15 @@ def _ring_attention(tiny) -> list[dict]:
         cfg = replace(model_preset("tiny"), seq_len=4 * tiny.attn_window, causal=causal,
                       name="tiny-long")
         kind = "causal" if causal else "bidirectional"
-        for chips in (2, 4, 8):
+        points = [(chips, None) for chips in (2, 4, 8)]
+        if causal:
+            points += [(2, "plain"), (4, "plain")]
+        for chips, order in points:
             r = simulate(tiny, cfg, strategy="sequence", chips=chips, backend="iss",
-                         reference="same")
+                         reference="same", order=order)
             q = r.sequence
-            label = f"ring attention, {kind}, 64 tokens on {chips} tiny (iss timing)"
+            label = f"ring attention, {kind}, {q['order']} order, 64 tokens on {chips} tiny " \
+                "(iss timing)"
             rows.append({"bench": f"{label}: speed-up over one chip in passes",
                          "value": r.speedup, "unit": "x", "ref": chips,
                          "ratio": r.scaling_efficiency,

@@ -72,8 +72,10 @@ def _run_generate(args, npu, model) -> int:
         raise BadInput(f"--grid applies to {', '.join(GRID_STRATEGIES)}, not {args.strategy}")
     # The most chips each strategy can use: a head, a layer, a sequence, a word of d_model
     # per chip.
+    # Split-KV decode (sequence): 2 positions of the context a chip at least.
     most = {"single": 1, "head": model.n_heads, "pipeline": model.n_layers,
-            "data": args.batch, "hidden": -(-model.d_model // npu.array_size)}
+            "data": args.batch, "hidden": -(-model.d_model // npu.array_size),
+            "sequence": max(2, (prompt + args.generate - 1) // 2)}
     plans = []
     for name in planned if args.strategy == "all" else (args.strategy,):
         if args.chips:
@@ -93,7 +95,7 @@ def _run_generate(args, npu, model) -> int:
         raise BadInput(f"--generate with --strategy {args.strategy} and --chips {args.chips}: "
                        "nothing to plan (single runs on 1 chip; head on 2 to n_heads, pipeline "
                        "on 2 to n_layers, data on 2 to --batch, hidden on 2 to d_model's "
-                       "words)")
+                       "words, sequence on 2 to half the context's tokens)")
     if args.json:
         write_json(args.json, {"generate": [p.to_json() for p in plans]})
     print(generate_table(plans))

@@ -46,6 +46,9 @@ def add_parser(sub):
     p.add_argument("--link-stalls", type=probability, default=0.0,
                    help="probability per cycle of a stall on every link (from --seed)")
     p.add_argument("--max-cycles", type=positive)
+    p.add_argument("--order", choices=("auto", "plain", "zigzag"),
+                   help="--strategy sequence: the tokens' order over the chips (auto: zig-zag "
+                        "for causal ring attention where it pays, docs/architecture.md)")
     p.add_argument("--generate", type=int, metavar="N",
                    help="generate N tokens greedily after the prompt (a decoder; the prefill "
                         "and N - 1 decode steps on chip)")
@@ -81,7 +84,7 @@ def _prompt(args, model) -> np.ndarray:
 
 
 def _run_generate(args, npu, model) -> int:
-    for opt in ("input", "calib", "vcd", "trace", "output", "microbatches", "quant"):
+    for opt in ("input", "calib", "vcd", "trace", "output", "microbatches", "quant", "order"):
         if getattr(args, opt):
             raise BadInput(f"--{opt} does not apply to --generate")
     weights = _weights(args.weights) if args.weights else None
@@ -122,7 +125,8 @@ def run(args) -> int:
                           calib=calib, batch=args.batch, microbatches=args.microbatches,
                           max_cycles=args.max_cycles, vcd=args.vcd,
                           link_stalls=args.link_stalls, progress=progress_bar(),
-                          reference=args.reference, grid=args.grid, quant=args.quant)
+                          reference=args.reference, grid=args.grid, quant=args.quant,
+                          order=args.order)
     except BadInput as exc:
         # Name the file the problem came from.
         text = str(exc)

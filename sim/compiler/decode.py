@@ -45,6 +45,7 @@ sequences decode for the weight reads of one. The step's addresses and lengths a
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -67,6 +68,7 @@ from .compat import check_ring_port, check_single_chip
 from .decode_hidden import compile_hidden_decode
 from .decode_program import DecodeProgram
 from .decode_quant import QHead
+from .decode_split import SplitChip, check_split, kv_chunks
 from .grid import head_shards, split_batch, stage_layers
 from .pick import block_argmax, combine_argmax, records_block, vocab_block
 from .program import ChipProgram, finish
@@ -77,26 +79,31 @@ __all__ = ["DecodeProgram", "compile_decode", "check_generate", "strategy_axes",
            "GRID_STRATEGIES"]
 
 #: The strategies generation compiles for.
-DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "hidden", "head+pipeline",
-                     "data+head", "data+pipeline")
+DECODE_STRATEGIES = ("single", "head", "pipeline", "data", "hidden", "sequence",
+                     "head+pipeline", "data+head", "data+pipeline")
 #: The 2-D ones (``--grid AxB``).
 GRID_STRATEGIES = ("head+pipeline", "data+head", "data+pipeline")
 
 
-def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int):
+def check_generate(npu: NpuConfig, cfg, prompt_len: int, generate: int, *,
+                   split_chips: int = 0):
     """ValueError (one line) unless one chip can generate ``generate`` tokens after a
-    ``prompt_len``-token prompt."""
+    ``prompt_len``-token prompt (``split_chips``: the KV cache split over that many chips,
+    ``sim.compiler.decode_split``)."""
     if not isinstance(generate, int) or generate < 1:
         raise ValueError(f"--generate must be at least 1 token, not {generate}")
     if prompt_len < 1:
         raise ValueError("the prompt needs at least one token")
     context = prompt_len + generate - 1
     check_decode(cfg, context)
-    if context > npu.attn_window:
+    if split_chips:
+        check_split(npu, cfg, prompt_len, generate, split_chips)
+    elif context > npu.attn_window:
         raise ConfigError(f"holds {npu.attn_window} keys: a context of {context} tokens "
-                          f"(prompt {prompt_len} + {generate} generated - 1) does not fit the "
-                          "attention buffer", path=npu.path, key="attn_window",
-                          value=npu.attn_window)
+                          f"(prompt {prompt_len} + {generate} generated - 1) does not fit one "
+                          "chip's attention buffer (--strategy sequence splits the KV cache "
+                          f"over {math.ceil(context / npu.attn_window)} chips)", path=npu.path,
+                          key="attn_window", value=npu.attn_window)
     if prompt_len > npu.max_seq_len:
         raise ConfigError(f"is {npu.max_seq_len}: a prompt of {prompt_len} tokens exceeds it",
                           path=npu.path, key="max_seq_len", value=npu.max_seq_len)
@@ -120,7 +127,8 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
     weights without their contents (the planner's shapes-only compile: ``qm`` and ``head`` need
     no arrays). The transfer bank (:class:`~sim.compiler.alloc.Allocator`) holds the tables read
     beside a matmul when there is room."""
-    check_generate(npu, qm.cfg, prompt_len, generate)
+    check_generate(npu, qm.cfg, prompt_len, generate,
+                   split_chips=chips if strategy == "sequence" else 0)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"the batch must be at least 1 sequence, not {batch}")
     strategy = strategy or ("single" if chips == 1 else "head")
@@ -132,7 +140,8 @@ def compile_decode(npu: NpuConfig, qm: QModel, head: QHead, *, prompt_len: int,
         raise ValueError(f"data parallelism of {axes[0]} replicas needs a batch of at least "
                          f"{axes[0]} sequences, not {batch}")
     if check and axes[1:] == (1, 1):
-        check_single_chip(npu, qm.cfg)
+        # Split-KV decode runs a prompt beyond the ring in passes.
+        check_single_chip(npu, qm.cfg, passes=strategy == "sequence")
     if check and chips > 1:
         check_ring_port(npu, chips)
     if strategy == "hidden":
@@ -167,7 +176,7 @@ def strategy_axes(strategy: str, chips: int, grid) -> tuple[int, int, int]:
         return {"head+pipeline": (1, b, a), "data+head": (a, 1, b),
                 "data+pipeline": (a, b, 1)}[strategy]
     return {"single": (1, 1, 1), "head": (1, 1, chips), "pipeline": (1, chips, 1),
-            "data": (chips, 1, 1), "hidden": (1, 1, chips)}[strategy]
+            "data": (chips, 1, 1), "hidden": (1, 1, chips), "sequence": (1, 1, 1)}[strategy]
 
 
 def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chips, strategy,
@@ -178,6 +187,19 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
     replicas, count, shards = axes
     stages = stage_layers(cfg, count)
     vc = _vocab_split(npu, cfg.vocab_size, shards)
+    if strategy == "sequence":
+        # Split-KV decode: every chip the whole model and a chunk of the cache's positions.
+        chunks = kv_chunks(prompt_len + generate - 1, chips)
+        out = [_chip(npu, qm, head, prompt_len, generate, batch, c, Shard.whole(cfg), 1, vc,
+                     check, contents, transfer_bank, split=(chunks, c)) for c in range(chips)]
+        seqs = list(range(batch))
+        mine = [seqs] + [[] for _ in range(chips - 1)]    # chip 0's ids and logits are read
+        return DecodeProgram(npu, qm, [c["program"] for c in out], prompt_len, generate, batch,
+                             [list(seqs) for _ in out], mine, [c["prompts"] for c in out],
+                             [c["ids"] for c in out], [c["logits"] for c in out],
+                             [c["caches"] for c in out], [c["kv_bytes"] for c in out],
+                             [c["comms"] for c in out], strategy, logit_seqs=mine,
+                             vocab=[c["vocab"] for c in out], kv_chunks=chunks)
     out, holds, outputs, logit_seqs = [], [], [], []
     for r, seqs in enumerate(split_batch(batch, replicas, "replicas (data parallelism)")):
         for s in range(count):
@@ -206,7 +228,8 @@ def _compile(npu, qm, head, prompt_len, generate, batch, check, contents, *, chi
 
 
 def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents,
-          transfer_bank, layers=None, prev=None, nxt=None, last=None, home=0) -> dict:
+          transfer_bank, layers=None, prev=None, nxt=None, last=None, home=0,
+          split=None) -> dict:
     """One chip's program: its heads' share of every block (all of it on one chip), its
     ``vc`` rows of the embedding and columns of the LM head (all of them on one chip). A
     pipeline stage (``layers``, the chips ``prev`` and ``nxt`` it receives from and sends
@@ -214,7 +237,8 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     the embedding on the first stage, the final norm and the LM head on the last (chip
     ``last``, which sends each token back to the first stage's chip ``home``), one sequence
     at a time (module docstring); with a head ``shard`` of a group of ``chips``, the group's
-    collectives as under head parallelism."""
+    collectives as under head parallelism. ``split``: ``(chunks, c)``, split-KV decode
+    (``sim.compiler.decode_split``): the chip caches the positions ``chunks[c]``."""
     cfg, n = qm.cfg, npu.array_size
     layers = list(range(cfg.n_layers)) if layers is None else list(layers)
     piped = prev is not None or nxt is not None
@@ -225,6 +249,12 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     # Cache rows: a prefill's rows r * B + b (r < p_pad); a step's fold of b_pad rows from
     # p * B, or in a pipeline each sequence's fold of N rows from p * B + b.
     cache_rows = max(p_pad * B, (context - 1) * B + (B - 1 + n if piped else b_pad))
+    if split is not None:
+        # Split-KV: the chunk's positions from its first, the last chip's step folds too.
+        s0, e0 = split[0][split[1]]
+        last_chip = split[1] == len(split[0]) - 1
+        cache_rows = (e0 - s0) * B if not last_chip else \
+            max((P - s0) * B, (context - 1 - s0) * B + b_pad)
     al, asm = Allocator(npu, transfer_bank=transfer_bank), Assembler()
     em = BlockEmitter(npu, qm, asm, al, seq=P, chip=chip, contents=contents)
     em.rope_span = (0, max(p_pad, context + n))
@@ -311,11 +341,27 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
     xs = [em.alloc_residual(f"x{b}", 1, multiple=pl.message_words(x_rw, n, link),
                             transfer=True) for b in range(B)] if piped else \
         [al.alloc("x", rows_max, d_pad, 2, "activations")]
-    acts = em.alloc_activations(rows_max, shard, qkv=caches[layers[0]])
-    if check:
+    acts = em.alloc_activations(rows_max, shard,
+                                qkv=caches[layers[0]] if split is None else None)
+    sp = None
+    if split is not None:
+        lay_ = em.qkv_layout(shard)
+        srw = max(al_.state_row_words(cfg.d_head, lay_.q_col(k), n)
+                  for k in range(cfg.n_heads))
+        state = al.alloc("prefill.state", cfg.n_heads * npu.attn_window, 0, 1, "activations",
+                         row_words_=srw) if npu.attn_window < P else None
+        msg = pl.message_words(B * cfg.n_heads * srw, n, link)
+        sbuf = al.alloc("split.state", 1, 0, 1, "activations", row_words_=msg, transfer=True)
+        if pl.message_words(B * acts.o.row_words, n, link) > acts.o.words:
+            raise AssertionError("the o rows' message is longer than the o tensor")
+        sp = SplitChip(em, split[0], split[1], B, P, caches, acts, lay_, srw, state, sbuf)
+    if check or al.high_word < 0:
+        # Tensors below word 0 have no address to emit (a long prompt's activations): the
+        # capacity check's refusal, also for a compile without it (the planner's cuts).
         al.check_capacity()
     kv_heads = em.kv_heads(shard)
-    kv_bytes = 2 * len(layers) * context * B * len(kv_heads) * cfg.d_head
+    positions = context if sp is None else sp.own[1] - sp.own[0]
+    kv_bytes = 2 * len(layers) * positions * B * len(kv_heads) * cfg.d_head
 
     def rows_of(t: Tensor, first: int, count: int) -> vl.Rows:
         return vl.Rows(t.base + first * t.row_words, count, t.row_words, t.eb)
@@ -479,8 +525,12 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
             mark = len(em.comms)
             step = emitter(a, P)
             embed(a, step, P, prompts.base + b * P * aw, pos_rows(0, P), xs[0])
-            blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
-                   lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False, xs[0])
+            if sp is not None:
+                blocks(step, P, 0, lambda i: view(acts.qkv, 0, p_pad),
+                       lambda i: sp.prefill_attend(a, i, b), False, xs[0])
+            else:
+                blocks(step, P, 0, lambda i: view(caches[i], b, p_pad, B),
+                       lambda i: attend(a, i, caches[i], 0, P, b, b, 0), False, xs[0])
             final_norm(a, P - 1, 1, b, xs[0])
             once(a, b, mark, prefill_comms)
     else:
@@ -519,8 +569,12 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
             def attention(i):
                 for b in range(B):
                     attend(a, i, caches[i], pos, 1, b, pos * B + b, b)
-            blocks(step, B, pos, lambda i: view(caches[i], pos * B, b_pad), attention, True,
-                   xs[0])
+            if sp is not None:
+                blocks(step, B, pos, lambda i: sp.step_qkv(i, pos, b_pad),
+                       lambda i: sp.step_attend(a, i, pos), True, xs[0])
+            else:
+                blocks(step, B, pos, lambda i: view(caches[i], pos * B, b_pad), attention,
+                       True, xs[0])
             final_norm(a, 0, B, 0, xs[0])
             pick(a, step, (t + 1) * B, B)
         else:
@@ -552,6 +606,8 @@ def _chip(npu, qm, head, P, generate, B, chip, shard, chips, vc, check, contents
                 Unit.RECV)
     role = {"layers": layers, "heads": list(shard.heads),
             "vocab_columns": [v0, v1], "sequences": B}
+    if sp is not None:
+        role["kv_positions"] = list(sp.own)
     if cfg.n_kv_heads != cfg.n_heads:
         role["kv_heads"] = kv_heads
     return {"program": finish(npu, ChipProgram(chip, asm, al, role=role), check=check),

@@ -54,6 +54,8 @@ class DecodeProgram:
     #: ``(v0, v1)`` of the vocabulary (None on a chip without logits).
     logit_seqs: list = field(default_factory=list)
     vocab: list = field(default_factory=list)
+    #: Split-KV decode (``sim.compiler.decode_split``): the positions each chip caches.
+    kv_chunks: list | None = None
 
     @property
     def context(self) -> int:

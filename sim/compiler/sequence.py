@@ -14,10 +14,13 @@ the K|V words of each row) and runs each head's ``ATTN`` over its own queries an
 - full attention (w = 0): every key the chunk's queries see (causal ``[0, stop_c)``,
   bidirectional ``[0, seq)``), passed around the ring: at step k chip c forwards the chunk it
   received at step k - 1 (its own at step 0) to chip c + 1, so every link carries each chunk
-  once. Exact without merging partial softmaxes because each query's whole score row is in
-  one ``ATTN``: this needs every key of the row in the K/V ring (``hi - lo <= attn_window``).
-  An exact merge of partial softmaxes is defined in ``sim.golden.ring_softmax`` but needs
-  softmax modes the chip does not have (``docs/architecture.md``, Sequence parallelism).
+  once. A query whose keys fit the K/V ring (``hi - lo <= attn_window``) sees its whole row
+  in one ``ATTN``; beyond it (ring attention) the row is split into launches over chunks of
+  keys whose partial softmaxes merge exactly in the engine's state rows, in the order
+  ``hw.spec.attention.block_order`` defines (``sim.golden.ring_softmax``). Causal ring
+  attention may run in the **zig-zag order** (:func:`_compile_zigzag`, ``order``): chip c
+  holds an early and a late block of the sequence, which evens out the attention work, with
+  the plain order's integers.
 
 The chip's Q/K/V tensor has one row per position of ``[lo_c, hi_c)`` (the QKV matmul writes the
 chunk's rows, received rows fill the others), so one ``ATTN`` per head reads its keys with one
@@ -79,7 +82,7 @@ from .quantize import QModel
 from .single import check_single_chip
 
 __all__ = ["split_tokens", "key_span", "Transfer", "plan_transfers", "check_sequence",
-           "compile_sequence", "merge_order"]
+           "compile_sequence", "merge_order", "merge_launches"]
 
 #: ``requant(x, 2**15, 15) = x`` for every int8 x: the vector unit's exact copy.
 _COPY_MULT, _COPY_SHIFT = 1 << 15, 15
@@ -224,16 +227,63 @@ def _passes(npu, cfg, chips, seq) -> list[tuple[int, int]]:
     return split_tokens(seq, math.ceil(seq / npu.max_seq_len))
 
 
+#: The orders of the tokens over the chips (:func:`compile_sequence`).
+ORDERS = ("auto", "plain", "zigzag")
+
+
+def zigzag_halves(seq: int, chips: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The zig-zag order's tokens of each chip: the sequence in ``2 P`` blocks of ``seq / (2
+    P)`` (P chips), pair ``j`` the blocks ``j`` and ``2 P - 1 - j``, held by chip
+    :func:`_zigzag_pair`."""
+    h = seq // (2 * chips)
+    pairs = [((j * h, j * h + h), ((2 * chips - 1 - j) * h, (2 * chips - j) * h))
+             for j in range(chips)]
+    return [pairs[_zigzag_pair(c, chips)] for c in range(chips)]
+
+
+def _zigzag_pair(c: int, chips: int) -> int:
+    """The pair of blocks chip ``c`` holds: neighbours swap pairs (chip 0 pair 1, chip 1 pair
+    0, ...), so that the pair whose late block's own chunk needs its partner's block (pair
+    ``2 m``: block ``2 P - 1 - 2 m`` needs ``2 P - 2 - 2 m``) receives it in the ring's first
+    step, from the chip before it."""
+    return c ^ 1 if (c ^ 1) < chips else c
+
+
+def zigzag_refusal(npu, cfg, chips, seq) -> str | None:
+    """None when the zig-zag order applies to this run, else why it does not."""
+    if chips < 2 or cfg.window or not cfg.causal:
+        return "the zig-zag order evens out causal full attention on several chips"
+    if _merge_blocks(npu, cfg, chips, seq) is None:
+        return "every query's keys fit one ATTN: no ring attention to even out"
+    if seq % (2 * chips):
+        return f"seq_len {seq} is not a multiple of 2 x {chips} chips (the zig-zag blocks)"
+    if cfg.rope:
+        return "RoPE's tables hold one run of positions a chip, the zig-zag order two"
+    runs = block_order(split_tokens(seq, chips), causal=True, ring=npu.attn_window)
+    if not all(any(r0 <= a and z <= r1 for r0, r1, _ in runs)
+               for pair in zigzag_halves(seq, chips) for a, z in pair):
+        return (f"a zig-zag block of {seq // (2 * chips)} tokens straddles the plain order's "
+                f"query runs of attn_window={npu.attn_window} rows")
+    return None
+
+
 def compile_sequence(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None = None,
                      samples: int = 1, contents: bool = True, check: bool = True,
-                     emit: bool = True, only: set[int] | None = None) -> SystemProgram:
+                     emit: bool = True, only: set[int] | None = None,
+                     order: str = "auto") -> SystemProgram:
     """Programs for ``chips`` chips that split the tokens of each of ``samples`` sequences
     (one chip: passes of at most ``max_seq_len`` tokens). ``contents=False``, ``check=False``
     and ``emit=False`` as for :func:`~sim.compiler.grid.compile_grid`: the planner's layout of
     each chip's scratchpad from the shapes alone, without the checks and the programs (and
-    ``only``: of just those chips)."""
+    ``only``: of just those chips). ``order``: ``plain`` (chip c the c-th chunk), ``zigzag``
+    (causal ring attention: :func:`_compile_zigzag`, the same integers) or ``auto``: zig-zag
+    where it applies (:func:`zigzag_refusal`) and its blocks hold at least ``attn_window / 2``
+    queries (shorter ones pay each launch's fixed cost more often than the balance saves:
+    ``docs/architecture.md``, Sequence parallelism)."""
     cfg = qm.cfg
     seq = cfg.seq_len if seq is None else seq
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     if check:
         check_sequence(npu, cfg, chips, seq)
     if emit and only is not None:
@@ -241,6 +291,13 @@ def compile_sequence(npu: NpuConfig, qm: QModel, chips: int, *, seq: int | None 
     kw = {"contents": contents, "check": check, "emit": emit}
     if chips == 1:
         return _compile_passes(npu, qm, seq, samples, **kw)
+    why = zigzag_refusal(npu, cfg, chips, seq)
+    if order == "zigzag" and why is not None:
+        raise ValueError(f"--strategy sequence on {chips} chips cannot run the zig-zag order: "
+                         f"{why}")
+    if order == "zigzag" or (order == "auto" and why is None and
+                             2 * seq // (2 * chips) >= npu.attn_window):
+        return _compile_chips(npu, qm, chips, seq, samples, only=only, zigzag=True, **kw)
     return _compile_chips(npu, qm, chips, seq, samples, only=only, **kw)
 
 
@@ -291,43 +348,13 @@ class _Chip:
 
     def merge_launches(self, layer, q0, q1, chunks, *, lo, state_row=0):
         """The launches of query rows ``q0 .. q1 - 1`` (positions; Q/K/V tensor rows from
-        position ``lo``) over their key ``chunks`` in merge order: ``[((k0, k1), [launch of
-        each head])]``; head h's state rows from row ``state_row`` of its own ``merge_rows``
-        (:meth:`activations`). One chunk: plain launches."""
-        em, kv = self.em, self.kv
-        cfg, npu = em.cfg, em.npu
-        L = em.qm.layers[layer]
-        rw = kv.row_words
-        out = []
-        for c, (k0, k1) in enumerate(chunks):
-            heads = []
-            for k in range(cfg.n_heads):
-                g = k // cfg.kv_group
-                common = {"size": em.n, "d_head": cfg.d_head, "queries": q1 - q0,
-                          "keys": k1 - k0, "q_base": kv.base + (q0 - lo) * rw,
-                          "q_row_words": rw, "k_base": kv.base + (k0 - lo) * rw,
-                          "v_base": kv.base + (k0 - lo) * rw, "k_row_words": rw,
-                          "v_row_words": rw, "col": self.lay.q_col(k),
-                          "k_col": self.lay.k_col(g), "v_col": self.lay.v_col(g),
-                          "q_pos": q0, "k_pos": k0,
-                          "bidirectional": al_.chunk_bidirectional(
-                              q0, q1, k0, k1, causal=cfg.causal, ring=npu.attn_window),
-                          "score_mult": L.score_mult, "score_shift": L.score_shift,
-                          "out_mult": L.out_mult, "out_shift": L.out_shift}
-                o = self.acts.o
-                dest = {"o_base": o.base + (q0 - self.q_lo) * o.row_words,
-                        "o_row_words": o.row_words}
-                if len(chunks) == 1:
-                    heads.append(al_.attention_launch(**common, **dest))
-                    continue
-                mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
-                launch = al_.state_launch(
-                    mode=mode,
-                    s_base=self.state.base + (k * self.merge_rows + state_row) * self.srw,
-                    s_row_words=self.srw, **common, **(dest if mode == "last" else {}))
-                heads.append(launch)
-                self.merge_cycles += _merge_cycles(npu, launch.regs)
-            out.append(((k0, k1), heads))
+        position ``lo``) over their key ``chunks`` in merge order (:func:`merge_launches`);
+        head h's state rows from row ``state_row`` of its own ``merge_rows``
+        (:meth:`activations`)."""
+        out, cycles = merge_launches(self.em, self.kv, self.lay, self.acts.o, self.q_lo,
+                                     self.state, self.merge_rows, self.srw, layer, q0, q1,
+                                     chunks, lo=lo, state_row=state_row)
+        self.merge_cycles += cycles
         return out
 
     def emit_launches(self, launches):
@@ -375,6 +402,51 @@ class _Chip:
             self.em.requant_input(x, self.acts.x8, 0)
 
 
+def merge_launches(em, kv, lay, o, o_lo, state, merge_rows, srw, layer, q0, q1, chunks, *,
+                   lo, state_row=0, q_rows=None) -> tuple[list, int]:
+    """The launches of query rows ``q0 .. q1 - 1`` (positions; rows of the Q/K/V tensor
+    ``kv`` from position ``lo``, heads laid out by ``lay``) over their key ``chunks`` in merge
+    order, and the cycles their state rows add (:func:`_merge_cycles`): ``[((k0, k1), [launch
+    of each head])]``. Head h keeps its state rows in ``state`` from row ``h * merge_rows +
+    state_row`` (``srw`` words a row); the last chunk writes the output rows ``o`` from
+    position ``o_lo``; ``q_rows``: ``(Q row of kv, row of o)`` of the queries instead (the
+    zig-zag order, whose queries are not at their positions' rows). One chunk: plain
+    launches. Ring attention, one chip in passes and a split-KV decode's prefill
+    (``sim.compiler.decode_split``) use it."""
+    cfg, npu = em.cfg, em.npu
+    L = em.qm.layers[layer]
+    rw = kv.row_words
+    q_row, o_row = (q0 - lo, q0 - o_lo) if q_rows is None else q_rows
+    out, cycles = [], 0
+    for c, (k0, k1) in enumerate(chunks):
+        heads = []
+        for k in range(cfg.n_heads):
+            g = k // cfg.kv_group
+            common = {"size": em.n, "d_head": cfg.d_head, "queries": q1 - q0,
+                      "keys": k1 - k0, "q_base": kv.base + q_row * rw,
+                      "q_row_words": rw, "k_base": kv.base + (k0 - lo) * rw,
+                      "v_base": kv.base + (k0 - lo) * rw, "k_row_words": rw,
+                      "v_row_words": rw, "col": lay.q_col(k),
+                      "k_col": lay.k_col(g), "v_col": lay.v_col(g),
+                      "q_pos": q0, "k_pos": k0,
+                      "bidirectional": al_.chunk_bidirectional(
+                          q0, q1, k0, k1, causal=cfg.causal, ring=npu.attn_window),
+                      "score_mult": L.score_mult, "score_shift": L.score_shift,
+                      "out_mult": L.out_mult, "out_shift": L.out_shift}
+            dest = {"o_base": o.base + o_row * o.row_words, "o_row_words": o.row_words}
+            if len(chunks) == 1:
+                heads.append(al_.attention_launch(**common, **dest))
+                continue
+            mode = "first" if c == 0 else "last" if c == len(chunks) - 1 else "middle"
+            launch = al_.state_launch(
+                mode=mode, s_base=state.base + (k * merge_rows + state_row) * srw,
+                s_row_words=srw, **common, **(dest if mode == "last" else {}))
+            heads.append(launch)
+            cycles += _merge_cycles(npu, launch.regs)
+        out.append(((k0, k1), heads))
+    return out, cycles
+
+
 def _merge_cycles(npu, regs) -> int:
     """What a launch's state rows cost in the engine: its exact cycles
     (``hw.spec.timing.attention.launch_cycles``) less those of the same launch without them
@@ -393,13 +465,152 @@ def _check_message(npu, words, what):
                           key="link_bytes_per_cycle", value=npu.link_bytes_per_cycle)
 
 
-def _compile_chips(npu, qm, chips, seq, samples, **kw):
+def _compile_chips(npu, qm, chips, seq, samples, zigzag=False, **kw):
+    compile_ = _compile_zigzag if zigzag else _compile_chips_in
     try:
-        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=True, **kw)
+        return compile_(npu, qm, chips, seq, samples, transfer=True, **kw)
     except ConfigError as exc:
         if "regions overlap" not in str(exc):
             raise
-        return _compile_chips_in(npu, qm, chips, seq, samples, transfer=False, **kw)
+        return compile_(npu, qm, chips, seq, samples, transfer=False, **kw)
+
+
+def _compile_zigzag(npu, qm, chips, seq, samples, *, transfer, contents, check, emit,
+                    only=None):
+    """Causal ring attention in the zig-zag order: the sequence in ``2 P`` blocks of ``h``
+    tokens, chip c holding blocks c and ``2 P - 1 - c`` (:func:`zigzag_halves`), so every chip
+    has one early and one late block and the same attention work.
+
+    The integers are the plain order's (``meta["kv_order"]``, ``block_order`` of the ``P``
+    chunks of ``2 h`` tokens): every query merges the same key chunks in the same order, each
+    launch over a whole plain chunk, which the zig-zag blocks ``2 k`` and ``2 k + 1`` make up
+    (the own chunk cut at the query block's end: the keys after it are masked, and a state
+    depends only on its visible keys). So a chip's Q/K/V tensor holds every position's K/V
+    at its position's row (rows ``0 .. seq - 1``; the QKV matmul writes the chip's ``2 h``
+    rows below them, and two exact ``VEC`` copies move their K|V words to their positions);
+    every chip needs keys of every other (its late block sees nearly all), so the ring passes
+    every chip's pair of blocks (one message of two runs of rows) to every other, ``P - 1``
+    steps; and a launch runs as soon as both halves of its chunk have arrived, each query
+    block's launches in their merge order (own chunk, then the earlier chunks descending)."""
+    cfg, n = qm.cfg, npu.array_size
+    h = seq // (2 * chips)
+    halves = zigzag_halves(seq, chips)
+    plain = split_tokens(seq, chips)
+    order = block_order(plain, causal=True, ring=npu.attn_window)
+    link = npu.link_bytes_per_cycle
+    states = []
+    for c in range(chips):
+        if only is not None and c not in only:
+            states.append(None)
+            continue
+        a = halves[c][0][0]
+        st = _Chip(npu, qm, c, 2 * h, kv_rows=max(seq, a + pad_to(2 * h, n)),
+                   transfer=transfer, contents=contents)
+        st.xs = [st.em.alloc_residual(f"x{s}", 1) for s in range(samples)]
+        st.activations(st.em.seq_pad, merge_rows=2 * h)
+        st.q_lo = 0
+        if check:
+            st.al.check_capacity()
+        states.append(st)
+    if not emit:
+        return _layout(npu, cfg, chips, seq, states)
+    for c in range(chips):
+        _check_message(npu, states[c].kv_words * 2 * h,
+                       f"the K/V rows of chip {c}'s zig-zag blocks")
+
+    def pair(st, j) -> Desc:
+        """Chip j's two blocks' K|V words, at their positions' rows."""
+        kv = st.kv
+        (a, _), (b, _) = halves[j]
+        return Desc(kv.base + a * kv.row_words + st.kv_first, (st.kv_words, h, 2, 1),
+                    (1, kv.row_words, (b - a) * kv.row_words, 0))
+
+    comms = []
+    for s in range(samples):
+        for i in range(cfg.n_layers):
+            for c, st in enumerate(states):
+
+                def attend(c=c, st=st, i=i, s=s):
+                    kv, rw = st.kv, st.kv.row_words
+                    (a, _), (b, _) = halves[c]
+                    if b != a + h:
+                        # The late block's whole rows (Q too) from below the early one's to
+                        # its positions' rows, before a RECV fills the rows it leaves.
+                        st.em._vec(vl.requant_launch(
+                            size=n, length=rw * n, a=vl.Rows(kv.base + (a + h) * rw, h, rw, 1),
+                            out=vl.Rows(kv.base + b * rw, h, rw, 1), mult=_COPY_MULT,
+                            shift=_COPY_SHIFT))
+                        st.asm.wait(Unit.VEC)
+                    runs = []
+                    for half, (q0, q1) in enumerate(halves[c]):
+                        _, _, chunks = next(r for r in order if r[0] <= q0 and q1 <= r[1])
+                        # The chunk of the block's own positions, cut at its end (the keys
+                        # after it are masked: the same state, without waiting for them).
+                        chunks = [(k0, min(k1, max(q1, k0 + 2))) for k0, k1 in chunks]
+                        launches, cycles = merge_launches(
+                            st.em, kv, st.lay, st.acts.o, 0, st.state, st.merge_rows, st.srw,
+                            i, q0, q1, chunks, lo=0, state_row=half * h,
+                            q_rows=(q0, half * h))
+                        st.merge_cycles += cycles
+                        runs.append(launches)
+                    have = {a // h for a, _ in halves[c]}      # zig-zag blocks held
+
+                    def ready():
+                        for run in runs:
+                            while run and all(z in have for z in range(
+                                    run[0][0][0] // h, -(-run[0][0][1] // h))):
+                                for launch in run.pop(0)[1]:
+                                    al_.emit(st.asm, launch)
+
+                    pending = None
+                    for k in range(chips - 1):
+                        if pending is not None:
+                            st.asm.wait(Unit.RECV)
+                            have.update(a // h for a, _ in halves[pending])
+                        j, dst, src = (c - k) % chips, (c + 1) % chips, (c - 1) % chips
+                        launch = pl.send_launch(dest=dst, desc=pair(st, j), size=n,
+                                                link_bytes=link)
+                        pl.emit(st.asm, launch)
+                        comms.append({"kind": "send", "from": c, "to": dst,
+                                      "bytes": launch.words * n, "layer": i, "sample": s,
+                                      "tokens": [list(t) for t in halves[j]],
+                                      "what": "K/V ring (zig-zag)"})
+                        pending = (c - k - 1) % chips
+                        pl.emit(st.asm, pl.recv_launch(src=src, desc=pair(st, pending), size=n,
+                                                       link_bytes=link))
+                        ready()
+                    st.asm.wait(Unit.RECV)
+                    have.update(a // h for a, _ in halves[pending])
+                    ready()
+                    assert not any(runs), f"chip {c}: chunks never attended"
+                    st.asm.wait(Unit.SEND | Unit.RECV)
+
+                st.em.emit_block(i, st.weights[i], st.shard, st.acts, st.xs[s], 1,
+                                 pos_base=halves[c][0][0],
+                                 qkv_out=_rows_view(st.kv, halves[c][0][0]), attend=attend)
+    programs, inputs, outputs = [], [[] for _ in range(samples)], [[] for _ in range(samples)]
+    for c, st in enumerate(states):
+        programs.append(finish(npu, ChipProgram(c, st.asm, st.al, role={
+            "layers": list(range(cfg.n_layers)), "tokens": [list(t) for t in halves[c]],
+            "keys": [0, seq]}), check=check))
+    holder = {a // h: (c, half) for c, pr in enumerate(halves) for half, (a, _) in enumerate(pr)}
+    for s in range(samples):
+        for z in range(2 * chips):
+            c, half = holder[z]
+            x = states[c].xs[s]
+            place = Placement(c, x.base + half * h * x.row_words, h, x.cols, x.row_words,
+                              tokens=(z * h, z * h + h))
+            inputs[s].append(place)
+            outputs[s].append(place)
+    meta = _meta(npu, cfg, chips, plain, [(0, seq)] * chips, [[c] for c in plain], [],
+                 comms, samples)
+    meta.update({"order": "zigzag", "chunks": [[list(t) for t in pr] for pr in halves],
+                 "chunk_tokens": [2 * h] * chips, "halo_tokens": [seq - 2 * h] * chips,
+                 "phases_per_layer": chips - 1, "transfers_per_layer": chips * (chips - 1),
+                 "mode": "ring", "kv_order": order,
+                 "merge_cycles": [st.merge_cycles for st in states]})
+    return SystemProgram(npu, cfg, "sequence", programs, seq,
+                         max(st.em.seq_pad for st in states), inputs, outputs, meta, comms)
 
 
 def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check, emit,
@@ -523,6 +734,7 @@ def _compile_chips_in(npu, qm, chips, seq, samples, *, transfer, contents, check
             inputs[s].append(place)
             outputs[s].append(place)
     meta = _meta(npu, cfg, chips, chunks, spans, [[c] for c in chunks], phases, comms, samples)
+    meta["order"] = "plain"
     if order is not None:
         meta["kv_order"] = order
         meta["merge_cycles"] = [st.merge_cycles for st in states]

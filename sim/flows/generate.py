@@ -86,7 +86,8 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     prompts = prompts.astype(np.int64).reshape(-1, prompts.shape[-1])
     batch = prompts.shape[0]
     try:
-        check_generate(npu, model, int(prompts.shape[1]), n)
+        check_generate(npu, model, int(prompts.shape[1]), n,
+                       split_chips=chips if strategy == "sequence" else 0)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -118,7 +119,10 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
     res = run_backend(backend, npu, programs, images, reads, max_cycles=max_cycles)
     regions, cycles, wall = res["regions"], res["cycles"], res["wall_s"]
     got = prog.read(regions)
-    want = [generate_int(qm, head, p, n) for p in prompts]
+    # Split-KV decode merges partial softmaxes: the golden in the program's merge order.
+    split = {} if prog.kv_chunks is None else {"ring": npu.attn_window,
+                                                "kv_chunks": prog.kv_chunks}
+    want = [generate_int(qm, head, p, n, **split) for p in prompts]
     want_ids = np.array([w["ids"] for w in want])
     want_logits = np.array([w["logits"] for w in want])
     ref_ids = [[int(t) for t in generate_float(model, weights, hw, p, n)["ids"]]
@@ -152,7 +156,7 @@ def generate(npu: NpuConfig, model: ModelConfig, *, prompt, n: int, backend: str
         "instructions": [len(p) for p in programs], "kv_bytes": prog.kv_bytes,
         "cache_bytes": [sum(c.words for c in cs) * npu.word_bytes for cs in prog.caches],
         "sram_bytes": [int(c.alloc.next_word * npu.word_bytes) for c in prog.chips],
-        "context": prog.context, "wall_s": wall,
+        "context": prog.context, "wall_s": wall, "kv_chunks": prog.kv_chunks,
         # Per chip, per unit its busy intervals, and the first sequence's picks (plots).
         "spans": spans, "picks": [int(e) for e in ends],
     }

@@ -234,7 +234,7 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
              max_cycles: int | None = None, vcd: str | None = None,
              link_stalls: float = 0.0, progress=None, reference: str = "auto",
              grid: str | None = None, quant: str | None = None, board=None,
-             reduce: str | None = None) -> SimReport:
+             reduce: str | None = None, order: str | None = None) -> SimReport:
     """Compile ``model`` for ``chips`` chips of ``npu`` with ``strategy`` and simulate it
     (``chips`` defaults to the grid's A x B, or 1).
 
@@ -262,6 +262,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
 
     ``reduce``: hidden parallelism only, how the projections' partial sums are reduced
     (``"reduce_scatter"``, the default, or ``"all_reduce"``; ``sim.compiler.hidden``).
+    ``order``: sequence parallelism only, the tokens' order over the chips (``auto``,
+    ``plain`` or ``zigzag``; ``sim.compiler.sequence.compile_sequence``).
     """
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
@@ -301,7 +303,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     # Refuse what a chip cannot run before any work (the compiler checks again): the options
     # the strategy takes, and each chip's share of the model.
     try:
-        strat.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce)
+        strat.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce,
+                            order=order)
         strat.check_quant(model.quant)
         strat.check(npu, model, chips, grid)
     except ValueError as exc:
@@ -327,7 +330,8 @@ def simulate(npu: NpuConfig, model: ModelConfig, *, strategy: str = "single",
     samples = x if x.ndim == 3 else x[None]
     try:
         prog = strat.compile(npu, qm, chips, seq=samples.shape[1], samples=len(samples),
-                             microbatches=microbatches, grid=grid, reduce=reduce)
+                             microbatches=microbatches, grid=grid, reduce=reduce,
+                             order=order)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise

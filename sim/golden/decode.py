@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from hw.spec import ModelConfig
+from hw.spec.attention import chunk_order
 
 from .float_model import layernorm as layernorm_float
 from .float_model import model_forward
@@ -44,7 +45,7 @@ from .vector import residual_add
 __all__ = ["head_weight_names", "random_head_weights", "learned_positions", "check_decode",
            "embed_float", "logits_float", "generate_float", "argmax_int", "embed_int",
            "cached_attention", "block_step", "head_int", "KVCache", "generate_int",
-           "prefill_logits"]
+           "prefill_logits", "split_kv_order", "prefill_order"]
 
 
 def learned_positions(cfg: ModelConfig) -> bool:
@@ -158,11 +159,15 @@ def embed_int(cfg: ModelConfig, head, ids, pos_base: int = 0) -> np.ndarray:
     return x
 
 
-def cached_attention(cfg: ModelConfig, layer, q, keys, values, pos_base: int) -> np.ndarray:
+def cached_attention(cfg: ModelConfig, layer, q, keys, values, pos_base: int,
+                     kv_order=None) -> np.ndarray:
     """Attention of the int8 queries ``q`` [rows, d_model] at positions ``pos_base ..`` over the
     cache ``keys``, ``values`` [positions, d_kv] (position j in row j; causal, windowed where the
     model is) -> int8 [rows, d_model]. Masked lanes take no part in the integer softmax, so
-    the cache's length beyond the visible positions does not change a bit."""
+    the cache's length beyond the visible positions does not change a bit. ``kv_order``
+    (long context): runs of query rows (from 0) and their key chunks (cache positions) in
+    merge order, the partial softmaxes merged (:func:`sim.golden.ring_softmax.chunked_attention`)
+    instead of one softmax per row."""
     rows = q.shape[0]
     if keys.shape[0] < 2:               # the softmax takes rows of 2 lanes or more: pad, masked
         pad = np.zeros((2 - keys.shape[0], keys.shape[1]), np.int64)
@@ -172,7 +177,29 @@ def cached_attention(cfg: ModelConfig, layer, q, keys, values, pos_base: int) ->
     mask = j <= i
     if cfg.window:
         mask &= j > i - cfg.window
-    return attention_int(cfg, layer, q, keys, values, mask=mask)
+    return attention_int(cfg, layer, q, keys, values, mask=mask, kv_order=kv_order)
+
+
+def prefill_order(prompt_len: int, ring: int | None) -> list | None:
+    """The merge order of a prefill of ``prompt_len`` tokens on a chip whose K/V ring holds
+    ``ring`` keys: None (one softmax per row) when the prompt fits the ring, else one chip in
+    passes of ``ring`` queries over chunks of ``ring`` keys (``hw.spec.attention.chunk_order``,
+    causal)."""
+    if ring is None or prompt_len <= ring:
+        return None
+    return chunk_order(prompt_len, ring, causal=True, ring=ring)
+
+
+def split_kv_order(chunks, pos: int) -> list:
+    """The key chunks of a decode query at position ``pos`` over a KV cache split in
+    ``chunks`` (``[(start, stop), ...]`` of positions, chip by chip) in merge order: the chunks
+    that hold a position up to ``pos`` (each cut at ``pos``), **from the last chip to the
+    first** (the order the state rows travel down the chain of chips: the last chip, which
+    caches the generated tokens, starts the merge and chip 0 normalises)."""
+    out = [(a, min(b, pos + 1)) for a, b in reversed(list(chunks)) if a <= pos]
+    if not out or out[-1][0] != 0:
+        raise ValueError(f"the chunks {list(chunks)} do not start at position 0")
+    return out
 
 
 class KVCache:
@@ -192,9 +219,11 @@ class KVCache:
         return sum(k.size + v.size for k, v in zip(self.keys, self.values, strict=True))
 
 
-def block_step(qm, i: int, x, cache: KVCache, pos_base: int, record: dict | None = None):
+def block_step(qm, i: int, x, cache: KVCache, pos_base: int, record: dict | None = None,
+               kv_order=None):
     """Pre-norm block ``i`` on the int16 rows ``x`` at positions ``pos_base ..``: appends their
-    K and V to ``cache`` (which must hold exactly the positions below ``pos_base``)."""
+    K and V to ``cache`` (which must hold exactly the positions below ``pos_base``);
+    ``kv_order``: the attention's merge order (:func:`cached_attention`)."""
     if cache.keys[i].shape[0] != pos_base:
         raise ValueError(f"block {i}'s cache holds {cache.keys[i].shape[0]} positions, the rows "
                          f"start at {pos_base}")
@@ -203,7 +232,7 @@ def block_step(qm, i: int, x, cache: KVCache, pos_base: int, record: dict | None
         cache.keys[i] = np.concatenate([cache.keys[i], k])
         cache.values[i] = np.concatenate([cache.values[i], v])
         return cached_attention(qm.cfg, qm.layers[i], q, cache.keys[i], cache.values[i],
-                                pos_base)
+                                pos_base, kv_order)
     return layer_int(qm, i, x, None, record, pos_base=pos_base, attend=attend)[0]
 
 
@@ -214,16 +243,23 @@ def head_int(cfg: ModelConfig, head, x) -> np.ndarray:
     return linear(h, head.lm)
 
 
-def _forward(qm, head, ids, cache: KVCache) -> np.ndarray:
+def _forward(qm, head, ids, cache: KVCache, kv_order=None) -> np.ndarray:
     pos = cache.length
     x = embed_int(qm.cfg, head, ids, pos)
     for i in range(qm.cfg.n_layers):
-        x = block_step(qm, i, x, cache, pos)
+        x = block_step(qm, i, x, cache, pos, kv_order=kv_order)
     return head_int(qm.cfg, head, x)
 
 
-def generate_int(qm, head, prompt, n: int) -> dict:
+def generate_int(qm, head, prompt, n: int, *, ring: int | None = None,
+                 kv_chunks=None) -> dict:
     """Integer greedy decode: the prefill of ``prompt``, then ``n - 1`` one-token steps.
+
+    Long context (split-KV decode, ``sim.compiler.decode_split``): ``ring`` (the chip's
+    ``attn_window``) runs a prompt longer than it in passes (:func:`prefill_order`), and
+    ``kv_chunks`` (the positions each chip caches) merges each step's attention over the chips'
+    chunks (:func:`split_kv_order`); one chunk (a step whose keys one chip holds) is one
+    softmax.
 
     Returns ``ids`` [n] (the generated tokens), ``logits`` [n, vocab] (the int16 row each was
     picked from: the prefill's last row, then each step's), ``prefill`` (the prefill's logits,
@@ -237,11 +273,15 @@ def generate_int(qm, head, prompt, n: int) -> dict:
         raise ValueError("the prompt needs at least one token")
     check_decode(cfg, prompt.size + n - 1)
     cache = KVCache(cfg)
-    pre = _forward(qm, head, prompt, cache)
+    pre = _forward(qm, head, prompt, cache, prefill_order(prompt.size, ring))
     rows = [pre[-1]]
     ids = [argmax_int(pre[-1])[0]]
     for _ in range(n - 1):
-        rows.append(_forward(qm, head, [ids[-1]], cache)[0])
+        order = None
+        if kv_chunks is not None:
+            chunks = split_kv_order(kv_chunks, cache.length)
+            order = [(0, 1, chunks)] if len(chunks) > 1 else None
+        rows.append(_forward(qm, head, [ids[-1]], cache, order)[0])
         ids.append(argmax_int(rows[-1])[0])
     return {"ids": np.array(ids, np.int64), "logits": np.array(rows, np.int64),
             "prefill": pre, "cache": cache}

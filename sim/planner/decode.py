@@ -28,6 +28,7 @@ from ..compiler.decode import (
     strategy_axes,
 )
 from ..compiler.decode_quant import QHead
+from ..compiler.decode_split import kv_chunks
 from ..compiler.quantize import QLayerNorm, QLinear
 from ..errors import BadInput
 from ..golden.decode import learned_positions
@@ -92,7 +93,8 @@ def _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, g
 def _attempt(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy, grid=None):
     """``(program, None)`` if it compiles and fits, else ``(None, the limit's message)``."""
     try:
-        check_generate(npu, cfg, prompt_len, generate)
+        check_generate(npu, cfg, prompt_len, generate,
+                       split_chips=chips if strategy == "sequence" else 0)
         return _compile(npu, cfg, qm, head, prompt_len, generate, batch, chips, strategy,
                         grid), None
     except ValueError as exc:
@@ -207,16 +209,24 @@ def plan_generate(npu: NpuConfig, model: ModelConfig, *, generate: int, prompt_l
                             strategy, grid)
     if search:
         # The prompt's longest at this batch; the batch's largest at this prompt.
-        caps = [(npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys hold "
-                 "the context"), (npu.max_seq_len, f"max_seq_len={npu.max_seq_len}")]
+        # Split-KV decode (sequence): each chip's chunk of the context within its ring.
+        rings = chips if strategy == "sequence" else 1
+        caps = [(rings * npu.attn_window - generate + 1, f"attn_window={npu.attn_window} keys "
+                 f"{'a chip ' if rings > 1 else ''}hold the context"),
+                (npu.max_seq_len, f"max_seq_len={npu.max_seq_len}")]
         if learned_positions(model):
             caps.append((model.seq_len - generate + 1, f"seq_len={model.seq_len} learned "
                          "positions hold the context"))
         most, cap = min(caps)
         args = (system, model, qm, head)
+        # Split-KV decode: the last chip, which caches the generated tokens, needs a prompt
+        # token too, so the search starts at the shortest prompt that reaches it.
+        low = 1 if rings == 1 else next(
+            (p for p in range(1, max(1, most) + 1)
+             if kv_chunks(p + generate - 1, chips)[-1][0] < p), 1)
         out.longest_prompt, out.longest_prompt_limit = _largest(
-            lambda p: _fits(*args, p, generate, batch, chips, strategy, grid), 1,
-            max(1, most), cap)
+            lambda p: _fits(*args, p, generate, batch, chips, strategy, grid), low,
+            max(low, most), cap)
         out.largest_batch, out.largest_batch_limit = _largest(
             lambda b: _fits(*args, prompt_len, generate, b, chips, strategy, grid),
             max(1, axes[0]), MAX_BATCH, f"searched to {MAX_BATCH}")

@@ -171,11 +171,14 @@ class SimReport:
                          f"{h['bytes_per_layer']:,} bytes); projections by {h['reduce']}")
         if self.sequence is not None:
             q = self.sequence
-            chunks = ", ".join(f"{a}..{b - 1}" for a, b in q["chunks"])
+            zigzag = q.get("order") == "zigzag"       # each chip an early and a late block
+            chunks = ", ".join(" + ".join(f"{a}..{b - 1}" for a, b in chunk) if zigzag else
+                               f"{chunk[0]}..{chunk[1] - 1}" for chunk in q["chunks"])
             passes = f"; passes {[b - a for a, b in q['passes'][0]]}" \
                 if len(q["passes"][0]) > 1 else ""
             halo = "" if q["halo_cycles"] is None else f", {q['halo_cycles']:,} send cycles"
-            lines.append(f"  sequence ({q['mode']}): tokens {chunks}{passes}; window "
+            order = f", {q['order']} order" if q["mode"] == "ring" and "order" in q else ""
+            lines.append(f"  sequence ({q['mode']}{order}): tokens {chunks}{passes}; window "
                          f"{q['window']}; K/V moved {q['halo_bytes']:,} bytes in "
                          f"{q['transfers_per_layer']} transfers per layer{halo}")
             if q.get("merge_share") is not None:

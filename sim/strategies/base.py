@@ -29,7 +29,7 @@ __all__ = ["Strategy", "Split", "parse_grid", "REGISTRY", "register"]
 REGISTRY: dict[str, Strategy] = {}
 
 #: The options a strategy may take besides its chips (``Strategy.options``).
-OPTIONS = ("microbatches", "grid", "reduce")
+OPTIONS = ("microbatches", "grid", "reduce", "order")
 
 
 def parse_grid(text: str, parts: int = 2) -> tuple[int, ...]:
@@ -105,7 +105,8 @@ class Strategy:
             return 1
         return math.prod(parse_grid(grid, max(2, len(self.parts))))
 
-    def check_options(self, *, chips: int, microbatches=None, grid=None, reduce=None):
+    def check_options(self, *, chips: int, microbatches=None, grid=None, reduce=None,
+                      order=None):
         """ValueError for an option this strategy does not take, naming it."""
         if grid is not None and not self.is_grid:
             raise ValueError(f"--grid applies to {', '.join(_grid_names())}, not --strategy "
@@ -114,6 +115,8 @@ class Strategy:
             raise ValueError("--microbatches applies to strategies with a pipeline")
         if reduce is not None and "reduce" not in self.options:
             raise ValueError("reduce applies to --strategy hidden")
+        if order is not None and "order" not in self.options:
+            raise ValueError(f"--order applies to --strategy sequence, not {self.name}")
         if self.one_chip and chips != 1:
             raise ValueError(f"--strategy {self.name} runs on one chip, not --chips {chips}")
 
@@ -157,13 +160,16 @@ class Strategy:
 
     def compile(self, npu: NpuConfig, qm: QModel, chips: int, *, seq: int, samples: int,
                 microbatches: int | None = None, grid: str | None = None,
-                reduce: str | None = None) -> SystemProgram:
+                reduce: str | None = None, order: str | None = None) -> SystemProgram:
         """Programs for ``chips`` chips; ValueError for an option that does not apply,
-        ConfigError for a model or chip that cannot run it."""
-        self.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce)
+        ConfigError for a model or chip that cannot run it. ``order``: sequence only, the
+        tokens' order over the chips (``sim.compiler.sequence.ORDERS``)."""
+        self.check_options(chips=chips, microbatches=microbatches, grid=grid, reduce=reduce,
+                           order=order)
         self.check_quant(qm.quant)
+        extra = {} if order is None else {"order": order}
         return self._compile(npu, qm, chips, seq=seq, samples=samples,
-                             microbatches=microbatches, grid=grid, reduce=reduce)
+                             microbatches=microbatches, grid=grid, reduce=reduce, **extra)
 
     def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
         raise NotImplementedError

@@ -55,7 +55,7 @@ def sequence_stats(prog: SystemProgram, comms, spans, cycles=None) -> dict:
 class Sequence(Strategy, name="sequence",
                splits="tokens, in chunks (one chip: passes over a sequence beyond max_seq_len)",
                relieves="max sequence length", parts=("sequence",), quants=("int8",),
-               planned="analytic"):
+               planned="analytic", options=frozenset({"order"})):
     def report_limits(self, npu, cfg, chips, grid, limits, *, samples=None):
         """The ring, the scheme, and each chunk's tokens and keys (:func:`check_sequence`)."""
         check_ring_size(chips, limits)
@@ -65,8 +65,9 @@ class Sequence(Strategy, name="sequence",
     def split(self, chips, grid=None):
         return Split()
 
-    def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce):
-        return compile_sequence(npu, qm, chips, seq=seq, samples=samples)
+    def _compile(self, npu, qm, chips, *, seq, samples, microbatches, grid, reduce,
+                 order="auto"):
+        return compile_sequence(npu, qm, chips, seq=seq, samples=samples, order=order)
 
     def compile_shapes(self, npu, qm, chips, *, samples, microbatches=None, grid=None,
                        only=None, emit=True):

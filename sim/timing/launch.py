@@ -10,9 +10,12 @@ comes from the chip-context closed forms of :mod:`hw.spec.timing.chip` when they
 (every stream of the launch in a bank of its own, or the same-bank cases they model), and
 otherwise from the cycle model (:mod:`sim.timing.cycle`) run on the launch alone: exactly when the
 launch is short, or on the launch cut to a few repeats (folds, rows, queries, message words)
-and extrapolated along its steady state. Collectives start when the last member of the group
-has launched (they are timed alone by the cycle model, all members starting together); a
-SEND/RECV pair when both sides have launched.
+and extrapolated along its steady state; the cycle model walks a launch once per pattern of
+bank collisions (:meth:`LaunchTimer._bank_pattern`). A collective is timed from each member's
+own launch once the last member has launched, alone on its ring by the word-level recurrence of
+:mod:`sim.timing.ring_collective` (equal to the cycle model), or by the cycle model where that
+does not apply (groups sharing a ring's links at once); a SEND/RECV pair when both sides have
+launched.
 
 What it leaves out is what happens *between* launches on different units: a launch that runs
 beside another (LOAD_LUT beside the FFN1 matmul, a SEND/RECV beside a stage's compute) is timed
@@ -22,6 +25,8 @@ the same cycle. On the programs the compiler emits this costs a few cycles per s
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from hw.spec import NpuConfig
 from hw.spec.attention import FLAG_INTERLEAVED, flags_halo, launch_words
@@ -48,8 +53,10 @@ from hw.spec.topology import DimLink, Topology, system_topology
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import VecFlags, uses_b
 
+from ..golden.scratchpad import AddressError, addr_sequence
 from ..iss.errors import IssError, begin_loop, loop_iteration
 from .cycle import ChipTiming, SystemTiming, time_programs
+from .ring_collective import member_busy
 
 __all__ = ["LaunchTimer", "time_programs_fast"]
 
@@ -108,6 +115,7 @@ class LaunchTimer:
         self.npu = npu
         self.n = npu.array_size
         self._cache = {}
+        self._sims = {}
         self.bank_words = npu.bank_words
 
     # --- exact: the cycle model on the launch alone ---------------------------------------
@@ -120,9 +128,46 @@ class LaunchTimer:
         return words
 
     def simulate(self, op, regs) -> int:
-        """Busy cycles of the launch with ``regs`` run alone (the cycle model)."""
-        t = time_programs(self.npu, [self._program(op, regs)], ring=False)
-        return _busy_span(t.chips[0].trace, _UNIT_BIT[op], t.chips[0].cycles)
+        """Busy cycles of the launch with ``regs`` run alone (the cycle model), once per
+        :meth:`_bank_pattern`."""
+        key = self._bank_pattern(op, regs)
+        got = self._sims.get(key) if key is not None else None
+        if got is None:
+            t = time_programs(self.npu, [self._program(op, regs)], ring=False)
+            got = _busy_span(t.chips[0].trace, _UNIT_BIT[op], t.chips[0].cycles)
+            if key is not None:
+                self._sims[key] = got
+        return got
+
+    def _bank_pattern(self, op, regs):
+        """What the cycle model's timing of a launch alone depends on: its unit's registers
+        and the banks each of its generators walks, one per cycle, the banks renamed in the
+        order they first appear (the scratchpad's ports only compare banks: the same launch on
+        other addresses with the same pattern of bank collisions takes the same cycles).
+        None for a walk the cycle model rejects (it then names the error)."""
+        walks = []
+        for g in _GENS_OF[op]:
+            try:
+                addrs = addr_sequence(
+                    regs.get(f"{g}.base", 0),
+                    [regs.get(f"{g}.n{lv}", 0) for lv in range(ADDR_LEVELS)],
+                    [regs.get(f"{g}.s{lv}", 0) for lv in range(ADDR_LEVELS)],
+                    self.npu.sram_addr_bits, regs.get(f"{g}.wrap", 0) if g in WRAP_GENS else 0,
+                    regs.get(f"{g}.off", 0) if g in WRAP_GENS else 0)
+            except (AddressError, ValueError):
+                return None
+            walks.append(addrs)
+        sizes = [len(w) for w in walks]
+        if self.npu.sram_banks == 1:
+            names = np.zeros(sum(sizes), dtype=np.int64)
+        else:
+            banks = bank_of(np.concatenate(walks), self.bank_words)
+            _, first, inverse = np.unique(banks, return_index=True, return_inverse=True)
+            order = np.empty(len(first), dtype=np.int64)
+            order[np.argsort(first)] = np.arange(len(first))
+            names = order[inverse.reshape(-1)]
+        return (op, tuple(regs.get(name, 0) for name in _UNIT_REGS[op]), tuple(sizes),
+                names.tobytes())
 
     # --- the launch's banks ---------------------------------------------------------------
     def _banks(self, regs, gen):
@@ -480,6 +525,10 @@ class _Comm:
       cycles added (a message crossing both dimensions is counted as two transfers).
     """
 
+    #: Time collectives by :mod:`sim.timing.ring_collective` where it is exact (False: by
+    #: the cycle model always, which it equals; the tests compare the two).
+    closed_form = True
+
     def __init__(self, npu, timer, chips, topology: Topology | None = None):
         self.npu = npu
         self.timer = timer
@@ -521,6 +570,27 @@ class _Comm:
             words += [int(Op.COLL), int(Op.WAIT) | int(Unit.ALL) << 6, int(Op.HALT)]
             programs[where[m]] = words
         return programs, where, link
+
+    def _closed(self, req, member_regs, offsets) -> dict | None:
+        """Each member's busy cycles of one collective alone on the ring it is timed on,
+        member ``i`` launching ``offsets[i]`` cycles after the first: the word-level
+        recurrence of :mod:`sim.timing.ring_collective`, equal to the cycle model's
+        (``_group_programs`` on :func:`time_programs`); None where that is not exact (the
+        cycle model then times it), or when :attr:`closed_form` is off."""
+        if not self.closed_form:
+            return None
+        n, where, _, link = self._placed(req)
+        regs = {}
+        for m, r in zip(req.members, member_regs, strict=True):
+            r = dict(r)
+            if n != req.chips or where[m] != m:
+                r.update(CO_CHIPS=n, CO_NEXT=where[req.next_member(m)])
+            regs[m] = r
+        try:
+            return member_busy(self.npu, n, where, regs,
+                               dict(zip(req.members, offsets, strict=True)), link)
+        except ValueError as exc:
+            raise IssError(str(exc)) from None
 
     def post(self, c: _Chip, op, at, slot):
         r = c.regs
@@ -648,13 +718,23 @@ class _Comm:
 
     def _colls(self, cluster) -> list[dict]:
         """Each member's busy cycles of collectives on disjoint groups, every member launching
-        in its own cycle (the cycle model on them together)."""
+        in its own cycle: each group alone on its ring by :meth:`_closed` (a torus's groups,
+        or a ring's one group), else the cycle model on them together (a ring's groups at
+        once share its links)."""
         t0 = min(x[2] for x in cluster)
         key = tuple((x[0],) + tuple((p[2] - t0,) + tuple(p[3].get(name, 0)
                                                          for name in _REGS_OF[Op.COLL])
                                     for p in x[1]) for x in cluster)
         if key in self._coll_cache:
             return self._coll_cache[key]
+        if self.topology.is_torus or len(cluster) == 1:
+            # Groups on rings of their own (a torus's rows and columns), or one group on
+            # the ring: each in closed form where it is exact.
+            out = [self._closed(req, [p[3] for p in posts], [p[2] - t0 for p in posts])
+                   for req, posts, _, _, _ in cluster]
+            if None not in out:
+                self._coll_cache[key] = out
+                return out
         if self.topology.is_torus:
             out = []
             for req, posts, _, _, _ in cluster:
@@ -680,12 +760,17 @@ class _Comm:
         return out
 
     def _coll(self, req, member_regs) -> dict:
-        """Each member's busy cycles when every member launches in the same cycle (the cycle
-        model on the collective alone, with each member's own RD6/WR3 descriptors)."""
+        """Each member's busy cycles when every member launches in the same cycle (the
+        collective alone, with each member's own RD6/WR3 descriptors: :meth:`_closed`, or
+        the cycle model where that does not apply)."""
         descs = tuple(tuple(r.get(name, 0) for name in _REGS_OF[Op.COLL]) for r in member_regs)
         key = (req, descs)
         if key in self._coll_cache:
             return self._coll_cache[key]
+        out = self._closed(req, member_regs, [0] * req.count)
+        if out is not None:
+            self._coll_cache[key] = out
+            return out
         if self.topology.is_torus:
             programs, where, link = self._group_programs(req, member_regs, [0] * req.count)
             t = time_programs(self.npu, programs, ring=len(programs) > 1, link=link)

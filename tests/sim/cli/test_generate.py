@@ -44,10 +44,17 @@ def test_generate_refusals(capsys, tmp_path):
     status, out, err = run(capsys, *base, "--strategy", "head", "--generate", "2",
                            "--prompt-ids", str(bad))
     assert_one_line_error(status, out, err, "prompt id 999 at index 1 is outside 0..255")
-    status, out, err = run(capsys, *base, "--strategy", "sequence", "--generate", "2")
+    status, out, err = run(capsys, *base, "--strategy", "data+pipeline+head", "--generate",
+                           "2")
     assert_one_line_error(status, out, err, "--generate runs strategy single, head, "
-                                            "pipeline, data, hidden, head+pipeline, data+head, "
-                                            "data+pipeline, not sequence")
+                                            "pipeline, data, hidden, sequence, head+pipeline, "
+                                            "data+head, data+pipeline, not data+pipeline+head")
+    # Split-KV decode holds every weight on every chip: the tiny decoder fits no tiny NPU.
+    status, out, err = run(capsys, *base, "--strategy", "sequence", "--generate", "2")
+    assert_one_line_error(status, out, err, "sram_bytes=65536 is too small")
+    status, out, err = run(capsys, *base, "--strategy", "sequence", "--generate", "2",
+                           "--order", "zigzag")
+    assert_one_line_error(status, out, err, "--order does not apply to --generate")
     status, out, err = run(capsys, *base, "--strategy", "head", "--generate", "9",
                            "--prompt-ids", str(tmp_path / "missing.npy"))
     assert status == 2

@@ -111,8 +111,8 @@ def test_a_batch_decodes_together(name, batch, strategy, chips):
     assert out["cache_bytes"][0] >= out["kv_bytes"][0] > 0
 
 
-@pytest.mark.parametrize("name,batch,chips", [("tiny", 2, 2), ("tiny", 5, 2),
-                                               ("tiny-llama", 3, 3)])
+@pytest.mark.parametrize("name,batch,chips", [
+    ("tiny", 2, 2), pytest.param("tiny", 5, 2, marks=pytest.mark.slow), ("tiny-llama", 3, 3)])
 def test_data_parallel_generation_is_bit_exact(name, batch, chips):
     """Data parallelism: the sequences split over the chips (5 over 2: 3 and 2), each chip the
     whole model and its own caches; every sequence equals its golden decode."""
@@ -142,7 +142,8 @@ def test_pipeline_generation_is_bit_exact(name, batch, chips):
 @pytest.mark.parametrize("strategy,name,grid,batch", [
     ("head+pipeline", "tiny", "2x2", 2),
     pytest.param("head+pipeline", "tiny-llama", "2x4", 4, marks=pytest.mark.slow),
-    ("data+head", "tiny", "2x2", 3), ("data+pipeline", "tiny-llama", "2x2", 4)])
+    ("data+head", "tiny", "2x2", 3),
+    pytest.param("data+pipeline", "tiny-llama", "2x2", 4, marks=pytest.mark.slow)])
 def test_grid_generation_is_bit_exact(strategy, name, grid, batch):
     """The grids: head+pipeline (each stage a head group, shard h of a stage sending to shard
     h of the next, the last stage's tokens back to the first's), data+head and data+pipeline

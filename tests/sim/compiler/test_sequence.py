@@ -16,7 +16,7 @@ from hw.spec import ConfigError, ModelConfig, npu_preset
 from sim.compiler.sequence import key_span, plan_transfers, split_tokens
 from sim.flows.simulate import simulate
 from sim.report.chrome_trace import trace_events
-from tests.helpers import TINY_NPU, check_report, run, write_model
+from tests.helpers import TINY_NPU, check_report, one_each, run, write_model
 
 TINY = npu_preset("tiny")
 #: Ten tokens: uneven on 3, 4, 6, 7 and 8 chips.
@@ -59,8 +59,9 @@ def test_transfers_bring_each_chip_exactly_its_keys(window, causal, chips):
         assert got[c] == set(range(*key_span(chunk, 10, window, causal))), c
 
 
-@pytest.mark.parametrize("chips", range(1, 9))
-@pytest.mark.parametrize("window, causal", [(3, True), (3, False), (0, True), (0, False)])
+# Every chip count with one of the masks in turn; the whole product in the slow suite.
+@pytest.mark.parametrize("chips, window, causal", one_each(
+    list(range(1, 9)), [(3, True), (3, False), (0, True), (0, False)]))
 def test_on_the_iss(chips, window, causal):
     r = simulate(TINY, model(window=window, causal=causal), strategy="sequence", chips=chips,
                  backend="iss", seed=chips)
@@ -131,8 +132,8 @@ LLAMA10 = model(n_heads=4, d_head=4, n_kv_heads=2, rope_theta=10000.0, norm_kind
                 name="seq10-llama")
 
 
-@pytest.mark.parametrize("window, causal", [(3, True), (3, False), (0, True), (0, False)])
-@pytest.mark.parametrize("chips", [2, 3, 8])
+@pytest.mark.parametrize("window, causal, chips", one_each(
+    [(3, True), (3, False), (0, True), (0, False)], [2, 3, 8]))
 def test_rope_and_grouped_query_attention(chips, window, causal):
     """Every chip's tables at its chunk's positions, K rotated before it is sent, K/V rows of
     the K/V heads only (halos, both sides, the ring); grouped-query attention alone too."""

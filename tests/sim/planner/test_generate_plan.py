@@ -25,7 +25,7 @@ NPU128 = tiny_variant(sram_bytes=1 << 19, imem_words=1 << 14, d_model_max=128)
 @pytest.mark.parametrize("name,npu,strategy,chips,batch,n", [
     ("tiny", tiny_variant(sram_bytes=1 << 17), "single", 1, 1, 4),
     ("tiny", npu_preset("tiny"), "head", 2, 1, 4),
-    ("tiny", npu_preset("tiny"), "pipeline", 2, 2, 4),
+    pytest.param("tiny", npu_preset("tiny"), "pipeline", 2, 2, 4, marks=pytest.mark.slow),
     ("tiny", npu_preset("tiny"), "hidden", 2, 1, 2),
     pytest.param("tiny", npu_preset("tiny"), "pipeline", 4, 4, 4, marks=pytest.mark.slow),
     pytest.param("tiny-llama", npu_preset("tiny"), "head", 4, 2, 4, marks=pytest.mark.slow),
@@ -81,14 +81,19 @@ def test_plan_generate_cli(capsys, tmp_path):
     assert status == 0, err
     assert "single on 1 chip" in out and "does not fit" in out and "head on 2 chips" in out
     plans = json.loads(out_json.read_text())["generate"]
+    # Split-KV decode (sequence): the last chip caches the generated tokens and must hold a
+    # prompt token too, which a 2-token prompt and 3 generated on 2 chips do not give it.
     assert [(p["strategy"], p["fits"]) for p in plans] == [
-        ("single", False), ("head", True), ("pipeline", True), ("hidden", True)]
+        ("single", False), ("head", True), ("pipeline", True), ("hidden", True),
+        ("sequence", False)]
+    assert "must hold a prompt token" in plans[-1]["reason"]
     assert len(plans[1]["step_cycles"]) == 2 and np.isfinite(plans[1]["tokens_per_s"])
     for argv, msg in ((["--generate", "0", "--chips", "2"], "--generate must be at least 1"),
                       (["--batch", "2", "--chips", "2"], "--batch applies to --generate"),
-                      (["--generate", "2", "--strategy", "sequence", "--chips", "2"],
+                      (["--generate", "2", "--strategy", "data+pipeline+head", "--chips", "8"],
                        "--generate plans strategy single, head, pipeline, data, hidden, "
-                       "head+pipeline, data+head, data+pipeline, not sequence")):
+                       "sequence, head+pipeline, data+head, data+pipeline, not "
+                       "data+pipeline+head")):
         status, out, err = run(capsys, "plan", "--npu", TINY_NPU, "--model", TINY_MODEL, *argv)
         assert_one_line_error(status, out, err, msg)
 
@@ -134,6 +139,19 @@ def test_scaled_plan_names_the_bytes_that_do_not_fit():
     cut = plan_generate(npu_preset("tiny"), DEEP, generate=4, prompt_len=3, strategy="head",
                         chips=2, search=False, scaled=True)
     assert not cut.fits and "sram_bytes=65,536 is too small" in cut.reason, cut.reason
+
+
+@pytest.mark.parametrize("prompt_len", [3, 12])
+def test_a_cut_below_the_scratchpad_names_its_bytes(prompt_len):
+    """A scratchpad too small for even a one-layer cut's tensors (the compile places some
+    below word 0): the plan does not fit and says by how many bytes, naming sram_bytes, not
+    an address."""
+    npu = tiny_variant(sram_bytes=1 << 12, imem_words=1 << 14)
+    p = plan_generate(npu, DEEP, generate=2, prompt_len=prompt_len, strategy="head+pipeline",
+                      chips=4, grid=(2, 2), search=False, scaled=True)
+    assert not p.fits and p.reason.startswith("sram_bytes=4096 is too small: the model needs "), \
+        p.reason
+    assert "activations" in p.reason and "base" not in p.reason, p.reason
 
 
 def test_grid_min_chips_is_the_fewest_grid_that_fits():

@@ -27,6 +27,7 @@ from sim.planner.plan import _roles as roles_of
 from sim.planner.plan import _table_bytes as table_bytes
 from sim.strategies import compile_program
 from sim.timing.cycle import time_programs
+from tests.helpers import one_each
 
 TINY = npu_preset("tiny")
 
@@ -190,8 +191,9 @@ def test_unsupported_features_are_planned_with_notes():
     assert rp.fits and rp.per_chip[0].weights > plain.per_chip[0].weights
 
 
-@pytest.mark.parametrize("strategy, chips", [("sequence", 2), ("sequence", 4), ("hidden", 2),
-                                             ("hidden", 3)])
+@pytest.mark.parametrize("strategy, chips", [
+    ("sequence", 2), pytest.param("sequence", 4, marks=pytest.mark.slow),
+    pytest.param("hidden", 2, marks=pytest.mark.slow), ("hidden", 3)])
 def test_rope_and_gqa_are_planned_as_compiled(strategy, chips):
     """tiny-llama (RoPE, 4 query heads on 2 K/V heads) under sequence and hidden: neither key
     refused; each chip's bytes are its compile's (the tables and rotated projections with the
@@ -255,7 +257,8 @@ def test_capacity_beyond_the_ring_and_without_a_ring_port():
 
 @pytest.mark.parametrize("name, published", [("gpt2-small", 124_439_808),
                                              ("minilm-l6", 22_700_000),
-                                             ("llama2-7b", 6_738_415_616)])
+                                             pytest.param("llama2-7b", 6_738_415_616,
+                                                          marks=pytest.mark.slow)])
 def test_weights_equal_published_parameter_counts(name, published):
     """int8 weights (one byte a parameter) plus per-column requantisation and LayerNorm
     parameters, embeddings, positions and LM head, on a chip whose words divide the model
@@ -300,15 +303,14 @@ def strip(program):
     return out
 
 
-@pytest.mark.parametrize("cfg", [model_preset("tiny"),
-                                 small(n_layers=3, d_model=24, n_heads=3, d_ff=40, seq_len=6,
-                                       norm="post", causal=False),
-                                 small(d_model=12, n_heads=3, d_head=4, d_ff=20, seq_len=5,
-                                       batch=3),
-                                 small(activation="silu", ffn="gated")],
-                         ids=["tiny", "post", "batch3", "swiglu"])
-@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 3),
-                                             ("pipeline", 2), ("hidden", 2), ("hidden", 3)])
+# Each strategy with one of the models in turn; the whole product in the slow suite.
+@pytest.mark.parametrize("strategy, chips, cfg", one_each(
+    [("single", 1), ("head", 2), ("head", 3), ("pipeline", 2), ("hidden", 2), ("hidden", 3)],
+    [model_preset("tiny"),
+     small(n_layers=3, d_model=24, n_heads=3, d_ff=40, seq_len=6, norm="post", causal=False,
+           name="post"),
+     small(d_model=12, n_heads=3, d_head=4, d_ff=20, seq_len=5, batch=3, name="batch3"),
+     small(activation="silu", ffn="gated", name="swiglu")]))
 def test_shapes_only_compile_is_the_compiler(cfg, strategy, chips):
     """Same instructions (but the scales' values), same tensors at the same addresses, and
     the planner's bytes per category are the allocator's (hidden: its plan's, which come from
@@ -411,8 +413,9 @@ S16_MODEL = dataclasses.replace(model_preset("tiny"), n_layers=2, d_model=64, n_
                                 d_head=8, d_ff=128)
 
 
-@pytest.mark.parametrize("strategy, chips", [("single", 1), ("head", 2), ("head", 4),
-                                             ("pipeline", 2)])
+@pytest.mark.parametrize("strategy, chips", [
+    pytest.param("single", 1, marks=pytest.mark.slow), ("head", 2),
+    pytest.param("head", 4, marks=pytest.mark.slow), ("pipeline", 2)])
 def test_smooth16_is_planned_as_it_is_compiled(strategy, chips):
     """smooth16's programs (int16 FFN hidden, GELU16, FFN2 in two passes) are planned from
     the compiler's own shapes-only compile: their cycles differ from int8's and equal the

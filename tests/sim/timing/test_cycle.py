@@ -121,11 +121,13 @@ def test_long_passes_on_one_chip(causal):
 @pytest.mark.usefixtures("verilator_ok")
 def test_ring_attention_on_four_chips(causal):
     """Ring attention (sequence, seq = 4 x attn_window on 4 chips): K/V chunks around the ring,
-    each merged as it arrives; the RTL's cycles, counters and traces are the model's and the
-    output the golden's exact merge in the ring's order."""
+    each merged as it arrives (causal: in the zig-zag order, each chip an early and a late
+    block); the RTL's cycles, counters and traces are the model's and the output the golden's
+    exact merge in the ring's order."""
     npu, prog, images, want = compiled("sequence", 4, causal=causal, d_model=16, d_head=8,
                                        d_ff=16, seq_len=4 * npu_preset("tiny").attn_window,
                                        seed=3, golden=True)
+    assert prog.meta["order"] == ("zigzag" if causal else "plain")
     regions = assert_rtl_equal(npu, [c.program for c in prog.chips], images,
                                backend="verilator", reads=prog.reads())
     got = read_outputs(prog, regions)[0]

@@ -111,9 +111,11 @@ def check_types(out, chips, word_bytes):
         assert key in out, key
 
 
+@pytest.mark.slow
 def test_single_chip_equals_pysim(rng):
     """--strategy single: ChipSystem(1) under Verilator == Chip in pysim (the path simulate()
-    takes for pysim on one chip)."""
+    takes for pysim on one chip), traces included. Slow: make test compares each with the ISS
+    (tests/hw/test_chip.py)."""
     npu, prog, images, want = compiled(rng, "single", 1, cfg=ModelConfig(
         n_layers=2, d_model=16, n_heads=2, d_head=8, d_ff=32, seq_len=6, norm="post",
         name="small2"))
