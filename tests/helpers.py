@@ -33,7 +33,7 @@ from sim.compiler.attention_launch import (
 from sim.compiler.attention_launch import emit as emit_attention
 from sim.compiler.collective_launch import coll_launch
 from sim.compiler.collective_launch import emit as emit_collective
-from sim.golden.float_model import random_weights
+from sim.golden.float_model import attention_mask, random_weights
 from sim.golden.matmul import requant, wrap
 from sim.golden.ring_softmax import chunked_attention
 from sim.golden.scratchpad import addr_sequence
@@ -589,6 +589,37 @@ class SplitCase:
         out = unpack_rows(self.iss.read_words(self.o_base, self.queries * self.rw),
                           self.queries, self.d_model, 1)
         return out[:, self.sl]
+
+
+def state_case(seed, npu_kw, queries, chunks, kw, causal):
+    """A :class:`StateCase` of ``queries`` queries over key ``chunks`` on an
+    ``attention_npu(**npu_kw)`` (``kw``: d_head 8, col 0, d_model 8 unless given, ``q_pos``
+    the first query's position), and its seeded generator. A causal query block runs its own
+    chunk causal, the earlier ones bidirectional."""
+    rng = seeded(seed)
+    npu = attention_npu(**npu_kw)
+    keys = chunks and max(b for _, b in chunks)
+    kw = {"d_head": 8, "col": 0, "d_model": 8, **kw}
+    q_pos = kw.pop("q_pos", 0)
+    mask = attention_mask(keys, 0, causal)[q_pos:q_pos + queries] if causal else \
+        np.ones((queries, keys), bool)
+    own = [i for i, (a, b) in enumerate(chunks) if a <= q_pos < b] if causal else []
+    case = StateCase(rng, npu, queries=queries, keys=keys, chunks=chunks, q_pos=q_pos,
+                     causal=own, mask=mask, **kw)
+    return case, rng
+
+
+def program_layout(prog) -> list:
+    """Per chip of a compiled program, its tensors' (name, category, base, words)."""
+    return [[(t.name, t.category, t.base, t.words) for t in c.alloc.tensors.values()]
+            for c in prog.chips]
+
+
+def program_stream(prog) -> list:
+    """Per chip, its instructions without the values SET writes (the data registers' values
+    differ between a shapes-only compile and a real one)."""
+    return [[(i.op, i.reg) if i.op == Op.SET else (i.op, i.reg, i.value)
+             for i in c.asm.insns] for c in prog.chips]
 
 
 class StateCase:

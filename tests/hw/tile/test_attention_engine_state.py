@@ -3,27 +3,11 @@ chunks, the partial softmax, the merge and the final normalisation; RTL == ISS =
 exact cycles, random idle and backpressure. One short causal run (about 2 s of pysim) is in
 the default suite; the others are slow."""
 
-import numpy as np
 import pytest
 
 from hw.tile.attention_engine import AttentionEngine
-from sim.golden.float_model import attention_mask
 from sim.rtl.attention_engine_driver import run_attention_engine
-from tests.helpers import StateCase, assert_memories_equal, attention_npu, seeded
-
-
-def state_case(seed, npu_kw, queries, chunks, kw, causal):
-    rng = seeded(seed)
-    npu = attention_npu(**npu_kw)
-    keys = max(b for _, b in chunks)
-    kw = {"d_head": 8, "col": 0, "d_model": 8, **kw}
-    q_pos = kw.pop("q_pos", 0)
-    mask = attention_mask(keys, 0, causal)[q_pos:q_pos + queries] if causal else \
-        np.ones((queries, keys), bool)
-    own = [i for i, (a, b) in enumerate(chunks) if a <= q_pos < b] if causal else []
-    case = StateCase(rng, npu, queries=queries, keys=keys, chunks=chunks, q_pos=q_pos,
-                     causal=own, mask=mask, **kw)
-    return case, rng
+from tests.helpers import assert_memories_equal, state_case
 
 
 @pytest.mark.parametrize("seed, npu_kw, queries, chunks, kw, causal", [

@@ -39,7 +39,7 @@ from sim.models.accuracy import layer_accuracy
 from sim.planner.decode import dummy_head
 from sim.planner.plan import _dummy_qmodel
 from sim.strategies import get
-from tests.helpers import seeded, tiny_variant
+from tests.helpers import program_layout, program_stream, seeded, tiny_variant
 from tests.sim.compiler.test_llm16 import outlier_model
 
 #: The tiny NPU with 128 KiB: tiny-llama under llm16c needs 66,068 bytes on one chip (its
@@ -170,8 +170,8 @@ def test_llm16c_is_planned_as_it_is_compiled(strategy, chips):
     real = compile_grid(NPU, qm, grid, strategy=strategy, samples=cfg.batch)
     shapes = compile_grid(NPU, _dummy_qmodel(cfg), grid, strategy=strategy,
                           samples=cfg.batch, contents=False, check=False)
-    assert _layout(shapes) == _layout(real)
-    assert _stream(shapes) == _stream(real)
+    assert program_layout(shapes) == program_layout(real)
+    assert program_stream(shapes) == program_stream(real)
 
 
 def test_llm16c_generation_is_planned_as_it_is_compiled():
@@ -181,18 +181,8 @@ def test_llm16c_generation_is_planned_as_it_is_compiled():
     real = compile_decode(NPU_GEN, qm, head, prompt_len=4, generate=3)
     shapes = compile_decode(NPU_GEN, _dummy_qmodel(cfg), dummy_head(cfg), prompt_len=4,
                             generate=3, contents=False, check=False)
-    assert _layout(shapes) == _layout(real)
-    assert _stream(shapes) == _stream(real)
-
-
-def _layout(prog):
-    return [[(t.name, t.category, t.base, t.words) for t in c.alloc.tensors.values()]
-            for c in prog.chips]
-
-
-def _stream(prog):
-    return [[(i.op, i.reg) if i.op == Op.SET else (i.op, i.reg, i.value)
-             for i in c.asm.insns] for c in prog.chips]
+    assert program_layout(shapes) == program_layout(real)
+    assert program_stream(shapes) == program_stream(real)
 
 
 @pytest.mark.parametrize("strategy,chips,batch", [

@@ -8,25 +8,15 @@ import numpy as np
 import pytest
 
 from hw.spec.config import load_model, load_npu
-from hw.spec.isa import Op
 from sim.compiler.grid import compile_grid
 from sim.compiler.quantize import quantize_model
 from sim.golden.float_model import random_weights
 from sim.planner.plan import _dummy_qmodel
 from sim.strategies import get
+from tests.helpers import program_layout, program_stream
 
 NPU = load_npu("constraints/npu/tiny.toml")
 TINY = load_model("constraints/models/tiny.toml")
-
-
-def _layout(prog):
-    return [[(t.name, t.category, t.base, t.words) for t in c.alloc.tensors.values()]
-            for c in prog.chips]
-
-
-def _stream(prog):
-    return [[(i.op, i.reg) if i.op == Op.SET else (i.op, i.reg, i.value)
-             for i in c.asm.insns] for c in prog.chips]
 
 
 @pytest.mark.parametrize("model, quant, norm", [
@@ -45,9 +35,9 @@ def test_shapes_only_compile_is_the_real_one(model, quant, norm, strategy, chips
     real = compile_grid(NPU, qm, grid, strategy=strategy, samples=cfg.batch)
     shapes = compile_grid(NPU, _dummy_qmodel(cfg), grid, strategy=strategy,
                           samples=cfg.batch, contents=False, check=False)
-    assert _layout(shapes) == _layout(real)
+    assert program_layout(shapes) == program_layout(real)
     assert [c.alloc.used for c in shapes.chips] == [c.alloc.used for c in real.chips]
-    assert _stream(shapes) == _stream(real)
+    assert program_stream(shapes) == program_stream(real)
     assert all(not c.alloc.images for c in shapes.chips)
     if quant == "smooth16":
         names = set(real.chips[0].alloc.tensors)

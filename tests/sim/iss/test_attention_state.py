@@ -14,9 +14,8 @@ from hw.spec.attention import (
     state_words,
 )
 from sim.compiler.attention_launch import emit, state_launch, state_row_words
-from sim.golden.float_model import attention_mask
 from sim.iss import IssError
-from tests.helpers import StateCase, assemble, attention_npu, seeded
+from tests.helpers import assemble, attention_npu, state_case
 
 
 def test_flags_and_words():
@@ -46,17 +45,7 @@ def test_flags_and_words():
     (45, {}, 6, [(14, 20), (10, 14), (5, 10), (0, 5)], {"q_pos": 14}, True),  # 2 middles
 ])
 def test_chunks_equal_the_golden(seed, npu_kw, queries, chunks, kw, causal):
-    rng = seeded(seed)
-    npu = attention_npu(**npu_kw)
-    keys = chunks and max(b for _, b in chunks)
-    kw = {"d_head": 8, "col": 0, "d_model": 8, **kw}
-    q_pos = kw.pop("q_pos", 0)
-    mask = attention_mask(keys, 0, causal)[q_pos:q_pos + queries] if causal else \
-        np.ones((queries, keys), bool)
-    # A causal query block runs its own chunk causal, the earlier ones bidirectional.
-    own = [i for i, (a, b) in enumerate(chunks) if a <= q_pos < b] if causal else []
-    case = StateCase(rng, npu, queries=queries, keys=keys, chunks=chunks, q_pos=q_pos,
-                     causal=own, mask=mask, **kw)
+    case, _ = state_case(seed, npu_kw, queries, chunks, kw, causal)
     got = case.run_iss()
     bad = np.argwhere(got != case.want)
     assert not len(bad), f"query {bad[0][0]} lane {bad[0][1]}: {got[tuple(bad[0])]}, " \
