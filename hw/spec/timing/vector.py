@@ -77,11 +77,15 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
 
     - element-wise ops (ADD, BIAS, REQUANT, RELU, LUT, GELU16)::
 
-          max(rows * W_a + 6 + w_dl,  rows * W_b + 6 + w_dl,
-              rows * (B + 1) + 4 + w0 + w_dl,  rows * W_d + 6 + w0)
+          max(rows * W_a + 6 + t_a,  rows * W_b + 6 + t_b,
+              rows * (B + 1) + 4 + w0 + t_1,  rows * W_d + 6 + w0)
 
       i.e. a row period of max(W_a, W_b, W_d, B + 1): the slowest stream (one word per cycle)
-      or the unit (one beat per cycle plus one cycle per command);
+      or the unit (one beat per cycle plus one cycle per command); ``t_x = max_k(sum_{j>=k}
+      o_j - sum_{j>k} x_j)`` is the writer's backlog after the last row's last beat when its
+      beats arrive x_j cycles apart (a_j, b_j: their words; 1: the unit's rate), o_j the
+      output words of beat j: w_dl, unless a short last beat follows one with more output
+      words than it has input words (int32 in, int16 out, a last beat of one word);
     - LN: ``rows * (W_a - w_a0 + W_b - w_b0 + 3 + RSQRT_CYCLES) + 4 + w_a0 + t`` where w_x0
       are the first beat's words and ``t = max_k(sum_{j>=k} o_j - sum_{j>k} b_j)`` over the
       row's beats k, with b_j the words of B beat j and o_j = max(data words, q words) of
@@ -150,8 +154,12 @@ def launch_cycles(op, *, rows: int, length: int, lanes: int, flags: VecFlags) ->
         period = wa - a_beats[0] + wb - b_beats[0] + 3 + RSQRT_CYCLES
         return rows * period + 4 + a_beats[0] + tail
     w0 = max(a_beats[0], b_beats[0])
-    wdl = o_beats[-1]
-    return max(rows * wa + 6 + wdl, rows * wb + 6 + wdl, rows * (beats + 1) + 4 + w0 + wdl,
-               rows * wd + 6 + w0)
+
+    def tail(period):
+        # The writer's backlog after the last beat that arrived ``period`` apart.
+        return max(sum(o_beats[k:]) - sum(period[k + 1:]) for k in range(beats))
+
+    return max(rows * wa + 6 + tail(a_beats), rows * wb + 6 + tail(b_beats) if wb else 0,
+               rows * (beats + 1) + 4 + w0 + tail([1] * beats), rows * wd + 6 + w0)
 
 

@@ -344,6 +344,8 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     (35, 4, VectorOp.RMS_APPLY, 3, 11, 2, 4, 2, True),
     (36, 4, VectorOp.MUL, 5, 7, 1, 1, 1, False),
     (37, 8, VectorOp.MUL, 3, 20, 1, 1, 2, False),
+    # int32 in, int16 out, a last beat of one word: the writer's backlog of the beat before.
+    (38, 4, VectorOp.REQUANT, 2, 9, 4, 4, 2, False),
 ])
 def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
     """With every input valid and every output ready, a launch takes exactly

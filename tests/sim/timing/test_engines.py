@@ -29,6 +29,8 @@ def cycles(model, step, regs, limit=100_000):
     (VecFlags(a_bytes=1, b_bytes=1, d_bytes=1), VectorOp.MUL, 32),
     (VecFlags(a_bytes=1, d_bytes=1), VectorOp.LUT, 20),
     (VecFlags(a_bytes=4, b_bytes=4, d_bytes=2, per_channel=True), VectorOp.REQUANT, 12),
+    (VecFlags(a_bytes=4, b_bytes=4, d_bytes=2, per_channel=True), VectorOp.REQUANT, 9),
+    (VecFlags(a_bytes=4, d_bytes=2), VectorOp.RELU, 13),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN, 32),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.RMS, 32),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN_APPLY, 24),
