@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from hw.spec import ConfigError, NpuConfig
 from hw.spec.collective import word_bytes
 from hw.spec.isa import Op, Unit
@@ -42,7 +40,7 @@ from .alloc import Allocator
 from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .compat import Limit, check_ring_port, check_single_chip
-from .program import ChipProgram, Placement, SystemProgram, finish
+from .program import ChipProgram, Placement, SystemProgram, finish, split_ranges
 from .quantize import QModel
 
 __all__ = ["Grid", "head_shards", "stage_layers", "split_batch", "compile_grid"]
@@ -70,16 +68,9 @@ def head_shards(cfg, shards: int, first: int = 0, chips: int | None = None) -> l
         raise Limit(f"is less than the {shards} chips: head parallelism needs a head per chip",
                     path=cfg.path, key="n_heads", value=cfg.n_heads, limit=shards)
     chips = shards if chips is None else chips
-    heads, ffn = _split_ranges(cfg.n_heads, shards), _split_ranges(cfg.d_ff, shards)
+    heads, ffn = split_ranges(cfg.n_heads, shards), split_ranges(cfg.d_ff, shards)
     group = (first, shards, chips) if shards > 1 else None
     return [Shard(heads[c], ffn[c], group, bias=c == 0) for c in range(shards)]
-
-
-def _split_ranges(total: int, parts: int) -> list[range]:
-    """``numpy.array_split(range(total), parts)`` as ranges (the first parts one longer)."""
-    q, r = divmod(total, parts)
-    edges = [k * q + min(k, r) for k in range(parts + 1)]
-    return [range(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
 def stage_layers(cfg, stages: int) -> list[list[int]]:
@@ -87,14 +78,14 @@ def stage_layers(cfg, stages: int) -> list[list[int]]:
     if stages > cfg.n_layers:
         raise Limit(f"is less than the {stages} chips: pipeline parallelism needs a layer per "
                     "chip", path=cfg.path, key="n_layers", value=cfg.n_layers, limit=stages)
-    return [[int(i) for i in part] for part in np.array_split(np.arange(cfg.n_layers), stages)]
+    return [list(part) for part in split_ranges(cfg.n_layers, stages)]
 
 
 def split_batch(samples: int, parts: int, what: str = "microbatches") -> list[list[int]]:
     """The samples of each part (``numpy.array_split``: the first ones one longer)."""
     if not 1 <= parts <= samples:
         raise ValueError(f"{what}={parts} must be 1..{samples} (the batch)")
-    return [[int(i) for i in part] for part in np.array_split(np.arange(samples), parts)]
+    return [list(part) for part in split_ranges(samples, parts)]
 
 
 def _launch_counts(asm) -> dict[str, int]:

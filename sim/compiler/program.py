@@ -18,7 +18,16 @@ from hw.spec.memory import pack_rows, unpack_rows
 from .alloc import Allocator
 from .assembler import Assembler
 
-__all__ = ["Placement", "ChipProgram", "SystemProgram", "finish"]
+__all__ = ["Placement", "ChipProgram", "SystemProgram", "finish", "split_ranges"]
+
+
+def split_ranges(total: int, parts: int) -> list[range]:
+    """``numpy.array_split(range(total), parts)`` as ranges (the first ``total % parts`` one
+    longer), without building the array: the compilers' one rule for splitting heads, FFN
+    columns, layers, samples and tokens."""
+    q, r = divmod(total, parts)
+    edges = [k * q + min(k, r) for k in range(parts + 1)]
+    return [range(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
 @dataclass(frozen=True)

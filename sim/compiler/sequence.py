@@ -56,8 +56,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from hw.spec import ConfigError, ModelConfig, NpuConfig
 from hw.spec.attention import (
     FLAG_STATE_IN,
@@ -77,7 +75,7 @@ from .assembler import Assembler
 from .blocks import BlockEmitter, Shard, pad_to
 from .compat import Limits
 from .descriptors import Desc
-from .program import ChipProgram, Placement, SystemProgram, finish
+from .program import ChipProgram, Placement, SystemProgram, finish, split_ranges
 from .quantize import QModel
 from .single import check_single_chip
 
@@ -90,8 +88,7 @@ _COPY_MULT, _COPY_SHIFT = 1 << 15, 15
 
 def split_tokens(seq: int, parts: int) -> list[tuple[int, int]]:
     """``[start, stop)`` of each chunk (``numpy.array_split``: the first ones one longer)."""
-    bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(seq), parts)])
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(r.start, r.stop) for r in split_ranges(seq, parts)]
 
 
 def key_span(chunk: tuple[int, int], seq: int, window: int, causal: bool) -> tuple[int, int]:

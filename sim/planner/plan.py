@@ -610,10 +610,11 @@ def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: st
                      exact_chip_cycles: int = EXACT_CHIP_CYCLES) -> list[PlanReport]:
     """:func:`plan` on each chip count of ``counts`` (each 2-D grid on the torus of its
     shape, :func:`torus_of`), sharing one timer: the programs, layouts and the fewest chips
-    that fit are found once for all the counts. The grid compiler's strategies lay out each
-    distinct share once (:func:`_representatives`) and list every chip; the others (hidden,
-    sequence: a share per chip) lay out and list the chips where a share changes, the first
-    and the last (``per_chip_bytes(..., only="cuts")``)."""
+    that fit are found once for all the counts, and only the plans that fit are timed (the
+    others' ``predicted_cycles`` are None, a note says why). The grid compiler's strategies
+    lay out each distinct share once (:func:`_representatives`) and list every chip; the
+    others (hidden, sequence: a share per chip) lay out and list the chips where a share
+    changes, the first and the last (``per_chip_bytes(..., only="cuts")``)."""
     if not isinstance(npu, NpuConfig):
         raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
     if not isinstance(model, ModelConfig):
@@ -637,7 +638,8 @@ def plan_chip_counts(npu: NpuConfig, model: ModelConfig, counts, *, strategy: st
             smallest = timer.smallest(model, name)
             only = None if isinstance(get_strategy(name), GridStrategy) else "cuts"
             plans.append(_evaluate(timer, npu, model, name, chips, None,
-                                   smallest[0] if smallest else None, only))
+                                   smallest[0] if smallest else None, only,
+                                   time_unfit=False))
         out.append(PlanReport(npu, model, plans, time.perf_counter() - start))
     return out
 
@@ -773,7 +775,10 @@ def _smallest(npu, cfg, name):
     return hi, None
 
 
-def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> StrategyPlan:
+def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None,
+              time_unfit=True) -> StrategyPlan:
+    """One strategy's plan on ``chips`` (a grid strategy: its best grid). ``time_unfit``:
+    also time a plan that does not fit (what it would take); without, its cycles are None."""
     if name in GRIDS and grid is None:
         grids = _grids(chips, name, npu.topology)
         if not grids:
@@ -788,7 +793,8 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> Strate
                                                    "strategies)")
             return StrategyPlan(name, None, chips, False, [reason], [], 0, 0, None, None,
                                 None, smallest, [], None)
-        options = [_evaluate(timer, npu, cfg, name, chips, g, smallest, only) for g in grids]
+        options = [_evaluate(timer, npu, cfg, name, chips, g, smallest, only, time_unfit)
+                   for g in grids]
         fitting = [p for p in options if p.fits] or options
 
         def key(p):
@@ -805,7 +811,11 @@ def _evaluate(timer, npu, cfg, name, chips, grid, smallest, only=None) -> Strate
                      f"{l0.bytes_per_cycle} B/cycle, {l0.latency_cycles} cycles) hold {rows}, "
                      f"its columns (dimension 1: {l1.bytes_per_cycle} B/cycle, "
                      f"{l1.latency_cycles} cycles) {cols}")
-    cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
+    if reasons and not time_unfit:
+        cycles, how, more = None, None, ["not timed: it does not fit (npu plan --chips "
+                                         f"{chips} times it)"]
+    else:
+        cycles, how, more = _cycles(timer, npu, cfg, name, chips, grid, reasons)
     notes += more
     if cycles is not None and cycles < 0:
         cycles = None
@@ -963,12 +973,12 @@ def _ring_cycles(npu, cfg, chips, count, link=None):
 def _analytic(timer, npu, cfg, name, chips, grid, notes):
     b = cfg.batch
     if name == "data":
-        per = max(len(p) for p in np.array_split(range(b), chips)) or 1
+        per = -(-b // chips) or 1
         cycles, _, more = _analytic_from(timer, npu, cfg, "single", 1, per)
         return cycles, "analytic", notes + more
     if name in ("data+head", "data+pipeline"):
         a, bb = grid
-        per = max(1, max(len(p) for p in np.array_split(range(b), a)))
+        per = max(1, -(-b // a))
         inner = name.split("+")[1]
         if (inner == "head" and bb > cfg.n_heads) or (inner == "pipeline" and bb > cfg.n_layers):
             return None, None, notes

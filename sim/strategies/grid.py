@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
 from ..compiler.grid import Grid, compile_grid, head_shards, stage_layers
 from .base import Split, Strategy, parse_grid
 from .roles import part, stage_roles
@@ -74,7 +72,7 @@ class GridStrategy(Strategy):
     def comm(self, npu, cfg, chips, grid=None):
         split = self.split(chips, grid)
         # Each replica runs its share of the batch (numpy.array_split: the first the largest).
-        samples = max(len(p) for p in np.array_split(range(cfg.batch), split.replicas))
+        samples = -(-cfg.batch // split.replicas)        # the largest replica's share
         sent = colls = 0
         notes = []
         for one in self.parts_of():

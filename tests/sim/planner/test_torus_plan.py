@@ -64,6 +64,13 @@ def test_every_chip_count_shares_one_timer():
     fits = [(r.strategies[0].chips, r.strategies[0].grid, r.strategies[0].fits)
             for r in reports]
     assert fits == [(192, fits[0][1], False), (224, "32x7", True), (1024, "32x32", True)]
+    # Only the plans that fit are timed; one chip count's own plan times the others too.
+    unfit, fit = reports[0].strategies[0], reports[1].strategies[0]
+    assert unfit.predicted_cycles is None and fit.predicted_cycles > 0
+    assert any(n.startswith("not timed: it does not fit (npu plan --chips 192")
+               for n in unfit.notes)
+    alone = plan(LPU, LLAMA, chips=192, strategy="head+pipeline").strategies[0]
+    assert not alone.fits and alone.predicted_cycles > 0
     with pytest.raises(BadInput, match=r"chip count 1025 must be 1..1024"):
         plan_chip_counts(LPU, LLAMA, [1025])
 
