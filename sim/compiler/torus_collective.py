@@ -54,6 +54,7 @@ from hw.spec.collective import (
     words_to_engine,
 )
 from hw.spec.isa import COLL_FIFO_WORDS
+from hw.spec.timing.collective import pipelined_bound_cycles, ring_bound_cycles
 from hw.spec.topology import Topology
 
 from .collective_launch import CollLaunch, coll_launch_natural, emit, emit_descs
@@ -247,25 +248,25 @@ class TorusCollective:
                                for j in range(n)])
 
     # --- cost -------------------------------------------------------------------------------
-    def bound_cycles(self, npu) -> int:
-        """The algorithm's alpha-beta bound on the torus's links: per phase, the
-        step-synchronous ring cost ``steps * (ceil(M_phase / (n * B)) + a)`` of its slowest
-        collective (the two engines' collectives of a phase run at once on the two
-        dimensions), the phases added."""
+    def bound_cycles(self, npu, pipelined: bool = False) -> int:
+        """The algorithm's alpha-beta bound on the torus's links: per phase, the ring cost of
+        its slowest collective (the two engines' collectives of a phase run at once on the
+        two dimensions), the phases added. The ring cost is the step-synchronous
+        ``steps * (ceil(M_phase / (n * B)) + a)`` (:func:`~hw.spec.timing.collective.
+        ring_bound_cycles`), or with ``pipelined`` the lower bound of chips that forward
+        each word as it arrives (:func:`~hw.spec.timing.collective.pipelined_bound_cycles`:
+        on links whose latency overlaps the blocks)."""
         total = 0
         ebytes = self.width // 8
         links = [self.topology.link(d, npu) for d in range(len(self.topology.dims))]
+        cost = pipelined_bound_cycles if pipelined else ring_bound_cycles
         for phase in self.phases[self.members[0]]:
             worst = 0
             for p in phase:
                 link = links[0 if p.req.stride == 1 else 1]     # a row's ring or a column's
-                n = p.req.count
-                if n == 1:
-                    continue
-                steps = 2 * (n - 1) if p.req.kind == Kind.ALL_REDUCE else n - 1
-                m = p.req.length * ebytes
-                worst = max(worst, steps * (-(-m // (n * link.bytes_per_cycle)) +
-                                            link.latency_cycles))
+                if p.req.count > 1:
+                    worst = max(worst, cost(p.req.kind, p.req.length * ebytes, p.req.count,
+                                            link.bytes_per_cycle, link.latency_cycles))
             total += worst
         return total
 

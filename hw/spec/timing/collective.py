@@ -1,4 +1,5 @@
-"""Cycles of collectives on the ring: the step-synchronous bound and the engines' exact cost.
+"""Cycles of collectives on the ring: the step-synchronous and the pipelined bounds and the
+engines' exact cost.
 
 Plain Python: the gateware's tests, the ``npu collective`` report, the benchmarks and the
 timing model read these. Semantics and schedules: :mod:`hw.spec.collective`.
@@ -17,7 +18,8 @@ from ..collective import (
     word_bytes,
 )
 
-__all__ = ["ring_bound_cycles", "hop_latency", "predicted_cycles", "system_cycles"]
+__all__ = ["ring_bound_cycles", "pipelined_bound_cycles", "hop_latency", "predicted_cycles",
+           "system_cycles"]
 
 
 def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
@@ -30,6 +32,21 @@ def ring_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
     kind = Kind[kind.upper()] if isinstance(kind, str) else Kind(kind)
     hops = 2 * (n - 1) if kind == Kind.ALL_REDUCE else n - 1
     return hops * (math.ceil(message_bytes / (n * link_bytes)) + latency)
+
+
+def pipelined_bound_cycles(kind: Kind, message_bytes: int, n: int, link_bytes: int,
+                           latency: int, directions: int = 1) -> int:
+    """A lower bound on a ring collective whose chips forward each word as it arrives:
+    ``max(S w + a, S a + w)`` with ``S`` steps (:func:`ring_bound_cycles`) and blocks of
+    ``w = ceil(M / (n B d))`` cycles on each of ``d`` directions' links. Each link carries
+    ``S`` blocks one after the other, the last word then ``a`` cycles on its way; and the
+    last step's block cannot start before a chain of ``S`` hops of ``a`` cycles. Unlike the
+    step-synchronous ``S (w + a)``, it holds where a hop's latency overlaps the blocks (links
+    of hundreds of cycles)."""
+    kind = Kind[kind.upper()] if isinstance(kind, str) else Kind(kind)
+    hops = 2 * (n - 1) if kind == Kind.ALL_REDUCE else n - 1
+    w = math.ceil(message_bytes / (n * link_bytes * directions))
+    return max(hops * w + latency, hops * latency + w)
 
 
 def hop_latency(link_bytes: int, latency: int) -> int:
