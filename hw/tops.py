@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .chip import Chip
 from .fpga.board import DEFAULT_BAUD, PE_DSP, BoardTop, baud_divisor
 from .fpga.uart import HostLink
-from .fpga.units import AddrGenUnit, SequencerUnit
+from .fpga.units import SEQ_FOLD_BITS, AddrGenUnit, SequencerUnit
 from .ring.collective import CollectiveEngine
 from .ring.router import Router
 from .ring.testbed import RingTestbed
@@ -77,7 +77,8 @@ def _vector(npu: NpuConfig, chips: int):
 
 
 def _sequencer(npu: NpuConfig, chips: int):
-    return SequencerUnit(npu=npu)
+    # The register file leaves folded: 64 port bits instead of 183 x 48 (docs/fpga.md).
+    return SequencerUnit(npu=npu, fold_bits=SEQ_FOLD_BITS)
 
 
 def _scratchpad(npu: NpuConfig, chips: int):

@@ -4,7 +4,8 @@ Most units are components of their own (``hw.tops``); two are groups that the ch
 several components, wrapped here so that each is one top with every port of the group:
 
 - :class:`SequencerUnit`: the sequencer with its instruction memory (the chip's ``imem``), whose
-  write port is the host's;
+  write port is the host's; as ``--top sequencer`` builds it, its register file leaves as a
+  registered parity fold (``fold_bits``), so that the serial shell stays small enough to route;
 - :class:`AddrGenUnit`: a ring chip's address generators (``hw.spec.isa.chip_gens(1)``,
   with ``wrap`` on ``WRAP_GENS``), each with its descriptor in and its address stream out.
 
@@ -13,7 +14,10 @@ The table of what each unit costs on the ECP5 is in ``docs/fpga.md``.
 
 from __future__ import annotations
 
-from amaranth.hdl import Module
+from functools import reduce
+from operator import xor
+
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
@@ -24,7 +28,10 @@ from ..spec.isa import INSN_BITS, WRAP_GENS, chip_gens
 from ..tile.scratchpad import AddrGen, addr_layout, desc_layout
 from ..tile.sequencer import Sequencer
 
-__all__ = ["SequencerUnit", "AddrGenUnit"]
+__all__ = ["SequencerUnit", "AddrGenUnit", "SEQ_FOLD_BITS"]
+
+#: ``regs_fold`` bits of the sequencer as ``npu fpga --top sequencer`` builds it.
+SEQ_FOLD_BITS = 64
 
 
 class SequencerUnit(wiring.Component):
@@ -33,15 +40,31 @@ class SequencerUnit(wiring.Component):
 
     Members: the sequencer's, less ``imem_addr`` / ``imem_data``, plus ``imem_wr``: a stream of
     ``{addr, data}`` (always ready), the host's write port.
+
+    ``fold_bits`` (default None: ``regs`` as the sequencer's): ``regs`` is replaced by
+    ``regs_fold``, ``Out(fold_bits)``. The stored bits of every register (its ``reg_widths``
+    low bits, 2,706 on the ulx3s preset, instead of 183 x 48 sign-extended port bits) are taken
+    four at a time, each group's XOR into a flip-flop (one LUT between a register and a
+    flip-flop, as the chip's launch copies a register into a unit), and bit ``k`` of
+    ``regs_fold`` is the XOR of the groups ``j`` with ``j % fold_bits == k``. Every register bit
+    reaches an output through XORs only, so synthesis keeps every register and the logic
+    that writes it; the serial shell shifts out ``fold_bits`` bits instead of 8,784.
     """
 
-    def __init__(self, *, npu: NpuConfig):
+    def __init__(self, *, npu: NpuConfig, fold_bits: int | None = None):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
+        if fold_bits is not None and (not isinstance(fold_bits, int) or fold_bits < 1):
+            raise ValueError(f"fold_bits must be a positive integer or None, not {fold_bits!r}")
         self._npu = npu
-        self.seq = Sequencer(imem_words=npu.imem_words, reg_widths=reg_widths(npu, chip_bits=1))
+        self._fold_bits = fold_bits
+        self._widths = reg_widths(npu, chip_bits=1)
+        self.seq = Sequencer(imem_words=npu.imem_words, reg_widths=self._widths)
         members = {name: member for name, member in self.seq.signature.members.items()
                    if name not in ("imem_addr", "imem_data")}
+        if fold_bits is not None:
+            del members["regs"]
+            members["regs_fold"] = Out(fold_bits)
         members["imem_wr"] = In(stream.Signature(data.StructLayout(
             {"addr": range(npu.imem_words), "data": INSN_BITS})))
         super().__init__(members)
@@ -57,7 +80,7 @@ class SequencerUnit(wiring.Component):
             wr.data.eq(self.imem_wr.payload.data), self.imem_wr.ready.eq(1),
         ]
         for name in self.signature.members:
-            if name == "imem_wr":
+            if name in ("imem_wr", "regs_fold"):
                 continue
             ours, theirs = getattr(self, name), getattr(seq, name)
             if name in ("start", "can_launch", "busy"):
@@ -66,6 +89,12 @@ class SequencerUnit(wiring.Component):
                 m.d.comb += [a.eq(b) for a, b in zip(ours, theirs, strict=True)]
             else:
                 m.d.comb += ours.eq(theirs)
+        if self._fold_bits is not None:
+            bits = Cat(*(r[:w] for r, w in zip(seq.regs, self._widths, strict=True)))
+            groups = [Signal(name=f"fold{j}") for j in range((len(bits) + 3) // 4)]
+            m.d.sync += [g.eq(bits[4 * j:4 * j + 4].xor()) for j, g in enumerate(groups)]
+            m.d.comb += [self.regs_fold[k].eq(reduce(xor, groups[k::self._fold_bits]))
+                         for k in range(min(self._fold_bits, len(groups)))]
         return m
 
 

@@ -1,7 +1,8 @@
 """Static-schedule sequencer: fetches 64-bit instructions and launches units (``hw.spec.isa``)."""
 
-from amaranth.hdl import Array, Module, Mux, Signal, signed
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..spec.isa import (
@@ -119,17 +120,54 @@ class Sequencer(wiring.Component):
         loop_left = Signal(LOOP_COUNT_BITS)
         loop_iter = Signal(ITER_BITS)    # ITER: the running trip's index
         scale = insn[OPCODE_BITS + REG_BITS:OPCODE_BITS + REG_BITS + ADDX_SCALE_BITS].as_signed()
-        written = Signal(signed(VALUE_BITS))   # what SET, ADD or ADDX writes
         body = flags[:LOOP_BODY_BITS]
         count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
         jump = Signal()                  # a LOOP that skips its body (count 0)
         target = Signal(range(self._imem_words))
 
-        # The registers' stored bits (the read for ADD zero-extends them: the bits above a
-        # register's width are constants, not a multiplexer's inputs).
+        # The registers' stored bits: what the units copy at a launch.
         store = [Signal(w, name=f"reg_{REGS[i].replace('.', '_')}")
                  for i, w in enumerate(self._reg_widths)]
-        m.d.comb += [out.eq(r.as_signed()) for out, r in zip(self.regs, store, strict=True)]
+
+        # The write-back stage. A SET, ADD or ADDX issued in cycle t (from the instruction
+        # memory's output) leaves in registers which register it writes (`w_hit`, one bit per
+        # register, and `w_idx`), its addend (`w_addend`: the value, or ADDX's product of the
+        # scale and ITER) and where the register's value comes from; in cycle t + 1 `w_sum`,
+        # that value plus the addend, is written. `w_sum` is what the register reads in cycle
+        # t + 1: on `regs` (a launch in cycle t + 1 copies it) and as the value of an ADD or
+        # ADDX of the same register issued in cycle t + 1 (`w_fwd`).
+        #
+        # The value an ADD reads comes from `shadow`, a block RAM copy of the registers (the
+        # 48-bit sums; each register keeps the low bits of its sum, which wrap as the sum's
+        # do), read in cycle t at the instruction's register index: no multiplexer over the
+        # registers. `live` marks the registers written since reset (`start` clears those of
+        # START_CLEARED): the others read 0, as their flip-flops do.
+        n_regs = len(REGS)
+        m.submodules.shadow = shadow = Memory(shape=VALUE_BITS, depth=n_regs, init=[])
+        sh_rd, sh_wr = shadow.read_port(), shadow.write_port()
+        live = Signal(n_regs)
+        w_hit = Signal(n_regs)
+        w_valid = Signal()               # any bit of w_hit
+        w_idx = Signal(REG_BITS)         # the register of w_hit
+        w_addend = Signal(VALUE_BITS)
+        w_set = Signal()                 # SET: the value is 0 + the addend
+        w_fwd = Signal()                 # the instruction before wrote the same register
+        w_live = Signal()                # live[] of the register
+        last_sum = Signal(VALUE_BITS)    # w_sum of the cycle before
+        w_old = Signal(VALUE_BITS)
+        w_sum = Signal(VALUE_BITS)
+        m.d.comb += [
+            sh_rd.addr.eq(reg_index),
+            w_old.eq(Mux(w_set, 0, Mux(w_fwd, last_sum, Mux(w_live, sh_rd.data, 0)))),
+            w_sum.eq(w_old + w_addend),
+            sh_wr.addr.eq(w_idx), sh_wr.data.eq(w_sum), sh_wr.en.eq(w_valid),
+        ]
+        m.d.sync += [w_hit.eq(0), w_valid.eq(0), last_sum.eq(w_sum)]
+        for i, r in enumerate(store):
+            with m.If(w_hit[i]):
+                m.d.sync += [r.eq(w_sum), live[i].eq(1)]
+        m.d.comb += [out.eq(Mux(w_hit[i], w_sum[:len(r)], r).as_signed())
+                     for i, (out, r) in enumerate(zip(self.regs, store, strict=True))]
 
         m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc), target.eq(pc + 1)]
         with m.If(jump):
@@ -150,6 +188,7 @@ class Sequencer(wiring.Component):
                 m.d.sync += [self.running.eq(1), self.done.eq(0), self.error.eq(0),
                              self.cycles.eq(0), pc.eq(0), loop_active.eq(0)]
                 m.d.sync += [store[REG_INDEX[name]].eq(0) for name in START_CLEARED]
+                m.d.sync += [live[REG_INDEX[name]].eq(0) for name in START_CLEARED]
                 m.d.comb += self.imem_addr.eq(0)
         with m.Else():
             m.d.sync += self.cycles.eq(self.cycles + 1)
@@ -157,21 +196,23 @@ class Sequencer(wiring.Component):
                 with m.Case(Op.NOP):
                     m.d.comb += advance.eq(1)
                 with m.Case(Op.SET, Op.ADD, Op.ADDX):
-                    # ADD, ADDX: one adder on the selected register, written back as SET
-                    # writes; ADDX's addend is the one multiplier's product (signed 16 x
-                    # unsigned 32 bits: it fits the 48-bit register exactly). `written` is a
-                    # signal, so every register's case shares the one product and sum.
-                    addend = Mux(op == Op.ADDX, scale * loop_iter, value)
-                    m.d.comb += written.eq(
-                        Mux(op == Op.SET, value, Array(store)[reg_index] + addend))
+                    # Issue: the register's value (through the write-back stage's sum when
+                    # the instruction before wrote it) and the addend (ADDX: the one
+                    # multiplier's product, signed 16 x unsigned 32 bits: it fits the 48-bit
+                    # register exactly) go to the write-back stage.
                     with m.If((op == Op.ADDX) & ~loop_active):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
                     with m.Else():
                         m.d.comb += advance.eq(1)
-                        with m.Switch(reg_index):
-                            for i in range(len(REGS)):
-                                with m.Case(i):
-                                    m.d.sync += store[i].eq(written)
+                        m.d.sync += [
+                            *(w_hit[i].eq(reg_index == i) for i in range(n_regs)),
+                            w_valid.eq(1),
+                            w_idx.eq(reg_index),
+                            w_addend.eq(Mux(op == Op.ADDX, scale * loop_iter, value)),
+                            w_set.eq(op == Op.SET),
+                            w_fwd.eq(w_valid & (w_idx == reg_index)),
+                            w_live.eq(live.bit_select(reg_index, 1)),
+                        ]
                 with m.Case(Op.LOOP):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
