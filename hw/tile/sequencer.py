@@ -34,8 +34,13 @@ class Sequencer(wiring.Component):
     - ``SET reg, value`` writes the configuration register file (``regs``); ``ADD reg, value``
       adds to it (48 bits, wrapping); ``ADDX reg, scale`` adds ``scale * ITER``, the loop's
       iteration index times the low 16 bits of the value field (signed). All three share one
-      write path: one read mux on the selected register, one adder, and one 16 x 32-bit
-      multiplier (one instruction issues per cycle, so one product serves every register).
+      write path (one instruction issues per cycle, so one product and one sum serve every
+      register), in two stages: in the cycle it issues, the instruction reads its register's
+      value from a block RAM copy of the registers (no multiplexer over the registers) and
+      registers its addend (the value, or the one 16 x 32-bit multiplier's product); in the
+      next cycle the sum is written, and is what that cycle reads of the register: ``regs``
+      (a launch in that cycle copies it) and the value of an ADD or ADDX of the same register
+      issued in that cycle. To a program, SET, ADD and ADDX write in the cycle they issue.
     - ``LOOP body, count`` runs the next ``body`` instructions ``count`` times (0: skips them):
       it records the body's first and last pc and the trips left; completing the last
       instruction of the body with trips left goes back to the first (the same cycle as any
@@ -149,7 +154,14 @@ class Sequencer(wiring.Component):
         w_hit = Signal(n_regs)
         w_valid = Signal()               # any bit of w_hit
         w_idx = Signal(REG_BITS)         # the register of w_hit
-        w_addend = Signal(VALUE_BITS)
+        w_value = Signal(VALUE_BITS)     # SET and ADD's value
+        w_addx = Signal()
+        # ADDX's product of the scale and ITER, as two partial products, each one 18 x 18
+        # multiplier's (ITER's low 17 bits, and the 15 above): registered at the multipliers'
+        # outputs, summed in the write-back stage, beside the register's read.
+        split = 17
+        w_plo = Signal(signed(ADDX_SCALE_BITS + split))
+        w_phi = Signal(signed(ADDX_SCALE_BITS + ITER_BITS - split))
         w_set = Signal()                 # SET: the value is 0 + the addend
         w_fwd = Signal()                 # the instruction before wrote the same register
         w_live = Signal()                # live[] of the register
@@ -159,7 +171,7 @@ class Sequencer(wiring.Component):
         m.d.comb += [
             sh_rd.addr.eq(reg_index),
             w_old.eq(Mux(w_set, 0, Mux(w_fwd, last_sum, Mux(w_live, sh_rd.data, 0)))),
-            w_sum.eq(w_old + w_addend),
+            w_sum.eq(w_old + Mux(w_addx, w_plo + (w_phi << split), w_value)),
             sh_wr.addr.eq(w_idx), sh_wr.data.eq(w_sum), sh_wr.en.eq(w_valid),
         ]
         m.d.sync += [w_hit.eq(0), w_valid.eq(0), last_sum.eq(w_sum)]
@@ -169,9 +181,13 @@ class Sequencer(wiring.Component):
         m.d.comb += [out.eq(Mux(w_hit[i], w_sum[:len(r)], r).as_signed())
                      for i, (out, r) in enumerate(zip(self.regs, store, strict=True))]
 
-        m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc), target.eq(pc + 1)]
+        # The next pc: the instruction memory's read address, from its output in the same
+        # cycle. pc + 1 comes from the pc register alone, so that a LOOP's skip adds only the
+        # body length to it after the instruction arrives (one carry chain, not two).
+        pc1 = Signal(range(self._imem_words + 1))
+        m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc), pc1.eq(pc + 1), target.eq(pc1)]
         with m.If(jump):
-            m.d.comb += target.eq(pc + body + 1)
+            m.d.comb += target.eq(pc1 + body)
         with m.Elif(loop_active & (pc == loop_end)):
             with m.If(loop_left != 0):
                 m.d.comb += target.eq(loop_start)
@@ -208,7 +224,9 @@ class Sequencer(wiring.Component):
                             *(w_hit[i].eq(reg_index == i) for i in range(n_regs)),
                             w_valid.eq(1),
                             w_idx.eq(reg_index),
-                            w_addend.eq(Mux(op == Op.ADDX, scale * loop_iter, value)),
+                            w_value.eq(value), w_addx.eq(op == Op.ADDX),
+                            w_plo.eq(scale * loop_iter[:split]),
+                            w_phi.eq(scale * loop_iter[split:]),
                             w_set.eq(op == Op.SET),
                             w_fwd.eq(w_valid & (w_idx == reg_index)),
                             w_live.eq(live.bit_select(reg_index, 1)),
