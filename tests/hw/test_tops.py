@@ -3,6 +3,7 @@
 
 import re
 
+import pytest
 from amaranth.back import rtlil
 
 from hw.chip import reg_widths
@@ -116,6 +117,44 @@ def test_sequencer_unit_runs_a_program_from_its_memory():
     low = (big - 9) % (1 << ab)                        # 2**ab - 2: the top bit set
     want = low - (1 << ab) if low >> (ab - 1) else low
     assert seen == {"error": 0, "k": 12345, "base": want}, seen
+
+
+def test_sequencer_unit_folds_its_registers():
+    """``--top sequencer`` leaves the registers as ``regs_fold``: the stored bits (each
+    register's ``reg_widths`` low bits, in REGS order) XORed four at a time into flip-flops,
+    and bit k the XOR of groups k, k + fold_bits, ...; a bad ``fold_bits`` is refused."""
+    npu = npu_preset("tiny")
+    assert "regs_fold" in build_top("sequencer", npu).signature.members
+    with pytest.raises(ValueError, match="fold_bits must be a positive integer"):
+        SequencerUnit(npu=npu, fold_bits=0)
+    fold = 8
+    dut = SequencerUnit(npu=npu, fold_bits=fold)
+    widths = reg_widths(npu, chip_bits=1)
+    values = {REG_INDEX["MM_K"]: 12345, REG_INDEX["RD0.base"]: -3, REG_INDEX["CO_LEN"]: 1 << 47,
+              REG_INDEX["SR_DEST"]: 1}
+    program = [encode(Insn(Op.SET, i, v)) for i, v in values.items()] + [encode(Insn(Op.HALT))]
+    seen = {}
+
+    async def bench(ctx):
+        for addr, word in enumerate(program):
+            ctx.set(dut.imem_wr.valid, 1)
+            ctx.set(dut.imem_wr.payload, {"addr": addr, "data": word})
+            await ctx.tick()
+        ctx.set(dut.imem_wr.valid, 0)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        await ctx.tick().until(dut.done)
+        await ctx.tick().repeat(2)          # the write-back, then the fold's flip-flops
+        seen["fold"] = ctx.get(dut.regs_fold)
+
+    run_sim(dut, [bench], max_cycles=200)
+    bits = []
+    for i, w in enumerate(widths):
+        bits += [(values.get(i, 0) >> b) & 1 for b in range(w)]
+    groups = [sum(bits[4 * j:4 * j + 4]) & 1 for j in range((len(bits) + 3) // 4)]
+    want = sum((sum(groups[k::fold]) & 1) << k for k in range(fold))
+    assert want != 0 and seen["fold"] == want, (seen, want)
 
 
 def test_addrgen_unit_walks_each_generator():
