@@ -15,6 +15,7 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.isa import COUNT_BITS
 from ..spec.timing.chip import VEC_OUT_FIFO_DEPTH
+from ..spec.timing.vector import check_pipeline
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp, argmax_words
 from ..spec.vector_engine import (
     B_OPS,
@@ -150,6 +151,9 @@ class VectorEngine(wiring.Component):
     two paths: ARGMAX writes one per row on ``o_q``, ONEHOT reads one per row on ``i_stats``
     (pair-mode ARGMAX ``length`` per row).
 
+    ``pipeline`` is the unit's (:class:`~hw.tile.vector.VectorUnit`): ``"short"`` or
+    ``"deep"``, the NPU file's ``vector_pipeline``.
+
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
     while the unit finishes the previous row); results pass a FIFO of
@@ -158,7 +162,7 @@ class VectorEngine(wiring.Component):
     int32 data) would also stall the input side and the row period would exceed the slowest stream's
     words per row. With it, :func:`hw.spec.timing.vector.launch_cycles` holds exactly. From the
     configuration beat the first command is offered the next cycle; the first result word leaves
-    about 7 cycles after the first input word arrives.
+    about 7 cycles after the first input word arrives (11 with the deep pipeline).
 
     Members
     -------
@@ -171,10 +175,11 @@ class VectorEngine(wiring.Component):
     busy : ``Out(1)``
     """
 
-    def __init__(self, *, lanes: int, d_model_max: int):
+    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short"):
         check_sizes(lanes, d_model_max, min_lanes=2)
         self._lanes = lanes
         self._d_model_max = d_model_max
+        self._pipeline = check_pipeline(pipeline)
         self._out_fifo_depth = VEC_OUT_FIFO_DEPTH
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout())),
@@ -195,10 +200,15 @@ class VectorEngine(wiring.Component):
     def d_model_max(self) -> int:
         return self._d_model_max
 
+    @property
+    def pipeline(self) -> str:
+        return self._pipeline
+
     def elaborate(self, platform):
         m = Module()
         n = self._lanes
-        m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max)
+        m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max,
+                                                  pipeline=self._pipeline)
         cfg = Signal(cfg_layout())
         flags = cfg.flags
         active = Signal()
@@ -223,8 +233,17 @@ class VectorEngine(wiring.Component):
         # ---- commands: one per row, offered back to back --------------------------------
         issued = Signal(COUNT_BITS)
         c = unit.i_cmd
+        # deep: whether commands remain, in a register (issued != rows, ahead of time).
+        more = Signal()
+        if self._pipeline == "deep":
+            with m.If(start):
+                m.d.sync += more.eq(p.rows != 0)
+            with m.Elif(c.valid & c.ready):
+                m.d.sync += more.eq(issued + 1 != cfg.rows)
+        else:
+            m.d.comb += more.eq(issued != cfg.rows)
         m.d.comb += [
-            c.valid.eq(active & (issued != cfg.rows)),
+            c.valid.eq(active & more),
             c.payload.op.eq(cfg.op), c.payload.length.eq(cfg.length), c.payload.n.eq(cfg.n),
             c.payload.mult.eq(cfg.mult), c.payload.shift.eq(cfg.shift),
             c.payload.gshift.eq(cfg.gshift), c.payload.out16.eq(flags.out16),
