@@ -7,13 +7,24 @@ those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import (
+    Array,
+    Cat,
+    Const,
+    Elaboratable,
+    Module,
+    Mux,
+    Signal,
+    Value,
+    signed,
+    unsigned,
+)
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..arith import saturate, tree_sum
 from ..layouts import lanes_layout
-from ..spec.timing.vector import check_pipeline, latency, rsqrt_cycles
+from ..spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
 from ..spec.vector import (
     GELU16_KNOTS,
     GELU16_ZERO,
@@ -417,13 +428,14 @@ class VectorUnit(wiring.Component):
         #           round(delta * f >> g)
         #   3 -> o: LN q8 = requant(y16, mult, shift, 8); GELU16 hi/lo bytes; padding lanes 0
         # The short pipeline does each step in one cycle (stages 1, 2, 3, then the output
-        # register). The deep one registers every product (stages 0m to 3m, in the DSPs'
-        # outputs; step 0's as two partial products of 17 and 15 bits of the operand, added in
-        # the next cycle with LN's `- S1`; MUL's int8 product there, times `mult` in the next
-        # cycle), then shifts it by the step's amount into stages 1s to 3s (keeping the bit
-        # below the result: `w = (v << 1) >> s`), then rounds (`(w + 1) >> 1`, which is
-        # `(v + 2**(s-1)) >> s`) and clamps; it issues the table reads from stage 0m, so the
-        # entries still meet their beat in stage 1.
+        # register). The deep one registers the operands of step 0's multiplier (stage 0r),
+        # then every product (stages 0m to 3m, in the DSPs' outputs; step 0's as two partial
+        # products of 17 and 15 bits of the operand, added in the next cycle with LN's `- S1`;
+        # MUL's int8 product there, times `mult` in the next cycle; t * Y as four partial
+        # products, added in stage 1a), then shifts it by the step's amount into stages 1s to
+        # 3s (keeping the bit below the result: `w = (v << 1) >> s`), then rounds (`(w + 1) >>
+        # 1`, which is `(v + 2**(s-1)) >> s`) and clamps; it issues the table reads from stage
+        # 0r and registers the entries in stage 1, before GELU16's multiply.
         beat_l = data.StructLayout({
             "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
             "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes,
@@ -433,11 +445,14 @@ class VectorUnit(wiring.Component):
             "base": signed(16), "mid": 1,
             # deep: a product or a shifted one (t * Y is the widest; one more bit for the
             # shift's) and the table addresses
-            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8}
+            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8,
+                "ma": signed(32), "mb": 16, "b8": signed(8), "lut_e": signed(8),
+                "e_base": signed(16), "e_delta": signed(17),
+                **{f"pp{k}": signed(36) for k in range(4)}}
                if deep else {})}), lanes)
         n_regs = latency(self._pipeline) - 1        # stage registers before the output's
-        names = ["0", "0m", "1", "1m", "1s", "2", "2m", "2s", "3", "3m", "3s"] if deep \
-            else ["0", "1", "2", "3"]
+        names = ["0", "0r", "0m", "1", "1m", "1a", "1s", "2", "2m", "2s", "3", "3m", "3s"] \
+            if deep else ["0", "1", "2", "3"]
         assert len(names) == n_regs + 1
         regs = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
                 for k in names]   # stage 0 is combinational (the input beat)
@@ -486,7 +501,8 @@ class VectorUnit(wiring.Component):
             with m.Else():
                 m.d.comb += [mult.eq(cmd.mult), lane.sh.eq(cmd.shift)]
             m.d.comb += [lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
-            add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            if not deep:
+                add = _clamp(m, a[j] + b[j], 16, f"add{j}")
             # One multiplier per lane for stage 0's products, whose ops exclude each other:
             # REQUANT's a * mult, MUL's (a8 * b8) * mult, LayerNorm's n * x (signed 32 x
             # unsigned 16 bits: two 18 x 18 DSPs).
@@ -505,10 +521,9 @@ class VectorUnit(wiring.Component):
                     with m.Default():
                         m.d.comb += [mul_a.eq(a[j]), mul_b.eq(mult)]
             if deep:
-                # Two partial products, each one DSP: the operand's low 17 bits and its top 15.
-                product = Signal(unsigned(33), name=f"product_lo{j}")
-                m.d.comb += [product.eq(mul_a[0:17] * mul_b),
-                             lane.prod.eq(mul_a[17:32].as_signed() * mul_b)]
+                # The operands into stage 0r; their products in 0m.
+                product = 0
+                m.d.comb += [lane.ma.eq(mul_a), lane.mb.eq(mul_b), lane.b8.eq(b[j][0:8])]
             else:
                 product = Signal(signed(49), name=f"product{j}")
                 m.d.comb += product.eq(mul_a * mul_b)
@@ -522,29 +537,36 @@ class VectorUnit(wiring.Component):
             m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
                          above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO)]
             if deep:
-                # The reads are issued from stage 0m, with the addresses carried there.
-                pl0m = prods[0][1][j]
+                # The reads are issued from stage 0r, with the addresses carried there.
+                pl0r = regs[1][1][j]
                 m.d.comb += [lane.lut_a.eq(a[j][0:8]), lane.lut16_a.eq(gi[0:8] ^ GELU16_ZERO),
-                             lut_r[j].addr.eq(pl0m.lut_a), lut16_r[j].addr.eq(pl0m.lut16_a)]
+                             lut_r[j].addr.eq(pl0r.lut_a), lut16_r[j].addr.eq(pl0r.lut16_a)]
             else:
                 m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
                              lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
             with m.Switch(op):
+                # deep: ADD, BIAS and RELU in stage 0r -> 0m, from the operands there.
                 with m.Case(VectorOp.ADD):
-                    m.d.comb += lane.val.eq(add)
+                    if not deep:
+                        m.d.comb += lane.val.eq(add)
                 with m.Case(VectorOp.BIAS):
-                    m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
+                    if not deep:
+                        m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
                 with m.Case(VectorOp.REQUANT):
-                    m.d.comb += lane.val.eq(product)
+                    if not deep:
+                        m.d.comb += lane.val.eq(product)
                 with m.Case(VectorOp.MUL):
                     # MUL: int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32
-                    # (deep: in the next stage).
-                    m.d.comb += lane.val.eq(prod8 if deep else product)
+                    # (deep: in stages 0m and 1).
+                    if not deep:
+                        m.d.comb += lane.val.eq(product)
                 with m.Case(VectorOp.RELU):
-                    m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
+                    if not deep:
+                        m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
-                    # deep: the low partial product; S1 is subtracted on the way to stage 1.
-                    m.d.comb += lane.val.eq(product if deep else product - s1)
+                    # deep: S1 is subtracted on the way to stage 1.
+                    if not deep:
+                        m.d.comb += lane.val.eq(product - s1)
                 with m.Case(VectorOp.ONEHOT):
                     m.d.comb += lane.val.eq(rel == j)
                 with m.Case(VectorOp.GELU16):
@@ -555,9 +577,31 @@ class VectorUnit(wiring.Component):
                     with m.Elif(~below):
                         m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
         if deep:
-            # Stage 0m -> 1: the partial products' sum (REQUANT, LN: minus S1), MUL's product.
+            # Stage 0r -> 0m: the partial products (REQUANT, LN), MUL's int8 product.
+            rb, rl = regs[1]
+            for j in range(lanes):
+                ma, mb = rl[j].ma, rl[j].mb
+                with m.If(adv & ((rb.op == VectorOp.REQUANT) | rb.ln)):
+                    m.d.sync += [prods[0][1][j].val.eq(ma[0:17] * mb),
+                                 prods[0][1][j].prod.eq(ma[17:32].as_signed() * mb)]
+                with m.If(adv & (rb.op == VectorOp.MUL)):
+                    m.d.sync += prods[0][1][j].val.eq(ma[0:8].as_signed() * rl[j].b8)
+                bj = Cat(rl[j].gamma, rl[j].beta).as_signed()       # the B operand
+                with m.If(adv & (rb.op == VectorOp.ADD)):
+                    m.d.sync += prods[0][1][j].val.eq(_clamp(m, ma + bj, 16, f"add{j}"))
+                with m.If(adv & (rb.op == VectorOp.BIAS)):
+                    m.d.sync += prods[0][1][j].val.eq((ma + bj)[0:32].as_signed())
+                with m.If(adv & (rb.op == VectorOp.RELU)):
+                    m.d.sync += prods[0][1][j].val.eq(Mux(ma > 0, ma, 0))
+            # Stage 0m -> 1: the partial products' sum (REQUANT, LN: minus S1), MUL's product;
+            # the table entries.
             pb, pl = prods[0]
             for j in range(lanes):
+                entry = lut16_r[j].data
+                with m.If(adv):
+                    m.d.sync += [stages[1][1][j].lut_e.eq(lut_r[j].data),
+                                 stages[1][1][j].e_base.eq(entry.base),
+                                 stages[1][1][j].e_delta.eq(entry.delta)]
                 whole = pl[j].val + (pl[j].prod << 17)
                 with m.If(adv & (pb.op == VectorOp.REQUANT)):
                     m.d.sync += stages[1][1][j].val.eq(whole)
@@ -577,18 +621,26 @@ class VectorUnit(wiring.Component):
             t = pl[j].val[0:34].as_signed()
             entry = lut16_r[j].data
             if deep:
-                # The product and the table entries into stage 1m; the shift into 1s.
-                with m.If(adv & pb.ln):
-                    m.d.sync += prods[1][1][j].prod.eq(t * pb.y)
+                # t * Y's partial products and the table entries into stage 1m; t * Y in 1a;
+                # the shift into 1s.
+                parts = _partials(t, pb.y)
+                with m.If(adv):
+                    m.d.sync += [getattr(prods[1][1][j], f"pp{k}").eq(pp)
+                                 for k, (pp, _) in enumerate(parts)]
                 with m.If(adv & (pb.op == VectorOp.LUT)):
-                    m.d.sync += prods[1][1][j].val.eq(lut_r[j].data)
+                    m.d.sync += prods[1][1][j].val.eq(pl[j].lut_e)
                 with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
-                    m.d.sync += [prods[1][1][j].val.eq(entry.delta * pl[j].val[0:8]),
-                                 prods[1][1][j].base.eq(entry.base)]
+                    m.d.sync += [prods[1][1][j].val.eq(pl[j].e_delta * pl[j].val[0:8]),
+                                 prods[1][1][j].base.eq(pl[j].e_base)]
                 qb, ql = prods[1]
+                sum_ty = tree_sum([getattr(ql[j], f"pp{k}") << sh
+                                   for k, (_, sh) in enumerate(parts)], m=m, name=f"ty{j}")
+                with m.If(adv & qb.ln):
+                    m.d.sync += regs[names.index("1a")][1][j].prod.eq(sum_ty)
+                ab, al = regs[names.index("1a")]
                 with m.If(adv):
                     m.d.sync += shifts[1][1][j].prod.eq(shift_keep(
-                        Mux(qb.ln, ql[j].prod, ql[j].val), Mux(qb.ln, qb.zs, ql[j].sh)))
+                        Mux(ab.ln, al[j].prod, al[j].val), Mux(ab.ln, ab.zs, al[j].sh)))
                 rb, rl = shifts[1]
                 # The rounding adder as wide as the widest clamp, the bounds by bit tests.
                 w = rl[j].prod
@@ -683,33 +735,43 @@ class VectorUnit(wiring.Component):
         # Statistics of the incoming beat (lanes past `length` count as 0).
         xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
         m.d.comb += [xa[j].eq(Mux(lane_ok[j], a[j][0:16], 0)) for j in range(lanes)]
-        beat_s1 = tree_sum(xa, m=m, name="beat_s1")
-        if deep:
-            # A beat's sum and squares are registered (the squares in the DSPs' outputs) and
-            # added to S1 and S2 in the next cycle; S2 in the bits a sum of squares of
-            # d_model_max int16 values needs.
-            st_valid = Signal()
-            st_s1 = Signal(signed(len(beat_s1)))
-            st_sq = [Signal(signed(32), name=f"st_sq{j}") for j in range(lanes)]
-            s2_bits = 31 + self._d_model_max.bit_length()
-            m.d.sync += st_valid.eq(0)
-            with m.If(st_valid):
-                m.d.sync += [s1.eq(Mux(rms, 0, s1 + st_s1)),
-                             s2.eq(s2[:s2_bits] + tree_sum(st_sq, m=m, name="beat_s2"))]
-        else:
-            beat_s2 = tree_sum((x * x for x in xa), m=m, name="beat_s2")
-        amax_v, amax_j = _argmax_tree(
-            m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
         is_argmax = op == VectorOp.ARGMAX
         if deep:
-            # A beat's maximum and its index are registered, compared with the running
-            # maximum in the next cycle.
-            am_valid = Signal()
+            # LN, LN_STATS and ARGMAX take a beat in four registered steps: its lanes (masked;
+            # for ARGMAX, padding lanes at -32768) and its position; their squares (in the
+            # DSPs' outputs), sum and maximum; the squares' sum, S1 and the running maximum;
+            # S2 (in the bits a sum of squares of d_model_max int16 values needs).
+            st_valid = [Signal(name=f"st_valid{k}") for k in range(3)]
+            st_x = [Signal(signed(16), name=f"st_x{j}") for j in range(lanes)]
+            st_pos = Signal(LENGTH_BITS + 1)
+            st_sq = [Signal(signed(32), name=f"st_sq{j}") for j in range(lanes)]
+            st_s1 = Signal(signed(16 + lanes.bit_length()))
+            st_s2 = Signal(signed(32 + lanes.bit_length()))
             am_v = Signal(signed(16))
-            am_i = Signal(32)
-            m.d.sync += am_valid.eq(0)
-            with m.If(am_valid & (am_v > best_v)):
-                m.d.sync += [best_v.eq(am_v), best_i.eq(am_i)]
+            am_j = Signal(range(lanes))
+            am_pos = Signal(LENGTH_BITS + 1)
+            s2_bits = 31 + self._d_model_max.bit_length()
+            m.d.sync += [v.eq(0) for v in st_valid]
+            # Step 2: squares, sum and maximum of the registered lanes.
+            amax_v, amax_j = _argmax_tree(m, st_x)
+            with m.If(st_valid[0]):
+                m.d.sync += [st_valid[1].eq(1), st_s1.eq(tree_sum(st_x, m=m, name="beat_s1")),
+                             am_v.eq(amax_v), am_j.eq(amax_j), am_pos.eq(st_pos),
+                             *[sq.eq(x * x) for sq, x in zip(st_sq, st_x, strict=True)]]
+            # Step 3: the squares' sum, S1, the running maximum.
+            with m.If(st_valid[1]):
+                m.d.sync += [st_valid[2].eq(1), s1.eq(Mux(rms, 0, s1 + st_s1)),
+                             st_s2.eq(tree_sum(st_sq, m=m, name="beat_s2"))]
+                with m.If(am_v > best_v):
+                    m.d.sync += [best_v.eq(am_v), best_i.eq(am_pos + am_j)]
+            # Step 4: S2.
+            with m.If(st_valid[2]):
+                m.d.sync += s2.eq(s2[:s2_bits] + st_s2)
+        else:
+            beat_s1 = tree_sum(xa, m=m, name="beat_s1")
+            beat_s2 = tree_sum((x * x for x in xa), m=m, name="beat_s2")
+            amax_v, amax_j = _argmax_tree(
+                m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
 
         need_b = Signal()
         m.d.comb += need_b.eq((op == VectorOp.ADD) | (op == VectorOp.BIAS) | (op == VectorOp.MUL)
@@ -805,14 +867,13 @@ class VectorUnit(wiring.Component):
                     m.d.sync += [beat.eq(beat + 1), *set_rem(remaining - lanes),
                                  pos.eq(pos + lanes)]
                     if deep:
-                        # The beat's sums and squares into registers, added next cycle.
-                        m.d.sync += [st_valid.eq(1), st_s1.eq(beat_s1),
-                                     *[sq.eq(x * x) for sq, x in zip(st_sq, xa, strict=True)]]
+                        # The beat's lanes into the statistics steps.
+                        m.d.sync += [st_valid[0].eq(1), st_pos.eq(pos), *[
+                            x.eq(Mux(lane_ok[j], a[j][0:16], Mux(is_argmax, -(1 << 15), 0)))
+                            for j, x in enumerate(st_x)]]
                     else:
                         m.d.sync += [s1.eq(Mux(rms, 0, s1 + beat_s1)), s2.eq(s2 + beat_s2)]
-                    if deep:
-                        m.d.sync += [am_valid.eq(1), am_v.eq(amax_v), am_i.eq(pos + amax_j)]
-                    else:
+                    if not deep:
                         with m.If(amax_v > best_v):
                             m.d.sync += [best_v.eq(amax_v), best_i.eq(pos + amax_j)]
                     with m.If(last_beat):
@@ -821,11 +882,15 @@ class VectorUnit(wiring.Component):
                             m.next = "RSQRT"
                         with m.Else():
                             # deep: the last beat's sums or maximum are taken in DRAIN.
+                            m.d.sync += step.eq(0)
                             m.next = "DRAIN" if deep else "STATS"
 
             if deep:
                 with m.State("DRAIN"):
-                    m.next = "STATS"
+                    m.d.sync += step.eq(step + 1)
+                    # The statistics steps: the record stage is stats_cycles after the last beat.
+                    with m.If(step == stats_cycles(self._pipeline) - 2):
+                        m.next = "STATS"
 
             with m.State("PAIRS"):
                 # ARGMAX combining records: the largest value, then the lowest index.
@@ -927,8 +992,8 @@ class VectorUnit(wiring.Component):
     @staticmethod
     def _rsqrt_deep(m, step, n, s1, s2, d, m_norm, y_r, y2, zs):
         """:meth:`_rsqrt` with every product's partial products (one DSP each) in registers,
-        added in the next cycle: step 0 lets the last beat's statistics in; 1, 2 the products
-        n * S2 and S1^2; 3 D; 4 D's bit length, 5 the normalised m, 6 the seed; then per
+        added in the next cycle: steps 0 to 2 let the last beat's statistics in; 3, 4 the
+        products n * S2 and S1^2; 5 D; 6 D's bit length, 7 the normalised m, 8 the seed; then per
         Newton step each of its three multiplies in two cycles (the partial products, then
         their sum shifted, with the next multiply's subtraction). The same truncations, so the
         same Y bit for bit."""
@@ -957,12 +1022,12 @@ class VectorUnit(wiring.Component):
         sums = [total(regs, a, b, f"newton_sum{i}")
                 for i, (regs, (a, b)) in enumerate(zip(pps, newton, strict=True))]
         with m.Switch(step):
-            with m.Case(1):
+            with m.Case(3):
                 m.d.sync += [*load(ns2_pp, n, s2), *load(s1_pp, s1, s1)]
-            with m.Case(2):
+            with m.Case(4):
                 m.d.sync += [ns2.eq(total(ns2_pp, n, s2, "ns2_sum")),
                              s1sq.eq(total(s1_pp, s1, s1, "s1sq_sum"))]
-            with m.Case(3):
+            with m.Case(5):
                 full = Signal(signed(96))
                 m.d.comb += full.eq(ns2 - s1sq)
                 assert (1 << len(d)) - 1 == LN_D_MAX
@@ -972,14 +1037,14 @@ class VectorUnit(wiring.Component):
                     m.d.sync += d.eq(LN_D_MAX)
                 with m.Else():
                     m.d.sync += d.eq(full)
-            with m.Case(4):
-                m.d.sync += length.eq(_leading_one(m, d, "d_length"))
-            with m.Case(5):
-                VectorUnit._normalise(m, d, length, m_norm, zs)
             with m.Case(6):
+                m.d.sync += length.eq(_leading_one(m, d, "d_length"))
+            with m.Case(7):
+                VectorUnit._normalise(m, d, length, m_norm, zs)
+            with m.Case(8):
                 VectorUnit._seed(m, m_norm, y_r)
             for k in range(RSQRT_NEWTON_STEPS):
-                base = 7 + 6 * k
+                base = 9 + 6 * k
                 with m.Case(base):
                     m.d.sync += load(pps[0], *newton[0])
                 with m.Case(base + 1):
@@ -1008,13 +1073,12 @@ class VectorUnit(wiring.Component):
 
     @staticmethod
     def _seed(m, norm, y_r):
-        """Y's seed from m's top 7 bits (0 outside the table)."""
-        m.d.sync += y_r.eq(0)
+        """Y's seed from m's top 7 bits (0 outside the table), as a multiplexer tree."""
         table = rsqrt_seed_table()
-        with m.Switch(norm[RSQRT_SEED_SHIFT:32]):
-            for i, seed in enumerate(table):
-                with m.Case(i + RSQRT_SEED_BASE):
-                    m.d.sync += y_r.eq(seed)
+        index = norm[RSQRT_SEED_SHIFT:32]
+        rom = Array(Const(table[i - RSQRT_SEED_BASE] if 0 <= i - RSQRT_SEED_BASE < len(table)
+                          else 0, len(y_r)) for i in range(1 << len(index)))
+        m.d.sync += y_r.eq(rom[index])
 
     @staticmethod
     def _normalise_seed(m, d, m_norm, y_r, zs):

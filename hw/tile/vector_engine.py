@@ -7,7 +7,7 @@ byte ``c * eb`` little-endian (``hw.spec.memory.pack_rows``). The element widths
 launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -334,10 +334,18 @@ class VectorEngine(wiring.Component):
         part = Signal(2)
         d_left = Signal(LENGTH_BITS + 3)     # bytes of the data row not yet written
         out_row = Signal(COUNT_BITS)
-        final_row = out_row == cfg.rows - 1
-
-        d_row_end = d_left <= n
-        d_beat_end = d_row_end | (part == (Const(1, 3) << flags.d_bytes) - 1)
+        deep = self._pipeline == "deep"
+        part_end = (Const(1, 3) << flags.d_bytes) - 1
+        if deep:
+            # The packer's compares in registers, set with the counters they compare (the
+            # deep pipeline's clock): the row's last data word, the beat's, the last row.
+            d_row_end, part_last, final_row = Signal(), Signal(), Signal()
+            row_short = Signal()                # a whole data row is one word
+        else:
+            final_row = out_row == cfg.rows - 1
+            d_row_end = d_left <= n
+            part_last = part == part_end
+        d_beat_end = d_row_end | part_last
         packed = [Cat(*[beat[j][:8 * eb] for j in range(n)]) for eb in ELEM_BYTES]
         with m.Switch(flags.d_bytes):
             for code, bits in enumerate(packed):
@@ -368,24 +376,36 @@ class VectorEngine(wiring.Component):
             finish.eq(full & (d_done | (d_fire & d_beat_end)) & (q_done | q_fire)),
             u_ready.eq(~full | finish),
         ]
+        def set_part(value):
+            stmts = [part.eq(value)]
+            if deep:
+                stmts.append(part_last.eq(Value.cast(value)[:len(part)] == part_end))
+            return stmts
+
         with m.If(d_fire):
-            m.d.sync += part.eq(part + 1)
+            m.d.sync += set_part(part + 1)
             with m.If(d_beat_end):
-                m.d.sync += [d_done.eq(1), part.eq(0)]
+                m.d.sync += [d_done.eq(1), *set_part(0)]
             with m.If(d_row_end):
                 m.d.sync += d_left.eq(cfg.length << flags.d_bytes)
+                if deep:
+                    m.d.sync += d_row_end.eq(row_short)
             with m.Else():
                 m.d.sync += d_left.eq(d_left - n)
+                if deep:
+                    m.d.sync += d_row_end.eq((d_left - n)[:len(d_left)] <= n)
         with m.If(q_fire):
             m.d.sync += q_done.eq(1)
         with m.If(finish):
             m.d.sync += full.eq(0)
             with m.If(beat_last):
                 m.d.sync += out_row.eq(out_row + 1)
+                if deep:
+                    m.d.sync += final_row.eq(out_row + 2 == cfg.rows)
                 with m.If(final_row):
                     m.d.sync += active.eq(0)
         with m.If(u_valid & u_ready):
-            m.d.sync += [full.eq(1), beat_last.eq(u_payload.last), part.eq(0),
+            m.d.sync += [full.eq(1), beat_last.eq(u_payload.last), *set_part(0),
                          d_done.eq(~flags.wr_data), q_done.eq(~flags.wr_q),
                          qbeat.eq(u_payload.q.as_value())]
             m.d.sync += [beat[j].eq(u_payload.data[j]) for j in range(n)]
@@ -398,4 +418,8 @@ class VectorEngine(wiring.Component):
         with m.If(start):
             m.d.sync += [out_row.eq(0), full.eq(0), part.eq(0),
                          d_left.eq(p.length << p.flags.d_bytes)]
+            if deep:
+                row_bytes = p.length << p.flags.d_bytes
+                m.d.sync += [part_last.eq(p.flags.d_bytes == 0), final_row.eq(p.rows == 1),
+                             d_row_end.eq(row_bytes <= n), row_short.eq(row_bytes <= n)]
         return m

@@ -51,7 +51,7 @@ from hw.spec.timing.chip import (
     merge_rotate_cycles,
 )
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
-from hw.spec.timing.vector import check_pipeline, latency, rsqrt_cycles
+from hw.spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import (
     LOAD_OPS,
@@ -563,6 +563,7 @@ class VectorModel:
         self.n = lanes
         self.pipeline = check_pipeline(pipeline)
         self.rsqrt_end = rsqrt_cycles(pipeline) - 1
+        self.drain_end = stats_cycles(pipeline) - 2
         stages = latency(pipeline) - 1
         self.active = False
         self.op = VectorOp.ADD
@@ -720,11 +721,14 @@ class VectorModel:
                         self.rstep = 0
                         self.state = _V_RSQRT
                     elif self.pipeline == "deep":
-                        self.state = _V_DRAIN       # LN_STATS, ARGMAX: their last beat's
+                        self.rstep = 0
+                        self.state = _V_DRAIN       # LN_STATS, ARGMAX: their statistics steps
                     else:
                         self.state = _V_STATS
         elif state == _V_DRAIN:
-            self.state = _V_STATS
+            if self.rstep == self.drain_end:
+                self.state = _V_STATS
+            self.rstep += 1
         elif state == _V_STATS:
             if not self.so_full:
                 self.so_full = True

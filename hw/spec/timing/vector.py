@@ -38,31 +38,33 @@ def check_pipeline(pipeline) -> str:
 
 def latency(pipeline: str = "short") -> int:
     """Pipeline stages from an input beat's transfer to its output beat's transfer: 4 (a
-    product, its rounding shift and its clamp per cycle), 11 with the ``deep`` pipeline (step
-    0: its partial products, their sum; steps 1 to 3: the product, the shift, the rounding and
-    the clamp)."""
-    return 11 if check_pipeline(pipeline) == "deep" else 4
+    product, its rounding shift and its clamp per cycle), 13 with the ``deep`` pipeline (step
+    0: the operands, their partial products, their sum; step 1: the partial products of
+    t * Y, their sum, the shift, the rounding and clamp; steps 2 and 3: the product, the shift,
+    the rounding and clamp)."""
+    return 13 if check_pipeline(pipeline) == "deep" else 4
 
 
 def rsqrt_cycles(pipeline: str = "short") -> int:
     """Cycles the LayerNorm spends between its statistics and its first normalised beat.
 
     ``short``: D = n*S2 - S1^2, normalisation + table seed, then 3 multiplies per Newton step
-    (one cycle each): 8. ``deep``: the last beat's statistics added, the partial products of
-    n*S2 and S1^2, their sums, D, D's bit length, the normalised m, the seed, then per Newton
-    step each of its 3 multiplies in two cycles (partial products; their sum, shifted, and the
-    next multiply's subtraction): 7 + 6 per step = 19.
+    (one cycle each): 8. ``deep``: three cycles for the last beat's statistics, the partial
+    products of n*S2 and S1^2, their sums, D, D's bit length, the normalised m, the seed, then
+    per Newton step each of its 3 multiplies in two cycles (partial products; their sum,
+    shifted, and the next multiply's subtraction): 9 + 6 per step = 21.
     """
     if check_pipeline(pipeline) == "deep":
-        return 7 + 6 * RSQRT_NEWTON_STEPS
+        return 9 + 6 * RSQRT_NEWTON_STEPS
     return 2 + 3 * RSQRT_NEWTON_STEPS
 
 
 def stats_cycles(pipeline: str = "short") -> int:
     """Cycles between the last beat of LN_STATS or ARGMAX (not ARGMAX combining records) and
-    its record: 1, 2 with the ``deep`` pipeline (the last beat's sums, or its maximum, are
-    taken in a cycle of their own)."""
-    return 2 if check_pipeline(pipeline) == "deep" else 1
+    its record: 1, 4 with the ``deep`` pipeline (a beat's statistics take four registered
+    steps: its lanes; their squares, sum and maximum; the squares' sum, S1 and the running
+    maximum; S2)."""
+    return 4 if check_pipeline(pipeline) == "deep" else 1
 
 
 def op_cycles(op: VectorOp, length: int, lanes: int, *, pairs: bool = False,
