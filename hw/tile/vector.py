@@ -302,18 +302,27 @@ class VectorUnit(wiring.Component):
     multiply per cycle), and LN reads its buffer back in a second pass of B cycles. Commands
     overlap: a beat carries its command's fields down the pipeline. ``pipeline`` (the NPU
     file's ``vector_pipeline``): ``"short"``, 4 stages, each a product, its rounding shift and
-    its clamp in one cycle, and a 8-cycle rsqrt; ``"deep"``, 8 stages, every product in a
-    register of its own before its rounding shift and clamp, and a 15-cycle rsqrt (its
-    products likewise registered): the same results, for a faster clock.
+    its clamp in one cycle, and a 8-cycle rsqrt; ``"deep"``, 13 stages (the operands, every
+    product, its shift, its rounding and clamp in registers of their own), a 21-cycle rsqrt
+    (its products likewise registered) and statistics and ARGMAX's maximum in four registered
+    steps: the same results, for a faster clock.
+
+    ``room_next`` (the chip's vector engine): with it the unit has an input ``o_room_next``,
+    whether ``o_data`` will be ready in the next cycle (its consumer's registers decide it), and
+    the pipeline's enable (``~o_data.valid | o_data.ready``) is a register computed a cycle
+    ahead from it, the same value, not a function of ``o_data.ready`` fanned out to every
+    stage.
     Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
     ``shift`` outside 1..47 (outside 1..8 for GELU16).
     """
 
-    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short"):
+    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short",
+                 room_next: bool = False):
         check_sizes(lanes, d_model_max, min_lanes=1)
         self._lanes = lanes
         self._d_model_max = d_model_max
         self._pipeline = check_pipeline(pipeline)
+        self._room_next = bool(room_next)
         super().__init__({
             "i_cmd": In(stream.Signature(cmd_layout())),
             "i_a": In(stream.Signature(vec_layout(lanes))),
@@ -321,6 +330,7 @@ class VectorUnit(wiring.Component):
             "i_stats": In(stream.Signature(stats_layout())),
             "o_data": Out(stream.Signature(out_layout(lanes))),
             "o_stats": Out(stream.Signature(stats_layout())),
+            **({"o_room_next": In(1)} if room_next else {}),
         })
 
     @property
@@ -445,7 +455,7 @@ class VectorUnit(wiring.Component):
             "base": signed(16), "mid": 1,
             # deep: a product or a shifted one (t * Y is the widest; one more bit for the
             # shift's) and the table addresses
-            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8,
+            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3),
                 "ma": signed(32), "mb": 16, "b8": signed(8), "lut_e": signed(8),
                 "e_base": signed(16), "e_delta": signed(17),
                 **{f"pp{k}": signed(36) for k in range(4)}}
@@ -462,10 +472,16 @@ class VectorUnit(wiring.Component):
         stages = [regs[names.index(str(k))] for k in range(4)]
         prods = [regs[names.index(f"{k}m")] for k in range(4)] if deep else None
         shifts = [None] + [regs[names.index(f"{k}s")] for k in range(1, 4)] if deep else None
-        adv = Signal()
         fire = Signal()                        # an input beat enters the pipeline
-        m.d.comb += [adv.eq(~o.valid | o.ready), valid[0].eq(fire),
-                     lut.r_en.eq(adv), lut16.r_en.eq(adv)]
+        if self._room_next:
+            # adv = ~o.valid | o.ready, registered: o.valid's next value and the consumer's
+            # room next cycle.
+            adv = Signal(init=1)
+            m.d.sync += adv.eq(~Mux(adv, valid[n_regs], o.valid) | self.o_room_next)
+        else:
+            adv = Signal()
+            m.d.comb += adv.eq(~o.valid | o.ready)
+        m.d.comb += [valid[0].eq(fire), lut.r_en.eq(adv), lut16.r_en.eq(adv)]
         with m.If(adv):
             m.d.sync += o.valid.eq(valid[n_regs])
             for k in range(1, n_regs + 1):
@@ -528,8 +544,10 @@ class VectorUnit(wiring.Component):
                 product = Signal(signed(49), name=f"product{j}")
                 m.d.comb += product.eq(mul_a * mul_b)
             # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
-            gx = a[j][0:16].as_signed()
-            g = cmd.shift[0:4]
+            # deep: from stage 0r's operand and shift (x is the operand's low 16 bits).
+            pl0r, pb0r = regs[1][1][j], regs[1][0]
+            gx = (pl0r.ma if deep else a[j])[0:16].as_signed()
+            g = (pb0r.shift if deep else cmd.shift)[0:4]
             gi = Signal(signed(16), name=f"gelu_i{j}")
             gf = Signal(8, name=f"gelu_f{j}")
             above = Signal(name=f"gelu_above{j}")
@@ -537,10 +555,16 @@ class VectorUnit(wiring.Component):
             m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
                          above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO)]
             if deep:
-                # The reads are issued from stage 0r, with the addresses carried there.
-                pl0r = regs[1][1][j]
-                m.d.comb += [lane.lut_a.eq(a[j][0:8]), lane.lut16_a.eq(gi[0:8] ^ GELU16_ZERO),
-                             lut_r[j].addr.eq(pl0r.lut_a), lut16_r[j].addr.eq(pl0r.lut16_a)]
+                # The reads are issued from stage 0r.
+                m.d.comb += [lut_r[j].addr.eq(pl0r.ma[0:8]),
+                             lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
+                with m.If(adv & (pb0r.op == VectorOp.GELU16)):
+                    with m.If(above):
+                        m.d.sync += prods[0][1][j].val.eq(gx << g)
+                    with m.Elif(~below):
+                        m.d.sync += [prods[0][1][j].val.eq(gf), prods[0][1][j].mid.eq(1)]
+                    with m.Else():
+                        m.d.sync += prods[0][1][j].val.eq(0)
             else:
                 m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
                              lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
@@ -572,10 +596,12 @@ class VectorUnit(wiring.Component):
                 with m.Case(VectorOp.GELU16):
                     # Above the table y = x: (x << g) rounded back by stage 2's >> g. Between
                     # two knots (`mid`) the fraction goes on to meet its entry in stage 1.
-                    with m.If(above):
-                        m.d.comb += lane.val.eq(gx << g)
-                    with m.Elif(~below):
-                        m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
+                    # (deep: in stage 0r -> 0m, above.)
+                    if not deep:
+                        with m.If(above):
+                            m.d.comb += lane.val.eq(gx << g)
+                        with m.Elif(~below):
+                            m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
         if deep:
             # Stage 0r -> 0m: the partial products (REQUANT, LN), MUL's int8 product.
             rb, rl = regs[1]

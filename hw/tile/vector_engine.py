@@ -208,7 +208,8 @@ class VectorEngine(wiring.Component):
         m = Module()
         n = self._lanes
         m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max,
-                                                  pipeline=self._pipeline)
+                                                  pipeline=self._pipeline,
+                                                  room_next=self._pipeline == "deep")
         cfg = Signal(cfg_layout())
         flags = cfg.flags
         active = Signal()
@@ -323,6 +324,15 @@ class VectorEngine(wiring.Component):
         uo = unit.o_data
         u_valid, u_ready, raw = _fifo(m, "fifo_o", uo.valid, uo.ready, uo.payload.as_value(),
                                       self._out_fifo_depth)
+        if self._pipeline == "deep":
+            # The FIFO's level, mirrored, a cycle ahead: whether it takes a beat next cycle.
+            depth = self._out_fifo_depth
+            level = Signal(range(depth + 1))
+            level_next = Signal(range(depth + 1))
+            m.d.comb += [level_next.eq(level + (uo.valid & (level != depth))
+                                       - (u_ready & (level != 0))),
+                         unit.o_room_next.eq(level_next != depth)]
+            m.d.sync += level.eq(level_next)
         u_payload = Signal(uo.payload.shape())
         m.d.comb += u_payload.eq(raw)
         beat = Signal(data.ArrayLayout(unsigned(32), n))
