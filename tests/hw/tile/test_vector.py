@@ -45,6 +45,13 @@ def pipeline(request):
     return request.param
 
 
+@pytest.fixture(params=["short", pytest.param("deep", marks=pytest.mark.slow)])
+def pipeline_s(request):
+    """Both pipelines, the deep one behind ``slow`` (the default suite's deep runs cover every
+    op: the element-wise, MUL, LUT, LayerNorm, ARGMAX/ONEHOT and cycle tests)."""
+    return request.param
+
+
 def run_program(program, *, lanes=LANES, d_model_max=32, rng=None, idle=IDLE, stall=STALL,
                 max_cycles=20_000, pipeline="short"):
     """Run ``program`` = [(cmd, a, b, stats)] on the RTL with random idle and backpressure;
@@ -116,7 +123,7 @@ def test_elementwise_random(rng, pipeline):
     run_program(program, rng=rng, pipeline=pipeline)
 
 
-def test_saturation(rng, pipeline):
+def test_saturation(rng, pipeline_s):
     """The residual add and every requantisation saturate at both ends, never wrap."""
     big = np.array([32767, -32768, 30000, -30000, 1, -1, 32767, -32768])
     program = [
@@ -134,7 +141,7 @@ def test_saturation(rng, pipeline):
          np.array([2**31 - 1, -2**31, 1000, -1000]),
          pack_requant([65535, 65535, 1, 1], [1, 1, 47, 47]), None),
     ]
-    expected, _ = run_program(program, rng=rng, pipeline=pipeline)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline_s)
     assert list(expected[0]["data"]) == [32767, -32768, 32767, -32768, 2, -2, 32767, -32768]
     assert list(expected[2]["data"][:2]) == [127, -128]
     assert list(expected[3]["data"][:4]) == [32767, -32768, 32767, -32768]
@@ -212,7 +219,7 @@ def test_layernorm_random_and_edges(rng, pipeline):
 @pytest.mark.parametrize("cuts", [[0, 7, 18], [0, 7, 9, 18], [0, 1, 6, 14, 18]])
 @pytest.mark.parametrize("full, apply", [(VectorOp.LN, VectorOp.LN_APPLY),
                                          (VectorOp.RMS, VectorOp.RMS_APPLY)])
-def test_partial_statistics_uneven_shards(rng, cuts, full, apply, pipeline):
+def test_partial_statistics_uneven_shards(rng, cuts, full, apply, pipeline_s):
     """LN_STATS on 2, 3 and 4 uneven shards, summed, then LN_APPLY (RMS_APPLY) == the full LN
     (RMS) bit for bit; RMSNorm's parameters have no beta."""
     x = rng.integers(-(1 << 15), 1 << 15, 18)
@@ -227,7 +234,7 @@ def test_partial_statistics_uneven_shards(rng, cuts, full, apply, pipeline):
                 for s in shards]
     program += [(VectorCmd(apply, s.stop - s.start, n=18, **knobs), x[s], params[s], total)
                 for s in shards]
-    expected, _ = run_program(program, rng=rng, pipeline=pipeline)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline_s)
     k = len(shards)
     for i in range(k):
         assert tuple(expected[1 + i]["stats"]) == stats[i]
@@ -238,7 +245,7 @@ def test_partial_statistics_uneven_shards(rng, cuts, full, apply, pipeline):
 
 # ---- RMSNorm -------------------------------------------------------------------------------
 
-def test_rmsnorm_random_and_edges(rng, pipeline):
+def test_rmsnorm_random_and_edges(rng, pipeline_s):
     """RMS and RMS_APPLY (S1 taken as 0) on random vectors, an all-zero vector, full-scale and
     saturating values, interleaved with LN and LN_APPLY back to back (the flag must not leak
     into the next command: a LayerNorm of a vector with a large mean differs from its RMSNorm)."""
@@ -267,7 +274,7 @@ def test_rmsnorm_random_and_edges(rng, pipeline):
     x = rng.choice([-(1 << 15), (1 << 15) - 1], 9)
     program.append((VectorCmd(VectorOp.RMS, 9, gshift=12, mult=65535, shift=8), x,
                     pack_gamma_beta(np.full(9, (1 << 15) - 1), 0), None))
-    expected, _ = run_program(program, rng=rng, pipeline=pipeline)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline_s)
     for k in range(len(cases)):
         rms, ln, rms_apply, ln_apply = expected[4 * k:4 * k + 4]
         for key in ("data", "q"):
@@ -280,7 +287,7 @@ def test_rmsnorm_random_and_edges(rng, pipeline):
     assert set(expected[-1]["q"]) <= {-128, 127}
 
 
-def test_layernorm_tiny_preset_full_scale(rng, pipeline):
+def test_layernorm_tiny_preset_full_scale(rng, pipeline_s):
     """Full-scale int16 at the tiny preset's d_model_max (64), its lanes, back to back with a
     post-norm residual add: ADD then LN emitting the int16 residual and the int8 input."""
     npu = npu_preset("tiny")
@@ -294,7 +301,7 @@ def test_layernorm_tiny_preset_full_scale(rng, pipeline):
         (VectorCmd(VectorOp.LN, n, gshift=17, mult=1 << 15, shift=24), residual_add(x, r),
          _ln_params(rng, n), None),
     ]
-    run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng, pipeline=pipeline)
+    run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng, pipeline=pipeline_s)
 
 
 def argmax_rows(rng, lanes):

@@ -41,7 +41,7 @@ def read(iss, t: Rows, cols, signed=True):
                        t.row_words * iss.n // t.eb, t.eb, signed=signed)[:, :cols]
 
 
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("pipeline", ["short", pytest.param("deep", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("seed, size, rows, length, scale", [
     (1, 4, 3, 10, 1e-3), (2, 2, 2, 7, 3e-4), (3, 8, 2, 19, 0.02)])
 def test_gelu16_planes(seed, size, rows, length, scale, pipeline):
