@@ -455,7 +455,7 @@ class VectorUnit(wiring.Component):
             "base": signed(16), "mid": 1,
             # deep: a product or a shifted one (t * Y is the widest; one more bit for the
             # shift's) and the table addresses
-            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3),
+            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8,
                 "ma": signed(32), "mb": 16, "b8": signed(8), "lut_e": signed(8),
                 "e_base": signed(16), "e_delta": signed(17),
                 **{f"pp{k}": signed(36) for k in range(4)}}
@@ -544,10 +544,8 @@ class VectorUnit(wiring.Component):
                 product = Signal(signed(49), name=f"product{j}")
                 m.d.comb += product.eq(mul_a * mul_b)
             # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
-            # deep: from stage 0r's operand and shift (x is the operand's low 16 bits).
-            pl0r, pb0r = regs[1][1][j], regs[1][0]
-            gx = (pl0r.ma if deep else a[j])[0:16].as_signed()
-            g = (pb0r.shift if deep else cmd.shift)[0:4]
+            gx = a[j][0:16].as_signed()
+            g = cmd.shift[0:4]
             gi = Signal(signed(16), name=f"gelu_i{j}")
             gf = Signal(8, name=f"gelu_f{j}")
             above = Signal(name=f"gelu_above{j}")
@@ -555,16 +553,10 @@ class VectorUnit(wiring.Component):
             m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
                          above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO)]
             if deep:
-                # The reads are issued from stage 0r.
-                m.d.comb += [lut_r[j].addr.eq(pl0r.ma[0:8]),
-                             lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
-                with m.If(adv & (pb0r.op == VectorOp.GELU16)):
-                    with m.If(above):
-                        m.d.sync += prods[0][1][j].val.eq(gx << g)
-                    with m.Elif(~below):
-                        m.d.sync += [prods[0][1][j].val.eq(gf), prods[0][1][j].mid.eq(1)]
-                    with m.Else():
-                        m.d.sync += prods[0][1][j].val.eq(0)
+                # The reads are issued from stage 0r, with the addresses carried there.
+                pl0r = regs[1][1][j]
+                m.d.comb += [lane.lut_a.eq(a[j][0:8]), lane.lut16_a.eq(gi[0:8] ^ GELU16_ZERO),
+                             lut_r[j].addr.eq(pl0r.lut_a), lut16_r[j].addr.eq(pl0r.lut16_a)]
             else:
                 m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
                              lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
@@ -596,12 +588,10 @@ class VectorUnit(wiring.Component):
                 with m.Case(VectorOp.GELU16):
                     # Above the table y = x: (x << g) rounded back by stage 2's >> g. Between
                     # two knots (`mid`) the fraction goes on to meet its entry in stage 1.
-                    # (deep: in stage 0r -> 0m, above.)
-                    if not deep:
-                        with m.If(above):
-                            m.d.comb += lane.val.eq(gx << g)
-                        with m.Elif(~below):
-                            m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
+                    with m.If(above):
+                        m.d.comb += lane.val.eq(gx << g)
+                    with m.Elif(~below):
+                        m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
         if deep:
             # Stage 0r -> 0m: the partial products (REQUANT, LN), MUL's int8 product.
             rb, rl = regs[1]
