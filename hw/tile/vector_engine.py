@@ -162,7 +162,7 @@ class VectorEngine(wiring.Component):
     int32 data) would also stall the input side and the row period would exceed the slowest stream's
     words per row. With it, :func:`hw.spec.timing.vector.launch_cycles` holds exactly. From the
     configuration beat the first command is offered the next cycle; the first result word leaves
-    about 7 cycles after the first input word arrives (11 with the deep pipeline).
+    about 7 cycles after the first input word arrives (16 with the deep pipeline).
 
     Members
     -------

@@ -8,7 +8,7 @@ word holds, which never changes when anything happens (the chip's schedule is st
 - :class:`AttentionModel`: ``hw/tile/attention_engine.py`` (row gathers, the K/V ring's score
   and P.V sweeps, the softmax unit's row slots, the output requantiser);
 - :class:`VectorModel`: ``hw/tile/vector_engine.py`` and ``hw/tile/vector.py`` (operand gathers,
-  the unit's FSM and its pipeline of 4 or 8 stages, the output FIFO, the packer, statistics
+  the unit's FSM and its pipeline of 4 or 13 stages, the output FIFO, the packer, statistics
   records).
 
 A model is stepped once per cycle by :class:`sim.timing.cycle.ChipModel`: :meth:`step` gets
