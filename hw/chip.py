@@ -324,7 +324,8 @@ class Chip(wiring.Component):
         # Attention (RD3 K, RD4 V, RD5 Q, WR1 out) and vector unit (RD3 A, RD4 B, RD5 stats,
         # WR1 data, WR2 q) share generators; `owner_attn` (set at launch) routes their streams.
         m.submodules.attention = at = AttentionEngine.for_npu(npu)
-        m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max)
+        m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max,
+                                                pipeline=npu.vector_pipeline)
         owner_attn = Signal()
         shared_idle = idle(SHARED_GENS)
         rd_index = {name: k for k, name in enumerate(read_gens)}

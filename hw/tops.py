@@ -73,7 +73,8 @@ def _ring_fpga(npu: NpuConfig, chips: int):
 
 
 def _vector(npu: NpuConfig, chips: int):
-    return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max)
+    return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max,
+                      pipeline=npu.vector_pipeline)
 
 
 def _sequencer(npu: NpuConfig, chips: int):
@@ -106,7 +107,8 @@ def _attention_engine(npu: NpuConfig, chips: int):
 
 
 def _vector_engine(npu: NpuConfig, chips: int):
-    return VectorEngine(lanes=npu.array_size, d_model_max=npu.d_model_max)
+    return VectorEngine(lanes=npu.array_size, d_model_max=npu.d_model_max,
+                        pipeline=npu.vector_pipeline)
 
 
 def _collective(npu: NpuConfig, chips: int):

@@ -231,10 +231,12 @@ def vector_regs_program(regs, descs=None, size=4):
     return iss, asm.words()
 
 
-def engine_equals_iss(iss, before, launches, rng, *, idle=0.25, stall=0.25):
-    """Run ``launches`` on a VectorEngine from the memory ``before`` (random stalls) and
-    check its memory equals the ISS's (which ran them); return the engine's cycles."""
-    mem, cycles, _ = run_vector_engine(VectorEngine(lanes=iss.n, d_model_max=64), before,
+def engine_equals_iss(iss, before, launches, rng, *, idle=0.25, stall=0.25, pipeline="short"):
+    """Run ``launches`` on a VectorEngine (its ``pipeline``) from the memory ``before`` (random
+    stalls) and check its memory equals the ISS's (which ran them); return the engine's
+    cycles."""
+    mem, cycles, _ = run_vector_engine(VectorEngine(lanes=iss.n, d_model_max=64,
+                                                    pipeline=pipeline), before,
                                        launches, addr_bits=iss.addr_bits, rng=rng, idle=idle,
                                        stall=stall)
     diff = np.argwhere(mem != iss.mem)

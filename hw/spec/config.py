@@ -22,6 +22,7 @@ from typing import Any
 
 from .attention import POS_BITS
 from .collective import word_bytes as ring_word_bytes
+from .timing.vector import PIPELINES as VECTOR_PIPELINES
 from .topology import Topology
 from .vector import LENGTH_BITS as VECTOR_LENGTH_BITS
 
@@ -156,6 +157,10 @@ _NPU_SCHEMA = {
                        doc="instruction memory depth in instructions"),
     "vector_lanes": _Key(int, 0, minimum=0,
                          doc="vector unit lanes (0 = array_size)"),
+    "vector_pipeline": _Key(str, "short", choices=VECTOR_PIPELINES,
+                            doc="vector unit pipeline: short (4 stages, a product and its "
+                                "rounding per cycle) or deep (8 stages, a register after "
+                                "every product)"),
     "max_seq_len": _Key(int, minimum=1, doc="longest sequence one pass can process"),
     "attn_window": _Key(int, minimum=1, doc="tokens held in the K/V ring buffer"),
     "softmax_len": _Key(int, minimum=2, doc="lanes of the softmax unit (score row length)"),
@@ -186,6 +191,7 @@ class NpuConfig:
     sram_banks: int = 4
     imem_words: int = 1024
     vector_lanes: int = 0
+    vector_pipeline: str = "short"
     link_bytes_per_cycle: int = 4
     link_latency_cycles: int = 2
     link_bidirectional: bool = False

@@ -7,13 +7,24 @@ those of :mod:`sim.golden.vector`, the encodings those of :mod:`hw.spec.vector`.
 
 from types import SimpleNamespace
 
-from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import (
+    Array,
+    Cat,
+    Const,
+    Elaboratable,
+    Module,
+    Mux,
+    Signal,
+    Value,
+    signed,
+    unsigned,
+)
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..arith import saturate, tree_sum
 from ..layouts import lanes_layout
-from ..spec.timing.vector import RSQRT_CYCLES
+from ..spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
 from ..spec.vector import (
     GELU16_KNOTS,
     GELU16_ZERO,
@@ -88,6 +99,67 @@ def _round_shift(value, amount):
 def _requant(m, value, mult, shift, bits, name):
     """``hw.spec.formats``: ``clamp((value * mult + (1 << (shift-1))) >> shift)`` to ``bits``."""
     return _clamp(m, _round_shift(value * mult, shift), bits, name)
+
+
+def _chunks(x):
+    """``x`` as pieces for 18 x 18 signed multipliers: ``[(piece, shift)]``, 17-bit unsigned
+    pieces from the bottom, the top one keeping ``x``'s sign (at most 18 bits signed, 17
+    unsigned)."""
+    x = Value.cast(x)
+    is_signed = x.shape().signed
+    top = 18 if is_signed else 17
+    pieces = []
+    k = 0
+    while len(x) - k > top:
+        pieces.append((x[k:k + 17], k))
+        k += 17
+    rest = x[k:]
+    pieces.append((rest.as_signed() if is_signed else rest, k))
+    return pieces
+
+
+def _partials(a, b):
+    """``a * b`` as ``[(product, shift)]``: each product one DSP, their sum shifted the
+    product."""
+    return [(pa * pb, sa + sb) for pa, sa in _chunks(a) for pb, sb in _chunks(b)]
+
+
+def _round_clamp(m, w, bits, name):
+    """``clamp((w + 1) >> 1)`` to ``bits`` signed bits, ``w`` a shifted value that kept the bit
+    below the result (:meth:`VectorUnit.elaborate`'s ``shift_keep``): in range iff
+    ``-2**bits - 1 <= w <= 2**bits - 2``, tested on ``w``'s bits (``w = -2**bits - 1`` rounds
+    to the minimum, as it saturates), so the rounding adder is ``bits + 2`` bits wide, not
+    ``w``'s."""
+    w = Value.cast(w)
+    hi = w[bits:]
+    fits = hi.all() | ~hi.any()                 # w in [-2**bits, 2**bits)
+    edge = ~w[bits] & w[:bits].all()            # w = 2**bits - 1 rounds up out of range
+    rounded = Signal(signed(bits), name=f"{name}_r")
+    m.d.comb += rounded.eq(((w[:bits + 1].as_signed() + 1) >> 1)[:bits])
+    out = Signal(signed(bits), name=name)
+    m.d.comb += out.eq(Mux(fits & ~edge, rounded,
+                           Mux(w[-1], -(1 << (bits - 1)), (1 << (bits - 1)) - 1)))
+    return out
+
+
+def _leading_one(m, x, name):
+    """The bit length of ``x`` (0 for 0) as a tree: each 8-bit group's leading one, then the
+    highest non-zero group's."""
+    groups = [x[k:k + 8] for k in range(0, len(x), 8)]
+    lengths = []
+    for g, bits in enumerate(groups):
+        length = Signal(range(len(x) + 1), name=f"{name}_g{g}")
+        m.d.comb += length.eq(0)
+        for i in range(len(bits)):          # the highest one wins: assigned last
+            with m.If(bits[i]):
+                m.d.comb += length.eq(8 * g + i + 1)
+        lengths.append(length)
+    out = Signal(range(len(x) + 1), name=name)
+    m.d.comb += out.eq(0)
+    for g, bits in enumerate(groups):
+        with m.If(bits.any()):
+            m.d.comb += out.eq(lengths[g])
+    return out
 
 
 def _argmax_tree(m, values):
@@ -223,19 +295,34 @@ class VectorUnit(wiring.Component):
     ``i_a`` (one per cycle, as offered) and keeps the one with the largest value, a tie going
     to the lower index (signed int32); it emits that record (with ``n`` added: 0 in this mode).
 
-    Timing (:func:`hw.spec.timing.vector.op_cycles`): one beat per cycle through a
-    ``LATENCY``-stage pipeline (one multiplier per lane per stage) that stalls as a whole only
-    when ``o_data`` is full; one cycle per command to accept it; LayerNorm adds :data:`RSQRT_CYCLES`
-    cycles after its statistics (one multiply per cycle), and LN reads its buffer back in a second
-    pass of B cycles. Commands overlap: a beat carries its command's fields down the pipeline.
+    Timing (:func:`hw.spec.timing.vector.op_cycles`): one beat per cycle through a pipeline of
+    :func:`~hw.spec.timing.vector.latency` stages (one multiplier per lane per stage) that
+    stalls as a whole only when ``o_data`` is full; one cycle per command to accept it;
+    LayerNorm adds :func:`~hw.spec.timing.vector.rsqrt_cycles` cycles after its statistics (one
+    multiply per cycle), and LN reads its buffer back in a second pass of B cycles. Commands
+    overlap: a beat carries its command's fields down the pipeline. ``pipeline`` (the NPU
+    file's ``vector_pipeline``): ``"short"``, 4 stages, each a product, its rounding shift and
+    its clamp in one cycle, and a 8-cycle rsqrt; ``"deep"``, 13 stages (the operands, every
+    product, its shift, its rounding and clamp in registers of their own), a 21-cycle rsqrt
+    (its products likewise registered) and statistics and ARGMAX's maximum in four registered
+    steps: the same results, for a faster clock.
+
+    ``room_next`` (the chip's vector engine): with it the unit has an input ``o_room_next``,
+    whether ``o_data`` will be ready in the next cycle (its consumer's registers decide it), and
+    the pipeline's enable (``~o_data.valid | o_data.ready``) is a register computed a cycle
+    ahead from it, the same value, not a function of ``o_data.ready`` fanned out to every
+    stage.
     Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
     ``shift`` outside 1..47 (outside 1..8 for GELU16).
     """
 
-    def __init__(self, *, lanes: int, d_model_max: int):
+    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short",
+                 room_next: bool = False):
         check_sizes(lanes, d_model_max, min_lanes=1)
         self._lanes = lanes
         self._d_model_max = d_model_max
+        self._pipeline = check_pipeline(pipeline)
+        self._room_next = bool(room_next)
         super().__init__({
             "i_cmd": In(stream.Signature(cmd_layout())),
             "i_a": In(stream.Signature(vec_layout(lanes))),
@@ -243,6 +330,7 @@ class VectorUnit(wiring.Component):
             "i_stats": In(stream.Signature(stats_layout())),
             "o_data": Out(stream.Signature(out_layout(lanes))),
             "o_stats": Out(stream.Signature(stats_layout())),
+            **({"o_room_next": In(1)} if room_next else {}),
         })
 
     @property
@@ -254,6 +342,10 @@ class VectorUnit(wiring.Component):
         return self._d_model_max
 
     @property
+    def pipeline(self) -> str:
+        return self._pipeline
+
+    @property
     def buffer_depth(self) -> int:
         return -(-self._d_model_max // self._lanes)
 
@@ -262,13 +354,25 @@ class VectorUnit(wiring.Component):
         lanes = self._lanes
         depth = self.buffer_depth
 
+        deep = self._pipeline == "deep"
         cmd = Signal(cmd_layout())
         remaining = Signal(LENGTH_BITS + 1)   # elements still to come in this pass
         beat = Signal(range(max(depth, GELU16_KNOTS + lanes) + 1))
-        last_beat = Signal()
-        m.d.comb += last_beat.eq(remaining <= lanes)
+        # Whether this beat is the pass's last, and which of its lanes are in the vector:
+        # compares of `remaining`, registered with it in the deep pipeline (`set_rem`).
+        last_beat = Signal(init=1 if deep else 0)
         lane_ok = [Signal(name=f"lane_ok{j}") for j in range(lanes)]
-        m.d.comb += [ok.eq(remaining > j) for j, ok in enumerate(lane_ok)]
+        if not deep:
+            m.d.comb += last_beat.eq(remaining <= lanes)
+            m.d.comb += [ok.eq(remaining > j) for j, ok in enumerate(lane_ok)]
+
+        def set_rem(value):
+            """``remaining.eq(value)``, and in the deep pipeline its compares with it."""
+            if not deep:
+                return [remaining.eq(value)]
+            v = Value.cast(value)[:len(remaining)]
+            return [remaining.eq(value), last_beat.eq(v <= lanes),
+                    *[ok.eq(v > j) for j, ok in enumerate(lane_ok)]]
 
         # LayerNorm state: statistics, count, rsqrt result; `rms`: S1 stays 0 (RMSNorm).
         rms = Signal()
@@ -281,7 +385,8 @@ class VectorUnit(wiring.Component):
         y2 = Signal(RSQRT_FRAC_BITS + 2)
         my2 = Signal(RSQRT_FRAC_BITS + 3)
         zs = Signal(6)                          # z = (t * Y) >> zs, zs = 23 + h
-        step = Signal(range(RSQRT_CYCLES))
+        rsqrt_end = rsqrt_cycles(self._pipeline) - 1
+        step = Signal(range(rsqrt_end + 1))
 
         # ARGMAX: the running maximum and its index, the index of this beat's lane 0; ONEHOT:
         # the hot lane relative to this beat's lane 0.
@@ -316,11 +421,15 @@ class VectorUnit(wiring.Component):
 
         a, b, o = self.i_a.payload.data, self.i_b.payload.data, self.o_data
         op = cmd.op
+        # deep: the command's decode in registers (LayerNorm's; LN's operand from the buffer;
+        # REQUANT's per-lane parameters), set as the command is taken.
+        dec_ln, dec_buf, dec_pc = Signal(), Signal(), Signal()
 
         # ---- the pipeline ------------------------------------------------------------------
-        # Four register stages, all advancing together whenever the output register is free
+        # Register stages, all advancing together whenever the output register is free
         # (`adv`); each beat carries its own command fields and rsqrt result, so the next
-        # command may start while earlier beats are still in flight.
+        # command may start while earlier beats are still in flight. Four steps, each a
+        # product, its rounding shift and its clamp:
         #   0 -> 1: operands in: add/bias/relu done; a * mult (requant); n*x - S1 (LN); the
         #           LUT and GELU16 table reads issued (block RAM: the entries are there in 1)
         #   1 -> 2: requant round/shift/clamp; LN z = clamp((t * Y) >> zs); LUT entry; GELU16
@@ -328,24 +437,64 @@ class VectorUnit(wiring.Component):
         #   2 -> 3: LN y16 = clamp(((z * gamma) >> gshift) + beta); GELU16 y = base +
         #           round(delta * f >> g)
         #   3 -> o: LN q8 = requant(y16, mult, shift, 8); GELU16 hi/lo bytes; padding lanes 0
+        # The short pipeline does each step in one cycle (stages 1, 2, 3, then the output
+        # register). The deep one registers the operands of step 0's multiplier (stage 0r),
+        # then every product (stages 0m to 3m, in the DSPs' outputs; step 0's as two partial
+        # products of 17 and 15 bits of the operand, added in the next cycle with LN's `- S1`;
+        # MUL's int8 product there, times `mult` in the next cycle; t * Y as four partial
+        # products, added in stage 1a), then shifts it by the step's amount into stages 1s to
+        # 3s (keeping the bit below the result: `w = (v << 1) >> s`), then rounds (`(w + 1) >>
+        # 1`, which is `(v + 2**(s-1)) >> s`) and clamps; it issues the table reads from stage
+        # 0r and registers the entries in stage 1, before GELU16's multiply.
         beat_l = data.StructLayout({
             "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
-            "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes})
+            "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes,
+            **({"s1": signed(32)} if deep else {})})
         lane_l = data.ArrayLayout(data.StructLayout({
             "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16),
-            "base": signed(16), "mid": 1}), lanes)
-        stages = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
-                  for k in range(4)]   # stage 0 is combinational (the input beat)
-        valid = [Signal(name=f"p{k}_valid") for k in range(4)]
-        adv = Signal()
+            "base": signed(16), "mid": 1,
+            # deep: a product or a shifted one (t * Y is the widest; one more bit for the
+            # shift's) and the table addresses
+            **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8,
+                "ma": signed(32), "mb": 16, "b8": signed(8), "lut_e": signed(8),
+                "e_base": signed(16), "e_delta": signed(17),
+                **{f"pp{k}": signed(36) for k in range(4)}}
+               if deep else {})}), lanes)
+        n_regs = latency(self._pipeline) - 1        # stage registers before the output's
+        names = ["0", "0r", "0m", "1", "1m", "1a", "1s", "2", "2m", "2s", "3", "3m", "3s"] \
+            if deep else ["0", "1", "2", "3"]
+        assert len(names) == n_regs + 1
+        regs = [(Signal(beat_l, name=f"p{k}_beat"), Signal(lane_l, name=f"p{k}_lanes"))
+                for k in names]   # stage 0 is combinational (the input beat)
+        valid = [Signal(name=f"p{k}_valid") for k in names]
+        # stages[k]: the registers where step k begins (k = 0..3); deep only: prods[k], those of
+        # its product, shifts[k] (k = 1..3) those of its shifted product.
+        stages = [regs[names.index(str(k))] for k in range(4)]
+        prods = [regs[names.index(f"{k}m")] for k in range(4)] if deep else None
+        shifts = [None] + [regs[names.index(f"{k}s")] for k in range(1, 4)] if deep else None
         fire = Signal()                        # an input beat enters the pipeline
-        m.d.comb += [adv.eq(~o.valid | o.ready), valid[0].eq(fire),
-                     lut.r_en.eq(adv), lut16.r_en.eq(adv)]
+        if self._room_next:
+            # adv = ~o.valid | o.ready, registered: o.valid's next value and the consumer's
+            # room next cycle.
+            adv = Signal(init=1)
+            m.d.sync += adv.eq(~Mux(adv, valid[n_regs], o.valid) | self.o_room_next)
+        else:
+            adv = Signal()
+            m.d.comb += adv.eq(~o.valid | o.ready)
+        m.d.comb += [valid[0].eq(fire), lut.r_en.eq(adv), lut16.r_en.eq(adv)]
         with m.If(adv):
-            m.d.sync += o.valid.eq(valid[3])
-            for k in range(1, 4):
-                m.d.sync += [valid[k].eq(valid[k - 1]), stages[k][0].eq(stages[k - 1][0]),
-                             stages[k][1].eq(stages[k - 1][1])]
+            m.d.sync += o.valid.eq(valid[n_regs])
+            for k in range(1, n_regs + 1):
+                m.d.sync += [valid[k].eq(valid[k - 1]), regs[k][0].eq(regs[k - 1][0]),
+                             regs[k][1].eq(regs[k - 1][1])]
+
+        def shift_keep(v, amount):
+            """``(v << 1) >> amount``: the shifted value and the bit below it."""
+            return (v << 1) >> amount
+
+        def round_kept(w):
+            """``(w + 1) >> 1`` of a :func:`shift_keep` result: ``(v + 2**(s-1)) >> s``."""
+            return (w + 1) >> 1
 
         # Stage 0: the input beat.
         sb, sl = stages[0]
@@ -353,21 +502,23 @@ class VectorUnit(wiring.Component):
                      sb.ln.eq((op == VectorOp.LN) | (op == VectorOp.LN_APPLY)),
                      sb.mult.eq(cmd.mult), sb.shift.eq(cmd.shift), sb.y.eq(y_r), sb.zs.eq(zs),
                      sb.last.eq(last_beat), sb.mask.eq(Cat(*lane_ok))]
+        if deep:
+            m.d.comb += sb.s1.eq(s1)
         x_src = Signal(data.ArrayLayout(signed(16), lanes))
-        with m.If(op == VectorOp.LN):
+        with m.If(dec_buf if deep else op == VectorOp.LN):
             m.d.comb += x_src.eq(buf_r.data)
         with m.Else():
             m.d.comb += [x_src[j].eq(a[j][0:16]) for j in range(lanes)]
         for j in range(lanes):
             lane = sl[j]
             mult = Signal(16, name=f"mult{j}")
-            with m.If(cmd.per_channel & (op == VectorOp.REQUANT)):
+            with m.If(dec_pc if deep else cmd.per_channel & (op == VectorOp.REQUANT)):
                 m.d.comb += [mult.eq(b[j][0:16]), lane.sh.eq(b[j][16:22])]
             with m.Else():
                 m.d.comb += [mult.eq(cmd.mult), lane.sh.eq(cmd.shift)]
-            m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
-                         lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
-            add = _clamp(m, a[j] + b[j], 16, f"add{j}")
+            m.d.comb += [lane.gamma.eq(b[j][0:16]), lane.beta.eq(b[j][16:32])]
+            if not deep:
+                add = _clamp(m, a[j] + b[j], 16, f"add{j}")
             # One multiplier per lane for stage 0's products, whose ops exclude each other:
             # REQUANT's a * mult, MUL's (a8 * b8) * mult, LayerNorm's n * x (signed 32 x
             # unsigned 16 bits: two 18 x 18 DSPs).
@@ -375,15 +526,23 @@ class VectorUnit(wiring.Component):
             m.d.comb += prod8.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed())
             mul_a = Signal(signed(32), name=f"mul_a{j}")
             mul_b = Signal(16, name=f"mul_b{j}")
-            with m.Switch(op):
-                with m.Case(VectorOp.MUL):
-                    m.d.comb += [mul_a.eq(prod8), mul_b.eq(mult)]
-                with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
-                    m.d.comb += [mul_a.eq(x_src[j]), mul_b.eq(n)]
-                with m.Default():
-                    m.d.comb += [mul_a.eq(a[j]), mul_b.eq(mult)]
-            product = Signal(signed(49), name=f"product{j}")
-            m.d.comb += product.eq(mul_a * mul_b)
+            if deep:
+                m.d.comb += [mul_a.eq(Mux(dec_ln, x_src[j], a[j])), mul_b.eq(Mux(dec_ln, n, mult))]
+            else:
+                with m.Switch(op):
+                    with m.Case(VectorOp.MUL):
+                        m.d.comb += [mul_a.eq(prod8), mul_b.eq(mult)]
+                    with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
+                        m.d.comb += [mul_a.eq(x_src[j]), mul_b.eq(n)]
+                    with m.Default():
+                        m.d.comb += [mul_a.eq(a[j]), mul_b.eq(mult)]
+            if deep:
+                # The operands into stage 0r; their products in 0m.
+                product = 0
+                m.d.comb += [lane.ma.eq(mul_a), lane.mb.eq(mul_b), lane.b8.eq(b[j][0:8])]
+            else:
+                product = Signal(signed(49), name=f"product{j}")
+                m.d.comb += product.eq(mul_a * mul_b)
             # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
             gx = a[j][0:16].as_signed()
             g = cmd.shift[0:4]
@@ -392,20 +551,38 @@ class VectorUnit(wiring.Component):
             above = Signal(name=f"gelu_above{j}")
             below = Signal(name=f"gelu_below{j}")
             m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
-                         above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO),
-                         lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
+                         above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO)]
+            if deep:
+                # The reads are issued from stage 0r, with the addresses carried there.
+                pl0r = regs[1][1][j]
+                m.d.comb += [lane.lut_a.eq(a[j][0:8]), lane.lut16_a.eq(gi[0:8] ^ GELU16_ZERO),
+                             lut_r[j].addr.eq(pl0r.lut_a), lut16_r[j].addr.eq(pl0r.lut16_a)]
+            else:
+                m.d.comb += [lut_r[j].addr.eq(a[j][0:8]),
+                             lut16_r[j].addr.eq(gi[0:8] ^ GELU16_ZERO)]
             with m.Switch(op):
+                # deep: ADD, BIAS and RELU in stage 0r -> 0m, from the operands there.
                 with m.Case(VectorOp.ADD):
-                    m.d.comb += lane.val.eq(add)
+                    if not deep:
+                        m.d.comb += lane.val.eq(add)
                 with m.Case(VectorOp.BIAS):
-                    m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
-                with m.Case(VectorOp.REQUANT, VectorOp.MUL):
-                    # MUL: int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32.
-                    m.d.comb += lane.val.eq(product)
+                    if not deep:
+                        m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
+                with m.Case(VectorOp.REQUANT):
+                    if not deep:
+                        m.d.comb += lane.val.eq(product)
+                with m.Case(VectorOp.MUL):
+                    # MUL: int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32
+                    # (deep: in stages 0m and 1).
+                    if not deep:
+                        m.d.comb += lane.val.eq(product)
                 with m.Case(VectorOp.RELU):
-                    m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
+                    if not deep:
+                        m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
-                    m.d.comb += lane.val.eq(product - s1)
+                    # deep: S1 is subtracted on the way to stage 1.
+                    if not deep:
+                        m.d.comb += lane.val.eq(product - s1)
                 with m.Case(VectorOp.ONEHOT):
                     m.d.comb += lane.val.eq(rel == j)
                 with m.Case(VectorOp.GELU16):
@@ -415,8 +592,41 @@ class VectorUnit(wiring.Component):
                         m.d.comb += lane.val.eq(gx << g)
                     with m.Elif(~below):
                         m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
+        if deep:
+            # Stage 0r -> 0m: the partial products (REQUANT, LN), MUL's int8 product.
+            rb, rl = regs[1]
+            for j in range(lanes):
+                ma, mb = rl[j].ma, rl[j].mb
+                with m.If(adv & ((rb.op == VectorOp.REQUANT) | rb.ln)):
+                    m.d.sync += [prods[0][1][j].val.eq(ma[0:17] * mb),
+                                 prods[0][1][j].prod.eq(ma[17:32].as_signed() * mb)]
+                with m.If(adv & (rb.op == VectorOp.MUL)):
+                    m.d.sync += prods[0][1][j].val.eq(ma[0:8].as_signed() * rl[j].b8)
+                bj = Cat(rl[j].gamma, rl[j].beta).as_signed()       # the B operand
+                with m.If(adv & (rb.op == VectorOp.ADD)):
+                    m.d.sync += prods[0][1][j].val.eq(_clamp(m, ma + bj, 16, f"add{j}"))
+                with m.If(adv & (rb.op == VectorOp.BIAS)):
+                    m.d.sync += prods[0][1][j].val.eq((ma + bj)[0:32].as_signed())
+                with m.If(adv & (rb.op == VectorOp.RELU)):
+                    m.d.sync += prods[0][1][j].val.eq(Mux(ma > 0, ma, 0))
+            # Stage 0m -> 1: the partial products' sum (REQUANT, LN: minus S1), MUL's product;
+            # the table entries.
+            pb, pl = prods[0]
+            for j in range(lanes):
+                entry = lut16_r[j].data
+                with m.If(adv):
+                    m.d.sync += [stages[1][1][j].lut_e.eq(lut_r[j].data),
+                                 stages[1][1][j].e_base.eq(entry.base),
+                                 stages[1][1][j].e_delta.eq(entry.delta)]
+                whole = pl[j].val + (pl[j].prod << 17)
+                with m.If(adv & (pb.op == VectorOp.REQUANT)):
+                    m.d.sync += stages[1][1][j].val.eq(whole)
+                with m.If(adv & pb.ln):
+                    m.d.sync += stages[1][1][j].val.eq(whole - pb.s1)
+                with m.If(adv & (pb.op == VectorOp.MUL)):
+                    m.d.sync += stages[1][1][j].val.eq(pl[j].val[0:16].as_signed() * pb.mult)
 
-        # Stage 1 -> 2.
+        # Step 1.
         # One rounding shift and one clamp per lane serve the requantiser (REQUANT, MUL: the
         # operand by `sh`, to int8 or int16) and LayerNorm (t * Y by zs, to LN_Z_BITS): the ops
         # of a beat are one or the other, so the shifter and the rounding adder are shared,
@@ -425,69 +635,159 @@ class VectorUnit(wiring.Component):
         for j in range(lanes):
             # |t| = |n*x - S1| < 2**33: a 34-bit operand keeps the multiplier small.
             t = pl[j].val[0:34].as_signed()
-            src1 = Signal(signed(34 + RSQRT_FRAC_BITS + 2), name=f"rs1_src{j}")
-            m.d.comb += src1.eq(Mux(pb.ln, t * pb.y, pl[j].val))
-            rounded1 = Signal(signed(len(src1)), name=f"rs1_{j}")
-            m.d.comb += rounded1.eq(_round_shift(src1, Mux(pb.ln, pb.zs, pl[j].sh)))
-            # The three clamps by bit tests (hw.arith.saturate), chosen by the op, rather than
-            # two comparisons of the 62-bit value with a chosen bound.
-            clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
-            m.d.comb += clamped1.eq(Mux(pb.ln, saturate(m, rounded1, LN_Z_BITS, f"clz{j}"),
-                                        Mux(pb.out16, saturate(m, rounded1, 16, f"cl16_{j}"),
-                                            saturate(m, rounded1, 8, f"cl8_{j}"))))
-            with m.If(adv & ((pb.op == VectorOp.REQUANT) | (pb.op == VectorOp.MUL) | pb.ln)):
-                m.d.sync += stages[2][1][j].val.eq(clamped1)
-            with m.If(adv & (pb.op == VectorOp.LUT)):
-                m.d.sync += stages[2][1][j].val.eq(lut_r[j].data)
             entry = lut16_r[j].data
-            with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
-                m.d.sync += [stages[2][1][j].val.eq(entry.delta * pl[j].val[0:8]),
-                             stages[2][1][j].base.eq(entry.base)]
+            if deep:
+                # t * Y's partial products and the table entries into stage 1m; t * Y in 1a;
+                # the shift into 1s.
+                parts = _partials(t, pb.y)
+                with m.If(adv):
+                    m.d.sync += [getattr(prods[1][1][j], f"pp{k}").eq(pp)
+                                 for k, (pp, _) in enumerate(parts)]
+                with m.If(adv & (pb.op == VectorOp.LUT)):
+                    m.d.sync += prods[1][1][j].val.eq(pl[j].lut_e)
+                with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
+                    m.d.sync += [prods[1][1][j].val.eq(pl[j].e_delta * pl[j].val[0:8]),
+                                 prods[1][1][j].base.eq(pl[j].e_base)]
+                qb, ql = prods[1]
+                sum_ty = tree_sum([getattr(ql[j], f"pp{k}") << sh
+                                   for k, (_, sh) in enumerate(parts)], m=m, name=f"ty{j}")
+                with m.If(adv & qb.ln):
+                    m.d.sync += regs[names.index("1a")][1][j].prod.eq(sum_ty)
+                ab, al = regs[names.index("1a")]
+                with m.If(adv):
+                    m.d.sync += shifts[1][1][j].prod.eq(shift_keep(
+                        Mux(ab.ln, al[j].prod, al[j].val), Mux(ab.ln, ab.zs, al[j].sh)))
+                rb, rl = shifts[1]
+                # The rounding adder as wide as the widest clamp, the bounds by bit tests.
+                w = rl[j].prod
+                clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
+                m.d.comb += clamped1.eq(Mux(
+                    rb.ln, _round_clamp(m, w, LN_Z_BITS, f"clz{j}"),
+                    Mux(rb.out16, _round_clamp(m, w, 16, f"cl16_{j}"),
+                        _round_clamp(m, w, 8, f"cl8_{j}"))))
+            else:
+                rb, rl = pb, pl
+                src1 = _round_shift(Mux(pb.ln, t * pb.y, pl[j].val), Mux(pb.ln, pb.zs, pl[j].sh))
+                rounded1 = Signal(signed(34 + RSQRT_FRAC_BITS + 2), name=f"rs1_{j}")
+                m.d.comb += rounded1.eq(src1)
+                # The three clamps by bit tests (hw.arith.saturate), chosen by the op, rather
+                # than two comparisons of the 62-bit value with a chosen bound.
+                clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
+                m.d.comb += clamped1.eq(Mux(pb.ln, saturate(m, rounded1, LN_Z_BITS, f"clz{j}"),
+                                            Mux(pb.out16, saturate(m, rounded1, 16, f"cl16_{j}"),
+                                                saturate(m, rounded1, 8, f"cl8_{j}"))))
+            with m.If(adv & ((rb.op == VectorOp.REQUANT) | (rb.op == VectorOp.MUL) | rb.ln)):
+                m.d.sync += stages[2][1][j].val.eq(clamped1)
+            if not deep:
+                with m.If(adv & (pb.op == VectorOp.LUT)):
+                    m.d.sync += stages[2][1][j].val.eq(lut_r[j].data)
+                with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
+                    m.d.sync += [stages[2][1][j].val.eq(entry.delta * pl[j].val[0:8]),
+                                 stages[2][1][j].base.eq(entry.base)]
 
-        # Stage 2 -> 3: LayerNorm's ((z * gamma) >> gshift) + beta, clamped to int16, and
+        # Step 2: LayerNorm's ((z * gamma) >> gshift) + beta, clamped to int16, and
         # GELU16's base + ((delta * f) >> g) (int16 between two knots, or x itself: no clamp)
         # share one rounding shift and one adder.
         pb, pl = stages[2]
-        gelu2 = pb.op == VectorOp.GELU16
         for j in range(lanes):
             z = pl[j].val[0:LN_Z_BITS].as_signed()
-            src2 = Signal(signed(LN_Z_BITS + 16), name=f"rs2_src{j}")
-            m.d.comb += src2.eq(Mux(pb.ln, z * pl[j].gamma, pl[j].val[0:LN_Z_BITS + 16]))
-            rounded2 = Signal(signed(len(src2)), name=f"rs2_{j}")
-            m.d.comb += rounded2.eq(_round_shift(src2, Mux(pb.ln, pb.gshift, pl[j].sh)))
-            y = Signal(signed(len(src2) + 1), name=f"y2_{j}")
-            m.d.comb += y.eq(Mux(pb.ln, rounded2, rounded2[0:17].as_signed())
-                             + Mux(pb.ln, pl[j].beta, pl[j].base))
+            if deep:
+                with m.If(adv & pb.ln):
+                    m.d.sync += prods[2][1][j].prod.eq(z * pl[j].gamma)
+                qb, ql = prods[2]
+                src2 = Mux(qb.ln, ql[j].prod[0:LN_Z_BITS + 16].as_signed(),
+                           ql[j].val[0:LN_Z_BITS + 16].as_signed())
+                with m.If(adv & (qb.ln | (qb.op == VectorOp.GELU16))):
+                    m.d.sync += shifts[2][1][j].prod.eq(
+                        shift_keep(src2, Mux(qb.ln, qb.gshift, ql[j].sh)))
+                rb, rl = shifts[2]
+                # round(w) + beta = (w + 2 beta + 1) >> 1: one adder. (GELU16's rounded
+                # value always fits the 17 bits the short pipeline keeps of it.)
+                y = Signal(signed(LN_Z_BITS + 17), name=f"y2_{j}")
+                w = rl[j].prod[0:LN_Z_BITS + 18].as_signed()
+                twice = Cat(Const(1, 1), Mux(rb.ln, rl[j].beta, rl[j].base)).as_signed()
+                m.d.comb += y.eq((w + twice) >> 1)
+            else:
+                rb, rl = pb, pl
+                src2 = Mux(pb.ln, z * pl[j].gamma, pl[j].val[0:LN_Z_BITS + 16].as_signed())
+                rounded2 = Signal(signed(LN_Z_BITS + 16), name=f"rs2_{j}")
+                m.d.comb += rounded2.eq(_round_shift(src2, Mux(pb.ln, pb.gshift, pl[j].sh)))
+                y = Signal(signed(LN_Z_BITS + 17), name=f"y2_{j}")
+                m.d.comb += y.eq(Mux(pb.ln, rounded2, rounded2[0:17].as_signed())
+                                 + Mux(pb.ln, pl[j].beta, pl[j].base))
             y16 = _clamp(m, y, 16, f"y16_{j}")
-            with m.If(adv & pb.ln):
+            with m.If(adv & rb.ln):
                 m.d.sync += stages[3][1][j].val.eq(y16)
-            with m.If(adv & gelu2):
+            with m.If(adv & (rb.op == VectorOp.GELU16)):
                 m.d.sync += stages[3][1][j].val.eq(y)
 
-        # Stage 3 -> output register.
+        # Step 3 -> output register.
         pb, pl = stages[3]
-        q8s = [_requant(m, pl[j].val[0:16].as_signed(), pb.mult, pb.shift, 8, f"q8_{j}")
-               for j in range(lanes)]
-        gelu = pb.op == VectorOp.GELU16
+        if deep:
+            qb, ql = prods[3]
+            for j in range(lanes):
+                with m.If(adv):
+                    m.d.sync += [prods[3][1][j].prod.eq(pl[j].val[0:16].as_signed() * pb.mult),
+                                 shifts[3][1][j].prod.eq(shift_keep(ql[j].prod[0:33].as_signed(),
+                                                                    qb.shift))]
+            rb, rl = shifts[3]
+            q8s = [_round_clamp(m, rl[j].prod, 8, f"q8_{j}") for j in range(lanes)]
+        else:
+            rb, rl = pb, pl
+            q8s = [_requant(m, pl[j].val[0:16].as_signed(), pb.mult, pb.shift, 8, f"q8_{j}")
+                   for j in range(lanes)]
+        gelu = rb.op == VectorOp.GELU16
         with m.If(adv):
-            m.d.sync += o.payload.last.eq(pb.last)
+            m.d.sync += o.payload.last.eq(rb.last)
             for j, q8 in enumerate(q8s):
-                y = pl[j].val[0:16].as_signed()
+                y = rl[j].val[0:16].as_signed()
                 m.d.sync += [
-                    o.payload.data[j].eq(Mux(pb.mask[j],
-                                             Mux(gelu & ~pb.out16, y[8:16].as_signed(),
-                                                 pl[j].val), 0)),
-                    o.payload.q[j].eq(Mux(pb.mask[j] & pb.ln, q8,
-                                          Mux(pb.mask[j] & gelu, y[0:8], 0)))]
+                    o.payload.data[j].eq(Mux(rb.mask[j],
+                                             Mux(gelu & ~rb.out16, y[8:16].as_signed(),
+                                                 rl[j].val), 0)),
+                    o.payload.q[j].eq(Mux(rb.mask[j] & rb.ln, q8,
+                                          Mux(rb.mask[j] & gelu, y[0:8], 0)))]
 
         # Statistics of the incoming beat (lanes past `length` count as 0).
         xa = [Signal(signed(16), name=f"xa{j}") for j in range(lanes)]
         m.d.comb += [xa[j].eq(Mux(lane_ok[j], a[j][0:16], 0)) for j in range(lanes)]
-        beat_s1 = tree_sum(xa, m=m, name="beat_s1")
-        beat_s2 = tree_sum((x * x for x in xa), m=m, name="beat_s2")
-        amax_v, amax_j = _argmax_tree(
-            m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
         is_argmax = op == VectorOp.ARGMAX
+        if deep:
+            # LN, LN_STATS and ARGMAX take a beat in four registered steps: its lanes (masked;
+            # for ARGMAX, padding lanes at -32768) and its position; their squares (in the
+            # DSPs' outputs), sum and maximum; the squares' sum, S1 and the running maximum;
+            # S2 (in the bits a sum of squares of d_model_max int16 values needs).
+            st_valid = [Signal(name=f"st_valid{k}") for k in range(3)]
+            st_x = [Signal(signed(16), name=f"st_x{j}") for j in range(lanes)]
+            st_pos = Signal(LENGTH_BITS + 1)
+            st_sq = [Signal(signed(32), name=f"st_sq{j}") for j in range(lanes)]
+            st_s1 = Signal(signed(16 + lanes.bit_length()))
+            st_s2 = Signal(signed(32 + lanes.bit_length()))
+            am_v = Signal(signed(16))
+            am_j = Signal(range(lanes))
+            am_pos = Signal(LENGTH_BITS + 1)
+            s2_bits = 31 + self._d_model_max.bit_length()
+            m.d.sync += [v.eq(0) for v in st_valid]
+            # Step 2: squares, sum and maximum of the registered lanes.
+            amax_v, amax_j = _argmax_tree(m, st_x)
+            with m.If(st_valid[0]):
+                m.d.sync += [st_valid[1].eq(1), st_s1.eq(tree_sum(st_x, m=m, name="beat_s1")),
+                             am_v.eq(amax_v), am_j.eq(amax_j), am_pos.eq(st_pos),
+                             *[sq.eq(x * x) for sq, x in zip(st_sq, st_x, strict=True)]]
+            # Step 3: the squares' sum, S1, the running maximum.
+            with m.If(st_valid[1]):
+                m.d.sync += [st_valid[2].eq(1), s1.eq(Mux(rms, 0, s1 + st_s1)),
+                             st_s2.eq(tree_sum(st_sq, m=m, name="beat_s2"))]
+                with m.If(am_v > best_v):
+                    m.d.sync += [best_v.eq(am_v), best_i.eq(am_pos + am_j)]
+            # Step 4: S2.
+            with m.If(st_valid[2]):
+                m.d.sync += s2.eq(s2[:s2_bits] + st_s2)
+        else:
+            beat_s1 = tree_sum(xa, m=m, name="beat_s1")
+            beat_s2 = tree_sum((x * x for x in xa), m=m, name="beat_s2")
+            amax_v, amax_j = _argmax_tree(
+                m, [Mux(lane_ok[j], a[j][0:16].as_signed(), -(1 << 15)) for j in range(lanes)])
 
         need_b = Signal()
         m.d.comb += need_b.eq((op == VectorOp.ADD) | (op == VectorOp.BIAS) | (op == VectorOp.MUL)
@@ -506,16 +806,21 @@ class VectorUnit(wiring.Component):
                     for rms_op in RMS_OPS:
                         with m.If(p.op == rms_op):
                             m.d.comb += like.eq(twin_of(rms_op))
+                    if deep:
+                        m.d.sync += [
+                            dec_ln.eq(like.matches(VectorOp.LN, VectorOp.LN_APPLY)),
+                            dec_buf.eq(like == VectorOp.LN),
+                            dec_pc.eq(p.per_channel & (like == VectorOp.REQUANT))]
                     m.d.sync += [cmd.eq(p), cmd.op.eq(like), rms.eq(p.op.matches(*RMS_OPS)),
                                  beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
-                                 remaining.eq(p.length), best_v.eq(-(1 << 15)), best_i.eq(0),
+                                 *set_rem(p.length), best_v.eq(-(1 << 15)), best_i.eq(0),
                                  pos.eq(0), pair_first.eq(1)]
                     with m.Switch(like):
                         with m.Case(VectorOp.LOAD_LUT):
-                            m.d.sync += remaining.eq(LUT_ENTRIES)
+                            m.d.sync += set_rem(LUT_ENTRIES)
                             m.next = "LOAD"
                         with m.Case(VectorOp.LOAD_LUT16):
-                            m.d.sync += remaining.eq(GELU16_KNOTS)
+                            m.d.sync += set_rem(GELU16_KNOTS)
                             m.next = "LOAD16"
                         with m.Case(VectorOp.ARGMAX):
                             with m.If(p.pairs):
@@ -539,7 +844,7 @@ class VectorUnit(wiring.Component):
                 ]
                 with m.If(self.i_a.valid & self.i_a.ready):
                     m.d.comb += fire.eq(1)
-                    m.d.sync += remaining.eq(remaining - lanes)
+                    m.d.sync += set_rem(remaining - lanes)
                     with m.If(last_beat):
                         m.next = "IDLE"
 
@@ -549,7 +854,7 @@ class VectorUnit(wiring.Component):
                     m.d.comb += [lut_w[j].addr.eq(beat + j), lut_w[j].data.eq(a[j][0:8]),
                                  lut_w[j].en.eq(self.i_a.valid & lane_ok[j])]
                 with m.If(self.i_a.valid):
-                    m.d.sync += [beat.eq(beat + lanes), remaining.eq(remaining - lanes)]
+                    m.d.sync += [beat.eq(beat + lanes), *set_rem(remaining - lanes)]
                     with m.If(last_beat):
                         m.next = "IDLE"
 
@@ -566,7 +871,7 @@ class VectorUnit(wiring.Component):
                                  lut16_w[j].data.delta.eq(knot - prev),
                                  lut16_w[j].en.eq(self.i_a.valid & lane_ok[j] & ~first)]
                 with m.If(self.i_a.valid):
-                    m.d.sync += [beat.eq(beat + lanes), remaining.eq(remaining - lanes),
+                    m.d.sync += [beat.eq(beat + lanes), *set_rem(remaining - lanes),
                                  knot_prev.eq(a[lanes - 1][0:16])]
                     with m.If(last_beat):
                         m.next = "IDLE"
@@ -575,17 +880,33 @@ class VectorUnit(wiring.Component):
                 m.d.comb += self.i_a.ready.eq(1)
                 with m.If(self.i_a.valid):
                     m.d.comb += buf_w.en.eq(op == VectorOp.LN)
-                    m.d.sync += [s1.eq(Mux(rms, 0, s1 + beat_s1)), s2.eq(s2 + beat_s2),
-                                 beat.eq(beat + 1), remaining.eq(remaining - lanes),
+                    m.d.sync += [beat.eq(beat + 1), *set_rem(remaining - lanes),
                                  pos.eq(pos + lanes)]
-                    with m.If(amax_v > best_v):
-                        m.d.sync += [best_v.eq(amax_v), best_i.eq(pos + amax_j)]
+                    if deep:
+                        # The beat's lanes into the statistics steps.
+                        m.d.sync += [st_valid[0].eq(1), st_pos.eq(pos), *[
+                            x.eq(Mux(lane_ok[j], a[j][0:16], Mux(is_argmax, -(1 << 15), 0)))
+                            for j, x in enumerate(st_x)]]
+                    else:
+                        m.d.sync += [s1.eq(Mux(rms, 0, s1 + beat_s1)), s2.eq(s2 + beat_s2)]
+                    if not deep:
+                        with m.If(amax_v > best_v):
+                            m.d.sync += [best_v.eq(amax_v), best_i.eq(pos + amax_j)]
                     with m.If(last_beat):
                         with m.If(op == VectorOp.LN):
                             m.d.sync += step.eq(0)
                             m.next = "RSQRT"
                         with m.Else():
-                            m.next = "STATS"
+                            # deep: the last beat's sums or maximum are taken in DRAIN.
+                            m.d.sync += step.eq(0)
+                            m.next = "DRAIN" if deep else "STATS"
+
+            if deep:
+                with m.State("DRAIN"):
+                    m.d.sync += step.eq(step + 1)
+                    # The statistics steps: the record stage is stats_cycles after the last beat.
+                    with m.If(step == stats_cycles(self._pipeline) - 2):
+                        m.next = "STATS"
 
             with m.State("PAIRS"):
                 # ARGMAX combining records: the largest value, then the lowest index.
@@ -594,7 +915,7 @@ class VectorUnit(wiring.Component):
                     rec = self.i_stats.payload.data[0]
                     r_i, r_v = rec[0:32].as_signed(), rec[32:48].as_signed()
                     better = (r_v > best_v) | ((r_v == best_v) & (r_i < best_i.as_signed()))
-                    m.d.sync += remaining.eq(remaining - 1)
+                    m.d.sync += set_rem(remaining - 1)
                     with m.If(pair_first | better):
                         m.d.sync += [best_v.eq(r_v), best_i.eq(r_i), pair_first.eq(0)]
                     with m.If(remaining == 1):
@@ -629,14 +950,17 @@ class VectorUnit(wiring.Component):
                 # ONEHOT: a beat every cycle the pipeline advances, no input.
                 with m.If(adv):
                     m.d.comb += fire.eq(1)
-                    m.d.sync += [remaining.eq(remaining - lanes), rel.eq(rel - lanes)]
+                    m.d.sync += [*set_rem(remaining - lanes), rel.eq(rel - lanes)]
                     with m.If(last_beat):
                         m.next = "IDLE"
 
             with m.State("RSQRT"):
-                m.d.sync += [step.eq(step + 1), beat.eq(0), remaining.eq(cmd.length)]
-                self._rsqrt(m, step, n, s1, s2, d, m_norm, y_r, y2, my2, zs)
-                with m.If(step == RSQRT_CYCLES - 1):
+                m.d.sync += [step.eq(step + 1), beat.eq(0), *set_rem(cmd.length)]
+                if self._pipeline == "deep":
+                    self._rsqrt_deep(m, step, n, s1, s2, d, m_norm, y_r, y2, zs)
+                else:
+                    self._rsqrt(m, step, n, s1, s2, d, m_norm, y_r, y2, my2, zs)
+                with m.If(step == rsqrt_end):
                     m.next = "NORM"
 
             with m.State("NORM"):
@@ -647,7 +971,7 @@ class VectorUnit(wiring.Component):
                 ]
                 with m.If(self.i_b.valid & self.i_b.ready):
                     m.d.comb += fire.eq(1)
-                    m.d.sync += [remaining.eq(remaining - lanes), beat.eq(beat + 1)]
+                    m.d.sync += [*set_rem(remaining - lanes), beat.eq(beat + 1)]
                     # The buffer's read port is synchronous: present the next address now.
                     with m.If(~last_beat):
                         m.d.comb += buf_r.addr.eq(beat + 1)
@@ -672,24 +996,7 @@ class VectorUnit(wiring.Component):
                 with m.Else():
                     m.d.sync += d.eq(full)
             with m.Case(1):
-                # Normalise D to m in [2**30, 2**32) by an even shift s = 2h (zs = 23 + h),
-                # one constant shift per bit length e of D; seed Y from m's top 7 bits.
-                norm = Signal(32)
-                m.d.comb += norm.eq(0)
-                m.d.sync += zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS)
-                with m.Switch(d):
-                    for e in range(62, 0, -1):
-                        s = e - 31 if (e - 31) % 2 == 0 else e - 32
-                        pattern = "0" * (62 - e) + "1" + "-" * (e - 1)
-                        with m.Case(pattern):
-                            m.d.comb += norm.eq(d >> s if s >= 0 else d << -s)
-                            m.d.sync += zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS + s // 2)
-                m.d.sync += [m_norm.eq(norm), y_r.eq(0)]
-                table = rsqrt_seed_table()
-                with m.Switch(norm[RSQRT_SEED_SHIFT:32]):
-                    for i, seed in enumerate(table):
-                        with m.Case(i + RSQRT_SEED_BASE):
-                            m.d.sync += y_r.eq(seed)
+                VectorUnit._normalise_seed(m, d, m_norm, y_r, zs)
             for k in range(RSQRT_NEWTON_STEPS):
                 with m.Case(2 + 3 * k):
                     m.d.sync += y2.eq((y_r * y_r) >> q)
@@ -697,3 +1004,115 @@ class VectorUnit(wiring.Component):
                     m.d.sync += my2.eq((m_norm * y2) >> 30)
                 with m.Case(4 + 3 * k):
                     m.d.sync += y_r.eq((y_r * (Const(3 << q) - my2)) >> (q + 1))
+
+    @staticmethod
+    def _rsqrt_deep(m, step, n, s1, s2, d, m_norm, y_r, y2, zs):
+        """:meth:`_rsqrt` with every product's partial products (one DSP each) in registers,
+        added in the next cycle: steps 0 to 2 let the last beat's statistics in; 3, 4 the
+        products n * S2 and S1^2; 5 D; 6 D's bit length, 7 the normalised m, 8 the seed; then per
+        Newton step each of its three multiplies in two cycles (the partial products, then
+        their sum shifted, with the next multiply's subtraction). The same truncations, so the
+        same Y bit for bit."""
+        q = RSQRT_FRAC_BITS
+        ns2 = Signal(signed(96))
+        s1sq = Signal(signed(64))
+        ns2_pp = [Signal(signed(35), name=f"ns2_pp{k}") for k in range(4)]
+        s1_pp = [Signal(signed(35), name=f"s1sq_pp{k}") for k in range(4)]
+        # One set of partial products per multiply of a Newton step (its operands straight from
+        # their registers, no multiplexer before the DSPs).
+        pps = [[Signal(signed(37), name=f"rsqrt_pp{i}_{k}") for k in range(4)] for i in range(3)]
+        length = Signal(range(len(d) + 1))      # D's bit length
+        three_my2 = Signal(signed(q + 4))
+
+        def load(regs, a, b):
+            parts = _partials(a, b)
+            assert len(parts) == len(regs)
+            return [r.eq(prod) for r, (prod, _) in zip(regs, parts, strict=True)]
+
+        def total(regs, a, b, name):
+            shifts = [sh for _, sh in _partials(a, b)]
+            return tree_sum([r << sh for r, sh in zip(regs, shifts, strict=True)], m=m,
+                            name=name)
+
+        newton = [(y_r, y_r), (m_norm, y2), (y_r, three_my2)]
+        sums = [total(regs, a, b, f"newton_sum{i}")
+                for i, (regs, (a, b)) in enumerate(zip(pps, newton, strict=True))]
+        with m.Switch(step):
+            with m.Case(3):
+                m.d.sync += [*load(ns2_pp, n, s2), *load(s1_pp, s1, s1)]
+            with m.Case(4):
+                m.d.sync += [ns2.eq(total(ns2_pp, n, s2, "ns2_sum")),
+                             s1sq.eq(total(s1_pp, s1, s1, "s1sq_sum"))]
+            with m.Case(5):
+                full = Signal(signed(96))
+                m.d.comb += full.eq(ns2 - s1sq)
+                assert (1 << len(d)) - 1 == LN_D_MAX
+                with m.If(full[-1]):
+                    m.d.sync += d.eq(0)
+                with m.Elif(full[len(d):].any()):
+                    m.d.sync += d.eq(LN_D_MAX)
+                with m.Else():
+                    m.d.sync += d.eq(full)
+            with m.Case(6):
+                m.d.sync += length.eq(_leading_one(m, d, "d_length"))
+            with m.Case(7):
+                VectorUnit._normalise(m, d, length, m_norm, zs)
+            with m.Case(8):
+                VectorUnit._seed(m, m_norm, y_r)
+            for k in range(RSQRT_NEWTON_STEPS):
+                base = 9 + 6 * k
+                with m.Case(base):
+                    m.d.sync += load(pps[0], *newton[0])
+                with m.Case(base + 1):
+                    m.d.sync += y2.eq(sums[0] >> q)
+                with m.Case(base + 2):
+                    m.d.sync += load(pps[1], *newton[1])
+                with m.Case(base + 3):
+                    # my2 = (m * y2) >> 30 in RSQRT_FRAC_BITS + 3 bits, as the short rsqrt.
+                    m.d.sync += three_my2.eq(Const(3 << q) - (sums[1] >> 30)[0:q + 3])
+                with m.Case(base + 4):
+                    m.d.sync += load(pps[2], *newton[2])
+                with m.Case(base + 5):
+                    m.d.sync += y_r.eq(sums[2] >> (q + 1))
+
+    @staticmethod
+    def _normalise(m, d, length, m_norm, zs):
+        """m_norm = D normalised to [2**30, 2**32) by an even shift s = 2h (zs = 23 + h), from
+        D's bit length (0: D = 0, m = 0)."""
+        m.d.sync += [zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS), m_norm.eq(0)]
+        with m.Switch(length):
+            for e in range(62, 0, -1):
+                s = e - 31 if (e - 31) % 2 == 0 else e - 32
+                with m.Case(e):
+                    m.d.sync += [m_norm.eq(d >> s if s >= 0 else d << -s),
+                                 zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS + s // 2)]
+
+    @staticmethod
+    def _seed(m, norm, y_r):
+        """Y's seed from m's top 7 bits (0 outside the table), as a multiplexer tree."""
+        table = rsqrt_seed_table()
+        index = norm[RSQRT_SEED_SHIFT:32]
+        rom = Array(Const(table[i - RSQRT_SEED_BASE] if 0 <= i - RSQRT_SEED_BASE < len(table)
+                          else 0, len(y_r)) for i in range(1 << len(index)))
+        m.d.sync += y_r.eq(rom[index])
+
+    @staticmethod
+    def _normalise_seed(m, d, m_norm, y_r, zs):
+        """Normalise D to m in [2**30, 2**32) by an even shift s = 2h (zs = 23 + h), one
+        constant shift per bit length e of D; seed Y from m's top 7 bits."""
+        norm = Signal(32)
+        m.d.comb += norm.eq(0)
+        m.d.sync += zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS)
+        with m.Switch(d):
+            for e in range(62, 0, -1):
+                s = e - 31 if (e - 31) % 2 == 0 else e - 32
+                pattern = "0" * (62 - e) + "1" + "-" * (e - 1)
+                with m.Case(pattern):
+                    m.d.comb += norm.eq(d >> s if s >= 0 else d << -s)
+                    m.d.sync += zs.eq(RSQRT_FRAC_BITS + 15 - LN_Z_FRAC_BITS + s // 2)
+        m.d.sync += [m_norm.eq(norm), y_r.eq(0)]
+        table = rsqrt_seed_table()
+        with m.Switch(norm[RSQRT_SEED_SHIFT:32]):
+            for i, seed in enumerate(table):
+                with m.Case(i + RSQRT_SEED_BASE):
+                    m.d.sync += y_r.eq(seed)

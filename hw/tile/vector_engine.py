@@ -7,7 +7,7 @@ byte ``c * eb`` little-endian (``hw.spec.memory.pack_rows``). The element widths
 launch's flags (:class:`hw.spec.vector_engine.VecFlags`).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -15,6 +15,7 @@ from amaranth.lib.wiring import In, Out
 from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.isa import COUNT_BITS
 from ..spec.timing.chip import VEC_OUT_FIFO_DEPTH
+from ..spec.timing.vector import check_pipeline
 from ..spec.vector import GSHIFT_BITS, LENGTH_BITS, N_BITS, VectorOp, argmax_words
 from ..spec.vector_engine import (
     B_OPS,
@@ -150,6 +151,9 @@ class VectorEngine(wiring.Component):
     two paths: ARGMAX writes one per row on ``o_q``, ONEHOT reads one per row on ``i_stats``
     (pair-mode ARGMAX ``length`` per row).
 
+    ``pipeline`` is the unit's (:class:`~hw.tile.vector.VectorUnit`): ``"short"`` or
+    ``"deep"``, the NPU file's ``vector_pipeline``.
+
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
     while the unit finishes the previous row); results pass a FIFO of
@@ -158,7 +162,7 @@ class VectorEngine(wiring.Component):
     int32 data) would also stall the input side and the row period would exceed the slowest stream's
     words per row. With it, :func:`hw.spec.timing.vector.launch_cycles` holds exactly. From the
     configuration beat the first command is offered the next cycle; the first result word leaves
-    about 7 cycles after the first input word arrives.
+    about 7 cycles after the first input word arrives (16 with the deep pipeline).
 
     Members
     -------
@@ -171,10 +175,11 @@ class VectorEngine(wiring.Component):
     busy : ``Out(1)``
     """
 
-    def __init__(self, *, lanes: int, d_model_max: int):
+    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short"):
         check_sizes(lanes, d_model_max, min_lanes=2)
         self._lanes = lanes
         self._d_model_max = d_model_max
+        self._pipeline = check_pipeline(pipeline)
         self._out_fifo_depth = VEC_OUT_FIFO_DEPTH
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout())),
@@ -195,10 +200,16 @@ class VectorEngine(wiring.Component):
     def d_model_max(self) -> int:
         return self._d_model_max
 
+    @property
+    def pipeline(self) -> str:
+        return self._pipeline
+
     def elaborate(self, platform):
         m = Module()
         n = self._lanes
-        m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max)
+        m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max,
+                                                  pipeline=self._pipeline,
+                                                  room_next=self._pipeline == "deep")
         cfg = Signal(cfg_layout())
         flags = cfg.flags
         active = Signal()
@@ -223,8 +234,17 @@ class VectorEngine(wiring.Component):
         # ---- commands: one per row, offered back to back --------------------------------
         issued = Signal(COUNT_BITS)
         c = unit.i_cmd
+        # deep: whether commands remain, in a register (issued != rows, ahead of time).
+        more = Signal()
+        if self._pipeline == "deep":
+            with m.If(start):
+                m.d.sync += more.eq(p.rows != 0)
+            with m.Elif(c.valid & c.ready):
+                m.d.sync += more.eq(issued + 1 != cfg.rows)
+        else:
+            m.d.comb += more.eq(issued != cfg.rows)
         m.d.comb += [
-            c.valid.eq(active & (issued != cfg.rows)),
+            c.valid.eq(active & more),
             c.payload.op.eq(cfg.op), c.payload.length.eq(cfg.length), c.payload.n.eq(cfg.n),
             c.payload.mult.eq(cfg.mult), c.payload.shift.eq(cfg.shift),
             c.payload.gshift.eq(cfg.gshift), c.payload.out16.eq(flags.out16),
@@ -304,6 +324,15 @@ class VectorEngine(wiring.Component):
         uo = unit.o_data
         u_valid, u_ready, raw = _fifo(m, "fifo_o", uo.valid, uo.ready, uo.payload.as_value(),
                                       self._out_fifo_depth)
+        if self._pipeline == "deep":
+            # The FIFO's level, mirrored, a cycle ahead: whether it takes a beat next cycle.
+            depth = self._out_fifo_depth
+            level = Signal(range(depth + 1))
+            level_next = Signal(range(depth + 1))
+            m.d.comb += [level_next.eq(level + (uo.valid & (level != depth))
+                                       - (u_ready & (level != 0))),
+                         unit.o_room_next.eq(level_next != depth)]
+            m.d.sync += level.eq(level_next)
         u_payload = Signal(uo.payload.shape())
         m.d.comb += u_payload.eq(raw)
         beat = Signal(data.ArrayLayout(unsigned(32), n))
@@ -315,10 +344,18 @@ class VectorEngine(wiring.Component):
         part = Signal(2)
         d_left = Signal(LENGTH_BITS + 3)     # bytes of the data row not yet written
         out_row = Signal(COUNT_BITS)
-        final_row = out_row == cfg.rows - 1
-
-        d_row_end = d_left <= n
-        d_beat_end = d_row_end | (part == (Const(1, 3) << flags.d_bytes) - 1)
+        deep = self._pipeline == "deep"
+        part_end = (Const(1, 3) << flags.d_bytes) - 1
+        if deep:
+            # The packer's compares in registers, set with the counters they compare (the
+            # deep pipeline's clock): the row's last data word, the beat's, the last row.
+            d_row_end, part_last, final_row = Signal(), Signal(), Signal()
+            row_short = Signal()                # a whole data row is one word
+        else:
+            final_row = out_row == cfg.rows - 1
+            d_row_end = d_left <= n
+            part_last = part == part_end
+        d_beat_end = d_row_end | part_last
         packed = [Cat(*[beat[j][:8 * eb] for j in range(n)]) for eb in ELEM_BYTES]
         with m.Switch(flags.d_bytes):
             for code, bits in enumerate(packed):
@@ -349,24 +386,36 @@ class VectorEngine(wiring.Component):
             finish.eq(full & (d_done | (d_fire & d_beat_end)) & (q_done | q_fire)),
             u_ready.eq(~full | finish),
         ]
+        def set_part(value):
+            stmts = [part.eq(value)]
+            if deep:
+                stmts.append(part_last.eq(Value.cast(value)[:len(part)] == part_end))
+            return stmts
+
         with m.If(d_fire):
-            m.d.sync += part.eq(part + 1)
+            m.d.sync += set_part(part + 1)
             with m.If(d_beat_end):
-                m.d.sync += [d_done.eq(1), part.eq(0)]
+                m.d.sync += [d_done.eq(1), *set_part(0)]
             with m.If(d_row_end):
                 m.d.sync += d_left.eq(cfg.length << flags.d_bytes)
+                if deep:
+                    m.d.sync += d_row_end.eq(row_short)
             with m.Else():
                 m.d.sync += d_left.eq(d_left - n)
+                if deep:
+                    m.d.sync += d_row_end.eq((d_left - n)[:len(d_left)] <= n)
         with m.If(q_fire):
             m.d.sync += q_done.eq(1)
         with m.If(finish):
             m.d.sync += full.eq(0)
             with m.If(beat_last):
                 m.d.sync += out_row.eq(out_row + 1)
+                if deep:
+                    m.d.sync += final_row.eq(out_row + 2 == cfg.rows)
                 with m.If(final_row):
                     m.d.sync += active.eq(0)
         with m.If(u_valid & u_ready):
-            m.d.sync += [full.eq(1), beat_last.eq(u_payload.last), part.eq(0),
+            m.d.sync += [full.eq(1), beat_last.eq(u_payload.last), *set_part(0),
                          d_done.eq(~flags.wr_data), q_done.eq(~flags.wr_q),
                          qbeat.eq(u_payload.q.as_value())]
             m.d.sync += [beat[j].eq(u_payload.data[j]) for j in range(n)]
@@ -379,4 +428,8 @@ class VectorEngine(wiring.Component):
         with m.If(start):
             m.d.sync += [out_row.eq(0), full.eq(0), part.eq(0),
                          d_left.eq(p.length << p.flags.d_bytes)]
+            if deep:
+                row_bytes = p.length << p.flags.d_bytes
+                m.d.sync += [part_last.eq(p.flags.d_bytes == 0), final_row.eq(p.rows == 1),
+                             d_row_end.eq(row_bytes <= n), row_short.eq(row_bytes <= n)]
         return m

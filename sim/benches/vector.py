@@ -17,7 +17,7 @@ from sim.rtl.vector_driver import simulate_pysim
 
 def run(quick: bool):
     npu = npu_preset("tiny" if quick else "fpga")
-    lanes, d = npu.vector_lanes, npu.d_model_max
+    lanes, d, pipe = npu.vector_lanes, npu.d_model_max, npu.vector_pipeline
     rng = np.random.default_rng(0)
     x = rng.integers(-(1 << 15), 1 << 15, d)
     params = pack_gamma_beta(rng.integers(-(1 << 15), 1 << 15, d), rng.integers(-99, 99, d))
@@ -38,7 +38,7 @@ def run(quick: bool):
     speed = []
     for name, program in cases:
         try:
-            run_ = simulate_pysim(program, lanes=lanes, d_model_max=d)
+            run_ = simulate_pysim(program, lanes=lanes, d_model_max=d, pipeline=pipe)
             ok, cycles = True, run_["cycles"]
             speed.append(run_["sim"]["cycles_per_s"])
         except AssertionError as exc:
@@ -46,12 +46,13 @@ def run(quick: bool):
             print(f"vector bench {name}: {exc}")
         ideal = sum(beats(cmd.length, lanes) for cmd, *_ in program)
         if name.startswith("LN_STATS"):
-            formula = op_cycles(VectorOp.LN_STATS, half, lanes) + 1 + op_cycles(
-                VectorOp.LN_APPLY, half, lanes)
+            formula = op_cycles(VectorOp.LN_STATS, half, lanes, pipeline=pipe) + 1 + op_cycles(
+                VectorOp.LN_APPLY, half, lanes, pipeline=pipe)
         elif name.startswith("residual"):
-            formula = op_cycles(VectorOp.ADD, d, lanes) + (count - 1) * (beats(d, lanes) + 1)
+            formula = op_cycles(VectorOp.ADD, d, lanes, pipeline=pipe) + (count - 1) * (
+                beats(d, lanes) + 1)
         else:
-            formula = op_cycles(VectorOp.LN, d, lanes)
+            formula = op_cycles(VectorOp.LN, d, lanes, pipeline=pipe)
         rows.append({"bench": f"vector {name}, d_model {d} on {lanes} lanes", "value": cycles,
                      "unit": "cycles", "ref": ideal,
                      "ratio": None if cycles is None else cycles / ideal,

@@ -102,15 +102,16 @@ def check_outputs(program, expected, data_beats, stats_beats, lanes: int, label:
 
 
 def simulate_pysim(program, *, lanes: int, d_model_max: int, rng=None, idle: float = 0.0,
-                   stall: float = 0.0, max_cycles: int = 100_000) -> dict:
+                   stall: float = 0.0, max_cycles: int = 100_000,
+                   pipeline: str = "short") -> dict:
     """Run ``program`` on the RTL in Amaranth's simulator and check it against golden.
 
     Random idle on every input stream and backpressure on both outputs when ``rng`` is given.
     Returns ``{"expected", "data", "stats", "cycles", "sim"}``: ``cycles`` counts from the
-    first ``i_cmd`` transfer to the last output transfer.
+    first ``i_cmd`` transfer to the last output transfer. ``pipeline``: the unit's.
     """
 
-    dut = VectorUnit(lanes=lanes, d_model_max=d_model_max)
+    dut = VectorUnit(lanes=lanes, d_model_max=d_model_max, pipeline=pipeline)
     job = prepare(program, lanes)
     got = {}
     cycle = [0]

@@ -151,7 +151,7 @@ class ChipModel:
         self.mm = MatmulModel(n)
         self.at = AttentionModel(window=npu.attn_window, length=npu.softmax_len, size=n,
                                  d_head=npu.d_head_max)
-        self.vu = VectorModel(lanes=n)
+        self.vu = VectorModel(lanes=n, pipeline=npu.vector_pipeline)
         ratio = npu.ring_word_bytes // n
         self.co = [CollectiveModel(chip=chip, ratio=ratio, wbytes=npu.ring_word_bytes,
                                    engine=e) for e in range(self.engines)]

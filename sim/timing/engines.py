@@ -8,7 +8,8 @@ word holds, which never changes when anything happens (the chip's schedule is st
 - :class:`AttentionModel`: ``hw/tile/attention_engine.py`` (row gathers, the K/V ring's score
   and P.V sweeps, the softmax unit's row slots, the output requantiser);
 - :class:`VectorModel`: ``hw/tile/vector_engine.py`` and ``hw/tile/vector.py`` (operand gathers,
-  the unit's FSM and 4-stage pipeline, the output FIFO, the packer, statistics records).
+  the unit's FSM and its pipeline of 4 or 13 stages, the output FIFO, the packer, statistics
+  records).
 
 A model is stepped once per cycle by :class:`sim.timing.cycle.ChipModel`: :meth:`step` gets
 whether each of its read ports offers a word (``valid``) and whether each of its write ports
@@ -50,7 +51,7 @@ from hw.spec.timing.chip import (
     merge_rotate_cycles,
 )
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
-from hw.spec.timing.vector import RSQRT_CYCLES
+from hw.spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
 from hw.spec.vector import VectorOp, twin_of
 from hw.spec.vector_engine import (
     LOAD_OPS,
@@ -522,7 +523,7 @@ class AttentionModel:
 
 # Vector unit FSM states (hw/tile/vector.py).
 (_V_IDLE, _V_ELEM, _V_LOAD, _V_ACC, _V_STATS, _V_GET, _V_RSQRT, _V_NORM, _V_GEN,
- _V_PAIRS) = range(10)
+ _V_PAIRS, _V_DRAIN) = range(11)
 
 
 class _Gather:
@@ -555,10 +556,15 @@ class _Gather:
 
 class VectorModel:
     """``VEC``: RD3 (A), RD4 (B), RD5 (statistics) -> gathers -> the vector unit -> output
-    FIFO -> packer -> WR1 (data) and WR2 (q or statistics records)."""
+    FIFO -> packer -> WR1 (data) and WR2 (q or statistics records). ``pipeline``: the unit's
+    (the NPU file's ``vector_pipeline``), which sets its stages and its rsqrt's cycles."""
 
-    def __init__(self, *, lanes: int):
+    def __init__(self, *, lanes: int, pipeline: str = "short"):
         self.n = lanes
+        self.pipeline = check_pipeline(pipeline)
+        self.rsqrt_end = rsqrt_cycles(pipeline) - 1
+        self.drain_end = stats_cycles(pipeline) - 2
+        stages = latency(pipeline) - 1
         self.active = False
         self.op = VectorOp.ADD
         self.rows = self.length = 0
@@ -576,8 +582,8 @@ class VectorModel:
         self.u_pc = False          # per_channel of the running command
         self.remaining = 0
         self.rstep = 0
-        self.pv = [False, False, False]    # pipeline stages 1..3
-        self.pl = [False, False, False]    # their beats' `last`
+        self.pv = [False] * stages    # the pipeline's stage registers, then the output's
+        self.pl = [False] * stages    # their beats' `last`
         self.uo_valid = False
         self.uo_last = False
         # Output FIFO (beats' `last` flags) and packer.
@@ -714,8 +720,15 @@ class VectorModel:
                     if uop is VectorOp.LN:
                         self.rstep = 0
                         self.state = _V_RSQRT
+                    elif self.pipeline == "deep":
+                        self.rstep = 0
+                        self.state = _V_DRAIN       # LN_STATS, ARGMAX: their statistics steps
                     else:
                         self.state = _V_STATS
+        elif state == _V_DRAIN:
+            if self.rstep == self.drain_end:
+                self.state = _V_STATS
+            self.rstep += 1
         elif state == _V_STATS:
             if not self.so_full:
                 self.so_full = True
@@ -734,16 +747,16 @@ class VectorModel:
                 self.state = _V_GEN if uop is VectorOp.ONEHOT else _V_RSQRT
         elif state == _V_RSQRT:
             self.remaining = self.length
-            if self.rstep == RSQRT_CYCLES - 1:
+            if self.rstep == self.rsqrt_end:
                 self.state = _V_NORM
             self.rstep += 1
         # Pipeline (one enable: the output register is free or taken).
         if adv:
             if self.uo_valid:
                 self.fifo.append(self.uo_last)
-            self.uo_valid, self.uo_last = self.pv[2], self.pl[2]
-            self.pv = [fire, self.pv[0], self.pv[1]]
-            self.pl = [fire and last_beat, self.pl[0], self.pl[1]]
+            self.uo_valid, self.uo_last = self.pv[-1], self.pl[-1]
+            self.pv = [fire, *self.pv[:-1]]
+            self.pl = [fire and last_beat, *self.pl[:-1]]
         if cmd_fire:
             self.issued += 1
         # Gathers.

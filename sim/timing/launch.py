@@ -285,8 +285,9 @@ class LaunchTimer:
         if op is Op.VEC:
             vop = twin_of(regs["VU_OP"])     # RMSNorm's ops are LayerNorm's
             flags = VecFlags.decode(regs["VU_FLAGS"])
+            pipeline = self.npu.vector_pipeline
             base = vec_timing.launch_cycles(vop, rows=regs["VU_ROWS"], length=regs["VU_LEN"],
-                                            lanes=n, flags=flags)
+                                            lanes=n, flags=flags, pipeline=pipeline)
             shared = uses_b(vop, flags.per_channel) and self._share(regs, "RD3", "RD4")
             both = flags.wr_data and flags.wr_q and vop in (VectorOp.LN, VectorOp.LN_APPLY)
             if vop not in (VectorOp.LN, VectorOp.LN_APPLY, VectorOp.ADD, VectorOp.BIAS,
@@ -294,7 +295,8 @@ class LaunchTimer:
                 return None
             return chip_timing.vector_cycles(
                 vop, base, rows=regs["VU_ROWS"], length=regs["VU_LEN"], lanes=n, flags=flags,
-                shared=shared, outputs_shared=both and self._share(regs, "WR1", "WR2"))
+                shared=shared, outputs_shared=both and self._share(regs, "WR1", "WR2"),
+                pipeline=pipeline)
         if op is Op.ATTN:
             flags = regs["AT_FLAGS"]
             shared = self._share(regs, "RD3", "RD4") or self._share(regs, "RD4", "RD5") or \

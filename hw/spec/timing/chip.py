@@ -19,6 +19,7 @@ from ..softmax import NORM_QUOTIENT_BITS
 from ..vector import VectorOp, twin_of
 from ..vector_engine import row_words
 from .matmul import REQUANT_LATENCY, unit_latency
+from .vector import latency as vector_latency
 
 __all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
@@ -158,15 +159,17 @@ def matmul_approx(size: int, k: int, folds: int, out_words: int, *, shared: bool
 
 
 def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int, flags,
-                  shared: bool, outputs_shared: bool = False) -> int:
+                  shared: bool, outputs_shared: bool = False, pipeline: str = "short") -> int:
     """Busy cycles of a ``VEC`` launch in the chip from the engine's own
     (:func:`hw.spec.timing.vector.launch_cycles`, every word at once): plus the read latency
     when every stream has a bank of its own.
 
     ``shared``: operands A and B in one bank, whose port serves one of them per cycle (A
     first): an element-wise op then streams ``W_a + W_b`` words per row through it
-    (``rows (W_a + W_b) + 6 + w_dl`` when that is its slowest stream); LayerNorm reads A and B
-    in separate passes and loses one cycle (when it has more than one row).
+    (``rows (W_a + W_b) + L + 2 + w_dl`` when that is its slowest stream, L the unit's
+    :func:`hw.spec.timing.vector.latency` of ``pipeline``); LayerNorm reads A and B
+    in separate passes and loses one cycle (when it has more than one row; none with the deep
+    pipeline, whose longer rsqrt leaves the bank free for the next row's A).
     ``outputs_shared``: LayerNorm's two outputs (``data`` and ``q``) in one bank: one cycle.
     RMSNorm's ops are LayerNorm's (:func:`hw.spec.vector.twin_of`).
     """
@@ -177,7 +180,8 @@ def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int,
     if not shared:
         return cycles
     if op is VectorOp.LN:
-        return cycles + (rows > 1)
+        # The deep pipeline's longer rsqrt leaves the bank time for the next row's A.
+        return cycles + (rows > 1 and pipeline == "short")
     wa = row_words(length, flags.a_bytes, lanes)
     wb = row_words(length, flags.b_bytes, lanes)
     if op is VectorOp.LN_APPLY:
@@ -185,7 +189,8 @@ def vector_cycles(op, engine_cycles: int, *, rows: int, length: int, lanes: int,
     beats = -(-length // lanes)
     wd = row_words(length, flags.d_bytes, lanes) if flags.wr_data else 0
     last = min(flags.d_bytes, wd - (beats - 1) * flags.d_bytes) if wd else 1
-    return max(engine_cycles, rows * (wa + wb) + 6 + last) + READ_LATENCY
+    lat = vector_latency(pipeline)
+    return max(engine_cycles, rows * (wa + wb) + lat + 2 + last) + READ_LATENCY
 
 
 #: :func:`attention_cycles`, a preload of K rows of 2 words and V rows of 1 through one bank:

@@ -4,7 +4,9 @@ Every test drives all six streams with seeded random idle cycles and backpressur
 cycle-count test, which measures the ideal case), and compares each lane of each beat, naming
 the command, beat and lane on a mismatch (sim.rtl.vector_driver). Configurations are small
 (lanes = 4, vectors <= 24 elements) because Amaranth's simulator is slow, except one
-full-scale LayerNorm at each preset's d_model_max (64 on 4 lanes, 512 on 8 lanes).
+full-scale LayerNorm at each preset's d_model_max (64 on 4 lanes, 512 on 8 lanes). The
+bit-exact and cycle tests run both pipelines (``pipeline``: the NPU file's
+``vector_pipeline``, short and deep).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 from amaranth.hdl import Fragment
 
 from hw.spec import npu_preset
-from hw.spec.timing.vector import op_cycles
+from hw.spec.timing.vector import PIPELINES, op_cycles
 from hw.spec.vector import (
     GELU16_KNOTS,
     LUT_ENTRIES,
@@ -37,12 +39,25 @@ IDLE = 0.3
 STALL = 0.3
 
 
+@pytest.fixture(params=PIPELINES)
+def pipeline(request):
+    """The unit's pipeline: every test that takes it runs on both."""
+    return request.param
+
+
+@pytest.fixture(params=["short", pytest.param("deep", marks=pytest.mark.slow)])
+def pipeline_s(request):
+    """Both pipelines, the deep one behind ``slow`` (the default suite's deep runs cover every
+    op: the element-wise, MUL, LUT, LayerNorm, ARGMAX/ONEHOT and cycle tests)."""
+    return request.param
+
+
 def run_program(program, *, lanes=LANES, d_model_max=32, rng=None, idle=IDLE, stall=STALL,
-                max_cycles=20_000):
+                max_cycles=20_000, pipeline="short"):
     """Run ``program`` = [(cmd, a, b, stats)] on the RTL with random idle and backpressure;
     every output lane is checked against golden. Returns the golden outputs and figures."""
     run = simulate_pysim(program, lanes=lanes, d_model_max=d_model_max, rng=rng, idle=idle,
-                         stall=stall, max_cycles=max_cycles)
+                         stall=stall, max_cycles=max_cycles, pipeline=pipeline)
     return run["expected"], run
 
 
@@ -69,11 +84,21 @@ def test_properties():
     unit = VectorUnit(lanes=3, d_model_max=10)
     Fragment.get(unit, None)  # elaborates (and so is not reported as unused)
     assert (unit.lanes, unit.d_model_max, unit.buffer_depth) == (3, 10, 4)
+    assert unit.pipeline == "short"
+    deep = VectorUnit(lanes=3, d_model_max=10, pipeline="deep")
+    Fragment.get(deep, None)
+    assert deep.pipeline == "deep"
+
+
+def test_init_rejects_pipeline():
+    with pytest.raises(ValueError, match=r"^vector_pipeline='fast' is not one of 'short', "
+                                         r"'deep'$"):
+        VectorUnit(lanes=4, d_model_max=16, pipeline="fast")
 
 
 # ---- element-wise ops ------------------------------------------------------------------------
 
-def test_elementwise_random(rng):
+def test_elementwise_random(rng, pipeline):
     i16 = (-(1 << 15), 1 << 15)
     i32 = (-(1 << 31), 1 << 31)
     program = []
@@ -95,10 +120,10 @@ def test_elementwise_random(rng):
                         None))
         program.append((VectorCmd(VectorOp.LUT, length), rng.integers(-128, 128, length), None,
                         None))
-    run_program(program, rng=rng)
+    run_program(program, rng=rng, pipeline=pipeline)
 
 
-def test_saturation(rng):
+def test_saturation(rng, pipeline_s):
     """The residual add and every requantisation saturate at both ends, never wrap."""
     big = np.array([32767, -32768, 30000, -30000, 1, -1, 32767, -32768])
     program = [
@@ -116,7 +141,7 @@ def test_saturation(rng):
          np.array([2**31 - 1, -2**31, 1000, -1000]),
          pack_requant([65535, 65535, 1, 1], [1, 1, 47, 47]), None),
     ]
-    expected, _ = run_program(program, rng=rng)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline_s)
     assert list(expected[0]["data"]) == [32767, -32768, 32767, -32768, 2, -2, 32767, -32768]
     assert list(expected[2]["data"][:2]) == [127, -128]
     assert list(expected[3]["data"][:4]) == [32767, -32768, 32767, -32768]
@@ -126,7 +151,7 @@ def test_saturation(rng):
 
 # ---- MUL (the gated FFN's product) ---------------------------------------------------------
 
-def test_mul_random_and_saturating(rng):
+def test_mul_random_and_saturating(rng, pipeline):
     """MUL: the int8 product of the operands' low bytes, requantised per tensor (int8, or
     int16 with out16), on random vectors (operands wider than int8 too: only the low byte
     counts), interleaved with ADD back to back, and at the extremes: (-128)^2 with a gain
@@ -149,14 +174,14 @@ def test_mul_random_and_saturating(rng):
         (VectorCmd(VectorOp.MUL, 8, mult=65535, shift=1, out16=True), ext, other, None),
         (VectorCmd(VectorOp.MUL, 8, mult=1, shift=1), ext, other, None),          # a*b/2
     ]
-    expected, _ = run_program(program, rng=rng)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline)
     products = ext * other
     assert list(expected[-3]["data"]) == list(np.clip(products, -128, 127))
     assert set(expected[-2]["data"][:5]) <= {-32768, 32767}
     assert list(expected[-1]["data"]) == list(np.clip((products + 1) >> 1, -128, 127))
 
 
-def test_lut_load_then_apply(rng):
+def test_lut_load_then_apply(rng, pipeline):
     """The LUT resets to ReLU, is reloaded at run time (GELU), and applies per lane."""
     x = rng.integers(-128, 128, 11)
     gelu = gelu_table(4.0 / 128, 4.0 / 128)
@@ -166,7 +191,7 @@ def test_lut_load_then_apply(rng):
         (VectorCmd(VectorOp.LUT, 11), x, None, None),
         (VectorCmd(VectorOp.LUT, 8), np.arange(-128, 128, 32), None, None),
     ]
-    expected, _ = run_program(program, rng=rng)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline)
     assert list(expected[0]["data"]) == list(np.maximum(x, 0))
     assert list(expected[2]["data"]) == list(gelu[x & 0xFF])
     assert len(gelu) == LUT_ENTRIES
@@ -174,7 +199,7 @@ def test_lut_load_then_apply(rng):
 
 # ---- LayerNorm ---------------------------------------------------------------------------
 
-def test_layernorm_random_and_edges(rng):
+def test_layernorm_random_and_edges(rng, pipeline):
     program = []
     for length, x in [
         (5, rng.integers(-(1 << 15), 1 << 15, 5)),
@@ -186,7 +211,7 @@ def test_layernorm_random_and_edges(rng):
         program.append((VectorCmd(VectorOp.LN, length, gshift=int(rng.integers(16, 22)),
                                   mult=int(rng.integers(1 << 14, 1 << 16)), shift=23),
                         x, _ln_params(rng, length), None))
-    expected, _ = run_program(program, rng=rng)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline)
     beta = program[2][2] >> 16
     assert np.array_equal(expected[2]["data"], beta), "constant vector: y16 must equal beta"
 
@@ -194,7 +219,7 @@ def test_layernorm_random_and_edges(rng):
 @pytest.mark.parametrize("cuts", [[0, 7, 18], [0, 7, 9, 18], [0, 1, 6, 14, 18]])
 @pytest.mark.parametrize("full, apply", [(VectorOp.LN, VectorOp.LN_APPLY),
                                          (VectorOp.RMS, VectorOp.RMS_APPLY)])
-def test_partial_statistics_uneven_shards(rng, cuts, full, apply):
+def test_partial_statistics_uneven_shards(rng, cuts, full, apply, pipeline_s):
     """LN_STATS on 2, 3 and 4 uneven shards, summed, then LN_APPLY (RMS_APPLY) == the full LN
     (RMS) bit for bit; RMSNorm's parameters have no beta."""
     x = rng.integers(-(1 << 15), 1 << 15, 18)
@@ -209,7 +234,7 @@ def test_partial_statistics_uneven_shards(rng, cuts, full, apply):
                 for s in shards]
     program += [(VectorCmd(apply, s.stop - s.start, n=18, **knobs), x[s], params[s], total)
                 for s in shards]
-    expected, _ = run_program(program, rng=rng)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline_s)
     k = len(shards)
     for i in range(k):
         assert tuple(expected[1 + i]["stats"]) == stats[i]
@@ -220,7 +245,7 @@ def test_partial_statistics_uneven_shards(rng, cuts, full, apply):
 
 # ---- RMSNorm -------------------------------------------------------------------------------
 
-def test_rmsnorm_random_and_edges(rng):
+def test_rmsnorm_random_and_edges(rng, pipeline_s):
     """RMS and RMS_APPLY (S1 taken as 0) on random vectors, an all-zero vector, full-scale and
     saturating values, interleaved with LN and LN_APPLY back to back (the flag must not leak
     into the next command: a LayerNorm of a vector with a large mean differs from its RMSNorm)."""
@@ -249,7 +274,7 @@ def test_rmsnorm_random_and_edges(rng):
     x = rng.choice([-(1 << 15), (1 << 15) - 1], 9)
     program.append((VectorCmd(VectorOp.RMS, 9, gshift=12, mult=65535, shift=8), x,
                     pack_gamma_beta(np.full(9, (1 << 15) - 1), 0), None))
-    expected, _ = run_program(program, rng=rng)
+    expected, _ = run_program(program, rng=rng, pipeline=pipeline_s)
     for k in range(len(cases)):
         rms, ln, rms_apply, ln_apply = expected[4 * k:4 * k + 4]
         for key in ("data", "q"):
@@ -262,7 +287,7 @@ def test_rmsnorm_random_and_edges(rng):
     assert set(expected[-1]["q"]) <= {-128, 127}
 
 
-def test_layernorm_tiny_preset_full_scale(rng):
+def test_layernorm_tiny_preset_full_scale(rng, pipeline_s):
     """Full-scale int16 at the tiny preset's d_model_max (64), its lanes, back to back with a
     post-norm residual add: ADD then LN emitting the int16 residual and the int8 input."""
     npu = npu_preset("tiny")
@@ -276,7 +301,7 @@ def test_layernorm_tiny_preset_full_scale(rng):
         (VectorCmd(VectorOp.LN, n, gshift=17, mult=1 << 15, shift=24), residual_add(x, r),
          _ln_params(rng, n), None),
     ]
-    run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng)
+    run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng, pipeline=pipeline_s)
 
 
 def argmax_rows(rng, lanes):
@@ -297,7 +322,7 @@ def argmax_rows(rng, lanes):
     return rows
 
 
-def test_argmax_onehot_random_and_edges(rng):
+def test_argmax_onehot_random_and_edges(rng, pipeline):
     """ARGMAX (index + n, maximum) and ONEHOT (1 at index - n, in and outside the row) against
     the golden model, random idle and backpressure."""
     program = []
@@ -313,7 +338,7 @@ def test_argmax_onehot_random_and_edges(rng):
                  [(int(i), int(v)) for i, v in zip(rng.integers(0, 1 << 17, 7),
                                                    rng.integers(-3, 3, 7), strict=True)]):
         program.append((VectorCmd(VectorOp.ARGMAX, len(recs), pairs=True), None, None, recs))
-    run_program(program, rng=rng)
+    run_program(program, rng=rng, pipeline=pipeline)
 
 
 # ---- timing ----------------------------------------------------------------------------------
@@ -326,11 +351,11 @@ def test_argmax_onehot_random_and_edges(rng):
     (VectorOp.GELU16, 8, 3), (VectorOp.LOAD_LUT16, 0, 1), (VectorOp.LOAD_LUT16, 0, 2),
     (VectorOp.ARGMAX, 9, 1), (VectorOp.ONEHOT, 10, 1), ("pairs", 5, 1),
 ])
-def test_cycles_match_formula(rng, op, length, repeat):
+def test_cycles_match_formula(rng, op, length, repeat, pipeline):
     """Cycles from the first i_cmd transfer to the last output transfer (a table load: its last
     input transfer) equal :func:`op_cycles`, plus B + 1 per further back-to-back command of B
     beats; ideal streams."""
-    dut = VectorUnit(lanes=LANES, d_model_max=16)
+    dut = VectorUnit(lanes=LANES, d_model_max=16, pipeline=pipeline)
     pairs = op == "pairs"
     op = VectorOp.ARGMAX if pairs else op
     cmd = VectorCmd(op, length, n=0 if pairs else length, shift=4, pairs=pairs)
@@ -376,9 +401,10 @@ def test_cycles_match_formula(rng, op, length, repeat):
     run_sim(dut, [drive, a_src, b_src, s_src, watch], processes=[counter], max_cycles=2000)
     end = stamps["a"] if loads else stamps["out"]
     measured = end - stamps["cmd"]
-    formula = op_cycles(op, length, LANES, pairs=pairs) + (repeat - 1) * (beats(size, LANES) + 1)
-    assert measured == formula, (
-        f"{op.name} length {length} x{repeat}: measured {measured} cycles, formula {formula}")
+    formula = op_cycles(op, length, LANES, pairs=pairs, pipeline=pipeline) + (repeat - 1) * (
+        beats(size, LANES) + 1)
+    assert measured == formula, (f"{op.name} length {length} x{repeat}, {pipeline} pipeline: "
+                                 f"measured {measured} cycles, formula {formula}")
     assert (lut_beats(LANES), lut16_beats(LANES)) == (64, 65)
 
 
@@ -449,7 +475,7 @@ def test_verilator_matches_golden(verilator_ok, tmp_path):
 
 def test_layernorm_fpga_preset_full_scale_512(rng):
     """Full-scale int16 LayerNorm at d_model 512 (the largest simulable d_model_max) on the
-    fpga preset's 8 lanes, plus partial statistics over 3 uneven shards of it."""
+    fpga preset's 8 lanes and pipeline, plus partial statistics over 3 uneven shards of it."""
     npu = npu_preset("fpga")
     n = npu.d_model_max
     x = rng.choice([-(1 << 15), (1 << 15) - 1], n)
@@ -463,6 +489,6 @@ def test_layernorm_fpga_preset_full_scale_512(rng):
     program += [(VectorCmd(VectorOp.LN_APPLY, s.stop - s.start, n=n, **knobs), x[s], params[s],
                  total) for s in shards]
     expected, _ = run_program(program, lanes=npu.vector_lanes, d_model_max=n, rng=rng,
-                              idle=0.1, stall=0.1)
+                              idle=0.1, stall=0.1, pipeline=npu.vector_pipeline)
     merged = np.concatenate([expected[1 + i]["data"] for i in range(3)])
     assert np.array_equal(merged, expected[0]["data"])

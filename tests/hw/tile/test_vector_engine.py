@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hw.spec.memory import pack_rows, row_words, unpack_rows
-from hw.spec.timing.vector import launch_cycles
+from hw.spec.timing.vector import PIPELINES, launch_cycles
 from hw.spec.vector import LUT_ENTRIES, VectorCmd, VectorOp, pack_gamma_beta, pack_requant
 from hw.spec.vector_engine import FLAG_BITS, STATS_IN_OPS, VecFlags
 from hw.tile.vector_engine import VectorEngine
@@ -34,14 +34,16 @@ from tests.helpers import (
 
 IDLE = 0.25
 STALL = 0.25
+#: Both pipelines, the deep one behind ``slow`` (the cycle tests run it in the default suite).
+SHORT_DEEP_SLOW = ["short", pytest.param("deep", marks=pytest.mark.slow)]
 
 
 def run_engine(launches, before, *, size, d_model_max, addr_bits, rng, idle=IDLE, stall=STALL,
-               max_cycles=20_000):
-    """Run ``launches`` one after the other on a VectorEngine (``sim.rtl.vector_engine_driver``);
-    return the final memory and, per launch, the cycles from its ``i_cfg`` transfer to its
-    end."""
-    dut = VectorEngine(lanes=size, d_model_max=d_model_max)
+               max_cycles=20_000, pipeline="short"):
+    """Run ``launches`` one after the other on a VectorEngine (``sim.rtl.vector_engine_driver``)
+    with the unit's ``pipeline``; return the final memory and, per launch, the cycles from its
+    ``i_cfg`` transfer to its end."""
+    dut = VectorEngine(lanes=size, d_model_max=d_model_max, pipeline=pipeline)
     mem, cycles, _ = run_vector_engine(dut, before, launches, addr_bits=addr_bits, rng=rng,
                                        idle=idle, stall=stall, max_cycles=max_cycles)
     return mem, cycles
@@ -103,9 +105,10 @@ def test_add_in_place(seed, size, rows, length):
     check_case(iss, [launch], [(ta, length, want)], rng)
 
 
+@pytest.mark.parametrize("pipeline", SHORT_DEEP_SLOW)
 @pytest.mark.parametrize("seed, rows, length, with_y, rms", [
     (3, 2, 10, True, False), (4, 3, 7, False, False), (13, 2, 10, True, True)])
-def test_layernorm_y_and_q(seed, rows, length, with_y, rms):
+def test_layernorm_y_and_q(seed, rows, length, with_y, rms, pipeline):
     """LN (``rms``: RMS, its gamma/beta words with beta = 0 as the compiler stores them)."""
     rng = seeded(seed)
     size = 4
@@ -124,7 +127,7 @@ def test_layernorm_y_and_q(seed, rows, length, with_y, rms):
     assert launch.op is (VectorOp.RMS if rms else VectorOp.LN)
     y, q = golden_rows(launch.op, x, np.repeat(gb, rows, 0), gshift=17, mult=20000, shift=20)
     expect = [(tq, length, q)] + ([(ty, length, y)] if with_y else [])
-    check_case(iss, [launch], expect, rng)
+    check_case(iss, [launch], expect, rng, pipeline=pipeline)
 
 
 def test_load_lut_then_lut():
@@ -221,9 +224,10 @@ def test_post_norm_residual_block():
     check_case(iss, launches, [(th, length, y), (tq, length, q)], rng, max_cycles=30_000)
 
 
+@pytest.mark.parametrize("pipeline", SHORT_DEEP_SLOW)
 @pytest.mark.parametrize("seed, size, cut, rms", [(11, 4, 5, False), (12, 2, 8, False),
                                                   (14, 4, 5, True)])
-def test_distributed_layernorm_equals_full(seed, size, cut, rms):
+def test_distributed_layernorm_equals_full(seed, size, cut, rms, pipeline):
     """Hidden-dimension LayerNorm: each "chip" (a column slice of x) runs LN_STATS, the
     records are summed as an int64 all-reduce would, then LN_APPLY with the global count gives
     exactly the full LN's y and q, on the ISS and on the engine; ``rms``: RMS_APPLY and RMS."""
@@ -246,7 +250,7 @@ def test_distributed_layernorm_equals_full(seed, size, cut, rms):
         stats.append(200 * k + 80)
         launches.append(ln_stats_launch(size=size, length=hi - lo, x=xs[k],
                                         stats_base=stats[k]))
-    check_case(iss, launches, [], rng)
+    check_case(iss, launches, [], rng, pipeline=pipeline)
     # The all-reduce: int64 sums of the records, written back for both chips.
     recs = [iss.read_words(base, rows * rec).reshape(rows, -1)[:, :16] for base in stats]
     total = sum(np.ascontiguousarray(r).view("<i8") for r in recs)
@@ -326,6 +330,7 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
                          n=3 * length if op in STATS_IN_OPS else None)
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("seed, size, op, rows, length, a_eb, b_eb, d_eb, q", [
     (20, 4, VectorOp.ADD, 5, 7, 2, 2, 2, False),
     (21, 4, VectorOp.LN, 4, 16, 2, 4, 2, True),
@@ -347,15 +352,18 @@ def random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q):
     # int32 in, int16 out, a last beat of one word: the writer's backlog of the beat before.
     (38, 4, VectorOp.REQUANT, 2, 9, 4, 4, 2, False),
 ])
-def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q):
+def test_cycles_match_formula(seed, size, op, rows, length, a_eb, b_eb, d_eb, q, pipeline):
     """With every input valid and every output ready, a launch takes exactly
-    ``launch_cycles`` from its configuration to its last word (and is still bit-exact)."""
+    ``launch_cycles`` from its configuration to its last word (and is still bit-exact), with
+    either pipeline of the unit."""
     rng = seeded(seed)
     iss = vector_iss(size)
     launch = random_launch(iss, rng, op, rows, length, a_eb, b_eb, d_eb, q)
-    (cycles,) = check_case(iss, [launch], [], rng, idle=0, stall=0)
-    want = launch_cycles(op, rows=rows, length=length, lanes=size, flags=launch.flags)
-    print(f"{op.name} rows={rows} length={length}: {cycles} cycles (formula {want})")
+    (cycles,) = check_case(iss, [launch], [], rng, idle=0, stall=0, pipeline=pipeline)
+    want = launch_cycles(op, rows=rows, length=length, lanes=size, flags=launch.flags,
+                         pipeline=pipeline)
+    print(f"{op.name} rows={rows} length={length} {pipeline}: {cycles} cycles "
+          f"(formula {want})")
     assert cycles == want
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hw.spec.memory import pack_rows, row_words, unpack_rows
-from hw.spec.timing.vector import launch_cycles
+from hw.spec.timing.vector import PIPELINES, launch_cycles
 from hw.spec.vector import VectorOp, argmax_words, pack_argmax, unpack_argmax
 from sim.compiler.vector_launch import (
     Rows,
@@ -95,9 +95,10 @@ def test_onehot_outside_the_block():
     engine_equals_iss(iss, before, [launch], rng)
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("size, rows, length, eb", [
     (4, 3, 13, 2), (2, 2, 5, 2), (8, 2, 20, 1), (4, 3, 20, 1), (4, 2, 5, 2), (2, 3, 3, 4)])
-def test_cycles_match_formula(size, rows, length, eb):
+def test_cycles_match_formula(size, rows, length, eb, pipeline):
     """With every input valid and every output ready, ARGMAX (``eb``: its rows' element
     bytes; 4 stands for 2) and ONEHOT (``eb``: its output's) take exactly ``launch_cycles``,
     whatever the data."""
@@ -111,9 +112,9 @@ def test_cycles_match_formula(size, rows, length, eb):
                 onehot_launch(size=size, length=length, record_base=200, out=out, offset=3)]
     before = iss.mem.copy()
     iss.run(assemble(emit, launches))
-    cycles = engine_equals_iss(iss, before, launches, rng, idle=0, stall=0)
-    want = [launch_cycles(la.op, rows=rows, length=length, lanes=size, flags=la.flags)
-            for la in launches]
+    cycles = engine_equals_iss(iss, before, launches, rng, idle=0, stall=0, pipeline=pipeline)
+    want = [launch_cycles(la.op, rows=rows, length=length, lanes=size, flags=la.flags,
+                          pipeline=pipeline) for la in launches]
     print(f"N={size} rows={rows} length={length} eb={eb}: ARGMAX, ONEHOT {cycles} cycles "
           f"(formula {want})")
     assert cycles == want

@@ -10,7 +10,7 @@ import pytest
 
 from hw.spec.isa import Op
 from hw.spec.memory import pack_rows, row_words, unpack_rows
-from hw.spec.timing.vector import launch_cycles
+from hw.spec.timing.vector import PIPELINES, launch_cycles
 from hw.spec.vector import GELU16_KNOTS, VectorOp
 from hw.spec.vector_engine import VecFlags, table_entries
 from hw.tile.vector_engine import VectorEngine
@@ -41,9 +41,10 @@ def read(iss, t: Rows, cols, signed=True):
                        t.row_words * iss.n // t.eb, t.eb, signed=signed)[:, :cols]
 
 
+@pytest.mark.parametrize("pipeline", ["short", pytest.param("deep", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("seed, size, rows, length, scale", [
     (1, 4, 3, 10, 1e-3), (2, 2, 2, 7, 3e-4), (3, 8, 2, 19, 0.02)])
-def test_gelu16_planes(seed, size, rows, length, scale):
+def test_gelu16_planes(seed, size, rows, length, scale, pipeline):
     """LOAD_LUT16 from memory, then GELU16 writing the hi (WR1) and lo (WR2) planes, then
     GELU16 writing int16 y: ISS == golden, engine == ISS; memory outside the outputs kept."""
     print(f"seed={seed}")
@@ -72,7 +73,7 @@ def test_gelu16_planes(seed, size, rows, length, scale):
     # The lo rows' spare word (row_words + 1) is not written.
     spare = [lo.base + r * lo.row_words + lo.row_words - 1 for r in range(rows)]
     assert np.array_equal(iss.mem[spare], before[spare])
-    engine_equals_iss(iss, before, launches, rng)
+    engine_equals_iss(iss, before, launches, rng, pipeline=pipeline)
 
 
 def test_only_lo_plane_and_in_place_hi():
@@ -101,11 +102,12 @@ def test_only_lo_plane_and_in_place_hi():
 
 # ---- timing ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("size, rows, length, a_eb, outs", [
     (4, 3, 10, 2, "hi+lo"), (4, 2, 16, 2, "y"), (8, 3, 11, 2, "hi"), (2, 2, 5, 2, "lo"),
     (4, 4, 7, 4, "hi+lo"), (8, 2, 20, 2, "y+lo"),
 ])
-def test_gelu16_cycles_match_formula(size, rows, length, a_eb, outs):
+def test_gelu16_cycles_match_formula(size, rows, length, a_eb, outs, pipeline):
     """With every input valid and every output ready a GELU16 launch takes exactly
     ``launch_cycles`` (the element-wise formula) from its configuration to its last word."""
     rng = np.random.default_rng(size * 100 + rows * 10 + length)
@@ -119,9 +121,10 @@ def test_gelu16_cycles_match_formula(size, rows, length, a_eb, outs):
                            y=t.get("y"))
     before = iss.mem.copy()
     iss.run(assemble(emit, [launch]))
-    (cycles,) = engine_equals_iss(iss, before, [launch], rng, idle=0, stall=0)
+    (cycles,) = engine_equals_iss(iss, before, [launch], rng, idle=0, stall=0,
+                                  pipeline=pipeline)
     want = launch_cycles(VectorOp.GELU16, rows=rows, length=length, lanes=size,
-                         flags=launch.flags)
+                         flags=launch.flags, pipeline=pipeline)
     print(f"GELU16 {outs} rows={rows} length={length} N={size}: {cycles} cycles (formula {want})")
     assert cycles == want
 

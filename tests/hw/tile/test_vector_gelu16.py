@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hw.spec import npu_preset
+from hw.spec.timing.vector import PIPELINES
 from hw.spec.vector import GELU16_KNOTS, VectorCmd, VectorOp
 from sim.golden.vector import gelu16_apply, gelu16_knot_shift, gelu16_table, gelu_table
 from sim.rtl.vector_driver import check_outputs, prepare, simulate_pysim
@@ -23,8 +24,9 @@ def _edges(g):
     return x[(x >= I16[0]) & (x < I16[1])]
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("lanes", [4, 3])
-def test_gelu16_random_and_edges(rng, lanes):
+def test_gelu16_random_and_edges(rng, lanes, pipeline):
     """The reset table (zeros), then two loaded tables (a real GELU, random knots), every knot
     spacing class, int8 and int16 outputs, lengths that leave partial last beats."""
     scale = 1e-3
@@ -42,7 +44,8 @@ def test_gelu16_random_and_edges(rng, lanes):
         for out16 in (False, True):
             program.append((VectorCmd(VectorOp.GELU16, len(x), shift=shift, out16=out16), x,
                             None, None))
-    run = simulate_pysim(program, lanes=lanes, d_model_max=16, rng=rng, idle=0.3, stall=0.3)
+    run = simulate_pysim(program, lanes=lanes, d_model_max=16, rng=rng, idle=0.3, stall=0.3,
+                         pipeline=pipeline)
     # The golden model behind the check is the documented formula.
     table = program[-7][1]
     x = program[-1][1]

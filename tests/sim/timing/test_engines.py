@@ -36,6 +36,8 @@ def cycles(model, step, regs, limit=100_000):
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.LN_APPLY, 24),
     (VecFlags(a_bytes=2, b_bytes=4, d_bytes=2, wr_q=True), VectorOp.RMS_APPLY, 24),
     (VecFlags(a_bytes=1, wr_data=False), VectorOp.LOAD_LUT, 256),
+    (VecFlags(a_bytes=2, wr_data=False, wr_q=True), VectorOp.LN_STATS, 13),
+    (VecFlags(a_bytes=1, wr_data=False, wr_q=True), VectorOp.LN_STATS, 1),
     (VecFlags(a_bytes=2, wr_data=False, wr_q=True), VectorOp.ARGMAX, 13),
     (VecFlags(a_bytes=1, wr_data=False, wr_q=True), VectorOp.ARGMAX, 1),
     (VecFlags(d_bytes=1), VectorOp.ONEHOT, 13),
@@ -46,15 +48,17 @@ def cycles(model, step, regs, limit=100_000):
     (VecFlags(wr_data=False, wr_q=True, pairs=True), VectorOp.ARGMAX, 1),
 ])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_vector_model_is_the_engines_closed_form(flags, op, length, rows):
+@pytest.mark.parametrize("pipeline", vec_timing.PIPELINES)
+def test_vector_model_is_the_engines_closed_form(flags, op, length, rows, pipeline):
     regs = {"VU_OP": int(op), "VU_ROWS": rows, "VU_LEN": length, "VU_FLAGS": flags.encode()}
 
     def step(m):
         d, q = m.out_valid()
         m.step(True, True, True, d, q)
 
-    got = cycles(VectorModel(lanes=4), step, regs)
-    assert got == vec_timing.launch_cycles(op, rows=rows, length=length, lanes=4, flags=flags)
+    got = cycles(VectorModel(lanes=4, pipeline=pipeline), step, regs)
+    assert got == vec_timing.launch_cycles(op, rows=rows, length=length, lanes=4, flags=flags,
+                                           pipeline=pipeline)
 
 
 @pytest.mark.parametrize("queries, keys, flags", [

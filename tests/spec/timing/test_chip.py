@@ -72,8 +72,9 @@ def test_matmul_approximations_stay_close(size):
 
 @pytest.mark.parametrize("size", [4, 8])
 @pytest.mark.parametrize("rows, length", [(1, 32), (8, 32), (3, 24)])
-def test_vector_launches(size, rows, length):
-    npu = npu_of(size, d_model_max=256)
+@pytest.mark.parametrize("pipeline", vec_timing.PIPELINES)
+def test_vector_launches(size, rows, length, pipeline):
+    npu = npu_of(size, d_model_max=256, vector_pipeline=pipeline)
     bw = npu.bank_words
     r = vl.Rows
     rw2, rw4, rw1 = (-(-length * eb // size) for eb in (2, 4, 1))
@@ -103,9 +104,10 @@ def test_vector_launches(size, rows, length):
         asm = Assembler()
         vl.emit(asm, launch)
         base = vec_timing.launch_cycles(launch.op, rows=rows, length=length, lanes=size,
-                                        flags=launch.flags)
+                                        flags=launch.flags, pipeline=pipeline)
         want = chip.vector_cycles(launch.op, base, rows=rows, length=length, lanes=size,
-                                  flags=launch.flags, shared=shared, outputs_shared=outputs)
+                                  flags=launch.flags, shared=shared, outputs_shared=outputs,
+                                  pipeline=pipeline)
         assert busy(npu, asm, "vector") == want, launch.op.name
 
 

@@ -41,9 +41,10 @@ FOUR = ModelConfig(n_layers=4, d_model=16, n_heads=4, d_head=4, d_ff=32, seq_len
                    name="small4")
 
 
-def compiled(rng, strategy, chips, *, cfg=SMALL, samples=1):
-    """``(npu, program, input images per chip, golden outputs)`` for ``strategy``."""
-    npu = npu_preset("tiny")
+def compiled(rng, strategy, chips, *, cfg=SMALL, samples=1, npu=None):
+    """``(npu, program, input images per chip, golden outputs)`` for ``strategy`` (on the
+    tiny preset's chip unless ``npu`` is given)."""
+    npu = npu or npu_preset("tiny")
     x = rng.standard_normal((samples, cfg.seq_len, cfg.d_model))
     qm = quantize_model(cfg, random_weights(cfg, int(rng.integers(1 << 30))), x)
     prog = compile_program(strategy, npu, qm, chips, seq=cfg.seq_len, samples=samples)
@@ -148,6 +149,26 @@ def test_four_chips_equal_the_iss(rng, strategy):
     assert all((g == w).all() for g, w in zip(outputs(prog, fast["regions"]), want,
                                               strict=True))
     print(f"{fast['cycles']} cycles: verilator {fast['run_cycles_per_s']:.0f} cycles/s")
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_deep_vector_pipeline_chip_equals_the_iss(rng, norm):
+    """The ulx3s preset's chip, whose vector unit has the deep pipeline (8 stages, a 15-cycle
+    rsqrt: ``vector_pipeline = "deep"``), runs a one-layer model (LayerNorm, GELU, residual
+    adds, requantisations) with the ISS's integers and its cycle model's cycles, busy counters
+    and traces."""
+    npu = npu_preset("ulx3s")
+    assert npu.vector_pipeline == "deep"
+    npu, prog, images, want = compiled(rng, "single", 1, npu=npu,
+                                       cfg=dataclasses.replace(SMALL, norm=norm))
+    programs, reads = [c.program for c in prog.chips], prog.reads()
+    fast = run_system_verilator(npu, programs, images, reads, max_cycles=200_000)
+    check_types(fast, 1, npu.word_bytes)
+    assert_same(fast, iss_reference(npu, programs, images, reads), 1, "the ISS")
+    assert all((g == w).all() for g, w in zip(outputs(prog, fast["regions"]), want,
+                                              strict=True))
+    print(f"{fast['cycles']} cycles, build {fast['build_s']:.0f} s "
+          f"(cached {fast['build_cached']})")
 
 
 def test_the_ring_needs_one_pass_a_cycle(rng):
