@@ -777,3 +777,16 @@ def one_each(first, second):
     return [pytest.param(*flat(a), *flat(b), id=_case_id(flat(a) + flat(b)),
                          marks=() if j == k % len(second) else (pytest.mark.slow,))
             for k, a in enumerate(first) for j, b in enumerate(second)]
+
+
+async def load_and_start(ctx, dut, program):
+    """Write ``program`` (instruction words) into a sequencer unit's instruction memory from
+    address 0, one word a cycle, then pulse ``start``."""
+    ctx.set(dut.imem_wr.valid, 1)
+    for addr, word in enumerate(program):
+        ctx.set(dut.imem_wr.payload, {"addr": addr, "data": word})
+        await ctx.tick()
+    ctx.set(dut.imem_wr.valid, 0)
+    ctx.set(dut.start, 1)
+    await ctx.tick()
+    ctx.set(dut.start, 0)

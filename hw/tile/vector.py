@@ -124,6 +124,20 @@ def _partials(a, b):
     return [(pa * pb, sa + sb) for pa, sa in _chunks(a) for pb, sb in _chunks(b)]
 
 
+def _clamp_d(m, d, value):
+    """``d`` <- LayerNorm's ``D = n S2 - S1^2`` clamped to ``0 .. LN_D_MAX`` (= 2**62 - 1): the
+    sign bit and the bits above 62, not comparisons."""
+    full = Signal(signed(96))
+    m.d.comb += full.eq(value)
+    assert (1 << len(d)) - 1 == LN_D_MAX
+    with m.If(full[-1]):
+        m.d.sync += d.eq(0)
+    with m.Elif(full[len(d):].any()):
+        m.d.sync += d.eq(LN_D_MAX)
+    with m.Else():
+        m.d.sync += d.eq(full)
+
+
 def _round_clamp(m, w, bits, name):
     """``clamp((w + 1) >> 1)`` to ``bits`` signed bits, ``w`` a shifted value that kept the bit
     below the result (:meth:`VectorUnit.elaborate`'s ``shift_keep``): in range iff
@@ -985,16 +999,7 @@ class VectorUnit(wiring.Component):
         q = RSQRT_FRAC_BITS
         with m.Switch(step):
             with m.Case(0):
-                full = Signal(signed(96))
-                m.d.comb += full.eq(n * s2 - s1 * s1)
-                # LN_D_MAX = 2**62 - 1: the sign bit and the bits above 62, not comparisons.
-                assert (1 << len(d)) - 1 == LN_D_MAX
-                with m.If(full[-1]):
-                    m.d.sync += d.eq(0)
-                with m.Elif(full[len(d):].any()):
-                    m.d.sync += d.eq(LN_D_MAX)
-                with m.Else():
-                    m.d.sync += d.eq(full)
+                _clamp_d(m, d, n * s2 - s1 * s1)
             with m.Case(1):
                 VectorUnit._normalise_seed(m, d, m_norm, y_r, zs)
             for k in range(RSQRT_NEWTON_STEPS):
@@ -1044,15 +1049,7 @@ class VectorUnit(wiring.Component):
                 m.d.sync += [ns2.eq(total(ns2_pp, n, s2, "ns2_sum")),
                              s1sq.eq(total(s1_pp, s1, s1, "s1sq_sum"))]
             with m.Case(5):
-                full = Signal(signed(96))
-                m.d.comb += full.eq(ns2 - s1sq)
-                assert (1 << len(d)) - 1 == LN_D_MAX
-                with m.If(full[-1]):
-                    m.d.sync += d.eq(0)
-                with m.Elif(full[len(d):].any()):
-                    m.d.sync += d.eq(LN_D_MAX)
-                with m.Else():
-                    m.d.sync += d.eq(full)
+                _clamp_d(m, d, ns2 - s1sq)
             with m.Case(6):
                 m.d.sync += length.eq(_leading_one(m, d, "d_length"))
             with m.Case(7):

@@ -15,6 +15,7 @@ from hw.spec.attention import softmax_lanes
 from hw.spec.isa import READ_GENS, REG_INDEX, WRITE_GENS, Insn, Op, chip_gens, encode
 from hw.tops import build_top
 from sim.rtl.pysim import collect, run_sim
+from tests.helpers import load_and_start
 
 
 def test_top_registered():
@@ -136,14 +137,7 @@ def test_sequencer_unit_folds_its_registers():
     seen = {}
 
     async def bench(ctx):
-        for addr, word in enumerate(program):
-            ctx.set(dut.imem_wr.valid, 1)
-            ctx.set(dut.imem_wr.payload, {"addr": addr, "data": word})
-            await ctx.tick()
-        ctx.set(dut.imem_wr.valid, 0)
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
+        await load_and_start(ctx, dut, program)
         await ctx.tick().until(dut.done)
         await ctx.tick().repeat(2)          # the write-back, then the fold's flip-flops
         seen["fold"] = ctx.get(dut.regs_fold)

@@ -28,6 +28,7 @@ from hw.spec.isa import (
 )
 from hw.tile.sequencer import LAUNCH_OPS
 from sim.rtl.pysim import run_sim
+from tests.helpers import load_and_start
 
 NPU = npu_preset("tiny")
 WIDTHS = reg_widths(NPU, chip_bits=1)
@@ -68,14 +69,7 @@ def _run(program, seed, max_cycles, refuse=0.4):
     seen = {"launches": [], "refused": 0}
 
     async def bench(ctx):
-        ctx.set(dut.imem_wr.valid, 1)
-        for addr, word in enumerate(program):
-            ctx.set(dut.imem_wr.payload, {"addr": addr, "data": word})
-            await ctx.tick()
-        ctx.set(dut.imem_wr.valid, 0)
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
+        await load_and_start(ctx, dut, program)
         while not ctx.get(dut.done):
             can = int(rng.integers(0, 64)) if rng.random() < refuse else 0b111111
             ctx.set(dut.can_launch, can)
@@ -199,14 +193,7 @@ def test_add_after_start_reads_a_cleared_register_as_zero():
     async def bench(ctx):
         ctx.set(dut.can_launch, 0b111111)
         for program in programs:
-            ctx.set(dut.imem_wr.valid, 1)
-            for addr, word in enumerate(program):
-                ctx.set(dut.imem_wr.payload, {"addr": addr, "data": word})
-                await ctx.tick()
-            ctx.set(dut.imem_wr.valid, 0)
-            ctx.set(dut.start, 1)
-            await ctx.tick()
-            ctx.set(dut.start, 0)
+            await load_and_start(ctx, dut, program)
             await ctx.tick().until(dut.done)
             seen.append((ctx.get(dut.regs[lane]), ctx.get(dut.regs[kept])))
 
