@@ -159,8 +159,8 @@ _NPU_SCHEMA = {
                          doc="vector unit lanes (0 = array_size)"),
     "vector_pipeline": _Key(str, "short", choices=VECTOR_PIPELINES,
                             doc="vector unit pipeline: short (4 stages, a product and its "
-                                "rounding per cycle) or deep (8 stages, a register after "
-                                "every product)"),
+                                "rounding per cycle) or deep (13 stages, a register after "
+                                "every product, shift and rounding)"),
     "max_seq_len": _Key(int, minimum=1, doc="longest sequence one pass can process"),
     "attn_window": _Key(int, minimum=1, doc="tokens held in the K/V ring buffer"),
     "softmax_len": _Key(int, minimum=2, doc="lanes of the softmax unit (score row length)"),

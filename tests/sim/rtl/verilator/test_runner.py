@@ -153,7 +153,7 @@ def test_four_chips_equal_the_iss(rng, strategy):
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_the_deep_vector_pipeline_chip_equals_the_iss(rng, norm):
-    """The ulx3s preset's chip, whose vector unit has the deep pipeline (8 stages, a 15-cycle
+    """The ulx3s preset's chip, whose vector unit has the deep pipeline (13 stages, a 21-cycle
     rsqrt: ``vector_pipeline = "deep"``), runs a one-layer model (LayerNorm, GELU, residual
     adds, requantisations) with the ISS's integers and its cycle model's cycles, busy counters
     and traces."""
