@@ -78,6 +78,13 @@ class AddrGen(wiring.Component):
     address per cycle while ``o`` is ready. A new descriptor is taken once the previous one is
     finished (``i.ready`` is high while idle).
 
+    Structure (for the clock): each level's end-of-loop flag is a register set a step ahead
+    (from ``i + 2 == n`` when the level steps); each level's next address is one adder from
+    registers (the address at which its iteration started plus its stride; with ``wrap``, the
+    fold's three outcomes and its two sign tests, from ``base + offset`` and the strides plus
+    and minus M registered with the descriptor), and the flags pick one: no compare or
+    carry chain lies between the flags and the adders.
+
     Members
     -------
     i : ``In(stream.Signature(desc_layout(addr_bits)))``
@@ -97,72 +104,92 @@ class AddrGen(wiring.Component):
         m = Module()
         ab = self._addr_bits
         levels = ADDR_LEVELS
-        desc = Signal(desc_layout(ab, wrap=self._wrap))
+        pay = self.i.payload
+        n = [Signal(COUNT_BITS, name=f"n{lv}") for lv in range(levels)]
+        s = [Signal(signed(ab + 1), name=f"s{lv}") for lv in range(levels)]
         idx = [Signal(COUNT_BITS, name=f"i{lv}") for lv in range(levels)]
-        addr = Signal(ab)
+        # at_end[lv]: level lv is at its last iteration (i == n - 1, or n <= 1), a register
+        # set a step ahead: when the level steps, from i + 2 == n; when it restarts, from
+        # n <= 1 (`single`, registered with the descriptor).
         at_end = [Signal(name=f"end{lv}") for lv in range(levels)]
-        # idx + 1 serves both the step and the end test (idx == n - 1 is idx + 1 == n, with
-        # no subtractor of its own).
-        inc = [Signal(COUNT_BITS + 1, name=f"inc{lv}") for lv in range(levels)]
-        for lv in range(levels):
-            n = desc.n[lv]
-            m.d.comb += [inc[lv].eq(idx[lv] + 1),
-                         at_end[lv].eq((n == 0) | (inc[lv] == n))]
-
+        single = [Signal(name=f"single{lv}") for lv in range(levels)]
+        addr = Signal(ab)
+        take = Signal()
+        # step[lv]: level lv steps on this transfer (the innermost level not at its end).
+        step = [Signal(name=f"step{lv}") for lv in range(levels)]
         m.d.comb += [
             self.i.ready.eq(~self.o.valid),
             self.o.payload.addr.eq(addr),
             self.o.payload.last.eq(Cat(*at_end).all()),
+            take.eq(self.o.valid & self.o.ready),
         ]
+        for lv in range(levels):
+            inner_at_end = Cat(*at_end[:lv]).all() if lv else 1
+            m.d.comb += step[lv].eq(take & inner_at_end & ~at_end[lv])
+
+        # Each level's candidate: the offset (and address) if that level steps next, from the
+        # offset at which its current iteration started (level 0: the current one) plus its
+        # stride; one adder each, all four in parallel; the stepping level picks one.
         if self._wrap:
-            # Offsets from base, exact while they stay in [-2**(ab+1), 2**(ab+1)).
+            # Offsets from base, exact while they stay in [-2**(ab+1), 2**(ab+1)); `y` is
+            # base + offset (modulo 2**ab), so that the folded address is y + s, y + s + M or
+            # y + s - M (the strides plus and minus M registered with the descriptor) and the
+            # fold's tests are the signs of x + s and x + s - M: one adder deep.
             width = ab + 2
-            start = [Signal(signed(width), name=f"start{lv}") for lv in range(levels)]
-            off = Signal(signed(width))
-
-            def place(o):
-                wrap = desc.wrap
-                folded = Mux(wrap == 0, o, Mux(o < 0, o + wrap, Mux(o >= wrap, o - wrap, o)))
-                return (desc.base + folded)[:ab]
-
-            def step(m, nxt):
-                m.d.sync += [off.eq(nxt), addr.eq(place(nxt))]
-            start_value = first = Mux(self.i.payload.wrap == 0, 0, self.i.payload.off)
-        else:
-            # The address itself (modulo 2**ab) is the running sum.
-            start = [Signal(ab, name=f"start{lv}") for lv in range(levels)]
-            off = addr
-
-            def step(m, nxt):
-                m.d.sync += addr.eq(nxt[:ab])
-            start_value = first = self.i.payload.base
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [desc.eq(self.i.payload), self.o.valid.eq(1)]
-            if self._wrap:
-                m.d.sync += [off.eq(first),
-                             addr.eq((self.i.payload.base + first)[:ab])]
-            else:
-                m.d.sync += addr.eq(self.i.payload.base)
-            m.d.sync += [x.eq(0) for x in idx]
-            m.d.sync += [x.eq(start_value) for x in start]
-        with m.Elif(self.o.valid & self.o.ready):
-            with m.If(self.o.payload.last):
-                m.d.sync += self.o.valid.eq(0)
-            # Step the innermost level that is not at its end; reset the ones inside it.
+            x = [Signal(signed(width), name=f"x{lv}") for lv in range(levels)]
+            y = [Signal(ab, name=f"y{lv}") for lv in range(levels)]
+            s_plus = [Signal(signed(ab + 3), name=f"s_plus{lv}") for lv in range(levels)]
+            s_minus = [Signal(signed(ab + 3), name=f"s_minus{lv}") for lv in range(levels)]
+            cand_x = [Signal(signed(width), name=f"cand_x{lv}") for lv in range(levels)]
+            cand_y = [Signal(ab, name=f"cand_y{lv}") for lv in range(levels)]
+            cand = [Signal(ab, name=f"cand{lv}") for lv in range(levels)]
             for lv in range(levels):
-                inner_at_end = Cat(*at_end[:lv]).all() if lv else 1
-                with m.If(inner_at_end & ~at_end[lv]):
-                    m.d.sync += idx[lv].eq(inc[lv])
-                    for inner in range(lv):
-                        m.d.sync += idx[inner].eq(0)
-                    if lv == 0:
-                        step(m, off + desc.s[0])
-                    else:
-                        nxt = Signal.like(start[lv], name=f"next{lv}")
-                        m.d.comb += nxt.eq(start[lv] + desc.s[lv])
-                        step(m, nxt)
-                        for inner in range(1, lv + 1):
-                            m.d.sync += start[inner].eq(nxt)
+                below = (x[lv] + s[lv])[-1]                  # x + s < 0
+                above = ~(x[lv] + s_minus[lv])[-1]           # x + s >= M
+                m.d.comb += [
+                    cand_x[lv].eq(x[lv] + s[lv]),
+                    cand_y[lv].eq(y[lv] + s[lv]),
+                    cand[lv].eq(Mux(below, y[lv] + s_plus[lv],
+                                    Mux(above, y[lv] + s_minus[lv], y[lv] + s[lv]))),
+                ]
+            first = Mux(pay.wrap == 0, 0, pay.off)
+            with m.If(self.i.valid & self.i.ready):
+                m.d.sync += [addr.eq(pay.base + first)]
+                for lv in range(levels):
+                    m.d.sync += [x[lv].eq(first), y[lv].eq(pay.base + first),
+                                 s_plus[lv].eq(pay.s[lv] + pay.wrap),
+                                 s_minus[lv].eq(pay.s[lv] - pay.wrap)]
+            for lv in range(levels):
+                with m.If(step[lv]):
+                    m.d.sync += addr.eq(cand[lv])
+                    m.d.sync += [x[k].eq(cand_x[lv]) for k in range(lv + 1)]
+                    m.d.sync += [y[k].eq(cand_y[lv]) for k in range(lv + 1)]
+        else:
+            # The address itself (modulo 2**ab) is the running sum; start[lv] the address at
+            # which level lv's current iteration started (start[0] is addr).
+            start = [addr] + [Signal(ab, name=f"start{lv}") for lv in range(1, levels)]
+            cand = [Signal(ab, name=f"cand{lv}") for lv in range(levels)]
+            m.d.comb += [cand[lv].eq(start[lv] + s[lv]) for lv in range(levels)]
+            with m.If(self.i.valid & self.i.ready):
+                m.d.sync += [x.eq(pay.base) for x in start]
+            for lv in range(levels):
+                with m.If(step[lv]):
+                    m.d.sync += [start[k].eq(cand[lv]) for k in range(lv + 1)]
+
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += self.o.valid.eq(1)
+            for lv in range(levels):
+                m.d.sync += [n[lv].eq(pay.n[lv]), s[lv].eq(pay.s[lv]), idx[lv].eq(0)]
+                one = pay.n[lv][1:] == 0                     # n <= 1
+                m.d.sync += [single[lv].eq(one), at_end[lv].eq(one)]
+        with m.If(take & self.o.payload.last):
+            m.d.sync += self.o.valid.eq(0)
+        # Step the innermost level that is not at its end; restart the ones inside it.
+        for lv in range(levels):
+            with m.If(step[lv]):
+                m.d.sync += [idx[lv].eq(idx[lv] + 1), at_end[lv].eq(idx[lv] + 2 == n[lv])]
+                for inner in range(lv):
+                    m.d.sync += [idx[inner].eq(0), at_end[inner].eq(single[inner])]
         return m
 
 

@@ -46,14 +46,16 @@ def test_addrgen_matches_golden(seed):
         assert lasts == [0] * (len(w) - 1) + [1], f"descriptor {d}: last flags {lasts}"
 
 
-def random_wrap_desc(rng, addr_bits, wrap):
-    """A rotated walk of a circular buffer of ``wrap`` words: blocks descending from ``off``."""
+def random_wrap_desc(rng, addr_bits, wrap, ascending=False):
+    """A rotated walk of a circular buffer of ``wrap`` words: blocks descending from ``off``
+    (offsets below 0 fold up), or with ``ascending`` blocks ascending (offsets from ``wrap`` up
+    fold down)."""
     blocks = int(rng.integers(1, 5))
     w = wrap // blocks
     wrap = w * blocks
     start = int(rng.integers(0, blocks))
     return {"base": int(rng.integers(0, (1 << addr_bits) - wrap)), "n": [w, blocks, 1, 1],
-            "s": [1, -w, 0, 0], "wrap": wrap, "off": start * w}
+            "s": [1, w if ascending else -w, 0, 0], "wrap": wrap, "off": start * w}
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -63,7 +65,8 @@ def test_wrapping_addrgen_matches_golden(seed):
     rng = seeded(seed)
     addr_bits = 9
     dut = AddrGen(addr_bits=addr_bits, wrap=True)
-    descs = [random_wrap_desc(rng, addr_bits, int(rng.integers(4, 40))) for _ in range(6)]
+    descs = [random_wrap_desc(rng, addr_bits, int(rng.integers(4, 40)), ascending=k % 2 == 1)
+             for k in range(8)]
     descs += [{**random_desc(rng, addr_bits), "wrap": 0, "off": 0} for _ in range(3)]
     want = [addr_sequence(d["base"], d["n"], d["s"], addr_bits, d["wrap"], d["off"])
             for d in descs]
@@ -83,6 +86,9 @@ def test_wrapping_addrgen_matches_golden(seed):
     # The golden walk itself: blocks 2, 1, 0 of 3 x 2 words from block 2.
     assert list(addr_sequence(10, [2, 3, 1, 1], [1, -2, 0, 0], 9, 6, 4)) == \
         [14, 15, 12, 13, 10, 11]
+    # Ascending from block 1: offsets 2..5, then 6 and 7 fold to 0 and 1.
+    assert list(addr_sequence(10, [2, 3, 1, 1], [1, 2, 0, 0], 9, 6, 2)) == \
+        [12, 13, 14, 15, 10, 11]
 
 
 def test_addrgen_one_address_per_cycle():
