@@ -187,8 +187,6 @@ class CollectiveEngine(wiring.Component):
         kind = Signal(3)
         op = Signal(2)
         wide = Signal()
-        length = Signal(LENGTH_BITS)
-        q = Signal(LENGTH_BITS)
         r = Signal(range(mc))
         n = Signal(range(mc + 1))
         p = Signal(range(mc + 1))
@@ -202,31 +200,36 @@ class CollectiveEngine(wiring.Component):
 
         cmd = self.i_cmd.payload
         accept = self.i_cmd.valid & self.i_cmd.ready
+        cmd_member = cmd.rank < cmd.count
         m.d.comb += self.i_cmd.ready.eq(~running)
 
-        # Step sequencer.
+        # Step sequencer. What the command fixes is computed from it when it is accepted and
+        # registered (the steps, each step's words): the step and word counters' tests are
+        # then compares with registers, with no arithmetic before them.
         s = Signal(range(2 * mc + 1))
-        k = Signal(LENGTH_BITS)
-        total = Signal(range(2 * mc + 1))
+        k1 = Signal(LENGTH_BITS + 1)       # words of this step combined so far, plus one
+        total_m1 = Signal(range(-1, 2 * mc + 1))    # the steps of one chunk, less one
+        done = Signal()                             # s == the steps: every step has run
 
         is_ag = kind == Kind.ALL_GATHER
         is_ar = kind == Kind.ALL_REDUCE
         is_sr = kind == Kind.SEND_RECV
         is_bar = kind == Kind.BARRIER
-        with m.If(is_sr):
-            m.d.comb += total.eq(member)
-        with m.Elif(is_bar):
-            m.d.comb += total.eq(Mux(n == 1, 0, Mux(member, 2, 1)))
-        with m.Elif(is_ar):
-            m.d.comb += total.eq(Mux(member, 2 * n - 1, 2 * n - 2))
-        with m.Else():
-            m.d.comb += total.eq(Mux(member, n, n - 1))
+        cmd_total = Signal(range(2 * mc + 1))
+        with m.Switch(cmd.kind):
+            with m.Case(Kind.SEND_RECV):
+                m.d.comb += cmd_total.eq(cmd_member)
+            with m.Case(Kind.BARRIER):
+                m.d.comb += cmd_total.eq(Mux(cmd.count == 1, 0, Mux(cmd_member, 2, 1)))
+            with m.Case(Kind.ALL_REDUCE):
+                m.d.comb += cmd_total.eq(Mux(cmd_member, 2 * cmd.count - 1, 2 * cmd.count - 2))
+            with m.Default():
+                m.d.comb += cmd_total.eq(Mux(cmd_member, cmd.count, cmd.count - 1))
 
         # The block of this step, (p_eff - s - 1 + is_ag) mod n, p_eff the rank (n - 1 outside
         # the group): a register that starts at the first step's block and counts down modulo
         # n at every step's end (no division by the group size).
         block = Signal(range(mc))
-        cmd_member = cmd.rank < cmd.count
         cmd_p = Signal(range(mc + 1))
         m.d.comb += cmd_p.eq(Mux(cmd_member, cmd.rank, cmd.count - 1))
         first_block = Mux(cmd.kind == Kind.ALL_GATHER, cmd_p,
@@ -236,7 +239,7 @@ class CollectiveEngine(wiring.Component):
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
                                                     "final"))
-        last_step = s == total - 1
+        last_step = s == total_m1
         # A chunk's last step (ring -> out) merged with the next chunk's first (local -> ring):
         # a member of an all-reduce or an all-gather in place whose blocks are alike
         # (hw.spec.collective.merges). The step after it is the next chunk's second.
@@ -260,15 +263,29 @@ class CollectiveEngine(wiring.Component):
             m.d.comb += [use_rx.eq(~(is_ag & (s == 0))), use_local.eq(is_ag & (s == 0)),
                          to_tx.eq(~last_step), to_out.eq(~(is_ag & (s == 0) & in_place))]
 
-        # Words in this step: the block padded to whole words.
-        elems = Signal(LENGTH_BITS)
-        m.d.comb += elems.eq(Mux(is_sr, length, q + (block < r)))
-        shift = Signal(range(epw32_log2 + 1))
-        m.d.comb += shift.eq(epw32_log2 - wide)
+        # Words in this step: the block padded to whole words. A command's steps are of two
+        # sizes, the blocks before `longer` and the others (send/recv: the message; barrier:
+        # one word), registered when it is accepted; `longer_block` (block < longer) picks one,
+        # a register that follows `block`.
+        def words_of(elems):
+            shift = Mux(cmd.wide, epw32_log2 - 1, epw32_log2)
+            return (elems + (Const(1, LENGTH_BITS) << shift) - 1) >> shift
+
+        words_long = Signal(LENGTH_BITS)
+        words_short = Signal(LENGTH_BITS)
+        longer_block = Signal()
         words = Signal(LENGTH_BITS)
-        epw_m1 = Signal(LENGTH_BITS)
-        m.d.comb += epw_m1.eq((Const(1, LENGTH_BITS) << shift) - 1)
-        m.d.comb += words.eq(Mux(is_bar, 1, (elems + epw_m1) >> shift))
+        m.d.comb += words.eq(Mux(longer_block, words_long, words_short))
+        with m.If(accept):
+            with m.Switch(cmd.kind):
+                with m.Case(Kind.BARRIER):
+                    m.d.sync += [words_long.eq(1), words_short.eq(1)]
+                with m.Case(Kind.SEND_RECV):
+                    m.d.sync += [words_long.eq(words_of(cmd.length)),
+                                 words_short.eq(words_of(cmd.length))]
+                with m.Default():
+                    m.d.sync += [words_long.eq(words_of(cmd.block + 1)),
+                                 words_short.eq(words_of(cmd.block))]
 
         # Results go straight into the transmit buffer, and through an output register to the
         # local output stream.
@@ -281,7 +298,7 @@ class CollectiveEngine(wiring.Component):
             m.d.sync += pend_out.eq(0)
         can_accept = (~to_tx | tx_fifo.w_rdy) & (~pend_out | self.o_local.ready)
 
-        stepping = running & (s < total)
+        stepping = running & ~done
         inputs_ok = (~use_rx | rx_valid) & (~use_local | self.i_local.valid)
         fire = Signal()
         m.d.comb += [
@@ -329,36 +346,42 @@ class CollectiveEngine(wiring.Component):
             m.d.comb += result.eq(src)
 
         # A merged step sends the local word and outputs the ring's.
+        last_word = k1 == words
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
-                     tx_fifo.w_data.eq(Cat(Mux(swap, b.as_value(), result), k == words - 1))]
+                     tx_fifo.w_data.eq(Cat(Mux(swap, b.as_value(), result), last_word))]
         # The end of a step: the next one, or the next chunk's first (its second after a
         # merged step).
         step_end = Signal()
         with m.If(step_end):
             with m.If(swap):
-                m.d.sync += [s.eq(1), block.eq(block1), left.eq(left - 1)]
-            with m.Elif((s + 1 == total) & (left != 0)):
-                m.d.sync += [s.eq(0), block.eq(block0), left.eq(left - 1)]
+                m.d.sync += [s.eq(1), block.eq(block1), longer_block.eq(block1 < r),
+                             left.eq(left - 1)]
+            with m.Elif(last_step & (left != 0)):
+                m.d.sync += [s.eq(0), block.eq(block0), longer_block.eq(block0 < r),
+                             left.eq(left - 1)]
             with m.Else():
-                m.d.sync += [s.eq(s + 1), block.eq(next_block)]
+                m.d.sync += [s.eq(s + 1), block.eq(next_block),
+                             longer_block.eq(next_block < r), done.eq(last_step)]
         with m.If(fire):
             m.d.sync += [res.data.eq(Mux(swap, a.as_value(), result)),
-                         res.last.eq(k == words - 1), pend_out.eq(to_out)]
-            with m.If(k == words - 1):
+                         res.last.eq(last_word), pend_out.eq(to_out)]
+            with m.If(last_word):
                 m.d.comb += step_end.eq(1)
-                m.d.sync += k.eq(0)
+                m.d.sync += k1.eq(1)
             with m.Else():
-                m.d.sync += k.eq(k + 1)
+                m.d.sync += k1.eq(k1 + 1)
         with m.Elif(stepping & (words == 0)):
             m.d.comb += step_end.eq(1)
 
-        with m.If(running & (s >= total) & ~pend_out & (tx_fifo.level == 0)):
+        with m.If(running & done & ~pend_out & (tx_fifo.level == 0)):
             m.d.sync += running.eq(0)
         with m.If(accept):
             m.d.sync += [
                 running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
-                length.eq(cmd.length), q.eq(cmd.block), r.eq(cmd.longer), n.eq(cmd.count),
-                p.eq(cmd.rank), member.eq(cmd_member), s.eq(0), k.eq(0), block.eq(first_block),
+                r.eq(cmd.longer), n.eq(cmd.count),
+                p.eq(cmd.rank), member.eq(cmd_member), s.eq(0), k1.eq(1), block.eq(first_block),
+                longer_block.eq(first_block < cmd.longer),
+                total_m1.eq(cmd_total - 1), done.eq(cmd_total == 0),
                 div.eq(Mux(cmd.divisor != 0, cmd.divisor, cmd.count)),
                 left.eq(cmd.chunks), in_place.eq(cmd.in_place), block0.eq(first_block),
                 block1.eq(Mux(first_block == 0, cmd.count - 1, first_block - 1)),
