@@ -64,6 +64,48 @@ from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 __all__ = ["command_layout", "command_fields", "CollectiveEngine"]
 
 
+class _HeadFIFO(wiring.Component):
+    """A first-word-fall-through FIFO of ``depth`` words (the interface and the behaviour of
+    :class:`amaranth.lib.fifo.SyncFIFO` with ``fwft``: a word written in cycle t is readable in
+    cycle t + 1, ``level`` counts the words held) whose first word is a register: ``r_data``
+    comes from a flip-flop, not from the LUT RAM's read multiplexer. The other ``depth - 1``
+    words are a :class:`~amaranth.lib.fifo.SyncFIFO`, read into the register a cycle ahead; a
+    word written while that FIFO is empty goes straight to the register when it is free."""
+
+    def __init__(self, *, width: int, depth: int):
+        self._width, self._depth = width, depth
+        super().__init__({
+            "w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
+            "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
+            "level": Out(range(depth + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.body = body = fifo.SyncFIFO(width=self._width, depth=self._depth - 1)
+        head = Signal(self._width)
+        head_valid = Signal()
+        write = self.w_en & self.w_rdy
+        head_free = ~head_valid | self.r_en          # empty, or read in this cycle
+        # The body holds words only behind a valid head (it is empty when the head is not).
+        m.d.comb += [
+            self.r_data.eq(head), self.r_rdy.eq(head_valid),
+            self.level.eq(head_valid + body.level),
+            self.w_rdy.eq(~head_valid | body.w_rdy),
+            body.w_data.eq(self.w_data),
+            body.w_en.eq(write & ~(head_free & ~body.r_rdy)),
+            body.r_en.eq(head_free),
+        ]
+        with m.If(head_free):
+            with m.If(body.r_rdy):
+                m.d.sync += [head.eq(body.r_data), head_valid.eq(1)]
+            with m.Elif(write):
+                m.d.sync += [head.eq(self.w_data), head_valid.eq(1)]
+            with m.Else():
+                m.d.sync += head_valid.eq(0)
+        return m
+
+
 def command_layout(max_count: int = MAX_CHIPS) -> data.StructLayout:
     """Command of one collective for an engine whose groups hold up to ``max_count`` chips.
 
@@ -156,7 +198,9 @@ class CollectiveEngine(wiring.Component):
         # written in cycle t is readable in cycle t + 1 whatever the occupancy, which keeps the
         # hop latency short and the cycle count exactly predictable.
         wbits = self.word_bytes * 8 + 1
-        m.submodules.rx_fifo = rx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
+        # The receive buffer's first word is a register (_HeadFIFO): the datapath's operand
+        # comes from a flip-flop, not from the LUT RAM's read multiplexer.
+        m.submodules.rx_fifo = rx_fifo = _HeadFIFO(width=wbits, depth=self.fifo_words)
         m.submodules.tx_fifo = tx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
         m.d.comb += [
             self.o_tx.valid.eq(tx_fifo.r_rdy),
@@ -172,7 +216,7 @@ class CollectiveEngine(wiring.Component):
         rx_direct = Signal()
         rx_take = Signal()
         m.d.comb += [
-            rx_direct.eq(rx_fifo.level == 0),
+            rx_direct.eq(~rx_fifo.r_rdy),
             rx_fifo.w_en.eq(self.i_rx.valid & ~(rx_direct & rx_take)),
             self.i_rx.ready.eq(rx_fifo.w_rdy | (rx_direct & rx_take)),
             rx_fifo.r_en.eq(~rx_direct & rx_take),
@@ -311,17 +355,34 @@ class CollectiveEngine(wiring.Component):
         a = rx_data
         b = self.i_local.payload.data
         red_op = Mux(op == ReduceOp.AVG, ReduceOp.SUM, op)
+        # Each lane's sum and signed compares (32-bit carry chains); a 64-bit element's from its
+        # two lanes' (carry select: the high lanes' sum plus the low lanes' carry, the high
+        # lanes' compare unless they are equal, then the low lanes' unsigned one), so that no
+        # carry chain is longer than 33 bits.
+        def pick(x, y, gt, lt, total):
+            return Mux(red_op == ReduceOp.MAX, Mux(gt, x, y),
+                       Mux(red_op == ReduceOp.MIN, Mux(lt, x, y), total))
+
+        lane_sum, lane_gt, lane_lt = [], [], []
         comb32 = []
         for lane in range(lanes):
             x, y = a[lane].as_signed(), b[lane].as_signed()
-            comb32.append(Mux(red_op == ReduceOp.MAX, Mux(x > y, x, y),
-                              Mux(red_op == ReduceOp.MIN, Mux(x < y, x, y), x + y))[:32])
+            lane_sum.append(Signal(32, name=f"sum{lane}"))
+            lane_gt.append(Signal(name=f"gt{lane}"))
+            lane_lt.append(Signal(name=f"lt{lane}"))
+            m.d.comb += [lane_sum[lane].eq(x + y), lane_gt[lane].eq(x > y),
+                         lane_lt[lane].eq(x < y)]
+            comb32.append(pick(a[lane], b[lane], lane_gt[lane], lane_lt[lane], lane_sum[lane]))
         comb64 = []
         for pair in range(pairs):
-            x = Cat(a[2 * pair], a[2 * pair + 1]).as_signed()
-            y = Cat(b[2 * pair], b[2 * pair + 1]).as_signed()
-            comb64.append(Mux(red_op == ReduceOp.MAX, Mux(x > y, x, y),
-                              Mux(red_op == ReduceOp.MIN, Mux(x < y, x, y), x + y))[:64])
+            lo, hi = 2 * pair, 2 * pair + 1
+            carry = (a[lo] + b[lo])[32]
+            high = Mux(carry, (a[hi] + b[hi] + 1)[:32], lane_sum[hi])
+            high_eq = a[hi] == b[hi]
+            gt = lane_gt[hi] | (high_eq & (a[lo] > b[lo]))
+            lt = lane_lt[hi] | (high_eq & (a[lo] < b[lo]))
+            comb64.append(pick(Cat(a[lo], a[hi]), Cat(b[lo], b[hi]), gt, lt,
+                               Cat(lane_sum[lo], high)))
         both = Signal(self.word_bytes * 8)
         m.d.comb += both.eq(Mux(wide, Cat(*comb64), Cat(*comb32)))
         src = Signal(self.word_bytes * 8)

@@ -136,6 +136,36 @@ def test_wide_link_word_16_bytes(rng):
         assert run["cycles"] > 0
 
 
+# 64-bit elements as two 32-bit lanes: (chip 0, chip 1) pairs whose high halves are equal (the
+# low halves' unsigned compare decides, against their signed one), whose low halves carry into
+# the high half, and that wrap at the rails.
+_WIDE_PAIRS = [
+    ((5 << 32) + 0x80000000, (5 << 32) + 1),
+    ((5 << 32) + 1, (5 << 32) + 0x80000000),
+    (-(1 << 32) + 0x7FFFFFFF, -1),
+    (0xFFFFFFFF, 1),
+    (0x80000000, 0x80000000),
+    ((1 << 63) - 1, 1),
+    (-(1 << 63), -1),
+    (-1, -1),
+]
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_wide_elements_across_the_lanes(op):
+    req = CollectiveRequest(kind="all_reduce", op=op, width=64, length=len(_WIDE_PAIRS),
+                            chips=2)
+    inputs = [np.array([pair[chip] for pair in _WIDE_PAIRS], dtype=np.int64)
+              for chip in range(2)]
+    run = simulate_collective(TINY, req, inputs, seed=7)
+    want = golden.collective(req, inputs)
+    for chip, (got, exp) in enumerate(zip(run["outputs"], want, strict=True)):
+        bad = np.flatnonzero(got != exp)
+        assert bad.size == 0, (f"{op} int64: chip {chip} element {bad[:1]} (pair "
+                               f"{_WIDE_PAIRS[bad[0]] if bad.size else None}): {got[bad[:1]]} "
+                               f"!= golden {exp[bad[:1]]}")
+
+
 @pytest.mark.parametrize("chips, first, count", [(4, 1, 3), (3, 0, 3), (5, 4, 2), (3, 1, 1)])
 def test_barrier_completes_in_model_cycles(chips, first, count):
     req = CollectiveRequest(kind="barrier", op="sum", width=32, length=1, chips=chips,
