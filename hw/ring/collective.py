@@ -54,7 +54,7 @@ cycles) is the bottleneck. Latency: one cycle from rx or local to out or to the 
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -62,6 +62,46 @@ from ..layouts import ring_word_layout
 from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 
 __all__ = ["command_layout", "command_fields", "CollectiveEngine"]
+
+
+class _TailFIFO(wiring.Component):
+    """A first-word-fall-through FIFO of ``depth`` words (the interface and the behaviour of
+    :class:`amaranth.lib.fifo.SyncFIFO` with ``fwft``, as :class:`_HeadFIFO`) whose input is a
+    register: ``w_data`` goes to a flip-flop, not to the LUT RAM's write port (its data and
+    write enables spread over the LUT RAM's slices). The word moves on into a
+    :class:`~amaranth.lib.fifo.SyncFIFO` of ``depth`` words in the next cycle, unless it is
+    read from the register first (the FIFO empty)."""
+
+    def __init__(self, *, width: int, depth: int):
+        self._width, self._depth = width, depth
+        super().__init__({
+            "w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
+            "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
+            "level": Out(range(depth + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.body = body = fifo.SyncFIFO(width=self._width, depth=self._depth)
+        tail = Signal(self._width)
+        tail_valid = Signal()
+        write = self.w_en & self.w_rdy
+        read_tail = self.r_en & ~body.r_rdy & tail_valid
+        move = tail_valid & ~read_tail
+        m.d.comb += [
+            self.r_data.eq(Mux(body.r_rdy, body.r_data, tail)),
+            self.r_rdy.eq(body.r_rdy | tail_valid),
+            self.level.eq(body.level + tail_valid),
+            self.w_rdy.eq(Mux(tail_valid, body.level != self._depth - 1,
+                              body.level != self._depth)),
+            body.w_data.eq(tail), body.w_en.eq(move),
+            body.r_en.eq(self.r_en),
+        ]
+        with m.If(write):
+            m.d.sync += [tail.eq(self.w_data), tail_valid.eq(1)]
+        with m.Else():
+            m.d.sync += tail_valid.eq(0)
+        return m
 
 
 class _HeadFIFO(wiring.Component):
@@ -201,7 +241,9 @@ class CollectiveEngine(wiring.Component):
         # The receive buffer's first word is a register (_HeadFIFO): the datapath's operand
         # comes from a flip-flop, not from the LUT RAM's read multiplexer.
         m.submodules.rx_fifo = rx_fifo = _HeadFIFO(width=wbits, depth=self.fifo_words)
-        m.submodules.tx_fifo = tx_fifo = fifo.SyncFIFO(width=wbits, depth=self.fifo_words)
+        # Its input is a register (_TailFIFO): the datapath ends at flip-flops, not at the LUT
+        # RAM's write port.
+        m.submodules.tx_fifo = tx_fifo = _TailFIFO(width=wbits, depth=self.fifo_words)
         m.d.comb += [
             self.o_tx.valid.eq(tx_fifo.r_rdy),
             self.o_tx.payload.data.eq(tx_fifo.r_data[:wbits - 1]),
@@ -222,9 +264,10 @@ class CollectiveEngine(wiring.Component):
             rx_fifo.r_en.eq(~rx_direct & rx_take),
         ]
         rx_valid = Mux(rx_direct, self.i_rx.valid, rx_fifo.r_rdy)
-        rx_data = data.View(data.ArrayLayout(unsigned(32), lanes),
-                            Mux(rx_direct, self.i_rx.payload.data.as_value(),
-                                rx_fifo.r_data[:self.word_bytes * 8]))
+        lanes_of = data.ArrayLayout(unsigned(32), lanes)
+        rx_link = data.View(lanes_of, self.i_rx.payload.data.as_value())
+        rx_head = data.View(lanes_of, rx_fifo.r_data[:self.word_bytes * 8])
+        rx_data = data.View(lanes_of, Mux(rx_direct, rx_link.as_value(), rx_head.as_value()))
 
         # Latched command.
         mc = self.max_count
@@ -312,8 +355,11 @@ class CollectiveEngine(wiring.Component):
         # one word), registered when it is accepted; `longer_block` (block < longer) picks one,
         # a register that follows `block`.
         def words_of(elems):
-            shift = Mux(cmd.wide, epw32_log2 - 1, epw32_log2)
-            return (elems + (Const(1, LENGTH_BITS) << shift) - 1) >> shift
+            # ceil(elems / elements per word): 2**epw32_log2 32-bit elements, half as many
+            # 64-bit ones (constant shifts).
+            narrow, wide_shift = epw32_log2, epw32_log2 - 1
+            return Mux(cmd.wide, (elems + (1 << wide_shift) - 1) >> wide_shift,
+                       (elems + (1 << narrow) - 1) >> narrow)
 
         words_long = Signal(LENGTH_BITS)
         words_short = Signal(LENGTH_BITS)
@@ -351,10 +397,14 @@ class CollectiveEngine(wiring.Component):
             self.i_local.ready.eq(fire & use_local),
         ]
 
-        # Datapath: combine rx and local words lane by lane.
+        # Datapath: combine rx and local words lane by lane. The ring operand is the link's word
+        # (cut-through, the receive buffer empty) or the buffer's first word: both are combined
+        # with the local word and the result picked after, so that the pick's select (whether
+        # the buffer is empty) does not fan out to the operands before the carry chains.
         a = rx_data
         b = self.i_local.payload.data
         red_op = Mux(op == ReduceOp.AVG, ReduceOp.SUM, op)
+
         # Each lane's sum and signed compares (32-bit carry chains); a 64-bit element's from its
         # two lanes' (carry select: the high lanes' sum plus the low lanes' carry, the high
         # lanes' compare unless they are equal, then the low lanes' unsigned one), so that no
@@ -363,28 +413,34 @@ class CollectiveEngine(wiring.Component):
             return Mux(red_op == ReduceOp.MAX, Mux(gt, x, y),
                        Mux(red_op == ReduceOp.MIN, Mux(lt, x, y), total))
 
-        lane_sum, lane_gt, lane_lt = [], [], []
-        comb32 = []
-        for lane in range(lanes):
-            x, y = a[lane].as_signed(), b[lane].as_signed()
-            lane_sum.append(Signal(32, name=f"sum{lane}"))
-            lane_gt.append(Signal(name=f"gt{lane}"))
-            lane_lt.append(Signal(name=f"lt{lane}"))
-            m.d.comb += [lane_sum[lane].eq(x + y), lane_gt[lane].eq(x > y),
-                         lane_lt[lane].eq(x < y)]
-            comb32.append(pick(a[lane], b[lane], lane_gt[lane], lane_lt[lane], lane_sum[lane]))
-        comb64 = []
-        for pair in range(pairs):
-            lo, hi = 2 * pair, 2 * pair + 1
-            carry = (a[lo] + b[lo])[32]
-            high = Mux(carry, (a[hi] + b[hi] + 1)[:32], lane_sum[hi])
-            high_eq = a[hi] == b[hi]
-            gt = lane_gt[hi] | (high_eq & (a[lo] > b[lo]))
-            lt = lane_lt[hi] | (high_eq & (a[lo] < b[lo]))
-            comb64.append(pick(Cat(a[lo], a[hi]), Cat(b[lo], b[hi]), gt, lt,
-                               Cat(lane_sum[lo], high)))
+        def combine(a, tag):
+            lane_sum, lane_gt, lane_lt = [], [], []
+            comb32 = []
+            for lane in range(lanes):
+                x, y = a[lane].as_signed(), b[lane].as_signed()
+                lane_sum.append(Signal(32, name=f"{tag}_sum{lane}"))
+                lane_gt.append(Signal(name=f"{tag}_gt{lane}"))
+                lane_lt.append(Signal(name=f"{tag}_lt{lane}"))
+                m.d.comb += [lane_sum[lane].eq(x + y), lane_gt[lane].eq(x > y),
+                             lane_lt[lane].eq(x < y)]
+                comb32.append(pick(a[lane], b[lane], lane_gt[lane], lane_lt[lane],
+                                   lane_sum[lane]))
+            comb64 = []
+            for pair in range(pairs):
+                lo, hi = 2 * pair, 2 * pair + 1
+                carry = (a[lo] + b[lo])[32]
+                high = Mux(carry, (a[hi] + b[hi] + 1)[:32], lane_sum[hi])
+                high_eq = a[hi] == b[hi]
+                gt = lane_gt[hi] | (high_eq & (a[lo] > b[lo]))
+                lt = lane_lt[hi] | (high_eq & (a[lo] < b[lo]))
+                comb64.append(pick(Cat(a[lo], a[hi]), Cat(b[lo], b[hi]), gt, lt,
+                                   Cat(lane_sum[lo], high)))
+            both = Signal(self.word_bytes * 8, name=f"{tag}_both")
+            m.d.comb += both.eq(Mux(wide, Cat(*comb64), Cat(*comb32)))
+            return both
+
         both = Signal(self.word_bytes * 8)
-        m.d.comb += both.eq(Mux(wide, Cat(*comb64), Cat(*comb32)))
+        m.d.comb += both.eq(Mux(rx_direct, combine(rx_link, "link"), combine(rx_head, "head")))
         src = Signal(self.word_bytes * 8)
         with m.If(use_rx & use_local):
             m.d.comb += src.eq(both)
@@ -434,7 +490,7 @@ class CollectiveEngine(wiring.Component):
         with m.Elif(stepping & (words == 0)):
             m.d.comb += step_end.eq(1)
 
-        with m.If(running & done & ~pend_out & (tx_fifo.level == 0)):
+        with m.If(running & done & ~pend_out & ~tx_fifo.r_rdy):
             m.d.sync += running.eq(0)
         with m.If(accept):
             m.d.sync += [
