@@ -281,39 +281,58 @@ class Scratchpad(wiring.Component):
         def bank_of(addr):
             return addr[low_bits:] if nb > 1 else 0
 
-        # Reads: per bank, the lowest-numbered requesting port wins.
-        for _mem, rp, _wp in mems:  # read ports are enabled by default
-            m.d.comb += rp.en.eq(0)
-        taken_by = [[Signal(name=f"rd{k}_bank{b}") for b in range(nb)]
+        def priority_mux(pairs):
+            # (any want, the value of the lowest-numbered want) of (want, value) pairs: a
+            # balanced tree of 2:1 multiplexers, each selected by whether its lower half wants,
+            # rather than a chain of 2:1 multiplexers or the grants' AND-OR.
+            if len(pairs) == 1:
+                return pairs[0]
+            lo_any, lo = priority_mux(pairs[:len(pairs) // 2])
+            hi_any, hi = priority_mux(pairs[len(pairs) // 2:])
+            return lo_any | hi_any, Mux(lo_any, lo, hi)
+
+        def grants(wants):
+            # Per bank, the lowest-numbered wanting port: grant[k][b].
+            return [[wants[k][b] & ~_any([wants[j][b] for j in range(k)]) for b in range(nb)]
+                    for k in range(len(wants))]
+
+        # Reads: per bank, the lowest-numbered requesting port wins. A port requests while its
+        # FIFO has room for the word (its level plus the read in flight below the depth):
+        # `room` is a register, computed a cycle ahead from the level the FIFO will have and
+        # whether this cycle's request is granted.
+        rd_wants = [[Signal(name=f"rd{k}_bank{b}") for b in range(nb)]
                     for k in range(self._read_ports)]
+        rd_grants = grants(rd_wants)
         for k, port in enumerate(self.rd):
             fifo = SyncFIFO(width=self._word_bits + 1, depth=self._fifo_depth)
             m.submodules[f"rd{k}_fifo"] = fifo
             inflight = Signal(name=f"rd{k}_inflight")
             inflight_bank = Signal(range(max(nb, 2)), name=f"rd{k}_from")
             inflight_last = Signal(name=f"rd{k}_last")
-            room = Signal(name=f"rd{k}_room")
-            m.d.comb += room.eq(fifo.level + inflight < self._fifo_depth)
+            room = Signal(name=f"rd{k}_room", init=1)
             request = port.i_addr.valid & room
             bank = bank_of(port.i_addr.payload.addr)
             granted = Signal(name=f"rd{k}_granted")
-            for b in range(nb):
-                higher = [taken_by[j][b] for j in range(k)]
-                want = request & (bank == b)
-                m.d.comb += taken_by[k][b].eq(want)
-                with m.If(want & ~_any(higher)):
-                    m.d.comb += granted.eq(1)
-                    rp = mems[b][1]
-                    m.d.comb += [rp.en.eq(1), rp.addr.eq(port.i_addr.payload.addr[:low_bits])]
+            m.d.comb += [rd_wants[k][b].eq(request & (bank == b)) for b in range(nb)]
+            m.d.comb += granted.eq(_any([rd_grants[k][b] for b in range(nb)]))
             m.d.comb += port.i_addr.ready.eq(granted)
             m.d.sync += [inflight.eq(granted), inflight_last.eq(port.i_addr.payload.last)]
+            # The FIFO's level next cycle (the word in flight written, one read out), then room.
+            level_next = Signal(range(self._fifo_depth + 2), name=f"rd{k}_level_next")
+            m.d.comb += level_next.eq(fifo.level + inflight - (fifo.r_en & fifo.r_rdy))
+            m.d.sync += room.eq(Mux(granted, level_next < self._fifo_depth - 1,
+                                    level_next < self._fifo_depth))
             with m.If(granted):
                 m.d.sync += inflight_bank.eq(bank)
+            # The word from the bank read in flight: a tree of 2:1 multiplexers on the bank
+            # number's bits (one LUT and the slices' wide multiplexers after the block RAM).
             returned = Signal(self._word_bits, name=f"rd{k}_word")
-            with m.Switch(inflight_bank):
-                for b in range(nb):
-                    with m.Case(b):
-                        m.d.comb += returned.eq(mems[b][1].data)
+            words_in = [mems[b][1].data for b in range(nb)]
+            for bit in range(len(inflight_bank)):
+                words_in = [Mux(inflight_bank[bit], words_in[i + 1], words_in[i])
+                            if i + 1 < len(words_in) else words_in[i]
+                            for i in range(0, len(words_in), 2)]
+            m.d.comb += returned.eq(words_in[0])
             m.d.comb += [
                 fifo.w_en.eq(inflight),
                 fifo.w_data.eq(Cat(returned, inflight_last)),
@@ -322,24 +341,26 @@ class Scratchpad(wiring.Component):
                 port.o_data.payload.last.eq(fifo.r_data[self._word_bits]),
                 fifo.r_en.eq(port.o_data.ready),
             ]
+        for b, (_mem, rp, _wp) in enumerate(mems):
+            en, addr = priority_mux([(rd_wants[k][b], port.i_addr.payload.addr[:low_bits])
+                                     for k, port in enumerate(self.rd)])
+            m.d.comb += [rp.en.eq(en), rp.addr.eq(addr)]
 
         # Writes: same fixed priority, independent of reads (separate BRAM port).
-        wtaken = [[Signal(name=f"wr{k}_bank{b}") for b in range(nb)]
-                  for k in range(self._write_ports)]
-        for _mem, _rp, wp in mems:
-            m.d.comb += wp.en.eq(0)
+        wr_wants = [[Signal(name=f"wr{k}_bank{b}") for b in range(nb)]
+                    for k in range(self._write_ports)]
+        wr_grants = grants(wr_wants)
         for k, port in enumerate(self.wr):
             bank = bank_of(port.i.payload.addr)
-            granted = Signal(name=f"wr{k}_granted")
-            for b in range(nb):
-                higher = [wtaken[j][b] for j in range(k)]
-                want = port.i.valid & (bank == b)
-                m.d.comb += wtaken[k][b].eq(want)
-                with m.If(want & ~_any(higher)):
-                    m.d.comb += granted.eq(1)
-                    wp = mems[b][2]
-                    m.d.comb += [wp.en.eq(port.i.payload.mask),
-                                 wp.addr.eq(port.i.payload.addr[:low_bits]),
-                                 wp.data.eq(port.i.payload.data)]
-            m.d.comb += port.i.ready.eq(granted)
+            m.d.comb += [wr_wants[k][b].eq(port.i.valid & (bank == b)) for b in range(nb)]
+            m.d.comb += port.i.ready.eq(_any([wr_grants[k][b] for b in range(nb)]))
+        for b, (_mem, _rp, wp) in enumerate(mems):
+            any_want, chosen = priority_mux([
+                (wr_wants[k][b], Cat(port.i.payload.mask, port.i.payload.addr[:low_bits],
+                                     port.i.payload.data))
+                for k, port in enumerate(self.wr)])
+            nm = len(wp.en)
+            m.d.comb += [wp.en.eq(Mux(any_want, chosen[:nm], 0)),
+                         wp.addr.eq(chosen[nm:nm + low_bits]),
+                         wp.data.eq(chosen[nm + low_bits:])]
         return m

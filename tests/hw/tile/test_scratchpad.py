@@ -125,25 +125,25 @@ def test_rejects_bad_parameters():
 
 
 def test_scratchpad_ports_contend_and_return_in_order():
-    """Two write ports fill the memory (often the same bank), each word with random byte
-    write enables (the memory starts at zeros: the disabled bytes stay 0), then three read
+    """Three write ports fill the memory (often the same bank), each word with random byte
+    write enables (the memory starts at zeros: the disabled bytes stay 0), then five read
     ports read it back concurrently with backpressure: every byte and every order must be
-    right."""
+    right (a bank's multiplexers pick the port its arbitration grants)."""
     rng = seeded(5)
     words, banks = 64, 4
-    dut = Scratchpad(words=words, banks=banks, word_bytes=4, read_ports=3, write_ports=2)
+    dut = Scratchpad(words=words, banks=banks, word_bytes=4, read_ports=5, write_ports=3)
     written_words = {int(a): int(rng.integers(0, 1 << 32)) for a in range(words)}
     masks = {a: int(rng.integers(0, 16)) if a % 3 else 15 for a in range(words)}
     contents = {a: sum(w & (0xFF << 8 * i) for i in range(4) if masks[a] >> i & 1)
                 for a, w in written_words.items()}
-    halves = [list(range(0, words, 2)), list(range(1, words, 2))]
-    reads = [rng.integers(0, words, 40) for _ in range(3)]
+    thirds = [list(range(k, words, 3)) for k in range(3)]
+    reads = [rng.integers(0, words, 40) for _ in range(5)]
     written = [False]
-    got = [[] for _ in range(3)]
+    got = [[] for _ in range(5)]
 
     def writer(k):
         async def bench(ctx):
-            addrs = halves[k]
+            addrs = thirds[k]
             await send_all(ctx, dut.wr[k].i, [
                 {"addr": a, "data": written_words[a], "mask": masks[a],
                  "last": int(i == len(addrs) - 1)}
@@ -153,7 +153,7 @@ def test_scratchpad_ports_contend_and_return_in_order():
 
     def reader(k):
         async def request(ctx):
-            while written[0] < 2:
+            while written[0] < 3:
                 await ctx.tick()
             await send_all(ctx, dut.rd[k].i_addr,
                            [{"addr": int(a), "last": int(i == len(reads[k]) - 1)}
@@ -165,9 +165,9 @@ def test_scratchpad_ports_contend_and_return_in_order():
                 got[k].append((int(p.data), int(p.last)))
         return [request, receive]
 
-    benches = [writer(0), writer(1)] + reader(0) + reader(1) + reader(2)
+    benches = [writer(k) for k in range(3)] + sum((reader(k) for k in range(5)), [])
     run_sim(dut, benches, max_cycles=5000)
-    for k in range(3):
+    for k in range(5):
         for i, (a, (word, last)) in enumerate(zip(reads[k], got[k], strict=True)):
             assert word == contents[int(a)], (
                 f"read port {k}, read {i} of address {a}: {word:#x} != {contents[int(a)]:#x}")
