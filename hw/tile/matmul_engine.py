@@ -183,17 +183,28 @@ class MatmulEngine(wiring.Component):
             OutMode.RAW: Cat(*[row[j] for j in range(n)]),
         }
         part = Signal(2)
-        nwords = Signal(3)
         with m.Switch(cfg.mode):
             for mode, bits in packed.items():
                 with m.Case(mode):
-                    m.d.comb += nwords.eq(out_words(mode))
                     with m.Switch(part):
                         for w in range(out_words(mode)):
                             with m.Case(w):
                                 m.d.comb += self.o.payload.data.eq(
                                     bits[w * word_bits:(w + 1) * word_bits])
-        row_done = part == nwords - 1
+        # Whether the row's last word is on ``o`` (``part`` = words per row - 1): a register,
+        # from ``part``'s next value and the next cycle's mode, so that the requantiser's
+        # enable, fanned out to the whole array, is one LUT after flip-flops and ``o.ready``.
+        part_next = Signal(2)
+        mode_next = Mux(self.i_cfg.valid & self.i_cfg.ready, self.i_cfg.payload.mode, cfg.mode)
+        row_done_next = Signal()
+        # (No such mode, never emitted: no row ends.)
+        with m.Switch(mode_next):
+            for mode in packed:
+                with m.Case(mode):
+                    m.d.comb += row_done_next.eq(part_next == out_words(mode) - 1)
+        row_done = Signal(init=out_words(OutMode(0)) == 1)   # cfg's reset mode, part 0
+        m.d.comb += part_next.eq(part)
+        m.d.sync += [part.eq(part_next), row_done.eq(row_done_next)]
         tile_row = Signal(range(n))
         fold = Signal(COUNT_BITS)
         final = (fold == cfg.folds - 1) & (tile_row == n - 1) & row_done
@@ -204,13 +215,14 @@ class MatmulEngine(wiring.Component):
         ]
         with m.If(self.o.valid & self.o.ready):
             with m.If(row_done):
-                m.d.sync += part.eq(0)
+                m.d.comb += part_next.eq(0)
                 with m.If(tile_row == n - 1):
                     m.d.sync += [tile_row.eq(0), fold.eq(fold + 1)]
                 with m.Else():
                     m.d.sync += tile_row.eq(tile_row + 1)
             with m.Else():
-                m.d.sync += part.eq(part + 1)
+                m.d.comb += part_next.eq(part + 1)
             with m.If(final):
-                m.d.sync += [active.eq(0), fold.eq(0), tile_row.eq(0), part.eq(0)]
+                m.d.comb += part_next.eq(0)
+                m.d.sync += [active.eq(0), fold.eq(0), tile_row.eq(0)]
         return m
