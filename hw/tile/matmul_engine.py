@@ -99,30 +99,42 @@ class MatmulEngine(wiring.Component):
 
         # A: words -> transposer -> beats, with the fold's `last` from a beat counter.
         connect(m, wiring.flipped(self.i_a), tr.i)
+        accept = self.i_cfg.valid & self.i_cfg.ready
+        # The counters' tests (the fold's last beat, a zero row, the packed column block) are
+        # registers, computed from the counters' and the configuration's next values: what
+        # they gate (the beats' handshakes, and through them the array's skew registers) then
+        # starts at flip-flops, not at carry chains.
+        k_next = Mux(accept, self.i_cfg.payload.k, cfg.k)
+        b_rows_next = Mux(accept, self.i_cfg.payload.b_rows, cfg.b_rows)
+        b_blocks_next = Mux(accept, self.i_cfg.payload.b_blocks, cfg.b_blocks)
         beat = Signal(COUNT_BITS)
+        beat_next = Signal(COUNT_BITS)
+        a_last = Signal()                   # beat == k - 1
+        zero = Signal()                     # beat >= b_rows (or k): a zero B row
         m.d.comb += [
             unit.i_a.valid.eq(tr.o.valid & active),
             tr.o.ready.eq(unit.i_a.ready & active),
             unit.i_a.payload.data.eq(tr.o.payload.data),
             unit.i_a.payload.unsigned.eq(cfg.a_unsigned),
-            unit.i_a.payload.last.eq(beat == cfg.k - 1),
+            unit.i_a.payload.last.eq(a_last),
+            beat_next.eq(beat),
         ]
         with m.If(unit.i_a.valid & unit.i_a.ready):
-            with m.If(beat == cfg.k - 1):
-                m.d.sync += beat.eq(0)
-            with m.Else():
-                m.d.sync += beat.eq(beat + 1)
+            m.d.comb += beat_next.eq(Mux(a_last, 0, beat + 1))
+        kb_next = Mux(b_rows_next == 0, k_next, b_rows_next)
+        m.d.sync += [beat.eq(beat_next), a_last.eq(beat_next == k_next - 1),
+                     zero.eq(beat_next >= kb_next)]
 
         # B: a word is a beat; past b_rows a zero row (no word); in the packed last column
         # block, c bytes from the held word's unused bytes and then the next word's.
-        fold_end = unit.i_a.valid & unit.i_a.ready & (beat == cfg.k - 1)
+        fold_end = unit.i_a.valid & unit.i_a.ready & a_last
         blk = Signal(COUNT_BITS)            # column block of the fold (packed B)
+        blk_next = Signal(COUNT_BITS)
+        blk_last = Signal()                 # blk + 1 >= b_blocks: the row tile's last block
         hold = Signal(8 * n)                # the packed block's word in use
         held = Signal(range(n + 1))         # its bytes not yet used (0: none)
-        kb = Mux(cfg.b_rows == 0, cfg.k, cfg.b_rows)
-        zero = beat >= kb
         c = cfg.b_last
-        narrow = (c != 0) & (blk + 1 >= cfg.b_blocks)
+        narrow = (c != 0) & blk_last
         need_word = ~zero & (~narrow | (held < c))
         used = Signal(range(n + 1))         # bytes of the held word already used
         m.d.comb += used.eq(n - held)
@@ -141,11 +153,15 @@ class MatmulEngine(wiring.Component):
                              held.eq(n - (c - held))]
             with m.Else():
                 m.d.sync += held.eq(held - c)
+        m.d.comb += blk_next.eq(blk)
         with m.If(fold_end):
             # The block's last word's unused bytes are padding: the next fold starts afresh.
-            m.d.sync += [held.eq(0), blk.eq(Mux(blk + 1 >= cfg.b_blocks, 0, blk + 1))]
-        with m.If(self.i_cfg.valid & self.i_cfg.ready):
-            m.d.sync += [held.eq(0), blk.eq(0)]
+            m.d.sync += held.eq(0)
+            m.d.comb += blk_next.eq(Mux(blk_last, 0, blk + 1))
+        with m.If(accept):
+            m.d.sync += held.eq(0)
+            m.d.comb += blk_next.eq(0)
+        m.d.sync += [blk.eq(blk_next), blk_last.eq(blk_next + 1 >= b_blocks_next)]
 
         # Parameters: gather PARAM_WORDS words into one beat.
         pbuf = Signal(8 * n * PARAM_WORDS)
