@@ -4,7 +4,7 @@ Number formats follow ``hw.spec.formats``; the golden model is
 ``sim.golden.matmul``.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
@@ -285,8 +285,9 @@ class Requantizer(_Lanes):
 
     Timing: four pipeline stages (bias add; the two partial products, one DSP each, with
     registered inputs and outputs; their sum, shifted keeping the bit below the result, ``w =
-    (v << 1) >> shift``; the rounding ``(w + 1) >> 1``, which is ``(v + 2**(shift-1)) >>
-    shift``, and the saturation, tested on ``w``'s bits: :func:`hw.arith.round_saturate`); one
+    (v << 1) >> shift``, by shift's multiple of 8; the rest of the shift, the rounding ``(w +
+    1) >> 1``, which is ``(v + 2**(shift-1)) >> shift``, and the saturation, tested on ``w``'s
+    bits: :func:`hw.arith.round_saturate`); one
     row per cycle; a row taken in cycle t is on ``o`` in cycle t + 4
     (:data:`hw.spec.timing.matmul.REQUANT_LATENCY`). Backpressure on ``o`` stalls all stages.
 
@@ -300,7 +301,8 @@ class Requantizer(_Lanes):
 
     #: The pipeline stages :meth:`elaborate` builds, in order: ``REQUANT_LATENCY`` of them
     #: (checked at construction).
-    _STAGES = ("bias add", "partial products", "sum and shift", "rounding and saturation")
+    _STAGES = ("bias add", "partial products", "sum and coarse shift",
+               "fine shift, rounding and saturation")
 
     def __init__(self, *, size):
         check_built("REQUANT_LATENCY", REQUANT_LATENCY, len(self._STAGES),
@@ -340,11 +342,14 @@ class Requantizer(_Lanes):
         hi2 = [Signal(signed(ACC_BITS - LO_BITS + MULT_BITS), name=f"hi2_{j}") for j in range(n)]
         shift2 = [Signal(unsigned(SHIFT_BITS), name=f"shift2_{j}") for j in range(n)]
         # Stage 3: the exact product v (49 bits) shifted keeping the bit below the result,
-        # w = (v << 1) >> shift.
+        # w = (v << 1) >> shift, in two steps: by shift's multiple of 8 here, by the rest in
+        # stage 4 (two 8-way multiplexers, one per stage, rather than a 48-way one after the
+        # adder).
         v3, l3 = Signal(), Signal()
         mode3 = Signal(2)
         raw3 = [Signal(signed(ACC_BITS), name=f"raw3_{j}") for j in range(n)]
         w3 = [Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w3_{j}") for j in range(n)]
+        fine3 = [Signal(3, name=f"fine3_{j}") for j in range(n)]
 
         # The combinational logic (the product's adder, the shifter, the rounding and the
         # saturation) is driven outside ``m.If(en)``: a ``comb`` signal assigned under the
@@ -357,10 +362,12 @@ class Requantizer(_Lanes):
             m.d.comb += top.eq(hi2[j] + (lo2[j] >> LO_BITS))
             product = Cat(lo2[j][:LO_BITS], top).as_signed()
             w3_next.append(Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w3_next{j}"))
-            m.d.comb += w3_next[j].eq((product << 1) >> shift2[j])
+            m.d.comb += w3_next[j].eq((product << 1) >> Cat(Const(0, 3), shift2[j][3:]))
+            w = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w_{j}")
+            m.d.comb += w.eq(w3[j] >> fine3[j])
             out.append(Signal(signed(ACC_BITS), name=f"out_{j}"))
-            q8 = round_saturate(m, w3[j], 8, f"q8_{j}")
-            q16 = round_saturate(m, w3[j], 16, f"q16_{j}")
+            q8 = round_saturate(m, w, 8, f"q8_{j}")
+            q16 = round_saturate(m, w, 16, f"q16_{j}")
             with m.Switch(mode3):
                 with m.Case(OutMode.INT8):
                     m.d.comb += out[j].eq(q8)
@@ -386,6 +393,7 @@ class Requantizer(_Lanes):
                     shift2[j].eq(shift1[j]),
                     raw3[j].eq(raw2[j]),
                     w3[j].eq(w3_next[j]),
+                    fine3[j].eq(shift2[j][:3]),
                     self.o.payload.data[j].eq(out[j]),
                 ]
         return m

@@ -101,35 +101,34 @@ class MatmulEngine(wiring.Component):
         connect(m, wiring.flipped(self.i_a), tr.i)
         accept = self.i_cfg.valid & self.i_cfg.ready
         # The counters' tests (the fold's last beat, a zero row, the packed column block) are
-        # registers, computed from the counters' and the configuration's next values: what
-        # they gate (the beats' handshakes, and through them the array's skew registers) then
-        # starts at flip-flops, not at carry chains.
-        k_next = Mux(accept, self.i_cfg.payload.k, cfg.k)
-        b_rows_next = Mux(accept, self.i_cfg.payload.b_rows, cfg.b_rows)
-        b_blocks_next = Mux(accept, self.i_cfg.payload.b_blocks, cfg.b_blocks)
+        # registers, each loaded with its value for the counter's next step, computed from
+        # registers alone: what they gate (the beats' handshakes, and through them the array's
+        # skew registers) starts at flip-flops, and the handshake only enables the load.
+        par = self.i_cfg.payload
         beat = Signal(COUNT_BITS)
-        beat_next = Signal(COUNT_BITS)
         a_last = Signal()                   # beat == k - 1
-        zero = Signal()                     # beat >= b_rows (or k): a zero B row
+        zero = Signal()                     # beat >= kb: a zero B row
+        kb = Mux(cfg.b_rows == 0, cfg.k, cfg.b_rows)
         m.d.comb += [
             unit.i_a.valid.eq(tr.o.valid & active),
             tr.o.ready.eq(unit.i_a.ready & active),
             unit.i_a.payload.data.eq(tr.o.payload.data),
             unit.i_a.payload.unsigned.eq(cfg.a_unsigned),
             unit.i_a.payload.last.eq(a_last),
-            beat_next.eq(beat),
         ]
-        with m.If(unit.i_a.valid & unit.i_a.ready):
-            m.d.comb += beat_next.eq(Mux(a_last, 0, beat + 1))
-        kb_next = Mux(b_rows_next == 0, k_next, b_rows_next)
-        m.d.sync += [beat.eq(beat_next), a_last.eq(beat_next == k_next - 1),
-                     zero.eq(beat_next >= kb_next)]
+        a_take = unit.i_a.valid & unit.i_a.ready
+        with m.If(a_take):
+            m.d.sync += [beat.eq(Mux(a_last, 0, beat + 1)),
+                         a_last.eq(Mux(a_last, cfg.k == 1, beat + 2 == cfg.k)),
+                         zero.eq(Mux(a_last, kb == 0, beat + 1 >= kb))]
+        with m.If(accept):
+            m.d.sync += [a_last.eq(beat == par.k - 1),
+                         zero.eq(beat >= Mux(par.b_rows == 0, par.k, par.b_rows))]
 
         # B: a word is a beat; past b_rows a zero row (no word); in the packed last column
         # block, c bytes from the held word's unused bytes and then the next word's.
-        fold_end = unit.i_a.valid & unit.i_a.ready & a_last
+        fold_end = a_take & a_last
         blk = Signal(COUNT_BITS)            # column block of the fold (packed B)
-        blk_next = Signal(COUNT_BITS)
         blk_last = Signal()                 # blk + 1 >= b_blocks: the row tile's last block
         hold = Signal(8 * n)                # the packed block's word in use
         held = Signal(range(n + 1))         # its bytes not yet used (0: none)
@@ -153,15 +152,12 @@ class MatmulEngine(wiring.Component):
                              held.eq(n - (c - held))]
             with m.Else():
                 m.d.sync += held.eq(held - c)
-        m.d.comb += blk_next.eq(blk)
         with m.If(fold_end):
             # The block's last word's unused bytes are padding: the next fold starts afresh.
-            m.d.sync += held.eq(0)
-            m.d.comb += blk_next.eq(Mux(blk_last, 0, blk + 1))
+            m.d.sync += [held.eq(0), blk.eq(Mux(blk_last, 0, blk + 1)),
+                         blk_last.eq(Mux(blk_last, cfg.b_blocks <= 1, blk + 2 >= cfg.b_blocks))]
         with m.If(accept):
-            m.d.sync += held.eq(0)
-            m.d.comb += blk_next.eq(0)
-        m.d.sync += [blk.eq(blk_next), blk_last.eq(blk_next + 1 >= b_blocks_next)]
+            m.d.sync += [held.eq(0), blk.eq(0), blk_last.eq(par.b_blocks <= 1)]
 
         # Parameters: gather PARAM_WORDS words into one beat.
         pbuf = Signal(8 * n * PARAM_WORDS)
