@@ -8,7 +8,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..arith import lut_product, round_saturate
+from ..arith import lut_product, shift_round_saturate
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.chip import check_built
@@ -287,7 +287,7 @@ class Requantizer(_Lanes):
     registered inputs and outputs; their sum, shifted keeping the bit below the result, ``w =
     (v << 1) >> shift``, by shift's multiple of 8; the rest of the shift, the rounding ``(w +
     1) >> 1``, which is ``(v + 2**(shift-1)) >> shift``, and the saturation, tested on ``w``'s
-    bits: :func:`hw.arith.round_saturate`); one
+    bits: :func:`hw.arith.shift_round_saturate`); one
     row per cycle; a row taken in cycle t is on ``o`` in cycle t + 4
     (:data:`hw.spec.timing.matmul.REQUANT_LATENCY`). Backpressure on ``o`` stalls all stages.
 
@@ -363,11 +363,9 @@ class Requantizer(_Lanes):
             product = Cat(lo2[j][:LO_BITS], top).as_signed()
             w3_next.append(Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w3_next{j}"))
             m.d.comb += w3_next[j].eq((product << 1) >> Cat(Const(0, 3), shift2[j][3:]))
-            w = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w_{j}")
-            m.d.comb += w.eq(w3[j] >> fine3[j])
             out.append(Signal(signed(ACC_BITS), name=f"out_{j}"))
-            q8 = round_saturate(m, w, 8, f"q8_{j}")
-            q16 = round_saturate(m, w, 16, f"q16_{j}")
+            q8 = shift_round_saturate(m, w3[j], fine3[j], 8, f"q8_{j}")
+            q16 = shift_round_saturate(m, w3[j], fine3[j], 16, f"q16_{j}")
             with m.Switch(mode3):
                 with m.Case(OutMode.INT8):
                     m.d.comb += out[j].eq(q8)
