@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from amaranth.hdl import Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Array, Mux, Signal, Value, signed, unsigned
 
-__all__ = ["tree_sum", "lut_product", "saturate"]
+__all__ = ["tree_sum", "lut_product", "saturate", "round_saturate", "shift_round_saturate"]
 
 
 def tree_sum(values, *, m=None, name: str = "sum"):
@@ -87,4 +87,52 @@ def saturate(m, value, bits: int, name: str):
             m.d.comb += out.eq(value)
             return out
         m.d.comb += out.eq(Mux(value[bits - 1:].any(), hi, value[:bits]))
+    return out
+
+
+def round_saturate(m, w, bits: int, name: str):
+    """``clamp((w + 1) >> 1)`` to ``signed(bits)``, as a signal ``name`` in ``m.d.comb``.
+
+    ``w`` is a shifted value that kept the bit below the result, ``w = (v << 1) >> s``, so that
+    ``(w + 1) >> 1`` is ``(v + 2**(s-1)) >> s``, the rounding shift. In range iff ``-2**bits - 1
+    <= w <= 2**bits - 2``, tested on ``w``'s bits (``w = -2**bits - 1`` rounds to the minimum,
+    as it saturates), so the rounding adder is ``bits + 2`` bits wide, not ``w``'s.
+    """
+    w = Value.cast(w)
+    hi = w[bits:]
+    fits = hi.all() | ~hi.any()                 # w in [-2**bits, 2**bits)
+    edge = ~w[bits] & w[:bits].all()            # w = 2**bits - 1 rounds up out of range
+    rounded = Signal(signed(bits), name=f"{name}_r")
+    m.d.comb += rounded.eq(((w[:bits + 1].as_signed() + 1) >> 1)[:bits])
+    out = Signal(signed(bits), name=name)
+    m.d.comb += out.eq(Mux(fits & ~edge, rounded,
+                           Mux(w[-1], -(1 << (bits - 1)), (1 << (bits - 1)) - 1)))
+    return out
+
+
+def shift_round_saturate(m, c, f, bits: int, name: str):
+    """:func:`round_saturate` of ``w = c >> f`` (``c`` signed, ``f`` an unsigned shift
+    amount), without shifting all of ``c``: only the ``bits + 1`` low bits of ``w`` go through
+    the shifter; whether the bits above are all equal (in range) is tested on ``c`` for every
+    value of ``f`` at once and the test for ``f`` chosen by a multiplexer. The same value as
+    ``round_saturate(m, c >> f, bits, name)``; fewer multiplexers, and ``f`` drives fewer
+    of them.
+    """
+    c = Value.cast(c)
+    width = len(c)
+    low = Signal(bits + 1, name=f"{name}_low")
+    m.d.comb += low.eq((c >> f)[:bits + 1])
+    equal = []
+    for s in range(1 << len(f)):
+        top = c[min(bits + s, width - 1):]
+        e = Signal(name=f"{name}_eq{s}")
+        m.d.comb += e.eq(top.all() | ~top.any())
+        equal.append(e)
+    fits = Array(equal)[f]                      # w[bits:] all equal: w in [-2**bits, 2**bits)
+    edge = ~low[bits] & low[:bits].all()        # w = 2**bits - 1 rounds up out of range
+    rounded = Signal(signed(bits), name=f"{name}_r")
+    m.d.comb += rounded.eq(((low.as_signed() + 1) >> 1)[:bits])
+    out = Signal(signed(bits), name=name)
+    m.d.comb += out.eq(Mux(fits & ~edge, rounded,
+                           Mux(c[-1], -(1 << (bits - 1)), (1 << (bits - 1)) - 1)))
     return out

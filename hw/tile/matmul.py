@@ -8,7 +8,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..arith import lut_product, saturate, tree_sum
+from ..arith import lut_product, shift_round_saturate
 from ..layouts import lanes_layout
 from ..spec.formats import ACC_BITS, BIAS_BITS, MULT_BITS, SHIFT_BITS, OutMode
 from ..spec.timing.chip import check_built
@@ -101,7 +101,10 @@ class MatmulArray(_Lanes):
     Products: ``pe_dsp=False`` (default) builds each PE's 9 x 8 product from LUTs and carry
     chains (:func:`hw.arith.lut_product`), ``pe_dsp=True`` as a multiplication that synthesis
     maps to one 18 x 18 DSP per PE (an FPGA build whose DSPs suffice: ``hw.fpga.board``). The
-    function and the timing are the same.
+    function and the timing are the same. Either way a PE registers its product (with the beat's
+    ``valid`` and ``last``) and accumulates it in the next cycle; the bottom row's finished
+    sums go from its adders straight into the column's shift chain, so the register costs no
+    cycle.
 
     Members
     -------
@@ -197,19 +200,32 @@ class MatmulArray(_Lanes):
                 # DSPs, and a 9x8 product takes a whole 18x18 one.
                 m.d.comb += prod.eq(a * b if self._pe_dsp else
                                     lut_product(a, b, m=m, name=f"pe{i}_{j}_pp"))
+                # The product is registered with its beat's flags and accumulated a cycle
+                # later: the multiplier and the accumulator's carry chain are not one path.
+                prod_r = Signal(signed(17), name=f"pe{i}_{j}_prod_r")
+                v_r = Signal(name=f"pe{i}_{j}_v_r")
+                l_r = Signal(name=f"pe{i}_{j}_l_r")
+                total = Signal(signed(ACC_BITS), name=f"pe{i}_{j}_sum")
+                m.d.comb += total.eq(acc + prod_r)
                 with m.If(en):
+                    m.d.sync += [prod_r.eq(prod), v_r.eq(v), l_r.eq(last)]
                     if j + 1 < n:
                         m.d.sync += [a_out.eq(a), v_out.eq(v), l_out.eq(last)]
                     if i + 1 < n:
                         m.d.sync += b_out.eq(b)
-                    with m.If(v):
-                        with m.If(last):
-                            m.d.sync += [hold.eq(acc + prod), acc.eq(0)]
+                    with m.If(v_r):
+                        with m.If(l_r):
+                            m.d.sync += acc.eq(0)
+                            if i + 1 < n:
+                                m.d.sync += hold.eq(total)
                         with m.Else():
-                            m.d.sync += acc.eq(acc + prod)
+                            m.d.sync += acc.eq(total)
                 a_in[i, j + 1], v_in[i, j + 1], l_in[i, j + 1] = a_out, v_out, l_out
                 b_in[i + 1, j] = b_out
-                res[i, j] = hold
+                # The bottom row's sum is final in the cycle its column loads (below), one
+                # cycle after its last beat: the load takes it from the adder, so the product
+                # register costs no cycle. The rows above finished earlier, into ``hold``.
+                res[i, j] = hold if i + 1 < n else total
                 if i == n - 1:
                     col_done[j] = v & last
 
@@ -268,7 +284,10 @@ class Requantizer(_Lanes):
     is consumed with the tile's ``last`` row.
 
     Timing: four pipeline stages (bias add; the two partial products, one DSP each, with
-    registered inputs and outputs; their sum plus the rounding term; shift and saturate); one
+    registered inputs and outputs; their sum, shifted keeping the bit below the result, ``w =
+    (v << 1) >> shift``, by shift's multiple of 8; the rest of the shift, the rounding ``(w +
+    1) >> 1``, which is ``(v + 2**(shift-1)) >> shift``, and the saturation, tested on ``w``'s
+    bits: :func:`hw.arith.shift_round_saturate`); one
     row per cycle; a row taken in cycle t is on ``o`` in cycle t + 4
     (:data:`hw.spec.timing.matmul.REQUANT_LATENCY`). Backpressure on ``o`` stalls all stages.
 
@@ -282,7 +301,8 @@ class Requantizer(_Lanes):
 
     #: The pipeline stages :meth:`elaborate` builds, in order: ``REQUANT_LATENCY`` of them
     #: (checked at construction).
-    _STAGES = ("bias add", "partial products", "sum and rounding", "shift and saturate")
+    _STAGES = ("bias add", "partial products", "sum and coarse shift",
+               "fine shift, rounding and saturation")
 
     def __init__(self, *, size):
         check_built("REQUANT_LATENCY", REQUANT_LATENCY, len(self._STAGES),
@@ -314,21 +334,45 @@ class Requantizer(_Lanes):
         mult1 = [Signal(unsigned(MULT_BITS), name=f"mult1_{j}") for j in range(n)]
         shift1 = [Signal(unsigned(SHIFT_BITS), name=f"shift1_{j}") for j in range(n)]
         # Stage 2: the two partial products of y * mult, each one 18x18 DSP with registered
-        # inputs and outputs (low 17 bits of y unsigned, high 15 bits signed), and the
-        # rounding term.
+        # inputs and outputs (low 17 bits of y unsigned, high 15 bits signed).
         v2, l2 = Signal(), Signal()
         mode2 = Signal(2)
         raw2 = [Signal(signed(ACC_BITS), name=f"raw2_{j}") for j in range(n)]
         lo2 = [Signal(unsigned(LO_BITS + MULT_BITS), name=f"lo2_{j}") for j in range(n)]
         hi2 = [Signal(signed(ACC_BITS - LO_BITS + MULT_BITS), name=f"hi2_{j}") for j in range(n)]
-        rnd2 = [Signal(unsigned(ACC_BITS + MULT_BITS), name=f"rnd2_{j}") for j in range(n)]
         shift2 = [Signal(unsigned(SHIFT_BITS), name=f"shift2_{j}") for j in range(n)]
-        # Stage 3: the exact product plus the rounding term (49 + 1 bits).
+        # Stage 3: the exact product v (49 bits) shifted keeping the bit below the result,
+        # w = (v << 1) >> shift, in two steps: by shift's multiple of 8 here, by the rest in
+        # stage 4 (two 8-way multiplexers, one per stage, rather than a 48-way one after the
+        # adder).
         v3, l3 = Signal(), Signal()
         mode3 = Signal(2)
         raw3 = [Signal(signed(ACC_BITS), name=f"raw3_{j}") for j in range(n)]
-        p3 = [Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"p3_{j}") for j in range(n)]
-        shift3 = [Signal(unsigned(SHIFT_BITS), name=f"shift3_{j}") for j in range(n)]
+        w3 = [Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w3_{j}") for j in range(n)]
+        fine3 = [Signal(3, name=f"fine3_{j}") for j in range(n)]
+
+        # The combinational logic (the product's adder, the shifter, the rounding and the
+        # saturation) is driven outside ``m.If(en)``: a ``comb`` signal assigned under the
+        # enable is gated by it (0 when it is low), which put the enable, fanned out to every
+        # lane, in front of the carry chains instead of only on the registers' clock enables.
+        w3_next, out = [], []
+        for j in range(n):
+            # v = (hi << 17) + lo: one carry chain over the bits from 17 up; the low 17 are lo's.
+            top = Signal(signed(ACC_BITS + MULT_BITS + 1 - LO_BITS), name=f"top2_{j}")
+            m.d.comb += top.eq(hi2[j] + (lo2[j] >> LO_BITS))
+            product = Cat(lo2[j][:LO_BITS], top).as_signed()
+            w3_next.append(Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"w3_next{j}"))
+            m.d.comb += w3_next[j].eq((product << 1) >> Cat(Const(0, 3), shift2[j][3:]))
+            out.append(Signal(signed(ACC_BITS), name=f"out_{j}"))
+            q8 = shift_round_saturate(m, w3[j], fine3[j], 8, f"q8_{j}")
+            q16 = shift_round_saturate(m, w3[j], fine3[j], 16, f"q16_{j}")
+            with m.Switch(mode3):
+                with m.Case(OutMode.INT8):
+                    m.d.comb += out[j].eq(q8)
+                with m.Case(OutMode.INT16):
+                    m.d.comb += out[j].eq(q16)
+                with m.Default():
+                    m.d.comb += out[j].eq(raw3[j])
 
         with m.If(en):
             m.d.sync += [v1.eq(take), l1.eq(self.i.payload.last), mode1.eq(par.mode),
@@ -341,37 +385,15 @@ class Requantizer(_Lanes):
                     y1[j].eq((acc + par.bias[j])[:ACC_BITS].as_signed()),
                     mult1[j].eq(par.mult[j]),
                     shift1[j].eq(par.shift[j]),
-                ]
-                rounding = (Const(1, ACC_BITS + MULT_BITS) << (shift1[j] - 1)[:SHIFT_BITS])[
-                    :ACC_BITS + MULT_BITS]
-                m.d.sync += [
                     raw2[j].eq(y1[j]),
                     lo2[j].eq(y1[j][:LO_BITS] * mult1[j]),
                     hi2[j].eq(y1[j][LO_BITS:].as_signed() * mult1[j]),
-                    rnd2[j].eq(rounding),
                     shift2[j].eq(shift1[j]),
-                ]
-                # Two two-operand adders (carry chains), not one three-operand one that
-                # synthesis would build from full adders in LUTs (hw.arith.tree_sum).
-                m.d.sync += [
                     raw3[j].eq(raw2[j]),
-                    p3[j].eq(tree_sum([hi2[j] << LO_BITS, lo2[j], rnd2[j]], m=m,
-                                      name=f"p3sum{j}")),
-                    shift3[j].eq(shift2[j]),
+                    w3[j].eq(w3_next[j]),
+                    fine3[j].eq(shift2[j][:3]),
+                    self.o.payload.data[j].eq(out[j]),
                 ]
-                q = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"q_{j}")
-                m.d.comb += q.eq(p3[j] >> shift3[j])
-                out = Signal(signed(ACC_BITS), name=f"out_{j}")
-                # Saturation by bit tests (hw.arith.saturate), not 51-bit comparisons.
-                q8, q16 = saturate(m, q, 8, f"q8_{j}"), saturate(m, q, 16, f"q16_{j}")
-                with m.Switch(mode3):
-                    with m.Case(OutMode.INT8):
-                        m.d.comb += out.eq(q8)
-                    with m.Case(OutMode.INT16):
-                        m.d.comb += out.eq(q16)
-                    with m.Default():
-                        m.d.comb += out.eq(raw3[j])
-                m.d.sync += self.o.payload.data[j].eq(out)
         return m
 
 

@@ -99,30 +99,41 @@ class MatmulEngine(wiring.Component):
 
         # A: words -> transposer -> beats, with the fold's `last` from a beat counter.
         connect(m, wiring.flipped(self.i_a), tr.i)
+        accept = self.i_cfg.valid & self.i_cfg.ready
+        # The counters' tests (the fold's last beat, a zero row, the packed column block) are
+        # registers, each loaded with its value for the counter's next step, computed from
+        # registers alone: what they gate (the beats' handshakes, and through them the array's
+        # skew registers) starts at flip-flops, and the handshake only enables the load.
+        par = self.i_cfg.payload
         beat = Signal(COUNT_BITS)
+        a_last = Signal()                   # beat == k - 1
+        zero = Signal()                     # beat >= kb: a zero B row
+        kb = Mux(cfg.b_rows == 0, cfg.k, cfg.b_rows)
         m.d.comb += [
             unit.i_a.valid.eq(tr.o.valid & active),
             tr.o.ready.eq(unit.i_a.ready & active),
             unit.i_a.payload.data.eq(tr.o.payload.data),
             unit.i_a.payload.unsigned.eq(cfg.a_unsigned),
-            unit.i_a.payload.last.eq(beat == cfg.k - 1),
+            unit.i_a.payload.last.eq(a_last),
         ]
-        with m.If(unit.i_a.valid & unit.i_a.ready):
-            with m.If(beat == cfg.k - 1):
-                m.d.sync += beat.eq(0)
-            with m.Else():
-                m.d.sync += beat.eq(beat + 1)
+        a_take = unit.i_a.valid & unit.i_a.ready
+        with m.If(a_take):
+            m.d.sync += [beat.eq(Mux(a_last, 0, beat + 1)),
+                         a_last.eq(Mux(a_last, cfg.k == 1, beat + 2 == cfg.k)),
+                         zero.eq(Mux(a_last, kb == 0, beat + 1 >= kb))]
+        with m.If(accept):
+            m.d.sync += [a_last.eq(beat == par.k - 1),
+                         zero.eq(beat >= Mux(par.b_rows == 0, par.k, par.b_rows))]
 
         # B: a word is a beat; past b_rows a zero row (no word); in the packed last column
         # block, c bytes from the held word's unused bytes and then the next word's.
-        fold_end = unit.i_a.valid & unit.i_a.ready & (beat == cfg.k - 1)
+        fold_end = a_take & a_last
         blk = Signal(COUNT_BITS)            # column block of the fold (packed B)
+        blk_last = Signal()                 # blk + 1 >= b_blocks: the row tile's last block
         hold = Signal(8 * n)                # the packed block's word in use
         held = Signal(range(n + 1))         # its bytes not yet used (0: none)
-        kb = Mux(cfg.b_rows == 0, cfg.k, cfg.b_rows)
-        zero = beat >= kb
         c = cfg.b_last
-        narrow = (c != 0) & (blk + 1 >= cfg.b_blocks)
+        narrow = (c != 0) & blk_last
         need_word = ~zero & (~narrow | (held < c))
         used = Signal(range(n + 1))         # bytes of the held word already used
         m.d.comb += used.eq(n - held)
@@ -143,9 +154,10 @@ class MatmulEngine(wiring.Component):
                 m.d.sync += held.eq(held - c)
         with m.If(fold_end):
             # The block's last word's unused bytes are padding: the next fold starts afresh.
-            m.d.sync += [held.eq(0), blk.eq(Mux(blk + 1 >= cfg.b_blocks, 0, blk + 1))]
-        with m.If(self.i_cfg.valid & self.i_cfg.ready):
-            m.d.sync += [held.eq(0), blk.eq(0)]
+            m.d.sync += [held.eq(0), blk.eq(Mux(blk_last, 0, blk + 1)),
+                         blk_last.eq(Mux(blk_last, cfg.b_blocks <= 1, blk + 2 >= cfg.b_blocks))]
+        with m.If(accept):
+            m.d.sync += [held.eq(0), blk.eq(0), blk_last.eq(par.b_blocks <= 1)]
 
         # Parameters: gather PARAM_WORDS words into one beat.
         pbuf = Signal(8 * n * PARAM_WORDS)
@@ -183,17 +195,28 @@ class MatmulEngine(wiring.Component):
             OutMode.RAW: Cat(*[row[j] for j in range(n)]),
         }
         part = Signal(2)
-        nwords = Signal(3)
         with m.Switch(cfg.mode):
             for mode, bits in packed.items():
                 with m.Case(mode):
-                    m.d.comb += nwords.eq(out_words(mode))
                     with m.Switch(part):
                         for w in range(out_words(mode)):
                             with m.Case(w):
                                 m.d.comb += self.o.payload.data.eq(
                                     bits[w * word_bits:(w + 1) * word_bits])
-        row_done = part == nwords - 1
+        # Whether the row's last word is on ``o`` (``part`` = words per row - 1): a register,
+        # from ``part``'s next value and the next cycle's mode, so that the requantiser's
+        # enable, fanned out to the whole array, is one LUT after flip-flops and ``o.ready``.
+        part_next = Signal(2)
+        mode_next = Mux(self.i_cfg.valid & self.i_cfg.ready, self.i_cfg.payload.mode, cfg.mode)
+        row_done_next = Signal()
+        # (No such mode, never emitted: no row ends.)
+        with m.Switch(mode_next):
+            for mode in packed:
+                with m.Case(mode):
+                    m.d.comb += row_done_next.eq(part_next == out_words(mode) - 1)
+        row_done = Signal(init=out_words(OutMode(0)) == 1)   # cfg's reset mode, part 0
+        m.d.comb += part_next.eq(part)
+        m.d.sync += [part.eq(part_next), row_done.eq(row_done_next)]
         tile_row = Signal(range(n))
         fold = Signal(COUNT_BITS)
         final = (fold == cfg.folds - 1) & (tile_row == n - 1) & row_done
@@ -204,13 +227,14 @@ class MatmulEngine(wiring.Component):
         ]
         with m.If(self.o.valid & self.o.ready):
             with m.If(row_done):
-                m.d.sync += part.eq(0)
+                m.d.comb += part_next.eq(0)
                 with m.If(tile_row == n - 1):
                     m.d.sync += [tile_row.eq(0), fold.eq(fold + 1)]
                 with m.Else():
                     m.d.sync += tile_row.eq(tile_row + 1)
             with m.Else():
-                m.d.sync += part.eq(part + 1)
+                m.d.comb += part_next.eq(part + 1)
             with m.If(final):
-                m.d.sync += [active.eq(0), fold.eq(0), tile_row.eq(0), part.eq(0)]
+                m.d.comb += part_next.eq(0)
+                m.d.sync += [active.eq(0), fold.eq(0), tile_row.eq(0)]
         return m

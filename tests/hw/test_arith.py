@@ -5,7 +5,7 @@ from amaranth.back import rtlil
 from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
-from hw.arith import lut_product, saturate, tree_sum
+from hw.arith import lut_product, round_saturate, saturate, shift_round_saturate, tree_sum
 from tests.helpers import seeded
 
 
@@ -89,6 +89,52 @@ def test_saturate_equals_clamp_for_every_value(shape, bits):
         for x in values:
             ctx.set(v, x)
             assert ctx.get(out) == min(max(x, lo), hi), (shape, x)
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("width, bits", [(8, 3), (10, 4), (9, 8)])
+def test_round_saturate_is_the_rounding_shift_clamped(width, bits):
+    """Every value v of ``width`` bits and every shift s = 1..4: from ``w = (v << 1) >> s``,
+    :func:`round_saturate` gives ``clamp((v + 2**(s-1)) >> s)`` to ``signed(bits)``, as the
+    requantisers' golden models round (half up) and saturate."""
+    w = Signal(signed(width + 1))
+    m = Module()
+    out = round_saturate(m, w, bits, "rs")
+    assert out.shape() == signed(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for s in range(1, 5):
+            for v in range(-(1 << (width - 1)), 1 << (width - 1)):
+                ctx.set(w, (v << 1) >> s)
+                want = min(max((v + (1 << (s - 1))) >> s, lo), hi)
+                assert ctx.get(out) == want, (width, bits, v, s)
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("width, bits", [(10, 3), (9, 4)])
+def test_shift_round_saturate_is_round_saturate_of_the_shift(width, bits):
+    """Every value c of ``width`` bits and every shift f = 0..7: the same as
+    ``round_saturate(c >> f)``, i.e. ``clamp(((c >> f) + 1) >> 1)`` to ``signed(bits)``."""
+    c, f = Signal(signed(width)), Signal(3)
+    m = Module()
+    out = shift_round_saturate(m, c, f, bits, "srs")
+    assert out.shape() == signed(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for s in range(8):
+            ctx.set(f, s)
+            for v in range(-(1 << (width - 1)), 1 << (width - 1)):
+                ctx.set(c, v)
+                want = min(max(((v >> s) + 1) >> 1, lo), hi)
+                assert ctx.get(out) == want, (width, bits, v, s)
 
     sim.add_testbench(bench)
     sim.run()

@@ -8,9 +8,10 @@ from __future__ import annotations
 __all__ = ["REQUANT_LATENCY", "ARRAY_ROW_DELAY", "array_row_delay", "array_latency",
            "unit_latency"]
 
-#: Pipeline stages of the requantiser (bias add; two DSP partial products; their sum plus the
-#: rounding term; shift-saturate), each a register on the requantiser's own enable. One more
-#: than before the FPGA flow pipelined it, and the array one fewer (its output is its deskew
+#: Pipeline stages of the requantiser (bias add; two DSP partial products; their sum, shifted
+#: keeping the bit below the result by the shift's multiple of 8; the rest of the shift,
+#: rounding and saturation), each a register on the requantiser's own enable. One more than
+#: before the FPGA flow pipelined it, and the array one fewer (its output is its deskew
 #: registers): a lone fold's latency through the unit is unchanged, but a row that waits at
 #: the requantiser's input (for its tile's parameters) now has four stages, not three, ahead.
 REQUANT_LATENCY = 4
