@@ -1,7 +1,7 @@
 """Static-schedule sequencer: fetches 64-bit instructions and launches units (``hw.spec.isa``)."""
 
 from amaranth.hdl import Module, Mux, Signal, signed
-from amaranth.lib import wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -61,9 +61,18 @@ class Sequencer(wiring.Component):
     ``2**VALUE_BITS``, so the low bits of every result are those of the full register's: a unit
     that reads a register's low bits sees the same value either way.
 
-    Timing: one instruction per cycle when nothing stalls (the instruction memory's read
-    address is the next pc, so its synchronous read delivers the instruction just in time).
-    ``cycles`` counts from the cycle after ``start`` to ``done``.
+    Timing: one instruction per cycle when nothing stalls. The fetch runs one instruction
+    ahead: the instruction executing is a register (``insn``), loaded from the instruction
+    memory's output, whose read address is already the instruction after the next (a LOOP's
+    skip and a body's jump back are known a cycle ahead: the skip's address is stored beside
+    each word as the host writes it, the jump back is a flip-flop of the fetch's own loop
+    registers); a stall holds both. ``start`` loads the first instruction from copies of
+    word 0 that the host's writes keep, so the first instruction executes in the cycle after
+    ``start``, as it would from a read in the ``start`` cycle. ``cycles`` counts from the
+    cycle after ``start`` to ``done``.
+
+    The host writes the instruction memory while the sequencer is idle, up to the cycle
+    before ``start`` (a word written while a program runs may already have been fetched).
 
     Members
     -------
@@ -72,7 +81,8 @@ class Sequencer(wiring.Component):
     done, error : Out(1) set when the program halts (cleared by ``start``)
     running : Out(1)
     cycles : Out(32)
-    imem_addr : Out(range(imem_words)), imem_data : In(64)   synchronous read port
+    imem_wr : In(stream of {addr, data})   the host's write port (always ready)
+    insn : Out(64)       the instruction being executed
     regs : Out(signed(48)).array(len(REGS))
     launch : Out(len(LAUNCH_OPS)), can_launch : In(len(LAUNCH_OPS))
     busy : In(UNIT_BITS) ``Unit`` bits
@@ -101,8 +111,9 @@ class Sequencer(wiring.Component):
             "error": Out(1),
             "running": Out(1),
             "cycles": Out(32),
-            "imem_addr": Out(range(imem_words)),
-            "imem_data": In(INSN_BITS),
+            "imem_wr": In(stream.Signature(data.StructLayout(
+                {"addr": range(imem_words), "data": INSN_BITS}))),
+            "insn": Out(INSN_BITS),
             "regs": Out(signed(VALUE_BITS)).array(len(REGS)),
             "launch": Out(len(LAUNCH_OPS)),
             "can_launch": In(len(LAUNCH_OPS)),
@@ -112,35 +123,125 @@ class Sequencer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        pc = Signal(range(self._imem_words))
-        insn = self.imem_data
-        op = insn[:OPCODE_BITS]
-        reg_index = insn[OPCODE_BITS:OPCODE_BITS + REG_BITS]
-        value = insn[OPCODE_BITS + REG_BITS:].as_signed()
-        flags = insn[OPCODE_BITS:]
+        words = self._imem_words
+        pc = Signal(range(words))
+        aw = len(pc)
+
+        # The instruction memory, written by the host (`imem_wr`), and beside it `inext`: for
+        # each word, the address of the instruction that follows it unless a loop jumps back
+        # (a + 1, or for a LOOP of count 0, a + 1 + body, the skip), computed as the word is
+        # written, so that the fetch's next read address is one of two registers or this
+        # block RAM's output, never a decode of the instruction read.
+        m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=words, init=[])
+        m.submodules.inext = inext = Memory(
+            shape=aw, depth=words, init=[(a + 1) % (1 << aw) for a in range(words)])
+        rd, wr = imem.read_port(), imem.write_port()
+        nrd, nwr = inext.read_port(), inext.write_port()
+        wp = self.imem_wr.payload
+        w_body = wp.data[OPCODE_BITS:OPCODE_BITS + LOOP_BODY_BITS]
+        w_count = wp.data[OPCODE_BITS + LOOP_BODY_BITS:OPCODE_BITS + LOOP_BODY_BITS
+                          + LOOP_COUNT_BITS]
+        w_next = Signal(aw)
+        m.d.comb += [
+            self.imem_wr.ready.eq(1),
+            w_next.eq(wp.addr + 1 + Mux((wp.data[:OPCODE_BITS] == Op.LOOP) & (w_count == 0),
+                                        w_body, 0)),
+            wr.en.eq(self.imem_wr.valid), wr.addr.eq(wp.addr), wr.data.eq(wp.data),
+            nwr.en.eq(self.imem_wr.valid), nwr.addr.eq(wp.addr), nwr.data.eq(w_next),
+        ]
+        # Word 0 and its next address, kept in flip-flops as the host writes them: `start`
+        # loads the first instruction from them (no read while idle to be stale).
+        first = Signal(INSN_BITS)
+        first_next = Signal(aw, init=1 % (1 << aw))
+        with m.If(self.imem_wr.valid & (wp.addr == 0)):
+            m.d.sync += [first.eq(wp.data), first_next.eq(w_next)]
+
+        # The fetch runs one instruction ahead of the execution. `ir` (at `pc`) executes;
+        # the memories' outputs hold the instruction at `pn`, the one after it, which `ir`
+        # takes when it advances, while the memories read the one after that. The fetch keeps
+        # its own copy of the loop registers (`f_*`), one instruction ahead of the execution's:
+        # `pn_back` (`pn` ends a loop body with trips left: the address after it is the
+        # body's first) and `pn_exit` (it ends the last trip) are flip-flops computed when
+        # `pn` is, and travel with the instruction into `ir_back` / `ir_exit`. A stall holds
+        # `ir`, `pn` and the memories' outputs (their read enable).
+        ir = Signal(INSN_BITS)
+        ir_back = Signal()
+        ir_exit = Signal()
+        pn = Signal(aw)
+        pn_back = Signal()
+        pn_exit = Signal()
+        f_active = Signal()
+        f_start = Signal(aw)
+        f_end = Signal(aw)
+        f_left = Signal(LOOP_COUNT_BITS)
+        f_more = Signal()                # f_left != 0
+        f_one = Signal()                 # a body of one instruction (f_start == f_end)
+        fetch = Signal()                 # ir takes the next instruction
+        addr = Signal(aw)                # the memories' read address
+        back_or_first = Signal(aw)
+        src = Signal(INSN_BITS)          # the instruction ir takes: the memory's, or word 0
+        src_pc = Signal(aw)
+        m.d.comb += [
+            src.eq(Mux(self.running, rd.data, first)),
+            src_pc.eq(Mux(self.running, pn, 0)),
+            back_or_first.eq(Mux(self.running, f_start, first_next)),
+            addr.eq(Mux(self.running & ~pn_back, nrd.data, back_or_first)),
+            rd.addr.eq(addr), nrd.addr.eq(addr),
+            rd.en.eq(fetch | ~self.running), nrd.en.eq(fetch | ~self.running),
+        ]
+        s_op = src[:OPCODE_BITS]
+        s_body = src[OPCODE_BITS:OPCODE_BITS + LOOP_BODY_BITS]
+        s_count = src[OPCODE_BITS + LOOP_BODY_BITS:OPCODE_BITS + LOOP_BODY_BITS
+                      + LOOP_COUNT_BITS]
+        s_one = Signal()
+        s_many = Signal()                # count >= 2
+        m.d.comb += [s_one.eq(s_body == 1), s_many.eq(s_count[1:] != 0)]
+        near = Signal()                  # the address after pn is the loop body's last
+        m.d.comb += near.eq(self.running & f_active & ((pn + 1)[:aw] == f_end))
+        with m.If(fetch):
+            m.d.sync += [pc.eq(src_pc), ir.eq(src), pn.eq(addr),
+                         ir_back.eq(self.running & pn_back),
+                         ir_exit.eq(self.running & pn_exit)]
+            with m.If((s_op == Op.LOOP) & (s_count != 0)):
+                # A LOOP (its errors are the execution's): its body's last instruction ends
+                # a trip when it is the next.
+                m.d.sync += [f_active.eq(1), f_start.eq(src_pc + 1), f_end.eq(src_pc + s_body),
+                             f_left.eq(s_count - 1), f_more.eq(s_many), f_one.eq(s_one),
+                             pn_back.eq(s_one & s_many), pn_exit.eq(s_one & ~s_many)]
+            with m.Elif(self.running & pn_back):
+                m.d.sync += [f_left.eq(f_left - 1), f_more.eq(f_left[1:] != 0),
+                             pn_back.eq(f_one & (f_left[1:] != 0)),
+                             pn_exit.eq(f_one & (f_left[1:] == 0))]
+            with m.Else():
+                with m.If(~self.running | pn_exit):
+                    m.d.sync += f_active.eq(0)
+                m.d.sync += [pn_back.eq(near & f_more & ~pn_exit),
+                             pn_exit.eq(near & ~f_more & ~pn_exit)]
+
+        op = ir[:OPCODE_BITS]
+        reg_index = ir[OPCODE_BITS:OPCODE_BITS + REG_BITS]
+        value = ir[OPCODE_BITS + REG_BITS:].as_signed()
+        flags = ir[OPCODE_BITS:]
         advance = Signal()
         loop_active = Signal()
-        loop_start = Signal(range(self._imem_words))
-        loop_end = Signal(range(self._imem_words))
-        loop_left = Signal(LOOP_COUNT_BITS)
         loop_iter = Signal(ITER_BITS)    # ITER: the running trip's index
-        scale = insn[OPCODE_BITS + REG_BITS:OPCODE_BITS + REG_BITS + ADDX_SCALE_BITS].as_signed()
+        scale = ir[OPCODE_BITS + REG_BITS:OPCODE_BITS + REG_BITS + ADDX_SCALE_BITS].as_signed()
         body = flags[:LOOP_BODY_BITS]
         count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
-        jump = Signal()                  # a LOOP that skips its body (count 0)
-        target = Signal(range(self._imem_words))
+        m.d.comb += [self.pc.eq(pc), self.insn.eq(ir),
+                     fetch.eq(Mux(self.running, advance, self.start))]
 
         # The registers' stored bits: what the units copy at a launch.
         store = [Signal(w, name=f"reg_{REGS[i].replace('.', '_')}")
                  for i, w in enumerate(self._reg_widths)]
 
-        # The write-back stage. A SET, ADD or ADDX issued in cycle t (from the instruction
-        # memory's output) leaves in registers which register it writes (`w_hit`, one bit per
-        # register, and `w_idx`), its addend (`w_addend`: the value, or ADDX's product of the
-        # scale and ITER) and where the register's value comes from; in cycle t + 1 `w_sum`,
-        # that value plus the addend, is written. `w_sum` is what the register reads in cycle
-        # t + 1: on `regs` (a launch in cycle t + 1 copies it) and as the value of an ADD or
-        # ADDX of the same register issued in cycle t + 1 (`w_fwd`).
+        # The write-back stage. A SET, ADD or ADDX issued in cycle t (from `ir`) leaves in
+        # registers which register it writes (`w_hit`, one bit per register, and `w_idx`), its
+        # addend (`w_addend`: the value, or ADDX's product of the scale and ITER) and where
+        # the register's value comes from; in cycle t + 1 `w_sum`, that value plus the
+        # addend, is written. `w_sum` is what the register reads in cycle t + 1: on `regs` (a
+        # launch in cycle t + 1 copies it) and as the value of an ADD or ADDX of the same
+        # register issued in cycle t + 1 (`w_fwd`).
         #
         # The value an ADD reads comes from `shadow`, a block RAM copy of the registers (the
         # 48-bit sums; each register keeps the low bits of its sum, which wrap as the sum's
@@ -181,33 +282,19 @@ class Sequencer(wiring.Component):
         m.d.comb += [out.eq(Mux(w_hit[i], w_sum[:len(r)], r).as_signed())
                      for i, (out, r) in enumerate(zip(self.regs, store, strict=True))]
 
-        # The next pc: the instruction memory's read address, from its output in the same
-        # cycle. pc + 1 comes from the pc register alone, so that a LOOP's skip adds only the
-        # body length to it after the instruction arrives (one carry chain, not two).
-        pc1 = Signal(range(self._imem_words + 1))
-        m.d.comb += [self.imem_addr.eq(pc), self.pc.eq(pc), pc1.eq(pc + 1), target.eq(pc1)]
-        with m.If(jump):
-            m.d.comb += target.eq(pc1 + body)
-        with m.Elif(loop_active & (pc == loop_end)):
-            with m.If(loop_left != 0):
-                m.d.comb += target.eq(loop_start)
-                with m.If(advance):
-                    m.d.sync += [loop_left.eq(loop_left - 1), loop_iter.eq(loop_iter + 1)]
-            with m.Elif(advance):
-                m.d.sync += loop_active.eq(0)
-        with m.If(advance):
-            m.d.comb += self.imem_addr.eq(target)
-            m.d.sync += pc.eq(target)
-
         with m.If(~self.running):
             with m.If(self.start):
                 m.d.sync += [self.running.eq(1), self.done.eq(0), self.error.eq(0),
-                             self.cycles.eq(0), pc.eq(0), loop_active.eq(0)]
+                             self.cycles.eq(0), loop_active.eq(0)]
                 m.d.sync += [store[REG_INDEX[name]].eq(0) for name in START_CLEARED]
                 m.d.sync += [live[REG_INDEX[name]].eq(0) for name in START_CLEARED]
-                m.d.comb += self.imem_addr.eq(0)
         with m.Else():
             m.d.sync += self.cycles.eq(self.cycles + 1)
+            # The loop's end, as the fetch marked it: a trip ends (ITER counts up), or the last.
+            with m.If(advance & ir_back):
+                m.d.sync += loop_iter.eq(loop_iter + 1)
+            with m.If(advance & ir_exit):
+                m.d.sync += loop_active.eq(0)
             with m.Switch(op):
                 with m.Case(Op.NOP):
                     m.d.comb += advance.eq(1)
@@ -235,11 +322,9 @@ class Sequencer(wiring.Component):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
                     with m.Else():
-                        m.d.comb += [advance.eq(1), jump.eq(count == 0)]
+                        m.d.comb += advance.eq(1)
                         with m.If(count != 0):
-                            m.d.sync += [loop_active.eq(1), loop_start.eq(pc + 1),
-                                         loop_end.eq(pc + body), loop_left.eq(count - 1),
-                                         loop_iter.eq(0)]
+                            m.d.sync += [loop_active.eq(1), loop_iter.eq(0)]
                 with m.Case(Op.WAIT):
                     m.d.comb += advance.eq((self.busy & flags[:UNIT_BITS]) == 0)
                 with m.Case(Op.HALT):
