@@ -237,17 +237,21 @@ class Sequencer(wiring.Component):
 
         # The write-back stage. A SET, ADD or ADDX issued in cycle t (from `ir`) leaves in
         # registers which register it writes (`w_hit`, one bit per register, and `w_idx`), its
-        # addend (`w_addend`: the value, or ADDX's product of the scale and ITER) and where
-        # the register's value comes from; in cycle t + 1 `w_sum`, that value plus the
-        # addend, is written. `w_sum` is what the register reads in cycle t + 1: on `regs` (a
-        # launch in cycle t + 1 copies it) and as the value of an ADD or ADDX of the same
-        # register issued in cycle t + 1 (`w_fwd`).
+        # addend as two terms (`w_a`, `w_b`: the value and 0, or ADDX's two partial products
+        # of the scale and ITER) and the register's value (`w_base`; 0 for a SET); in cycle
+        # t + 1 `w_sum`, that value plus the addend, is written (one carry-save layer and one
+        # carry chain). `w_sum` is what the register reads in cycle t + 1: on `regs` (a launch
+        # in cycle t + 1 copies it) and as the value of an ADD or ADDX of the same register
+        # issued in cycle t + 1 (`w_fwd`: its base is then `last_sum`).
         #
         # The value an ADD reads comes from `shadow`, a block RAM copy of the registers (the
         # 48-bit sums; each register keeps the low bits of its sum, which wrap as the sum's
-        # do), read in cycle t at the instruction's register index: no multiplexer over the
-        # registers. `live` marks the registers written since reset (`start` clears those of
-        # START_CLEARED): the others read 0, as their flip-flops do.
+        # do): no multiplexer over the registers. It is read a cycle ahead, at the register
+        # index of the instruction `ir` takes next (`src`), so that its output is registered
+        # in `w_base` as the instruction issues: the write-back of that cycle before, which
+        # the read does not see, comes from `last_sum` (`rd_hit`). `live` marks the
+        # registers written since reset (`start` clears those of START_CLEARED): the others
+        # read 0, as their flip-flops do.
         n_regs = len(REGS)
         m.submodules.shadow = shadow = Memory(shape=VALUE_BITS, depth=n_regs, init=[])
         sh_rd, sh_wr = shadow.read_port(), shadow.write_port()
@@ -255,27 +259,33 @@ class Sequencer(wiring.Component):
         w_hit = Signal(n_regs)
         w_valid = Signal()               # any bit of w_hit
         w_idx = Signal(REG_BITS)         # the register of w_hit
-        w_value = Signal(VALUE_BITS)     # SET and ADD's value
-        w_addx = Signal()
         # ADDX's product of the scale and ITER, as two partial products, each one 18 x 18
-        # multiplier's (ITER's low 17 bits, and the 15 above): registered at the multipliers'
-        # outputs, summed in the write-back stage, beside the register's read.
+        # multiplier's (ITER's low 17 bits, and the 15 above), registered at the
+        # multipliers' outputs as the addend's two terms.
         split = 17
-        w_plo = Signal(signed(ADDX_SCALE_BITS + split))
-        w_phi = Signal(signed(ADDX_SCALE_BITS + ITER_BITS - split))
-        w_set = Signal()                 # SET: the value is 0 + the addend
-        w_fwd = Signal()                 # the instruction before wrote the same register
-        w_live = Signal()                # live[] of the register
+        w_a = Signal(VALUE_BITS)         # the value, or scale * ITER[:17]
+        w_b = Signal(VALUE_BITS - split) # 0, or scale * ITER[17:] (weight 2**17)
+        w_base = Signal(VALUE_BITS)      # the register's value (0 for a SET)
+        w_fwd = Signal()                 # an ADD or ADDX of the register the one before wrote
+        rd_hit = Signal()                # the shadow's read missed a write of its register
         last_sum = Signal(VALUE_BITS)    # w_sum of the cycle before
         w_old = Signal(VALUE_BITS)
+        w_b48 = Signal(VALUE_BITS)
+        w_xor = Signal(VALUE_BITS)
+        w_carry = Signal(VALUE_BITS)
         w_sum = Signal(VALUE_BITS)
+        src_reg = src[OPCODE_BITS:OPCODE_BITS + REG_BITS]
         m.d.comb += [
-            sh_rd.addr.eq(reg_index),
-            w_old.eq(Mux(w_set, 0, Mux(w_fwd, last_sum, Mux(w_live, sh_rd.data, 0)))),
-            w_sum.eq(w_old + Mux(w_addx, w_plo + (w_phi << split), w_value)),
+            sh_rd.addr.eq(src_reg),
+            w_old.eq(Mux(w_fwd, last_sum, w_base)),
+            w_b48.eq(w_b << split),
+            w_xor.eq(w_old ^ w_a ^ w_b48),
+            w_carry.eq(((w_old & w_a) | (w_old & w_b48) | (w_a & w_b48)) << 1),
+            w_sum.eq(w_xor + w_carry),
             sh_wr.addr.eq(w_idx), sh_wr.data.eq(w_sum), sh_wr.en.eq(w_valid),
         ]
-        m.d.sync += [w_hit.eq(0), w_valid.eq(0), last_sum.eq(w_sum)]
+        m.d.sync += [w_hit.eq(0), w_valid.eq(0), last_sum.eq(w_sum),
+                     rd_hit.eq(w_valid & (w_idx == src_reg))]
         for i, r in enumerate(store):
             with m.If(w_hit[i]):
                 m.d.sync += [r.eq(w_sum), live[i].eq(1)]
@@ -311,12 +321,11 @@ class Sequencer(wiring.Component):
                             *(w_hit[i].eq(reg_index == i) for i in range(n_regs)),
                             w_valid.eq(1),
                             w_idx.eq(reg_index),
-                            w_value.eq(value), w_addx.eq(op == Op.ADDX),
-                            w_plo.eq(scale * loop_iter[:split]),
-                            w_phi.eq(scale * loop_iter[split:]),
-                            w_set.eq(op == Op.SET),
-                            w_fwd.eq(w_valid & (w_idx == reg_index)),
-                            w_live.eq(live.bit_select(reg_index, 1)),
+                            w_a.eq(Mux(op == Op.ADDX, scale * loop_iter[:split], value)),
+                            w_b.eq(Mux(op == Op.ADDX, scale * loop_iter[split:], 0)),
+                            w_base.eq(Mux((op == Op.SET) | ~live.bit_select(reg_index, 1),
+                                          0, Mux(rd_hit, last_sum, sh_rd.data))),
+                            w_fwd.eq(w_valid & (w_idx == reg_index) & (op != Op.SET)),
                         ]
                 with m.Case(Op.LOOP):
                     with m.If(loop_active | (body == 0)):
