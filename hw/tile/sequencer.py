@@ -129,30 +129,36 @@ class Sequencer(wiring.Component):
 
         # The instruction memory, written by the host (`imem_wr`), and beside it `inext`: for
         # each word, the address of the instruction that follows it unless a loop jumps back
-        # (a + 1, or for a LOOP of count 0, a + 1 + body, the skip), computed as the word is
-        # written, so that the fetch's next read address is one of two registers or this
-        # block RAM's output, never a decode of the instruction read.
+        # (a + 1, or for a LOOP of count 0, a + 1 + body, the skip), and what the fetch needs
+        # to know of a LOOP (a LOOP of count >= 1, a body of 1, a count >= 2), decoded as the
+        # word is written, so that the fetch's next read address is one of two registers or
+        # this block RAM's output, and its loop registers' enables three of its bits.
+        meta = data.StructLayout({"next": aw, "loop": 1, "one": 1, "many": 1})
         m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=words, init=[])
         m.submodules.inext = inext = Memory(
-            shape=aw, depth=words, init=[(a + 1) % (1 << aw) for a in range(words)])
+            shape=meta, depth=words,
+            init=[{"next": (a + 1) % (1 << aw)} for a in range(words)])
         rd, wr = imem.read_port(), imem.write_port()
         nrd, nwr = inext.read_port(), inext.write_port()
         wp = self.imem_wr.payload
         w_body = wp.data[OPCODE_BITS:OPCODE_BITS + LOOP_BODY_BITS]
         w_count = wp.data[OPCODE_BITS + LOOP_BODY_BITS:OPCODE_BITS + LOOP_BODY_BITS
                           + LOOP_COUNT_BITS]
-        w_next = Signal(aw)
+        w_loop = wp.data[:OPCODE_BITS] == Op.LOOP
+        w_next = Signal(meta)
         m.d.comb += [
             self.imem_wr.ready.eq(1),
-            w_next.eq(wp.addr + 1 + Mux((wp.data[:OPCODE_BITS] == Op.LOOP) & (w_count == 0),
-                                        w_body, 0)),
+            w_next.next.eq(wp.addr + 1 + Mux(w_loop & (w_count == 0), w_body, 0)),
+            w_next.loop.eq(w_loop & (w_count != 0)),
+            w_next.one.eq(w_body == 1),
+            w_next.many.eq(w_count[1:] != 0),
             wr.en.eq(self.imem_wr.valid), wr.addr.eq(wp.addr), wr.data.eq(wp.data),
             nwr.en.eq(self.imem_wr.valid), nwr.addr.eq(wp.addr), nwr.data.eq(w_next),
         ]
         # Word 0 and its next address, kept in flip-flops as the host writes them: `start`
         # loads the first instruction from them (no read while idle to be stale).
         first = Signal(INSN_BITS)
-        first_next = Signal(aw, init=1 % (1 << aw))
+        first_next = Signal(meta, init={"next": 1 % (1 << aw)})
         with m.If(self.imem_wr.valid & (wp.addr == 0)):
             m.d.sync += [first.eq(wp.data), first_next.eq(w_next)]
 
@@ -173,45 +179,58 @@ class Sequencer(wiring.Component):
         f_active = Signal()
         f_start = Signal(aw)
         f_end = Signal(aw)
-        f_left = Signal(LOOP_COUNT_BITS)
-        f_more = Signal()                # f_left != 0
+        f_trips = Signal(LOOP_COUNT_BITS)  # the trips left, the running one included
+        f_more = Signal()                # f_trips >= 2
         f_one = Signal()                 # a body of one instruction (f_start == f_end)
         fetch = Signal()                 # ir takes the next instruction
         addr = Signal(aw)                # the memories' read address
         back_or_first = Signal(aw)
         src = Signal(INSN_BITS)          # the instruction ir takes: the memory's, or word 0
         src_pc = Signal(aw)
+        s_meta = Signal(meta)
         m.d.comb += [
             src.eq(Mux(self.running, rd.data, first)),
+            s_meta.eq(Mux(self.running, nrd.data, first_next)),
             src_pc.eq(Mux(self.running, pn, 0)),
-            back_or_first.eq(Mux(self.running, f_start, first_next)),
-            addr.eq(Mux(self.running & ~pn_back, nrd.data, back_or_first)),
+            back_or_first.eq(Mux(self.running, f_start, first_next.next)),
+            addr.eq(Mux(self.running & ~pn_back, nrd.data.next, back_or_first)),
             rd.addr.eq(addr), nrd.addr.eq(addr),
             rd.en.eq(fetch | ~self.running), nrd.en.eq(fetch | ~self.running),
         ]
-        s_op = src[:OPCODE_BITS]
         s_body = src[OPCODE_BITS:OPCODE_BITS + LOOP_BODY_BITS]
         s_count = src[OPCODE_BITS + LOOP_BODY_BITS:OPCODE_BITS + LOOP_BODY_BITS
                       + LOOP_COUNT_BITS]
-        s_one = Signal()
-        s_many = Signal()                # count >= 2
-        m.d.comb += [s_one.eq(s_body == 1), s_many.eq(s_count[1:] != 0)]
+        s_one, s_many = s_meta.one, s_meta.many
+        # What the execution needs to know at once of `ir` (whether it advances), decoded as
+        # it is loaded: `d_plain` NOP, SET or ADD; `d_launch` a launch of a unit the chip has.
+        s_op = src[:OPCODE_BITS]
+        d_plain, d_addx, d_loop, d_body0, d_wait, d_write = (
+            Signal(name=n) for n in ("d_plain", "d_addx", "d_loop", "d_body0", "d_wait",
+                                     "d_write"))
+        d_launch = Signal(len(LAUNCH_OPS))
         near = Signal()                  # the address after pn is the loop body's last
         m.d.comb += near.eq(self.running & f_active & ((pn + 1)[:aw] == f_end))
         with m.If(fetch):
             m.d.sync += [pc.eq(src_pc), ir.eq(src), pn.eq(addr),
                          ir_back.eq(self.running & pn_back),
-                         ir_exit.eq(self.running & pn_exit)]
-            with m.If((s_op == Op.LOOP) & (s_count != 0)):
+                         ir_exit.eq(self.running & pn_exit),
+                         d_plain.eq((s_op == Op.NOP) | (s_op == Op.SET) | (s_op == Op.ADD)),
+                         d_addx.eq(s_op == Op.ADDX), d_loop.eq(s_op == Op.LOOP),
+                         d_write.eq((s_op == Op.SET) | (s_op == Op.ADD) | (s_op == Op.ADDX)),
+                         d_body0.eq(s_body == 0), d_wait.eq(s_op == Op.WAIT),
+                         *(d_launch[bit].eq(s_op == launch_op)
+                           for bit, launch_op in enumerate(LAUNCH_OPS)
+                           if launch_op in self._launch_ops)]
+            with m.If(s_meta.loop):
                 # A LOOP (its errors are the execution's): its body's last instruction ends
                 # a trip when it is the next.
                 m.d.sync += [f_active.eq(1), f_start.eq(src_pc + 1), f_end.eq(src_pc + s_body),
-                             f_left.eq(s_count - 1), f_more.eq(s_many), f_one.eq(s_one),
+                             f_trips.eq(s_count), f_more.eq(s_many), f_one.eq(s_one),
                              pn_back.eq(s_one & s_many), pn_exit.eq(s_one & ~s_many)]
             with m.Elif(self.running & pn_back):
-                m.d.sync += [f_left.eq(f_left - 1), f_more.eq(f_left[1:] != 0),
-                             pn_back.eq(f_one & (f_left[1:] != 0)),
-                             pn_exit.eq(f_one & (f_left[1:] == 0))]
+                m.d.sync += [f_trips.eq(f_trips - 1), f_more.eq(f_trips > 2),
+                             pn_back.eq(f_one & (f_trips > 2)),
+                             pn_exit.eq(f_one & (f_trips == 2))]
             with m.Else():
                 with m.If(~self.running | pn_exit):
                     m.d.sync += f_active.eq(0)
@@ -230,28 +249,36 @@ class Sequencer(wiring.Component):
         count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
         m.d.comb += [self.pc.eq(pc), self.insn.eq(ir),
                      fetch.eq(Mux(self.running, advance, self.start))]
+        with m.If(self.running):
+            m.d.comb += [
+                self.launch.eq(d_launch),
+                advance.eq(d_plain | (d_addx & loop_active)
+                           | (d_loop & ~loop_active & ~d_body0)
+                           | (d_wait & ((self.busy & flags[:UNIT_BITS]) == 0))
+                           | (d_launch & self.can_launch).any()),
+            ]
 
         # The registers' stored bits: what the units copy at a launch.
         store = [Signal(w, name=f"reg_{REGS[i].replace('.', '_')}")
                  for i, w in enumerate(self._reg_widths)]
 
-        # The write-back stage. A SET, ADD or ADDX issued in cycle t (from `ir`) leaves in
-        # registers which register it writes (`w_hit`, one bit per register, and `w_idx`), its
-        # addend as two terms (`w_a`, `w_b`: the value and 0, or ADDX's two partial products
-        # of the scale and ITER) and the register's value (`w_base`; 0 for a SET); in cycle
-        # t + 1 `w_sum`, that value plus the addend, is written (one carry-save layer and one
-        # carry chain). `w_sum` is what the register reads in cycle t + 1: on `regs` (a launch
-        # in cycle t + 1 copies it) and as the value of an ADD or ADDX of the same register
-        # issued in cycle t + 1 (`w_fwd`: its base is then `last_sum`).
+        # SET, ADD and ADDX. One issued in cycle t computes its register's new value in that
+        # cycle: the register's value (0 for a SET) plus the addend (the value, or ADDX's
+        # product of the scale and ITER as two partial products, each one 18 x 18
+        # multiplier's: ITER's low 17 bits, and the 15 above), in one carry-save layer and
+        # one carry chain, into the flip-flops `w_sum` (and `w_hit`, one bit per register,
+        # `w_idx`). In cycle t + 1 `w_sum` is written to the register, and is what the
+        # register reads in that cycle: on `regs` (a launch in cycle t + 1 copies it) and as
+        # the value of an ADD or ADDX of the same register issued in cycle t + 1.
         #
         # The value an ADD reads comes from `shadow`, a block RAM copy of the registers (the
         # 48-bit sums; each register keeps the low bits of its sum, which wrap as the sum's
         # do): no multiplexer over the registers. It is read a cycle ahead, at the register
-        # index of the instruction `ir` takes next (`src`), so that its output is registered
-        # in `w_base` as the instruction issues: the write-back of that cycle before, which
-        # the read does not see, comes from `last_sum` (`rd_hit`). `live` marks the
-        # registers written since reset (`start` clears those of START_CLEARED): the others
-        # read 0, as their flip-flops do.
+        # index of the instruction `ir` takes next (`src`), so that its output is there as
+        # the instruction issues. The two writes that read does not see come from flip-flops:
+        # the one in the cycle of the read (`p_sum`) and the one in the cycle of the issue
+        # (`w_sum`). `live` marks the registers written since reset (`start` clears those
+        # of START_CLEARED): the others read 0, as their flip-flops do.
         n_regs = len(REGS)
         m.submodules.shadow = shadow = Memory(shape=VALUE_BITS, depth=n_regs, init=[])
         sh_rd, sh_wr = shadow.read_port(), shadow.write_port()
@@ -259,33 +286,49 @@ class Sequencer(wiring.Component):
         w_hit = Signal(n_regs)
         w_valid = Signal()               # any bit of w_hit
         w_idx = Signal(REG_BITS)         # the register of w_hit
-        # ADDX's product of the scale and ITER, as two partial products, each one 18 x 18
-        # multiplier's (ITER's low 17 bits, and the 15 above), registered at the
-        # multipliers' outputs as the addend's two terms.
+        w_sum = Signal(VALUE_BITS)       # its value
+        p_sum = Signal(VALUE_BITS)       # w_sum of the cycle before
         split = 17
-        w_a = Signal(VALUE_BITS)         # the value, or scale * ITER[:17]
-        w_b = Signal(VALUE_BITS - split) # 0, or scale * ITER[17:] (weight 2**17)
-        w_base = Signal(VALUE_BITS)      # the register's value (0 for a SET)
-        w_fwd = Signal()                 # an ADD or ADDX of the register the one before wrote
-        rd_hit = Signal()                # the shadow's read missed a write of its register
-        last_sum = Signal(VALUE_BITS)    # w_sum of the cycle before
-        w_old = Signal(VALUE_BITS)
-        w_b48 = Signal(VALUE_BITS)
-        w_xor = Signal(VALUE_BITS)
-        w_carry = Signal(VALUE_BITS)
-        w_sum = Signal(VALUE_BITS)
+        i_old = Signal(VALUE_BITS)       # the issuing instruction's register value
+        i_a = Signal(VALUE_BITS)         # its addend: the value, or scale * ITER[:17] ...
+        i_b = Signal(VALUE_BITS)         # ... and 0, or scale * ITER[17:] * 2**17
+        i_carry = Signal(VALUE_BITS)
+        i_sum = Signal(VALUE_BITS)
+        is_addx = op == Op.ADDX
+        # Where the register's value comes from, chosen as `ir` takes the instruction (from
+        # `src`'s register index): `w_sum` (the instruction `ir` holds then writes it),
+        # `p_sum` (the write in that cycle), or the shadow if the register is live, or none
+        # (a SET). `live` is looked up in two steps: the 16 bits of the register's row as
+        # `ir` takes the instruction (as `start` leaves them, when it is the first), the bit
+        # as it issues.
         src_reg = src[OPCODE_BITS:OPCODE_BITS + REG_BITS]
+        o_w, o_p, o_rd = Signal(), Signal(), Signal()
+        s_set = src[:OPCODE_BITS] == Op.SET
+        by_ir = self.running & d_write & (reg_index == src_reg)
+        by_w = w_valid & (w_idx == src_reg)
+        cleared = sum(1 << REG_INDEX[name] for name in START_CLEARED)
+        live_row = Signal(16)
+        live_then = Signal(16 * -(-n_regs // 16))
+        m.d.comb += live_then.eq(Mux(self.running, live, live & ~cleared))
+        with m.If(fetch):
+            m.d.sync += [o_w.eq(~s_set & by_ir), o_p.eq(~s_set & ~by_ir & by_w),
+                         o_rd.eq(~s_set & ~by_ir & ~by_w),
+                         live_row.eq(live_then.word_select(src_reg[4:], 16))]
+        i_other = Signal(VALUE_BITS)     # the value from the flip-flops
+        i_rd = Signal()                  # the value from the shadow
         m.d.comb += [
             sh_rd.addr.eq(src_reg),
-            w_old.eq(Mux(w_fwd, last_sum, w_base)),
-            w_b48.eq(w_b << split),
-            w_xor.eq(w_old ^ w_a ^ w_b48),
-            w_carry.eq(((w_old & w_a) | (w_old & w_b48) | (w_a & w_b48)) << 1),
-            w_sum.eq(w_xor + w_carry),
+            i_other.eq(Mux(o_w, w_sum, 0) | Mux(o_p, p_sum, 0)),
+            i_rd.eq(o_rd & live_row.bit_select(reg_index[:4], 1)),
+            i_old.eq(i_other | Mux(i_rd, sh_rd.data, 0)),
+            i_a.eq(Mux(is_addx, scale * loop_iter[:split], value)),
+            i_b.eq(Mux(is_addx, scale * loop_iter[split:], 0) << split),
+            i_carry.eq(((i_old & i_a) | (i_old & i_b) | (i_a & i_b)) << 1),
+            i_sum.eq((i_old ^ i_a ^ i_b) + i_carry),
             sh_wr.addr.eq(w_idx), sh_wr.data.eq(w_sum), sh_wr.en.eq(w_valid),
         ]
-        m.d.sync += [w_hit.eq(0), w_valid.eq(0), last_sum.eq(w_sum),
-                     rd_hit.eq(w_valid & (w_idx == src_reg))]
+        m.d.sync += [w_hit.eq(0), w_valid.eq(0),
+                     p_sum.eq(w_sum)]
         for i, r in enumerate(store):
             with m.If(w_hit[i]):
                 m.d.sync += [r.eq(w_sum), live[i].eq(1)]
@@ -305,46 +348,30 @@ class Sequencer(wiring.Component):
                 m.d.sync += loop_iter.eq(loop_iter + 1)
             with m.If(advance & ir_exit):
                 m.d.sync += loop_active.eq(0)
+            # Whether `ir` advances is `advance`, from its decode above; here what it does.
             with m.Switch(op):
-                with m.Case(Op.NOP):
-                    m.d.comb += advance.eq(1)
+                with m.Case(Op.NOP, Op.WAIT, *self._launch_ops):
+                    pass
                 with m.Case(Op.SET, Op.ADD, Op.ADDX):
-                    # Issue: the register's value (through the write-back stage's sum when
-                    # the instruction before wrote it) and the addend (ADDX: the one
-                    # multiplier's product, signed 16 x unsigned 32 bits: it fits the 48-bit
-                    # register exactly) go to the write-back stage.
+                    # Issue: the register's new value (ADDX's product, signed 16 x unsigned
+                    # 32 bits, fits the 48-bit register exactly) is written in the next cycle.
                     with m.If((op == Op.ADDX) & ~loop_active):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
                     with m.Else():
-                        m.d.comb += advance.eq(1)
                         m.d.sync += [
                             *(w_hit[i].eq(reg_index == i) for i in range(n_regs)),
                             w_valid.eq(1),
                             w_idx.eq(reg_index),
-                            w_a.eq(Mux(op == Op.ADDX, scale * loop_iter[:split], value)),
-                            w_b.eq(Mux(op == Op.ADDX, scale * loop_iter[split:], 0)),
-                            w_base.eq(Mux((op == Op.SET) | ~live.bit_select(reg_index, 1),
-                                          0, Mux(rd_hit, last_sum, sh_rd.data))),
-                            w_fwd.eq(w_valid & (w_idx == reg_index) & (op != Op.SET)),
+                            w_sum.eq(i_sum),
                         ]
                 with m.Case(Op.LOOP):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
-                    with m.Else():
-                        m.d.comb += advance.eq(1)
-                        with m.If(count != 0):
-                            m.d.sync += [loop_active.eq(1), loop_iter.eq(0)]
-                with m.Case(Op.WAIT):
-                    m.d.comb += advance.eq((self.busy & flags[:UNIT_BITS]) == 0)
+                    with m.Elif(count != 0):
+                        m.d.sync += [loop_active.eq(1), loop_iter.eq(0)]
                 with m.Case(Op.HALT):
                     with m.If(self.busy == 0):
                         m.d.sync += [self.running.eq(0), self.done.eq(1)]
-                for bit, launch_op in enumerate(LAUNCH_OPS):
-                    if launch_op not in self._launch_ops:
-                        continue
-                    with m.Case(launch_op):
-                        m.d.comb += [self.launch[bit].eq(1),
-                                     advance.eq(self.can_launch[bit])]
                 with m.Default():
                     m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
         return m
