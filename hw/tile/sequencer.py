@@ -1,6 +1,8 @@
 """Static-schedule sequencer: fetches 64-bit instructions and launches units (``hw.spec.isa``)."""
 
-from amaranth.hdl import Module, Mux, Signal, signed
+from types import SimpleNamespace
+
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -26,6 +28,37 @@ __all__ = ["Sequencer", "LAUNCH_OPS"]
 
 #: Opcodes that launch a unit, in the order of the ``launch``/``can_launch`` bits.
 LAUNCH_OPS = (Op.MATMUL, Op.ATTN, Op.VEC, Op.COLL, Op.SEND, Op.RECV)
+
+
+def _columns(m, name, shape, depth, init):
+    """A memory of ``depth`` words of ``shape`` (its ``init`` as integers) with one
+    synchronous read port and one write port, built of memories as narrow as the widest
+    ECP5 block RAM port that is at least ``depth`` words deep (4 bits for 4,096 words, 9 for
+    2,048, 18 for 1,024): each maps to block RAMs side by side, so the read data leaves the
+    block RAMs without a multiplexer over several of them (which Yosys builds when it stacks
+    wider, shallower configurations). Returns the read and write ports' signals as
+    ``(rd, wr)``, ``rd`` with ``addr``, ``en``, ``data`` and ``wr`` with ``addr``, ``en``,
+    ``data``."""
+    width = Shape.cast(shape).width if not isinstance(shape, data.Layout) else shape.size
+    col = next((w for d, w in _BRAM_CONFIGS if depth <= d), 1)
+    rd = SimpleNamespace(addr=Signal(range(depth), name=f"{name}_raddr"),
+                         en=Signal(name=f"{name}_ren"), data=Signal(shape, name=f"{name}_rdata"))
+    wr = SimpleNamespace(addr=Signal(range(depth), name=f"{name}_waddr"),
+                         en=Signal(name=f"{name}_wen"), data=Signal(shape, name=f"{name}_wdata"))
+    raw_rd, raw_wr = Value.cast(rd.data), Value.cast(wr.data)
+    for k, lo in enumerate(range(0, width, col)):
+        hi = min(width, lo + col)
+        mem = Memory(shape=hi - lo, depth=depth,
+                     init=[(v >> lo) & ((1 << (hi - lo)) - 1) for v in init])
+        m.submodules[f"{name}{k}"] = mem
+        r, w = mem.read_port(), mem.write_port()
+        m.d.comb += [r.addr.eq(rd.addr), r.en.eq(rd.en), raw_rd[lo:hi].eq(r.data),
+                     w.addr.eq(wr.addr), w.en.eq(wr.en), w.data.eq(raw_wr[lo:hi])]
+    return rd, wr
+
+
+#: The ECP5 block RAM's (DP16KD) configurations: (words, bits).
+_BRAM_CONFIGS = ((512, 36), (1024, 18), (2048, 9), (4096, 4), (8192, 2), (16384, 1))
 
 
 class Sequencer(wiring.Component):
@@ -133,13 +166,11 @@ class Sequencer(wiring.Component):
         # to know of a LOOP (a LOOP of count >= 1, a body of 1, a count >= 2), decoded as the
         # word is written, so that the fetch's next read address is one of two registers or
         # this block RAM's output, and its loop registers' enables three of its bits.
+        # Both are built of columns one block RAM deep (`_columns`): no multiplexer after them.
         meta = data.StructLayout({"next": aw, "loop": 1, "one": 1, "many": 1})
-        m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=words, init=[])
-        m.submodules.inext = inext = Memory(
-            shape=meta, depth=words,
-            init=[{"next": (a + 1) % (1 << aw)} for a in range(words)])
-        rd, wr = imem.read_port(), imem.write_port()
-        nrd, nwr = inext.read_port(), inext.write_port()
+        rd, wr = _columns(m, "imem", INSN_BITS, words, [])
+        nrd, nwr = _columns(m, "inext", meta, words,
+                            [(a + 1) % (1 << aw) for a in range(words)])
         wp = self.imem_wr.payload
         w_body = wp.data[OPCODE_BITS:OPCODE_BITS + LOOP_BODY_BITS]
         w_count = wp.data[OPCODE_BITS + LOOP_BODY_BITS:OPCODE_BITS + LOOP_BODY_BITS
@@ -292,6 +323,9 @@ class Sequencer(wiring.Component):
         i_old = Signal(VALUE_BITS)       # the issuing instruction's register value
         i_a = Signal(VALUE_BITS)         # its addend: the value, or scale * ITER[:17] ...
         i_b = Signal(VALUE_BITS)         # ... and 0, or scale * ITER[17:] * 2**17
+        i_t = Signal(VALUE_BITS)         # i_a ^ i_b, i_a & i_b, i_a | i_b: the carry-save
+        i_g = Signal(VALUE_BITS)         # layer's terms without the register's value, so
+        i_p = Signal(VALUE_BITS)         # that the value meets them in one LUT per bit
         i_carry = Signal(VALUE_BITS)
         i_sum = Signal(VALUE_BITS)
         is_addx = op == Op.ADDX
@@ -323,8 +357,10 @@ class Sequencer(wiring.Component):
             i_old.eq(i_other | Mux(i_rd, sh_rd.data, 0)),
             i_a.eq(Mux(is_addx, scale * loop_iter[:split], value)),
             i_b.eq(Mux(is_addx, scale * loop_iter[split:], 0) << split),
-            i_carry.eq(((i_old & i_a) | (i_old & i_b) | (i_a & i_b)) << 1),
-            i_sum.eq((i_old ^ i_a ^ i_b) + i_carry),
+            i_t.eq(i_a ^ i_b), i_g.eq(i_a & i_b), i_p.eq(i_a | i_b),
+            i_carry.eq(Cat(*(Mux(i_old[j], i_p[j], i_g[j]) for j in range(VALUE_BITS)))
+                       << 1),
+            i_sum.eq((i_old ^ i_t) + i_carry),
             sh_wr.addr.eq(w_idx), sh_wr.data.eq(w_sum), sh_wr.en.eq(w_valid),
         ]
         m.d.sync += [w_hit.eq(0), w_valid.eq(0),
