@@ -68,19 +68,21 @@ class Sequencer(wiring.Component):
       adds to it (48 bits, wrapping); ``ADDX reg, scale`` adds ``scale * ITER``, the loop's
       iteration index times the low 16 bits of the value field (signed). All three share one
       write path (one instruction issues per cycle, so one product and one sum serve every
-      register), in two stages: in the cycle it issues, the instruction reads its register's
-      value from a block RAM copy of the registers (no multiplexer over the registers) and
-      registers its addend (the value, or the one 16 x 32-bit multiplier's product); in the
-      next cycle the sum is written, and is what that cycle reads of the register: ``regs``
-      (a launch in that cycle copies it) and the value of an ADD or ADDX of the same register
-      issued in that cycle. To a program, SET, ADD and ADDX write in the cycle they issue.
+      register): in the cycle it issues, the instruction adds its addend (the value, or the
+      one 16 x 32-bit multiplier's product) to its register's value, read a cycle ahead from
+      a block RAM copy of the registers (no multiplexer over the registers), into a
+      flip-flop; in the next cycle that sum is written, and is what that cycle reads of the
+      register: ``regs`` (a launch in that cycle copies it) and the value of an ADD or ADDX
+      of the same register issued in that cycle. To a program, SET, ADD and ADDX write in
+      the cycle they issue.
     - ``LOOP body, count`` runs the next ``body`` instructions ``count`` times (0: skips them):
-      it records the body's first and last pc and the trips left; completing the last
-      instruction of the body with trips left goes back to the first (the same cycle as any
-      other advance: no cycle is lost at the jump). A LOOP inside a body, or with an empty
-      body, halts with ``error`` (``hw.spec.isa.LoopState`` is the same rule in Python).
-      ITER (``loop_iter``) is 0 at the LOOP and counts up at each jump back; an ADDX outside
-      a loop body halts with ``error``.
+      it records the body's first and last pc and the trips left (the fetch keeps a copy one
+      instruction ahead, below); completing the last instruction of the body with trips left
+      goes back to the first (the same cycle as any other advance: no cycle is lost at the
+      jump). A LOOP inside a body, or with an empty body, halts with ``error``
+      (``hw.spec.isa.LoopState`` is the same rule in Python). ITER (``loop_iter``) is 0 at
+      the LOOP and counts up at each jump back; an ADDX outside a loop body halts with
+      ``error``.
     - A launch opcode raises its ``launch`` bit; the chip takes it when the unit and its
       address generators are idle (``can_launch``) and copies the registers into them in the
       same cycle; the program continues with the next instruction at once.
