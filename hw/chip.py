@@ -12,7 +12,6 @@ owns the chip's ring port (``ring_tx``, ``ring_rx``).
 from amaranth.hdl import Cat, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .ring.collective import CollectiveEngine
@@ -25,7 +24,6 @@ from .spec.isa import (
     COLL_FIFO_WORDS,
     COLL_GENS,
     COUNT_BITS,
-    INSN_BITS,
     OPCODE_BITS,
     READ_GENS,
     RECV_FIFO_WORDS,
@@ -244,19 +242,11 @@ class Chip(wiring.Component):
         ab = npu.sram_addr_bits
         host = self.host
 
-        m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=npu.imem_words, init=[])
         m.submodules.seq = seq = Sequencer(imem_words=npu.imem_words,
                                            reg_widths=reg_widths(npu, self._chip_bits))
         m.submodules.spad = spad = Scratchpad(**self._sp_args)
-        imem_rd = imem.read_port()
-        imem_wr = imem.write_port()
+        connect(m, flipped(host.imem), seq.imem_wr)
         m.d.comb += [
-            imem_rd.addr.eq(seq.imem_addr),
-            seq.imem_data.eq(imem_rd.data),
-            imem_wr.en.eq(host.imem.valid),
-            imem_wr.addr.eq(host.imem.payload.addr),
-            imem_wr.data.eq(host.imem.payload.data),
-            host.imem.ready.eq(1),
             seq.start.eq(self.start),
             self.done.eq(seq.done),
             self.error.eq(seq.error),
@@ -397,7 +387,7 @@ class Chip(wiring.Component):
             connect(m, flipped(self.ring_y.rx), router.i_link_y)
             m.d.comb += [router.row_first.eq(self.row_first),
                          router.row_last.eq(self.row_last)]
-        co_busy = self._collective(m, seq, spad, gens, reg, idle, router, imem_rd.data)
+        co_busy = self._collective(m, seq, spad, gens, reg, idle, router, seq.insn)
         send_busy = self._send(m, seq, spad, gens, reg, idle, router)
         recv_busy = self._recv(m, seq, spad, gens, reg, idle, router)
 

@@ -239,11 +239,20 @@ class HostLink(wiring.Component):
 
         limit = {Cmd.WRITE_IMEM: npu.imem_words, Cmd.WRITE_SPAD: npu.sram_words,
                  Cmd.READ_SPAD: npu.sram_words, Cmd.READ_TRACE: depth}
+        # The header's checks, registered in CHECK (the cycle after its last byte) so that
+        # DECODE's choice of reply starts at flip-flops: a known command, one refused while
+        # the chip runs, a range outside its memory (addr + count past the end, or count 0).
+        # `is_[c]`: the command is c, one flip-flop each, for the states after DECODE too.
         end = Signal(33)
+        known = Signal()
+        busy_cmd = Signal()
+        bad_range = Signal()
+        is_ = {c: Signal(name=f"is_{c.name.lower()}") for c in Cmd}
         m.d.comb += end.eq(hdr[8:40] + hdr[40:56])
 
         def reply(m, code):
-            m.d.sync += [status.eq(code), txbuf.eq(code), tx_left.eq(1)]
+            # Only the status byte: a reply's further bytes are loaded after it is sent.
+            m.d.sync += [status.eq(code), txbuf[:8].eq(code), tx_left.eq(1)]
             m.next = "REPLY"
 
         with m.FSM():
@@ -259,28 +268,34 @@ class HostLink(wiring.Component):
                     with m.If(rx.payload.error):
                         reply(m, Status.NAK_FRAMING)
                     with m.Elif(hdr_left == 1):
-                        m.next = "DECODE"
+                        m.next = "CHECK"
+            with m.State("CHECK"):
+                ranged = Cat(*[cmd == c for c in limit]).any()
+                over = Cat(*[(cmd == c) & (end > n) for c, n in limit.items()]).any()
+                m.d.sync += [
+                    addr.eq(hdr[8:40]), count.eq(hdr[40:56]),
+                    known.eq(Cat(*[cmd == c for c in Cmd]).any()),
+                    busy_cmd.eq((cmd != Cmd.INFO) & (cmd != Cmd.STATUS) & (cmd != Cmd.RESET)),
+                    bad_range.eq(ranged & ((hdr[40:56] == 0) | over)),
+                    *(is_[c].eq(cmd == c) for c in Cmd),
+                ]
+                m.next = "DECODE"
             with m.State("DECODE"):
-                m.d.sync += [addr.eq(hdr[8:40]), count.eq(hdr[40:56])]
-                known = Cat(*[cmd == c for c in Cmd]).any()
                 with m.If(~known):
                     reply(m, Status.NAK_COMMAND)
-                with m.Elif(self.running & (cmd != Cmd.INFO) & (cmd != Cmd.STATUS) &
-                            (cmd != Cmd.RESET)):
+                with m.Elif(self.running & busy_cmd):
                     reply(m, Status.NAK_BUSY)
                 with m.Else():
-                    ranged = Cat(*[cmd == c for c in limit]).any()
-                    over = Cat(*[(cmd == c) & (end > n) for c, n in limit.items()]).any()
-                    with m.If(ranged & ((hdr[40:56] == 0) | over)):
+                    with m.If(bad_range):
                         reply(m, Status.NAK_RANGE)
-                    with m.Elif((cmd == Cmd.WRITE_IMEM) | (cmd == Cmd.WRITE_SPAD)):
-                        m.d.sync += word_left.eq(Mux(cmd == Cmd.WRITE_IMEM, INSN_BITS // 8, wb))
+                    with m.Elif(is_[Cmd.WRITE_IMEM] | is_[Cmd.WRITE_SPAD]):
+                        m.d.sync += word_left.eq(Mux(is_[Cmd.WRITE_IMEM], INSN_BITS // 8, wb))
                         m.next = "PAYLOAD"
-                    with m.Elif(cmd == Cmd.START):
+                    with m.Elif(is_[Cmd.START]):
                         m.d.comb += self.start.eq(1)
                         m.d.sync += started.eq(1)
                         m.next = "STARTED"
-                    with m.Elif(cmd == Cmd.RESET):
+                    with m.Elif(is_[Cmd.RESET]):
                         m.d.comb += self.chip_reset.eq(1)
                         m.d.sync += started.eq(0)
                         reply(m, Status.ACK)
@@ -302,12 +317,12 @@ class HostLink(wiring.Component):
                 stream_ = {Cmd.WRITE_IMEM: host.imem, Cmd.WRITE_SPAD: host.wr}
                 taken = Signal()
                 for c, s in stream_.items():
-                    m.d.comb += s.valid.eq(cmd == c)
-                    with m.If((cmd == c) & s.ready):
+                    m.d.comb += s.valid.eq(is_[c])
+                    with m.If(is_[c] & s.ready):
                         m.d.comb += taken.eq(1)
                 with m.If(taken):
                     m.d.sync += [addr.eq(addr + 1), count.eq(count - 1),
-                                 word_left.eq(Mux(cmd == Cmd.WRITE_IMEM, INSN_BITS // 8, wb))]
+                                 word_left.eq(Mux(is_[Cmd.WRITE_IMEM], INSN_BITS // 8, wb))]
                     with m.If(count == 1):
                         reply(m, Status.ACK)
                     with m.Else():
@@ -319,15 +334,15 @@ class HostLink(wiring.Component):
                     with m.If(status != Status.ACK):
                         m.d.sync += quiet.eq(0)
                         m.next = "DRAIN"
-                    with m.Elif(cmd == Cmd.STATUS):
+                    with m.Elif(is_[Cmd.STATUS]):
                         m.d.sync += [txbuf.eq(self._status_block()), tx_left.eq(STATUS_BYTES)]
                         m.next = "SEND"
-                    with m.Elif(cmd == Cmd.INFO):
+                    with m.Elif(is_[Cmd.INFO]):
                         m.d.sync += [txbuf.eq(self._info_block()), tx_left.eq(INFO_BYTES)]
                         m.next = "SEND"
-                    with m.Elif(cmd == Cmd.READ_SPAD):
+                    with m.Elif(is_[Cmd.READ_SPAD]):
                         m.next = "READ"
-                    with m.Elif(cmd == Cmd.READ_TRACE):
+                    with m.Elif(is_[Cmd.READ_TRACE]):
                         m.next = "TRACE"
                     with m.Else():
                         m.next = "HUNT"
@@ -336,9 +351,9 @@ class HostLink(wiring.Component):
                 with m.If(self.o_tx.ready):
                     m.d.sync += [txbuf.eq(txbuf[8:]), tx_left.eq(tx_left - 1)]
                     with m.If(tx_left == 1):
-                        with m.If((cmd == Cmd.READ_SPAD) & (count != 0)):
+                        with m.If(is_[Cmd.READ_SPAD] & (count != 0)):
                             m.next = "READ"
-                        with m.Elif((cmd == Cmd.READ_TRACE) & (count != 0)):
+                        with m.Elif(is_[Cmd.READ_TRACE] & (count != 0)):
                             m.next = "TRACE"
                         with m.Else():
                             m.next = "HUNT"

@@ -3,9 +3,9 @@
 Most units are components of their own (``hw.tops``); two are groups that the chip builds from
 several components, wrapped here so that each is one top with every port of the group:
 
-- :class:`SequencerUnit`: the sequencer with its instruction memory (the chip's ``imem``), whose
-  write port is the host's; as ``--top sequencer`` builds it, its register file leaves as a
-  registered parity fold (``fold_bits``), so that the serial shell stays small enough to route;
+- :class:`SequencerUnit`: the sequencer, whose instruction memory's write port is the host's;
+  as ``--top sequencer`` builds it, its register file leaves as a registered parity fold
+  (``fold_bits``), so that the serial shell stays small enough to route;
 - :class:`AddrGenUnit`: a ring chip's address generators (``hw.spec.isa.chip_gens(1)``,
   with ``wrap`` on ``WRAP_GENS``), each with its descriptor in and its address stream out.
 
@@ -18,13 +18,12 @@ from functools import reduce
 from operator import xor
 
 from amaranth.hdl import Cat, Module, Signal
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..chip import reg_widths
 from ..spec import NpuConfig
-from ..spec.isa import INSN_BITS, WRAP_GENS, chip_gens
+from ..spec.isa import WRAP_GENS, chip_gens
 from ..tile.scratchpad import AddrGen, addr_layout, desc_layout
 from ..tile.sequencer import Sequencer
 
@@ -36,10 +35,10 @@ SEQ_FOLD_BITS = 64
 
 class SequencerUnit(wiring.Component):
     """The chip's :class:`~hw.tile.sequencer.Sequencer` (with the register widths the chip
-    reads, :func:`hw.chip.reg_widths`) and its instruction memory.
+    reads, :func:`hw.chip.reg_widths`), with its instruction memory.
 
-    Members: the sequencer's, less ``imem_addr`` / ``imem_data``, plus ``imem_wr``: a stream of
-    ``{addr, data}`` (always ready), the host's write port.
+    Members: the sequencer's (``imem_wr``: a stream of ``{addr, data}``, always ready, the
+    host's write port), less ``insn`` (the chip's collective reads one bit of it).
 
     ``fold_bits`` (default None: ``regs`` as the sequencer's): ``regs`` is replaced by
     ``regs_fold``, ``Out(fold_bits)``. The stored bits of every register (its ``reg_widths``
@@ -61,26 +60,20 @@ class SequencerUnit(wiring.Component):
         self._widths = reg_widths(npu, chip_bits=1)
         self.seq = Sequencer(imem_words=npu.imem_words, reg_widths=self._widths)
         members = {name: member for name, member in self.seq.signature.members.items()
-                   if name not in ("imem_addr", "imem_data")}
+                   if name != "insn"}
         if fold_bits is not None:
             del members["regs"]
             members["regs_fold"] = Out(fold_bits)
-        members["imem_wr"] = In(stream.Signature(data.StructLayout(
-            {"addr": range(npu.imem_words), "data": INSN_BITS})))
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.seq = seq = self.seq
-        m.submodules.imem = imem = Memory(shape=INSN_BITS, depth=self._npu.imem_words, init=[])
-        rd, wr = imem.read_port(), imem.write_port()
-        m.d.comb += [
-            rd.addr.eq(seq.imem_addr), seq.imem_data.eq(rd.data),
-            wr.en.eq(self.imem_wr.valid), wr.addr.eq(self.imem_wr.payload.addr),
-            wr.data.eq(self.imem_wr.payload.data), self.imem_wr.ready.eq(1),
-        ]
         for name in self.signature.members:
-            if name in ("imem_wr", "regs_fold"):
+            if name == "regs_fold":
+                continue
+            if name == "imem_wr":
+                connect(m, flipped(self.imem_wr), seq.imem_wr)
                 continue
             ours, theirs = getattr(self, name), getattr(seq, name)
             if name in ("start", "can_launch", "busy"):

@@ -3,6 +3,7 @@
 from hw.spec.isa import REG_INDEX, START_CLEARED, Insn, Op, encode
 from hw.tile.sequencer import Sequencer
 from sim.rtl.pysim import run_sim
+from tests.helpers import load_and_start
 
 
 def test_start_clears_the_lane_and_packed_b_registers():
@@ -19,18 +20,9 @@ def test_start_clears_the_lane_and_packed_b_registers():
 
     async def bench(ctx):
         for program in programs:
-            ctx.set(dut.start, 1)
-            addr = 0
-            for _ in range(4 * words):
-                # The instruction memory's synchronous read: the word of the address the
-                # sequencer presented in the cycle before.
-                await ctx.tick()
-                ctx.set(dut.start, 0)
-                ctx.set(dut.imem_data, program[addr] if addr < len(program) else 0)
-                addr = ctx.get(dut.imem_addr)
-                if ctx.get(dut.done):
-                    break
-            assert ctx.get(dut.done) and not ctx.get(dut.error)
+            await load_and_start(ctx, dut, program)
+            await ctx.tick().until(dut.done)
+            assert not ctx.get(dut.error)
             after.append({name: ctx.get(dut.regs[REG_INDEX[name]])
                           for name in START_CLEARED + (kept,)})
 

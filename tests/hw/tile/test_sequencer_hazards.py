@@ -37,10 +37,11 @@ WATCH = tuple(REG_INDEX[n] for n in ("CO_LEN", "CO_KIND", "AT_FLAGS", "MM_K", "R
                                      "SR_DEST", "AT_Q_LANE"))
 
 
-def _reference(program):
+def _reference(program, regs=None):
     """The registers each launch copies (its opcode first), the final registers, and the
-    instructions executed, by ``hw.spec.isa``'s rules (one loop, ITER, 48-bit wrapping)."""
-    regs = dict.fromkeys(range(len(REGS)), 0)
+    instructions executed, by ``hw.spec.isa``'s rules (one loop, ITER, 48-bit wrapping), from
+    ``regs`` (default: all 0)."""
+    regs = dict.fromkeys(range(len(REGS)), 0) if regs is None else dict(regs)
     loop, pc, launches, executed = LoopState(), 0, [], 0
     while True:
         insn = decode(program[pc])
@@ -134,10 +135,82 @@ def _e(op, reg=0, value=0):
         _e(Op.ADDX, R0, 3), _e(Op.LOOP, value=loop_operand(1, 4)), _e(Op.ADDX, R0, -7),
         _e(Op.MATMUL), _e(Op.LOOP, value=loop_operand(1, 0)), _e(Op.ADDX, R0, 1), _e(Op.VEC),
         HALT]),
+    # An ADD two instructions after a write of its register (the register's block RAM copy
+    # is read a cycle ahead, before that write lands), with a launch between that may stall.
+    ("one_between", [
+        _e(Op.SET, R0, 11), _e(Op.NOP), _e(Op.ADD, R0, 5), _e(Op.SET, R1, 3), _e(Op.MATMUL),
+        _e(Op.ADD, R1, 4), _e(Op.ADD, R0, 1), _e(Op.ADD, R1, 2), _e(Op.ADD, R0, 2),
+        _e(Op.LOOP, value=loop_operand(3, 3)), _e(Op.ADDX, R0, 9), _e(Op.VEC),
+        _e(Op.ADD, R0, 1), _e(Op.ATTN), HALT]),
 ])
 def test_write_back_hazards(name, program):
     seen = _check(program, seed=sum(map(ord, name)))
     assert seen["launches"], name
+
+
+@pytest.mark.parametrize("name,program", [
+    # Loops at pc 0 (the fetch's first step is from word 0's copies): one instruction run
+    # twice, a skip, once.
+    ("loop_at_0", [_e(Op.LOOP, value=loop_operand(1, 2)), _e(Op.ADD, R0, 3), _e(Op.COLL),
+                   HALT]),
+    ("skip_at_0", [_e(Op.LOOP, value=loop_operand(2, 0)), _e(Op.SET, R0, 1), _e(Op.SET, R0, 2),
+                   _e(Op.ADD, R0, 7), _e(Op.SEND), HALT]),
+    ("once_at_0", [_e(Op.LOOP, value=loop_operand(1, 1)), _e(Op.ADDX, R0, 5), _e(Op.SEND),
+                   HALT]),
+    # A loop right after a loop, a skip right after a loop, a one-instruction loop of a
+    # launch (the jump back held by its stalls), and a skip to the HALT.
+    ("loops_in_a_row", [
+        _e(Op.LOOP, value=loop_operand(2, 3)), _e(Op.ADDX, R0, 2), _e(Op.ADD, R1, 1),
+        _e(Op.LOOP, value=loop_operand(1, 2)), _e(Op.ADDX, R1, 3),
+        _e(Op.LOOP, value=loop_operand(1, 0)), _e(Op.ADD, R0, 100),
+        _e(Op.LOOP, value=loop_operand(1, 4)), _e(Op.MATMUL),
+        _e(Op.LOOP, value=loop_operand(1, 3)), _e(Op.ADDX, R0, 1), _e(Op.VEC),
+        _e(Op.LOOP, value=loop_operand(1, 0)), _e(Op.ATTN), HALT]),
+])
+def test_fetch_around_loops(name, program):
+    seen = _check(program, seed=sum(map(ord, name)))
+    assert seen["launches"], name
+
+
+def test_word_0_written_the_cycle_before_start():
+    """``start`` takes the first instruction from copies of word 0 that the host's writes
+    keep, not from a read while idle: programs loaded last word first (word 0 in the cycle
+    before ``start``) run as the ISA says, one after the other, each replacing the one
+    before, with the same cycles."""
+    programs = [[_e(Op.SET, R0, 5), _e(Op.MATMUL), HALT],
+                [_e(Op.LOOP, value=loop_operand(1, 3)), _e(Op.ADDX, R0, 2), _e(Op.MATMUL),
+                 HALT],
+                [_e(Op.LOOP, value=loop_operand(2, 0)), _e(Op.SET, R0, 1), _e(Op.VEC),
+                 _e(Op.ADD, R0, 9), _e(Op.MATMUL), HALT],
+                [HALT]]
+    dut = SequencerUnit(npu=NPU)
+    seen = []
+
+    async def bench(ctx):
+        ctx.set(dut.can_launch, 0b111111)
+        ctx.set(dut.imem_wr.valid, 1)
+        for program in programs:
+            for addr in reversed(range(len(program))):
+                ctx.set(dut.imem_wr.payload, {"addr": addr, "data": program[addr]})
+                await ctx.tick()
+            ctx.set(dut.imem_wr.valid, 0)
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            launches = 0
+            while not ctx.get(dut.done):
+                launches += ctx.get(dut.launch) != 0
+                await ctx.tick()
+            seen.append((ctx.get(dut.error), ctx.get(dut.cycles), launches,
+                         ctx.get(dut.regs[R0])))
+            ctx.set(dut.imem_wr.valid, 1)
+
+    run_sim(dut, [bench], max_cycles=400)
+    want, regs = [], None
+    for program in programs:
+        launches, regs, executed = _reference(program, regs)
+        want.append((0, executed, len(launches), _narrow(R0, regs[R0])))
+    assert seen == want, (seen, want)
 
 
 def _random_program(rng):
