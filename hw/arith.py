@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Mux, Signal, Value, signed, unsigned
 
-__all__ = ["tree_sum", "lut_product", "saturate"]
+__all__ = ["tree_sum", "lut_product", "saturate", "round_saturate"]
 
 
 def tree_sum(values, *, m=None, name: str = "sum"):
@@ -87,4 +87,25 @@ def saturate(m, value, bits: int, name: str):
             m.d.comb += out.eq(value)
             return out
         m.d.comb += out.eq(Mux(value[bits - 1:].any(), hi, value[:bits]))
+    return out
+
+
+def round_saturate(m, w, bits: int, name: str):
+    """``clamp((w + 1) >> 1)`` to ``signed(bits)``, as a signal ``name`` in ``m.d.comb``; ``w``
+    (signed) a value shifted keeping the bit below the result, ``w = (v << 1) >> s``, so that
+    this is ``clamp((v + 2**(s-1)) >> s)``, the requantisers' rounding shift.
+
+    In range iff ``-2**bits - 1 <= w <= 2**bits - 2``, tested on ``w``'s bits (``w = -2**bits
+    - 1`` rounds to the minimum, as it saturates), so the rounding adder is ``bits + 2`` bits
+    wide, not ``w``'s: a short carry chain after the shift instead of one as long as the value.
+    """
+    w = Value.cast(w)
+    hi = w[bits:]
+    fits = hi.all() | ~hi.any()                 # w in [-2**bits, 2**bits)
+    edge = ~w[bits] & w[:bits].all()            # w = 2**bits - 1 rounds up out of range
+    rounded = Signal(signed(bits), name=f"{name}_r")
+    m.d.comb += rounded.eq(((w[:bits + 1].as_signed() + 1) >> 1)[:bits])
+    out = Signal(signed(bits), name=name)
+    m.d.comb += out.eq(Mux(fits & ~edge, rounded,
+                           Mux(w[-1], -(1 << (bits - 1)), (1 << (bits - 1)) - 1)))
     return out

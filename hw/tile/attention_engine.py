@@ -20,7 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..arith import saturate
+from ..arith import round_saturate
 from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.attention import (
     FLAG_PARTIAL,
@@ -52,6 +52,7 @@ from ..spec.timing.chip import (
     ATTN_MERGE_CYCLES,
     ATTN_MERGE_PIPE,
     ATTN_NORM_CYCLES,
+    ATTN_OUT_PIPE,
     ATTN_STATE_ROWS,
     check_built,
     merge_divide_bits,
@@ -169,13 +170,16 @@ class AttentionEngine(wiring.Component):
     ---------------
     Rows are gathered from the read ports while the buffer works (one row of K, V and Q each
     waits in the engine), a finished output row waits in an output register while the next query
-    proceeds, and the requantiser emits one word per cycle (N 32 x 16-bit multipliers, a
-    variable shift and a clamp, combinational from the row register to ``o``; ``w`` cycles
-    per row). The lane offset costs a shifter of the gathered words into the buffer's D lanes
-    (per read stream) and one of the output row into its words, combinational, and nothing in
-    cycles. The window narrowing costs a copy of the W slot positions (16 bits each) and W
-    17-bit subtract-and-compare lanes, combinational between the buffer's score row and the
-    softmax input register. Cycles per launch: ``hw.spec.timing.attention.launch_cycles``
+    proceeds, and the requantiser emits one word per cycle (``w`` cycles per row) through
+    ``ATTN_OUT_PIPE`` = 3 registers that all move while ``o`` is empty or taken: N lanes' two
+    16 x 16-bit partial products (a multiplier each), their sum shifted by ``out_shift``, then
+    ``o`` rounded and saturated; partial rows and state words pass through the same registers,
+    so every launch ends 3 cycles after its last word leaves the row register. The lane offset
+    costs a shifter of the gathered words into the buffer's D lanes (per read stream) and one
+    of the output row into its words, combinational, and nothing in cycles. The window
+    narrowing costs a copy of the W slot positions (16 bits each) and W 17-bit
+    subtract-and-compare lanes, combinational between the buffer's score row and the softmax
+    input register. Cycles per launch: ``hw.spec.timing.attention.launch_cycles``
     (exact with every word available, a lower bound otherwise) and the closed forms in
     ``docs/isa.md`` (ATTN).
     """
@@ -518,9 +522,11 @@ class AttentionEngine(wiring.Component):
         else:
             pend_ready, emit_busy, emit = Const(1), Const(0), None
 
-        # --- output: hold the raw row at its lanes of the words, requantise N lanes per word
+        # --- output: the raw row at its lanes of the words, then ATTN_OUT_PIPE registers to o
         span = Signal(range(N + D))     # lanes of an output row's words up to the head's last
         m.d.comb += span.eq(cfg.o_lane + cfg.d_head)
+        # The row's words; the word leaving next is lanes 0 .. N-1 (the row shifts down N lanes
+        # as each word leaves: no multiplexer over the words before the multipliers).
         o_row = Signal(data.ArrayLayout(signed(ACC_BITS), G * N))
         o_full = Signal()
         o_off = Signal(range(G * N + 1))
@@ -528,52 +534,30 @@ class AttentionEngine(wiring.Component):
         m.d.comb += buf.o_out.ready.eq(active & (partial | (~o_full & ~emit_busy
                                                             & (~st | pend_ready))))
         o_take = buf.o_out.valid & buf.o_out.ready
-        with m.If(o_take & ~partial & ~st):
-            m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
-                         o_full.eq(1), o_off.eq(0)]
         with m.If(buf.o_out.valid & buf.o_out.ready & partial):
             m.d.sync += dropped.eq(dropped + 1)
 
-        sel = [Signal(signed(ACC_BITS), name=f"sel{i}") for i in range(N)]
-        with m.Switch(o_off):
-            for w in range(G):
-                with m.Case(w * N):
-                    m.d.comb += [sel[i].eq(o_row[w * N + i]) for i in range(N)]
+        # The source of o's words: the output row's word at o_off (requantised), a partial
+        # row's word, a state word. It moves (s_fire) when the stages do.
+        adv = Signal()                  # the stages move: o's register is empty or taken
+        s_valid, s_last, s_fire = Signal(), Signal(), Signal()
+        s_mask = Signal(N)
+        s_raw = Signal(8 * N)           # a word that bypasses the requantiser
+        requantise = ~partial & ~st_out     # the launch's words are the requantiser's
+        m.d.comb += [adv.eq(~self.o.valid | self.o.ready), s_fire.eq(s_valid & adv)]
+        row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
+        m.d.comb += [s_valid.eq(Mux(partial, p_full, o_full)),
+                     s_last.eq(row_done & (rows_out == cfg.queries - 1))]
         # Byte write enables: the head's lanes of the word (every byte of a partial row).
         for i in range(N):
             at = o_off + i
-            m.d.comb += self.o.payload.mask[i].eq(partial | ((at >= cfg.o_lane) & (at < span)))
-        rounding = (Const(1, 1) << cfg.out_shift) >> 1
-        for i in range(N):
-            prod = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"rq{i}")
-            m.d.comb += prod.eq(sel[i] * cfg.out_mult + rounding)
-            # Saturation by bit tests (hw.arith.saturate), not comparisons of the 51-bit value.
-            m.d.comb += self.o.payload.data[i].eq(
-                saturate(m, prod >> cfg.out_shift, OPERAND_BITS, f"rq_sat{i}"))
-        row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
-        final = row_done & (rows_out == cfg.queries - 1)
-        m.d.comb += [self.o.valid.eq(Mux(partial, p_full, o_full)),
-                     self.o.payload.last.eq(final)]
+            m.d.comb += s_mask[i].eq(partial | ((at >= cfg.o_lane) & (at < span)))
         with m.If(partial):
             with m.Switch(p_off):
                 for w in range(R):
                     with m.Case(w):
-                        m.d.comb += self.o.payload.data.eq(p_flat[8 * N * w:8 * N * (w + 1)])
-        o_fire = self.o.valid & self.o.ready
-        if emit is not None:
-            # State rows out: the merge path's words; the last chunk: its normalised row
-            # enters the output register as a P.V row would.
-            with m.If(emit.load):
-                m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)), o_full.eq(1),
-                             o_off.eq(0)]
-            with m.If(st_out):
-                final = emit.done & (rows_out == cfg.queries - 1)
-                m.d.comb += [self.o.valid.eq(emit.valid), self.o.payload.data.eq(emit.word),
-                             self.o.payload.mask.eq((1 << N) - 1),
-                             self.o.payload.last.eq(final), emit.ready.eq(self.o.ready)]
-                with m.If(o_fire & emit.done):
-                    m.d.sync += rows_out.eq(rows_out + 1)
-        with m.If(o_fire & ~st_out):
+                        m.d.comb += s_raw.eq(p_flat[8 * N * w:8 * N * (w + 1)])
+        with m.If(s_fire & ~st_out):
             with m.If(partial):
                 with m.If(row_done):
                     m.d.sync += [p_full.eq(0), p_off.eq(0), rows_out.eq(rows_out + 1)]
@@ -582,7 +566,58 @@ class AttentionEngine(wiring.Component):
             with m.Elif(row_done):
                 m.d.sync += [o_full.eq(0), o_off.eq(0), rows_out.eq(rows_out + 1)]
             with m.Else():
-                m.d.sync += o_off.eq(o_off + N)
+                m.d.sync += [o_off.eq(o_off + N),
+                             *(o_row[j].eq(o_row[j + N]) for j in range(G * N - N))]
+        # A row enters the register only while it is empty (buf.o_out.ready, emit.load).
+        with m.If(o_take & ~partial & ~st):
+            m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
+                         o_full.eq(1), o_off.eq(0)]
+        if emit is not None:
+            # State rows out: the merge path's words; the last chunk: its normalised row
+            # enters the output register as a P.V row would.
+            with m.If(emit.load):
+                m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)),
+                             o_full.eq(1), o_off.eq(0)]
+            with m.If(st_out):
+                m.d.comb += [s_valid.eq(emit.valid), s_raw.eq(emit.word),
+                             s_mask.eq((1 << N) - 1),
+                             s_last.eq(emit.done & (rows_out == cfg.queries - 1)),
+                             emit.ready.eq(adv)]
+                with m.If(s_fire & emit.done):
+                    m.d.sync += rows_out.eq(rows_out + 1)
+
+        # The stages, all moving with adv (o's register empty or taken): (1) the requantiser's
+        # partial products, the lane's high 16 bits (signed) and low 16 bits (unsigned) times
+        # out_mult, an 18 x 18 multiplier each; (2) their sum, shifted by out_shift keeping the
+        # bit below the result (w = (v << 1) >> s); (3) o: the rounding and saturation
+        # (hw.arith.round_saturate: (w + 1) >> 1 = (v + 2**(s-1)) >> s, clamped to int8 by bit
+        # tests), or the bypassed word. Nothing in them chains the multiply, the shift and
+        # the saturation into one path.
+        hb = ACC_BITS // 2
+        v1, v2, last1, last2 = Signal(), Signal(), Signal(), Signal()
+        mask1, mask2 = Signal(N), Signal(N)
+        raw1, raw2 = Signal(8 * N), Signal(8 * N)
+        pipe_regs = [v1, v2, self.o.valid]
+        check_built("ATTN_OUT_PIPE", ATTN_OUT_PIPE, len(pipe_regs),
+                    "registers from the output row to o (partial products, shifted sum, o)",
+                    "hw/tile/attention_engine.py")
+        q_lanes = []
+        for i in range(N):
+            lo = Signal(unsigned(hb + MULT_BITS), name=f"rq_lo{i}")
+            hi = Signal(signed(hb + MULT_BITS + 1), name=f"rq_hi{i}")
+            w = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"rq_w{i}")
+            with m.If(adv):
+                m.d.sync += [lo.eq(o_row[i][:hb] * cfg.out_mult),
+                             hi.eq(o_row[i][hb:].as_signed() * cfg.out_mult),
+                             w.eq((((hi << hb) + lo) << 1) >> cfg.out_shift)]
+            q_lanes.append(round_saturate(m, w, OPERAND_BITS, f"rq_sat{i}"))
+        with m.If(adv):
+            m.d.sync += [v1.eq(s_valid), last1.eq(s_last), mask1.eq(s_mask), raw1.eq(s_raw),
+                         v2.eq(v1), last2.eq(last1), mask2.eq(mask1), raw2.eq(raw1),
+                         self.o.valid.eq(v2), self.o.payload.last.eq(last2),
+                         self.o.payload.mask.eq(mask2),
+                         self.o.payload.data.eq(Mux(requantise, Cat(*q_lanes), raw2))]
+        o_fire = self.o.valid & self.o.ready
 
         # --- launch start and end -----------------------------------------------------------
         # The partial pass also waits for the buffer's last dropped row, so that no row of this
@@ -590,7 +625,7 @@ class AttentionEngine(wiring.Component):
         out_done = Signal()
         tail_done = ~partial | (dropped == cfg.queries) | \
             (buf.o_out.valid & buf.o_out.ready & (dropped == cfg.queries - 1))
-        ends = o_fire & Mux(st_out, final, row_done & (rows_out == cfg.queries - 1))
+        ends = o_fire & self.o.payload.last
         with m.If(ends):
             m.d.sync += out_done.eq(1)
         with m.If(active & (out_done | ends) & tail_done):

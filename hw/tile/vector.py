@@ -22,7 +22,7 @@ from amaranth.hdl import (
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..arith import saturate, tree_sum
+from ..arith import round_saturate, saturate, tree_sum
 from ..layouts import lanes_layout
 from ..spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
 from ..spec.vector import (
@@ -136,24 +136,6 @@ def _clamp_d(m, d, value):
         m.d.sync += d.eq(LN_D_MAX)
     with m.Else():
         m.d.sync += d.eq(full)
-
-
-def _round_clamp(m, w, bits, name):
-    """``clamp((w + 1) >> 1)`` to ``bits`` signed bits, ``w`` a shifted value that kept the bit
-    below the result (:meth:`VectorUnit.elaborate`'s ``shift_keep``): in range iff
-    ``-2**bits - 1 <= w <= 2**bits - 2``, tested on ``w``'s bits (``w = -2**bits - 1`` rounds
-    to the minimum, as it saturates), so the rounding adder is ``bits + 2`` bits wide, not
-    ``w``'s."""
-    w = Value.cast(w)
-    hi = w[bits:]
-    fits = hi.all() | ~hi.any()                 # w in [-2**bits, 2**bits)
-    edge = ~w[bits] & w[:bits].all()            # w = 2**bits - 1 rounds up out of range
-    rounded = Signal(signed(bits), name=f"{name}_r")
-    m.d.comb += rounded.eq(((w[:bits + 1].as_signed() + 1) >> 1)[:bits])
-    out = Signal(signed(bits), name=name)
-    m.d.comb += out.eq(Mux(fits & ~edge, rounded,
-                           Mux(w[-1], -(1 << (bits - 1)), (1 << (bits - 1)) - 1)))
-    return out
 
 
 def _leading_one(m, x, name):
@@ -676,9 +658,9 @@ class VectorUnit(wiring.Component):
                 w = rl[j].prod
                 clamped1 = Signal(signed(LN_Z_BITS), name=f"clamp1_{j}")
                 m.d.comb += clamped1.eq(Mux(
-                    rb.ln, _round_clamp(m, w, LN_Z_BITS, f"clz{j}"),
-                    Mux(rb.out16, _round_clamp(m, w, 16, f"cl16_{j}"),
-                        _round_clamp(m, w, 8, f"cl8_{j}"))))
+                    rb.ln, round_saturate(m, w, LN_Z_BITS, f"clz{j}"),
+                    Mux(rb.out16, round_saturate(m, w, 16, f"cl16_{j}"),
+                        round_saturate(m, w, 8, f"cl8_{j}"))))
             else:
                 rb, rl = pb, pl
                 src1 = _round_shift(Mux(pb.ln, t * pb.y, pl[j].val), Mux(pb.ln, pb.zs, pl[j].sh))
@@ -745,7 +727,7 @@ class VectorUnit(wiring.Component):
                                  shifts[3][1][j].prod.eq(shift_keep(ql[j].prod[0:33].as_signed(),
                                                                     qb.shift))]
             rb, rl = shifts[3]
-            q8s = [_round_clamp(m, rl[j].prod, 8, f"q8_{j}") for j in range(lanes)]
+            q8s = [round_saturate(m, rl[j].prod, 8, f"q8_{j}") for j in range(lanes)]
         else:
             rb, rl = pb, pl
             q8s = [_requant(m, pl[j].val[0:16].as_signed(), pb.mult, pb.shift, 8, f"q8_{j}")

@@ -5,7 +5,7 @@ from amaranth.back import rtlil
 from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
-from hw.arith import lut_product, saturate, tree_sum
+from hw.arith import lut_product, round_saturate, saturate, tree_sum
 from tests.helpers import seeded
 
 
@@ -89,6 +89,31 @@ def test_saturate_equals_clamp_for_every_value(shape, bits):
         for x in values:
             ctx.set(v, x)
             assert ctx.get(out) == min(max(x, lo), hi), (shape, x)
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("width, bits, shifts", [(12, 4, range(0, 6)), (10, 8, range(0, 4))])
+def test_round_saturate_equals_the_rounding_shift_and_clamp(width, bits, shifts):
+    """Every ``v`` of ``signed(width)`` and shift ``s``: ``round_saturate`` of ``w = (v << 1)
+    >> s`` gives ``clamp((v + 2**(s-1)) >> s)`` (``v`` itself at ``s = 0``), the requantisers'
+    rounding shift."""
+    v = Signal(signed(width))
+    s = Signal(range(max(shifts) + 1))
+    m = Module()
+    out = round_saturate(m, (v << 1) >> s, bits, "rs")
+    assert out.shape() == signed(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    sim = Simulator(m)
+
+    async def bench(ctx):
+        for sh in shifts:
+            ctx.set(s, sh)
+            for x in range(-(1 << (width - 1)), 1 << (width - 1)):
+                ctx.set(v, x)
+                want = min(max((x + ((1 << sh) >> 1)) >> sh, lo), hi)
+                assert ctx.get(out) == want, (width, bits, sh, x)
 
     sim.add_testbench(bench)
     sim.run()

@@ -22,6 +22,7 @@ from .chip import (
     ATTN_DOT_CYCLES,
     ATTN_MERGE_CYCLES,
     ATTN_NORM_CYCLES,
+    ATTN_OUT_PIPE,
     ATTN_PARTIAL_CYCLES,
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
@@ -53,11 +54,13 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int,
     - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
     - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
     - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
-      out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1) + w_o``.
+      out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1) + w_o + X``, its last word leaving
+      the output row register at ``out(Q-1) + w_o`` and passing ``X = ATTN_OUT_PIPE`` = 3
+      registers (the requantiser's stages) to ``o``.
 
     Closed forms (every stream ``w`` words, valid while ``w <= W + 5``): preload
-    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys:
-    ``w (H + 2) + Q (2W + 5T + 11)``.
+    ``w (S + 1) + 2W + 5T + 14 + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys:
+    ``w (H + 2) + Q (2W + 5T + 11) + 3``.
 
     State rows (long context; ``d_head`` = the engine's D, ``d_head_max``, is needed): a Q
     row is ``w_q + s`` words with a state in (``s = state_words(h, N)``); its first word would
@@ -102,7 +105,8 @@ def _recurrence(cmds, split, words, rw, window, beats, state=None):
     - partial: ``part(t) = max(q(t) + W + 4, part(t-1) + R + 1)`` (one row register, emitted
       as R words); the zero reduced row is taken at ``part + 1``; ``s(t) = max(part(t) + W + 3,
       p(t-1) + 1)``; the zero probabilities ``p(t) = max(s(t) + 1, out(t-1) + 1)``; the dropped
-      output ``out(t) = p(t) + W + 3``; the launch ends at ``max(part(Q-1) + R, out(Q-1))``.
+      output ``out(t) = p(t) + W + 3``; the launch ends at ``max(part(Q-1) + R + X,
+      out(Q-1))``.
     - reduced: ``q(t)`` needs no row; a reduced row is complete R cycles after the previous one
       was taken (the first at ``1 + R``); ``red(t) = max(q(t) + W + 5, row ready)``;
       ``s(t) = max(red(t) + W + 2, p(t-1) + 1)``; then softmax, P.V and output as a normal
@@ -156,15 +160,15 @@ def _recurrence(cmds, split, words, rw, window, beats, state=None):
         last_out = out
         prev = t
     if split == "partial":
-        return max(part + rw, out)
-    return out + ow
+        return max(part + rw + ATTN_OUT_PIPE, out)
+    return out + ow + ATTN_OUT_PIPE
 
 
 def preload_cycles(regs: dict, *, window: int, length: int, size: int,
                    d_head: int | None = None) -> int:
     """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
     bits clear) in closed form,
-    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when every stream has ``w``
+    ``w (S + 1) + 2W + 5T + 14 + (Q - 1) max(W + 6, 5T + 2)``, when every stream has ``w``
     words per row and ``w <= W + 5``; else the recurrence."""
     counts = set(launch_words(regs, size).values())
     words = max(counts)
@@ -175,7 +179,7 @@ def preload_cycles(regs: dict, *, window: int, length: int, size: int,
             words > window + 5 or len(counts) > 1:
         return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
-    return words * (s + 1) + 2 * window + 5 * beats + 11 + \
+    return words * (s + 1) + 2 * window + 5 * beats + 11 + ATTN_OUT_PIPE + \
         (q - 1) * max(window + 6, 5 * beats + 2)
 
 
@@ -186,7 +190,7 @@ def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int
     output ``o = w + s`` cycles (state rows out) or ``K + w`` (the last chunk; ``K =
     merge_rotate_cycles(D, N)``),
 
-    ``max(w (S + 1), r + w - 1) + 2W + 5T + 11 - w + o + (Q - 1) max(W + 6, 5T + 2)``,
+    ``max(w (S + 1), r + w - 1) + 2W + 5T + 14 - w + o + (Q - 1) max(W + 6, 5T + 2)``,
 
     valid while ``r <= W + 5``, ``o + 1 <= max(W + 6, 5T + 2)`` (the rows' output keeps up
     with the queries) and the merge factors are ready by the P.V row, ``1 +
@@ -204,5 +208,5 @@ def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int
             r > window + 5 or o + 1 > period or pend > window + ATTN_PV_CYCLES:
         return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
-    return max(w * (s + 1), r + w - 1) + 2 * window + 5 * beats + 11 - w + o + \
-        (q - 1) * period
+    return max(w * (s + 1), r + w - 1) + 2 * window + 5 * beats + 11 + ATTN_OUT_PIPE - w + \
+        o + (q - 1) * period

@@ -24,7 +24,7 @@ from .vector import latency as vector_latency
 __all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
            "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "ATTN_MERGE_PIPE",
-           "merge_divide_bits",
+           "ATTN_OUT_PIPE", "merge_divide_bits",
            "merge_divide_cycles", "merge_rotate_cycles",
            "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
@@ -67,6 +67,12 @@ ATTN_NORM_CYCLES = 1
 #: attention engine's critical path without them): the merge takes this many cycles more
 #: than the state register's rotation.
 ATTN_MERGE_PIPE = 2
+#: Registers between the attention engine's output row register and its output stream ``o``
+#: (WR1): the requantiser's partial products, their sum shifted by the output shift, then
+#: ``o`` itself, rounded and saturated (partial rows and state words pass through them
+#: unchanged). Every word leaves this many cycles after it leaves the row register, so a
+#: launch ends this many cycles later; the rows' throughput is unchanged.
+ATTN_OUT_PIPE = 3
 
 
 def merge_divide_bits(window: int) -> int:
