@@ -41,13 +41,13 @@ from hw.spec.timing.chip import (
     ATTN_DOT_CYCLES,
     ATTN_MERGE_CYCLES,
     ATTN_NORM_CYCLES,
-    ATTN_OUT_PIPE,
     ATTN_PARTIAL_CYCLES,
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
     ATTN_STATE_ROWS,
     SOFTMAX_STAGES,
     VEC_OUT_FIFO_DEPTH,
+    attn_out_pipe,
     merge_divide_cycles,
     merge_rotate_cycles,
 )
@@ -238,18 +238,20 @@ class AttentionModel:
     (released after the last), or the last chunk merges for ``K`` cycles (released) and its
     int8 row enters the output register.
 
-    Every word WR1 takes (int8, partial row or state word) leaves its source into
-    ``ATTN_OUT_PIPE`` output registers, the last one ``o``; they move together while ``o`` is
-    empty or granted (a stall holds them all, bubbles included), and the launch ends when its
-    final word is granted out of the last.
+    ``pipeline = "deep"`` (the NPU file's ``attention_pipeline``): every word WR1 takes (int8,
+    partial row or state word) leaves its source into ``attn_out_pipe("deep")`` output
+    registers, the last one ``o``; they move together while ``o`` is empty or granted (a stall
+    holds them all, bubbles included), and the launch ends when its final word is granted out
+    of the last. ``"short"``: WR1 takes the source's word.
     """
 
-    def __init__(self, *, window: int, length: int, size: int, d_head: int = 1):
+    def __init__(self, *, window: int, length: int, size: int, d_head: int = 1,
+                 pipeline: str = "short"):
         self.W = window
         self.T = length // softmax_lanes(length)
         self.n = size
         self.R = partial_row_words(window, size)
-        self.K = merge_rotate_cycles(d_head, size) if size % 4 == 0 else 0
+        self.K = merge_rotate_cycles(d_head, size, pipeline) if size % 4 == 0 else 0
         self.DC = merge_divide_cycles(window)
         self.st_in = self.st_out = False
         self.sw = 0
@@ -283,8 +285,8 @@ class AttentionModel:
         self.dropped = 0
         self.out_done = False
         # The output registers, the first to o: None (empty) or whether the word is the
-        # launch's final one.
-        self.pipe = [None] * ATTN_OUT_PIPE
+        # launch's final one (none: "short", o is the source's word).
+        self.pipe = [None] * attn_out_pipe(pipeline)
 
     def start(self, regs):
         self.active = True
@@ -317,8 +319,8 @@ class AttentionModel:
                 "WR1": True}
 
     def out_valid(self) -> bool:
-        """The last of the ``ATTN_OUT_PIPE`` output registers holds a word."""
-        return self.pipe[-1] is not None
+        """The last of the output registers holds a word (without them: the source has one)."""
+        return self.pipe[-1] is not None if self.pipe else self._src_valid()
 
     def _src_valid(self) -> bool:
         """A word is ready to enter the output registers."""
@@ -334,8 +336,8 @@ class AttentionModel:
     def step(self, rv3, rv4, rv5, wg1):
         active = self.active
         # The output registers move together when o's is empty or taken (wg1).
-        adv = self.pipe[-1] is None or wg1
-        sfire = adv and self._src_valid()
+        adv = not self.pipe or self.pipe[-1] is None or wg1
+        sfire = adv and self._src_valid() if self.pipe else wg1
         partial, reduced = self.partial, self.reduced
         split = partial or reduced
         ahead = self.halo + self.issued + 1
@@ -528,10 +530,11 @@ class AttentionModel:
         if released:
             self.rows_held -= 1
         # The output registers; the launch ends after its final word leaves the last.
-        out_final = bool(wg1 and self.pipe[-1])
-        if adv:
-            self.pipe = [final if sfire else None] + self.pipe[:-1]
-        final = out_final
+        if self.pipe:
+            out_final = bool(wg1 and self.pipe[-1])
+            if adv:
+                self.pipe = [final if sfire else None] + self.pipe[:-1]
+            final = out_final
         # Launch end: after the final word (the partial pass: and its last dropped row).
         if active:
             tail = not partial or dropped == self.Q or (oout_fire and dropped == self.Q - 1)
