@@ -85,7 +85,8 @@ class SoftmaxUnit(wiring.Component):
     3. ``e`` by exp table lookup and shift per lane, written back in place, and the sum ``S``;
     4. ``R = 2**(z+12) // S``: restoring long division of ``quotient_bits = 13 + log2(L)``
        bits, ``divide_bits = ceil(quotient_bits / (L/P))`` per cycle (2 for ``L = 16, P = 1``;
-       1 for ``L = 64, P = 1``), then a shift by ``z``; the row waits in its register;
+       1 for ``L = 64, P = 1``), stopping ``KMAX - k`` bits early instead of shifting the
+       quotient by them afterwards; the row waits in its register;
     5. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place (partial mode:
        ``u = min((e + 64) >> 7, 255)`` and their sum);
 
@@ -268,8 +269,17 @@ class SoftmaxUnit(wiring.Component):
         quo = Signal(QB)
         nxt_quo = Signal(QB)
         nxt_rem = Signal(W + 1)
-        # divide_bits steps chained in one cycle; steps past the last quotient bit (when
-        # divide_bits does not divide QB) leave quotient and remainder alone.
+        # divide_bits steps chained in one cycle; steps past the last quotient bit leave
+        # quotient and remainder alone. The last bit is QB - norm3, not QB: the first n
+        # quotient bits of a long division are the quotient of the dividend's top n bits,
+        # floor(2**X / S) >> norm3 exactly, so R needs no shift after the divider.
+        k3 = Signal(range(KMAX + 1))
+        norm3 = Signal(range(KMAX + 1))
+        k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
+        for kk in range(KMAX + 1):   # the highest set bit wins
+            k_val = Mux(div3[EXP_BITS + kk], kk, k_val)
+            norm_val = Mux(div3[EXP_BITS + kk], KMAX - kk, norm_val)
+        m.d.comb += [k3.eq(k_val), norm3.eq(norm_val)]
         r, q = rem, quo
         for b in range(self.divide_bits):
             ge = Signal(name=f"ge{b}")
@@ -277,7 +287,7 @@ class SoftmaxUnit(wiring.Component):
             r_b, q_b = Signal(W + 1, name=f"rem{b}"), Signal(QB, name=f"quo{b}")
             m.d.comb += [
                 ge.eq(r >= div3),
-                active.eq(cnt * self.divide_bits + b < QB),
+                active.eq(cnt * self.divide_bits + b < QB - norm3),
                 r_b.eq(Mux(active, Mux(ge, r - div3, r) << 1, r)),
                 q_b.eq(Mux(active, Cat(ge, q[:-1]), q)),
             ]
@@ -286,19 +296,12 @@ class SoftmaxUnit(wiring.Component):
             nxt_quo.eq(Mux(dstep, q, quo)),
             nxt_rem.eq(Mux(dstep, r, rem)),
         ]
-        k3 = Signal(range(KMAX + 1))
-        norm3 = Signal(range(KMAX + 1))
-        k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
-        for kk in range(KMAX + 1):   # the highest set bit wins
-            k_val = Mux(div3[EXP_BITS + kk], kk, k_val)
-            norm_val = Mux(div3[EXP_BITS + kk], KMAX - kk, norm_val)
         recip = Signal(RECIP_BITS + 1)
         m.d.comb += [
-            k3.eq(k_val), norm3.eq(norm_val),
             # S == 0 only for a fully masked row, whose e are all 0: any R gives p = 0 there.
             # When the division ends before the slot's last cycle, the quotient register
-            # holds it there: the shift then starts at a register, not after the divider.
-            recip.eq((quo if self.divide_cycles < T else nxt_quo) >> norm3),
+            # holds it there.
+            recip.eq(quo if self.divide_cycles < T else nxt_quo),
         ]
 
         # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place;
