@@ -273,13 +273,34 @@ class SoftmaxUnit(wiring.Component):
         # quotient and remainder alone. The last bit is QB - norm3, not QB: the first n
         # quotient bits of a long division are the quotient of the dividend's top n bits,
         # floor(2**X / S) >> norm3 exactly, so R needs no shift after the divider.
+        def norm_of(div):
+            """``(k, KMAX - k)``: the sum's highest bit above EXP_BITS (a priority encoder)."""
+            k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
+            for kk in range(KMAX + 1):   # the highest set bit wins
+                k_val = Mux(div[EXP_BITS + kk], kk, k_val)
+                norm_val = Mux(div[EXP_BITS + kk], KMAX - kk, norm_val)
+            return k_val, norm_val
+
         k3 = Signal(range(KMAX + 1))
-        norm3 = Signal(range(KMAX + 1))
-        k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
-        for kk in range(KMAX + 1):   # the highest set bit wins
-            k_val = Mux(div3[EXP_BITS + kk], kk, k_val)
-            norm_val = Mux(div3[EXP_BITS + kk], KMAX - kk, norm_val)
-        m.d.comb += [k3.eq(k_val), norm3.eq(norm_val)]
+        m.d.comb += k3.eq(norm_of(div3)[0])
+        # Which steps compute a quotient bit this cycle (cnt * divide_bits + b < QB - norm3):
+        # a register loaded from the counter's and the divisor's next values, so that the
+        # chained steps start at the remainder register, not at a compare of the counter.
+        DB = self.divide_bits
+        cnt_nxt = Signal(range(T))
+        div_nxt = Signal(W)
+        act = Signal(DB, name="div_act",
+                     init=sum(1 << b for b in range(DB) if (T - 1) * DB + b < QB - KMAX))
+        m.d.comb += [div_nxt.eq(Mux(run & boundary, nxt_sum2, div3)), cnt_nxt.eq(cnt)]
+        with m.If(run):
+            # At a boundary, stay there while the pipeline is empty, so that a new row is
+            # taken at once.
+            m.d.comb += cnt_nxt.eq(Mux(boundary,
+                                       Mux(self.i.valid | Cat(v[:-1]).any(), 0, T - 1),
+                                       cnt + 1))
+        norm_nxt = norm_of(div_nxt)[1]
+        m.d.sync += [cnt.eq(cnt_nxt),
+                     *(act[b].eq(cnt_nxt * DB + b < QB - norm_nxt) for b in range(DB))]
         r, q = rem, quo
         for b in range(self.divide_bits):
             ge = Signal(name=f"ge{b}")
@@ -287,7 +308,7 @@ class SoftmaxUnit(wiring.Component):
             r_b, q_b = Signal(W + 1, name=f"rem{b}"), Signal(QB, name=f"quo{b}")
             m.d.comb += [
                 ge.eq(r >= div3),
-                active.eq(cnt * self.divide_bits + b < QB - norm3),
+                active.eq(act[b]),
                 r_b.eq(Mux(active, Mux(ge, r - div3, r) << 1, r)),
                 q_b.eq(Mux(active, Cat(ge, q[:-1]), q)),
             ]
@@ -346,9 +367,6 @@ class SoftmaxUnit(wiring.Component):
                     sum2.eq(0),
                     div3.eq(nxt_sum2), rem.eq(1 << EXP_BITS), quo.eq(0),
                     recip4.eq(recip), k4.eq(k3),
-                    # Stay at the boundary while the pipeline is empty, so that a new row is
-                    # taken at once.
-                    cnt.eq(Mux(self.i.valid | Cat(v[:-1]).any(), 0, T - 1)),
                 ]
                 m.d.sync += [v[k + 1].eq(v[k]) for k in range(SOFTMAX_STAGES - 1)]
                 m.d.sync += [last[k + 1].eq(last[k]) for k in range(SOFTMAX_STAGES - 1)]
@@ -371,7 +389,6 @@ class SoftmaxUnit(wiring.Component):
                     m.d.sync += self.o.valid.eq(0)
             with m.Else():
                 m.d.sync += [
-                    cnt.eq(cnt + 1),
                     acc0.eq(nxt_acc0),
                     sum2.eq(nxt_sum2),
                     quo.eq(nxt_quo),
