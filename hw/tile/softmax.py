@@ -270,9 +270,9 @@ class SoftmaxUnit(wiring.Component):
         nxt_quo = Signal(QB)
         nxt_rem = Signal(W + 1)
         # divide_bits steps chained in one cycle; steps past the last quotient bit leave
-        # quotient and remainder alone. The last bit is QB - norm3, not QB: the first n
-        # quotient bits of a long division are the quotient of the dividend's top n bits,
-        # floor(2**X / S) >> norm3 exactly, so R needs no shift after the divider.
+        # quotient and remainder alone. The last bit is QB - norm (norm = KMAX - k), not QB:
+        # the first n quotient bits of a long division are the quotient of the dividend's
+        # top n bits, floor(2**X / S) >> norm exactly, so R needs no shift after the divider.
         def norm_of(div):
             """``(k, KMAX - k)``: the sum's highest bit above EXP_BITS (a priority encoder)."""
             k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
@@ -283,7 +283,7 @@ class SoftmaxUnit(wiring.Component):
 
         k3 = Signal(range(KMAX + 1))
         m.d.comb += k3.eq(norm_of(div3)[0])
-        # Which steps compute a quotient bit this cycle (cnt * divide_bits + b < QB - norm3):
+        # Which steps compute a quotient bit this cycle (cnt * divide_bits + b < QB - norm):
         # a register loaded from the counter's and the divisor's next values, so that the
         # chained steps start at the remainder register, not at a compare of the counter.
         DB = self.divide_bits
