@@ -209,13 +209,26 @@ class SoftmaxUnit(wiring.Component):
         # Stage 0: running maximum of the visible lanes.
         buf0, msk0 = lanes("s0", SCORE_BITS), lanes("m0", 1)
         acc0 = Signal(signed(SCORE_BITS), init=score_min)
-        cand = acc0
+        # A tree of maxima (the beat's P lanes, masked ones as the minimum, then the running
+        # maximum), not a chain of P compares: log2(P) + 1 compares deep. A signal per node,
+        # or the expression tree doubles with every level.
+        level = []
         for p in range(P):
-            s = buf0[p].as_signed()
-            # A signal per link of the chain, or the expression tree doubles with every lane.
-            cand_p = Signal(signed(SCORE_BITS), name=f"max{p}")
-            m.d.comb += cand_p.eq(Mux(msk0[p] & (s > cand), s, cand))
-            cand = cand_p
+            lane = Signal(signed(SCORE_BITS), name=f"max{p}")
+            m.d.comb += lane.eq(Mux(msk0[p], buf0[p].as_signed(), score_min))
+            level.append(lane)
+        level.append(acc0)
+        depth = 0
+        while len(level) > 1:
+            nxt = []
+            for i in range(0, len(level) - 1, 2):
+                node = Signal(signed(SCORE_BITS), name=f"max_{depth}_{i // 2}")
+                m.d.comb += node.eq(Mux(level[i + 1] > level[i], level[i + 1], level[i]))
+                nxt.append(node)
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level, depth = nxt, depth + 1
+        cand = level[0]
         nxt_acc0 = Signal(signed(SCORE_BITS))
         m.d.comb += nxt_acc0.eq(Mux(step, cand, acc0))
         nxt_buf0 = rotate(buf0, buf0[:P], "s0", SCORE_BITS)
