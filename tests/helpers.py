@@ -206,10 +206,11 @@ PACKED = {"packed6": (npu_preset("tiny"), PACKED6),
           "packed4-llama": (PACKED_NPU8, PACKED4_LLAMA)}
 
 
-def attention_npu(*, size=4, window=8, length=8, dmax=8):
-    """A small attention engine's NPU: ring of ``window`` keys, softmax over ``length``."""
+def attention_npu(*, size=4, window=8, length=8, dmax=8, pipeline="short"):
+    """A small attention engine's NPU: ring of ``window`` keys, softmax over ``length``, the
+    engine's ``attention_pipeline``."""
     return square_npu(size, sram_words=1024, attn_window=window, softmax_len=length,
-                      d_head_max=dmax)
+                      d_head_max=dmax, attention_pipeline=pipeline)
 
 
 def vector_iss(size):

@@ -22,6 +22,7 @@ from typing import Any
 
 from .attention import POS_BITS
 from .collective import word_bytes as ring_word_bytes
+from .timing.chip import ATTN_PIPELINES
 from .timing.vector import PIPELINES as VECTOR_PIPELINES
 from .topology import Topology
 from .vector import LENGTH_BITS as VECTOR_LENGTH_BITS
@@ -161,6 +162,10 @@ _NPU_SCHEMA = {
                             doc="vector unit pipeline: short (4 stages, a product and its "
                                 "rounding per cycle) or deep (13 stages, a register after "
                                 "every product, shift and rounding)"),
+    "attention_pipeline": _Key(str, "short", choices=ATTN_PIPELINES,
+                               doc="attention engine pipeline: short (the output requantiser "
+                                   "in the cycle a word leaves the row) or deep (3 registers "
+                                   "before the output, 2 more in the last chunk's merge)"),
     "max_seq_len": _Key(int, minimum=1, doc="longest sequence one pass can process"),
     "attn_window": _Key(int, minimum=1, doc="tokens held in the K/V ring buffer"),
     "softmax_len": _Key(int, minimum=2, doc="lanes of the softmax unit (score row length)"),
@@ -192,6 +197,7 @@ class NpuConfig:
     imem_words: int = 1024
     vector_lanes: int = 0
     vector_pipeline: str = "short"
+    attention_pipeline: str = "short"
     link_bytes_per_cycle: int = 4
     link_latency_cycles: int = 2
     link_bidirectional: bool = False

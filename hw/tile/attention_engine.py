@@ -20,7 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..arith import saturate
+from ..arith import round_saturate
 from ..layouts import spad_word_layout, spad_write_layout
 from ..spec.attention import (
     FLAG_PARTIAL,
@@ -50,9 +50,11 @@ from ..spec.softmax import (
 )
 from ..spec.timing.chip import (
     ATTN_MERGE_CYCLES,
-    ATTN_MERGE_PIPE,
     ATTN_NORM_CYCLES,
     ATTN_STATE_ROWS,
+    attn_merge_pipe,
+    attn_out_pipe,
+    check_attn_pipeline,
     check_built,
     merge_divide_bits,
     merge_divide_cycles,
@@ -88,6 +90,14 @@ def uses_layout():
     return data.StructLayout({"k": 1, "v": 1})
 
 
+def _merge_sum(pa, pf):
+    """``scale(a, fa) + scale(b, fb)`` of the merge (``hw.spec.softmax``) from the products
+    ``pa = a fa`` and ``pf = b fb``: each rounded, ``(p + 2**(MERGE_BITS-1)) >> MERGE_BITS``,
+    their sum wrapped to int32."""
+    half = 1 << (MERGE_BITS - 1)
+    return (((pa + half) >> MERGE_BITS) + ((pf + half) >> MERGE_BITS))[:ACC_BITS]
+
+
 class AttentionEngine(wiring.Component):
     """One attention head per launch: K/V/Q words in, int8 output words out.
 
@@ -101,6 +111,11 @@ class AttentionEngine(wiring.Component):
         L, lanes of the score row and of the softmax (``softmax_len``), >= max(W, 2).
     size : int
         N, bytes per scratchpad word (``array_size``), >= 2.
+    pipeline : str
+        ``"short"`` (default) or ``"deep"`` (``attention_pipeline``): the output requantiser and
+        the state words' merge in the cycle a word leaves its source, or in 3 registers before
+        ``o`` and the last chunk's merge in 4 instead of 2 (``hw.spec.timing.chip``:
+        ``attn_out_pipe``, ``attn_merge_pipe``), for a faster clock.
 
     The softmax unit runs ``P = softmax_lanes(L)`` lanes per cycle (the largest divisor of L
     not above 4), so its latency ``5 L / P + 1`` stays comparable to the buffer's sweeps.
@@ -169,13 +184,19 @@ class AttentionEngine(wiring.Component):
     ---------------
     Rows are gathered from the read ports while the buffer works (one row of K, V and Q each
     waits in the engine), a finished output row waits in an output register while the next query
-    proceeds, and the requantiser emits one word per cycle (N 32 x 16-bit multipliers, a
-    variable shift and a clamp, combinational from the row register to ``o``; ``w`` cycles
-    per row). The lane offset costs a shifter of the gathered words into the buffer's D lanes
-    (per read stream) and one of the output row into its words, combinational, and nothing in
-    cycles. The window narrowing costs a copy of the W slot positions (16 bits each) and W
-    17-bit subtract-and-compare lanes, combinational between the buffer's score row and the
-    softmax input register. Cycles per launch: ``hw.spec.timing.attention.launch_cycles``
+    proceeds, and the requantiser emits one word per cycle (``w`` cycles per row): N lanes' two
+    16 x 16-bit partial products (a multiplier each), their sum shifted by ``out_shift``, then
+    rounded and saturated, combinational from the row register to ``o`` (``pipeline`` =
+    ``"short"``) or through ``attn_out_pipe("deep")`` = 3 registers that all move while ``o``
+    is empty or taken (``"deep"``: partial rows and state words pass through them too, the
+    state words' merge multiplies in them, and every launch ends 3 cycles after its last word
+    leaves the row register; the last chunk's merge has 2 more registers,
+    ``hw.spec.timing.chip.attn_merge_pipe``). The lane offset
+    costs a shifter of the gathered words into the buffer's D lanes (per read stream) and one
+    of the output row into its words, combinational, and nothing in cycles. The window
+    narrowing costs a copy of the W slot positions (16 bits each) and W 17-bit
+    subtract-and-compare lanes, combinational between the buffer's score row and the softmax
+    input register. Cycles per launch: ``hw.spec.timing.attention.launch_cycles``
     (exact with every word available, a lower bound otherwise) and the closed forms in
     ``docs/isa.md`` (ATTN).
     """
@@ -185,9 +206,9 @@ class AttentionEngine(wiring.Component):
         """The engine of a chip built to ``npu`` (:class:`hw.spec.config.NpuConfig`): W
         ``attn_window``, D ``d_head_max``, L ``softmax_len`` and the array's lanes."""
         return cls(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len,
-                   size=npu.array_size)
+                   size=npu.array_size, pipeline=npu.attention_pipeline)
 
-    def __init__(self, *, window, d_head, length, size):
+    def __init__(self, *, window, d_head, length, size, pipeline="short"):
         for name, value in (("window", window), ("d_head", d_head), ("length", length),
                             ("size", size)):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -203,6 +224,7 @@ class AttentionEngine(wiring.Component):
         if window > 1 << POS_BITS:
             raise ValueError(f"window={window} exceeds the {POS_BITS}-bit position range")
         self._window, self._d_head, self._length, self._size = window, d_head, length, size
+        self._pipeline = check_attn_pipeline(pipeline)
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout(d_head, size))),
             "i_k": In(stream.Signature(spad_word_layout(size))),
@@ -228,6 +250,21 @@ class AttentionEngine(wiring.Component):
     @property
     def size(self):
         return self._size
+
+    @property
+    def pipeline(self):
+        return self._pipeline
+
+    def _stage(self, m, enable):
+        """``put(dst, value)``: a pipeline register loaded with ``value`` while ``enable``
+        (``"deep"``), or ``dst`` equal to ``value`` in the same cycle (``"short"``)."""
+        def put(dst, value):
+            if self._pipeline == "deep":
+                with m.If(enable):
+                    m.d.sync += dst.eq(value)
+            else:
+                m.d.comb += dst.eq(value)
+        return put
 
     @property
     def lanes_per_cycle(self):
@@ -514,13 +551,16 @@ class AttentionEngine(wiring.Component):
         if self.state_rows:
             pend_ready, emit_busy, emit = self._merge_path(
                 m, cfg, buf, sm, st_in, st_out, last_chunk, hdr_m, hdr_l, hdr_r, f_rd, rptr,
-                rptr_nxt, row_out, advance, M, SL, merge_rotate_cycles(D, N))
+                rptr_nxt, row_out, advance, M, SL,
+                merge_rotate_cycles(D, N, self._pipeline))
         else:
             pend_ready, emit_busy, emit = Const(1), Const(0), None
 
-        # --- output: hold the raw row at its lanes of the words, requantise N lanes per word
+        # --- output: the raw row at its lanes of the words, then attn_out_pipe registers to o
         span = Signal(range(N + D))     # lanes of an output row's words up to the head's last
         m.d.comb += span.eq(cfg.o_lane + cfg.d_head)
+        # The row's words; the word leaving next is lanes 0 .. N-1 (the row shifts down N lanes
+        # as each word leaves: no multiplexer over the words before the multipliers).
         o_row = Signal(data.ArrayLayout(signed(ACC_BITS), G * N))
         o_full = Signal()
         o_off = Signal(range(G * N + 1))
@@ -528,52 +568,32 @@ class AttentionEngine(wiring.Component):
         m.d.comb += buf.o_out.ready.eq(active & (partial | (~o_full & ~emit_busy
                                                             & (~st | pend_ready))))
         o_take = buf.o_out.valid & buf.o_out.ready
-        with m.If(o_take & ~partial & ~st):
-            m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
-                         o_full.eq(1), o_off.eq(0)]
         with m.If(buf.o_out.valid & buf.o_out.ready & partial):
             m.d.sync += dropped.eq(dropped + 1)
 
-        sel = [Signal(signed(ACC_BITS), name=f"sel{i}") for i in range(N)]
-        with m.Switch(o_off):
-            for w in range(G):
-                with m.Case(w * N):
-                    m.d.comb += [sel[i].eq(o_row[w * N + i]) for i in range(N)]
+        # The source of o's words: the output row's word at o_off (requantised), a partial
+        # row's word, a state word. It moves (s_fire) when the stages do.
+        adv = Signal()                  # the stages move: o's register is empty or taken
+        deep = self._pipeline == "deep"
+        s_valid, s_last, s_fire = Signal(), Signal(), Signal()
+        s_mask = Signal(N)
+        s_raw = Signal(8 * N)           # a word that bypasses the requantiser
+        requantise = ~partial & ~st_out     # the launch's words are the requantiser's
+        m.d.comb += [adv.eq(~self.o.valid | self.o.ready if deep else self.o.ready),
+                     s_fire.eq(s_valid & adv)]
+        row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
+        m.d.comb += [s_valid.eq(Mux(partial, p_full, o_full)),
+                     s_last.eq(row_done & (rows_out == cfg.queries - 1))]
         # Byte write enables: the head's lanes of the word (every byte of a partial row).
         for i in range(N):
             at = o_off + i
-            m.d.comb += self.o.payload.mask[i].eq(partial | ((at >= cfg.o_lane) & (at < span)))
-        rounding = (Const(1, 1) << cfg.out_shift) >> 1
-        for i in range(N):
-            prod = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"rq{i}")
-            m.d.comb += prod.eq(sel[i] * cfg.out_mult + rounding)
-            # Saturation by bit tests (hw.arith.saturate), not comparisons of the 51-bit value.
-            m.d.comb += self.o.payload.data[i].eq(
-                saturate(m, prod >> cfg.out_shift, OPERAND_BITS, f"rq_sat{i}"))
-        row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
-        final = row_done & (rows_out == cfg.queries - 1)
-        m.d.comb += [self.o.valid.eq(Mux(partial, p_full, o_full)),
-                     self.o.payload.last.eq(final)]
+            m.d.comb += s_mask[i].eq(partial | ((at >= cfg.o_lane) & (at < span)))
         with m.If(partial):
             with m.Switch(p_off):
                 for w in range(R):
                     with m.Case(w):
-                        m.d.comb += self.o.payload.data.eq(p_flat[8 * N * w:8 * N * (w + 1)])
-        o_fire = self.o.valid & self.o.ready
-        if emit is not None:
-            # State rows out: the merge path's words; the last chunk: its normalised row
-            # enters the output register as a P.V row would.
-            with m.If(emit.load):
-                m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)), o_full.eq(1),
-                             o_off.eq(0)]
-            with m.If(st_out):
-                final = emit.done & (rows_out == cfg.queries - 1)
-                m.d.comb += [self.o.valid.eq(emit.valid), self.o.payload.data.eq(emit.word),
-                             self.o.payload.mask.eq((1 << N) - 1),
-                             self.o.payload.last.eq(final), emit.ready.eq(self.o.ready)]
-                with m.If(o_fire & emit.done):
-                    m.d.sync += rows_out.eq(rows_out + 1)
-        with m.If(o_fire & ~st_out):
+                        m.d.comb += s_raw.eq(p_flat[8 * N * w:8 * N * (w + 1)])
+        with m.If(s_fire & ~st_out):
             with m.If(partial):
                 with m.If(row_done):
                     m.d.sync += [p_full.eq(0), p_off.eq(0), rows_out.eq(rows_out + 1)]
@@ -582,7 +602,83 @@ class AttentionEngine(wiring.Component):
             with m.Elif(row_done):
                 m.d.sync += [o_full.eq(0), o_off.eq(0), rows_out.eq(rows_out + 1)]
             with m.Else():
-                m.d.sync += o_off.eq(o_off + N)
+                m.d.sync += [o_off.eq(o_off + N),
+                             *(o_row[j].eq(o_row[j + N]) for j in range(G * N - N))]
+        # A row enters the register only while it is empty (buf.o_out.ready, emit.load).
+        with m.If(o_take & ~partial & ~st):
+            m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
+                         o_full.eq(1), o_off.eq(0)]
+        if emit is not None:
+            # State rows out: the merge path's words; the last chunk: its normalised row
+            # enters the output register as a P.V row would.
+            with m.If(emit.load):
+                m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)),
+                             o_full.eq(1), o_off.eq(0)]
+            with m.If(st_out):
+                m.d.comb += [s_valid.eq(emit.valid), s_raw.eq(emit.word),
+                             s_mask.eq((1 << N) - 1),
+                             s_last.eq(emit.done & (rows_out == cfg.queries - 1)),
+                             emit.ready.eq(adv)]
+                with m.If(s_fire & emit.done):
+                    m.d.sync += rows_out.eq(rows_out + 1)
+
+        # The stages ("deep": registers, all moving with adv, o's register empty or taken;
+        # "short": the same values in the cycle the word leaves its source): (1) the
+        # requantiser's partial products, the lane's high 16 bits (signed) and low 16 bits
+        # (unsigned) times out_mult, an 18 x 18 multiplier each; (2) their sum, shifted by
+        # out_shift keeping the bit below the result (w = (v << 1) >> s); (3) o: the rounding
+        # and saturation (hw.arith.round_saturate: (w + 1) >> 1 = (v + 2**(s-1)) >> s, clamped
+        # to int8 by bit tests), or the bypassed word. No path chains the multiply, the shift
+        # and the saturation.
+        put = self._stage(m, adv)
+        hb = ACC_BITS // 2
+        v1, v2, last1, last2 = Signal(), Signal(), Signal(), Signal()
+        mask1, mask2 = Signal(N), Signal(N)
+        raw1, raw2 = Signal(8 * N), Signal(8 * N)
+        pipe_regs = [v1, v2, self.o.valid] if deep else []
+        check_built("attn_out_pipe", attn_out_pipe(self._pipeline), len(pipe_regs),
+                    "registers from the output row to o (partial products, shifted sum, o)",
+                    "hw/tile/attention_engine.py")
+        q_lanes = []
+        for i in range(N):
+            lo = Signal(unsigned(hb + MULT_BITS), name=f"rq_lo{i}")
+            hi = Signal(signed(hb + MULT_BITS + 1), name=f"rq_hi{i}")
+            w = Signal(signed(ACC_BITS + MULT_BITS + 2), name=f"rq_w{i}")
+            put(lo, o_row[i][:hb] * cfg.out_mult)
+            put(hi, o_row[i][hb:].as_signed() * cfg.out_mult)
+            put(w, (((hi << hb) + lo) << 1) >> cfg.out_shift)
+            q_lanes.append(round_saturate(m, w, OPERAND_BITS, f"rq_sat{i}"))
+        word3 = raw2
+        if emit is not None:
+            # State words: their lanes' operands (emit) in stage 1, the products with the
+            # factors in stage 2, the merged lanes (or m, l) into o: no path from the state
+            # FIFO's block RAM through a multiplier.
+            merge1, merge2 = Signal(), Signal()
+            use1, use2 = Signal(len(emit.use)), Signal(len(emit.use))
+            fa1, fb1 = Signal.like(emit.fa, name="emit_fa1"), Signal.like(emit.fb, name="emit_fb1")
+            lanes = []
+            for i in range(len(emit.a)):
+                a1 = Signal.like(emit.a[i], name=f"emit_a1_{i}")
+                x1 = Signal.like(emit.x[i], name=f"emit_x1_{i}")
+                ovr1 = Signal.like(emit.ovr[i], name=f"emit_ovr1_{i}")
+                ovr2 = Signal.like(emit.ovr[i], name=f"emit_ovr2_{i}")
+                pa2 = Signal((a1 * fa1).shape(), name=f"emit_pa2_{i}")
+                px2 = Signal((x1 * fb1).shape(), name=f"emit_px2_{i}")
+                for dst, value in ((a1, emit.a[i]), (x1, emit.x[i]), (ovr1, emit.ovr[i]),
+                                   (pa2, a1 * fa1), (px2, x1 * fb1), (ovr2, ovr1)):
+                    put(dst, value)
+                lanes.append(Mux(use2[i], ovr2, _merge_sum(pa2, px2))[:ACC_BITS])
+            for dst, value in ((merge1, st_out & emit.merge), (use1, emit.use), (fa1, emit.fa),
+                               (fb1, emit.fb), (merge2, merge1), (use2, use1)):
+                put(dst, value)
+            word3 = Mux(merge2, Cat(*lanes), raw2)
+        for dst, value in ((v1, s_valid), (last1, s_last), (mask1, s_mask), (raw1, s_raw),
+                           (v2, v1), (last2, last1), (mask2, mask1), (raw2, raw1),
+                           (self.o.valid, v2), (self.o.payload.last, last2),
+                           (self.o.payload.mask, mask2),
+                           (self.o.payload.data, Mux(requantise, Cat(*q_lanes), word3))):
+            put(dst, value)
+        o_fire = self.o.valid & self.o.ready
 
         # --- launch start and end -----------------------------------------------------------
         # The partial pass also waits for the buffer's last dropped row, so that no row of this
@@ -590,7 +686,7 @@ class AttentionEngine(wiring.Component):
         out_done = Signal()
         tail_done = ~partial | (dropped == cfg.queries) | \
             (buf.o_out.valid & buf.o_out.ready & (dropped == cfg.queries - 1))
-        ends = o_fire & Mux(st_out, final, row_done & (rows_out == cfg.queries - 1))
+        ends = o_fire & self.o.payload.last
         with m.If(ends):
             m.d.sync += out_done.eq(1)
         with m.If(active & (out_done | ends) & tail_done):
@@ -723,9 +819,9 @@ class AttentionEngine(wiring.Component):
         e_act, c_act = Signal(), Signal()       # emitting state words; merging the last chunk
         eq_ph = Signal()                        # emitting the Q words
         e_off = Signal(range(N + D + N))        # lanes of the Q words emitted
-        # State lanes emitted / merged (the last chunk's merge runs ATTN_MERGE_PIPE cycles
+        # State lanes emitted / merged (the last chunk's merge runs attn_merge_pipe cycles
         # past the register's SL lanes).
-        jbase = Signal(range(SL + (ATTN_MERGE_PIPE + 1) * M + 1))
+        jbase = Signal(range(SL + (attn_merge_pipe(self._pipeline) + 1) * M + 1))
         # Lane i of the word at jbase: an input-state lane (j < d_head + 2), lane 0 (m), lane 1
         # (l); registered with jbase so that no comparison precedes the merge's multiply.
         j_in = Signal(M)
@@ -752,54 +848,69 @@ class AttentionEngine(wiring.Component):
                 m.d.sync += c_act.eq(1)
                 m.d.comb += rptr_nxt.eq(advance(rptr, w_q))
 
-        # One word's M lanes: the input state's (FIFO; 0 without one) merged with x's.
+        # One word's M lanes: the input state's (FIFO; 0 without one) and x's.
         a_word = f_rd.data
-        merged = []
-        for i in range(M):
-            a_i = Signal(i32, name=f"mrg_a{i}")
-            mg = Signal(i32, name=f"mrg{i}")
-            m.d.comb += [a_i.eq(Mux(st_in & j_in[i], a_word[32 * i:32 * (i + 1)].as_signed(), 0)),
-                         mg.eq((scale(a_i, e_fa) + scale(x[i], e_fb))[:ACC_BITS])]
-            merged.append(mg)
-        state_word = Signal(8 * N)
-        lanes = []
-        for i, mg in enumerate(merged):
-            lanes.append(Mux(j_m[i], e_m.as_signed(), Mux(j_l[i], e_l, mg))[:ACC_BITS])
-        m.d.comb += state_word.eq(Cat(*lanes))
-        # The last chunk: normalised lanes, (merged * R + 2**(sh-1)) >> sh, into the top,
-        # through ATTN_MERGE_PIPE registers (the merged lanes, their product with R): the
-        # lanes merged in cycle c enter the top in cycle c + 2, and the two words that enter
-        # first (the registers' old contents) leave the bottom before the merge ends.
+        a_lanes = [Mux(st_in & j_in[i], a_word[32 * i:32 * (i + 1)].as_signed(), 0)
+                   for i in range(M)]
+        # The last chunk: the lanes merged, scale(a, fa) + scale(x, fb), and normalised,
+        # (merged * R + 2**(sh-1)) >> sh, into the top, through P = attn_merge_pipe registers
+        # ("deep": the lanes read, their products with the factors, the merged lanes, their
+        # product with R; "short": the last two): the lanes read in cycle c enter the top in
+        # cycle c + P, and the P words that enter first (the registers' old contents) leave
+        # the bottom before the merge ends.
+        deep = self._pipeline == "deep"
+        put = self._stage(m, 1)
         pipe_regs = []
         accs = []
         rounding = (Const(1, 1) << e_sh) >> 1
-        for i, mg in enumerate(merged):
+        for i in range(M):
+            a_r = Signal(i32, name=f"mrg_a{i}")
+            x_r = Signal(i32, name=f"mrg_x{i}")
+            pa = Signal((a_r * e_fa).shape(), name=f"mrg_pa{i}")
+            px = Signal((x_r * e_fb).shape(), name=f"mrg_px{i}")
             mg_r = Signal(i32, name=f"mrg_r{i}")
             prod_r = Signal((mg_r * e_r).shape(), name=f"nprod_r{i}")
-            m.d.sync += [mg_r.eq(mg), prod_r.eq(mg_r * e_r)]
+            for dst, value in ((a_r, a_lanes[i]), (x_r, x[i]), (pa, a_r * e_fa),
+                               (px, x_r * e_fb)):
+                put(dst, value)
+            m.d.sync += [mg_r.eq(_merge_sum(pa, px)), prod_r.eq(mg_r * e_r)]
             a = Signal(i32, name=f"nrm{i}")
             m.d.comb += a.eq(((prod_r + rounding) >> e_sh)[:ACC_BITS])
             accs.append(a)
             if i == 0:
-                pipe_regs += [mg_r, prod_r]
-        check_built("ATTN_MERGE_PIPE", ATTN_MERGE_PIPE, len(pipe_regs),
-                    "pipeline registers (merged lanes, their product with R)",
-                    "hw/tile/attention_engine.py")
+                pipe_regs += [a_r, pa, mg_r, prod_r] if deep else [mg_r, prod_r]
+        check_built("attn_merge_pipe", attn_merge_pipe(self._pipeline), len(pipe_regs),
+                    "pipeline registers (lanes read, their products with the factors, merged "
+                    "lanes, their product with R)", "hw/tile/attention_engine.py")
         x_nxt = Signal(data.ArrayLayout(i32, SL))
         m.d.comb += [x_nxt[j].eq(x[j + M]) for j in range(SL - M)]
         m.d.comb += [x_nxt[SL - M + i].eq(Mux(c_act, accs[i], 0)) for i in range(M)]
 
         class Emit:
+            """A state row's words as the output registers take them: ``word`` (the FIFO's:
+            a Q word as it is), and for a state word (``merge``) the operands of its M
+            merged lanes (the output registers multiply and add them: :func:`_merge_sum`),
+            or lane 0's ``m`` and lane 1's ``l`` (``use``: ``ovr`` instead)."""
             valid = e_act
             word = Signal(8 * N)
+            merge = Signal()
+            a = [Signal(i32, name=f"emit_a{i}") for i in range(M)]
+            x = [Signal(i32, name=f"emit_x{i}") for i in range(M)]
+            ovr = [Signal(i32, name=f"emit_ovr{i}") for i in range(M)]
+            use = Signal(M)
+            fa, fb = e_fa, e_fb
             ready = Signal()
             done = Signal()
             load = Signal()
             acc = Signal(data.ArrayLayout(i32, D))
 
         emit = Emit()
-        m.d.comb += [emit.word.eq(Mux(eq_ph, f_rd.data, state_word)),
+        m.d.comb += [emit.word.eq(f_rd.data), emit.merge.eq(~eq_ph),
                      emit.done.eq(~eq_ph & (jbase + M >= cfg.d_head + 2))]
+        for i in range(M):
+            m.d.comb += [emit.a[i].eq(a_lanes[i]), emit.x[i].eq(x[i]),
+                         emit.ovr[i].eq(Mux(j_m[i], e_m.as_signed(), e_l)[:ACC_BITS]),
+                         emit.use[i].eq(j_m[i] | j_l[i])]
         fire = e_act & emit.ready
         with m.If(fire):
             with m.If(eq_ph):

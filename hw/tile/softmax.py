@@ -85,7 +85,8 @@ class SoftmaxUnit(wiring.Component):
     3. ``e`` by exp table lookup and shift per lane, written back in place, and the sum ``S``;
     4. ``R = 2**(z+12) // S``: restoring long division of ``quotient_bits = 13 + log2(L)``
        bits, ``divide_bits = ceil(quotient_bits / (L/P))`` per cycle (2 for ``L = 16, P = 1``;
-       1 for ``L = 64, P = 1``), then a shift by ``z``; the row waits in its register;
+       1 for ``L = 64, P = 1``), stopping ``KMAX - k`` bits early instead of shifting the
+       quotient by them afterwards; the row waits in its register;
     5. ``p = min((e*R + half) >> sh, 255)`` per lane, written back in place (partial mode:
        ``u = min((e + 64) >> 7, 255)`` and their sum);
 
@@ -208,13 +209,26 @@ class SoftmaxUnit(wiring.Component):
         # Stage 0: running maximum of the visible lanes.
         buf0, msk0 = lanes("s0", SCORE_BITS), lanes("m0", 1)
         acc0 = Signal(signed(SCORE_BITS), init=score_min)
-        cand = acc0
+        # A tree of maxima (the beat's P lanes, masked ones as the minimum, then the running
+        # maximum), not a chain of P compares: log2(P) + 1 compares deep. A signal per node,
+        # or the expression tree doubles with every level.
+        level = []
         for p in range(P):
-            s = buf0[p].as_signed()
-            # A signal per link of the chain, or the expression tree doubles with every lane.
-            cand_p = Signal(signed(SCORE_BITS), name=f"max{p}")
-            m.d.comb += cand_p.eq(Mux(msk0[p] & (s > cand), s, cand))
-            cand = cand_p
+            lane = Signal(signed(SCORE_BITS), name=f"max{p}")
+            m.d.comb += lane.eq(Mux(msk0[p], buf0[p].as_signed(), score_min))
+            level.append(lane)
+        level.append(acc0)
+        depth = 0
+        while len(level) > 1:
+            nxt = []
+            for i in range(0, len(level) - 1, 2):
+                node = Signal(signed(SCORE_BITS), name=f"max_{depth}_{i // 2}")
+                m.d.comb += node.eq(Mux(level[i + 1] > level[i], level[i + 1], level[i]))
+                nxt.append(node)
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level, depth = nxt, depth + 1
+        cand = level[0]
         nxt_acc0 = Signal(signed(SCORE_BITS))
         m.d.comb += nxt_acc0.eq(Mux(step, cand, acc0))
         nxt_buf0 = rotate(buf0, buf0[:P], "s0", SCORE_BITS)
@@ -268,8 +282,38 @@ class SoftmaxUnit(wiring.Component):
         quo = Signal(QB)
         nxt_quo = Signal(QB)
         nxt_rem = Signal(W + 1)
-        # divide_bits steps chained in one cycle; steps past the last quotient bit (when
-        # divide_bits does not divide QB) leave quotient and remainder alone.
+        # divide_bits steps chained in one cycle; steps past the last quotient bit leave
+        # quotient and remainder alone. The last bit is QB - norm (norm = KMAX - k), not QB:
+        # the first n quotient bits of a long division are the quotient of the dividend's
+        # top n bits, floor(2**X / S) >> norm exactly, so R needs no shift after the divider.
+        def norm_of(div):
+            """``(k, KMAX - k)``: the sum's highest bit above EXP_BITS (a priority encoder)."""
+            k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
+            for kk in range(KMAX + 1):   # the highest set bit wins
+                k_val = Mux(div[EXP_BITS + kk], kk, k_val)
+                norm_val = Mux(div[EXP_BITS + kk], KMAX - kk, norm_val)
+            return k_val, norm_val
+
+        k3 = Signal(range(KMAX + 1))
+        m.d.comb += k3.eq(norm_of(div3)[0])
+        # Which steps compute a quotient bit this cycle (cnt * divide_bits + b < QB - norm):
+        # a register loaded from the counter's and the divisor's next values, so that the
+        # chained steps start at the remainder register, not at a compare of the counter.
+        DB = self.divide_bits
+        cnt_nxt = Signal(range(T))
+        div_nxt = Signal(W)
+        act = Signal(DB, name="div_act",
+                     init=sum(1 << b for b in range(DB) if (T - 1) * DB + b < QB - KMAX))
+        m.d.comb += [div_nxt.eq(Mux(run & boundary, nxt_sum2, div3)), cnt_nxt.eq(cnt)]
+        with m.If(run):
+            # At a boundary, stay there while the pipeline is empty, so that a new row is
+            # taken at once.
+            m.d.comb += cnt_nxt.eq(Mux(boundary,
+                                       Mux(self.i.valid | Cat(v[:-1]).any(), 0, T - 1),
+                                       cnt + 1))
+        norm_nxt = norm_of(div_nxt)[1]
+        m.d.sync += [cnt.eq(cnt_nxt),
+                     *(act[b].eq(cnt_nxt * DB + b < QB - norm_nxt) for b in range(DB))]
         r, q = rem, quo
         for b in range(self.divide_bits):
             ge = Signal(name=f"ge{b}")
@@ -277,7 +321,7 @@ class SoftmaxUnit(wiring.Component):
             r_b, q_b = Signal(W + 1, name=f"rem{b}"), Signal(QB, name=f"quo{b}")
             m.d.comb += [
                 ge.eq(r >= div3),
-                active.eq(cnt * self.divide_bits + b < QB),
+                active.eq(act[b]),
                 r_b.eq(Mux(active, Mux(ge, r - div3, r) << 1, r)),
                 q_b.eq(Mux(active, Cat(ge, q[:-1]), q)),
             ]
@@ -286,19 +330,12 @@ class SoftmaxUnit(wiring.Component):
             nxt_quo.eq(Mux(dstep, q, quo)),
             nxt_rem.eq(Mux(dstep, r, rem)),
         ]
-        k3 = Signal(range(KMAX + 1))
-        norm3 = Signal(range(KMAX + 1))
-        k_val, norm_val = Const(0, range(KMAX + 1)), Const(KMAX, range(KMAX + 1))
-        for kk in range(KMAX + 1):   # the highest set bit wins
-            k_val = Mux(div3[EXP_BITS + kk], kk, k_val)
-            norm_val = Mux(div3[EXP_BITS + kk], KMAX - kk, norm_val)
         recip = Signal(RECIP_BITS + 1)
         m.d.comb += [
-            k3.eq(k_val), norm3.eq(norm_val),
             # S == 0 only for a fully masked row, whose e are all 0: any R gives p = 0 there.
             # When the division ends before the slot's last cycle, the quotient register
-            # holds it there: the shift then starts at a register, not after the divider.
-            recip.eq((quo if self.divide_cycles < T else nxt_quo) >> norm3),
+            # holds it there.
+            recip.eq(quo if self.divide_cycles < T else nxt_quo),
         ]
 
         # Stage 4: p = min((e * R + 2**(sh-1)) >> sh, 255), sh = z + RECIP_BITS - 8, in place;
@@ -343,9 +380,6 @@ class SoftmaxUnit(wiring.Component):
                     sum2.eq(0),
                     div3.eq(nxt_sum2), rem.eq(1 << EXP_BITS), quo.eq(0),
                     recip4.eq(recip), k4.eq(k3),
-                    # Stay at the boundary while the pipeline is empty, so that a new row is
-                    # taken at once.
-                    cnt.eq(Mux(self.i.valid | Cat(v[:-1]).any(), 0, T - 1)),
                 ]
                 m.d.sync += [v[k + 1].eq(v[k]) for k in range(SOFTMAX_STAGES - 1)]
                 m.d.sync += [last[k + 1].eq(last[k]) for k in range(SOFTMAX_STAGES - 1)]
@@ -368,7 +402,6 @@ class SoftmaxUnit(wiring.Component):
                     m.d.sync += self.o.valid.eq(0)
             with m.Else():
                 m.d.sync += [
-                    cnt.eq(cnt + 1),
                     acc0.eq(nxt_acc0),
                     sum2.eq(nxt_sum2),
                     quo.eq(nxt_quo),

@@ -95,7 +95,8 @@ class _SerialSum(Iss):
             regs = {k: r(k) for k in ("AT_QUERIES", "AT_KEYS", "AT_FLAGS", "AT_D_HEAD",
                                       "AT_Q_LANE", "AT_K_LANE", "AT_V_LANE", "AT_O_LANE")}
             self.busy["attention"] += attention_cycles(regs, window=npu.attn_window,
-                                                       length=npu.softmax_len, size=n)
+                                                       length=npu.softmax_len, size=n,
+                                                       pipeline=npu.attention_pipeline)
         elif op is Op.VEC:
             self.busy["vector"] += vector_cycles(
                 VectorOp(r("VU_OP")), rows=r("VU_ROWS"), length=r("VU_LEN"),

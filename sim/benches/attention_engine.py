@@ -45,7 +45,8 @@ def _run(npu, seq, d_head, *, interleaved, rng):
     dut = AttentionEngine.for_npu(npu)
     mem, cycles, stats = run_attention_engine(dut, before, [launch], addr_bits=iss.addr_bits,
                                               max_cycles=200_000)
-    model = launch_cycles(launch.regs, window=npu.attn_window, length=npu.softmax_len, size=n)
+    model = launch_cycles(launch.regs, window=npu.attn_window, length=npu.softmax_len, size=n,
+                          pipeline=npu.attention_pipeline)
     return cycles, model, bool((mem == iss.mem).all()), stats
 
 

@@ -449,7 +449,7 @@ def _merge_cycles(npu, regs) -> int:
     (``hw.spec.timing.attention.launch_cycles``) less those of the same launch without them
     (longer Q rows in, state words out, the last chunk's merge and normalisation)."""
     timing = {"window": npu.attn_window, "length": npu.softmax_len, "size": npu.array_size,
-              "d_head": npu.d_head_max}
+              "d_head": npu.d_head_max, "pipeline": npu.attention_pipeline}
     plain = dict(regs, AT_FLAGS=regs["AT_FLAGS"] & ~(FLAG_STATE_IN | FLAG_STATE_OUT))
     return attn_timing.launch_cycles(regs, **timing) - attn_timing.launch_cycles(plain, **timing)
 

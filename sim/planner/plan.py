@@ -909,7 +909,8 @@ def _ring_attention_cycles(npu, cfg, chunk, chips) -> int:
         q_base=0, q_row_words=rw, col=0, k_base=0, v_base=0, k_row_words=rw, v_row_words=rw,
         k_col=0, v_col=0, s_base=0, score_mult=1, score_shift=1, out_mult=1, out_shift=1)
     one = attn_timing.launch_cycles(launch.regs, window=ring, length=npu.softmax_len,
-                                    size=npu.array_size, d_head=npu.d_head_max)
+                                    size=npu.array_size, d_head=npu.d_head_max,
+                                    pipeline=npu.attention_pipeline)
     launches = math.ceil(chunk / ring) * (chips - 1) * math.ceil(chunk / ring)
     return cfg.n_heads * launches * one
 

@@ -150,7 +150,7 @@ class ChipModel:
         self.inflight = [False] * len(READ_GENS)
         self.mm = MatmulModel(n)
         self.at = AttentionModel(window=npu.attn_window, length=npu.softmax_len, size=n,
-                                 d_head=npu.d_head_max)
+                                 d_head=npu.d_head_max, pipeline=npu.attention_pipeline)
         self.vu = VectorModel(lanes=n, pipeline=npu.vector_pipeline)
         ratio = npu.ring_word_bytes // n
         self.co = [CollectiveModel(chip=chip, ratio=ratio, wbytes=npu.ring_word_bytes,

@@ -47,6 +47,7 @@ from hw.spec.timing.chip import (
     ATTN_STATE_ROWS,
     SOFTMAX_STAGES,
     VEC_OUT_FIFO_DEPTH,
+    attn_out_pipe,
     merge_divide_cycles,
     merge_rotate_cycles,
 )
@@ -236,14 +237,21 @@ class AttentionModel:
     for the state register; then the row's Q and state words go out one per granted cycle
     (released after the last), or the last chunk merges for ``K`` cycles (released) and its
     int8 row enters the output register.
+
+    ``pipeline = "deep"`` (the NPU file's ``attention_pipeline``): every word WR1 takes (int8,
+    partial row or state word) leaves its source into ``attn_out_pipe("deep")`` output
+    registers, the last one ``o``; they move together while ``o`` is empty or granted (a stall
+    holds them all, bubbles included), and the launch ends when its final word is granted out
+    of the last. ``"short"``: WR1 takes the source's word.
     """
 
-    def __init__(self, *, window: int, length: int, size: int, d_head: int = 1):
+    def __init__(self, *, window: int, length: int, size: int, d_head: int = 1,
+                 pipeline: str = "short"):
         self.W = window
         self.T = length // softmax_lanes(length)
         self.n = size
         self.R = partial_row_words(window, size)
-        self.K = merge_rotate_cycles(d_head, size) if size % 4 == 0 else 0
+        self.K = merge_rotate_cycles(d_head, size, pipeline) if size % 4 == 0 else 0
         self.DC = merge_divide_cycles(window)
         self.st_in = self.st_out = False
         self.sw = 0
@@ -276,6 +284,9 @@ class AttentionModel:
         self.p_off = 0
         self.dropped = 0
         self.out_done = False
+        # The output registers, the first to o: None (empty) or whether the word is the
+        # launch's final one (none: "short", o is the source's word).
+        self.pipe = [None] * attn_out_pipe(pipeline)
 
     def start(self, regs):
         self.active = True
@@ -308,6 +319,11 @@ class AttentionModel:
                 "WR1": True}
 
     def out_valid(self) -> bool:
+        """The last of the output registers holds a word (without them: the source has one)."""
+        return self.pipe[-1] is not None if self.pipe else self._src_valid()
+
+    def _src_valid(self) -> bool:
+        """A word is ready to enter the output registers."""
         if self.st_out:
             return self.e_act
         return self.p_full if self.partial else self.o_full
@@ -319,6 +335,9 @@ class AttentionModel:
 
     def step(self, rv3, rv4, rv5, wg1):
         active = self.active
+        # The output registers move together when o's is empty or taken (wg1).
+        adv = not self.pipe or self.pipe[-1] is None or wg1
+        sfire = adv and self._src_valid() if self.pipe else wg1
         partial, reduced = self.partial, self.reduced
         split = partial or reduced
         ahead = self.halo + self.issued + 1
@@ -467,7 +486,7 @@ class AttentionModel:
                 self.p_full, self.p_off = True, 0
             if oout_fire:
                 self.dropped += 1
-            if wg1:
+            if sfire:
                 if self.p_off + 1 == self.R:
                     self.p_full, self.p_off = False, 0
                     final = self.rows_out == self.Q - 1
@@ -478,7 +497,7 @@ class AttentionModel:
             # State rows out: the Q and state words, one per granted cycle.
             if oout_fire:
                 self.e_act, self.e_word = True, 0
-            elif wg1:
+            elif sfire:
                 if self.e_word + 1 == self.qw + self.sw:
                     self.e_act = False
                     released = True
@@ -500,7 +519,7 @@ class AttentionModel:
                     released = True
                 else:
                     self.ccnt += 1
-            if wg1:
+            if sfire:
                 if self.o_off + 1 == self.ow:
                     self.o_full = False
                     self.o_off = 0
@@ -510,6 +529,12 @@ class AttentionModel:
                     self.o_off += 1
         if released:
             self.rows_held -= 1
+        # The output registers; the launch ends after its final word leaves the last.
+        if self.pipe:
+            out_final = bool(wg1 and self.pipe[-1])
+            if adv:
+                self.pipe = [final if sfire else None] + self.pipe[:-1]
+            final = out_final
         # Launch end: after the final word (the partial pass: and its last dropped row).
         if active:
             tail = not partial or dropped == self.Q or (oout_fire and dropped == self.Q - 1)

@@ -264,7 +264,8 @@ class LaunchTimer:
         if op is Op.ATTN:
             return attn_timing.launch_cycles(regs, window=self.npu.attn_window,
                                              length=self.npu.softmax_len, size=self.n,
-                                             d_head=self.npu.d_head_max) \
+                                             d_head=self.npu.d_head_max,
+                                             pipeline=self.npu.attention_pipeline) \
                 if regs["AT_QUERIES"] + regs["AT_KEYS"] < 4096 else \
                 regs["AT_QUERIES"] * (2 * self.npu.attn_window + 5 * self.npu.softmax_len)
         if op in (Op.SEND, Op.RECV):
@@ -309,7 +310,8 @@ class LaunchTimer:
             if shared and flags & FLAG_INTERLEAVED and len(set(words.values())) > 1:
                 return None                 # rows of different lengths in one bank
             base = attn_timing.preload_cycles(regs, window=self.npu.attn_window,
-                                              length=self.npu.softmax_len, size=n)
+                                              length=self.npu.softmax_len, size=n,
+                                              pipeline=self.npu.attention_pipeline)
             return chip_timing.attention_cycles(
                 base, keys=regs["AT_KEYS"], words=words, shared=shared,
                 interleaved=bool(flags & FLAG_INTERLEAVED), halo=flags_halo(flags))

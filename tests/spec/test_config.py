@@ -124,6 +124,7 @@ def test_model_missing_required_key(tmp_path, key):
     ("clock_mhz", True, "True", "has type bool, expected float"),
     ("name", 5, "5", "has type int, expected str"),
     ("vector_pipeline", 8, "8", "has type int, expected str"),
+    ("attention_pipeline", 3, "3", "has type int, expected str"),
 ])
 def test_npu_wrong_type(tmp_path, key, value, shown, expected):
     error = rejects(load_npu, write(tmp_path, NPU, **{key: value}), f"{key}={shown} {expected}")
@@ -202,6 +203,7 @@ def test_imem_words_absurd(tmp_path):
     ({"clock_mhz": math.nan}, ["clock_mhz=nan must be positive and finite"]),
     ({"clock_mhz": math.inf}, ["clock_mhz=inf must be positive and finite"]),
     ({"vector_pipeline": "fast"}, ["vector_pipeline='fast' is not one of 'short', 'deep'"]),
+    ({"attention_pipeline": "fast"}, ["attention_pipeline='fast' is not one of 'short', 'deep'"]),
 ])
 def test_npu_impossible_values(tmp_path, overrides, fragments):
     rejects(load_npu, write(tmp_path, NPU, **overrides), *fragments)
@@ -361,6 +363,9 @@ def test_tiny_preset_values():
     # The FPGA presets' vector unit has the deep pipeline (docs/fpga.md), the others the short.
     assert [npu_preset(name).vector_pipeline for name in ("tiny", "lpu-like", "fpga", "ulx3s")] \
         == ["short", "short", "deep", "deep"]
+    # The ulx3s preset's attention engine has the deep pipeline (docs/fpga.md).
+    assert [npu_preset(n).attention_pipeline for n in ("tiny", "lpu-like", "fpga", "ulx3s")] \
+        == ["short", "short", "short", "deep"]
 
 
 # --- derived values -----------------------------------------------------------------------------
@@ -371,7 +376,7 @@ def test_npu_defaults_and_derived(tmp_path):
                          link_bidirectional=DROP, clock_mhz=DROP, array_size=8,
                          sram_bytes=8 * 4 * 512))
     assert npu.vector_lanes == 8  # 0 / absent means one lane per array column
-    assert npu.vector_pipeline == "short"
+    assert npu.vector_pipeline == npu.attention_pipeline == "short"
     assert (npu.sram_banks, npu.imem_words, npu.link_bytes_per_cycle, npu.link_latency_cycles,
             npu.link_bidirectional, npu.clock_mhz) == (4, 1024, 4, 2, False, 100.0)
     assert npu.name == "cfg"  # the file stem when the file has no name

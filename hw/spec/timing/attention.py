@@ -27,6 +27,7 @@ from .chip import (
     ATTN_REDUCED_CYCLES,
     ATTN_STATE_ROWS,
     SOFTMAX_STAGES,
+    attn_out_pipe,
     merge_divide_cycles,
     merge_rotate_cycles,
 )
@@ -35,7 +36,7 @@ __all__ = ["launch_cycles", "preload_cycles", "state_cycles"]
 
 
 def launch_cycles(regs: dict, *, window: int, length: int, size: int,
-                  d_head: int | None = None) -> int:
+                  d_head: int | None = None, pipeline: str = "short") -> int:
     """Cycles of one launch in the engine, from its ``i_cfg`` transfer to its final ``o``
     transfer, with every input word available at once and ``o`` always ready (exact).
 
@@ -53,11 +54,14 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int,
     - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
     - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
     - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
-      out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1) + w_o``.
+      out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1) + w_o + X``, its last word leaving
+      the output row register at ``out(Q-1) + w_o`` and passing the ``X =
+      attn_out_pipe(pipeline)`` output registers to ``o`` (0 ``"short"``, 3 ``"deep"``: the
+      NPU file's ``attention_pipeline``).
 
     Closed forms (every stream ``w`` words, valid while ``w <= W + 5``): preload
-    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H + Q`` keys:
-    ``w (H + 2) + Q (2W + 5T + 11)``.
+    ``w (S + 1) + 2W + 5T + 11 + X + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H +
+    Q`` keys: ``w (H + 2) + Q (2W + 5T + 11) + X``.
 
     State rows (long context; ``d_head`` = the engine's D, ``d_head_max``, is needed): a Q
     row is ``w_q + s`` words with a state in (``s = state_words(h, N)``); its first word would
@@ -75,12 +79,12 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int,
     flags = regs["AT_FLAGS"]
     cmds = schedule(regs["AT_KEYS"], regs["AT_QUERIES"], interleaved=bool(flags & FLAG_INTERLEAVED),
                     halo=flags_halo(flags))
-    state = _state_params(regs, window, size, d_head)
+    state = _state_params(regs, window, size, d_head, pipeline)
     return _recurrence(cmds, split_mode(flags), words, partial_row_words(window, size),
-                       window, beats, state)
+                       window, beats, state, attn_out_pipe(pipeline))
 
 
-def _state_params(regs, window, size, d_head):
+def _state_params(regs, window, size, d_head, pipeline="short"):
     """``None`` for a launch without state rows, else ``(mode, s, K, pend)``: the mode, the
     state words per row, the last chunk's merge cycles and the factors' cycles after ``p``."""
     mode = state_mode(regs["AT_FLAGS"])
@@ -91,10 +95,11 @@ def _state_params(regs, window, size, d_head):
     pend = 1 + ATTN_MERGE_CYCLES
     if mode == "last":
         pend += ATTN_NORM_CYCLES + merge_divide_cycles(window)
-    return mode, state_words(regs["AT_D_HEAD"], size), merge_rotate_cycles(d_head, size), pend
+    return mode, state_words(regs["AT_D_HEAD"], size), \
+        merge_rotate_cycles(d_head, size, pipeline), pend
 
 
-def _recurrence(cmds, split, words, rw, window, beats, state=None):
+def _recurrence(cmds, split, words, rw, window, beats, state=None, out_pipe=0):
     """:func:`launch_cycles`'s recurrence over the commands ``cmds``, ``split`` None for a
     normal launch; with the split-score passes (``docs/isa.md``, ATTN), ``part``/``red`` are the
     transfers of a query's partial row out of the buffer and of its reduced row into it:
@@ -102,7 +107,8 @@ def _recurrence(cmds, split, words, rw, window, beats, state=None):
     - partial: ``part(t) = max(q(t) + W + 4, part(t-1) + R + 1)`` (one row register, emitted
       as R words); the zero reduced row is taken at ``part + 1``; ``s(t) = max(part(t) + W + 3,
       p(t-1) + 1)``; the zero probabilities ``p(t) = max(s(t) + 1, out(t-1) + 1)``; the dropped
-      output ``out(t) = p(t) + W + 3``; the launch ends at ``max(part(Q-1) + R, out(Q-1))``.
+      output ``out(t) = p(t) + W + 3``; the launch ends at ``max(part(Q-1) + R + X,
+      out(Q-1))`` (``X = out_pipe``, the output registers).
     - reduced: ``q(t)`` needs no row; a reduced row is complete R cycles after the previous one
       was taken (the first at ``1 + R``); ``red(t) = max(q(t) + W + 5, row ready)``;
       ``s(t) = max(red(t) + W + 2, p(t-1) + 1)``; then softmax, P.V and output as a normal
@@ -156,44 +162,49 @@ def _recurrence(cmds, split, words, rw, window, beats, state=None):
         last_out = out
         prev = t
     if split == "partial":
-        return max(part + rw, out)
-    return out + ow
+        return max(part + rw + out_pipe, out)
+    return out + ow + out_pipe
 
 
 def preload_cycles(regs: dict, *, window: int, length: int, size: int,
-                   d_head: int | None = None) -> int:
+                   d_head: int | None = None, pipeline: str = "short") -> int:
     """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
     bits clear) in closed form,
-    ``w (S + 1) + 2W + 5T + 11 + (Q - 1) max(W + 6, 5T + 2)``, when every stream has ``w``
+    ``w (S + 1) + 2W + 5T + 11 + X + (Q - 1) max(W + 6, 5T + 2)`` (``X =
+    attn_out_pipe(pipeline)``), when every stream has ``w``
     words per row and ``w <= W + 5``; else the recurrence."""
     counts = set(launch_words(regs, size).values())
     words = max(counts)
     beats = length // softmax_lanes(length)
     if state_mode(regs["AT_FLAGS"]) is not None:
-        return state_cycles(regs, window=window, length=length, size=size, d_head=d_head)
+        return state_cycles(regs, window=window, length=length, size=size, d_head=d_head,
+                            pipeline=pipeline)
     if regs["AT_FLAGS"] & FLAG_INTERLEAVED or split_mode(regs["AT_FLAGS"]) is not None or \
             words > window + 5 or len(counts) > 1:
-        return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head)
+        return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head,
+                             pipeline=pipeline)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
-    return words * (s + 1) + 2 * window + 5 * beats + 11 + \
+    return words * (s + 1) + 2 * window + 5 * beats + 11 + attn_out_pipe(pipeline) + \
         (q - 1) * max(window + 6, 5 * beats + 2)
 
 
-def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int) -> int:
+def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int,
+                 pipeline: str = "short") -> int:
     """:func:`launch_cycles` of a preload launch with state rows (``AT_FLAGS`` bits 4, 5) in
     closed form: with ``w`` words per K, V, Q and output row (heads at lane 0), a Q row of
     ``r = w + s`` words with a state in (``s = state_words(h, N)``; else ``w``) and a row's
     output ``o = w + s`` cycles (state rows out) or ``K + w`` (the last chunk; ``K =
     merge_rotate_cycles(D, N)``),
 
-    ``max(w (S + 1), r + w - 1) + 2W + 5T + 11 - w + o + (Q - 1) max(W + 6, 5T + 2)``,
+    ``max(w (S + 1), r + w - 1) + 2W + 5T + 11 + X - w + o + (Q - 1) max(W + 6, 5T + 2)``
+    (``X = attn_out_pipe(pipeline)``),
 
     valid while ``r <= W + 5``, ``o + 1 <= max(W + 6, 5T + 2)`` (the rows' output keeps up
     with the queries) and the merge factors are ready by the P.V row, ``1 +
     ATTN_MERGE_CYCLES <= W + 3`` (the last chunk: ``+ ATTN_NORM_CYCLES +
     merge_divide_cycles(W)``); else the recurrence. The merge adds only the longer output of
     the last row: ``o - w`` cycles a launch."""
-    mode, sw, rot, pend = _state_params(regs, window, size, d_head)
+    mode, sw, rot, pend = _state_params(regs, window, size, d_head, pipeline)
     words = launch_words(regs, size)
     w = words["k"]
     beats = length // softmax_lanes(length)
@@ -202,7 +213,8 @@ def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int
     period = max(window + 6, 5 * beats + 2)
     if regs["AT_FLAGS"] & FLAG_INTERLEAVED or len(set(words.values())) > 1 or \
             r > window + 5 or o + 1 > period or pend > window + ATTN_PV_CYCLES:
-        return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head)
+        return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head,
+                             pipeline=pipeline)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
-    return max(w * (s + 1), r + w - 1) + 2 * window + 5 * beats + 11 - w + o + \
-        (q - 1) * period
+    return max(w * (s + 1), r + w - 1) + 2 * window + 5 * beats + 11 + \
+        attn_out_pipe(pipeline) - w + o + (q - 1) * period

@@ -23,8 +23,8 @@ from .vector import latency as vector_latency
 
 __all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
-           "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "ATTN_MERGE_PIPE",
-           "merge_divide_bits",
+           "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "ATTN_PIPELINES",
+           "check_attn_pipeline", "attn_out_pipe", "attn_merge_pipe", "merge_divide_bits",
            "merge_divide_cycles", "merge_rotate_cycles",
            "matmul_k_min", "matmul_cycles", "matmul_approx",
            "vector_cycles", "attention_cycles"]
@@ -61,12 +61,42 @@ ATTN_MERGE_CYCLES = 3
 #: The last chunk's normalisation: cycles to find ``z`` and normalise ``l`` before the
 #: division.
 ATTN_NORM_CYCLES = 1
-#: Pipeline registers in the last chunk's merge and normalisation of a query's state lanes
-#: (the merged lanes, then their product with the reciprocal ``R``), so that no path chains
-#: the merge's multiply, the normalisation's multiply and its shift (44 ns on the ECP5, the
-#: attention engine's critical path without them): the merge takes this many cycles more
-#: than the state register's rotation.
-ATTN_MERGE_PIPE = 2
+#: The attention engine's pipelines, the NPU file's ``attention_pipeline``: ``"short"``, its
+#: output requantiser combinational from the output row register to ``o`` and the last
+#: chunk's merge in 2 registers; ``"deep"``, for a faster clock, the requantiser and the state
+#: words' merge in :func:`attn_out_pipe` registers before ``o`` and the last chunk's merge in
+#: :func:`attn_merge_pipe`.
+ATTN_PIPELINES = ("short", "deep")
+
+
+def check_attn_pipeline(pipeline) -> str:
+    """``pipeline`` if it is one of :data:`ATTN_PIPELINES`, else a ValueError naming it."""
+    if pipeline not in ATTN_PIPELINES:
+        raise ValueError(f"attention_pipeline={pipeline!r} is not one of "
+                         f"{', '.join(map(repr, ATTN_PIPELINES))}")
+    return pipeline
+
+
+def attn_out_pipe(pipeline: str = "short") -> int:
+    """Registers between the attention engine's output row register and its output stream
+    ``o`` (WR1): 0 (``"short"``: the requantiser's multiply, shift and saturation in the
+    cycle a word leaves the row), or 3 (``"deep"``: the requantiser's partial products, their
+    sum shifted by the output shift, then ``o`` rounded and saturated; the state words'
+    operands, their products with the merge factors, then ``o``; partial rows pass through).
+    Every word reaches ``o`` this many cycles after it leaves its source, so a launch ends this
+    many cycles later; the rows' throughput is the same."""
+    return {"short": 0, "deep": 3}[check_attn_pipeline(pipeline)]
+
+
+def attn_merge_pipe(pipeline: str = "short") -> int:
+    """Pipeline registers in the last chunk's merge and normalisation of a query's state lanes,
+    so that no path chains the merge's multiply, the normalisation's multiply and its shift
+    (44 ns on the ECP5, the attention engine's critical path without them): 2 (``"short"``:
+    the merged lanes, then their product with the reciprocal ``R``) or 4 (``"deep"``: the
+    lanes read from the state FIFO's block RAM and the state register, their products with
+    the merge factors, the merged lanes, their product with ``R``). The merge takes this many
+    cycles more than the state register's rotation."""
+    return {"short": 2, "deep": 4}[check_attn_pipeline(pipeline)]
 
 
 def merge_divide_bits(window: int) -> int:
@@ -81,11 +111,12 @@ def merge_divide_cycles(window: int) -> int:
     return -(-NORM_QUOTIENT_BITS // merge_divide_bits(window))
 
 
-def merge_rotate_cycles(d_head: int, size: int) -> int:
+def merge_rotate_cycles(d_head: int, size: int, pipeline: str = "short") -> int:
     """Cycles the last chunk's merge and normalisation take per query: N/4 int32 lanes a
     cycle over the ``D + 2`` lanes of the engine's state register (``D = d_head_max``), then
-    the pipeline's ``ATTN_MERGE_PIPE``: ``ceil(4 (D + 2) / N) + 2``."""
-    return -(-4 * (d_head + 2) // size) + ATTN_MERGE_PIPE
+    the pipeline's :func:`attn_merge_pipe`: ``ceil(4 (D + 2) / N) + 2`` (``"short"``) or
+    ``+ 4`` (``"deep"``)."""
+    return -(-4 * (d_head + 2) // size) + attn_merge_pipe(pipeline)
 
 
 def check_built(name: str, value: int, built: int, what: str, where: str) -> None:

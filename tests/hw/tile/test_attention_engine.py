@@ -177,6 +177,11 @@ def test_packed_heads(seed, d_model, d_head, col, k_col, v_col, causal):
     ({}, 5, 5, 6, {"col": 2, "k_col": 1, "v_col": 3}, None),        # packed: 2, 2, 3, 2 words
     ({"window": 4, "length": 8}, 6, 6, 3, {"col": 1, "k_col": 3, "v_col": 0,
                                            "interleaved": True}, None),   # 1, 2, 1, 1 words
+    # attention_pipeline = "deep": the output registers, 3 cycles a launch
+    ({"pipeline": "deep"}, 6, 6, 8, {}, 124),
+    ({"window": 6, "length": 8, "pipeline": "deep"}, 5, 8, 8, {"interleaved": True, "halo": 3},
+     178),
+    ({"pipeline": "deep"}, 5, 5, 6, {"col": 2, "k_col": 1, "v_col": 3}, None),
 ])
 def test_cycles(npu_kw, queries, keys, d_head, kw, closed):
     """With every word available and ``o`` always ready the engine takes exactly
@@ -190,13 +195,15 @@ def test_cycles(npu_kw, queries, keys, d_head, kw, closed):
                          d_model=d_head + max(kw["col"], kw.get("k_col", 0), kw.get("v_col", 0)),
                          d_head=d_head, **kw)
     case.run_iss()
-    model = launch_cycles(case.launch.regs, window=W, length=L, size=n)
+    model = launch_cycles(case.launch.regs, window=W, length=L, size=n,
+                          pipeline=npu.attention_pipeline)
     w, T = d_head // n, L // softmax_lanes(L)
+    x = 3 if npu.attention_pipeline == "deep" else 0
     if closed is not None:
         if kw.get("interleaved"):
-            formula = w * (kw.get("halo", 0) + 2) + queries * (2 * W + 5 * T + 11)
+            formula = w * (kw.get("halo", 0) + 2) + queries * (2 * W + 5 * T + 11) + x
         else:
-            formula = (w * (keys + 1) + 2 * W + 5 * T + 11
+            formula = (w * (keys + 1) + 2 * W + 5 * T + 11 + x
                        + (queries - 1) * max(W + 6, 5 * T + 2))
         assert model == formula == closed, f"model {model}, closed form {formula}, {closed}"
     cycles = check_rtl(case, rng, idle=0, stall=0)
@@ -216,6 +223,8 @@ def test_cycles(npu_kw, queries, keys, d_head, kw, closed):
     ({"length": 6}, ValueError, r"length=6 must be at least max\(window=8, 2\)"),
     ({"d_head": 0}, ValueError, "d_head must be at least 1, not 0"),
     ({"window": 65537, "length": 65537}, ValueError, "window=65537 exceeds the 16-bit"),
+    ({"pipeline": "fast"}, ValueError,
+     r"^attention_pipeline='fast' is not one of 'short', 'deep'$"),
 ])
 def test_constructor_rejects(kw, exc, match):
     args = {"window": 8, "d_head": 8, "length": 8, "size": 4, **kw}

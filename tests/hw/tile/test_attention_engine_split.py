@@ -113,6 +113,7 @@ def test_stale_keys_are_zero():
     ({"window": 4, "length": 10}, 6, [4], {"interleaved": True}),          # P = 2, wraps
     ({"window": 6, "length": 8}, 8, [8], {"interleaved": True, "halo": 3}),
     ({"size": 2, "window": 2, "length": 2, "dmax": 16}, 4, [16], {}),      # R = 4 > W
+    ({"window": 8, "length": 8, "pipeline": "deep"}, 6, [8], {}),         # output registers
 ])
 def test_cycles(npu_kw, seq, shards, kw):
     """Every word available and ``o`` always ready: each pass takes exactly
@@ -126,7 +127,7 @@ def test_cycles(npu_kw, seq, shards, kw):
     case.reduce()
     for launch in (case.partials[0], case.reduced[0]):
         model = launch_cycles(launch.regs, window=npu.attn_window, length=npu.softmax_len,
-                              size=npu.array_size)
+                              size=npu.array_size, pipeline=npu.attention_pipeline)
         _, cycles = engine_run(case, [launch], case.iss.mem, rng, idle=0, stall=0)
         assert cycles == model, f"{launch.regs['AT_FLAGS']:#x}: RTL {cycles}, model {model}"
         _, slow = engine_run(case, [launch], case.iss.mem, rng, idle=0.3, stall=0.3)

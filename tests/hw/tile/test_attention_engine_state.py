@@ -1,7 +1,7 @@
 """AttentionEngine with state rows (long context, hw.tile.attention_engine): a head's keys in
 chunks, the partial softmax, the merge and the final normalisation; RTL == ISS == golden,
-exact cycles, random idle and backpressure. One short causal run (about 2 s of pysim) is in
-the default suite; the others are slow."""
+exact cycles, random idle and backpressure. One short causal run (about 2 s of pysim) per
+``attention_pipeline`` is in the default suite; the others are slow."""
 
 import pytest
 
@@ -13,6 +13,9 @@ from tests.helpers import assert_memories_equal, state_case
 @pytest.mark.parametrize("seed, npu_kw, queries, chunks, kw, causal", [
     pytest.param(50, {}, 6, [(0, 8), (8, 16), (16, 24)], {}, False, marks=pytest.mark.slow),
     (51, {}, 6, [(12, 18), (6, 12), (0, 6)], {"q_pos": 12}, True),
+    (51, {"pipeline": "deep"}, 6, [(12, 18), (6, 12), (0, 6)], {"q_pos": 12}, True),
+    pytest.param(52, {"size": 8, "dmax": 16, "pipeline": "deep"}, 5, [(0, 8), (8, 13)],
+                 {"d_head": 12, "d_model": 16, "col": 2}, False, marks=pytest.mark.slow),
     pytest.param(52, {"size": 8, "dmax": 16}, 5, [(0, 8), (8, 13)],
                  {"d_head": 12, "d_model": 16, "col": 2}, False, marks=pytest.mark.slow),
     pytest.param(53, {}, 4, [(0, 8), (8, 16)], {"d_head": 6, "col": 7, "k_col": 2,
@@ -47,6 +50,9 @@ def run_chunks(case, rng, **kw):
     (62, {"size": 8, "dmax": 16}, 5, [(0, 8), (8, 13)], {"d_head": 16, "d_model": 16}),
     (63, {"window": 3, "length": 6}, 5, [(0, 3), (3, 6)], {"d_head": 4, "col": 6,
                                                            "k_col": 1, "d_model": 12}),
+    (60, {"pipeline": "deep"}, 6, [(0, 8), (8, 16), (16, 24)], {}),
+    (62, {"size": 8, "dmax": 16, "pipeline": "deep"}, 5, [(0, 8), (8, 13)],
+     {"d_head": 16, "d_model": 16}),
 ])
 def test_cycles(seed, npu_kw, queries, chunks, kw):
     """Every word at once and WR1 always ready: each launch takes exactly ``launch_cycles``
@@ -56,7 +62,7 @@ def test_cycles(seed, npu_kw, queries, chunks, kw):
     case, rng = state_case(seed, npu_kw, queries, chunks, kw, False)
     npu = case.npu
     timing = {"window": npu.attn_window, "length": npu.softmax_len, "size": npu.array_size,
-              "d_head": npu.d_head_max}
+              "d_head": npu.d_head_max, "pipeline": npu.attention_pipeline}
     mem = case.before
     for i, launch in enumerate(case.launches):
         before = mem

@@ -69,14 +69,16 @@ def test_vector_model_is_the_engines_closed_form(flags, op, length, rows, pipeli
     (1, 1, FLAG_PARTIAL), (1, 1, FLAG_REDUCED),
 ])
 @pytest.mark.parametrize("words", [1, 2])
-def test_attention_model_is_the_engines_closed_form(queries, keys, flags, words):
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
+def test_attention_model_is_the_engines_closed_form(queries, keys, flags, words, pipeline):
     regs = {"AT_QUERIES": queries, "AT_KEYS": keys, "AT_FLAGS": flags, "AT_D_HEAD": 4 * words}
 
     def step(m):
         m.step(True, True, True, m.out_valid())
 
-    got = cycles(AttentionModel(window=16, length=16, size=4), step, regs)
-    assert got == attn_timing.launch_cycles(regs, window=16, length=16, size=4)
+    got = cycles(AttentionModel(window=16, length=16, size=4, pipeline=pipeline), step, regs)
+    assert got == attn_timing.launch_cycles(regs, window=16, length=16, size=4,
+                                            pipeline=pipeline)
 
 
 @pytest.mark.parametrize("queries, keys, flags", [
@@ -84,7 +86,8 @@ def test_attention_model_is_the_engines_closed_form(queries, keys, flags, words)
     (12, 16, FLAG_STATE_IN | 1), (1, 1, FLAG_STATE_IN), (20, 10, FLAG_STATE_OUT),
 ])
 @pytest.mark.parametrize("d_head, window", [(4, 16), (8, 16), (8, 4), (16, 3)])
-def test_attention_model_with_state_rows(queries, keys, flags, d_head, window):
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
+def test_attention_model_with_state_rows(queries, keys, flags, d_head, window, pipeline):
     """State rows: the merge factors, the state FIFO's rows (which bind with a small ring)
     and the rows' output, as the recurrence of ``launch_cycles``."""
     regs = {"AT_QUERIES": queries, "AT_KEYS": min(keys, window), "AT_FLAGS": flags,
@@ -95,8 +98,10 @@ def test_attention_model_with_state_rows(queries, keys, flags, d_head, window):
         # The chip model counts its FIFOs' levels with them: one word at most each.
         assert all(type(p) is bool for p in pops), f"pops {pops}"
 
-    got = cycles(AttentionModel(window=window, length=16, size=4, d_head=16), step, regs)
-    assert got == attn_timing.launch_cycles(regs, window=window, length=16, size=4, d_head=16)
+    got = cycles(AttentionModel(window=window, length=16, size=4, d_head=16, pipeline=pipeline),
+                 step, regs)
+    assert got == attn_timing.launch_cycles(regs, window=window, length=16, size=4, d_head=16,
+                                            pipeline=pipeline)
 
 
 @pytest.mark.parametrize("mode", list(OutMode))

@@ -154,11 +154,12 @@ def test_four_chips_equal_the_iss(rng, strategy):
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_the_deep_vector_pipeline_chip_equals_the_iss(rng, norm):
     """The ulx3s preset's chip, whose vector unit has the deep pipeline (13 stages, a 21-cycle
-    rsqrt: ``vector_pipeline = "deep"``), runs a one-layer model (LayerNorm, GELU, residual
-    adds, requantisations) with the ISS's integers and its cycle model's cycles, busy counters
-    and traces."""
+    rsqrt: ``vector_pipeline = "deep"``) and its attention engine the deep one (3 output
+    registers: ``attention_pipeline = "deep"``), runs a one-layer model (LayerNorm, attention,
+    GELU, residual adds, requantisations) with the ISS's integers and its cycle model's cycles,
+    busy counters and traces."""
     npu = npu_preset("ulx3s")
-    assert npu.vector_pipeline == "deep"
+    assert npu.vector_pipeline == npu.attention_pipeline == "deep"
     npu, prog, images, want = compiled(rng, "single", 1, npu=npu,
                                        cfg=dataclasses.replace(SMALL, norm=norm))
     programs, reads = [c.program for c in prog.chips], prog.reads()
