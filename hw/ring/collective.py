@@ -64,13 +64,10 @@ from ..spec.collective import LENGTH_BITS, MAX_CHIPS, Kind, ReduceOp, word_bytes
 __all__ = ["command_layout", "command_fields", "CollectiveEngine"]
 
 
-class _TailFIFO(wiring.Component):
-    """A first-word-fall-through FIFO of ``depth`` words (the interface and the behaviour of
-    :class:`amaranth.lib.fifo.SyncFIFO` with ``fwft``, as :class:`_HeadFIFO`) whose input is a
-    register: ``w_data`` goes to a flip-flop, not to the LUT RAM's write port (its data and
-    write enables spread over the LUT RAM's slices). The word moves on into a
-    :class:`~amaranth.lib.fifo.SyncFIFO` of ``depth`` words in the next cycle, unless it is
-    read from the register first (the FIFO empty)."""
+class _RegisteredFIFO(wiring.Component):
+    """The ports of :class:`amaranth.lib.fifo.SyncFIFO` with ``fwft`` (``w_data``, ``w_en``,
+    ``w_rdy``, ``r_data``, ``r_en``, ``r_rdy``, ``level``) for a FIFO of ``depth`` words of
+    ``width`` bits with one of its ends a register (:class:`_TailFIFO`, :class:`_HeadFIFO`)."""
 
     def __init__(self, *, width: int, depth: int):
         self._width, self._depth = width, depth
@@ -79,6 +76,15 @@ class _TailFIFO(wiring.Component):
             "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
             "level": Out(range(depth + 1)),
         })
+
+
+class _TailFIFO(_RegisteredFIFO):
+    """A first-word-fall-through FIFO of ``depth`` words (the interface and the behaviour of
+    :class:`amaranth.lib.fifo.SyncFIFO` with ``fwft``, as :class:`_HeadFIFO`) whose input is a
+    register: ``w_data`` goes to a flip-flop, not to the LUT RAM's write port (its data and
+    write enables spread over the LUT RAM's slices). The word moves on into a
+    :class:`~amaranth.lib.fifo.SyncFIFO` of ``depth`` words in the next cycle, unless it is
+    read from the register first (the FIFO empty)."""
 
     def elaborate(self, platform):
         m = Module()
@@ -104,21 +110,13 @@ class _TailFIFO(wiring.Component):
         return m
 
 
-class _HeadFIFO(wiring.Component):
+class _HeadFIFO(_RegisteredFIFO):
     """A first-word-fall-through FIFO of ``depth`` words (the interface and the behaviour of
     :class:`amaranth.lib.fifo.SyncFIFO` with ``fwft``: a word written in cycle t is readable in
     cycle t + 1, ``level`` counts the words held) whose first word is a register: ``r_data``
     comes from a flip-flop, not from the LUT RAM's read multiplexer. The other ``depth - 1``
     words are a :class:`~amaranth.lib.fifo.SyncFIFO`, read into the register a cycle ahead; a
     word written while that FIFO is empty goes straight to the register when it is free."""
-
-    def __init__(self, *, width: int, depth: int):
-        self._width, self._depth = width, depth
-        super().__init__({
-            "w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
-            "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
-            "level": Out(range(depth + 1)),
-        })
 
     def elaborate(self, platform):
         m = Module()

@@ -19,6 +19,7 @@ from ..softmax import NORM_QUOTIENT_BITS
 from ..vector import VectorOp, twin_of
 from ..vector_engine import row_words
 from .matmul import REQUANT_LATENCY, unit_latency
+from .vector import PIPELINES, check_pipeline
 from .vector import latency as vector_latency
 
 __all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
@@ -66,15 +67,12 @@ ATTN_NORM_CYCLES = 1
 #: chunk's merge in 2 registers; ``"deep"``, for a faster clock, the requantiser and the state
 #: words' merge in :func:`attn_out_pipe` registers before ``o`` and the last chunk's merge in
 #: :func:`attn_merge_pipe`.
-ATTN_PIPELINES = ("short", "deep")
+ATTN_PIPELINES = PIPELINES
 
 
 def check_attn_pipeline(pipeline) -> str:
     """``pipeline`` if it is one of :data:`ATTN_PIPELINES`, else a ValueError naming it."""
-    if pipeline not in ATTN_PIPELINES:
-        raise ValueError(f"attention_pipeline={pipeline!r} is not one of "
-                         f"{', '.join(map(repr, ATTN_PIPELINES))}")
-    return pipeline
+    return check_pipeline(pipeline, key="attention_pipeline")
 
 
 def attn_out_pipe(pipeline: str = "short") -> int:

@@ -28,10 +28,11 @@ __all__ = ["PIPELINES", "check_pipeline", "latency", "rsqrt_cycles", "stats_cycl
 PIPELINES = ("short", "deep")
 
 
-def check_pipeline(pipeline) -> str:
-    """``pipeline`` if it is one of :data:`PIPELINES`, else a ValueError naming it."""
+def check_pipeline(pipeline, key: str = "vector_pipeline") -> str:
+    """``pipeline`` if it is one of :data:`PIPELINES`, else a ValueError naming the NPU file's
+    ``key`` (the attention engine's ``attention_pipeline`` has the same two choices)."""
     if pipeline not in PIPELINES:
-        raise ValueError(f"vector_pipeline={pipeline!r} is not one of "
+        raise ValueError(f"{key}={pipeline!r} is not one of "
                          f"{', '.join(map(repr, PIPELINES))}")
     return pipeline
 
