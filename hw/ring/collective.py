@@ -54,7 +54,7 @@ cycles) is the bottleneck. Latency: one cycle from rx or local to out or to the 
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -396,74 +396,109 @@ class CollectiveEngine(wiring.Component):
         ]
 
         # Datapath: combine rx and local words lane by lane. The ring operand is the link's word
-        # (cut-through, the receive buffer empty) or the buffer's first word: both are combined
-        # with the local word and the result picked after, so that the pick's select (whether
-        # the buffer is empty) does not fan out to the operands before the carry chains.
+        # (cut-through, the receive buffer empty) or the buffer's first word: both are compared
+        # with the local word and the lane's pick chosen after, so that the choice's select
+        # (whether the buffer is empty) does not fan out to the operands before the carry
+        # chains. A lane's result, in the output register and in the transmit buffer's, is one
+        # 2:1 choice per bit between the ring operand `x` and `t` (the sum, the local operand
+        # or zero, chosen in parallel with the compares), its select one signal per lane and
+        # destination: after a MAX or MIN's compare come one LUT and that select's fan-out,
+        # not the pick, the 32/64-bit, the operand and the source multiplexers in series.
         a = rx_data
         b = self.i_local.payload.data
         red_op = Mux(op == ReduceOp.AVG, ReduceOp.SUM, op)
+        combining = use_rx & use_local & ~swap
+        is_minmax = (red_op == ReduceOp.MAX) | (red_op == ReduceOp.MIN)
+        # MIN picks the local operand where MAX picks the ring's (equal operands are equal).
+        is_min = red_op == ReduceOp.MIN
+        # A lane's select is `c1` where the ring operand is the greater, else `c0`: from the
+        # control alone, so that the compare meets them in the select's last LUT. The selects
+        # and their control are kept (`keep`), so that synthesis does not merge the control's
+        # logic into the LUTs after the carry chains.
+        keep = {"keep": 1}
+        is_sum = Signal()
+        c1_res, c0_res, c1_tx, c0_tx = (Signal(name=x, attrs=keep) for x in
+                                        ("c1_res", "c0_res", "c1_tx", "c0_tx"))
+        # The ring operand whatever the compare: a relayed word, and a merged step's output
+        # (which sends the local word).
+        x_res = swap | (use_rx & ~use_local)
+        x_tx = use_rx & ~use_local & ~swap
+        m.d.comb += [
+            is_sum.eq(combining & ~is_minmax),
+            c1_res.eq(x_res | (combining & is_minmax & ~is_min)),
+            c0_res.eq(x_res | (combining & is_minmax & is_min)),
+            c1_tx.eq(x_tx | (combining & is_minmax & ~is_min)),
+            c0_tx.eq(x_tx | (combining & is_minmax & is_min)),
+        ]
 
-        # Each lane's sum and signed compares (32-bit carry chains); a 64-bit element's from its
-        # two lanes' (carry select: the high lanes' sum plus the low lanes' carry, the high
-        # lanes' compare unless they are equal, then the low lanes' unsigned one), so that no
-        # carry chain is longer than 33 bits.
-        def pick(x, y, gt, lt, total):
-            return Mux(red_op == ReduceOp.MAX, Mux(gt, x, y),
-                       Mux(red_op == ReduceOp.MIN, Mux(lt, x, y), total))
-
-        def combine(a, tag):
-            lane_sum, lane_gt, lane_lt = [], [], []
-            comb32 = []
+        # Each lane's sum (32-bit carry chains; a 64-bit element's high lane the high lanes'
+        # sum plus the low lanes' carry, a carry select). A pair of lanes' compares are one
+        # carry chain, `y - x` over the low lane, one bit between and the high lane, each
+        # lane's sign bit inverted (an unsigned compare of the flipped values is the signed
+        # one; the low lane's only for 32-bit elements): for 32-bit elements the bit between
+        # stops the low lane's borrow (1 - 0 - borrow: the bit is the low lane's `x <= y`) and
+        # the chain's borrow is the high lane's `x > y`; for 64-bit elements it passes it on
+        # (1 - 1 - borrow) and the chain's borrow is the element's `x > y`. After the chain
+        # comes only each lane's select: no equality or carry-select logic.
+        def combine(x, tag):
+            sums, gts = [], [None] * lanes
             for lane in range(lanes):
-                x, y = a[lane].as_signed(), b[lane].as_signed()
-                lane_sum.append(Signal(32, name=f"{tag}_sum{lane}"))
-                lane_gt.append(Signal(name=f"{tag}_gt{lane}"))
-                lane_lt.append(Signal(name=f"{tag}_lt{lane}"))
-                m.d.comb += [lane_sum[lane].eq(x + y), lane_gt[lane].eq(x > y),
-                             lane_lt[lane].eq(x < y)]
-                comb32.append(pick(a[lane], b[lane], lane_gt[lane], lane_lt[lane],
-                                   lane_sum[lane]))
-            comb64 = []
+                sums.append(Signal(32, name=f"{tag}_sum{lane}"))
+                m.d.comb += sums[lane].eq(x[lane].as_signed() + b[lane].as_signed())
+            total = list(sums)
             for pair in range(pairs):
                 lo, hi = 2 * pair, 2 * pair + 1
-                carry = (a[lo] + b[lo])[32]
-                high = Mux(carry, (a[hi] + b[hi] + 1)[:32], lane_sum[hi])
-                high_eq = a[hi] == b[hi]
-                gt = lane_gt[hi] | (high_eq & (a[lo] > b[lo]))
-                lt = lane_lt[hi] | (high_eq & (a[lo] < b[lo]))
-                comb64.append(pick(Cat(a[lo], a[hi]), Cat(b[lo], b[hi]), gt, lt,
-                                   Cat(lane_sum[lo], high)))
-            both = Signal(self.word_bytes * 8, name=f"{tag}_both")
-            m.d.comb += both.eq(Mux(wide, Cat(*comb64), Cat(*comb32)))
-            return both
+                carry = (x[lo] + b[lo])[32]
+                high = Mux(carry, (x[hi] + b[hi] + 1)[:32], sums[hi])
+                total[hi] = Mux(wide, high, sums[hi])
+                flip_lo = Cat(Const(0, 31), ~wide)
+                flip_hi = Const(1 << 31, 32)
+                d = Signal(66, name=f"{tag}_cmp{pair}")
+                m.d.comb += d.eq(Cat(b[lo] ^ flip_lo, Const(1, 1), b[hi] ^ flip_hi)
+                                 - Cat(x[lo] ^ flip_lo, wide, x[hi] ^ flip_hi))
+                gts[lo] = Mux(wide, d[65], ~d[32])
+                gts[hi] = d[65]
+            return gts, total
 
-        both = Signal(self.word_bytes * 8)
-        m.d.comb += both.eq(Mux(rx_direct, combine(rx_link, "link"), combine(rx_head, "head")))
-        src = Signal(self.word_bytes * 8)
-        with m.If(use_rx & use_local):
-            m.d.comb += src.eq(both)
-        with m.Elif(use_rx):
-            m.d.comb += src.eq(a.as_value())
-        with m.Elif(use_local):
-            m.d.comb += src.eq(b.as_value())
+        link_gt, link_sum = combine(rx_link, "link")
+        head_gt, head_sum = combine(rx_head, "head")
+        res_next = Signal(self.word_bytes * 8)      # the output register's next word
+        tx_next = Signal(self.word_bytes * 8)       # the transmit buffer's
+        for lane in range(lanes):
+            sel_res = Signal(name=f"sel_res{lane}", attrs=keep)
+            sel_tx = Signal(name=f"sel_tx{lane}", attrs=keep)
+            t = Signal(32, name=f"t{lane}")
+            m.d.comb += [
+                sel_res.eq(Mux(rx_direct, Mux(link_gt[lane], c1_res, c0_res),
+                               Mux(head_gt[lane], c1_res, c0_res))),
+                sel_tx.eq(Mux(rx_direct, Mux(link_gt[lane], c1_tx, c0_tx),
+                              Mux(head_gt[lane], c1_tx, c0_tx))),
+                t.eq(Mux(is_sum, Mux(rx_direct, link_sum[lane], head_sum[lane]),
+                         Mux(use_local, b[lane], 0))),
+                res_next[32 * lane:32 * lane + 32].eq(Mux(sel_res, a[lane], t)),
+                tx_next[32 * lane:32 * lane + 32].eq(Mux(sel_tx, a[lane], t)),
+            ]
 
         # AVG: the final reduction is divided by the group size, or the command's divisor
-        # (floor of the wrapped sum); without the divider (avg=False) the sum goes out.
-        result = Signal(self.word_bytes * 8)
+        # (floor of the wrapped sum); without the divider (avg=False) the sum goes out. A final
+        # step is never a merged one, so the word sent and the word output are the same.
+        res_word = Signal(self.word_bytes * 8)
+        tx_word = Signal(self.word_bytes * 8)
         if self.avg:
-            div32 = [(src[32 * lane:32 * lane + 32].as_signed() // div)[:32]
+            div32 = [(tx_next[32 * lane:32 * lane + 32].as_signed() // div)[:32]
                      for lane in range(lanes)]
-            div64 = [(src[64 * pair:64 * pair + 64].as_signed() // div)[:64]
+            div64 = [(tx_next[64 * pair:64 * pair + 64].as_signed() // div)[:64]
                      for pair in range(pairs)]
-            m.d.comb += result.eq(Mux(final & (op == ReduceOp.AVG),
-                                      Mux(wide, Cat(*div64), Cat(*div32)), src))
+            divided = Mux(wide, Cat(*div64), Cat(*div32))
+            avg_now = final & (op == ReduceOp.AVG)
+            m.d.comb += [res_word.eq(Mux(avg_now, divided, res_next)),
+                         tx_word.eq(Mux(avg_now, divided, tx_next))]
         else:
-            m.d.comb += result.eq(src)
+            m.d.comb += [res_word.eq(res_next), tx_word.eq(tx_next)]
 
-        # A merged step sends the local word and outputs the ring's.
         last_word = k1 == words
         m.d.comb += [tx_fifo.w_en.eq(fire & to_tx),
-                     tx_fifo.w_data.eq(Cat(Mux(swap, b.as_value(), result), last_word))]
+                     tx_fifo.w_data.eq(Cat(tx_word, last_word))]
         # The end of a step: the next one, or the next chunk's first (its second after a
         # merged step).
         step_end = Signal()
@@ -478,7 +513,7 @@ class CollectiveEngine(wiring.Component):
                 m.d.sync += [s.eq(s + 1), block.eq(next_block),
                              longer_block.eq(next_block < r), done.eq(last_step)]
         with m.If(fire):
-            m.d.sync += [res.data.eq(Mux(swap, a.as_value(), result)),
+            m.d.sync += [res.data.eq(res_word),
                          res.last.eq(last_word), pend_out.eq(to_out)]
             with m.If(last_word):
                 m.d.comb += step_end.eq(1)
