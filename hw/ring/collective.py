@@ -440,6 +440,12 @@ class CollectiveEngine(wiring.Component):
         # the chain's borrow is the high lane's `x > y`; for 64-bit elements it passes it on
         # (1 - 1 - borrow) and the chain's borrow is the element's `x > y`. After the chain
         # comes only each lane's select: no equality or carry-select logic.
+        # `wide` for the compares: a flip-flop of its own (cleared when the engine stops, so
+        # that synthesis does not merge it with `wide`), near the chains it enters.
+        wide_cmp = Signal()
+        with m.If(~running):
+            m.d.sync += wide_cmp.eq(0)
+
         def combine(x, tag):
             sums, gts = [], [None] * lanes
             for lane in range(lanes):
@@ -451,12 +457,12 @@ class CollectiveEngine(wiring.Component):
                 carry = (x[lo] + b[lo])[32]
                 high = Mux(carry, (x[hi] + b[hi] + 1)[:32], sums[hi])
                 total[hi] = Mux(wide, high, sums[hi])
-                flip_lo = Cat(Const(0, 31), ~wide)
+                flip_lo = Cat(Const(0, 31), ~wide_cmp)
                 flip_hi = Const(1 << 31, 32)
                 d = Signal(66, name=f"{tag}_cmp{pair}")
                 m.d.comb += d.eq(Cat(b[lo] ^ flip_lo, Const(1, 1), b[hi] ^ flip_hi)
-                                 - Cat(x[lo] ^ flip_lo, wide, x[hi] ^ flip_hi))
-                gts[lo] = Mux(wide, d[65], ~d[32])
+                                 - Cat(x[lo] ^ flip_lo, wide_cmp, x[hi] ^ flip_hi))
+                gts[lo] = Mux(wide_cmp, d[65], ~d[32])
                 gts[hi] = d[65]
             return gts, total
 
@@ -528,6 +534,7 @@ class CollectiveEngine(wiring.Component):
         with m.If(accept):
             m.d.sync += [
                 running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
+                wide_cmp.eq(cmd.wide),
                 r.eq(cmd.longer), n.eq(cmd.count),
                 p.eq(cmd.rank), member.eq(cmd_member), s.eq(0), k1.eq(1), block.eq(first_block),
                 longer_block.eq(first_block < cmd.longer),
