@@ -135,6 +135,15 @@ def _e(op, reg=0, value=0):
         _e(Op.ADDX, R0, 3), _e(Op.LOOP, value=loop_operand(1, 4)), _e(Op.ADDX, R0, -7),
         _e(Op.MATMUL), _e(Op.LOOP, value=loop_operand(1, 0)), _e(Op.ADDX, R0, 1), _e(Op.VEC),
         HALT]),
+    # ADDX's product is computed in the cycle before it issues, with the scale of the
+    # instruction after the one issuing (or of the body's first at a jump back) and the ITER it
+    # will see: ADDXs in a row across the jump back, the jump held by a launch's stalls, and a
+    # one-instruction body after a body ending in an ADDX.
+    ("addx_across_the_jump", [
+        _e(Op.LOOP, value=loop_operand(2, 4)), _e(Op.ADDX, R0, -300), _e(Op.ADDX, R1, 7),
+        _e(Op.LOOP, value=loop_operand(3, 3)), _e(Op.ADDX, R1, 32767), _e(Op.ADDX, R0, -32768),
+        _e(Op.MATMUL), _e(Op.LOOP, value=loop_operand(1, 5)), _e(Op.ADDX, R0, 11),
+        _e(Op.VEC), HALT]),
     # An ADD two instructions after a write of its register (the register's block RAM copy
     # is read a cycle ahead, before that write lands), with a launch between that may stall.
     ("one_between", [
