@@ -269,7 +269,6 @@ class CollectiveEngine(wiring.Component):
 
         # Latched command.
         mc = self.max_count
-        kind = Signal(3)
         op = Signal(2)
         wide = Signal()
         r = Signal(range(mc))
@@ -282,6 +281,7 @@ class CollectiveEngine(wiring.Component):
         block1 = Signal(range(mc))          # and its second
         member = Signal()
         running = Signal()
+        op_max, op_min = Signal(), Signal()  # the op is MAX, MIN (AVG is SUM but for `final`)
 
         cmd = self.i_cmd.payload
         accept = self.i_cmd.valid & self.i_cmd.ready
@@ -296,10 +296,6 @@ class CollectiveEngine(wiring.Component):
         total_m1 = Signal(range(-1, 2 * mc + 1))    # the steps of one chunk, less one
         done = Signal()                             # s == the steps: every step has run
 
-        is_ag = kind == Kind.ALL_GATHER
-        is_ar = kind == Kind.ALL_REDUCE
-        is_sr = kind == Kind.SEND_RECV
-        is_bar = kind == Kind.BARRIER
         cmd_total = Signal(range(2 * mc + 1))
         with m.Switch(cmd.kind):
             with m.Case(Kind.SEND_RECV):
@@ -324,29 +320,46 @@ class CollectiveEngine(wiring.Component):
         use_rx, use_local, to_tx, to_out, final = (Signal(name=x) for x in
                                                    ("use_rx", "use_local", "to_tx", "to_out",
                                                     "final"))
-        last_step = s == total_m1
+        # What a step does is decided from flip-flops: the tests of the step number `s` are
+        # registers set wherever `s` is (`s_*`, from the value it takes), and the command's
+        # kind, rank tests and whether its chunks merge (below) are registered when it is
+        # accepted, so that the datapath's control is one or two LUTs deep.
+        def s_tests(v, total_m1_v, n_v):
+            return {"last": v == total_m1_v, "eq0": v == 0, "eq1": v == 1,
+                    "le_nm1": v <= n_v - 1, "eq_nm1": v == n_v - 1}
+        s_t = {name: Signal(name=f"s_{name}") for name in ("last", "eq0", "eq1", "le_nm1",
+                                                           "eq_nm1")}
+
+        def set_s(v, total_m1_v=total_m1, n_v=n):
+            tests = s_tests(v, total_m1_v, n_v)
+            return [s.eq(v), *(s_t[name].eq(tests[name]) for name in s_t)]
+
+        k_ag, k_ar, k_sr, k_bar = (Signal(name=x) for x in ("k_ag", "k_ar", "k_sr", "k_bar"))
+        p_is0, p_is1, p_last = (Signal(name=x) for x in ("p_is0", "p_is1", "p_last"))
+        merge_ok = Signal()                 # the chunks merge, at a chunk's last step
+        left_nz = Signal()                  # left != 0
+        last_step = s_t["last"]
         # A chunk's last step (ring -> out) merged with the next chunk's first (local -> ring):
         # a member of an all-reduce or an all-gather in place whose blocks are alike
         # (hw.spec.collective.merges). The step after it is the next chunk's second.
         swap = Signal()
-        m.d.comb += swap.eq(member & (is_ar | (is_ag & in_place)) & (r == 0) & (n > 1) &
-                            last_step & (left != 0))
+        m.d.comb += swap.eq(merge_ok & last_step & left_nz)
         with m.If(swap):
             m.d.comb += [use_rx.eq(1), use_local.eq(1), to_tx.eq(1), to_out.eq(1)]
-        with m.Elif(is_sr):
-            m.d.comb += [use_local.eq(p == 0), to_tx.eq(p == 0),
-                         use_rx.eq(p == 1), to_out.eq(p == 1)]
-        with m.Elif(is_bar):
-            m.d.comb += [use_rx.eq(~member | (s == 1) | (p != 0)),
-                         to_tx.eq(~member | (s == 0) | (p != n - 1))]
+        with m.Elif(k_sr):
+            m.d.comb += [use_local.eq(p_is0), to_tx.eq(p_is0),
+                         use_rx.eq(p_is1), to_out.eq(p_is1)]
+        with m.Elif(k_bar):
+            m.d.comb += [use_rx.eq(~member | s_t["eq1"] | ~p_is0),
+                         to_tx.eq(~member | s_t["eq0"] | ~p_last)]
         with m.Elif(~member):
             m.d.comb += [use_rx.eq(1), to_tx.eq(1)]
-        with m.Elif(~is_ag & (s <= n - 1)):           # reduce phase
-            m.d.comb += [use_rx.eq(s > 0), use_local.eq(1), to_tx.eq(~last_step),
-                         to_out.eq(s == n - 1), final.eq(s == n - 1)]
+        with m.Elif(~k_ag & s_t["le_nm1"]):           # reduce phase
+            m.d.comb += [use_rx.eq(~s_t["eq0"]), use_local.eq(1), to_tx.eq(~last_step),
+                         to_out.eq(s_t["eq_nm1"]), final.eq(s_t["eq_nm1"])]
         with m.Else():                                 # gather phase
-            m.d.comb += [use_rx.eq(~(is_ag & (s == 0))), use_local.eq(is_ag & (s == 0)),
-                         to_tx.eq(~last_step), to_out.eq(~(is_ag & (s == 0) & in_place))]
+            m.d.comb += [use_rx.eq(~(k_ag & s_t["eq0"])), use_local.eq(k_ag & s_t["eq0"]),
+                         to_tx.eq(~last_step), to_out.eq(~(k_ag & s_t["eq0"] & in_place))]
 
         # Words in this step: the block padded to whole words. A command's steps are of two
         # sizes, the blocks before `longer` and the others (send/recv: the message; barrier:
@@ -406,11 +419,10 @@ class CollectiveEngine(wiring.Component):
         # not the pick, the 32/64-bit, the operand and the source multiplexers in series.
         a = rx_data
         b = self.i_local.payload.data
-        red_op = Mux(op == ReduceOp.AVG, ReduceOp.SUM, op)
         combining = use_rx & use_local & ~swap
-        is_minmax = (red_op == ReduceOp.MAX) | (red_op == ReduceOp.MIN)
+        is_minmax = op_max | op_min
         # MIN picks the local operand where MAX picks the ring's (equal operands are equal).
-        is_min = red_op == ReduceOp.MIN
+        is_min = op_min
         # A lane's select is `c1` where the ring operand is the greater, else `c0`: from the
         # control alone, so that the compare meets them in the select's last LUT. The selects
         # and their control are kept (`keep`), so that synthesis does not merge the control's
@@ -510,13 +522,13 @@ class CollectiveEngine(wiring.Component):
         step_end = Signal()
         with m.If(step_end):
             with m.If(swap):
-                m.d.sync += [s.eq(1), block.eq(block1), longer_block.eq(block1 < r),
-                             left.eq(left - 1)]
-            with m.Elif(last_step & (left != 0)):
-                m.d.sync += [s.eq(0), block.eq(block0), longer_block.eq(block0 < r),
-                             left.eq(left - 1)]
+                m.d.sync += [*set_s(1), block.eq(block1), longer_block.eq(block1 < r),
+                             left.eq(left - 1), left_nz.eq(left != 1)]
+            with m.Elif(last_step & left_nz):
+                m.d.sync += [*set_s(0), block.eq(block0), longer_block.eq(block0 < r),
+                             left.eq(left - 1), left_nz.eq(left != 1)]
             with m.Else():
-                m.d.sync += [s.eq(s + 1), block.eq(next_block),
+                m.d.sync += [*set_s(s + 1), block.eq(next_block),
                              longer_block.eq(next_block < r), done.eq(last_step)]
         with m.If(fire):
             m.d.sync += [res.data.eq(res_word),
@@ -533,10 +545,20 @@ class CollectiveEngine(wiring.Component):
             m.d.sync += running.eq(0)
         with m.If(accept):
             m.d.sync += [
-                running.eq(1), kind.eq(cmd.kind), op.eq(cmd.op), wide.eq(cmd.wide),
+                running.eq(1), op.eq(cmd.op), wide.eq(cmd.wide),
                 wide_cmp.eq(cmd.wide),
                 r.eq(cmd.longer), n.eq(cmd.count),
-                p.eq(cmd.rank), member.eq(cmd_member), s.eq(0), k1.eq(1), block.eq(first_block),
+                p.eq(cmd.rank), member.eq(cmd_member), *set_s(0, cmd_total - 1, cmd.count),
+                k1.eq(1), block.eq(first_block),
+                k_ag.eq(cmd.kind == Kind.ALL_GATHER), k_ar.eq(cmd.kind == Kind.ALL_REDUCE),
+                k_sr.eq(cmd.kind == Kind.SEND_RECV), k_bar.eq(cmd.kind == Kind.BARRIER),
+                p_is0.eq(cmd.rank == 0), p_is1.eq(cmd.rank == 1),
+                p_last.eq(cmd.rank == cmd.count - 1),
+                merge_ok.eq(cmd_member & ((cmd.kind == Kind.ALL_REDUCE) |
+                                          ((cmd.kind == Kind.ALL_GATHER) & cmd.in_place)) &
+                            (cmd.longer == 0) & (cmd.count > 1)),
+                left_nz.eq(cmd.chunks != 0),
+                op_max.eq(cmd.op == ReduceOp.MAX), op_min.eq(cmd.op == ReduceOp.MIN),
                 longer_block.eq(first_block < cmd.longer),
                 total_m1.eq(cmd_total - 1), done.eq(cmd_total == 0),
                 div.eq(Mux(cmd.divisor != 0, cmd.divisor, cmd.count)),
