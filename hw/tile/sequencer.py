@@ -69,9 +69,10 @@ class Sequencer(wiring.Component):
       iteration index times the low 16 bits of the value field (signed). All three share one
       write path (one instruction issues per cycle, so one product and one sum serve every
       register): in the cycle it issues, the instruction adds its addend (the value, or the
-      one 16 x 32-bit multiplier's product) to its register's value, read a cycle ahead from
-      a block RAM copy of the registers (no multiplexer over the registers), into a
-      flip-flop; in the next cycle that sum is written, and is what that cycle reads of the
+      16 x 32-bit product, computed in the cycle before: a memory beside the instruction
+      memory holds each word's successor's scale) to its register's value, read a cycle
+      ahead from a block RAM copy of the registers (no multiplexer over the registers), into
+      a flip-flop; in the next cycle that sum is written, and is what that cycle reads of the
       register: ``regs`` (a launch in that cycle copies it) and the value of an ADD or ADDX
       of the same register issued in that cycle. To a program, SET, ADD and ADDX write in
       the cycle they issue.
