@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from amaranth.hdl import C, Cat, Module, Mux, Shape, Signal, Value, signed
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -69,10 +69,9 @@ class Sequencer(wiring.Component):
       iteration index times the low 16 bits of the value field (signed). All three share one
       write path (one instruction issues per cycle, so one product and one sum serve every
       register): in the cycle it issues, the instruction adds its addend (the value, or the
-      16 x 32-bit product, computed in the cycle before: a memory beside the instruction
-      memory holds each word's successor's scale) to its register's value, read a cycle
-      ahead from a block RAM copy of the registers (no multiplexer over the registers), into
-      a flip-flop; in the next cycle that sum is written, and is what that cycle reads of the
+      one 16 x 32-bit multiplier's product) to its register's value, read a cycle ahead from
+      a block RAM copy of the registers (no multiplexer over the registers), into a
+      flip-flop; in the next cycle that sum is written, and is what that cycle reads of the
       register: ``regs`` (a launch in that cycle copies it) and the value of an ADD or ADDX
       of the same register issued in that cycle. To a program, SET, ADD and ADDX write in
       the cycle they issue.
@@ -189,25 +188,12 @@ class Sequencer(wiring.Component):
             wr.en.eq(self.imem_wr.valid), wr.addr.eq(wp.addr), wr.data.eq(wp.data),
             nwr.en.eq(self.imem_wr.valid), nwr.addr.eq(wp.addr), nwr.data.eq(w_next),
         ]
-        # `iscale`, beside them too: for each word, the ADDX scale field of the word after it
-        # (written as the host writes that word), so that the fetch knows the scale of the
-        # instruction after the one it loads into `ir`, a cycle before the memory's output
-        # has it: ADDX's product is computed in the cycle before the ADDX issues.
-        scale_lo = OPCODE_BITS + REG_BITS
-        srd, swr = _columns(m, "iscale", ADDX_SCALE_BITS, words, [])
-        w_scale = wp.data[scale_lo:scale_lo + ADDX_SCALE_BITS]
-        m.d.comb += [swr.en.eq(self.imem_wr.valid & (wp.addr != 0)),
-                     swr.addr.eq(wp.addr - 1), swr.data.eq(w_scale)]
         # Word 0 and its next address, kept in flip-flops as the host writes them: `start`
-        # loads the first instruction from them (no read while idle to be stale); and word 1's
-        # scale (`iscale` of word 0).
+        # loads the first instruction from them (no read while idle to be stale).
         first = Signal(INSN_BITS)
         first_next = Signal(meta, init={"next": 1 % (1 << aw)})
-        first_scale = Signal(ADDX_SCALE_BITS)
         with m.If(self.imem_wr.valid & (wp.addr == 0)):
             m.d.sync += [first.eq(wp.data), first_next.eq(w_next)]
-        with m.If(self.imem_wr.valid & (wp.addr == 1)):
-            m.d.sync += first_scale.eq(w_scale)
 
         # The fetch runs one instruction ahead of the execution. `ir` (at `pc`) executes;
         # the memories' outputs hold the instruction at `pn`, the one after it, which `ir`
@@ -241,9 +227,8 @@ class Sequencer(wiring.Component):
             src_pc.eq(Mux(self.running, pn, 0)),
             back_or_first.eq(Mux(self.running, f_start, first_next.next)),
             addr.eq(Mux(self.running & ~pn_back, nrd.data.next, back_or_first)),
-            rd.addr.eq(addr), nrd.addr.eq(addr), srd.addr.eq(addr),
+            rd.addr.eq(addr), nrd.addr.eq(addr),
             rd.en.eq(fetch | ~self.running), nrd.en.eq(fetch | ~self.running),
-            srd.en.eq(fetch | ~self.running),
         ]
         s_body = src[OPCODE_BITS:OPCODE_BITS + LOOP_BODY_BITS]
         s_count = src[OPCODE_BITS + LOOP_BODY_BITS:OPCODE_BITS + LOOP_BODY_BITS
@@ -252,19 +237,10 @@ class Sequencer(wiring.Component):
         # What the execution needs to know at once of `ir` (whether it advances), decoded as
         # it is loaded: `d_plain` NOP, SET or ADD; `d_launch` a launch of a unit the chip has.
         s_op = src[:OPCODE_BITS]
-        d_plain, d_addx, d_loop, d_body0, d_wait = (
-            Signal(name=n) for n in ("d_plain", "d_addx", "d_loop", "d_body0", "d_wait"))
+        d_plain, d_addx, d_loop, d_body0, d_wait, d_write = (
+            Signal(name=n) for n in ("d_plain", "d_addx", "d_loop", "d_body0", "d_wait",
+                                     "d_write"))
         d_launch = Signal(len(LAUNCH_OPS))
-        # The scale of the instruction after the one `ir` takes (`iscale`'s output, or word
-        # 1's at `start`): `nx_scale`, the scale of `pn` unless `pn` is a jump back; a LOOP's
-        # body's first instruction's: `f_scale`, the scale of `pn` when it is (`ir_back`).
-        s_scale = Mux(self.running, srd.data, first_scale)
-        nx_scale = Signal(ADDX_SCALE_BITS)
-        f_scale = Signal(ADDX_SCALE_BITS)
-        with m.If(fetch):
-            m.d.sync += nx_scale.eq(s_scale)
-            with m.If(s_meta.loop):
-                m.d.sync += f_scale.eq(s_scale)
         near = Signal()                  # the address after pn is the loop body's last
         m.d.comb += near.eq(self.running & f_active & ((pn + 1)[:aw] == f_end))
         with m.If(fetch):
@@ -273,6 +249,7 @@ class Sequencer(wiring.Component):
                          ir_exit.eq(self.running & pn_exit),
                          d_plain.eq((s_op == Op.NOP) | (s_op == Op.SET) | (s_op == Op.ADD)),
                          d_addx.eq(s_op == Op.ADDX), d_loop.eq(s_op == Op.LOOP),
+                         d_write.eq((s_op == Op.SET) | (s_op == Op.ADD) | (s_op == Op.ADDX)),
                          d_body0.eq(s_body == 0), d_wait.eq(s_op == Op.WAIT),
                          *(d_launch[bit].eq(s_op == launch_op)
                            for bit, launch_op in enumerate(LAUNCH_OPS)
@@ -295,10 +272,12 @@ class Sequencer(wiring.Component):
 
         op = ir[:OPCODE_BITS]
         reg_index = ir[OPCODE_BITS:OPCODE_BITS + REG_BITS]
+        value = ir[OPCODE_BITS + REG_BITS:].as_signed()
         flags = ir[OPCODE_BITS:]
         advance = Signal()
         loop_active = Signal()
         loop_iter = Signal(ITER_BITS)    # ITER: the running trip's index
+        scale = ir[OPCODE_BITS + REG_BITS:OPCODE_BITS + REG_BITS + ADDX_SCALE_BITS].as_signed()
         body = flags[:LOOP_BODY_BITS]
         count = flags[LOOP_BODY_BITS:LOOP_BODY_BITS + LOOP_COUNT_BITS]
         m.d.comb += [self.pc.eq(pc), self.insn.eq(ir),
@@ -344,87 +323,50 @@ class Sequencer(wiring.Component):
         p_sum = Signal(VALUE_BITS)       # w_sum of the cycle before
         split = 17
         i_old = Signal(VALUE_BITS)       # the issuing instruction's register value
-        i_t = Signal(VALUE_BITS)         # a ^ b, a & b, a | b of its addend's two terms: the
-        i_g = Signal(VALUE_BITS)         # carry-save layer's terms without the register's
-        i_p = Signal(VALUE_BITS)         # value, so that the value meets them in one LUT
+        i_a = Signal(VALUE_BITS)         # its addend: the value, or scale * ITER[:17] ...
+        i_b = Signal(VALUE_BITS)         # ... and 0, or scale * ITER[17:] * 2**17
+        i_t = Signal(VALUE_BITS)         # i_a ^ i_b, i_a & i_b, i_a | i_b: the carry-save
+        i_g = Signal(VALUE_BITS)         # layer's terms without the register's value, so
+        i_p = Signal(VALUE_BITS)         # that the value meets them in one LUT per bit
         i_carry = Signal(VALUE_BITS)
         i_sum = Signal(VALUE_BITS)
-        # The addend's two terms are the value and 0, or ADDX's scale * ITER[:17] and
-        # scale * ITER[17:] * 2**17, each one 18 x 18 multiplier's product. The products are
-        # computed in the cycle before the instruction issues, for the one `ir` takes, with
-        # its scale (`nx_scale` or `f_scale`, above) and the ITER it issues with: 0 after a
-        # LOOP, ITER + 1 after a jump back (`ir_back`), else ITER; their carry-save terms are
-        # registered as `ir` takes the instruction (`x_t`, `x_g`, `x_p`), whatever it is. The
-        # multipliers' operands are flip-flops and a 2:1 choice between them; no decode of the
-        # instruction memory's output precedes them.
-        n_scale = Mux(ir_back, f_scale, nx_scale).as_signed()
-        iter_up = Signal(ITER_BITS, init=1)     # loop_iter + 1
-        n_iter = Mux(d_loop, 0, Mux(ir_back, iter_up, loop_iter))
-        n_a = Signal(VALUE_BITS)
-        n_b = Signal(VALUE_BITS)
-        x_t, x_g, x_p = (Signal(VALUE_BITS, name=n) for n in ("x_t", "x_g", "x_p"))
-        m.d.comb += [n_a.eq(n_scale * n_iter[:split]),
-                     n_b.eq((n_scale * n_iter[split:]) << split)]
-        with m.If(fetch):
-            m.d.sync += [x_t.eq(n_a ^ n_b), x_g.eq(n_a & n_b), x_p.eq(n_a | n_b)]
-        value = ir[OPCODE_BITS + REG_BITS:].as_signed()
-        m.d.comb += [i_t.eq(Mux(d_addx, x_t, value)), i_g.eq(Mux(d_addx, x_g, 0)),
-                     i_p.eq(Mux(d_addx, x_p, value))]
-        # Where the register's value comes from, chosen as the instruction issues: `w_sum` if
-        # the write landing in this cycle is to its register, else `p_sum` if the one of the
-        # cycle before is (the shadow's read missed both), else the shadow if the register is
-        # live, and none for a SET. The register indices are compared as `ir` takes the
-        # instruction (`eq_ir`: with the one `ir` holds, whose write lands in the issue cycle;
-        # `eq_w`: with the write landing then, which lands a cycle before the issue), so that
-        # the issue's choice is one or two LUTs of flip-flops. `live` is looked up in two
-        # steps: the 16 bits of the register's row as `ir` takes the instruction (as `start`
-        # leaves them, when it is the first), the bit as it issues.
+        is_addx = op == Op.ADDX
+        # Where the register's value comes from, chosen as `ir` takes the instruction (from
+        # `src`'s register index): `w_sum` (the instruction `ir` holds then writes it),
+        # `p_sum` (the write in that cycle), or the shadow if the register is live, or none
+        # (a SET). `live` is looked up in two steps: the 16 bits of the register's row as
+        # `ir` takes the instruction (as `start` leaves them, when it is the first), the bit
+        # as it issues.
         src_reg = src[OPCODE_BITS:OPCODE_BITS + REG_BITS]
-        d_set = Signal()
-        eq_ir = Signal()
-        eq_w = Signal()
-        p_valid = Signal()               # w_valid of the cycle before
+        o_w, o_p, o_rd = Signal(), Signal(), Signal()
+        s_set = src[:OPCODE_BITS] == Op.SET
+        by_ir = self.running & d_write & (reg_index == src_reg)
+        by_w = w_valid & (w_idx == src_reg)
         cleared = sum(1 << REG_INDEX[name] for name in START_CLEARED)
         live_row = Signal(16)
         live_then = Signal(16 * -(-n_regs // 16))
         m.d.comb += live_then.eq(Mux(self.running, live, live & ~cleared))
-        # The row: two levels of 4:1 multiplexers on the index's bits 4 to 7 (a register's
-        # index is below 2**8), the first level's outputs kept so that synthesis builds a
-        # tree, not a chain, after the instruction memory's output.
-        rows = [live_then[16 * k:16 * k + 16] for k in range(len(live_then) // 16)]
-        assert len(rows) <= 16, "the live row's multiplexers take 256 registers at most"
-        rows += [C(0, 16)] * (16 - len(rows))
-
-        def mux4(xs, sel):
-            return Mux(sel[1], Mux(sel[0], xs[3], xs[2]), Mux(sel[0], xs[1], xs[0]))
-
-        quads = []
-        for g in range(4):
-            q = Signal(16, name=f"live_quad{g}", attrs={"keep": 1})
-            m.d.comb += q.eq(mux4(rows[4 * g:4 * g + 4], src_reg[4:6]))
-            quads.append(q)
         with m.If(fetch):
-            m.d.sync += [d_set.eq(src[:OPCODE_BITS] == Op.SET),
-                         eq_ir.eq(reg_index == src_reg), eq_w.eq(w_idx == src_reg),
-                         live_row.eq(mux4(quads, src_reg[6:8]))]
-        # `i_other` (the value from the flip-flops) and `use_sh` (the shadow's) are kept, so
-        # that the shadow's output meets them in one LUT before the carry chain.
-        hit_w = w_valid & eq_ir
-        hit_p = p_valid & eq_w
-        use_sh = Signal(attrs={"keep": 1})
-        i_other = Signal(VALUE_BITS, attrs={"keep": 1})
+            m.d.sync += [o_w.eq(~s_set & by_ir), o_p.eq(~s_set & ~by_ir & by_w),
+                         o_rd.eq(~s_set & ~by_ir & ~by_w),
+                         live_row.eq(live_then.word_select(src_reg[4:], 16))]
+        i_other = Signal(VALUE_BITS)     # the value from the flip-flops
+        i_rd = Signal()                  # the value from the shadow
         m.d.comb += [
-            use_sh.eq(~d_set & ~hit_w & ~hit_p & live_row.bit_select(reg_index[:4], 1)),
             sh_rd.addr.eq(src_reg),
-            i_other.eq(Mux(~d_set & hit_w, w_sum, 0) | Mux(~d_set & ~hit_w & hit_p, p_sum, 0)),
-            i_old.eq(i_other | Mux(use_sh, sh_rd.data, 0)),
+            i_other.eq(Mux(o_w, w_sum, 0) | Mux(o_p, p_sum, 0)),
+            i_rd.eq(o_rd & live_row.bit_select(reg_index[:4], 1)),
+            i_old.eq(i_other | Mux(i_rd, sh_rd.data, 0)),
+            i_a.eq(Mux(is_addx, scale * loop_iter[:split], value)),
+            i_b.eq(Mux(is_addx, scale * loop_iter[split:], 0) << split),
+            i_t.eq(i_a ^ i_b), i_g.eq(i_a & i_b), i_p.eq(i_a | i_b),
             i_carry.eq(Cat(*(Mux(i_old[j], i_p[j], i_g[j]) for j in range(VALUE_BITS)))
                        << 1),
             i_sum.eq((i_old ^ i_t) + i_carry),
             sh_wr.addr.eq(w_idx), sh_wr.data.eq(w_sum), sh_wr.en.eq(w_valid),
         ]
         m.d.sync += [w_hit.eq(0), w_valid.eq(0),
-                     p_sum.eq(w_sum), p_valid.eq(w_valid)]
+                     p_sum.eq(w_sum)]
         for i, r in enumerate(store):
             with m.If(w_hit[i]):
                 m.d.sync += [r.eq(w_sum), live[i].eq(1)]
@@ -441,7 +383,7 @@ class Sequencer(wiring.Component):
             m.d.sync += self.cycles.eq(self.cycles + 1)
             # The loop's end, as the fetch marked it: a trip ends (ITER counts up), or the last.
             with m.If(advance & ir_back):
-                m.d.sync += [loop_iter.eq(iter_up), iter_up.eq(iter_up + 1)]
+                m.d.sync += loop_iter.eq(loop_iter + 1)
             with m.If(advance & ir_exit):
                 m.d.sync += loop_active.eq(0)
             # Whether `ir` advances is `advance`, from its decode above; here what it does.
@@ -464,7 +406,7 @@ class Sequencer(wiring.Component):
                     with m.If(loop_active | (body == 0)):
                         m.d.sync += [self.running.eq(0), self.done.eq(1), self.error.eq(1)]
                     with m.Elif(count != 0):
-                        m.d.sync += [loop_active.eq(1), loop_iter.eq(0), iter_up.eq(1)]
+                        m.d.sync += [loop_active.eq(1), loop_iter.eq(0)]
                 with m.Case(Op.HALT):
                     with m.If(self.busy == 0):
                         m.d.sync += [self.running.eq(0), self.done.eq(1)]
