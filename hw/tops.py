@@ -56,8 +56,9 @@ def _matmul_fpga(npu: NpuConfig, chips: int):
 
 
 def _softmax(npu: NpuConfig, chips: int):
-    # As the attention engine builds it: softmax_lanes(L) lanes per cycle.
-    return SoftmaxUnit(length=npu.softmax_len, lanes_per_cycle=softmax_lanes(npu.softmax_len))
+    # As the attention engine builds it: softmax_lanes(L) lanes per cycle, its pipeline.
+    return SoftmaxUnit(length=npu.softmax_len, lanes_per_cycle=softmax_lanes(npu.softmax_len),
+                       pipeline=npu.attention_pipeline)
 
 
 def _attention(npu: NpuConfig, chips: int):

@@ -282,7 +282,8 @@ class AttentionEngine(wiring.Component):
         R = partial_row_words(W, N)
         i8 = signed(OPERAND_BITS)
         m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L)
-        m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L))
+        m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L),
+                                                pipeline=self._pipeline)
 
         cfg = Signal(cfg_layout(D, N))
         active = Signal()
