@@ -62,7 +62,8 @@ def _softmax(npu: NpuConfig, chips: int):
 
 
 def _attention(npu: NpuConfig, chips: int):
-    return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len)
+    return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len,
+                           pipeline=npu.attention_pipeline)
 
 
 def _ring(npu: NpuConfig, chips: int):

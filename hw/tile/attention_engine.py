@@ -281,7 +281,8 @@ class AttentionEngine(wiring.Component):
         W, D, L, N = self._window, self._d_head, self._length, self._size
         R = partial_row_words(W, N)
         i8 = signed(OPERAND_BITS)
-        m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L)
+        m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L,
+                                                    pipeline=self._pipeline)
         m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L),
                                                 pipeline=self._pipeline)
 

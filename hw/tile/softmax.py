@@ -40,6 +40,21 @@ _ROW_STAGES = {
 }
 
 
+#: The deep pipeline's ``d * LOG2E_MULT + 2**(LOG2E_SHIFT - 1)`` (``0 <= d <= D_MAX``) as the
+#: sum of two tables, of d's bits from ``LOG2E_HALF`` up and of those below.
+LOG2E_HALF = D_MAX.bit_length() // 2
+
+
+def log2e_tables():
+    """``(hi, lo)``: ``hi[a] = (a << LOG2E_HALF) * LOG2E_MULT + 2**(LOG2E_SHIFT - 1)``, ``lo[b] =
+    b * LOG2E_MULT``, so that ``hi[d >> LOG2E_HALF] + lo[d % 2**LOG2E_HALF]`` is ``d *
+    LOG2E_MULT + 2**(LOG2E_SHIFT - 1)`` exactly."""
+    hi_size = 1 << (D_MAX.bit_length() - LOG2E_HALF)
+    hi = [((a << LOG2E_HALF) * LOG2E_MULT) + (1 << (LOG2E_SHIFT - 1)) for a in range(hi_size)]
+    lo = [b * LOG2E_MULT for b in range(1 << LOG2E_HALF)]
+    return hi, lo
+
+
 def softmax_in_layout(length):
     """``i``: a score row (int16 lanes), its visibility mask, ``partial`` (partial mode)."""
     return lanes_layout(signed(SCORE_BITS), length, mask=data.ArrayLayout(1, length), partial=1)
@@ -319,21 +334,51 @@ class SoftmaxUnit(wiring.Component):
 
         # Stage 1: y = d * log2(e) with 8 fraction bits, in place of the score; masked lanes
         # get Y_MASKED, whose exp is 0, so that no mask travels further.
+        # Deep pipeline: each beat's clamped distance is a register loaded a cycle ahead from
+        # the maximum and the lanes the stage holds next (the first beat's from stage 0's
+        # final compare and row), and its product with log2(e) the sum of two tables of its
+        # high and low bits (LUTs, no multiplier between registers and the adder).
         buf1, msk1 = lanes("s1", SCORE_BITS), lanes("m1", 1)
         top1 = Signal(signed(SCORE_BITS))
         ys = []
+        d_bits = D_MAX.bit_length()
+        if deep:
+            top1_nxt = Signal(signed(SCORE_BITS), name="top1_next")
+            m.d.comb += top1_nxt.eq(Mux(run & boundary, nxt_acc0, top1))
+            hi_tab, lo_tab = log2e_tables()
         for p in range(P):
             dist = Signal(signed(SCORE_BITS + 2), name=f"dist{p}")
             dcl = Signal(range(D_MAX + 1), name=f"dclamp{p}")
             y = Signal(y_bits, name=f"y{p}")
-            m.d.comb += [
-                dist.eq(top1 - buf1[p].as_signed()),
-                # Masked lanes may lie above the maximum (negative distance); they are replaced.
-                dcl.eq(Mux(dist > D_MAX, D_MAX, dist[:D_MAX.bit_length()])),
-                y.eq(Mux(msk1[p],
-                         (dcl * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT,
-                         Y_MASKED)),
-            ]
+            if not deep:
+                m.d.comb += [
+                    dist.eq(top1 - buf1[p].as_signed()),
+                    # Masked lanes may lie above the maximum (negative distance); they are
+                    # replaced.
+                    dcl.eq(Mux(dist > D_MAX, D_MAX, dist[:d_bits])),
+                    y.eq(Mux(msk1[p],
+                             (dcl * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))) >> LOG2E_SHIFT,
+                             Y_MASKED)),
+                ]
+            else:
+                head = Signal(SCORE_BITS, name=f"s1_next{p}")
+                # buf1[p]'s next value (its rotation does not depend on y while L >= 2P).
+                nxt_head = buf1[p + P] if p + P < L else y
+                m.d.comb += [
+                    head.eq(Mux(run & boundary, nxt_buf0[p], Mux(step, nxt_head, buf1[p]))),
+                    dist.eq(top1_nxt - head.as_signed()),
+                ]
+                # dist > D_MAX = 2**d_bits - 1 by its sign and the bits above d_bits.
+                m.d.sync += dcl.eq(Mux(~dist[-1] & dist[d_bits:].any(), D_MAX, dist[:d_bits]))
+                parts = []
+                for name, tab, bits in (("hi", hi_tab, dcl[LOG2E_HALF:]),
+                                        ("lo", lo_tab, dcl[:LOG2E_HALF])):
+                    m.submodules[f"log2e_{name}{p}"] = rom = Memory(
+                        shape=max(tab).bit_length(), depth=len(tab), init=tab)
+                    rd = rom.read_port(domain="comb")
+                    m.d.comb += rd.addr.eq(bits)
+                    parts.append(rd.data)
+                m.d.comb += y.eq(Mux(msk1[p], (parts[0] + parts[1]) >> LOG2E_SHIFT, Y_MASKED))
             ys.append(y)
         nxt_buf1 = rotate(buf1, ys, "s1", SCORE_BITS)
         nxt_msk1 = rotate(msk1, msk1[:P], "m1", 1)
@@ -342,7 +387,6 @@ class SoftmaxUnit(wiring.Component):
         # Deep pipeline: each beat's e is a register loaded a cycle ahead from the lanes the
         # stage holds next (the first beat's from stage 1's row), so that the table and its
         # shift do not chain into the sum.
-        deep = self._pipeline == "deep"
         buf2 = lanes("y2", EXP_BITS + 1)
         sum2 = Signal(W)
         exps = []

@@ -147,9 +147,11 @@ def test_score_requant_saturates(rng):
     assert exp[3]["scores"][0] == 32767 and exp[3]["scores"][1] == -32768
 
 
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
 @pytest.mark.parametrize("window, d_head, length", [(5, 4, 8), (1, 1, 1), (3, 2, 3)])
-def test_other_sizes(rng, window, d_head, length):
-    """L > W (lanes W..L-1 always masked and 0), W not a power of two, and a one-slot ring."""
+def test_other_sizes(rng, window, d_head, length, pipeline):
+    """L > W (lanes W..L-1 always masked and 0), W not a power of two, and a one-slot ring;
+    a split query's reduced row through the requantiser (the deep pipeline rotates it)."""
     cmds = []
     for t in range(9):
         cmds += [token(rng, t, first=t == 0, d=d_head), query(rng, t, d=d_head)]
@@ -159,7 +161,7 @@ def test_other_sizes(rng, window, d_head, length):
     table = rng.integers(0, 256, size=(n, length))
     exp = run_sequence(cmds, window=window, d_head=d_head, length=length,
                        probs_fn=lambda i, s, m: table[i])
-    dut = AttentionBuffer(window=window, d_head=d_head, length=length)
+    dut = AttentionBuffer(window=window, d_head=d_head, length=length, pipeline=pipeline)
     got, _ = run_attention(dut, cmds, probs_fn=lambda i, s, m: table[i],
                            reduced_fn=lambda i, raw: raw, rng=rng, idle=IDLE, stall=STALL)
     check(got, exp)

@@ -8,7 +8,8 @@ import pytest
 from amaranth.back import verilog
 
 from hw.spec import npu_preset
-from hw.tile.softmax import SoftmaxUnit
+from hw.spec.softmax import D_MAX, LOG2E_MULT, LOG2E_SHIFT
+from hw.tile.softmax import LOG2E_HALF, SoftmaxUnit, log2e_tables
 from hw.tops import build_top
 from sim.golden.softmax import partial_softmax, softmax
 from sim.rtl.softmax_driver import simulate_rows
@@ -127,6 +128,18 @@ def test_cycles_per_row_and_latency(length, lanes, pipeline):
         assert t_out[r] - t_out[r - 1] == dut.slot_cycles, (
             f"row {r}: {t_out[r] - t_out[r - 1]} cycles after row {r - 1}, "
             f"expected {dut.slot_cycles}")
+
+
+def test_log2e_tables_are_the_product():
+    """The deep pipeline's two tables add up to ``d * LOG2E_MULT + 2**(LOG2E_SHIFT - 1)`` for
+    every clamped distance ``d`` (so its ``y`` is the short pipeline's)."""
+    hi, lo = log2e_tables()
+    half = 1 << LOG2E_HALF
+    for d in range(D_MAX + 1):
+        got = hi[d // half] + lo[d % half]
+        want = d * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))
+        assert got == want, f"d={d}: tables give {got}, expected {want}"
+    assert len(hi) * len(lo) == D_MAX + 1
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
