@@ -8,7 +8,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..arith import lut_product, tree_sum
+from ..arith import lut_product, saturate, tree_sum
 from ..layouts import lanes_layout
 from ..spec.attention import POS_BITS
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
@@ -163,7 +163,8 @@ class AttentionBuffer(wiring.Component):
     registers (the dot sum, or lane 0 of the raw row, which rotates one lane a cycle through
     the reduced row's sweep, selected by a flag register) instead of the score FSM's choice
     between the dot sum and a W-way multiplexer of the raw row, so that no path runs from
-    the FSM's state through a wide multiplexer into the multiplier.
+    the FSM's state through a wide multiplexer into the multiplier; the score's clamp to 16
+    bits is by bit tests (``hw.arith.saturate``), not two compares.
     """
 
     def __init__(self, *, window, d_head, length, pipeline="short"):
@@ -299,9 +300,13 @@ class AttentionBuffer(wiring.Component):
         m.d.sync += [va.eq(rq_v), la.eq(rq_l), pa.eq(rq_raw * mult + rounding)]
         shifted = pa >> shift
         lo, hi = -(1 << (SCORE_BITS - 1)), (1 << (SCORE_BITS - 1)) - 1
+        if deep:
+            # The clamp by bit tests, not two carry chains as long as the shifted product.
+            score = saturate(m, shifted, SCORE_BITS, "rq_score")
+        else:
+            score = Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:SCORE_BITS]))
         with m.If(va):
-            m.d.sync += score_row[la].eq(
-                Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:SCORE_BITS])))
+            m.d.sync += score_row[la].eq(score)
 
         # P.V-side hand-off: the mask and `last` of a query whose scores were sent.
         pv_mask = Signal(L)

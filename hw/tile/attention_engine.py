@@ -468,8 +468,31 @@ class AttentionEngine(wiring.Component):
         halo = cfg.flags[HALO_SHIFT:HALO_SHIFT + HALO_BITS]
         ahead = Signal(COUNT_BITS + 2)
         m.d.comb += ahead.eq(halo + issued + 1)
-        target = Mux(interleaved & (ahead < cfg.keys), ahead, cfg.keys)
-        want_key = written < target
+        if self._pipeline == "deep":
+            # want_key as a register computed from the next cycle's counts, and the target as
+            # a register: min(halo + issued + 1, keys) interleaved, else keys, grows by one
+            # with each query while below keys. No carry chain between the counters and the
+            # handshakes that use want_key.
+            kv_fire, q_fire = Signal(), Signal()
+            cfg_fire = self.i_cfg.valid & self.i_cfg.ready
+            p_cfg = self.i_cfg.payload
+            p_ahead = Signal(COUNT_BITS + 2)
+            m.d.comb += p_ahead.eq(p_cfg.flags[HALO_SHIFT:HALO_SHIFT + HALO_BITS] + 1)
+            target = Signal(COUNT_BITS + 2, name="kv_target")
+            target_nxt = Signal(COUNT_BITS + 2, name="kv_target_next")
+            written_nxt = Signal(COUNT_BITS, name="written_next")
+            want_key = Signal(name="want_key")
+            m.d.comb += [
+                target_nxt.eq(Mux(cfg_fire,
+                                  Mux(p_cfg.flags[1] & (p_ahead < p_cfg.keys), p_ahead,
+                                      p_cfg.keys),
+                                  Mux(q_fire & (target != cfg.keys), target + 1, target))),
+                written_nxt.eq(Mux(cfg_fire, 0, Mux(kv_fire, written + 1, written))),
+            ]
+            m.d.sync += [target.eq(target_nxt), want_key.eq(written_nxt < target_nxt)]
+        else:
+            target = Mux(interleaved & (ahead < cfg.keys), ahead, cfg.keys)
+            want_key = written < target
 
         kv = buf.i_kv.payload
         m.d.comb += [
@@ -483,6 +506,9 @@ class AttentionEngine(wiring.Component):
         with m.If(buf.i_kv.valid & buf.i_kv.ready):
             m.d.sync += written.eq(written + 1)
             m.d.comb += [k_take.eq(1), v_take.eq(1)]
+        if self._pipeline == "deep":
+            m.d.comb += [kv_fire.eq(buf.i_kv.valid & buf.i_kv.ready),
+                         q_fire.eq(buf.i_q.valid & buf.i_q.ready)]
 
         # --- window narrower than the ring: mask lanes by position on the way to the softmax --
         # A copy of the slots' positions, kept in the buffer's write order (the launch's first
