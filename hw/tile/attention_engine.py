@@ -115,10 +115,14 @@ class AttentionEngine(wiring.Component):
         ``"short"`` (default) or ``"deep"`` (``attention_pipeline``): the output requantiser and
         the state words' merge in the cycle a word leaves its source, or in 3 registers before
         ``o`` and the last chunk's merge in 4 instead of 2 (``hw.spec.timing.chip``:
-        ``attn_out_pipe``, ``attn_merge_pipe``), for a faster clock.
+        ``attn_out_pipe``, ``attn_merge_pipe``), for a faster clock; ``"deep"`` also gives the
+        softmax six row stages instead of five (``softmax_stages``), the buffer its
+        registered requantiser operand (``AttentionBuffer``'s ``pipeline``) and the command
+        issue's ``want_key`` a register loaded from the next cycle's counts (0 cycles).
 
     The softmax unit runs ``P = softmax_lanes(L)`` lanes per cycle (the largest divisor of L
-    not above 4), so its latency ``5 L / P + 1`` stays comparable to the buffer's sweeps.
+    not above 4), so its latency ``E L / P + 1`` (``E`` = 5 row stages, 6 deep) stays
+    comparable to the buffer's sweeps.
 
     Launch (``i_cfg``, one beat per ``ATTN``; fields as :func:`cfg_layout`)
     -------------------------------------------------------------------
