@@ -285,6 +285,13 @@ class SoftmaxUnit(wiring.Component):
             first = Signal(name="slot_first", init=T == 1)   # the slot's first cycle
             m.d.sync += first.eq(cnt_nxt == 0)
 
+        def advance(regs, tails):
+            """The first P lanes of a rotating register after a step (``tails`` entering):
+            the deep pipeline's registers loaded a cycle ahead take them, or a stage's next
+            row's at a boundary, while the pipeline runs (and hold while it waits), so that
+            the stall (``run``) is only their enable, not in their data path."""
+            return [(list(regs) + list(tails))[p + P] for p in range(P)]
+
         def max_tree(level, name):
             """A tree of maxima over ``level``, not a chain: ``ceil(log2(len))`` compares deep.
             A signal per node, or the expression tree doubles with every level."""
@@ -326,11 +333,15 @@ class SoftmaxUnit(wiring.Component):
             # running maximum.
             beat = max_tree(masked(buf0[:P], msk0[:P], "max"), "max")
             ahead = Signal(signed(SCORE_BITS), name="beat_max")
-            m.d.sync += ahead.eq(max_tree(masked(nxt_buf0[:P], nxt_msk0[:P], "max_next"),
-                                          "max_next"))
+            with m.If(run):
+                m.d.sync += ahead.eq(max_tree(masked(advance(buf0, buf0[:P]),
+                                                     advance(msk0, msk0[:P]), "max_next"),
+                                              "max_next"))
             cand = Signal(signed(SCORE_BITS), name="max_run")
+            acc_step = Signal(signed(SCORE_BITS), name="max_step")
             m.d.comb += [cand.eq(Mux(ahead > acc0, ahead, acc0)),
-                         nxt_acc0.eq(Mux(step, Mux(first, beat, cand), acc0))]
+                         acc_step.eq(Mux(first, beat, cand)),
+                         nxt_acc0.eq(Mux(step, acc_step, acc0))]
 
         # Stage 1: y = d * log2(e) with 8 fraction bits, in place of the score; masked lanes
         # get Y_MASKED, whose exp is 0, so that no mask travels further.
@@ -344,7 +355,7 @@ class SoftmaxUnit(wiring.Component):
         d_bits = D_MAX.bit_length()
         if deep:
             top1_nxt = Signal(signed(SCORE_BITS), name="top1_next")
-            m.d.comb += top1_nxt.eq(Mux(run & boundary, nxt_acc0, top1))
+            m.d.comb += top1_nxt.eq(Mux(boundary, acc_step, top1))
             hi_tab, lo_tab = log2e_tables()
         for p in range(P):
             dist = Signal(signed(SCORE_BITS + 2), name=f"dist{p}")
@@ -365,11 +376,13 @@ class SoftmaxUnit(wiring.Component):
                 # buf1[p]'s next value (its rotation does not depend on y while L >= 2P).
                 nxt_head = buf1[p + P] if p + P < L else y
                 m.d.comb += [
-                    head.eq(Mux(run & boundary, nxt_buf0[p], Mux(step, nxt_head, buf1[p]))),
+                    head.eq(Mux(boundary, advance(buf0, buf0[:P])[p], nxt_head)),
                     dist.eq(top1_nxt - head.as_signed()),
                 ]
                 # dist > D_MAX = 2**d_bits - 1 by its sign and the bits above d_bits.
-                m.d.sync += dcl.eq(Mux(~dist[-1] & dist[d_bits:].any(), D_MAX, dist[:d_bits]))
+                with m.If(run):
+                    m.d.sync += dcl.eq(Mux(~dist[-1] & dist[d_bits:].any(), D_MAX,
+                                           dist[:d_bits]))
                 parts = []
                 for name, tab, bits in (("hi", hi_tab, dcl[LOG2E_HALF:]),
                                         ("lo", lo_tab, dcl[:LOG2E_HALF])):
@@ -400,15 +413,15 @@ class SoftmaxUnit(wiring.Component):
                 y_in = Signal(EXP_BITS + 1, name=f"y2_next{p}")
                 # buf2[p]'s next value (its rotation does not depend on e while L >= 2P).
                 nxt_head = buf2[p + P] if p + P < L else e
-                m.d.comb += y_in.eq(Mux(run & boundary, nxt_buf1[p],
-                                        Mux(step, nxt_head, buf2[p])))
+                m.d.comb += y_in.eq(Mux(boundary, advance(buf1, ys)[p], nxt_head))
             e_val = Signal(EXP_BITS + 1, name=f"e_val{p}")
             m.d.comb += [
                 rd.addr.eq(y_in[:EXP_FRAC_BITS]),
                 e_val.eq(rd.data >> y_in[EXP_FRAC_BITS:y_bits]),
             ]
             if deep:
-                m.d.sync += e.eq(e_val)
+                with m.If(run):
+                    m.d.sync += e.eq(e_val)
             else:
                 m.d.comb += e.eq(e_val)
             exps.append(e)
@@ -575,11 +588,12 @@ class SoftmaxUnit(wiring.Component):
             # computed a cycle ahead from the lanes and R the stage holds in the next cycle.
             m.d.comb += nxt_sum4.eq(Mux(step & part[-1], sum4 + sum(units), sum4))
             recip4_nxt = Signal(RECIP_BITS + 1)
-            m.d.comb += recip4_nxt.eq(Mux(run & boundary, recip, recip4))
+            m.d.comb += recip4_nxt.eq(Mux(boundary, recip, recip4))
             for p, prod in enumerate(prods):
                 head = Signal(EXP_BITS + 1, name=f"e4_next{p}")
-                m.d.comb += head.eq(Mux(run & boundary, bufs3[-1][p], nxt_buf4[p]))
-                m.d.sync += prod.eq(head * recip4_nxt)
+                m.d.comb += head.eq(Mux(boundary, bufs3[-1][p], advance(buf4, probs)[p]))
+                with m.If(run):
+                    m.d.sync += prod.eq(head * recip4_nxt)
         else:
             m.d.comb += nxt_sum4.eq(Mux(step & part[-1], sum4 + sum(probs), sum4))
 
