@@ -56,12 +56,14 @@ def _matmul_fpga(npu: NpuConfig, chips: int):
 
 
 def _softmax(npu: NpuConfig, chips: int):
-    # As the attention engine builds it: softmax_lanes(L) lanes per cycle.
-    return SoftmaxUnit(length=npu.softmax_len, lanes_per_cycle=softmax_lanes(npu.softmax_len))
+    # As the attention engine builds it: softmax_lanes(L) lanes per cycle, its pipeline.
+    return SoftmaxUnit(length=npu.softmax_len, lanes_per_cycle=softmax_lanes(npu.softmax_len),
+                       pipeline=npu.attention_pipeline)
 
 
 def _attention(npu: NpuConfig, chips: int):
-    return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len)
+    return AttentionBuffer(window=npu.attn_window, d_head=npu.d_head_max, length=npu.softmax_len,
+                           pipeline=npu.attention_pipeline)
 
 
 def _ring(npu: NpuConfig, chips: int):

@@ -8,7 +8,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..arith import lut_product, tree_sum
+from ..arith import lut_product, saturate, tree_sum
 from ..layouts import lanes_layout
 from ..spec.attention import POS_BITS
 from ..spec.formats import ACC_BITS, MULT_BITS, OPERAND_BITS, PROB_BITS, SCORE_BITS, SHIFT_BITS
@@ -17,6 +17,7 @@ from ..spec.timing.chip import (
     ATTN_PARTIAL_CYCLES,
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
+    check_attn_pipeline,
     check_built,
 )
 
@@ -156,9 +157,17 @@ class AttentionBuffer(wiring.Component):
     A finished score row waits in the unit while the probabilities of the previous row are
     outstanding (one row in the softmax at a time). ``last`` on ``i_reduced`` and ``i_probs``
     is ignored. After reset the ring is empty (every lane masked).
+
+    ``pipeline`` (``"short"``, default, or ``"deep"``: the NPU file's ``attention_pipeline``)
+    changes no cycle: with ``"deep"`` the requantiser's operand is a 2:1 choice between
+    registers (the dot sum, or lane 0 of the raw row, which rotates one lane a cycle through
+    the reduced row's sweep, selected by a flag register) instead of the score FSM's choice
+    between the dot sum and a W-way multiplexer of the raw row, so that no path runs from
+    the FSM's state through a wide multiplexer into the multiplier; the score's clamp to 16
+    bits is by bit tests (``hw.arith.saturate``), not two compares.
     """
 
-    def __init__(self, *, window, d_head, length):
+    def __init__(self, *, window, d_head, length, pipeline="short"):
         for name, value in (("window", window), ("d_head", d_head), ("length", length)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an integer, not {value!r}")
@@ -178,6 +187,7 @@ class AttentionBuffer(wiring.Component):
                         f"cycles ({', '.join(stages)}, the offering state)",
                         "hw/tile/attention.py")
         self._window, self._d_head, self._length = window, d_head, length
+        self._pipeline = check_attn_pipeline(pipeline)
         super().__init__({
             "i_kv": In(stream.Signature(kv_layout(d_head))),
             "i_q": In(stream.Signature(q_layout(d_head))),
@@ -262,6 +272,10 @@ class AttentionBuffer(wiring.Component):
         rq_v, rq_l, rq_raw = Signal(), Signal(range(W)), Signal(signed(ACC_BITS))
         va, la = Signal(), Signal(range(W))
         pa = Signal(signed(ACC_BITS + MULT_BITS + 2))
+        deep = self._pipeline == "deep"
+        if deep:
+            rq_row = Signal()       # the requantiser sweeps the raw row (REQUANT)
+            m.d.comb += rq_raw.eq(Mux(rq_row, raw_row[0], raw3))
 
         m.d.comb += [k_rd.addr.eq(j), k_rd.en.eq(1)]
         m.d.sync += [v1.eq(issuing & in_dot), l1.eq(j)]
@@ -286,9 +300,13 @@ class AttentionBuffer(wiring.Component):
         m.d.sync += [va.eq(rq_v), la.eq(rq_l), pa.eq(rq_raw * mult + rounding)]
         shifted = pa >> shift
         lo, hi = -(1 << (SCORE_BITS - 1)), (1 << (SCORE_BITS - 1)) - 1
+        if deep:
+            # The clamp by bit tests, not two carry chains as long as the shifted product.
+            score = saturate(m, shifted, SCORE_BITS, "rq_score")
+        else:
+            score = Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:SCORE_BITS]))
         with m.If(va):
-            m.d.sync += score_row[la].eq(
-                Mux(shifted < lo, lo, Mux(shifted > hi, hi, shifted[:SCORE_BITS])))
+            m.d.sync += score_row[la].eq(score)
 
         # P.V-side hand-off: the mask and `last` of a query whose scores were sent.
         pv_mask = Signal(L)
@@ -313,8 +331,9 @@ class AttentionBuffer(wiring.Component):
                                  qlast.eq(p.last), issuing.eq(1), j.eq(0)]
                     m.next = "DOT"
             with m.State("DOT"):
-                m.d.comb += [in_dot.eq(1), rq_v.eq(v3 & ~split), rq_l.eq(l3),
-                             rq_raw.eq(raw3)]
+                m.d.comb += [in_dot.eq(1), rq_v.eq(v3 & ~split), rq_l.eq(l3)]
+                if not deep:
+                    m.d.comb += rq_raw.eq(raw3)
                 with m.If(split & v3 & (l3 == W - 1)):
                     m.next = "PARTIAL"
                 with m.If(~split & va & (la == W - 1)):
@@ -329,12 +348,23 @@ class AttentionBuffer(wiring.Component):
                     for lane in range(W):
                         m.d.sync += raw_row[lane].eq(self.i_reduced.payload.data[lane])
                     m.d.sync += [issuing.eq(1), j.eq(0)]
+                    if deep:
+                        m.d.sync += rq_row.eq(1)
                     m.next = "REQUANT"
             with m.State("REQUANT"):
                 # Sweep the reduced row through the requantiser, one lane per cycle (the K
                 # reads that `j` addresses meanwhile are ignored: `in_dot` is low).
-                m.d.comb += [rq_v.eq(issuing), rq_l.eq(j), rq_raw.eq(raw_row[j])]
+                m.d.comb += [rq_v.eq(issuing), rq_l.eq(j)]
+                if deep:
+                    # Lane j is in lane 0 after j rotations; W of them restore the row.
+                    with m.If(issuing):
+                        m.d.sync += [raw_row[lane].eq(raw_row[(lane + 1) % W])
+                                     for lane in range(W)]
+                else:
+                    m.d.comb += rq_raw.eq(raw_row[j])
                 with m.If(va & (la == W - 1)):
+                    if deep:
+                        m.d.sync += rq_row.eq(0)
                     m.next = "SCORES"
             with m.State("SCORES"):
                 m.d.comb += self.o_scores.valid.eq(~pv_full)

@@ -115,10 +115,14 @@ class AttentionEngine(wiring.Component):
         ``"short"`` (default) or ``"deep"`` (``attention_pipeline``): the output requantiser and
         the state words' merge in the cycle a word leaves its source, or in 3 registers before
         ``o`` and the last chunk's merge in 4 instead of 2 (``hw.spec.timing.chip``:
-        ``attn_out_pipe``, ``attn_merge_pipe``), for a faster clock.
+        ``attn_out_pipe``, ``attn_merge_pipe``), for a faster clock; ``"deep"`` also gives the
+        softmax six row stages instead of five (``softmax_stages``), the buffer its
+        registered requantiser operand (``AttentionBuffer``'s ``pipeline``) and the command
+        issue's ``want_key`` a register loaded from the next cycle's counts (0 cycles).
 
     The softmax unit runs ``P = softmax_lanes(L)`` lanes per cycle (the largest divisor of L
-    not above 4), so its latency ``5 L / P + 1`` stays comparable to the buffer's sweeps.
+    not above 4), so its latency ``E L / P + 1`` (``E`` = 5 row stages, 6 deep) stays
+    comparable to the buffer's sweeps.
 
     Launch (``i_cfg``, one beat per ``ATTN``; fields as :func:`cfg_layout`)
     -------------------------------------------------------------------
@@ -281,8 +285,10 @@ class AttentionEngine(wiring.Component):
         W, D, L, N = self._window, self._d_head, self._length, self._size
         R = partial_row_words(W, N)
         i8 = signed(OPERAND_BITS)
-        m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L)
-        m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L))
+        m.submodules.buffer = buf = AttentionBuffer(window=W, d_head=D, length=L,
+                                                    pipeline=self._pipeline)
+        m.submodules.softmax = sm = SoftmaxUnit(length=L, lanes_per_cycle=softmax_lanes(L),
+                                                pipeline=self._pipeline)
 
         cfg = Signal(cfg_layout(D, N))
         active = Signal()
@@ -466,8 +472,31 @@ class AttentionEngine(wiring.Component):
         halo = cfg.flags[HALO_SHIFT:HALO_SHIFT + HALO_BITS]
         ahead = Signal(COUNT_BITS + 2)
         m.d.comb += ahead.eq(halo + issued + 1)
-        target = Mux(interleaved & (ahead < cfg.keys), ahead, cfg.keys)
-        want_key = written < target
+        if self._pipeline == "deep":
+            # want_key as a register computed from the next cycle's counts, and the target as
+            # a register: min(halo + issued + 1, keys) interleaved, else keys, grows by one
+            # with each query while below keys. No carry chain between the counters and the
+            # handshakes that use want_key.
+            kv_fire, q_fire = Signal(), Signal()
+            cfg_fire = self.i_cfg.valid & self.i_cfg.ready
+            p_cfg = self.i_cfg.payload
+            p_ahead = Signal(COUNT_BITS + 2)
+            m.d.comb += p_ahead.eq(p_cfg.flags[HALO_SHIFT:HALO_SHIFT + HALO_BITS] + 1)
+            target = Signal(COUNT_BITS + 2, name="kv_target")
+            target_nxt = Signal(COUNT_BITS + 2, name="kv_target_next")
+            written_nxt = Signal(COUNT_BITS, name="written_next")
+            want_key = Signal(name="want_key")
+            m.d.comb += [
+                target_nxt.eq(Mux(cfg_fire,
+                                  Mux(p_cfg.flags[1] & (p_ahead < p_cfg.keys), p_ahead,
+                                      p_cfg.keys),
+                                  Mux(q_fire & (target != cfg.keys), target + 1, target))),
+                written_nxt.eq(Mux(cfg_fire, 0, Mux(kv_fire, written + 1, written))),
+            ]
+            m.d.sync += [target.eq(target_nxt), want_key.eq(written_nxt < target_nxt)]
+        else:
+            target = Mux(interleaved & (ahead < cfg.keys), ahead, cfg.keys)
+            want_key = written < target
 
         kv = buf.i_kv.payload
         m.d.comb += [
@@ -481,6 +510,9 @@ class AttentionEngine(wiring.Component):
         with m.If(buf.i_kv.valid & buf.i_kv.ready):
             m.d.sync += written.eq(written + 1)
             m.d.comb += [k_take.eq(1), v_take.eq(1)]
+        if self._pipeline == "deep":
+            m.d.comb += [kv_fire.eq(buf.i_kv.valid & buf.i_kv.ready),
+                         q_fire.eq(buf.i_q.valid & buf.i_q.ready)]
 
         # --- window narrower than the ring: mask lanes by position on the way to the softmax --
         # A copy of the slots' positions, kept in the buffer's write order (the launch's first

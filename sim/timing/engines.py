@@ -45,11 +45,11 @@ from hw.spec.timing.chip import (
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
     ATTN_STATE_ROWS,
-    SOFTMAX_STAGES,
     VEC_OUT_FIFO_DEPTH,
     attn_out_pipe,
     merge_divide_cycles,
     merge_rotate_cycles,
+    softmax_stages,
 )
 from hw.spec.timing.matmul import REQUANT_LATENCY, array_row_delay
 from hw.spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
@@ -275,7 +275,7 @@ class AttentionModel:
         self.pstate = _IDLE
         self.pcnt = 0
         self.sm_cnt = self.T - 1
-        self.smv = [False] * SOFTMAX_STAGES
+        self.smv = [False] * softmax_stages(pipeline)
         self.sm_ovalid = False
         self.o_full = False
         self.o_off = 0

@@ -2,7 +2,8 @@
 
 Plain Python. The engine's schedule is :func:`hw.spec.attention.schedule`; its pipeline
 constants are the attention buffer's sweeps (``W`` cycles each) and the softmax unit's
-``5T + 1`` latency (``T = L / P`` beats per row).
+``ET + 1`` latency (``T = L / P`` beats per row, ``E = softmax_stages(pipeline)`` row stages:
+5, or 6 with the deep pipeline).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from .chip import (
     ATTN_PV_CYCLES,
     ATTN_REDUCED_CYCLES,
     ATTN_STATE_ROWS,
-    SOFTMAX_STAGES,
     attn_out_pipe,
     merge_divide_cycles,
     merge_rotate_cycles,
+    softmax_stages,
 )
 
 __all__ = ["launch_cycles", "preload_cycles", "state_cycles"]
@@ -53,15 +54,15 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int,
       written only while no query is in flight);
     - ``q(t) = max(row ready, previous command + 1, s(t-1) + 1)``;
     - ``s(t) = max(q(t) + W + 5, p(t-1) + 1)`` (one row in the softmax at a time);
-    - ``p(t) = max(s(t) + 5T + 1, out(t-1) + 1)``; ``out(t) = max(p(t) + W + 3,
-      out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1) + w_o + X``, its last word leaving
-      the output row register at ``out(Q-1) + w_o`` and passing the ``X =
-      attn_out_pipe(pipeline)`` output registers to ``o`` (0 ``"short"``, 3 ``"deep"``: the
-      NPU file's ``attention_pipeline``).
+    - ``p(t) = max(s(t) + ET + 1, out(t-1) + 1)`` (``E = softmax_stages(pipeline)``, 5 or
+      6); ``out(t) = max(p(t) + W + 3, out(t-1) + w_o + 1)``; the launch ends at ``out(Q-1)
+      + w_o + X``, its last word leaving the output row register at ``out(Q-1) + w_o`` and
+      passing the ``X = attn_out_pipe(pipeline)`` output registers to ``o`` (0 ``"short"``,
+      3 ``"deep"``: the NPU file's ``attention_pipeline``).
 
     Closed forms (every stream ``w`` words, valid while ``w <= W + 5``): preload
-    ``w (S + 1) + 2W + 5T + 11 + X + (Q - 1) max(W + 6, 5T + 2)``; interleaved with ``S = H +
-    Q`` keys: ``w (H + 2) + Q (2W + 5T + 11) + X``.
+    ``w (S + 1) + 2W + ET + 11 + X + (Q - 1) max(W + 6, ET + 2)``; interleaved with ``S = H +
+    Q`` keys: ``w (H + 2) + Q (2W + ET + 11) + X``.
 
     State rows (long context; ``d_head`` = the engine's D, ``d_head_max``, is needed): a Q
     row is ``w_q + s`` words with a state in (``s = state_words(h, N)``); its first word would
@@ -81,7 +82,7 @@ def launch_cycles(regs: dict, *, window: int, length: int, size: int,
                     halo=flags_halo(flags))
     state = _state_params(regs, window, size, d_head, pipeline)
     return _recurrence(cmds, split_mode(flags), words, partial_row_words(window, size),
-                       window, beats, state, attn_out_pipe(pipeline))
+                       window, softmax_stages(pipeline) * beats, state, attn_out_pipe(pipeline))
 
 
 def _state_params(regs, window, size, d_head, pipeline="short"):
@@ -99,8 +100,9 @@ def _state_params(regs, window, size, d_head, pipeline="short"):
         merge_rotate_cycles(d_head, size, pipeline), pend
 
 
-def _recurrence(cmds, split, words, rw, window, beats, state=None, out_pipe=0):
-    """:func:`launch_cycles`'s recurrence over the commands ``cmds``, ``split`` None for a
+def _recurrence(cmds, split, words, rw, window, softmax, state=None, out_pipe=0):
+    """:func:`launch_cycles`'s recurrence over the commands ``cmds`` (``softmax`` = ``ET``, the
+    softmax's latency less 1), ``split`` None for a
     normal launch; with the split-score passes (``docs/isa.md``, ATTN), ``part``/``red`` are the
     transfers of a query's partial row out of the buffer and of its reduced row into it:
 
@@ -156,7 +158,7 @@ def _recurrence(cmds, split, words, rw, window, beats, state=None, out_pipe=0):
             p = max(s + 1, after_out)
             out = p + window + ATTN_PV_CYCLES
         else:
-            p = max(s + SOFTMAX_STAGES * beats + 1, after_out)
+            p = max(s + softmax + 1, after_out)
             out = max(p + window + ATTN_PV_CYCLES, out + ow + 1 if out is not None else 0,
                       p + pend)
         last_out = out
@@ -170,12 +172,12 @@ def preload_cycles(regs: dict, *, window: int, length: int, size: int,
                    d_head: int | None = None, pipeline: str = "short") -> int:
     """:func:`launch_cycles` of a preload launch (``FLAG_INTERLEAVED`` and the split-score
     bits clear) in closed form,
-    ``w (S + 1) + 2W + 5T + 11 + X + (Q - 1) max(W + 6, 5T + 2)`` (``X =
-    attn_out_pipe(pipeline)``), when every stream has ``w``
+    ``w (S + 1) + 2W + ET + 11 + X + (Q - 1) max(W + 6, ET + 2)`` (``X =
+    attn_out_pipe(pipeline)``, ``E = softmax_stages(pipeline)``), when every stream has ``w``
     words per row and ``w <= W + 5``; else the recurrence."""
     counts = set(launch_words(regs, size).values())
     words = max(counts)
-    beats = length // softmax_lanes(length)
+    et = softmax_stages(pipeline) * (length // softmax_lanes(length))
     if state_mode(regs["AT_FLAGS"]) is not None:
         return state_cycles(regs, window=window, length=length, size=size, d_head=d_head,
                             pipeline=pipeline)
@@ -184,8 +186,8 @@ def preload_cycles(regs: dict, *, window: int, length: int, size: int,
         return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head,
                              pipeline=pipeline)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
-    return words * (s + 1) + 2 * window + 5 * beats + 11 + attn_out_pipe(pipeline) + \
-        (q - 1) * max(window + 6, 5 * beats + 2)
+    return words * (s + 1) + 2 * window + et + 11 + attn_out_pipe(pipeline) + \
+        (q - 1) * max(window + 6, et + 2)
 
 
 def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int,
@@ -196,10 +198,10 @@ def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int
     output ``o = w + s`` cycles (state rows out) or ``K + w`` (the last chunk; ``K =
     merge_rotate_cycles(D, N)``),
 
-    ``max(w (S + 1), r + w - 1) + 2W + 5T + 11 + X - w + o + (Q - 1) max(W + 6, 5T + 2)``
-    (``X = attn_out_pipe(pipeline)``),
+    ``max(w (S + 1), r + w - 1) + 2W + ET + 11 + X - w + o + (Q - 1) max(W + 6, ET + 2)``
+    (``X = attn_out_pipe(pipeline)``, ``E = softmax_stages(pipeline)``),
 
-    valid while ``r <= W + 5``, ``o + 1 <= max(W + 6, 5T + 2)`` (the rows' output keeps up
+    valid while ``r <= W + 5``, ``o + 1 <= max(W + 6, ET + 2)`` (the rows' output keeps up
     with the queries) and the merge factors are ready by the P.V row, ``1 +
     ATTN_MERGE_CYCLES <= W + 3`` (the last chunk: ``+ ATTN_NORM_CYCLES +
     merge_divide_cycles(W)``); else the recurrence. The merge adds only the longer output of
@@ -207,14 +209,14 @@ def state_cycles(regs: dict, *, window: int, length: int, size: int, d_head: int
     mode, sw, rot, pend = _state_params(regs, window, size, d_head, pipeline)
     words = launch_words(regs, size)
     w = words["k"]
-    beats = length // softmax_lanes(length)
+    et = softmax_stages(pipeline) * (length // softmax_lanes(length))
     r = w + (sw if mode != "first" else 0)
     o = w + sw if mode != "last" else rot + w
-    period = max(window + 6, 5 * beats + 2)
+    period = max(window + 6, et + 2)
     if regs["AT_FLAGS"] & FLAG_INTERLEAVED or len(set(words.values())) > 1 or \
             r > window + 5 or o + 1 > period or pend > window + ATTN_PV_CYCLES:
         return launch_cycles(regs, window=window, length=length, size=size, d_head=d_head,
                              pipeline=pipeline)
     s, q = regs["AT_KEYS"], regs["AT_QUERIES"]
-    return max(w * (s + 1), r + w - 1) + 2 * window + 5 * beats + 11 + \
+    return max(w * (s + 1), r + w - 1) + 2 * window + et + 11 + \
         attn_out_pipe(pipeline) - w + o + (q - 1) * period

@@ -22,7 +22,8 @@ from .matmul import REQUANT_LATENCY, unit_latency
 from .vector import PIPELINES, check_pipeline
 from .vector import latency as vector_latency
 
-__all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "SOFTMAX_STAGES",
+__all__ = ["check_built", "READ_FIFO_DEPTH", "READ_LATENCY", "VEC_OUT_FIFO_DEPTH", "softmax_stages",
+           "softmax_divide_stages",
            "ATTN_DOT_CYCLES", "ATTN_PV_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
            "ATTN_STATE_ROWS", "ATTN_MERGE_CYCLES", "ATTN_NORM_CYCLES", "ATTN_PIPELINES",
            "check_attn_pipeline", "attn_out_pipe", "attn_merge_pipe", "merge_divide_bits",
@@ -37,8 +38,6 @@ READ_FIFO_DEPTH = 4
 READ_LATENCY = 2
 #: Result beats the vector engine buffers between its unit and its packer.
 VEC_OUT_FIFO_DEPTH = 4
-#: Row stages of the softmax unit (latency ``SOFTMAX_STAGES * L / P + 1``).
-SOFTMAX_STAGES = 5
 #: Cycles the attention buffer's score sweep spends after taking a query before its score row
 #: is offered (``W + ATTN_DOT_CYCLES``): K read, products, dot sum, requantiser, the
 #: offering state.
@@ -95,6 +94,21 @@ def attn_merge_pipe(pipeline: str = "short") -> int:
     the merge factors, the merged lanes, their product with ``R``). The merge takes this many
     cycles more than the state register's rotation."""
     return {"short": 2, "deep": 4}[check_attn_pipeline(pipeline)]
+
+
+def softmax_stages(pipeline: str = "short") -> int:
+    """Row stages of the softmax unit (``hw/tile/softmax.py``; its latency
+    ``softmax_stages(pipeline) * L / P + 1``): 5 (``"short"``: maximum, log2, exp and sum,
+    the reciprocal's long division, normalisation) or 6 (``"deep"``, the attention engine's
+    deep pipeline: the long division over :func:`softmax_divide_stages` = 2 stages, at most
+    2 subtract-compare steps a cycle at ``L / P`` = 4 beats). Each stage holds a row for
+    ``L / P`` cycles, so a stage more is ``L / P`` cycles more per row through the unit."""
+    return 4 + softmax_divide_stages(pipeline)
+
+
+def softmax_divide_stages(pipeline: str = "short") -> int:
+    """Row stages the softmax's long division spans: 1 (``"short"``) or 2 (``"deep"``)."""
+    return {"short": 1, "deep": 2}[check_attn_pipeline(pipeline)]
 
 
 def merge_divide_bits(window: int) -> int:

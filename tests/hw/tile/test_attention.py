@@ -76,12 +76,12 @@ def check(got, exp, keys=("partial", "scores", "mask", "out")):
 
 
 def run_and_check(cmds, rng, *, window=W, d_head=D, length=L, reduced_fn=None, idle=IDLE,
-                  stall=STALL):
+                  stall=STALL, pipeline="short"):
     n = sum(isinstance(c, Query) for c in cmds)
     probs_fn = prob_table(rng, n)
     exp = run_sequence(cmds, window=window, d_head=d_head, length=length, probs_fn=probs_fn,
                        reduced_fn=reduced_fn)
-    dut = AttentionBuffer(window=window, d_head=d_head, length=length)
+    dut = AttentionBuffer(window=window, d_head=d_head, length=length, pipeline=pipeline)
     got, _ = run_attention(dut, cmds, probs_fn=probs_fn, reduced_fn=reduced_fn, rng=rng,
                            idle=idle, stall=stall, max_cycles=20_000)
     check(got, exp)
@@ -134,22 +134,26 @@ def test_queries_away_from_the_newest_key(rng):
     assert [int(e["mask"].sum()) for e in exp] == [0, 1, 8, 16, 15, 11, 1, 0, 3, 3, 2]
 
 
-def test_score_requant_saturates(rng):
-    """Extreme Q.K with a large scale saturates to int16 both ways, never wraps."""
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
+def test_score_requant_saturates(rng, pipeline):
+    """Extreme Q.K with a large scale saturates to int16 both ways, never wraps (the deep
+    pipeline's clamp by bit tests too, a split query's reduced row as well)."""
     k = np.array([127, -128] * (D // 2))
     cmds = [KV(k, rand_i8(rng, D), 0, first=True), KV(k[::-1], rand_i8(rng, D), 1),
             KV(k // 64, rand_i8(rng, D), 2)]
     q = np.array([127, -128] * (D // 2))
     cmds += [Query(q, 2, mult=65535, shift=1), Query(q, 2, mult=65535, shift=12),
              Query(q, 2, mult=1, shift=47), Query(q, 2, mult=65535, shift=1, split=True)]
-    _, exp = run_and_check(cmds, rng, reduced_fn=lambda n, raw: raw)
+    _, exp = run_and_check(cmds, rng, reduced_fn=lambda n, raw: raw, pipeline=pipeline)
     assert exp[0]["scores"][0] == 32767 and exp[0]["scores"][1] == -32768
     assert exp[3]["scores"][0] == 32767 and exp[3]["scores"][1] == -32768
 
 
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
 @pytest.mark.parametrize("window, d_head, length", [(5, 4, 8), (1, 1, 1), (3, 2, 3)])
-def test_other_sizes(rng, window, d_head, length):
-    """L > W (lanes W..L-1 always masked and 0), W not a power of two, and a one-slot ring."""
+def test_other_sizes(rng, window, d_head, length, pipeline):
+    """L > W (lanes W..L-1 always masked and 0), W not a power of two, and a one-slot ring;
+    a split query's reduced row through the requantiser (the deep pipeline rotates it)."""
     cmds = []
     for t in range(9):
         cmds += [token(rng, t, first=t == 0, d=d_head), query(rng, t, d=d_head)]
@@ -159,7 +163,7 @@ def test_other_sizes(rng, window, d_head, length):
     table = rng.integers(0, 256, size=(n, length))
     exp = run_sequence(cmds, window=window, d_head=d_head, length=length,
                        probs_fn=lambda i, s, m: table[i])
-    dut = AttentionBuffer(window=window, d_head=d_head, length=length)
+    dut = AttentionBuffer(window=window, d_head=d_head, length=length, pipeline=pipeline)
     got, _ = run_attention(dut, cmds, probs_fn=lambda i, s, m: table[i],
                            reduced_fn=lambda i, raw: raw, rng=rng, idle=IDLE, stall=STALL)
     check(got, exp)

@@ -8,7 +8,8 @@ import pytest
 from amaranth.back import verilog
 
 from hw.spec import npu_preset
-from hw.tile.softmax import SoftmaxUnit
+from hw.spec.softmax import D_MAX, LOG2E_MULT, LOG2E_SHIFT
+from hw.tile.softmax import LOG2E_HALF, SoftmaxUnit, log2e_tables
 from hw.tops import build_top
 from sim.golden.softmax import partial_softmax, softmax
 from sim.rtl.softmax_driver import simulate_rows
@@ -73,14 +74,24 @@ def test_other_sizes(rng, length, lanes):
     check(dut, np.concatenate([es, rs]), np.concatenate([em, rm]), rng)
 
 
-@pytest.mark.parametrize("length, lanes", [(16, 4), (12, 3)])
-def test_partial_mode(rng, length, lanes):
+@pytest.mark.parametrize("length, lanes, pipeline", [(16, 4, "short"), (12, 3, "short"),
+                                                     (16, 4, "deep"), (8, 1, "deep"),
+                                                     (4, 4, "deep")])
+def test_partial_mode(rng, length, lanes, pipeline):
     """Rows in partial mode mixed with normal rows, under random idle and backpressure:
     partial rows give the golden ``partial_softmax`` (u, max, sum), normal rows the softmax
-    and their max (sum 0), in the same cycles."""
-    dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes)
+    and their max (sum 0), in the same cycles. The deep pipeline's divider over two stages:
+    the ulx3s preset's 2 quotient bits a cycle (L = 16, P = 4), 1 (L = 8, P = 1), and the 12
+    after the first in one cycle (L = P = 4); narrow logits, where the reciprocal's low bits
+    show; the edge rows' sums that are powers of two (one visible lane, half the lanes or
+    all of them at the maximum), whose first quotient bit is 1."""
+    dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes, pipeline=pipeline)
     es, em = edge_rows(length)
     rs, rm = random_rows(rng, 30, length)
+    if pipeline == "deep":
+        narrow = rng.integers(-512, 512, size=(30, length))
+        rs = np.concatenate([rs, narrow])
+        rm = np.concatenate([rm, rng.random((30, length)) < 0.9])
     scores, mask = np.concatenate([es, rs]), np.concatenate([em, rm])
     partial = (rng.random(len(scores)) < 0.6).astype(np.int64)
     res = simulate_rows(dut, scores, mask, partial=partial, rng=rng, idle=0.3, stall=0.3)
@@ -94,12 +105,16 @@ def test_partial_mode(rng, length, lanes):
         assert res["sum"][r] == want_sum, f"row {r}: sum {res['sum'][r]}, expected {want_sum}"
 
 
-@pytest.mark.parametrize("length, lanes", [(16, 1), (8, 1), (16, 4), (16, 16)])
-def test_cycles_per_row_and_latency(length, lanes):
-    """Back-to-back rows without stalls: one row per ``slot_cycles``, ``latency`` in between."""
-    dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes)
+@pytest.mark.parametrize("length, lanes, pipeline", [(16, 1, "short"), (8, 1, "short"),
+                                                     (16, 4, "short"), (16, 16, "short"),
+                                                     (16, 4, "deep"), (16, 16, "deep")])
+def test_cycles_per_row_and_latency(length, lanes, pipeline):
+    """Back-to-back rows without stalls: one row per ``slot_cycles``, ``latency`` in between
+    (5 row stages, the deep pipeline's 6)."""
+    dut = SoftmaxUnit(length=length, lanes_per_cycle=lanes, pipeline=pipeline)
     assert dut.slot_cycles == length // lanes
-    assert dut.latency == 5 * length // lanes + 1
+    stages = {"short": 5, "deep": 6}[pipeline]
+    assert dut.latency == stages * length // lanes + 1
     n = 6
     scores, mask = random_rows(np.random.default_rng(7), n, length)
     res = simulate_rows(dut, scores, mask)
@@ -115,6 +130,18 @@ def test_cycles_per_row_and_latency(length, lanes):
             f"expected {dut.slot_cycles}")
 
 
+def test_log2e_tables_are_the_product():
+    """The deep pipeline's two tables add up to ``d * LOG2E_MULT + 2**(LOG2E_SHIFT - 1)`` for
+    every clamped distance ``d`` (so its ``y`` is the short pipeline's)."""
+    hi, lo = log2e_tables()
+    half = 1 << LOG2E_HALF
+    for d in range(D_MAX + 1):
+        got = hi[d // half] + lo[d % half]
+        want = d * LOG2E_MULT + (1 << (LOG2E_SHIFT - 1))
+        assert got == want, f"d={d}: tables give {got}, expected {want}"
+    assert len(hi) * len(lo) == D_MAX + 1
+
+
 @pytest.mark.parametrize("kwargs, exc, match", [
     ({"length": 16.0}, TypeError, r"length must be an integer, not 16\.0"),
     ({"length": "16"}, TypeError, r"length must be an integer, not '16'"),
@@ -126,6 +153,8 @@ def test_cycles_per_row_and_latency(length, lanes):
      r"lanes_per_cycle must be a positive divisor of length 16, not 0"),
     ({"length": 16, "lanes_per_cycle": 3}, ValueError,
      r"lanes_per_cycle must be a positive divisor of length 16, not 3"),
+    ({"length": 16, "pipeline": "fast"}, ValueError,
+     r"^attention_pipeline='fast' is not one of 'short', 'deep'$"),
 ])
 def test_constructor_rejects(kwargs, exc, match):
     with pytest.raises(exc, match=match):

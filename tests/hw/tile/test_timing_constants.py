@@ -19,7 +19,6 @@ from sim.rtl.pysim import run_sim
 
 # (gateware module that reads the constant, its name, the spec's module, a constructor)
 STRUCTURAL = [
-    (softmax, "SOFTMAX_STAGES", chip_timing, lambda: softmax.SoftmaxUnit(length=4)),
     *[(attention, name, chip_timing,
        lambda: attention.AttentionBuffer(window=4, d_head=2, length=4))
       for name in ("ATTN_DOT_CYCLES", "ATTN_PARTIAL_CYCLES", "ATTN_REDUCED_CYCLES",
@@ -43,9 +42,24 @@ def test_structural_constant_changed_is_refused(monkeypatch, module, name, spec,
         build()
 
 
-def _model_cycles(flags, limit=10_000):
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
+def test_softmax_stages_changed_is_refused(monkeypatch, pipeline):
+    """The softmax's row stages per pipeline (5, 6) come from ``softmax_stages``, which the
+    unit checks against the stages it builds."""
+    real = chip_timing.softmax_stages
+    assert softmax.softmax_stages is real, "hw/tile/softmax.py does not use the spec's function"
+    value = real(pipeline)
+    assert softmax.SoftmaxUnit(length=4, lanes_per_cycle=4, pipeline=pipeline).latency == value + 1
+    monkeypatch.setattr(softmax, "softmax_stages", lambda p: real(p) + 1)
+    with pytest.raises(ValueError, match=rf"^softmax_stages={value + 1} \(hw/spec/timing\) is "
+                                         rf"not the {value} row stages .* that "
+                                         rf"hw/tile/softmax\.py builds"):
+        softmax.SoftmaxUnit(length=4, lanes_per_cycle=4, pipeline=pipeline)
+
+
+def _model_cycles(flags, limit=10_000, pipeline="short"):
     """The ISS engine model's cycles of one query over one key, every word available."""
-    model = engines.AttentionModel(window=16, length=16, size=4)
+    model = engines.AttentionModel(window=16, length=16, size=4, pipeline=pipeline)
     model.start({"AT_QUERIES": 1, "AT_KEYS": 1, "AT_FLAGS": flags, "AT_D_HEAD": 4})
     for t in range(limit):
         if not model.active:
@@ -54,9 +68,10 @@ def _model_cycles(flags, limit=10_000):
     raise AssertionError("never idle")
 
 
-def _closed_form(flags):
+def _closed_form(flags, pipeline="short"):
     return attn_timing.launch_cycles({"AT_QUERIES": 1, "AT_KEYS": 1, "AT_FLAGS": flags,
-                                      "AT_D_HEAD": 4}, window=16, length=16, size=4)
+                                      "AT_D_HEAD": 4}, window=16, length=16, size=4,
+                                     pipeline=pipeline)
 
 
 BEATS = 16 // softmax_lanes(16)
@@ -67,11 +82,10 @@ BEATS = 16 // softmax_lanes(16)
     ("ATTN_PARTIAL_CYCLES", FLAG_PARTIAL, 1),
     ("ATTN_REDUCED_CYCLES", FLAG_REDUCED, 1),
     ("ATTN_PV_CYCLES", 0, 1),
-    ("SOFTMAX_STAGES", 0, BEATS),
 ])
 def test_models_follow_the_constant(monkeypatch, name, flags, moves):
     """The engine model and the closed form read the constant the gateware checks: one more
-    cycle (softmax: one more row slot of ``L / P`` beats) on a lone query's path."""
+    cycle on a lone query's path."""
     real = _model_cycles(flags)
     assert _closed_form(flags) == real
     value = getattr(chip_timing, name)
@@ -79,6 +93,23 @@ def test_models_follow_the_constant(monkeypatch, name, flags, moves):
     monkeypatch.setattr(attn_timing, name, value + 1)
     assert _model_cycles(flags) == real + moves
     assert _closed_form(flags) == real + moves
+
+
+@pytest.mark.parametrize("pipeline", ["short", "deep"])
+def test_models_follow_softmax_stages(monkeypatch, pipeline):
+    """The engine model and the closed form read ``softmax_stages(pipeline)``: a row stage
+    more is one more slot of ``L / P`` beats on a lone query's path; the deep pipeline's sixth
+    stage is one slot more than the short one's five."""
+    real = chip_timing.softmax_stages
+    cycles = _model_cycles(0, pipeline=pipeline)
+    assert _closed_form(0, pipeline) == cycles
+    if pipeline == "deep":
+        short = _model_cycles(0)
+        assert cycles == short + BEATS + chip_timing.attn_out_pipe("deep"), (cycles, short)
+    monkeypatch.setattr(engines, "softmax_stages", lambda p: real(p) + 1)
+    monkeypatch.setattr(attn_timing, "softmax_stages", lambda p: real(p) + 1)
+    assert _model_cycles(0, pipeline=pipeline) == cycles + BEATS
+    assert _closed_form(0, pipeline) == cycles + BEATS
 
 
 def _grants(depth_patch, monkeypatch):
