@@ -471,9 +471,8 @@ class VectorUnit(wiring.Component):
         # amount into stages 1s to 3s (keeping the bit below the result: `w = (v << 1) >> s`),
         # then rounds (`(w + 1) >> 1`, which is `(v + 2**(s-1)) >> s`) and clamps; it issues
         # the table reads from stage 0r and registers the entries in stage 1, before GELU16's
-        # multiply. The products of steps 0 and GELU16's take their operands into the DSP's
-        # input registers with the stage register they copy (0r, 1); the others take the stage
-        # register's outputs.
+        # multiply. Step 0's products take their operands into the DSPs' input registers with
+        # stage 0r; the others take the stage registers' outputs.
         beat_l = data.StructLayout({
             "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
             "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes,
@@ -485,7 +484,8 @@ class VectorUnit(wiring.Component):
             # deep: a product or a shifted one (t * Y is the widest; one more bit for the
             # shift's) and the table addresses
             **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8,
-                "ma": signed(32), "lut_e": signed(8), "e_base": signed(16)}
+                "ma": signed(32), "lut_e": signed(8), "e_base": signed(16),
+                "e_delta": signed(17)}
                if deep else {})}), lanes)
         n_regs = latency(self._pipeline) - 1        # stage registers before the output's
         names = ["0", "0r", "0m", "1", "1m", "1a", "1s", "2", "2m", "2s", "3", "3m", "3s"] \
@@ -588,8 +588,20 @@ class VectorUnit(wiring.Component):
             gf = Signal(8, name=f"gelu_f{j}")
             above = Signal(name=f"gelu_above{j}")
             below = Signal(name=f"gelu_below{j}")
-            m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
-                         above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO)]
+            m.d.comb += gi.eq(gx >> g)
+            if deep:
+                # f = x's low g bits (a mask of g, not a subtraction); i >= ZERO and i < -ZERO
+                # by i's bits from log2(ZERO) up (ZERO a power of two), not compares: no carry
+                # chain after the shift.
+                z = GELU16_ZERO.bit_length() - 1
+                assert 1 << z == GELU16_ZERO
+                mask = Signal(8, name=f"gelu_mask{j}")
+                m.d.comb += [mask.eq(((Const(1, 16) << g) - 1)[0:8]), gf.eq(gx[0:8] & mask),
+                             above.eq(~gi[15] & gi[z:15].any()),
+                             below.eq(gi[15] & ~gi[z:15].all())]
+            else:
+                m.d.comb += [gf.eq(gx - (gi << g)), above.eq(gi >= GELU16_ZERO),
+                             below.eq(gi < -GELU16_ZERO)]
             if deep:
                 # The reads are issued from stage 0r, with the addresses carried there.
                 pl0r = regs[1][1][j]
@@ -630,7 +642,6 @@ class VectorUnit(wiring.Component):
                         m.d.comb += lane.val.eq(gx << g)
                     with m.Elif(~below):
                         m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
-        val1 = []                               # deep: stage 1's next `val`
         if deep:
             # Stage 0r -> 0m: the partial products (REQUANT, LN, MUL) in their DSPs (above);
             # ADD, BIAS and RELU.
@@ -654,7 +665,8 @@ class VectorUnit(wiring.Component):
                 entry = lut16_r[j].data
                 with m.If(adv):
                     m.d.sync += [stages[1][1][j].lut_e.eq(lut_r[j].data),
-                                 stages[1][1][j].e_base.eq(entry.base)]
+                                 stages[1][1][j].e_base.eq(entry.base),
+                                 stages[1][1][j].e_delta.eq(entry.delta)]
                 whole = pp0_lo[j] + (pp0_hi[j] << 17)
                 v1 = Signal(signed(49), name=f"val1_{j}")
                 m.d.comb += v1.eq(pl[j].val)
@@ -666,7 +678,6 @@ class VectorUnit(wiring.Component):
                     m.d.comb += v1.eq(pp0_lo[j][0:16].as_signed())
                 with m.If(adv):
                     m.d.sync += stages[1][1][j].val.eq(v1)
-                val1.append(v1)
 
         # Step 1.
         # One rounding shift and one clamp per lane serve the requantiser (REQUANT, MUL: the
@@ -679,13 +690,13 @@ class VectorUnit(wiring.Component):
             t = pl[j].val[0:34].as_signed()
             entry = lut16_r[j].data
             if deep:
-                # t * Y's partial products (from stage 1's registers) and GELU16's delta * f
-                # (its operands into the DSP's input registers with stage 1) into stage 1m;
+                # t * Y's partial products and GELU16's delta * f (from stage 1's registers:
+                # the table's block RAM output has no register of its own) into stage 1m;
                 # t * Y in 1a; the shift into 1s.
                 parts = [(product(f"ty_pp{k}_{j}", pa, pyb, en=adv, reg_inputs=False), sh)
                          for k, (pa, pyb, sh) in enumerate(_pieces(t, pb.y))]
-                gelu_p = product(f"gelu_p{j}", lut16_r[j].data.delta, val1[j][0:8], en=adv,
-                                 reg_inputs=True)
+                gelu_p = product(f"gelu_p{j}", pl[j].e_delta, pl[j].val[0:8], en=adv,
+                                 reg_inputs=False)
                 with m.If(adv & (pb.op == VectorOp.LUT)):
                     m.d.sync += prods[1][1][j].val.eq(pl[j].lut_e)
                 with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
@@ -843,7 +854,7 @@ class VectorUnit(wiring.Component):
         m.d.comb += [buf_w.addr.eq(beat), buf_r.addr.eq(beat)]
         m.d.comb += [buf_w.data[j].eq(xa[j]) for j in range(lanes)]
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.i_cmd.ready.eq(1)
                 with m.If(self.i_cmd.valid):
@@ -1005,9 +1016,7 @@ class VectorUnit(wiring.Component):
 
             with m.State("RSQRT"):
                 m.d.sync += [step.eq(step + 1), beat.eq(0), *set_rem(cmd.length)]
-                if self._pipeline == "deep":
-                    self._rsqrt_deep(m, product, step, n, s1, s2, d, m_norm, y_r, y2, zs)
-                else:
+                if not deep:
                     self._rsqrt(m, step, n, s1, s2, d, m_norm, y_r, y2, my2, zs)
                 with m.If(step == rsqrt_end):
                     m.next = "NORM"
@@ -1026,6 +1035,11 @@ class VectorUnit(wiring.Component):
                         m.d.comb += buf_r.addr.eq(beat + 1)
                     with m.If(last_beat):
                         m.next = "IDLE"
+        if deep:
+            # Outside the FSM's states: the DSPs' operands are their registers, not gated by
+            # the state.
+            self._rsqrt_deep(m, product, fsm.ongoing("RSQRT"), step, n, s1, s2, d, m_norm, y_r,
+                             y2, zs)
         return m
 
     @staticmethod
@@ -1046,17 +1060,18 @@ class VectorUnit(wiring.Component):
                     m.d.sync += y_r.eq((y_r * (Const(3 << q) - my2)) >> (q + 1))
 
     @staticmethod
-    def _rsqrt_deep(m, product, step, n, s1, s2, d, m_norm, y_r, y2, zs):
+    def _rsqrt_deep(m, product, running, step, n, s1, s2, d, m_norm, y_r, y2, zs):
         """:meth:`_rsqrt` with every product's partial products (one DSP each, ``product``) in
         registers, added in the next cycle: steps 0 to 2 let the last beat's statistics in; 3,
         4 the products n * S2 and S1^2; 5 D; 6 D's bit length, 7 the normalised m, 8 the seed;
         then per Newton step each of its three multiplies in two cycles (the partial products,
         then their sum shifted, with the next multiply's subtraction). The same truncations,
-        so the same Y bit for bit.
+        so the same Y bit for bit. ``running``: the FSM is in its rsqrt state, whose ``step``
+        counts the cycles.
 
         The partial products' registers load every cycle (their operands straight from their
-        registers, no multiplexer before the DSPs): each sum is taken the cycle after the step
-        whose operands it multiplies."""
+        registers, no multiplexer or gate before the DSPs): each sum is taken the cycle after
+        the step whose operands it multiplies."""
         q = RSQRT_FRAC_BITS
         ns2 = Signal(signed(96))
         s1sq = Signal(signed(64))
@@ -1070,13 +1085,14 @@ class VectorUnit(wiring.Component):
         newton = [(y_r, y_r), (m_norm, y2), (y_r, three_my2)]
         sums = [total(a, b, f"newton_sum{i}") for i, (a, b) in enumerate(newton)]
         ns2_sum, s1sq_sum = total(n, s2, "ns2_sum"), total(s1, s1, "s1sq_sum")
-        with m.Switch(step):
+        d_length = _leading_one(m, d, "d_length")
+        with m.If(running), m.Switch(step):
             with m.Case(4):
                 m.d.sync += [ns2.eq(ns2_sum), s1sq.eq(s1sq_sum)]
             with m.Case(5):
                 _clamp_d(m, d, ns2 - s1sq)
             with m.Case(6):
-                m.d.sync += length.eq(_leading_one(m, d, "d_length"))
+                m.d.sync += length.eq(d_length)
             with m.Case(7):
                 VectorUnit._normalise(m, d, length, m_norm, zs)
             with m.Case(8):
