@@ -160,10 +160,13 @@ class Chip(wiring.Component):
     :class:`hw.ring.collective.CollectiveEngine`, ``avg``); a COLL AVG then gives the sum.
     ``pe_dsp=True`` takes the matmul array's products in DSPs (an FPGA build with DSPs to
     spare: :class:`hw.tile.matmul.MatmulArray`); function and timing are the same.
+    ``ecp5_dsp=True`` (an ECP5 build) instantiates the ECP5's MULT18X18D, with its input and
+    output registers, for the vector engine's registered products (its deep pipeline:
+    :class:`hw.tile.vector.VectorUnit`); function and timing are the same.
     """
 
     def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False,
-                 chip_bits: int | None = None, dims: int = 1):
+                 chip_bits: int | None = None, dims: int = 1, ecp5_dsp: bool = False):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         if (error := npu.chip_error()) is not None:
@@ -179,6 +182,7 @@ class Chip(wiring.Component):
         self._npu = npu
         self._coll_avg = bool(coll_avg)
         self._pe_dsp = bool(pe_dsp)
+        self._ecp5_dsp = bool(ecp5_dsp)
         self._chip_bits = chip_bits
         self._dims = dims
         self._engines = dims
@@ -229,6 +233,11 @@ class Chip(wiring.Component):
     def pe_dsp(self) -> bool:
         """Whether the matmul array's products are DSPs (``pe_dsp``)."""
         return self._pe_dsp
+
+    @property
+    def ecp5_dsp(self) -> bool:
+        """Whether registered products are instantiated ECP5 DSPs (``ecp5_dsp``)."""
+        return self._ecp5_dsp
 
     @property
     def ring_word_bytes(self) -> int:
@@ -315,7 +324,8 @@ class Chip(wiring.Component):
         # WR1 data, WR2 q) share generators; `owner_attn` (set at launch) routes their streams.
         m.submodules.attention = at = AttentionEngine.for_npu(npu)
         m.submodules.vector = vu = VectorEngine(lanes=n, d_model_max=npu.d_model_max,
-                                                pipeline=npu.vector_pipeline)
+                                                pipeline=npu.vector_pipeline,
+                                                ecp5_dsp=self._ecp5_dsp)
         owner_attn = Signal()
         shared_idle = idle(SHARED_GENS)
         rd_index = {name: k for k, name in enumerate(read_gens)}

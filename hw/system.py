@@ -41,7 +41,8 @@ class ChipNode(wiring.Component):
     path from one node to another but ``rx`` -> ``rx.ready`` within the receiving chip (its
     router: :class:`~hw.ring.router.Router`).
 
-    Parameters (keyword-only): ``npu``; ``coll_avg`` as :class:`~hw.chip.Chip`'s;
+    Parameters (keyword-only): ``npu``; ``coll_avg``, ``pe_dsp`` and ``ecp5_dsp`` as
+    :class:`~hw.chip.Chip`'s;
     ``chip_bits`` (default :data:`hw.spec.ring.NODE_CHIP_BITS`: any system up to 1,024 chips);
     ``links``: one :class:`~hw.spec.topology.DimLink` per dimension (default: a ring's chip
     with the NPU's ``link_*``; two: a torus's chip).
@@ -62,7 +63,8 @@ class ChipNode(wiring.Component):
     """
 
     def __init__(self, *, npu: NpuConfig, coll_avg: bool = True, pe_dsp: bool = False,
-                 chip_bits: int | None = None, links: tuple[DimLink, ...] | None = None):
+                 chip_bits: int | None = None, links: tuple[DimLink, ...] | None = None,
+                 ecp5_dsp: bool = False):
         if not isinstance(npu, NpuConfig):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         links = tuple(links) if links is not None else (
@@ -79,7 +81,7 @@ class ChipNode(wiring.Component):
         self.links = links
         self.chip = Chip(npu=npu, coll_avg=coll_avg, pe_dsp=pe_dsp,
                          chip_bits=NODE_CHIP_BITS if chip_bits is None else chip_bits,
-                         dims=len(links))
+                         dims=len(links), ecp5_dsp=ecp5_dsp)
         # The chip's own ports (each ring's tx now its link's far end: the same signature),
         # and the links' fault injection.
         extra = {"link_stall": In(links[0].latency_cycles)}

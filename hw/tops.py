@@ -79,6 +79,11 @@ def _vector(npu: NpuConfig, chips: int):
                       pipeline=npu.vector_pipeline)
 
 
+def _vector_fpga(npu: NpuConfig, chips: int):
+    return VectorUnit(lanes=npu.vector_lanes, d_model_max=npu.d_model_max,
+                      pipeline=npu.vector_pipeline, ecp5_dsp=True)
+
+
 def _sequencer(npu: NpuConfig, chips: int):
     # The register file leaves folded: 64 port bits instead of 183 x 48 (docs/fpga.md).
     return SequencerUnit(npu=npu, fold_bits=SEQ_FOLD_BITS)
@@ -113,6 +118,11 @@ def _vector_engine(npu: NpuConfig, chips: int):
                         pipeline=npu.vector_pipeline)
 
 
+def _vector_engine_fpga(npu: NpuConfig, chips: int):
+    return VectorEngine(lanes=npu.array_size, d_model_max=npu.d_model_max,
+                        pipeline=npu.vector_pipeline, ecp5_dsp=True)
+
+
 def _collective(npu: NpuConfig, chips: int):
     # As a chip of a ring of ``chips`` builds it: groups of up to 2**chip_bits chips.
     return CollectiveEngine(link_bytes=npu.link_bytes_per_cycle, fifo_words=COLL_FIFO_WORDS,
@@ -142,7 +152,7 @@ def _tile(npu: NpuConfig, chips: int):
 
 
 def _tile_fpga(npu: NpuConfig, chips: int):
-    return Chip(npu=npu, coll_avg=False, pe_dsp=PE_DSP)
+    return Chip(npu=npu, coll_avg=False, pe_dsp=PE_DSP, ecp5_dsp=True)
 
 
 def _node_links(npu: NpuConfig):
@@ -159,7 +169,8 @@ def _node(npu: NpuConfig, chips: int):
 
 
 def _node_fpga(npu: NpuConfig, chips: int):
-    return ChipNode(npu=npu, coll_avg=False, pe_dsp=PE_DSP, links=_node_links(npu))
+    return ChipNode(npu=npu, coll_avg=False, pe_dsp=PE_DSP, links=_node_links(npu),
+                    ecp5_dsp=True)
 
 
 def _system(npu: NpuConfig, chips: int):
@@ -180,7 +191,7 @@ TOPS: dict[str, Top] = {
     "softmax": Top("softmax", "fixed-length softmax unit", _softmax),
     "attention": Top("attention", "windowed attention buffer", _attention),
     "vector": Top("vector", "vector unit (LayerNorm, GELU, residual, requant)",
-                  _vector),
+                  _vector, build_fpga=_vector_fpga),
     # The chip's units as the chip builds them (npu fpga --top NAME --synth-only: one row of
     # the resource table in docs/fpga.md).
     "sequencer": Top("sequencer", "sequencer with its instruction memory and registers",
@@ -193,7 +204,7 @@ TOPS: dict[str, Top] = {
     "attention_engine": Top("attention_engine", "attention buffer, softmax and requantiser",
                             _attention_engine),
     "vector_engine": Top("vector_engine", "vector unit with its word streams and sequencing",
-                         _vector_engine),
+                         _vector_engine, build_fpga=_vector_engine_fpga),
     "collective": Top("collective", "collective engine with its ring buffers", _collective,
                       build_fpga=_collective_fpga),
     "router": Top("router", "ring router (collective, point-to-point, clear-to-send)", _router),

@@ -63,7 +63,8 @@ class _ChipOnRing(wiring.Component):
 
     def __init__(self, npu, *, pe_dsp=PE_DSP):
         # A ring of one chip: 1-bit chip ids.
-        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp, chip_bits=1)
+        # An ECP5 board: the vector engine's registered products in MULT18X18Ds.
+        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp, chip_bits=1, ecp5_dsp=True)
         super().__init__(wiring.Signature({}))
 
     def elaborate(self, platform):

@@ -23,6 +23,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..arith import round_saturate, saturate, tree_sum
+from ..dsp import RegisteredMul
 from ..layouts import lanes_layout
 from ..spec.timing.vector import check_pipeline, latency, rsqrt_cycles, stats_cycles
 from ..spec.vector import (
@@ -118,10 +119,10 @@ def _chunks(x):
     return pieces
 
 
-def _partials(a, b):
-    """``a * b`` as ``[(product, shift)]``: each product one DSP, their sum shifted the
-    product."""
-    return [(pa * pb, sa + sb) for pa, sa in _chunks(a) for pb, sb in _chunks(b)]
+def _pieces(a, b):
+    """``a * b`` as ``[(a piece, b piece, shift)]``: each pieces' product one DSP, the sum of
+    the products shifted by their ``shift`` the product."""
+    return [(pa, pb, sa + sb) for pa, sa in _chunks(a) for pb, sb in _chunks(b)]
 
 
 def _clamp_d(m, d, value):
@@ -308,17 +309,27 @@ class VectorUnit(wiring.Component):
     the pipeline's enable (``~o_data.valid | o_data.ready``) is a register computed a cycle
     ahead from it, the same value, not a function of ``o_data.ready`` fanned out to every
     stage.
+
+    ``ecp5_dsp`` (an ECP5 build, ``npu fpga``): the deep pipeline's products are
+    :class:`~hw.dsp.RegisteredMul` instances that instantiate the ECP5's MULT18X18D with its
+    registers (each product's operands and product, or its product alone, in the DSP block
+    rather than in the fabric); the same cycles and results. No effect on the short pipeline,
+    whose products are not registered.
+
     Undefined (never emitted by the compiler): ``length`` 0 or above ``d_model_max`` for LN,
     ``shift`` outside 1..47 (outside 1..8 for GELU16).
     """
 
     def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short",
-                 room_next: bool = False):
+                 room_next: bool = False, ecp5_dsp: bool = False):
         check_sizes(lanes, d_model_max, min_lanes=1)
+        if not isinstance(ecp5_dsp, bool):
+            raise TypeError(f"ecp5_dsp must be a bool, not {ecp5_dsp!r}")
         self._lanes = lanes
         self._d_model_max = d_model_max
         self._pipeline = check_pipeline(pipeline)
         self._room_next = bool(room_next)
+        self._ecp5_dsp = ecp5_dsp
         super().__init__({
             "i_cmd": In(stream.Signature(cmd_layout())),
             "i_a": In(stream.Signature(vec_layout(lanes))),
@@ -342,6 +353,10 @@ class VectorUnit(wiring.Component):
         return self._pipeline
 
     @property
+    def ecp5_dsp(self) -> bool:
+        return self._ecp5_dsp
+
+    @property
     def buffer_depth(self) -> int:
         return -(-self._d_model_max // self._lanes)
 
@@ -351,6 +366,19 @@ class VectorUnit(wiring.Component):
         depth = self.buffer_depth
 
         deep = self._pipeline == "deep"
+
+        def product(name, a, b, *, en, reg_inputs):
+            """The deep pipeline's ``a * b`` (each at most 18 bits) in a register of its own,
+            enabled by ``en``: ``reg_inputs``, the operands' values a cycle before the product's
+            register (they enter the DSP's input registers with the stage register whose
+            next value they are); otherwise registered operands of a stage straight in."""
+            a, b = Value.cast(a), Value.cast(b)
+            mul = RegisteredMul(a=a.shape(), b=b.shape(), reg_inputs=reg_inputs,
+                                ecp5=self._ecp5_dsp)
+            m.submodules[name] = mul
+            m.d.comb += [mul.a.eq(a), mul.b.eq(b), mul.en.eq(en)]
+            return mul.p
+
         cmd = Signal(cmd_layout())
         remaining = Signal(LENGTH_BITS + 1)   # elements still to come in this pass
         beat = Signal(range(max(depth, GELU16_KNOTS + lanes) + 1))
@@ -419,7 +447,7 @@ class VectorUnit(wiring.Component):
         op = cmd.op
         # deep: the command's decode in registers (LayerNorm's; LN's operand from the buffer;
         # REQUANT's per-lane parameters), set as the command is taken.
-        dec_ln, dec_buf, dec_pc = Signal(), Signal(), Signal()
+        dec_ln, dec_buf, dec_pc, dec_mul = Signal(), Signal(), Signal(), Signal()
 
         # ---- the pipeline ------------------------------------------------------------------
         # Register stages, all advancing together whenever the output register is free
@@ -435,26 +463,29 @@ class VectorUnit(wiring.Component):
         #   3 -> o: LN q8 = requant(y16, mult, shift, 8); GELU16 hi/lo bytes; padding lanes 0
         # The short pipeline does each step in one cycle (stages 1, 2, 3, then the output
         # register). The deep one registers the operands of step 0's multiplier (stage 0r),
-        # then every product (stages 0m to 3m, in the DSPs' outputs; step 0's as two partial
-        # products of 17 and 15 bits of the operand, added in the next cycle with LN's `- S1`;
-        # MUL's int8 product there, times `mult` in the next cycle; t * Y as four partial
-        # products, added in stage 1a), then shifts it by the step's amount into stages 1s to
-        # 3s (keeping the bit below the result: `w = (v << 1) >> s`), then rounds (`(w + 1) >>
-        # 1`, which is `(v + 2**(s-1)) >> s`) and clamps; it issues the table reads from stage
-        # 0r and registers the entries in stage 1, before GELU16's multiply.
+        # then every product (stages 0m to 3m, each in the register of its own DSP, `product`:
+        # step 0's as two partial products of 17 and 15 bits of the operand, added in the next
+        # cycle with LN's `- S1`, or MUL's int8 product, taken by the same DSPs; t * Y, or
+        # MUL's int8 product times `mult` (carried in `y`), as four partial products, added in
+        # stage 1a; z * gamma as two, added with the shift), then shifts it by the step's
+        # amount into stages 1s to 3s (keeping the bit below the result: `w = (v << 1) >> s`),
+        # then rounds (`(w + 1) >> 1`, which is `(v + 2**(s-1)) >> s`) and clamps; it issues
+        # the table reads from stage 0r and registers the entries in stage 1, before GELU16's
+        # multiply. Step 0's products take their operands into the DSPs' input registers with
+        # stage 0r; the others take the stage registers' outputs.
         beat_l = data.StructLayout({
             "op": unsigned(4), "out16": 1, "ln": 1, "gshift": GSHIFT_BITS, "mult": 16,
             "shift": 6, "y": RSQRT_FRAC_BITS + 2, "zs": 6, "last": 1, "mask": lanes,
-            **({"s1": signed(32)} if deep else {})})
+            # deep: S1; whether step 1 takes t * Y (LN, and MUL's product times `mult`)
+            **({"s1": signed(32), "ty": 1} if deep else {})})
         lane_l = data.ArrayLayout(data.StructLayout({
             "val": signed(49), "sh": 6, "gamma": signed(16), "beta": signed(16),
             "base": signed(16), "mid": 1,
             # deep: a product or a shifted one (t * Y is the widest; one more bit for the
             # shift's) and the table addresses
             **({"prod": signed(34 + RSQRT_FRAC_BITS + 3), "lut_a": 8, "lut16_a": 8,
-                "ma": signed(32), "mb": 16, "b8": signed(8), "lut_e": signed(8),
-                "e_base": signed(16), "e_delta": signed(17),
-                **{f"pp{k}": signed(36) for k in range(4)}}
+                "ma": signed(32), "lut_e": signed(8), "e_base": signed(16),
+                "e_delta": signed(17)}
                if deep else {})}), lanes)
         n_regs = latency(self._pipeline) - 1        # stage registers before the output's
         names = ["0", "0r", "0m", "1", "1m", "1a", "1s", "2", "2m", "2s", "3", "3m", "3s"] \
@@ -499,7 +530,10 @@ class VectorUnit(wiring.Component):
                      sb.mult.eq(cmd.mult), sb.shift.eq(cmd.shift), sb.y.eq(y_r), sb.zs.eq(zs),
                      sb.last.eq(last_beat), sb.mask.eq(Cat(*lane_ok))]
         if deep:
-            m.d.comb += sb.s1.eq(s1)
+            # MUL's second product is step 1's t * Y, with `mult` for Y.
+            m.d.comb += [sb.s1.eq(s1), sb.ty.eq(dec_ln | dec_mul),
+                         sb.y.eq(Mux(dec_mul, cmd.mult, y_r))]
+        pp0_lo, pp0_hi = [], []                 # deep: step 0's partial products (0m)
         x_src = Signal(data.ArrayLayout(signed(16), lanes))
         with m.If(dec_buf if deep else op == VectorOp.LN):
             m.d.comb += x_src.eq(buf_r.data)
@@ -518,13 +552,17 @@ class VectorUnit(wiring.Component):
             # One multiplier per lane for stage 0's products, whose ops exclude each other:
             # REQUANT's a * mult, MUL's (a8 * b8) * mult, LayerNorm's n * x (signed 32 x
             # unsigned 16 bits: two 18 x 18 DSPs).
-            prod8 = Signal(signed(16), name=f"mul{j}")
-            m.d.comb += prod8.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed())
             mul_a = Signal(signed(32), name=f"mul_a{j}")
             mul_b = Signal(16, name=f"mul_b{j}")
             if deep:
-                m.d.comb += [mul_a.eq(Mux(dec_ln, x_src[j], a[j])), mul_b.eq(Mux(dec_ln, n, mult))]
+                # MUL: its int8 operands, sign-extended; the low 16 bits of the product of
+                # their low 17 and 16 bits are a8 * b8 (it fits int16).
+                m.d.comb += [
+                    mul_a.eq(Mux(dec_ln, x_src[j], Mux(dec_mul, a[j][0:8].as_signed(), a[j]))),
+                    mul_b.eq(Mux(dec_ln, n, Mux(dec_mul, b[j][0:8].as_signed(), mult)))]
             else:
+                prod8 = Signal(signed(16), name=f"mul{j}")
+                m.d.comb += prod8.eq(a[j][0:8].as_signed() * b[j][0:8].as_signed())
                 with m.Switch(op):
                     with m.Case(VectorOp.MUL):
                         m.d.comb += [mul_a.eq(prod8), mul_b.eq(mult)]
@@ -533,12 +571,16 @@ class VectorUnit(wiring.Component):
                     with m.Default():
                         m.d.comb += [mul_a.eq(a[j]), mul_b.eq(mult)]
             if deep:
-                # The operands into stage 0r; their products in 0m.
-                product = 0
-                m.d.comb += [lane.ma.eq(mul_a), lane.mb.eq(mul_b), lane.b8.eq(b[j][0:8])]
+                # The operands into stage 0r (ADD, BIAS and RELU's) and into the DSPs' input
+                # registers; their partial products in 0m.
+                prod0 = 0
+                m.d.comb += lane.ma.eq(mul_a)
+                pp0_lo.append(product(f"pp0_lo{j}", mul_a[0:17], mul_b, en=adv, reg_inputs=True))
+                pp0_hi.append(product(f"pp0_hi{j}", mul_a[17:32].as_signed(), mul_b, en=adv,
+                                      reg_inputs=True))
             else:
-                product = Signal(signed(49), name=f"product{j}")
-                m.d.comb += product.eq(mul_a * mul_b)
+                prod0 = Signal(signed(49), name=f"product{j}")
+                m.d.comb += prod0.eq(mul_a * mul_b)
             # GELU16: knot index i = x >> g (g = shift), fraction f = x - (i << g) < 2**g.
             gx = a[j][0:16].as_signed()
             g = cmd.shift[0:4]
@@ -546,8 +588,20 @@ class VectorUnit(wiring.Component):
             gf = Signal(8, name=f"gelu_f{j}")
             above = Signal(name=f"gelu_above{j}")
             below = Signal(name=f"gelu_below{j}")
-            m.d.comb += [gi.eq(gx >> g), gf.eq(gx - (gi << g)),
-                         above.eq(gi >= GELU16_ZERO), below.eq(gi < -GELU16_ZERO)]
+            m.d.comb += gi.eq(gx >> g)
+            if deep:
+                # f = x's low g bits (a mask of g, not a subtraction); i >= ZERO and i < -ZERO
+                # by i's bits from log2(ZERO) up (ZERO a power of two), not compares: no carry
+                # chain after the shift.
+                z = GELU16_ZERO.bit_length() - 1
+                assert 1 << z == GELU16_ZERO
+                mask = Signal(8, name=f"gelu_mask{j}")
+                m.d.comb += [mask.eq(((Const(1, 16) << g) - 1)[0:8]), gf.eq(gx[0:8] & mask),
+                             above.eq(~gi[15] & gi[z:15].any()),
+                             below.eq(gi[15] & ~gi[z:15].all())]
+            else:
+                m.d.comb += [gf.eq(gx - (gi << g)), above.eq(gi >= GELU16_ZERO),
+                             below.eq(gi < -GELU16_ZERO)]
             if deep:
                 # The reads are issued from stage 0r, with the addresses carried there.
                 pl0r = regs[1][1][j]
@@ -566,19 +620,19 @@ class VectorUnit(wiring.Component):
                         m.d.comb += lane.val.eq((a[j] + b[j])[0:32].as_signed())
                 with m.Case(VectorOp.REQUANT):
                     if not deep:
-                        m.d.comb += lane.val.eq(product)
+                        m.d.comb += lane.val.eq(prod0)
                 with m.Case(VectorOp.MUL):
                     # MUL: int8 x int8 is exact in 16 bits; times the 16-bit mult, in 32
                     # (deep: in stages 0m and 1).
                     if not deep:
-                        m.d.comb += lane.val.eq(product)
+                        m.d.comb += lane.val.eq(prod0)
                 with m.Case(VectorOp.RELU):
                     if not deep:
                         m.d.comb += lane.val.eq(Mux(a[j] > 0, a[j], 0))
                 with m.Case(VectorOp.LN, VectorOp.LN_APPLY):
                     # deep: S1 is subtracted on the way to stage 1.
                     if not deep:
-                        m.d.comb += lane.val.eq(product - s1)
+                        m.d.comb += lane.val.eq(prod0 - s1)
                 with m.Case(VectorOp.ONEHOT):
                     m.d.comb += lane.val.eq(rel == j)
                 with m.Case(VectorOp.GELU16):
@@ -589,15 +643,11 @@ class VectorUnit(wiring.Component):
                     with m.Elif(~below):
                         m.d.comb += [lane.val.eq(gf), lane.mid.eq(1)]
         if deep:
-            # Stage 0r -> 0m: the partial products (REQUANT, LN), MUL's int8 product.
+            # Stage 0r -> 0m: the partial products (REQUANT, LN, MUL) in their DSPs (above);
+            # ADD, BIAS and RELU.
             rb, rl = regs[1]
             for j in range(lanes):
-                ma, mb = rl[j].ma, rl[j].mb
-                with m.If(adv & ((rb.op == VectorOp.REQUANT) | rb.ln)):
-                    m.d.sync += [prods[0][1][j].val.eq(ma[0:17] * mb),
-                                 prods[0][1][j].prod.eq(ma[17:32].as_signed() * mb)]
-                with m.If(adv & (rb.op == VectorOp.MUL)):
-                    m.d.sync += prods[0][1][j].val.eq(ma[0:8].as_signed() * rl[j].b8)
+                ma = rl[j].ma
                 bj = Cat(rl[j].gamma, rl[j].beta).as_signed()       # the B operand
                 # The clamp's signals are driven outside the If: a comb signal assigned under
                 # it would be gated by the pipeline's enable.
@@ -608,8 +658,8 @@ class VectorUnit(wiring.Component):
                     m.d.sync += prods[0][1][j].val.eq((ma + bj)[0:32].as_signed())
                 with m.If(adv & (rb.op == VectorOp.RELU)):
                     m.d.sync += prods[0][1][j].val.eq(Mux(ma > 0, ma, 0))
-            # Stage 0m -> 1: the partial products' sum (REQUANT, LN: minus S1), MUL's product;
-            # the table entries.
+            # Stage 0m -> 1: the partial products' sum (REQUANT, LN: minus S1), MUL's int8
+            # product (the low partial product's low 16 bits); the table entries.
             pb, pl = prods[0]
             for j in range(lanes):
                 entry = lut16_r[j].data
@@ -617,13 +667,17 @@ class VectorUnit(wiring.Component):
                     m.d.sync += [stages[1][1][j].lut_e.eq(lut_r[j].data),
                                  stages[1][1][j].e_base.eq(entry.base),
                                  stages[1][1][j].e_delta.eq(entry.delta)]
-                whole = pl[j].val + (pl[j].prod << 17)
-                with m.If(adv & (pb.op == VectorOp.REQUANT)):
-                    m.d.sync += stages[1][1][j].val.eq(whole)
-                with m.If(adv & pb.ln):
-                    m.d.sync += stages[1][1][j].val.eq(whole - pb.s1)
-                with m.If(adv & (pb.op == VectorOp.MUL)):
-                    m.d.sync += stages[1][1][j].val.eq(pl[j].val[0:16].as_signed() * pb.mult)
+                whole = pp0_lo[j] + (pp0_hi[j] << 17)
+                v1 = Signal(signed(49), name=f"val1_{j}")
+                m.d.comb += v1.eq(pl[j].val)
+                with m.If(pb.op == VectorOp.REQUANT):
+                    m.d.comb += v1.eq(whole)
+                with m.If(pb.ln):
+                    m.d.comb += v1.eq(whole - pb.s1)
+                with m.If(pb.op == VectorOp.MUL):
+                    m.d.comb += v1.eq(pp0_lo[j][0:16].as_signed())
+                with m.If(adv):
+                    m.d.sync += stages[1][1][j].val.eq(v1)
 
         # Step 1.
         # One rounding shift and one clamp per lane serve the requantiser (REQUANT, MUL: the
@@ -636,26 +690,28 @@ class VectorUnit(wiring.Component):
             t = pl[j].val[0:34].as_signed()
             entry = lut16_r[j].data
             if deep:
-                # t * Y's partial products and the table entries into stage 1m; t * Y in 1a;
-                # the shift into 1s.
-                parts = _partials(t, pb.y)
-                with m.If(adv):
-                    m.d.sync += [getattr(prods[1][1][j], f"pp{k}").eq(pp)
-                                 for k, (pp, _) in enumerate(parts)]
+                # t * Y's partial products and GELU16's delta * f (from stage 1's registers:
+                # the table's block RAM output has no register of its own) into stage 1m;
+                # t * Y in 1a; the shift into 1s.
+                parts = [(product(f"ty_pp{k}_{j}", pa, pyb, en=adv, reg_inputs=False), sh)
+                         for k, (pa, pyb, sh) in enumerate(_pieces(t, pb.y))]
+                gelu_p = product(f"gelu_p{j}", pl[j].e_delta, pl[j].val[0:8], en=adv,
+                                 reg_inputs=False)
                 with m.If(adv & (pb.op == VectorOp.LUT)):
                     m.d.sync += prods[1][1][j].val.eq(pl[j].lut_e)
                 with m.If(adv & (pb.op == VectorOp.GELU16) & pl[j].mid):
-                    m.d.sync += [prods[1][1][j].val.eq(pl[j].e_delta * pl[j].val[0:8]),
-                                 prods[1][1][j].base.eq(pl[j].e_base)]
+                    m.d.sync += prods[1][1][j].base.eq(pl[j].e_base)
                 qb, ql = prods[1]
-                sum_ty = tree_sum([getattr(ql[j], f"pp{k}") << sh
-                                   for k, (_, sh) in enumerate(parts)], m=m, name=f"ty{j}")
-                with m.If(adv & qb.ln):
-                    m.d.sync += regs[names.index("1a")][1][j].prod.eq(sum_ty)
+                sum_ty = tree_sum([pp << sh for pp, sh in parts], m=m, name=f"ty{j}")
+                a_lanes = regs[names.index("1a")][1]
+                with m.If(adv & qb.ty):
+                    m.d.sync += a_lanes[j].prod.eq(sum_ty)
+                with m.If(adv & (qb.op == VectorOp.GELU16) & ql[j].mid):
+                    m.d.sync += a_lanes[j].val.eq(gelu_p)
                 ab, al = regs[names.index("1a")]
                 with m.If(adv):
                     m.d.sync += shifts[1][1][j].prod.eq(shift_keep(
-                        Mux(ab.ln, al[j].prod, al[j].val), Mux(ab.ln, ab.zs, al[j].sh)))
+                        Mux(ab.ty, al[j].prod, al[j].val), Mux(ab.ln, ab.zs, al[j].sh)))
                 rb, rl = shifts[1]
                 # The rounding adder as wide as the widest clamp, the bounds by bit tests.
                 w = rl[j].prod
@@ -691,10 +747,12 @@ class VectorUnit(wiring.Component):
         for j in range(lanes):
             z = pl[j].val[0:LN_Z_BITS].as_signed()
             if deep:
-                with m.If(adv & pb.ln):
-                    m.d.sync += prods[2][1][j].prod.eq(z * pl[j].gamma)
+                # z * gamma as two partial products in stage 2m, added on the way to the shift.
+                zg = tree_sum([product(f"zg_pp{k}_{j}", pz, pg, en=adv, reg_inputs=False) << sh
+                               for k, (pz, pg, sh) in enumerate(_pieces(z, pl[j].gamma))],
+                              m=m, name=f"zg{j}")
                 qb, ql = prods[2]
-                src2 = Mux(qb.ln, ql[j].prod[0:LN_Z_BITS + 16].as_signed(),
+                src2 = Mux(qb.ln, zg[0:LN_Z_BITS + 16].as_signed(),
                            ql[j].val[0:LN_Z_BITS + 16].as_signed())
                 with m.If(adv & (qb.ln | (qb.op == VectorOp.GELU16))):
                     m.d.sync += shifts[2][1][j].prod.eq(
@@ -723,12 +781,12 @@ class VectorUnit(wiring.Component):
         # Step 3 -> output register.
         pb, pl = stages[3]
         if deep:
-            qb, ql = prods[3]
+            qb = prods[3][0]
             for j in range(lanes):
+                q_p = product(f"q_p{j}", pl[j].val[0:16].as_signed(), pb.mult, en=adv,
+                              reg_inputs=False)
                 with m.If(adv):
-                    m.d.sync += [prods[3][1][j].prod.eq(pl[j].val[0:16].as_signed() * pb.mult),
-                                 shifts[3][1][j].prod.eq(shift_keep(ql[j].prod[0:33].as_signed(),
-                                                                    qb.shift))]
+                    m.d.sync += shifts[3][1][j].prod.eq(shift_keep(q_p, qb.shift))
             rb, rl = shifts[3]
             q8s = [round_saturate(m, rl[j].prod, 8, f"q8_{j}") for j in range(lanes)]
         else:
@@ -754,12 +812,15 @@ class VectorUnit(wiring.Component):
         if deep:
             # LN, LN_STATS and ARGMAX take a beat in four registered steps: its lanes (masked;
             # for ARGMAX, padding lanes at -32768) and its position; their squares (in the
-            # DSPs' outputs), sum and maximum; the squares' sum, S1 and the running maximum;
-            # S2 (in the bits a sum of squares of d_model_max int16 values needs).
+            # DSPs' output registers, the lanes in their input registers every cycle: the
+            # squares are read only a beat's two cycles later), sum and maximum; the squares'
+            # sum, S1 and the running maximum; S2 (in the bits a sum of squares of
+            # d_model_max int16 values needs).
             st_valid = [Signal(name=f"st_valid{k}") for k in range(3)]
             st_x = [Signal(signed(16), name=f"st_x{j}") for j in range(lanes)]
             st_pos = Signal(LENGTH_BITS + 1)
-            st_sq = [Signal(signed(32), name=f"st_sq{j}") for j in range(lanes)]
+            st_sq = [product(f"st_sq{j}", xa[j], xa[j], en=1, reg_inputs=True)
+                     for j in range(lanes)]
             st_s1 = Signal(signed(16 + lanes.bit_length()))
             st_s2 = Signal(signed(32 + lanes.bit_length()))
             am_v = Signal(signed(16))
@@ -771,8 +832,7 @@ class VectorUnit(wiring.Component):
             amax_v, amax_j = _argmax_tree(m, st_x)
             with m.If(st_valid[0]):
                 m.d.sync += [st_valid[1].eq(1), st_s1.eq(tree_sum(st_x, m=m, name="beat_s1")),
-                             am_v.eq(amax_v), am_j.eq(amax_j), am_pos.eq(st_pos),
-                             *[sq.eq(x * x) for sq, x in zip(st_sq, st_x, strict=True)]]
+                             am_v.eq(amax_v), am_j.eq(amax_j), am_pos.eq(st_pos)]
             # Step 3: the squares' sum, S1, the running maximum.
             with m.If(st_valid[1]):
                 m.d.sync += [st_valid[2].eq(1), s1.eq(Mux(rms, 0, s1 + st_s1)),
@@ -794,7 +854,7 @@ class VectorUnit(wiring.Component):
         m.d.comb += [buf_w.addr.eq(beat), buf_r.addr.eq(beat)]
         m.d.comb += [buf_w.data[j].eq(xa[j]) for j in range(lanes)]
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.i_cmd.ready.eq(1)
                 with m.If(self.i_cmd.valid):
@@ -809,7 +869,8 @@ class VectorUnit(wiring.Component):
                         m.d.sync += [
                             dec_ln.eq(like.matches(VectorOp.LN, VectorOp.LN_APPLY)),
                             dec_buf.eq(like == VectorOp.LN),
-                            dec_pc.eq(p.per_channel & (like == VectorOp.REQUANT))]
+                            dec_pc.eq(p.per_channel & (like == VectorOp.REQUANT)),
+                            dec_mul.eq(like == VectorOp.MUL)]
                     m.d.sync += [cmd.eq(p), cmd.op.eq(like), rms.eq(p.op.matches(*RMS_OPS)),
                                  beat.eq(0), s1.eq(0), s2.eq(0), n.eq(p.length),
                                  *set_rem(p.length), best_v.eq(-(1 << 15)), best_i.eq(0),
@@ -955,9 +1016,7 @@ class VectorUnit(wiring.Component):
 
             with m.State("RSQRT"):
                 m.d.sync += [step.eq(step + 1), beat.eq(0), *set_rem(cmd.length)]
-                if self._pipeline == "deep":
-                    self._rsqrt_deep(m, step, n, s1, s2, d, m_norm, y_r, y2, zs)
-                else:
+                if not deep:
                     self._rsqrt(m, step, n, s1, s2, d, m_norm, y_r, y2, my2, zs)
                 with m.If(step == rsqrt_end):
                     m.next = "NORM"
@@ -976,6 +1035,11 @@ class VectorUnit(wiring.Component):
                         m.d.comb += buf_r.addr.eq(beat + 1)
                     with m.If(last_beat):
                         m.next = "IDLE"
+        if deep:
+            # Outside the FSM's states: the DSPs' operands are their registers, not gated by
+            # the state.
+            self._rsqrt_deep(m, product, fsm.ongoing("RSQRT"), step, n, s1, s2, d, m_norm, y_r,
+                             y2, zs)
         return m
 
     @staticmethod
@@ -996,64 +1060,52 @@ class VectorUnit(wiring.Component):
                     m.d.sync += y_r.eq((y_r * (Const(3 << q) - my2)) >> (q + 1))
 
     @staticmethod
-    def _rsqrt_deep(m, step, n, s1, s2, d, m_norm, y_r, y2, zs):
-        """:meth:`_rsqrt` with every product's partial products (one DSP each) in registers,
-        added in the next cycle: steps 0 to 2 let the last beat's statistics in; 3, 4 the
-        products n * S2 and S1^2; 5 D; 6 D's bit length, 7 the normalised m, 8 the seed; then per
-        Newton step each of its three multiplies in two cycles (the partial products, then
-        their sum shifted, with the next multiply's subtraction). The same truncations, so the
-        same Y bit for bit."""
+    def _rsqrt_deep(m, product, running, step, n, s1, s2, d, m_norm, y_r, y2, zs):
+        """:meth:`_rsqrt` with every product's partial products (one DSP each, ``product``) in
+        registers, added in the next cycle: steps 0 to 2 let the last beat's statistics in; 3,
+        4 the products n * S2 and S1^2; 5 D; 6 D's bit length, 7 the normalised m, 8 the seed;
+        then per Newton step each of its three multiplies in two cycles (the partial products,
+        then their sum shifted, with the next multiply's subtraction). The same truncations,
+        so the same Y bit for bit. ``running``: the FSM is in its rsqrt state, whose ``step``
+        counts the cycles.
+
+        The partial products' registers load every cycle (their operands straight from their
+        registers, no multiplexer or gate before the DSPs): each sum is taken the cycle after
+        the step whose operands it multiplies."""
         q = RSQRT_FRAC_BITS
         ns2 = Signal(signed(96))
         s1sq = Signal(signed(64))
-        ns2_pp = [Signal(signed(35), name=f"ns2_pp{k}") for k in range(4)]
-        s1_pp = [Signal(signed(35), name=f"s1sq_pp{k}") for k in range(4)]
-        # One set of partial products per multiply of a Newton step (its operands straight from
-        # their registers, no multiplexer before the DSPs).
-        pps = [[Signal(signed(37), name=f"rsqrt_pp{i}_{k}") for k in range(4)] for i in range(3)]
         length = Signal(range(len(d) + 1))      # D's bit length
         three_my2 = Signal(signed(q + 4))
 
-        def load(regs, a, b):
-            parts = _partials(a, b)
-            assert len(parts) == len(regs)
-            return [r.eq(prod) for r, (prod, _) in zip(regs, parts, strict=True)]
-
-        def total(regs, a, b, name):
-            shifts = [sh for _, sh in _partials(a, b)]
-            return tree_sum([r << sh for r, sh in zip(regs, shifts, strict=True)], m=m,
-                            name=name)
+        def total(a, b, name):
+            return tree_sum([product(f"{name}_pp{k}", pa, pb, en=1, reg_inputs=False) << sh
+                             for k, (pa, pb, sh) in enumerate(_pieces(a, b))], m=m, name=name)
 
         newton = [(y_r, y_r), (m_norm, y2), (y_r, three_my2)]
-        sums = [total(regs, a, b, f"newton_sum{i}")
-                for i, (regs, (a, b)) in enumerate(zip(pps, newton, strict=True))]
-        with m.Switch(step):
-            with m.Case(3):
-                m.d.sync += [*load(ns2_pp, n, s2), *load(s1_pp, s1, s1)]
+        sums = [total(a, b, f"newton_sum{i}") for i, (a, b) in enumerate(newton)]
+        ns2_sum, s1sq_sum = total(n, s2, "ns2_sum"), total(s1, s1, "s1sq_sum")
+        d_length = _leading_one(m, d, "d_length")
+        with m.If(running), m.Switch(step):
             with m.Case(4):
-                m.d.sync += [ns2.eq(total(ns2_pp, n, s2, "ns2_sum")),
-                             s1sq.eq(total(s1_pp, s1, s1, "s1sq_sum"))]
+                m.d.sync += [ns2.eq(ns2_sum), s1sq.eq(s1sq_sum)]
             with m.Case(5):
                 _clamp_d(m, d, ns2 - s1sq)
             with m.Case(6):
-                m.d.sync += length.eq(_leading_one(m, d, "d_length"))
+                m.d.sync += length.eq(d_length)
             with m.Case(7):
                 VectorUnit._normalise(m, d, length, m_norm, zs)
             with m.Case(8):
                 VectorUnit._seed(m, m_norm, y_r)
             for k in range(RSQRT_NEWTON_STEPS):
                 base = 9 + 6 * k
-                with m.Case(base):
-                    m.d.sync += load(pps[0], *newton[0])
+                # Steps base, base + 2, base + 4: the partial products of y_r^2, m * y2 and
+                # y_r * (3 - m y2) are taken.
                 with m.Case(base + 1):
                     m.d.sync += y2.eq(sums[0] >> q)
-                with m.Case(base + 2):
-                    m.d.sync += load(pps[1], *newton[1])
                 with m.Case(base + 3):
                     # my2 = (m * y2) >> 30 in RSQRT_FRAC_BITS + 3 bits, as the short rsqrt.
                     m.d.sync += three_my2.eq(Const(3 << q) - (sums[1] >> 30)[0:q + 3])
-                with m.Case(base + 4):
-                    m.d.sync += load(pps[2], *newton[2])
                 with m.Case(base + 5):
                     m.d.sync += y_r.eq(sums[2] >> (q + 1))
 

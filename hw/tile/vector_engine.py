@@ -152,7 +152,8 @@ class VectorEngine(wiring.Component):
     (pair-mode ARGMAX ``length`` per row).
 
     ``pipeline`` is the unit's (:class:`~hw.tile.vector.VectorUnit`): ``"short"`` or
-    ``"deep"``, the NPU file's ``vector_pipeline``.
+    ``"deep"``, the NPU file's ``vector_pipeline``; so is ``ecp5_dsp`` (an ECP5 build: the
+    deep pipeline's products in instantiated MULT18X18Ds with their registers).
 
     Timing (:func:`hw.spec.timing.vector.launch_cycles`): at most one word per cycle on each stream;
     a word becomes a beat in a one-beat register per operand (the next row's first beat is fetched
@@ -175,11 +176,15 @@ class VectorEngine(wiring.Component):
     busy : ``Out(1)``
     """
 
-    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short"):
+    def __init__(self, *, lanes: int, d_model_max: int, pipeline: str = "short",
+                 ecp5_dsp: bool = False):
         check_sizes(lanes, d_model_max, min_lanes=2)
+        if not isinstance(ecp5_dsp, bool):
+            raise TypeError(f"ecp5_dsp must be a bool, not {ecp5_dsp!r}")
         self._lanes = lanes
         self._d_model_max = d_model_max
         self._pipeline = check_pipeline(pipeline)
+        self._ecp5_dsp = ecp5_dsp
         self._out_fifo_depth = VEC_OUT_FIFO_DEPTH
         super().__init__({
             "i_cfg": In(stream.Signature(cfg_layout())),
@@ -204,12 +209,17 @@ class VectorEngine(wiring.Component):
     def pipeline(self) -> str:
         return self._pipeline
 
+    @property
+    def ecp5_dsp(self) -> bool:
+        return self._ecp5_dsp
+
     def elaborate(self, platform):
         m = Module()
         n = self._lanes
         m.submodules.unit = unit = VectorUnit(lanes=n, d_model_max=self._d_model_max,
                                                   pipeline=self._pipeline,
-                                                  room_next=self._pipeline == "deep")
+                                                  room_next=self._pipeline == "deep",
+                                                  ecp5_dsp=self._ecp5_dsp)
         cfg = Signal(cfg_layout())
         flags = cfg.flags
         active = Signal()

@@ -63,6 +63,18 @@ def test_fpga_builds_take_pe_products_in_dsps():
     assert not _ChipOnRing(npu).chip.coll_avg and not COLL_AVG
 
 
+def test_ecp5_builds_instantiate_the_vector_units_dsps():
+    """``npu fpga`` (an ECP5) builds the vector unit and engine, the chip and the board with
+    the deep pipeline's products in MULT18X18D instances; simulation and Verilator do not."""
+    npu = npu_preset("ulx3s")
+    for name in ("vector", "vector_engine"):
+        assert build_top(name, npu, fpga=True).ecp5_dsp and not build_top(name, npu).ecp5_dsp
+    assert build_top("tile", npu, fpga=True).ecp5_dsp and not build_top("tile", npu).ecp5_dsp
+    assert build_top("node", npu, fpga=True).chip.ecp5_dsp
+    assert not build_top("node", npu).chip.ecp5_dsp
+    assert _ChipOnRing(npu).chip.ecp5_dsp
+
+
 # --- the chip's units as npu fpga --top NAME builds them (the per-unit table) -----------------
 
 def test_unit_tops_have_the_chips_sizes():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amaranth.back import rtlil
 from amaranth.hdl import Fragment
 
 from hw.spec import npu_preset
@@ -88,6 +89,20 @@ def test_properties():
     deep = VectorUnit(lanes=3, d_model_max=10, pipeline="deep")
     Fragment.get(deep, None)
     assert deep.pipeline == "deep"
+
+
+def test_deep_products_are_registered_multipliers():
+    """With ``ecp5_dsp`` every product of the deep pipeline is a MULT18X18D instance (none
+    left to Yosys' mapping of ``*``): 11 per lane (step 0's two partial products, t * Y's four,
+    GELU16's, z * gamma's two, the q8 requantiser's, a square) and the rsqrt's 20; the short
+    pipeline has no registered product, so the flag leaves it as it is."""
+    def cells(**kwargs):
+        text = rtlil.convert(VectorUnit(lanes=2, d_model_max=8, **kwargs))
+        return text.count("cell \\MULT18X18D "), text.count("cell $mul ")
+    assert cells(pipeline="deep", ecp5_dsp=True) == (11 * 2 + 20, 0)
+    assert cells(pipeline="short", ecp5_dsp=True)[0] == 0
+    with pytest.raises(TypeError, match=r"^ecp5_dsp must be a bool, not 1$"):
+        VectorUnit(lanes=2, d_model_max=8, ecp5_dsp=1)
 
 
 def test_init_rejects_pipeline():
