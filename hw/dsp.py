@@ -118,7 +118,7 @@ class RegisteredMul(wiring.Component):
 
     def _instance(self, m):
         mixed = self._a_shape.signed != self._b_shape.signed
-        operands = {}
+        operands = {f"i_C{k}": Const(0, 1) for k in range(DSP_WIDTH)}
         for port, value, shape in (("A", self.a, self._a_shape), ("B", self.b, self._b_shape)):
             # An operand goes in sign- or zero-extended to 18 bits; in a mixed product the
             # unsigned one (at most 17 bits) is zero-extended and taken as signed.
@@ -126,7 +126,6 @@ class RegisteredMul(wiring.Component):
                           name=f"{port.lower()}18")
             m.d.comb += wide.eq(value)
             operands.update({f"i_{port}{k}": wide[k] for k in range(DSP_WIDTH)})
-            operands.update({f"i_C{k}": Const(0, 1) for k in range(DSP_WIDTH)})
             operands[f"i_SIGNED{port}"] = Const(int(shape.signed or mixed), 1)
             operands[f"i_SOURCE{port}"] = Const(0, 1)
         product = Signal(2 * DSP_WIDTH, name="p36")
