@@ -284,14 +284,17 @@ class AttentionBuffer(wiring.Component):
             with m.If(j == W - 1):
                 m.d.sync += [issuing.eq(0), j.eq(0)]
 
+        # The slot's visibility: its distance from the query in stage 2 (one subtractor after
+        # the block RAM's output), the window's compares on that register in stage 3.
         held = full | (l1 < wptr)
-        diff = Signal(signed(POS_BITS + 1))
-        m.d.comb += diff.eq(qpos - k_rd.data.pos)
-        in_window = (diff >= 0) & (diff < W)
-        m.d.sync += [v2.eq(v1), l2.eq(l1), m2.eq(held & (bidir | in_window))]
+        diff2 = Signal(signed(POS_BITS + 1))
+        bidir2 = Signal()
+        m.d.sync += [v2.eq(v1), l2.eq(l1), m2.eq(held), bidir2.eq(bidir),
+                     diff2.eq(qpos - k_rd.data.pos)]
         for d in range(D):
             m.d.sync += prods[d].eq(lut_product(q[d], k_rd.data.k[d], m=m, name=f"qk{d}"))
-        m.d.sync += [v3.eq(v2), l3.eq(l2), m3.eq(m2),
+        in_window = (diff2 >= 0) & (diff2 < W)
+        m.d.sync += [v3.eq(v2), l3.eq(l2), m3.eq(m2 & (bidir2 | in_window)),
                      raw3.eq(tree_sum((prods[d] for d in range(D)), m=m, name="dot"))]
         with m.If(v3):
             m.d.sync += [raw_row[l3].eq(raw3), mask_row.bit_select(l3, 1).eq(m3)]

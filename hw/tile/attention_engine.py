@@ -523,9 +523,14 @@ class AttentionEngine(wiring.Component):
         with m.If(buf.i_kv.valid & buf.i_kv.ready):
             slot = Mux(kv.first, 0, wslot)
             m.d.sync += [slot_pos[slot].eq(kv.pos), wslot.eq(Mux(slot == W - 1, 0, slot + 1))]
+        # The window's test is registered twice (the scored query's position, then each lane's
+        # `in_window`), from registers that change only long before a score row is taken:
+        # `scored` and the launch's configuration at least ET + 2 cycles before it (one row in
+        # the softmax at a time), the slots' positions before its query was issued (at least
+        # W + 5). So no adder or compare lies between the buffer's row and the softmax.
         scored = Signal(COUNT_BITS)
         s_pos = Signal(POS_BITS)
-        m.d.comb += s_pos.eq(cfg.q_pos + scored)
+        m.d.sync += s_pos.eq(cfg.q_pos + scored)
         scores = buf.o_scores.payload
         m.d.comb += [sm.i.valid.eq(buf.o_scores.valid & ~partial),
                      buf.o_scores.ready.eq(partial | sm.i.ready),
@@ -534,9 +539,10 @@ class AttentionEngine(wiring.Component):
             visible = Signal(name=f"visible{j}")
             if j < W:
                 diff = Signal(signed(POS_BITS + 1), name=f"diff{j}")
+                in_window = Signal(name=f"in_window{j}")
                 m.d.comb += diff.eq(s_pos - slot_pos[j])
-                in_window = (cfg.window == 0) | ((diff < cfg.window) &
-                                                 (~cfg.flags[0] | (diff > -cfg.window)))
+                m.d.sync += in_window.eq((cfg.window == 0) | (
+                    (diff < cfg.window) & (~cfg.flags[0] | (diff > -cfg.window))))
                 m.d.comb += visible.eq(scores.mask[j] & in_window)
             m.d.comb += [sm.i.payload.mask[j].eq(visible),
                          sm.i.payload.data[j].eq(Mux(visible, scores.data[j], 0))]

@@ -339,7 +339,9 @@ class SoftmaxUnit(wiring.Component):
                                               "max_next"))
             cand = Signal(signed(SCORE_BITS), name="max_run")
             acc_step = Signal(signed(SCORE_BITS), name="max_step")
-            m.d.comb += [cand.eq(Mux(ahead > acc0, ahead, acc0)),
+            ahead_gt = Signal(name="max_ahead_gt")
+            m.d.comb += [ahead_gt.eq(ahead > acc0),
+                         cand.eq(Mux(ahead_gt, ahead, acc0)),
                          acc_step.eq(Mux(first, beat, cand)),
                          nxt_acc0.eq(Mux(step, acc_step, acc0))]
 
@@ -375,10 +377,18 @@ class SoftmaxUnit(wiring.Component):
                 head = Signal(SCORE_BITS, name=f"s1_next{p}")
                 # buf1[p]'s next value (its rotation does not depend on y while L >= 2P).
                 nxt_head = buf1[p + P] if p + P < L else y
-                m.d.comb += [
-                    head.eq(Mux(boundary, advance(buf0, buf0[:P])[p], nxt_head)),
-                    dist.eq(top1_nxt - head.as_signed()),
-                ]
+                m.d.comb += head.eq(Mux(boundary, advance(buf0, buf0[:P])[p], nxt_head))
+                if T > 1:
+                    # A slot's last beat is never its first: at the boundary the row's
+                    # maximum is `cand`, and the distance is chosen between both candidates'
+                    # (the compare beside the subtractors, not before them).
+                    subs = [Signal(signed(SCORE_BITS + 2), name=f"dist_{n}{p}")
+                            for n in ("ahead", "acc", "top")]
+                    m.d.comb += [sub.eq(x - head.as_signed())
+                                 for sub, x in zip(subs, (ahead, acc0, top1), strict=True)]
+                    m.d.comb += dist.eq(Mux(boundary, Mux(ahead_gt, subs[0], subs[1]), subs[2]))
+                else:
+                    m.d.comb += dist.eq(top1_nxt - head.as_signed())
                 # dist > D_MAX = 2**d_bits - 1 by its sign and the bits above d_bits.
                 with m.If(run):
                     m.d.sync += dcl.eq(Mux(~dist[-1] & dist[d_bits:].any(), D_MAX,

@@ -200,7 +200,8 @@ def test_verilator_matches_golden_and_pysim(verilator_ok):
     want = softmax(stim["scores"], stim["mask"]).astype(np.int64)
     assert_rows_equal(np.array(result["rows"]), want)
     assert result["last"] == stim["last"].tolist()
-    ref = simulate_rows(SoftmaxUnit(length=length), stim["scores"], stim["mask"], stim["last"],
+    # The same unit as the Verilated top (its lanes per cycle and pipeline), in pysim.
+    ref = simulate_rows(build_top("softmax", npu), stim["scores"], stim["mask"], stim["last"],
                         idle_gaps=stim["idle"], stall_gaps=stim["stall"])
     assert_rows_equal(np.array(ref["rows"]), want)
     # Compare transfer cycles relative to the first accepted row (reset lengths differ).
