@@ -619,7 +619,10 @@ class AttentionEngine(wiring.Component):
         requantise = ~partial & ~st_out     # the launch's words are the requantiser's
         m.d.comb += [adv.eq(~self.o.valid | self.o.ready if deep else self.o.ready),
                      s_fire.eq(s_valid & adv)]
-        row_done = Mux(partial, p_off == R - 1, o_off + N >= span)
+        # The output row's last word is next: `o_off + N >= span`, a register loaded with the
+        # row and with each word (the shift's enable is wide: no compare before it).
+        o_done = Signal()
+        row_done = Mux(partial, p_off == R - 1, o_done)
         m.d.comb += [s_valid.eq(Mux(partial, p_full, o_full)),
                      s_last.eq(row_done & (rows_out == cfg.queries - 1))]
         # Byte write enables: the head's lanes of the word (every byte of a partial row).
@@ -640,18 +643,18 @@ class AttentionEngine(wiring.Component):
             with m.Elif(row_done):
                 m.d.sync += [o_full.eq(0), o_off.eq(0), rows_out.eq(rows_out + 1)]
             with m.Else():
-                m.d.sync += [o_off.eq(o_off + N),
+                m.d.sync += [o_off.eq(o_off + N), o_done.eq(o_off + 2 * N >= span),
                              *(o_row[j].eq(o_row[j + N]) for j in range(G * N - N))]
         # A row enters the register only while it is empty (buf.o_out.ready, emit.load).
         with m.If(o_take & ~partial & ~st):
             m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
-                         o_full.eq(1), o_off.eq(0)]
+                         o_full.eq(1), o_off.eq(0), o_done.eq(N >= span)]
         if emit is not None:
             # State rows out: the merge path's words; the last chunk: its normalised row
             # enters the output register as a P.V row would.
             with m.If(emit.load):
                 m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)),
-                             o_full.eq(1), o_off.eq(0)]
+                             o_full.eq(1), o_off.eq(0), o_done.eq(N >= span)]
             with m.If(st_out):
                 m.d.comb += [s_valid.eq(emit.valid), s_raw.eq(emit.word),
                              s_mask.eq((1 << N) - 1),
