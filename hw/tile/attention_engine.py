@@ -916,13 +916,20 @@ class AttentionEngine(wiring.Component):
                 put(dst, value)
             m.d.sync += [mg_r.eq(_merge_sum(pa, px)), prod_r.eq(mg_r * e_r)]
             a = Signal(i32, name=f"nrm{i}")
-            m.d.comb += a.eq(((prod_r + rounding) >> e_sh)[:ACC_BITS])
+            if deep:
+                # The shift into a register, keeping the bit below the result, and the
+                # rounding after it: (w + 1) >> 1 = (v + 2**(sh-1)) >> sh.
+                nw = Signal((prod_r << 1).shape(), name=f"nrm_w{i}")
+                m.d.sync += nw.eq((prod_r << 1) >> e_sh)
+                m.d.comb += a.eq(((nw + 1) >> 1)[:ACC_BITS])
+            else:
+                m.d.comb += a.eq(((prod_r + rounding) >> e_sh)[:ACC_BITS])
             accs.append(a)
             if i == 0:
-                pipe_regs += [a_r, pa, mg_r, prod_r] if deep else [mg_r, prod_r]
+                pipe_regs += [a_r, pa, mg_r, prod_r, nw] if deep else [mg_r, prod_r]
         check_built("attn_merge_pipe", attn_merge_pipe(self._pipeline), len(pipe_regs),
                     "pipeline registers (lanes read, their products with the factors, merged "
-                    "lanes, their product with R)", "hw/tile/attention_engine.py")
+                    "lanes, their product with R, deep: its shift)", "hw/tile/attention_engine.py")
         x_nxt = Signal(data.ArrayLayout(i32, SL))
         m.d.comb += [x_nxt[j].eq(x[j + M]) for j in range(SL - M)]
         m.d.comb += [x_nxt[SL - M + i].eq(Mux(c_act, accs[i], 0)) for i in range(M)]

@@ -89,11 +89,12 @@ def attn_merge_pipe(pipeline: str = "short") -> int:
     """Pipeline registers in the last chunk's merge and normalisation of a query's state lanes,
     so that no path chains the merge's multiply, the normalisation's multiply and its shift
     (44 ns on the ECP5, the attention engine's critical path without them): 2 (``"short"``:
-    the merged lanes, then their product with the reciprocal ``R``) or 4 (``"deep"``: the
+    the merged lanes, then their product with the reciprocal ``R``) or 5 (``"deep"``: the
     lanes read from the state FIFO's block RAM and the state register, their products with
-    the merge factors, the merged lanes, their product with ``R``). The merge takes this many
-    cycles more than the state register's rotation."""
-    return {"short": 2, "deep": 4}[check_attn_pipeline(pipeline)]
+    the merge factors, the merged lanes, their product with ``R``, its shift, rounded after
+    the register). The merge takes this many cycles more than the state register's
+    rotation."""
+    return {"short": 2, "deep": 5}[check_attn_pipeline(pipeline)]
 
 
 def softmax_stages(pipeline: str = "short") -> int:
@@ -127,7 +128,7 @@ def merge_rotate_cycles(d_head: int, size: int, pipeline: str = "short") -> int:
     """Cycles the last chunk's merge and normalisation take per query: N/4 int32 lanes a
     cycle over the ``D + 2`` lanes of the engine's state register (``D = d_head_max``), then
     the pipeline's :func:`attn_merge_pipe`: ``ceil(4 (D + 2) / N) + 2`` (``"short"``) or
-    ``+ 4`` (``"deep"``)."""
+    ``+ 5`` (``"deep"``)."""
     return -(-4 * (d_head + 2) // size) + attn_merge_pipe(pipeline)
 
 
