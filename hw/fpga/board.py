@@ -11,9 +11,11 @@ from amaranth.hdl import (
     ClockDomain,
     ClockSignal,
     Const,
+    DomainRenamer,
     Instance,
     Module,
     ResetInserter,
+    ResetSignal,
     Signal,
 )
 from amaranth.lib import wiring
@@ -61,10 +63,11 @@ class _ChipOnRing(wiring.Component):
     """The chip with its ring port looped back through a link (a ring of one chip), so that
     nothing of the chip is optimised away and a one-chip collective runs."""
 
-    def __init__(self, npu, *, pe_dsp=PE_DSP):
+    def __init__(self, npu, *, pe_dsp=PE_DSP, ecp5_dsp=True):
         # A ring of one chip: 1-bit chip ids.
-        # An ECP5 board: the vector engine's registered products in MULT18X18Ds.
-        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp, chip_bits=1, ecp5_dsp=True)
+        # On the ECP5 (not in simulation): the registered products in MULT18X18Ds.
+        self.chip = Chip(npu=npu, coll_avg=COLL_AVG, pe_dsp=pe_dsp, chip_bits=1,
+                         ecp5_dsp=ecp5_dsp)
         super().__init__(wiring.Signature({}))
 
     def elaborate(self, platform):
@@ -89,7 +92,10 @@ class BoardTop(wiring.Component):
 
     On the board (``sim=False``) the 25 MHz oscillator feeds an EHXPLLL making the NPU's
     ``clock_mhz``; the logic is held in reset until the PLL locks. The ``RESET`` request resets
-    the chip and its ring loopback (not the link).
+    the chip and its ring loopback (not the link). On the board the chip's reset (the PLL's
+    lock or ``RESET``), which reaches about 26,000 flip-flops, is carried by a global clock
+    network (a DCCA buffer: the ``chip`` domain, the ``sync`` clock with that reset) instead of
+    the general routing; in simulation it is the same OR of the two (``ResetInserter``).
 
     Members
     -------
@@ -129,8 +135,17 @@ class BoardTop(wiring.Component):
         connect(m, link.o_tx, tx.i)
         m.d.comb += [rx.rx.eq(self.uart_rx), self.uart_tx.eq(tx.tx)]
 
-        ring = _ChipOnRing(npu)
-        m.submodules.node = ResetInserter(link.chip_reset)(ring)
+        ring = _ChipOnRing(npu, ecp5_dsp=not self._sim)
+        if self._sim:
+            m.submodules.node = ResetInserter(link.chip_reset)(ring)
+        else:
+            m.domains.chip = ClockDomain("chip")
+            chip_rst = Signal()
+            m.d.comb += [ClockSignal("chip").eq(ClockSignal("sync")),
+                         chip_rst.eq(ResetSignal("sync") | link.chip_reset)]
+            m.submodules.chip_rst_global = Instance(
+                "DCCA", i_CLKI=chip_rst, i_CE=Const(1), o_CLKO=ResetSignal("chip"))
+            m.submodules.node = DomainRenamer("chip")(ring)
         chip = ring.chip
         connect(m, link.host, chip.host)
         m.d.comb += [

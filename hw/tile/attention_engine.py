@@ -648,13 +648,13 @@ class AttentionEngine(wiring.Component):
         # A row enters the register only while it is empty (buf.o_out.ready, emit.load).
         with m.If(o_take & ~partial & ~st):
             m.d.sync += [o_row.eq(buf.o_out.payload.data.as_value() << (cfg.o_lane * ACC_BITS)),
-                         o_full.eq(1), o_off.eq(0), o_done.eq(N >= span)]
+                         o_full.eq(1), o_off.eq(0), o_done.eq(span <= N)]
         if emit is not None:
             # State rows out: the merge path's words; the last chunk: its normalised row
             # enters the output register as a P.V row would.
             with m.If(emit.load):
                 m.d.sync += [o_row.eq(emit.acc.as_value() << (cfg.o_lane * ACC_BITS)),
-                             o_full.eq(1), o_off.eq(0), o_done.eq(N >= span)]
+                             o_full.eq(1), o_off.eq(0), o_done.eq(span <= N)]
             with m.If(st_out):
                 m.d.comb += [s_valid.eq(emit.valid), s_raw.eq(emit.word),
                              s_mask.eq((1 << N) - 1),
