@@ -159,7 +159,7 @@ def _leading_one(m, x, name):
     return out
 
 
-def _argmax_tree(m, values, name="amax"):
+def _argmax_tree(m, values):
     """The largest of ``values`` (int16 lanes) and its lane, the lowest lane winning ties: a
     tree of compares in which the right operand (higher lanes) wins only when strictly
     greater."""
@@ -170,8 +170,8 @@ def _argmax_tree(m, values, name="amax"):
         nxt = []
         for k in range(0, len(nodes) - 1, 2):
             (lv, li), (rv, ri) = nodes[k], nodes[k + 1]
-            v = Signal(signed(16), name=f"{name}_v{level}_{k // 2}")
-            i = Signal(bits, name=f"{name}_i{level}_{k // 2}")
+            v = Signal(signed(16), name=f"amax_v{level}_{k // 2}")
+            i = Signal(bits, name=f"amax_i{level}_{k // 2}")
             m.d.comb += [v.eq(Mux(rv > lv, rv, lv)), i.eq(Mux(rv > lv, ri, li))]
             nxt.append((v, i))
         if len(nodes) % 2:
@@ -823,34 +823,22 @@ class VectorUnit(wiring.Component):
                      for j in range(lanes)]
             st_s1 = Signal(signed(16 + lanes.bit_length()))
             st_s2 = Signal(signed(32 + lanes.bit_length()))
-            # The maximum of each half of the lanes and its position (step 2), then the
-            # running maximum against both halves at once (step 3: its compares side by side,
-            # the first of the largest kept, so earlier beats and lower lanes win ties).
-            halves = [(0, st_x)] if lanes == 1 else [(0, st_x[:lanes // 2]),
-                                                     (lanes // 2, st_x[lanes // 2:])]
-            am_v = [Signal(signed(16), name=f"am_v{h}") for h in range(len(halves))]
-            am_i = [Signal(LENGTH_BITS + 1, name=f"am_i{h}") for h in range(len(halves))]
+            am_v = Signal(signed(16))
+            am_j = Signal(range(lanes))
+            am_pos = Signal(LENGTH_BITS + 1)
             s2_bits = 31 + self._d_model_max.bit_length()
             m.d.sync += [v.eq(0) for v in st_valid]
-            # Step 2: squares, sum and the halves' maxima of the registered lanes.
+            # Step 2: squares, sum and maximum of the registered lanes.
+            amax_v, amax_j = _argmax_tree(m, st_x)
             with m.If(st_valid[0]):
-                m.d.sync += [st_valid[1].eq(1), st_s1.eq(tree_sum(st_x, m=m, name="beat_s1"))]
-                for h, (base, group) in enumerate(halves):
-                    hv, hj = _argmax_tree(m, group, name=f"amax{h}")
-                    m.d.sync += [am_v[h].eq(hv), am_i[h].eq(st_pos + base + hj)]
+                m.d.sync += [st_valid[1].eq(1), st_s1.eq(tree_sum(st_x, m=m, name="beat_s1")),
+                             am_v.eq(amax_v), am_j.eq(amax_j), am_pos.eq(st_pos)]
             # Step 3: the squares' sum, S1, the running maximum.
-            cands = [best_v, *am_v]
-            later_gt = {(a, b): Signal(name=f"am_gt{a}{b}")     # candidate b > earlier a
-                        for b in range(len(cands)) for a in range(b)}
-            m.d.comb += [gt.eq(cands[b] > cands[a]) for (a, b), gt in later_gt.items()]
             with m.If(st_valid[1]):
                 m.d.sync += [st_valid[2].eq(1), s1.eq(Mux(rms, 0, s1 + st_s1)),
                              st_s2.eq(tree_sum(st_sq, m=m, name="beat_s2"))]
-                for k in range(1, len(cands)):
-                    wins = Cat(*(later_gt[a, k] for a in range(k)),
-                               *(~later_gt[k, b] for b in range(k + 1, len(cands)))).all()
-                    with m.If(wins):
-                        m.d.sync += [best_v.eq(cands[k]), best_i.eq(am_i[k - 1])]
+                with m.If(am_v > best_v):
+                    m.d.sync += [best_v.eq(am_v), best_i.eq(am_pos + am_j)]
             # Step 4: S2.
             with m.If(st_valid[2]):
                 m.d.sync += s2.eq(s2[:s2_bits] + st_s2)
