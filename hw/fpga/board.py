@@ -102,6 +102,9 @@ class BoardTop(wiring.Component):
     clk25 : ``In(1)`` (board only); uart_rx : ``In(1)``; uart_tx : ``Out(1)``
     led : ``Out(8)``: 0 done, 1 error, 2 running, 3 toggles with each received byte,
         7 blinks (about 1 Hz at 75 MHz) while the clock runs
+
+    ``link`` is the host link; ``ring.chip`` the chip (its MULT18X18D instances only on the
+    board, ``sim=False``).
     """
 
     def __init__(self, *, npu: NpuConfig, divisor: int, sim: bool = False):
@@ -109,6 +112,8 @@ class BoardTop(wiring.Component):
             raise TypeError(f"npu must be an NpuConfig, not {npu!r}")
         self._npu, self._divisor, self._sim = npu, divisor, bool(sim)
         self.link = HostLink(npu=npu, divisor=divisor)
+        # The chip on its loopback ring; the ECP5's DSP instances only where there is an ECP5.
+        self.ring = _ChipOnRing(npu, ecp5_dsp=not self._sim)
         ports = {"uart_rx": In(1, init=1), "uart_tx": Out(1, init=1), "led": Out(8)}
         if not self._sim:
             ports = {"clk25": In(1), **ports}
@@ -124,7 +129,6 @@ class BoardTop(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        npu = self._npu
         if not self._sim:
             self._clock(m)
 
@@ -135,7 +139,7 @@ class BoardTop(wiring.Component):
         connect(m, link.o_tx, tx.i)
         m.d.comb += [rx.rx.eq(self.uart_rx), self.uart_tx.eq(tx.tx)]
 
-        ring = _ChipOnRing(npu, ecp5_dsp=not self._sim)
+        ring = self.ring
         if self._sim:
             m.submodules.node = ResetInserter(link.chip_reset)(ring)
         else:

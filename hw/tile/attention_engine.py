@@ -903,7 +903,6 @@ class AttentionEngine(wiring.Component):
         put = self._stage(m, 1)
         pipe_regs = []
         accs = []
-        rounding = (Const(1, 1) << e_sh) >> 1
         for i in range(M):
             a_r = Signal(i32, name=f"mrg_a{i}")
             x_r = Signal(i32, name=f"mrg_x{i}")
@@ -923,6 +922,7 @@ class AttentionEngine(wiring.Component):
                 m.d.sync += nw.eq((prod_r << 1) >> e_sh)
                 m.d.comb += a.eq(((nw + 1) >> 1)[:ACC_BITS])
             else:
+                rounding = (Const(1, 1) << e_sh) >> 1
                 m.d.comb += a.eq(((prod_r + rounding) >> e_sh)[:ACC_BITS])
             accs.append(a)
             if i == 0:

@@ -7,7 +7,7 @@ import pytest
 from amaranth.back import rtlil
 
 from hw.chip import reg_widths
-from hw.fpga.board import COLL_AVG, PE_DSP, _ChipOnRing
+from hw.fpga.board import COLL_AVG, PE_DSP, BoardTop, _ChipOnRing
 from hw.fpga.units import AddrGenUnit, SequencerUnit
 from hw.ring.collective import CollectiveEngine
 from hw.spec import npu_preset
@@ -73,6 +73,9 @@ def test_ecp5_builds_instantiate_the_vector_units_dsps():
     assert build_top("node", npu, fpga=True).chip.ecp5_dsp
     assert not build_top("node", npu).chip.ecp5_dsp
     assert _ChipOnRing(npu).chip.ecp5_dsp
+    # The board's chip on the ECP5, not the simulated board's (Verilator has no MULT18X18D).
+    assert BoardTop(npu=npu, divisor=8).ring.chip.ecp5_dsp
+    assert not BoardTop(npu=npu, divisor=8, sim=True).ring.chip.ecp5_dsp
 
 
 # --- the chip's units as npu fpga --top NAME builds them (the per-unit table) -----------------
